@@ -1,0 +1,62 @@
+"""Engine lifecycle types shared by the controller, the UI, telemetry and chat (the contract)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Literal
+
+
+class EngineState(str, Enum):
+    STOPPED = "stopped"
+    PREFLIGHT = "preflight"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line of engine output. `stream` is kept apart so stdout/stderr can be filtered."""
+
+    text: str
+    stream: Literal["stdout", "stderr"] = "stdout"
+    ts: float = field(default_factory=time.time)
+    container_id: str = ""
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A classified failure: what happened, and the fix (from the card where it has one)."""
+
+    reason: str  # machine id, e.g. "cuda_oom_at_load", "pool_not_loaded"
+    title: str  # one line for the badge
+    explanation: str
+    fix: str
+    evidence: tuple[str, ...] = ()  # log lines that led to the classification
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """What is running, as the panel knows it right now. Immutable; the controller replaces it."""
+
+    state: EngineState = EngineState.STOPPED
+    profile_id: str | None = None
+    phase: str = ""  # human boot phase, e.g. "planes from cache 12/43"
+    base_url: str = ""
+    served_name: str = ""
+    container_id: str = ""
+    container_name: str = ""
+    simulated: bool = False
+    pool_slots: int | None = None  # from the delta-tier sizing line; 0 = pool disabled
+    slot_mib: float | None = None
+    diagnosis: Diagnosis | None = None
+    message: str = ""
+    since: float = field(default_factory=time.time)
+    last_ready_profile: str | None = None
+
+    @property
+    def is_ready(self) -> bool:
+        return self.state is EngineState.READY

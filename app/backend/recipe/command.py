@@ -1,0 +1,223 @@
+"""Build the engine's `docker run` from a recipe and a profile.
+
+One code path: `build_run_spec()` produces a `RunSpec`; the CLI renders it as shell text or JSON,
+the engine controller turns the same object into docker-py arguments. Nothing here goes through a
+shell: values are validated by the schema and only quoted for display.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import PurePosixPath
+
+from app.backend.recipe.schema import ENV_NAME_RE, ProfileSpec, Recipe, _no_control
+
+LABEL_PREFIX = "moet-panel"
+TRACE_ENV = "VLLM_MOE_W2_DELTA_TRACE"
+SIM_DECODE_ENV = "MOET_SIM_DECODE_TOK_S"
+
+
+@dataclass(frozen=True)
+class MountSpec:
+    source: str  # absolute host path
+    target: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything `docker run` needs, in the card's order."""
+
+    name: str
+    image: str
+    gpus: str
+    network: str
+    ipc: str
+    shm_size: str
+    mounts: tuple[MountSpec, ...]
+    env: tuple[tuple[str, str], ...]
+    args: tuple[str, ...]
+    labels: tuple[tuple[str, str], ...] = ()
+    # (option text, why) for each thing the panel adds beyond the card's command
+    additions: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+    @property
+    def labels_dict(self) -> dict[str, str]:
+        return dict(self.labels)
+
+    def argv(self) -> list[str]:
+        """The full `docker run` argument vector (what a user would type)."""
+        out = ["docker", "run", "-d", "--name", self.name]
+        if self.gpus:
+            out += ["--gpus", self.gpus]
+        if self.network:
+            out += ["--network", self.network]
+        if self.ipc:
+            out += ["--ipc", self.ipc]
+        if self.shm_size:
+            out += ["--shm-size", self.shm_size]
+        for k, v in self.labels:
+            out += ["--label", f"{k}={v}"]
+        for m in self.mounts:
+            out += ["-v", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
+        for k, v in self.env:
+            out += ["-e", f"{k}={v}"]
+        out.append(self.image)
+        out += list(self.args)
+        return out
+
+
+class CommandError(ValueError):
+    """The requested command cannot be built safely (bad data dir, bad extra env, ...)."""
+
+
+def validate_data_dir(data_dir: str) -> str:
+    _no_control(data_dir, "data dir")
+    p = PurePosixPath(data_dir)
+    if not p.is_absolute() or ".." in p.parts or ":" in data_dir or "," in data_dir:
+        raise CommandError(
+            f"data dir {data_dir!r} must be an absolute path without '..', ':' or ',' (it becomes a docker -v source)"
+        )
+    return str(p)
+
+
+def profile_env(recipe: Recipe, profile: ProfileSpec) -> list[tuple[str, str]]:
+    """Base env with the profile's changes applied, keeping the card's order."""
+    env: list[tuple[str, str]] = []
+    for k, v in recipe.serve.env.items():
+        if k in profile.env_remove:
+            continue
+        env.append((k, profile.env_replace.get(k, v)))
+    env += list(profile.env_add.items())
+    return env
+
+
+def config_hash(spec: RunSpec) -> str:
+    payload = asdict(spec)
+    payload.pop("labels")
+    payload.pop("additions")
+    payload.pop("name")
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def managed_container_name(recipe: Recipe, profile: ProfileSpec) -> str:
+    return f"moet-{recipe.id}-{profile.id}"[:63]
+
+
+def build_run_spec(
+    recipe: Recipe,
+    profile_id: str,
+    data_dir: str,
+    *,
+    plain: bool = False,
+    extra_env: dict[str, str] | None = None,
+    profiles: list[ProfileSpec] | None = None,
+) -> RunSpec:
+    """Build the `docker run` for one profile.
+
+    Args:
+        plain: exactly the card's command (no panel labels, no trace env).
+        extra_env: panel-level additions (validated like recipe env); ignored when plain.
+        profiles: the profile list to search (recipe profiles plus saved custom ones).
+
+    Raises:
+        KeyError: unknown profile. CommandError: unsafe data dir or extra env.
+    """
+    pool = profiles if profiles is not None else recipe.profiles
+    profile = next((p for p in pool if p.id == profile_id), None)
+    if profile is None:
+        raise KeyError(f"unknown profile {profile_id!r} (known: {', '.join(p.id for p in pool)})")
+    root = validate_data_dir(data_dir)
+    mounts = tuple(
+        MountSpec(str(PurePosixPath(root) / m.source), m.target, m.read_only) for m in recipe.serve.mounts
+    )
+    env = profile_env(recipe, profile)
+    additions: list[tuple[str, str]] = []
+    name = recipe.serve.container_name
+    if not plain:
+        name = managed_container_name(recipe, profile)
+        additions.append((f"--name {name}", "one container name per profile, so a switch never reuses a name"))
+        present = {k for k, _ in env}
+        wanted: list[tuple[str, str, str]] = []
+        if TRACE_ENV not in present:
+            wanted.append((TRACE_ENV, "1", "the card's own verification advice; pool-coverage telemetry reads the [delta] tick lines"))
+        if recipe.simulated and profile.decode and SIM_DECODE_ENV not in present:
+            wanted.append((SIM_DECODE_ENV, f"{profile.decode.value:g}", "simulated engine decodes at the profile's measured speed"))
+        for k, v in (extra_env or {}).items():
+            if not ENV_NAME_RE.fullmatch(k):
+                raise CommandError(f"env name {k!r} must match [A-Z0-9_]+")
+            _no_control(v, f"env {k}")
+            wanted.append((k, v, "panel setting"))
+        for k, v, why in wanted:
+            env = [(ek, ev) for ek, ev in env if ek != k] + [(k, v)]
+            additions.append((f"-e {k}={v}", why))
+    spec = RunSpec(
+        name=name,
+        image=recipe.engine.image,
+        gpus=recipe.serve.gpus,
+        network=recipe.serve.network,
+        ipc=recipe.serve.ipc,
+        shm_size=recipe.serve.shm_size,
+        mounts=mounts,
+        env=tuple(env),
+        args=tuple(recipe.serve.args),
+    )
+    if plain:
+        return spec
+    labels = (
+        (f"{LABEL_PREFIX}.managed", "1"),
+        (f"{LABEL_PREFIX}.recipe", recipe.id),
+        (f"{LABEL_PREFIX}.profile", profile.id),
+        (f"{LABEL_PREFIX}.config-hash", config_hash(spec)),
+        (f"{LABEL_PREFIX}.simulated", "1" if recipe.simulated else "0"),
+    )
+    additions.append(("--label moet-panel.*=…", "ownership labels: the panel finds and adopts only its own containers"))
+    return RunSpec(**{**asdict(spec), "mounts": mounts, "labels": labels, "additions": tuple(additions)})
+
+
+def render_shell(spec: RunSpec) -> str:
+    """Card-style multi-line shell text; every value quoted with shlex."""
+    lines: list[str] = [f"# {opt}  — added by moet-panel: {why}" for opt, why in spec.additions]
+    head = ["docker", "run", "-d", "--name", spec.name]
+    if spec.gpus:
+        head += ["--gpus", spec.gpus]
+    if spec.network:
+        head += ["--network", spec.network]
+    if spec.ipc:
+        head += ["--ipc", spec.ipc]
+    if spec.shm_size:
+        head += ["--shm-size", spec.shm_size]
+    body = [" ".join(shlex.quote(x) for x in head)]
+    body += [f"  --label {shlex.quote(f'{k}={v}')}" for k, v in spec.labels]
+    body += [
+        f"  -v {shlex.quote(f'{m.source}:{m.target}' + (':ro' if m.read_only else ''))}" for m in spec.mounts
+    ]
+    body += [f"  -e {shlex.quote(f'{k}={v}')}" for k, v in spec.env]
+    body.append(f"  {shlex.quote(spec.image)}")
+    args = list(spec.args)
+    chunks: list[str] = []
+    i = 0
+    while i < len(args):
+        if args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            chunks.append(f"{args[i]} {shlex.quote(args[i + 1])}")
+            i += 2
+        else:
+            chunks.append(shlex.quote(args[i]))
+            i += 1
+    body += [f"  {c}" for c in chunks]
+    return "\n".join(lines + [" \\\n".join(body)])
+
+
+def render_json(spec: RunSpec) -> str:
+    payload = asdict(spec)
+    payload["argv"] = spec.argv()
+    payload["additions"] = [{"option": o, "why": w} for o, w in spec.additions]
+    return json.dumps(payload, indent=2)

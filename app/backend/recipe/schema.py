@@ -1,0 +1,391 @@
+"""Typed schema of a recipe file (assets/recipes/*.toml).
+
+A recipe holds every fact of a model card that the panel uses: artifacts, pins, the base
+`docker run`, the serving profiles with their measured figures, the studies behind them and the
+card's warnings. Every model is strict (`extra="forbid"`) so a typo is an error, not a silent
+default. Values that reach `docker run` are validated here: they are passed as argument lists,
+never through a shell, and may not contain control characters.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ENV_NAME_RE = re.compile(r"^[A-Z0-9_]+$")
+ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
+# Docker image reference: [registry/]name[:tag]; conservative subset, no whitespace or shell text.
+IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$")
+CONTAINER_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+SIZE_RE = re.compile(r"^[0-9]+[bkmg]?$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _no_control(value: str, what: str) -> str:
+    if _CONTROL_RE.search(value):
+        raise ValueError(f"{what} must be a single line without control characters (newline, tab, NUL)")
+    return value
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Figure(Strict):
+    """A measured number with the card's own words for it."""
+
+    value: float
+    unit: str = ""
+    note: str = Field(description="the card's wording, cited verbatim or nearly so")
+
+
+class DeltaCI(Strict):
+    """Quality difference vs profile 1 on the /30 rubric, with its 90% confidence interval."""
+
+    mean: float
+    ci90: tuple[float, float]
+    note: str
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "DeltaCI":
+        lo, hi = self.ci90
+        if lo > hi:
+            raise ValueError("ci90 must be [low, high] with low <= high")
+        return self
+
+
+class HubSpec(Strict):
+    endpoint: str = "https://huggingface.co"
+    repo: str
+    revision: str = "main"
+    card_url: str = ""
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", v):
+            raise ValueError("expected OWNER/NAME")
+        return v
+
+
+class ModelSpec(Strict):
+    name: str
+    revision: str
+    served_name: str
+    ckpt_id: str = Field(description="identity pin for VLLM_MOE_W2_CKPT_ID, from the cache's meta.json")
+    ckpt_id_env: str = "VLLM_MOE_W2_CKPT_ID"
+    params_note: str = ""
+
+    @field_validator("served_name", "ckpt_id", "name", "revision")
+    @classmethod
+    def _single_line(cls, v: str) -> str:
+        return _no_control(v, "value")
+
+
+class ArtifactSpec(Strict):
+    id: str
+    prefix: str = Field(description="part-name prefix on the Hub, e.g. model.tar.zst.part.")
+    yields: str = Field(description="top-level directory the archive extracts to")
+    extracted_gib: float
+    contents: str
+    required_for_serving: bool = True
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not ID_RE.fullmatch(v):
+            raise ValueError("expected a lower-case id like 'model'")
+        return v
+
+    @field_validator("yields")
+    @classmethod
+    def _yields(cls, v: str) -> str:
+        return _relative_path(v)
+
+
+class EngineSource(Strict):
+    repo_url: str
+    commit: str
+    dockerfile: str
+    image: str
+    build_env: dict[str, str] = {}
+    boot_timeout_s: int = Field(2400, ge=10, le=6 * 3600)
+    stop_grace_s: int = Field(90, ge=1, le=600)
+    vllm_fork_commit: str = ""
+    quantizer_abi: str = ""
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not IMAGE_RE.fullmatch(v):
+            raise ValueError("expected a docker image reference like 'name:tag'")
+        return v
+
+    @field_validator("build_env")
+    @classmethod
+    def _build_env(cls, v: dict[str, str]) -> dict[str, str]:
+        return _check_env(v)
+
+
+class Mount(Strict):
+    source: str = Field(description="path relative to the data dir (or an artifact's directory)")
+    target: str
+    read_only: bool = False
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        return _relative_path(v)
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        _no_control(v, "mount target")
+        p = PurePosixPath(v)
+        if not p.is_absolute() or ".." in p.parts or "," in v or ":" in v:
+            raise ValueError("mount target must be an absolute container path without '..', ',' or ':'")
+        return v
+
+
+class ServeSpec(Strict):
+    """The card's base `docker run` (profile 1), as data."""
+
+    container_name: str
+    gpus: str = Field("", description="docker --gpus value, e.g. '\"device=0\"'; empty = no GPU")
+    network: Literal["host", "bridge", "none"] = "host"
+    ipc: Literal["host", "private", "shareable", ""] = "host"
+    shm_size: str = ""
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    mounts: list[Mount]
+    env: dict[str, str]
+    args: list[str]
+
+    @field_validator("container_name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not CONTAINER_NAME_RE.fullmatch(v):
+            raise ValueError("expected a docker container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)")
+        return v
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: str) -> str:
+        if v and not re.fullmatch(r'all|[0-9]+|"?device=[0-9A-Za-z,-]+"?', v):
+            raise ValueError("expected 'all', a count, or '\"device=0\"'")
+        return v
+
+    @field_validator("shm_size")
+    @classmethod
+    def _shm(cls, v: str) -> str:
+        if v and not SIZE_RE.fullmatch(v):
+            raise ValueError("expected a size like '32g'")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return _check_env(v)
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        return [_no_control(a, "engine argument") for a in v]
+
+
+class ProfileSpec(Strict):
+    id: str
+    number: int = Field(ge=1)
+    title: str
+    summary: str
+    recommended: bool = False
+    scheduler_setting: str
+    env_add: dict[str, str] = {}
+    env_replace: dict[str, str] = {}
+    env_remove: list[str] = []
+    decode: Figure | None = None
+    quality: Figure | None = None
+    quality_label: str = ""
+    delta_vs_1: DeltaCI | None = None
+    notes: list[str] = []
+    measured: bool = True
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not ID_RE.fullmatch(v):
+            raise ValueError("expected a lower-case id like 'quality'")
+        return v
+
+    @field_validator("env_add", "env_replace")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return _check_env(v)
+
+    @field_validator("env_remove")
+    @classmethod
+    def _env_remove(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not ENV_NAME_RE.fullmatch(name):
+                raise ValueError(f"env name {name!r} must match [A-Z0-9_]+")
+        return v
+
+
+class StudyTable(Strict):
+    id: str
+    title: str
+    columns: list[str]
+    rows: list[list[str | float | int]]
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _widths(self) -> "StudyTable":
+        for i, row in enumerate(self.rows):
+            if len(row) != len(self.columns):
+                raise ValueError(f"row {i} has {len(row)} cells, expected {len(self.columns)}")
+        return self
+
+
+class Sampling(Strict):
+    temperature: float = Field(ge=0, le=2)
+    top_p: float = Field(gt=0, le=1)
+    min_p: float = Field(ge=0, le=1)
+    note: str
+    never_zero_note: str
+
+
+class NeedleResult(Strict):
+    length: str
+    result: str
+    note: str = ""
+
+
+class ContextSpec(Strict):
+    validated_max_tokens: int
+    fails_at_tokens: int
+    note: str
+    needles: list[NeedleResult] = []
+
+
+class VramSpec(Strict):
+    expected_gib: float
+    total_gib: float
+    note: str
+
+
+class Requirements(Strict):
+    gpu: str
+    compute_capability: str = Field(description="e.g. '12.0' for sm_120; empty = any")
+    vram_gb: float
+    ecc: Literal["off", "any"] = "any"
+    ecc_cost_gib: float = 0
+    ecc_note: str = ""
+    host_ram_gb: float = 0
+    host_ram_note: str = ""
+    gpu_count: int = Field(1, ge=0)
+
+
+FindingKind = Literal["env_equals", "env_present", "arg_present", "arg_value_above"]
+
+
+class Finding(Strict):
+    """A measured warning from the card, matched against a (custom) profile's command."""
+
+    id: str
+    kind: FindingKind
+    key: str
+    value: str = ""
+    severity: Literal["info", "warn", "error"] = "warn"
+    message: str
+
+
+class Recipe(Strict):
+    schema_version: Literal[1] = 1
+    id: str
+    title: str
+    simulated: bool = False
+    default_data_dir: str
+    card_source: str = ""
+    hub: HubSpec
+    model: ModelSpec
+    artifacts: list[ArtifactSpec]
+    engine: EngineSource
+    serve: ServeSpec
+    profiles: list[ProfileSpec]
+    sampling: Sampling
+    context: ContextSpec
+    vram: VramSpec
+    requirements: Requirements
+    studies: list[StudyTable] = []
+    findings: list[Finding] = []
+    pins: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _coherent(self) -> "Recipe":
+        ids = [p.id for p in self.profiles]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"profiles: duplicate profile id in {ids}")
+        if not self.profiles:
+            raise ValueError("profiles: at least one profile is required")
+        art_ids = [a.id for a in self.artifacts]
+        if len(set(art_ids)) != len(art_ids):
+            raise ValueError(f"artifacts: duplicate artifact id in {art_ids}")
+        for i, p in enumerate(self.profiles):
+            for name in list(p.env_replace) + list(p.env_remove):
+                if name not in self.serve.env:
+                    raise ValueError(
+                        f"profiles[{i}] ({p.id}): env {name!r} is not a base setting in serve.env; "
+                        "use env_add for new variables"
+                    )
+            for name in p.env_add:
+                if name in self.serve.env:
+                    raise ValueError(
+                        f"profiles[{i}] ({p.id}): env_add {name!r} is already a base setting; use env_replace"
+                    )
+        pinned = self.serve.env.get(self.model.ckpt_id_env)
+        if pinned is not None and pinned != self.model.ckpt_id:
+            raise ValueError(f"serve.env.{self.model.ckpt_id_env}: must equal model.ckpt_id ({self.model.ckpt_id})")
+        for flag, expected in (("--port", str(self.serve.port)), ("--served-model-name", self.model.served_name)):
+            if flag in self.serve.args:
+                idx = self.serve.args.index(flag)
+                got = self.serve.args[idx + 1] if idx + 1 < len(self.serve.args) else ""
+                if got != expected:
+                    raise ValueError(f"serve.args: {flag} is {got!r} but the recipe says {expected!r}")
+        return self
+
+    def profile(self, profile_id: str) -> ProfileSpec:
+        for p in self.profiles:
+            if p.id == profile_id:
+                return p
+        known = ", ".join(p.id for p in self.profiles)
+        raise KeyError(f"unknown profile {profile_id!r} (this recipe has: {known})")
+
+    def artifact(self, artifact_id: str) -> ArtifactSpec:
+        for a in self.artifacts:
+            if a.id == artifact_id:
+                return a
+        known = ", ".join(a.id for a in self.artifacts)
+        raise KeyError(f"unknown artifact {artifact_id!r} (this recipe has: {known})")
+
+    @property
+    def recommended_profile(self) -> ProfileSpec:
+        return next((p for p in self.profiles if p.recommended), self.profiles[0])
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    for name, value in env.items():
+        if not ENV_NAME_RE.fullmatch(name):
+            raise ValueError(f"env name {name!r} must match [A-Z0-9_]+")
+        _no_control(value, f"env {name}")
+    return env
+
+
+def _relative_path(v: str) -> str:
+    _no_control(v, "path")
+    p = PurePosixPath(v)
+    if p.is_absolute() or ".." in p.parts or v in ("", ".") or "," in v or ":" in v:
+        raise ValueError("expected a relative path inside the data dir (no leading '/', no '..', ',' or ':')")
+    return v

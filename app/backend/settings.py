@@ -1,0 +1,57 @@
+"""Panel settings: every MOET_PANEL_* environment variable is read here, once, and nowhere else.
+
+| variable | meaning | default |
+|---|---|---|
+| MOET_PANEL_RECIPE | recipe TOML file | assets/recipes/ds4-flash-0731-sm120.toml (demo: simulated.toml) |
+| MOET_PANEL_DATA_DIR | data dir: artifacts + the panel's own state (`.moet-panel/`) | the recipe's default_data_dir |
+| MOET_PANEL_DEMO | `1` forces demo mode (simulated engine) | auto: on when no usable GPU/Docker |
+| MOET_PANEL_AUTH_FILE | credentials file for the web UI (see README) | unset |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.backend.recipe import DEFAULT_RECIPE, SIMULATED_RECIPE, Recipe, load_recipe
+from app.backend.recipe.command import validate_data_dir
+
+ENV_RECIPE = "MOET_PANEL_RECIPE"
+ENV_DATA_DIR = "MOET_PANEL_DATA_DIR"
+ENV_DEMO = "MOET_PANEL_DEMO"
+ENV_AUTH_FILE = "MOET_PANEL_AUTH_FILE"
+STATE_SUBDIR = ".moet-panel"
+
+
+@dataclass(frozen=True)
+class Settings:
+    recipe_path: Path
+    recipe: Recipe
+    data_dir: Path
+    demo: bool = False
+
+    @property
+    def state_dir(self) -> Path:
+        """Where the panel keeps journals, logs, SQLite history (inside the data dir)."""
+        return self.data_dir / STATE_SUBDIR
+
+    def ensure_state_dir(self) -> Path:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        return self.state_dir
+
+
+def resolve_settings(recipe: str | Path | None = None, data_dir: str | Path | None = None, demo: bool = False) -> Settings:
+    """Combine CLI flags, environment and recipe defaults (flags win over env, env over defaults).
+
+    Raises:
+        RecipeError: the recipe file is missing or invalid.
+        CommandError: the data dir is not a safe absolute path.
+    """
+    demo = demo or os.environ.get(ENV_DEMO, "") == "1"
+    default = SIMULATED_RECIPE if demo else DEFAULT_RECIPE
+    recipe_path = Path(recipe or os.environ.get(ENV_RECIPE) or default).expanduser().resolve()
+    loaded = load_recipe(recipe_path)
+    raw_dir = str(data_dir or os.environ.get(ENV_DATA_DIR) or loaded.default_data_dir)
+    resolved = Path(validate_data_dir(str(Path(raw_dir).expanduser().absolute())))
+    return Settings(recipe_path=recipe_path, recipe=loaded, data_dir=resolved, demo=demo or loaded.simulated)

@@ -1,0 +1,42 @@
+"""The one explicit application-state object: settings plus the backend services.
+
+The UI receives an `AppState` and calls its services; nothing else holds mutable state globally.
+Services are created by `build_app_state()` and started/stopped together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.backend.settings import Settings
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    # Each service is owned by its backend package; typed loosely here to keep imports one-way.
+    engine: Any = None  # app.backend.engine.controller.EngineController
+    downloads: Any = None  # app.backend.download.manager.DownloadManager
+    telemetry: Any = None  # app.backend.telemetry.hub.TelemetryHub
+    chat: Any = None  # app.backend.chat.service.ChatService
+    _closers: list[Any] = field(default_factory=list, repr=False)
+
+    def on_close(self, fn: Any) -> None:
+        self._closers.append(fn)
+
+    def close(self) -> None:
+        """Stop background threads. Never stops the engine container (it outlives the panel)."""
+        for fn in reversed(self._closers):
+            try:
+                fn()
+            except Exception:  # closing must not mask the others
+                pass
+        self._closers.clear()
+
+
+def build_app_state(settings: Settings) -> AppState:
+    """Create every backend service for this settings object."""
+    state = AppState(settings=settings)
+    # Services register themselves here as they land (downloads, engine, telemetry, chat).
+    return state

@@ -1,0 +1,53 @@
+"""GPU reading types shared by telemetry (sampler) and engine control (preflight, memory release)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_bytes: int | None
+    name: str = ""
+    container: str = ""  # engine container name when the pid belongs to it
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    index: int
+    uuid: str
+    name: str
+    compute_capability: tuple[int, int] | None
+    memory_total: int
+    memory_used: int  # v2 "used" (excludes driver-reserved)
+    memory_reserved: int
+    util_gpu: float | None = None
+    util_mem: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temperature_c: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    throttle_reasons: tuple[str, ...] = ()
+    pcie_tx_kbs: float | None = None
+    pcie_rx_kbs: float | None = None
+    ecc_current: bool | None = None
+    ecc_pending: bool | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    ts: float = 0.0
+
+
+class GpuReader(Protocol):
+    """Anything that can read the GPUs now (real NVML or the CI fake)."""
+
+    @property
+    def available(self) -> bool: ...
+
+    @property
+    def error(self) -> str:
+        """Why no GPU can be read ("no NVIDIA GPU: libnvidia-ml.so not found"), '' when available."""
+        ...
+
+    def read(self) -> list[GpuSample]: ...

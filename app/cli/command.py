@@ -1,0 +1,29 @@
+"""`moet-panel command --profile ID`: print the docker run the panel would execute."""
+
+from __future__ import annotations
+
+import argparse
+
+from app.backend.recipe.command import build_run_spec, render_json, render_shell
+from app.backend.settings import resolve_settings
+from app.cli.main import add_common
+
+
+def register(subs: argparse._SubParsersAction) -> None:
+    p = subs.add_parser("command", help="print the docker run for a profile")
+    add_common(p)
+    p.add_argument("--profile", required=True, help="profile id (e.g. quality, balanced, speed)")
+    p.add_argument("--plain", action="store_true", help="exactly the card's command: no panel labels or trace env")
+    p.add_argument("--format", choices=["shell", "json"], default="shell")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = resolve_settings(args.recipe, args.data_dir)
+    from app.backend.profiles import all_profiles  # custom profiles saved in the data dir count too
+
+    spec = build_run_spec(
+        settings.recipe, args.profile, str(settings.data_dir), plain=args.plain, profiles=all_profiles(settings)
+    )
+    print(render_json(spec) if args.format == "json" else render_shell(spec))
+    return 0
