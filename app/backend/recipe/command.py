@@ -99,6 +99,31 @@ def profile_env(recipe: Recipe, profile: ProfileSpec) -> list[tuple[str, str]]:
     return env
 
 
+def profile_args(recipe: Recipe, profile: ProfileSpec) -> list[str]:
+    """Base engine args with the profile's args_set/args_remove applied (values replace in place)."""
+    base = list(recipe.serve.args)
+    out: list[str] = []
+    seen: set[str] = set()
+    i = 0
+    while i < len(base):
+        flag = base[i]
+        has_value = i + 1 < len(base) and not base[i + 1].startswith("--")
+        value = base[i + 1] if has_value else None
+        i += 2 if has_value else 1
+        if flag in profile.args_remove:
+            continue
+        if flag in profile.args_set:
+            seen.add(flag)
+            new = profile.args_set[flag]
+            out += [flag, new] if new else [flag]
+            continue
+        out += [flag] if value is None else [flag, value]
+    for flag, new in profile.args_set.items():
+        if flag not in seen:
+            out += [flag, new] if new else [flag]
+    return out
+
+
 def config_hash(spec: RunSpec) -> str:
     payload = asdict(spec)
     payload.pop("labels")
@@ -168,7 +193,7 @@ def build_run_spec(
         shm_size=recipe.serve.shm_size,
         mounts=mounts,
         env=tuple(env),
-        args=tuple(recipe.serve.args),
+        args=tuple(profile_args(recipe, profile)),
     )
     if plain:
         return spec

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,11 +53,24 @@ def _expected(err: dict[str, object]) -> str:
     return msg
 
 
+_PATH_PREFIX_RE = re.compile(r"^([A-Za-z_][\w.\[\]-]*): (.+)$", re.S)
+
+
+def _issue(err: dict[str, object]) -> RecipeIssue:
+    """One pydantic error as a RecipeIssue; cross-field checks put their path in front of the message."""
+    path, message = _field_path(tuple(err["loc"])), _expected(err)  # type: ignore[arg-type]
+    if path == "(top level)":
+        m = _PATH_PREFIX_RE.match(message)
+        if m:
+            path, message = m.group(1), m.group(2)
+    return RecipeIssue(path, message)
+
+
 def parse_recipe(data: dict[str, object], file: Path) -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        issues = [RecipeIssue(_field_path(tuple(e["loc"])), _expected(e)) for e in exc.errors()]
+        issues = [_issue(e) for e in exc.errors()]
         raise RecipeError(file, issues) from None
 
 

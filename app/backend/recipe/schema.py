@@ -212,6 +212,27 @@ class ProfileSpec(Strict):
     delta_vs_1: DeltaCI | None = None
     notes: list[str] = []
     measured: bool = True
+    # Engine-argument changes relative to serve.args (custom profiles): flag -> value ("" = bare flag).
+    args_set: dict[str, str] = {}
+    args_remove: list[str] = []
+    based_on: str = ""  # custom profiles: the profile this one was cloned from
+
+    @field_validator("args_set")
+    @classmethod
+    def _args_set(cls, v: dict[str, str]) -> dict[str, str]:
+        for flag, value in v.items():
+            _check_flag(flag)
+            _no_control(value, f"argument {flag}")
+            if value.startswith("-"):
+                raise ValueError(f"value of {flag} must not start with '-' (it would read as another option)")
+        return v
+
+    @field_validator("args_remove")
+    @classmethod
+    def _args_remove(cls, v: list[str]) -> list[str]:
+        for flag in v:
+            _check_flag(flag)
+        return v
 
     @field_validator("id")
     @classmethod
@@ -334,16 +355,19 @@ class Recipe(Strict):
         if len(set(art_ids)) != len(art_ids):
             raise ValueError(f"artifacts: duplicate artifact id in {art_ids}")
         for i, p in enumerate(self.profiles):
-            for name in list(p.env_replace) + list(p.env_remove):
-                if name not in self.serve.env:
-                    raise ValueError(
-                        f"profiles[{i}] ({p.id}): env {name!r} is not a base setting in serve.env; "
-                        "use env_add for new variables"
-                    )
+            # Messages start with the field path ("path: text"); the loader lifts it into the path.
+            for field_name, names in (("env_replace", list(p.env_replace)), ("env_remove", list(p.env_remove))):
+                for name in names:
+                    if name not in self.serve.env:
+                        raise ValueError(
+                            f"profiles[{i}].{field_name}.{name}: profile {p.id!r} changes env {name!r}, which is "
+                            "not a base setting in serve.env; use env_add for new variables"
+                        )
             for name in p.env_add:
                 if name in self.serve.env:
                     raise ValueError(
-                        f"profiles[{i}] ({p.id}): env_add {name!r} is already a base setting; use env_replace"
+                        f"profiles[{i}].env_add.{name}: profile {p.id!r} adds {name!r}, which is already a base "
+                        "setting; use env_replace"
                     )
         pinned = self.serve.env.get(self.model.ckpt_id_env)
         if pinned is not None and pinned != self.model.ckpt_id:
@@ -381,6 +405,19 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
             raise ValueError(f"env name {name!r} must match [A-Z0-9_]+")
         _no_control(value, f"env {name}")
     return env
+
+
+FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]{0,63}$")
+# Arguments the panel itself depends on (health URL, served name, weights path): never changed by a profile.
+PINNED_FLAGS = frozenset({"--port", "--served-model-name", "--model", "--host"})
+
+
+def _check_flag(flag: str) -> str:
+    if not FLAG_RE.fullmatch(flag):
+        raise ValueError(f"engine argument {flag!r} must look like --lower-case-name")
+    if flag in PINNED_FLAGS:
+        raise ValueError(f"engine argument {flag} is fixed by the recipe; a profile cannot change it")
+    return flag
 
 
 def _relative_path(v: str) -> str:

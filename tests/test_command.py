@@ -1,0 +1,145 @@
+"""`moet-panel command` equals the model card's three commands (run as the real CLI, in a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from app.backend.recipe import SIMULATED_RECIPE
+
+# Profile 1, verbatim from the model card (shared/seed/model-card.txt, "Profile 1 — max quality").
+CARD_PROFILE_1 = r"""
+docker run -d --name ds4-quality --gpus '"device=0"' --network host --ipc host --shm-size 32g \
+  -v /data/ds4/DeepSeek-V4-Flash-0731:/model:ro \
+  -v /data/ds4/planescache:/planescache \
+  -v /data/ds4/moet_store:/store \
+  -e VLLM_MOE_W2=1 \
+  -e VLLM_MOE_W2_PLANES_CACHE=/planescache \
+  -e VLLM_MOE_W2_STORE_DIR=/store \
+  -e VLLM_MOE_W2_CKPT_ID=8863d864b7c75cde7493abc5899bdfe9e6dd16f6dab445961416f6e407c842b8 \
+  -e VLLM_MOE_W2_DELTA_POLICY=freq \
+  -e VLLM_MOE_W2_DELTA_GB=7 \
+  -e VLLM_MOE_W2_GATE=0 \
+  -e VLLM_MOE_W2_FORCE_POOL=1 \
+  -e VLLM_MOE_W2_FORCE_RESIDENT=1 \
+  -e VLLM_USE_BREAKABLE_CUDAGRAPH=0 \
+  -e VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 \
+  -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+  vllm-moet-sm120:v026 \
+  --model /model --served-model-name deepseek-v4-flash --trust-remote-code \
+  --kv-cache-dtype fp8 --block-size 256 --max-model-len 262144 \
+  --gpu-memory-utilization 0.99 --kv-cache-memory-bytes 2147483648 \
+  --max-num-batched-tokens 1024 --max-num-seqs 1 \
+  --tokenizer-mode deepseek_v4 --no-scheduler-reserve-full-isl \
+  --compilation-config '{"cudagraph_mode":"FULL_AND_PIECEWISE","custom_ops":["all"]}' \
+  --port 8000
+"""
+# Profile 2: "Take the profile-1 command and add one line:  -e VLLM_MOE_W2_PROMO_HYST=8"
+CARD_PROFILE_2 = CARD_PROFILE_1.replace(
+    "  vllm-moet-sm120:v026 \\\n", "  -e VLLM_MOE_W2_PROMO_HYST=8 \\\n  vllm-moet-sm120:v026 \\\n"
+)
+# Profile 3: "Take the profile-1 command and change one line: -e VLLM_MOE_W2_DELTA_POLICY=need"
+CARD_PROFILE_3 = CARD_PROFILE_1.replace("VLLM_MOE_W2_DELTA_POLICY=freq", "VLLM_MOE_W2_DELTA_POLICY=need")
+CARD = {"quality": CARD_PROFILE_1, "balanced": CARD_PROFILE_2, "speed": CARD_PROFILE_3}
+
+DOCKER_OPTS_WITH_VALUE = {"--name", "--gpus", "--network", "--ipc", "--shm-size", "-v", "--label", "-e"}
+
+
+def parse_docker_run(text: str) -> dict[str, object]:
+    """Split a `docker run` into options (multiset), env (dict), image and engine args (ordered)."""
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
+    argv = shlex.split("\n".join(lines).replace("\\\n", " "))
+    assert argv[:3] == ["docker", "run", "-d"], argv[:3]
+    opts: list[tuple[str, str]] = []
+    env: dict[str, str] = {}
+    i = 3
+    while argv[i].startswith("-"):
+        opt = argv[i]
+        assert opt in DOCKER_OPTS_WITH_VALUE, f"unexpected docker option {opt!r}"
+        value = argv[i + 1]
+        if opt == "-e":
+            name, _, val = value.partition("=")
+            assert name not in env, f"duplicate -e {name}"
+            env[name] = val
+        else:
+            opts.append((opt, value))
+        i += 2
+    return {"opts": Counter(opts), "env": env, "image": argv[i], "args": argv[i + 1 :]}
+
+
+def cli(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "command", *args], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("profile", ["quality", "balanced", "speed"])
+def test_plain_command_equals_the_card(profile: str) -> None:
+    got = parse_docker_run(cli("--profile", profile, "--plain", "--data-dir", "/data/ds4"))
+    want = parse_docker_run(CARD[profile])
+    assert got["opts"] == want["opts"]
+    assert got["env"] == want["env"]  # order of -e may differ; names and values may not
+    assert got["image"] == want["image"]
+    assert got["args"] == want["args"]
+
+
+def test_card_profiles_differ_by_exactly_one_line() -> None:
+    p1, p2, p3 = (parse_docker_run(CARD[p])["env"] for p in ("quality", "balanced", "speed"))
+    assert set(p2.items()) - set(p1.items()) == {("VLLM_MOE_W2_PROMO_HYST", "8")}
+    assert set(p3.items()) ^ set(p1.items()) == {("VLLM_MOE_W2_DELTA_POLICY", "need"), ("VLLM_MOE_W2_DELTA_POLICY", "freq")}
+
+
+@pytest.mark.parametrize("profile", ["quality", "balanced", "speed"])
+def test_managed_command_adds_only_labels_name_and_trace(profile: str) -> None:
+    text = cli("--profile", profile, "--data-dir", "/data/ds4")
+    got, want = parse_docker_run(text), parse_docker_run(CARD[profile])
+    extra_opts = got["opts"] - want["opts"]
+    missing_opts = want["opts"] - got["opts"]
+    assert missing_opts == Counter({("--name", "ds4-quality"): 1})
+    assert {o for o, _ in extra_opts} == {"--name", "--label"}
+    labels = dict(v.split("=", 1) for o, v in extra_opts if o == "--label")
+    assert labels["moet-panel.managed"] == "1" and labels["moet-panel.profile"] == profile
+    assert all(k.startswith("moet-panel.") for k in labels)
+    assert {k: v for k, v in got["env"].items() if k not in want["env"]} == {"VLLM_MOE_W2_DELTA_TRACE": "1"}
+    assert {k: v for k, v in got["env"].items() if k in want["env"]} == want["env"]
+    assert got["image"] == want["image"] and got["args"] == want["args"]
+    comments = [ln for ln in text.splitlines() if ln.startswith("#")]
+    for needle in ("--name", "VLLM_MOE_W2_DELTA_TRACE=1", "--label"):
+        assert any(needle in c for c in comments), f"no comment line explains {needle}"
+
+
+def test_simulated_recipe_adds_sim_decode_speed_with_a_comment() -> None:
+    text = cli("--profile", "balanced", "--recipe", str(SIMULATED_RECIPE), "--data-dir", "/tmp/moet-demo")
+    plain = parse_docker_run(cli("--profile", "balanced", "--recipe", str(SIMULATED_RECIPE), "--plain", "--data-dir", "/tmp/moet-demo"))
+    got = parse_docker_run(text)
+    added = {k: v for k, v in got["env"].items() if k not in plain["env"]}
+    assert added == {"VLLM_MOE_W2_DELTA_TRACE": "1", "MOET_SIM_DECODE_TOK_S": "75"}
+    assert any("MOET_SIM_DECODE_TOK_S" in ln for ln in text.splitlines() if ln.startswith("#"))
+    assert dict(v.split("=", 1) for o, v in got["opts"] if o == "--label")["moet-panel.simulated"] == "1"
+
+
+def test_json_format_parses_and_matches_shell() -> None:
+    payload = json.loads(cli("--profile", "speed", "--format", "json", "--data-dir", "/data/ds4"))
+    shell = parse_docker_run(cli("--profile", "speed", "--data-dir", "/data/ds4"))
+    argv = payload["argv"]
+    assert argv[:3] == ["docker", "run", "-d"]
+    assert payload["image"] == shell["image"] == "vllm-moet-sm120:v026"
+    assert dict(payload["env"])["VLLM_MOE_W2_DELTA_POLICY"] == "need"
+    assert argv[argv.index(payload["image"]) + 1 :] == shell["args"]
+    assert {a["option"].split()[0] for a in payload["additions"]} >= {"--name", "-e", "--label"}
+
+
+def test_unknown_profile_and_unsafe_data_dir_exit_2() -> None:
+    for extra in (["--profile", "nope"], ["--profile", "quality", "--data-dir", "/data/../etc"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "app.cli.main", "command", *extra], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 2, proc.stdout
+        assert proc.stderr.startswith("moet-panel: ")
