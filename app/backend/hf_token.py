@@ -1,0 +1,123 @@
+"""Hugging Face token: where it comes from, where the panel stores it, and how it is kept out of text.
+
+Order (same as huggingface_hub): an explicit value, `HF_TOKEN` (then the legacy
+`HUGGING_FACE_HUB_TOKEN`), a `--token-file`, the panel's own saved token, then the HF token file
+(`$HF_TOKEN_PATH` or `$HF_HOME/token`, default `~/.cache/huggingface/token`).
+
+`redact()` replaces every token this process has seen (plus anything shaped like `hf_...`) with
+`hf_***`; every message that may reach a log, the journal, an error or the UI goes through it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from pathlib import Path
+
+REDACTED = "hf_***"
+# Anything shaped like a Hugging Face user token, even one this process never loaded.
+_TOKEN_SHAPE = re.compile(r"hf_[A-Za-z0-9]{6,}")
+
+
+class _KnownTokens:
+    """Tokens seen by this process (so redact() also catches non-hf_-shaped test/mirror tokens)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens: set[str] = set()
+
+    def add(self, token: str | None) -> None:
+        if token and len(token) >= 4:
+            with self._lock:
+                self._tokens.add(token)
+
+    def all(self) -> list[str]:
+        with self._lock:
+            return sorted(self._tokens, key=len, reverse=True)
+
+
+# The one process-wide registry: redaction must work from any thread without plumbing state through
+# every log call. It only grows, holds no secrets beyond what the process already has in memory.
+KNOWN = _KnownTokens()
+
+
+def panel_token_path() -> Path:
+    """Where `save_token` writes: under ~/.config/moet-panel/ (never inside the repo or data dir)."""
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "moet-panel" / "hf_token"
+
+
+def hf_token_path() -> Path:
+    """The standard Hugging Face token file."""
+    if os.environ.get("HF_TOKEN_PATH"):
+        return Path(os.environ["HF_TOKEN_PATH"]).expanduser()
+    home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser()
+    return home / "token"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        value = path.read_text().strip()
+    except OSError:
+        return None
+    return value or None
+
+
+def resolve_token(explicit: str | None = None, token_file: str | Path | None = None) -> str | None:
+    """Return the token to use, or None for anonymous access. Registers it for redaction."""
+    candidates = [
+        lambda: (explicit or "").strip() or None,
+        lambda: os.environ.get("HF_TOKEN", "").strip() or None,
+        lambda: os.environ.get("HUGGING_FACE_HUB_TOKEN", "").strip() or None,
+        lambda: _read(Path(token_file).expanduser()) if token_file else None,
+        lambda: _read(panel_token_path()),
+        lambda: _read(hf_token_path()),
+    ]
+    for get in candidates:
+        token = get()
+        if token:
+            KNOWN.add(token)
+            return token
+    return None
+
+
+def save_token(token: str) -> Path:
+    """Store a token (from the UI's password field) with mode 0600; returns the file path."""
+    token = token.strip()
+    if not token or any(c.isspace() for c in token):
+        raise ValueError("the token is empty or contains whitespace; paste the token from huggingface.co/settings/tokens")
+    KNOWN.add(token)
+    path = panel_token_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, token.encode() + b"\n")
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
+
+
+def forget_saved_token() -> bool:
+    """Delete the panel's saved token (not HF's own file). Returns True if one was removed."""
+    try:
+        panel_token_path().unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def has_saved_token() -> bool:
+    return panel_token_path().is_file()
+
+
+def redact(text: str) -> str:
+    """Replace every known token (and anything hf_-shaped) with `hf_***`."""
+    if not text:
+        return text
+    for token in KNOWN.all():
+        text = text.replace(token, REDACTED)
+    return _TOKEN_SHAPE.sub(REDACTED, text)

@@ -1,0 +1,66 @@
+"""Fault injection for the SIMULATED Hub: what can go wrong on a real CDN, counted and per path."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Literal
+
+FaultKind = Literal[
+    "drop",  # send `after_bytes` of the body, then close the connection (FIN)
+    "reset",  # send `after_bytes`, then RST (SO_LINGER 0)
+    "truncate",  # honest headers for a shorter body: Content-Length = after_bytes
+    "status",  # answer `status` (e.g. 503) instead of the file
+    "ratelimit",  # 429 with Retry-After and the Hub's RateLimit headers
+    "stall",  # send `after_bytes`, then nothing for `stall_s` seconds, then close
+    "corrupt",  # flip the byte at file offset `offset` whenever it is served
+    "ignore_range",  # answer 200 with the whole file to a Range request
+]
+
+
+@dataclass
+class Fault:
+    kind: FaultKind
+    times: int = 1  # how many requests it hits; -1 = forever
+    after_bytes: int = 0
+    status: int = 503
+    retry_after: int = 1
+    stall_s: float = 30.0
+    offset: int = 0
+    where: Literal["cdn", "resolve", "tree"] = "cdn"
+    hits: int = 0
+
+
+@dataclass
+class FaultBook:
+    """Faults keyed by repo file path ("*" = any file; "__tree__" for the listing). Thread-safe."""
+
+    _faults: dict[str, list[Fault]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, path: str, fault: Fault) -> Fault:
+        with self._lock:
+            self._faults.setdefault(path, []).append(fault)
+        return fault
+
+    def clear(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def take(self, path: str, where: str, covers: tuple[int, int] | None = None) -> Fault | None:
+        """Consume and return the first armed fault for this request, or None.
+
+        `covers` (start, end-exclusive) limits "corrupt" faults to responses that include the offset.
+        """
+        with self._lock:
+            for key in (path, "*"):
+                for fault in self._faults.get(key, []):
+                    if fault.where != where or fault.times == 0:
+                        continue
+                    if fault.kind == "corrupt" and covers and not covers[0] <= fault.offset < covers[1]:
+                        continue
+                    if fault.times > 0:
+                        fault.times -= 1
+                    fault.hits += 1
+                    return fault
+        return None
