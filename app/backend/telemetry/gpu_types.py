@@ -37,6 +37,12 @@ class GpuSample:
     ecc_pending: bool | None = None
     processes: tuple[GpuProcess, ...] = ()
     ts: float = 0.0
+    simulated: bool = False  # from the demo-mode SIMULATED reader, never a real card
+
+    @property
+    def memory_in_use(self) -> int:
+        """What nvidia-smi calls used (v1): v2 used + driver-reserved."""
+        return self.memory_used + self.memory_reserved
 
 
 class GpuReader(Protocol):

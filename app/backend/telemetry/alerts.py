@@ -1,0 +1,255 @@
+"""Alerts: each one says what it means (with the card's numbers) and what to do.
+
+Rules are small pure functions over an `AlertInputs` bundle, so the hub, `moet-panel engine
+status` and the trace CLI all evaluate the same rules.
+
+Churn-trap threshold (why these numbers): the card's trap is ±1536 slots per 320 ms ≈ 57 GB/s
+host→device, i.e. ~4800 promotions/s of 12 MiB slots, saturating PCIe gen5 ×16. The healthy
+freq manager is rate-limited to PROMOTE (8–16) promotions per pass, one pass per decode step:
+at ~50 tok/s that is ≤ 800/s ≈ 9 GiB/s. We alert at **20 GiB/s** of estimated promotion traffic
+(> 2× the healthy ceiling, ~⅓ of the trap, ~40% of a gen5 ×16 link), or — independent of slot
+size, for scaled-down logs — when the pool is **replaced ≥ 2.5 times per second** (the trap on a
+1536-slot pool is 3.1/s; a healthy freq pool measures 0.5–1.5/s in the fixtures).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Literal
+
+from app.backend.engine.types import EngineSnapshot, EngineState, LogLine
+from app.backend.telemetry.gpu_types import GpuSample
+from app.backend.telemetry.host import HostSample
+from app.backend.telemetry.metrics import MetricsSample
+from app.backend.telemetry.trace import TraceParser, TraceSnapshot
+
+Severity = Literal["critical", "warning", "info"]
+CHURN_GIB_S = 20.0
+CHURN_TURNOVER_PER_S = 2.5
+ZERO_COVERAGE_SUMMARIES = 3
+VRAM_FULL_FRACTION = 0.98
+HOST_RAM_LOW_FRACTION = 0.05
+HOST_RAM_LOW_BYTES = 4 * 2**30
+TRACE_OFF_AFTER_S = 90.0
+NO_RECOVERY_SCORE = "the card measured 4.96/30 for this (vs ~11–12/30 with the pool), at 85.4 tok/s: fast and broken"
+TRACE_HOW = (
+    "Start the engine with VLLM_MOE_W2_DELTA_TRACE=1 (the panel adds it to every start it makes; an engine "
+    "started by hand or with `moet-panel command --plain` has it off). Trace knobs are read once at import: "
+    "an engine restart is needed."
+)
+
+
+@dataclass(frozen=True)
+class Alert:
+    id: str
+    severity: Severity
+    title: str
+    meaning: str
+    action: str
+    evidence: str = ""
+
+
+@dataclass
+class AlertInputs:
+    trace: TraceSnapshot | None = None
+    gpus: list[GpuSample] = field(default_factory=list)
+    host: HostSample | None = None
+    metrics: MetricsSample | None = None
+    engine: EngineSnapshot | None = None
+    traffic_seen_s: float | None = None  # seconds of traffic (per /metrics) with no tick line
+    policy: str = ""  # VLLM_MOE_W2_DELTA_POLICY of the active profile
+    ecc_required_off: bool = False
+    ecc_note: str = ""
+
+
+def pool_absent(i: AlertInputs) -> Alert | None:
+    t = i.trace
+    if t is None or not t.pool_disabled:
+        return None
+    sz = t.sizing
+    why = ""
+    if sz is not None and sz.auto and sz.free_after_kv_gib is not None:
+        why = f" DELTA_GB=auto found {sz.free_after_kv_gib:.2f} GiB free after the KV cache, below the {sz.reserve_gib} GiB reserve."
+    return Alert(
+        "pool_absent", "critical", "FP4 recovery pool absent (0 slots)",
+        f"The engine serves pure 2-bit experts: running without FP4 recovery — {NO_RECOVERY_SCORE}.{why}",
+        "Stop the engine and start a card profile (fixed VLLM_MOE_W2_DELTA_GB=7, not auto/0); if it was auto, "
+        "free VRAM (other GPU processes, --kv-cache-memory-bytes) so the pool fits.",
+        evidence="boot line: pool disabled (0 slots)" if sz and sz.disabled else "summary: 0/0 slots",
+    )
+
+
+def zero_coverage(i: AlertInputs) -> Alert | None:
+    t = i.trace
+    if t is None or t.pool_disabled:
+        return None
+    for r in t.ranks:
+        if r.last is None or r.summaries < ZERO_COVERAGE_SUMMARIES:
+            continue
+        if r.last.cached == 0 and r.last.hit_tokens_pct == 0.0:
+            need = i.policy == "need"
+            return Alert(
+                "zero_coverage", "warning" if need else "critical", "FP4 pool empty while serving",
+                f"{r.summaries} trace summaries with traffic and no expert resident at FP4: running without FP4 "
+                f"recovery — {NO_RECOVERY_SCORE}."
+                + (" Under DELTA_POLICY=need only gate fires fill the pool; with the gate off it stays empty "
+                   "(the card's profile 3 trade)." if need else ""),
+                "Use the max-quality profile (DELTA_POLICY=freq) unless you chose this trade knowingly.",
+                evidence=f"{r.key}: tick {r.last.tick}: {r.last.cached}/{r.last.slots} slots, hit-rate 0.0%",
+            )
+    return None
+
+
+def churn_trap(i: AlertInputs) -> Alert | None:
+    t = i.trace
+    if t is None:
+        return None
+    for r in t.ranks:
+        rep = r.replacements_per_s
+        if rep is None or r.last is None or r.last.slots <= 0:
+            continue
+        gib_s = rep * r.slot_bytes / 2**30 if r.slot_bytes else None
+        turnover = rep / r.last.slots
+        if (gib_s is not None and gib_s >= CHURN_GIB_S) or turnover >= CHURN_TURNOVER_PER_S:
+            est = f"≈ {gib_s:.1f} GiB/s host→device, " if gib_s is not None else ""
+            return Alert(
+                "churn_trap", "warning", "Pool churn trap: slots thrash",
+                f"The pool swaps {rep:.0f} slots/s ({est}the whole pool {turnover:.1f}×/s). The card's trap is "
+                "±1536 slots per 320 ms ≈ 57 GB/s, saturating PCIe and cutting decode to ~25 tok/s.",
+                "Turn the gate off (VLLM_MOE_W2_GATE=0) or damp promotions (profile 2: PROMO_HYST=8); "
+                "a healthy `window +N/-N` is small.",
+                evidence=f"{r.key}: window +{r.last.win_promoted}/-{r.last.win_evicted} at tick {r.last.tick}",
+            )
+    return None
+
+
+def vram_full(i: AlertInputs) -> Alert | None:
+    for g in i.gpus:
+        if g.memory_total and g.memory_in_use / g.memory_total > VRAM_FULL_FRACTION:
+            return Alert(
+                "vram_full", "warning", f"GPU {g.index} VRAM above 98%",
+                f"{g.memory_in_use / 2**30:.1f} of {g.memory_total / 2**30:.1f} GiB in use. The card's recipe runs at "
+                "~93.8 of 96 GiB (97.7%); beyond that a longer prompt or another process can OOM the engine.",
+                "Close other GPU processes; keep --max-model-len ≤ 262144 and the card's --kv-cache-memory-bytes.",
+            )
+    return None
+
+
+def ecc_on(i: AlertInputs) -> Alert | None:
+    for g in i.gpus:
+        if g.ecc_current:
+            return Alert(
+                "ecc_on", "warning" if i.ecc_required_off else "info", f"GPU {g.index}: ECC is on",
+                i.ecc_note or "ECC reserves part of VRAM on GDDR cards; the card's recipe needs nearly all of it.",
+                "If your site allows it: sudo nvidia-smi -e 0, then reboot.",
+            )
+    return None
+
+
+THERMAL = {"sw_thermal", "hw_thermal", "hw_slowdown"}
+POWER = {"sw_power_cap", "hw_power_brake"}
+
+
+def throttling(i: AlertInputs) -> Alert | None:
+    for g in i.gpus:
+        hot = THERMAL & set(g.throttle_reasons)
+        power = POWER & set(g.throttle_reasons)
+        if hot or power:
+            kind = "thermal" if hot else "power"
+            return Alert(
+                f"throttle_{kind}", "warning" if hot else "info", f"GPU {g.index} is {kind}-throttling",
+                f"Clocks are held down ({', '.join(sorted(hot | power))}); decode tok/s will be below the card's figures.",
+                "Check cooling/airflow and temperature." if hot else
+                "Normal at the power limit under load; check `nvidia-smi -q -d POWER` if decode is far below the card.",
+            )
+    return None
+
+
+def host_ram_low(i: AlertInputs) -> Alert | None:
+    h = i.host
+    if h is None or not h.ram_total:
+        return None
+    if h.ram_available < max(HOST_RAM_LOW_BYTES, 0) or h.ram_available / h.ram_total < HOST_RAM_LOW_FRACTION:
+        return Alert(
+            "host_ram_low", "warning", "Host RAM low",
+            f"{h.ram_available / 2**30:.1f} GiB available of {h.ram_total / 2**30:.1f} GiB. A planes-cache miss "
+            "re-stages the checkpoint (~51 GiB host RAM) and small hosts get OOM-killed with no log line.",
+            "Pin VLLM_MOE_W2_CKPT_ID (the recipe does) and close memory-hungry processes.",
+        )
+    return None
+
+
+def trace_off(i: AlertInputs) -> Alert | None:
+    e = i.engine
+    if e is None or e.state is not EngineState.READY or i.traffic_seen_s is None:
+        return None
+    if i.traffic_seen_s < TRACE_OFF_AFTER_S:
+        return None
+    return Alert(
+        "trace_off", "warning", "No pool trace: coverage unknown",
+        f"The engine served tokens for {i.traffic_seen_s:.0f} s but printed no `[delta] tick` line, so the panel "
+        "cannot show whether the FP4 pool works (the card: 'Check the [delta] tick line is present').",
+        TRACE_HOW,
+    )
+
+
+RULES = (pool_absent, zero_coverage, churn_trap, vram_full, ecc_on, throttling, host_ram_low, trace_off)
+ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def evaluate(inputs: AlertInputs) -> list[Alert]:
+    out = [a for rule in RULES if (a := rule(inputs)) is not None]
+    return sorted(out, key=lambda a: ORDER[a.severity])
+
+
+def status_alerts(settings, snapshot: EngineSnapshot | None, log_lines: Iterable[LogLine | str],
+                  gpus: list[GpuSample] | None = None) -> list[Alert]:
+    """Alerts for `moet-panel engine status`, from the engine's recent log lines (and GPU samples).
+
+    Without /metrics traffic figures, a READY engine whose logs contain no trace at all gets an
+    `info` alert (idle engines print no tick lines, so this cannot be a warning).
+    """
+    parser = TraceParser()
+    for ln in log_lines:
+        if isinstance(ln, LogLine):
+            parser.feed_line(ln.text, None)
+        else:
+            parser.feed_line(str(ln))
+    trace = parser.snapshot()
+    inputs = _inputs_for(settings, snapshot, trace, gpus or [])
+    alerts = evaluate(inputs)
+    if snapshot is not None and snapshot.state is EngineState.READY and trace.summaries == 0 and not trace.trace_on:
+        alerts.append(Alert(
+            "trace_unknown", "info", "No pool trace in the engine log",
+            "No `moe_w2 delta trace ON` boot line and no `[delta] tick` summary: either the trace is off, or the "
+            "engine has served nothing yet (summaries print only while tokens flow).",
+            TRACE_HOW,
+        ))
+    return alerts
+
+
+def _inputs_for(settings, snapshot: EngineSnapshot | None, trace: TraceSnapshot, gpus: list[GpuSample]) -> AlertInputs:
+    policy, ecc_off, ecc_note = "", False, ""
+    if settings is not None:
+        req = settings.recipe.requirements
+        ecc_off = getattr(req, "ecc", "any") == "off"
+        ecc_note = getattr(req, "ecc_note", "") or ""
+        policy = profile_policy(settings, snapshot.profile_id if snapshot else None)
+    return AlertInputs(trace=trace, gpus=gpus, engine=snapshot, policy=policy,
+                       ecc_required_off=ecc_off, ecc_note=ecc_note)
+
+
+def profile_policy(settings, profile_id: str | None) -> str:
+    """Effective VLLM_MOE_W2_DELTA_POLICY of a profile ('' when unknown)."""
+    from app.backend.profiles import all_profiles  # custom profiles count too
+
+    env = dict(settings.recipe.serve.env)
+    try:
+        profiles = all_profiles(settings)
+    except Exception:
+        profiles = list(settings.recipe.profiles)
+    for p in profiles:
+        if p.id == profile_id:
+            env.update(getattr(p, "env_add", None) or {})
+            env.update(getattr(p, "env_replace", None) or {})
+    return str(env.get("VLLM_MOE_W2_DELTA_POLICY", ""))

@@ -1,0 +1,96 @@
+"""Pick the GPU reader: real NVML when a driver is present, the SIMULATED card in demo mode,
+otherwise a clear "no NVIDIA GPU" state (never an exception).
+
+`MOET_PANEL_GPU=nvml|simulated|none` overrides the choice (e.g. `simulated` to make a demo on a
+GPU box follow the simulated engine, `none` to keep the panel off NVML entirely).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Literal
+
+from app.backend.engine.types import EngineSnapshot
+from app.backend.settings import Settings
+from app.backend.telemetry.gpu_sim import FakeGpuReader, SimulatedGpuReader
+from app.backend.telemetry.gpu_types import GpuReader, GpuSample
+from app.backend.telemetry.nvml import NO_LIBRARY, NvmlGpuReader
+
+ENV_GPU = "MOET_PANEL_GPU"
+GpuMode = Literal["nvml", "simulated", "none"]
+
+
+class NoGpuReader:
+    """The "no GPU" state: available False, a sentence saying why, no samples."""
+
+    def __init__(self, error: str = NO_LIBRARY) -> None:
+        self._error = error
+
+    @property
+    def available(self) -> bool:
+        return False
+
+    @property
+    def error(self) -> str:
+        return self._error
+
+    @property
+    def simulated(self) -> bool:
+        return False
+
+    def read(self) -> list[GpuSample]:
+        return []
+
+
+def gpu_mode_from_env() -> GpuMode | None:
+    """The MOET_PANEL_GPU override, or None (auto). Bad values raise with the accepted list."""
+    raw = os.environ.get(ENV_GPU, "").strip().lower()
+    if not raw:
+        return None
+    if raw not in ("nvml", "simulated", "none"):
+        raise ValueError(f"{ENV_GPU}={raw!r}: expected nvml, simulated or none")
+    return raw  # type: ignore[return-value]
+
+
+def make_gpu_reader(
+    settings: Settings | None,
+    engine_snapshot_fn: Callable[[], EngineSnapshot] | None = None,
+    engine_pids_fn: Callable[[], set[int]] | None = None,
+    mode: GpuMode | None = None,
+) -> GpuReader:
+    """Real NVML if available, else SIMULATED in demo mode, else NoGpuReader (see module doc)."""
+    mode = mode or gpu_mode_from_env()
+    demo = bool(settings and settings.demo)
+    if mode == "none":
+        return NoGpuReader(f"GPU reading disabled ({ENV_GPU}=none)")
+    if mode == "simulated":
+        return _simulated(settings, engine_snapshot_fn, engine_pids_fn)
+    name_fn = _engine_name_fn(engine_snapshot_fn)
+    real = NvmlGpuReader(engine_pids_fn=engine_pids_fn, engine_name_fn=name_fn)
+    if real.available or mode == "nvml":
+        return real
+    if demo:
+        return _simulated(settings, engine_snapshot_fn, engine_pids_fn)
+    return NoGpuReader(real.error)
+
+
+def _simulated(settings: Settings | None, snap_fn, pids_fn) -> SimulatedGpuReader:
+    ready, total, boot = 93.8, 96.0, 4.0
+    if settings is not None:
+        ready, total = settings.recipe.vram.expected_gib, settings.recipe.vram.total_gib
+        try:
+            boot = float(settings.recipe.serve.env.get("MOET_SIM_BOOT_S", boot))
+        except (TypeError, ValueError):
+            pass
+    reader = SimulatedGpuReader(snap_fn, total_gib=total, ready_gib=ready, boot_s=boot)
+    reader.engine_pids_fn = pids_fn
+    return reader
+
+
+def _engine_name_fn(snap_fn: Callable[[], EngineSnapshot] | None) -> Callable[[], str] | None:
+    if snap_fn is None:
+        return None
+    return lambda: snap_fn().container_name or "engine"
+
+
+__all__ = ["make_gpu_reader", "NoGpuReader", "NvmlGpuReader", "SimulatedGpuReader", "FakeGpuReader", "ENV_GPU"]

@@ -1,0 +1,209 @@
+"""GPU readers that need no NVML: the demo-mode SIMULATED card and the scriptable fake for tests.
+
+`SimulatedGpuReader` is what demo mode shows: an "RTX PRO 6000 (SIMULATED)" 96 GiB card whose VRAM
+follows the engine snapshot (0 stopped, ramping while it boots, the card's ~93.8 GiB when ready,
+freed after stop). Every sample carries `simulated=True` so the UI labels it.
+
+`FakeGpuReader` replays samples given as dicts/JSON (or GpuSample objects); tests and the engine
+helper use it to script VRAM for preflight and memory-release waits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Callable
+
+from app.backend.engine.types import EngineSnapshot, EngineState
+from app.backend.telemetry.gpu_types import GpuProcess, GpuSample
+
+GIB = 2**30
+SIM_NAME = "RTX PRO 6000 (SIMULATED)"
+SIM_UUID = "GPU-00000000-5151-4d55-4c41-544544000000"
+
+
+class SimulatedGpuReader:
+    """A deterministic pretend card driven by the engine's lifecycle; clearly labelled SIMULATED."""
+
+    def __init__(
+        self,
+        engine_snapshot_fn: Callable[[], EngineSnapshot] | None = None,
+        total_gib: float = 96.0,
+        ready_gib: float = 93.8,
+        boot_s: float = 4.0,
+        release_s: float = 2.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.engine_snapshot_fn = engine_snapshot_fn
+        self.engine_pids_fn: Callable[[], set[int]] | None = None
+        self.load_hint = 0.0  # 0..1, set by the hub from /metrics (decode busy → util up)
+        self._total = total_gib
+        self._ready = ready_gib
+        self._boot_s = max(boot_s, 0.1)
+        self._release_s = max(release_s, 0.1)
+        self._clock = clock
+        self._reserved = 0.45  # GiB the driver keeps for itself on a real card
+
+    @property
+    def available(self) -> bool:
+        return True
+
+    @property
+    def error(self) -> str:
+        return ""
+
+    @property
+    def simulated(self) -> bool:
+        return True
+
+    def _snapshot(self) -> EngineSnapshot:
+        if self.engine_snapshot_fn is None:
+            return EngineSnapshot()
+        try:
+            return self.engine_snapshot_fn()
+        except Exception:
+            return EngineSnapshot()
+
+    def vram_in_use_gib(self, snap: EngineSnapshot, now: float) -> float:
+        """Used memory (incl. reserved) the card would show for this engine state."""
+        elapsed = max(now - snap.since, 0.0)
+        st = snap.state
+        if st in (EngineState.STARTING, EngineState.PREFLIGHT):
+            frac = min(elapsed / self._boot_s, 0.97) if st is EngineState.STARTING else 0.0
+            return self._reserved + (self._ready - self._reserved) * frac
+        if st is EngineState.READY:
+            wobble = 0.04 * math.sin(now / 7.0)  # KV/activations move a little
+            return self._ready + wobble
+        if st is EngineState.STOPPING:
+            frac = max(1.0 - elapsed / self._release_s, 0.0)
+            return self._reserved + (self._ready - self._reserved) * frac
+        return 0.0
+
+    def read(self) -> list[GpuSample]:
+        now = self._clock()
+        snap = self._snapshot()
+        in_use = self.vram_in_use_gib(snap, now)
+        reserved = min(self._reserved, in_use)
+        busy = snap.state is EngineState.READY and self.load_hint > 0.05
+        util = min(97.0, 20.0 + 77.0 * self.load_hint) if busy else (35.0 if snap.state is EngineState.STARTING else 0.0)
+        procs: tuple[GpuProcess, ...] = ()
+        if in_use - reserved > 0.01:
+            pids = sorted(self.engine_pids_fn() if self.engine_pids_fn else ()) or [4242]
+            procs = (GpuProcess(pid=pids[0], used_bytes=int((in_use - reserved) * GIB),
+                                name="vllm (SIMULATED)", container=snap.container_name or "engine"),)
+        return [
+            GpuSample(
+                index=0,
+                uuid=SIM_UUID,
+                name=SIM_NAME,
+                compute_capability=(12, 0),
+                memory_total=int(self._total * GIB),
+                memory_used=int((in_use - reserved) * GIB),
+                memory_reserved=int(reserved * GIB),
+                util_gpu=util,
+                util_mem=util * 0.6,
+                power_w=round(55.0 + 5.4 * util, 1),
+                power_limit_w=600.0,
+                temperature_c=round(34.0 + 0.4 * util, 1),
+                sm_clock_mhz=2430 if util > 0 else 600,
+                mem_clock_mhz=14001 if util > 0 else 810,
+                throttle_reasons=() if util > 0 else ("gpu_idle",),
+                pcie_tx_kbs=0.0,
+                pcie_rx_kbs=1200.0 * util,
+                ecc_current=False,
+                ecc_pending=False,
+                processes=procs,
+                ts=now,
+                simulated=True,
+            )
+        ]
+
+
+_SAMPLE_FIELDS = {f.name for f in fields(GpuSample)}
+
+
+def sample_from_dict(d: dict[str, Any], index: int = 0) -> GpuSample:
+    """Build a GpuSample from a plain dict; `*_gib` keys are accepted for memory fields."""
+    data = dict(d)
+    for key in ("memory_total", "memory_used", "memory_reserved"):
+        if f"{key}_gib" in data:
+            data[key] = int(float(data.pop(f"{key}_gib")) * GIB)
+    data.setdefault("index", index)
+    data.setdefault("uuid", f"GPU-fake-{data['index']}")
+    data.setdefault("name", "Fake GPU")
+    data.setdefault("compute_capability", None)
+    data.setdefault("memory_total", 0)
+    data.setdefault("memory_used", 0)
+    data.setdefault("memory_reserved", 0)
+    if data.get("compute_capability") is not None:
+        data["compute_capability"] = tuple(data["compute_capability"])
+    data["throttle_reasons"] = tuple(data.get("throttle_reasons", ()))
+    data["processes"] = tuple(
+        p if isinstance(p, GpuProcess) else GpuProcess(**p) for p in data.get("processes", ())
+    )
+    unknown = set(data) - _SAMPLE_FIELDS
+    if unknown:
+        raise ValueError(f"unknown GPU sample field(s): {', '.join(sorted(unknown))}")
+    return GpuSample(**data)
+
+
+class FakeGpuReader:
+    """Scriptable reader: each read() returns the next frame (the last one repeats).
+
+    Examples:
+        >>> r = FakeGpuReader.from_dict({"frames": [[{"memory_total_gib": 96, "memory_used_gib": 90}]]})
+        >>> r.read()[0].memory_used // 2**30
+        90
+        >>> FakeGpuReader(error="no NVIDIA GPU (libnvidia-ml.so not found)").available
+        False
+    """
+
+    def __init__(self, frames: list[list[GpuSample]] | None = None, error: str = "") -> None:
+        self._frames = list(frames or [])
+        self._error = error
+        self._lock = threading.Lock()
+        self.read_count = 0
+        self.engine_pids_fn: Callable[[], set[int]] | None = None
+
+    @classmethod
+    def from_dict(cls, spec: dict[str, Any]) -> FakeGpuReader:
+        """{"error": str?, "gpus": [sample...]} (one frame) or {"frames": [[sample...], ...]}."""
+        frames_raw = spec.get("frames") or ([spec["gpus"]] if "gpus" in spec else [])
+        frames = [[sample_from_dict(g, i) for i, g in enumerate(frame)] for frame in frames_raw]
+        return cls(frames, error=spec.get("error", ""))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> FakeGpuReader:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @property
+    def available(self) -> bool:
+        return not self._error
+
+    @property
+    def error(self) -> str:
+        return self._error
+
+    @property
+    def simulated(self) -> bool:
+        return False
+
+    def push(self, frame: list[GpuSample] | list[dict[str, Any]]) -> None:
+        """Append a frame (tests drive VRAM over time this way)."""
+        with self._lock:
+            self._frames.append([g if isinstance(g, GpuSample) else sample_from_dict(g, i) for i, g in enumerate(frame)])
+
+    def set_error(self, error: str) -> None:
+        self._error = error
+
+    def read(self) -> list[GpuSample]:
+        with self._lock:
+            self.read_count += 1
+            if self._error or not self._frames:
+                return []
+            frame = self._frames.pop(0) if len(self._frames) > 1 else self._frames[0]
+            return list(frame)

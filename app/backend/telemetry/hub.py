@@ -1,0 +1,337 @@
+"""TelemetryHub: the one background thread that samples GPU, host, pool trace and /metrics.
+
+Everything the UI shows comes from `latest()` (an immutable `TelemetryFrame`) and the timeline;
+page timers never trigger NVML or HTTP themselves, so N open tabs cost N dict reads, not N samples.
+
+Engine log lines arrive through `engine.add_log_listener` on the engine's thread; the listener only
+appends to a bounded queue and the hub thread parses them (the parser is single-threaded).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.backend.engine.types import EngineSnapshot, EngineState, LogLine
+from app.backend.telemetry import alerts as alert_rules
+from app.backend.telemetry.alerts import Alert, AlertInputs
+from app.backend.telemetry.gpu import make_gpu_reader
+from app.backend.telemetry.gpu_types import GpuReader, GpuSample
+from app.backend.telemetry.host import HostSample, HostSampler
+from app.backend.telemetry.metrics import MetricsSample, MetricsScraper
+from app.backend.telemetry.timeline import Timeline, TimelineDB, TimelinePoint
+from app.backend.telemetry.trace import TraceParser, TraceSnapshot
+
+GIB = 2**30
+PERSIST_EVERY = 10  # ticks between SQLite batches
+LOG_QUEUE_MAX = 200_000
+
+
+@dataclass(frozen=True)
+class TelemetryFrame:
+    """Everything sampled in one tick. Cheap to read; never mutated."""
+
+    ts: float = 0.0
+    seq: int = 0
+    engine: EngineSnapshot | None = None
+    gpus: tuple[GpuSample, ...] = ()
+    gpu_error: str = ""
+    gpu_simulated: bool = False
+    host: HostSample | None = None
+    trace: TraceSnapshot = field(default_factory=TraceSnapshot)
+    metrics: MetricsSample | None = None
+    alerts: tuple[Alert, ...] = ()
+
+    @property
+    def vram_used_gib(self) -> float | None:
+        return sum(g.memory_in_use for g in self.gpus) / GIB if self.gpus else None
+
+    @property
+    def vram_total_gib(self) -> float | None:
+        return sum(g.memory_total for g in self.gpus) / GIB if self.gpus else None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        return self.metrics.decode_tok_s if self.metrics else None
+
+    @property
+    def coverage_pct(self) -> float | None:
+        return self.trace.coverage_pct
+
+
+class TelemetryHub:
+    """Owns the sampler thread. `sample_once()` runs one tick synchronously (tests, CLI)."""
+
+    def __init__(
+        self,
+        settings: Any = None,
+        engine: Any = None,
+        gpu_reader: GpuReader | None = None,
+        interval_s: float = 1.0,
+        persist: bool = True,
+        capacity: int = 7200,
+        scraper: MetricsScraper | None = None,
+        host_sampler: HostSampler | None = None,
+        engine_provider: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.interval_s = max(float(interval_s), 0.05)
+        self.timeline = Timeline(capacity)
+        self._engine: Any = None
+        self._unsubscribe: Any = None
+        self._engine_provider = engine_provider  # () -> engine|None: attach once it exists
+        self._reader = gpu_reader or make_gpu_reader(settings, self._engine_snapshot, self._engine_pids)
+        self._scraper = scraper or MetricsScraper(timeout_s=min(1.0, self.interval_s))
+        self._host = host_sampler or HostSampler(settings.data_dir if settings is not None else None)
+        self._parser = TraceParser()
+        self._logq: deque[LogLine] = deque(maxlen=LOG_QUEUE_MAX)
+        self._latest = TelemetryFrame()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seq = 0
+        self._pending: list[TimelinePoint] = []
+        self._last_state: EngineState | None = None
+        self._last_summaries = 0
+        self._traffic_no_tick_s = 0.0
+        self.last_error = ""
+        self._db: TimelineDB | None = None
+        if persist and settings is not None:
+            try:
+                self._db = TimelineDB(settings.ensure_state_dir() / "telemetry.sqlite")
+            except Exception as exc:  # read-only data dir etc.: keep running in memory
+                self.last_error = f"telemetry history disabled: {exc}"
+        if engine is not None:
+            self.attach_engine(engine)
+
+    # -- wiring ------------------------------------------------------------------------------
+    @property
+    def gpu_reader(self) -> GpuReader:
+        return self._reader
+
+    def attach_engine(self, engine: Any) -> None:
+        """Subscribe to the engine's log lines (and replay its recent ones: boot sizing lines)."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        self._engine = engine
+        recent = getattr(engine, "recent_logs", None)
+        if recent is not None:
+            try:
+                for ln in recent(5000):
+                    self.ingest(ln)
+            except Exception:
+                pass
+        self._unsubscribe = engine.add_log_listener(self.ingest)
+
+    def ingest(self, line: LogLine | str) -> None:
+        """Log listener: O(1), any thread."""
+        self._logq.append(line if isinstance(line, LogLine) else LogLine(text=line))
+
+    def _engine_snapshot(self) -> EngineSnapshot:
+        return self._engine.snapshot() if self._engine is not None else EngineSnapshot()
+
+    def _engine_pids(self) -> set[int]:
+        fn = getattr(self._engine, "container_pids", None)
+        return set(fn()) if fn is not None else set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="telemetry-hub", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self._unsubscribe is not None:
+            try:
+                self._unsubscribe()
+            except Exception:
+                pass
+            self._unsubscribe = None
+        self._flush_db()
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        self._scraper.close()
+        closer = getattr(self._reader, "close", None)
+        if closer is not None:
+            closer()
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.sample_once()
+            except Exception as exc:  # the thread must survive anything
+                self.last_error = f"{type(exc).__name__}: {exc}"
+            next_at += self.interval_s
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind (slow NVML call): don't burst to catch up
+                next_at, delay = time.monotonic(), 0
+            self._stop.wait(delay)
+
+    # -- reading -----------------------------------------------------------------------------
+    def latest(self) -> TelemetryFrame:
+        return self._latest
+
+    @property
+    def alerts(self) -> tuple[Alert, ...]:
+        return self._latest.alerts
+
+    def series(self, window_s: float) -> list[TimelinePoint]:
+        """Points of the last window_s seconds: memory when it covers the window, else SQLite."""
+        since = time.time() - window_s
+        pts = self.timeline.points(since)
+        covers = len(self.timeline) < self.timeline.capacity or (pts and pts[0].ts <= since + 2 * self.interval_s)
+        if covers or self._db is None:
+            return pts
+        self._flush_db()
+        return self._db.query(since)
+
+    # -- one tick ----------------------------------------------------------------------------
+    def sample_once(self) -> TelemetryFrame:
+        with self._lock:
+            now = time.time()
+            if self._engine is None and self._engine_provider is not None:
+                engine = self._engine_provider()
+                if engine is not None:
+                    self.attach_engine(engine)
+            snap = self._engine_snapshot() if self._engine is not None else None
+            self._track_engine(snap)
+            self._drain_logs()
+            gpus, gpu_error = self._read_gpus()
+            host = self._host.sample()
+            metrics = self._scrape(snap)
+            trace = self._parser.snapshot()
+            self._track_traffic(metrics, trace)
+            alerts = self._alerts(snap, gpus, host, metrics, trace)
+            self._seq += 1
+            frame = TelemetryFrame(now, self._seq, snap, tuple(gpus), gpu_error,
+                                   bool(getattr(self._reader, "simulated", False)), host, trace, metrics, tuple(alerts))
+            self._latest = frame
+            self._record(frame)
+            return frame
+
+    def _track_engine(self, snap: EngineSnapshot | None) -> None:
+        state = snap.state if snap else None
+        if state in (EngineState.PREFLIGHT, EngineState.STARTING) and self._last_state not in (
+            EngineState.PREFLIGHT, EngineState.STARTING
+        ):
+            self._parser = TraceParser()  # a new boot: forget the previous run's pool
+            self._last_summaries = 0
+            self._traffic_no_tick_s = 0.0
+            self._scraper.reset()
+        self._last_state = state
+
+    def _drain_logs(self) -> None:
+        q = self._logq
+        feed = self._parser.feed_line
+        while q:
+            ln = q.popleft()
+            feed(ln.text)
+
+    def _read_gpus(self) -> tuple[list[GpuSample], str]:
+        try:
+            gpus = self._reader.read()
+        except Exception as exc:
+            return [], f"GPU read failed: {type(exc).__name__}: {exc}"
+        return gpus, ("" if self._reader.available else self._reader.error)
+
+    def _scrape(self, snap: EngineSnapshot | None) -> MetricsSample | None:
+        if snap is None or not snap.is_ready or not snap.base_url:
+            return None
+        sample = self._scraper.scrape(snap.base_url)
+        if hasattr(self._reader, "load_hint"):
+            expected = self._expected_decode(snap.profile_id) or 50.0
+            self._reader.load_hint = min((sample.decode_tok_s or 0.0) / expected, 1.0)
+        return sample
+
+    def _expected_decode(self, profile_id: str | None) -> float | None:
+        if self.settings is None:
+            return None
+        for p in self.settings.recipe.profiles:
+            if p.id == profile_id and p.decode is not None:
+                return float(p.decode.value)
+        return None
+
+    def _track_traffic(self, metrics: MetricsSample | None, trace: TraceSnapshot) -> None:
+        if trace.summaries != self._last_summaries:
+            self._last_summaries = trace.summaries
+            self._traffic_no_tick_s = 0.0
+        elif metrics is not None and (metrics.decode_tok_s or 0) > 0:
+            self._traffic_no_tick_s += self.interval_s
+
+    def _alerts(self, snap, gpus, host, metrics, trace) -> list[Alert]:
+        live = snap is None or snap.state in (EngineState.STARTING, EngineState.READY)
+        s = self.settings
+        req = s.recipe.requirements if s is not None else None
+        inputs = AlertInputs(
+            trace=trace if live else None,
+            gpus=gpus,
+            host=host,
+            metrics=metrics,
+            engine=snap,
+            traffic_seen_s=self._traffic_no_tick_s if metrics is not None else None,
+            policy=alert_rules.profile_policy(s, snap.profile_id if snap else None) if s is not None else "",
+            ecc_required_off=bool(req is not None and getattr(req, "ecc", "any") == "off"),
+            ecc_note=getattr(req, "ecc_note", "") if req is not None else "",
+        )
+        return alert_rules.evaluate(inputs)
+
+    def _record(self, f: TelemetryFrame) -> None:
+        self.timeline.append(point_from_frame(f))
+        if self._db is None:
+            return
+        self._pending.append(self.timeline.latest())
+        if len(self._pending) >= PERSIST_EVERY:
+            self._flush_db()
+
+    def _flush_db(self) -> None:
+        if self._db is None or not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        try:
+            self._db.insert(batch)
+        except Exception as exc:
+            self.last_error = f"telemetry history write failed: {exc}"
+
+
+def point_from_frame(f: TelemetryFrame) -> TimelinePoint:
+    g0 = f.gpus[0] if f.gpus else None
+    t = f.trace
+    p = t.primary
+    m = f.metrics
+    last = p.last if p else None
+    return TimelinePoint(
+        ts=f.ts,
+        profile=(f.engine.profile_id or "") if f.engine else "",
+        engine_state=f.engine.state.value if f.engine else "",
+        vram_used_gib=f.vram_used_gib,
+        vram_total_gib=f.vram_total_gib,
+        gpu_util=g0.util_gpu if g0 else None,
+        power_w=g0.power_w if g0 else None,
+        temp_c=g0.temperature_c if g0 else None,
+        coverage_pct=t.coverage_pct,
+        expert_hit_pct=t.expert_hit_pct,
+        experts_resident=float(last.covered) if last else None,
+        pool_fill=float(last.cached) if last else None,
+        pool_slots=float(last.slots) if last else None,
+        churn_per_s=t.churn_per_s,
+        h2d_gib_s=t.h2d_gib_s,
+        decode_tok_s=m.decode_tok_s if m else None,
+        prompt_tok_s=m.prompt_tok_s if m else None,
+        ttft_p50_s=m.ttft_p50_s if m else None,
+        itl_p50_s=m.itl_p50_s if m else None,
+        kv_usage_pct=m.kv_usage_pct if m else None,
+        running=m.running if m else None,
+        waiting=m.waiting if m else None,
+        cpu_pct=f.host.cpu_pct if f.host else None,
+        ram_used_pct=f.host.ram_used_pct if f.host else None,
+    )

@@ -1,0 +1,253 @@
+"""Real GPU reader over NVML (nvidia-ml-py, `import pynvml`), sampled the way nvitop does it.
+
+* `nvmlInit` once; handles cached; every call wrapped so an NVML error becomes None ("N/A"),
+  and a function the driver lacks is remembered and not retried (stack.md §4.4).
+* Fast set every `read()`: memory v2 (used + reserved apart), utilisation, power + limit,
+  temperature, SM/memory clocks, throttle reasons, compute processes.
+* PCIe TX/RX block ~20 ms per counter (stack.md §4.2), so they refresh on their own slower cadence;
+  ECC mode is behind a TTL cache. Both are read only from the sampler thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from app.backend.telemetry.gpu_types import GpuProcess, GpuSample
+
+# Throttle ("clocks event") reason bits → short names (nvml.h nvmlClocksThrottleReason*).
+THROTTLE_BITS: tuple[tuple[int, str], ...] = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal"),
+    (0x40, "hw_thermal"),
+    (0x80, "hw_power_brake"),
+    (0x100, "display_clocks"),
+)
+NO_LIBRARY = "no NVIDIA GPU (libnvidia-ml.so not found)"
+
+
+def decode_throttle(mask: int | None) -> tuple[str, ...]:
+    """Bitmask → names; `gpu_idle` alone is normal and kept (the UI shows it dimmed)."""
+    if not mask:
+        return ()
+    return tuple(name for bit, name in THROTTLE_BITS if mask & bit)
+
+
+class NvmlGpuReader:
+    """GpuReader over the real driver. Construct once; `read()` from one (sampler) thread."""
+
+    def __init__(
+        self,
+        pcie_interval_s: float = 5.0,
+        ecc_ttl_s: float = 30.0,
+        engine_pids_fn: Callable[[], set[int]] | None = None,
+        engine_name_fn: Callable[[], str] | None = None,
+        nvml: Any = None,
+    ) -> None:
+        self.engine_pids_fn = engine_pids_fn
+        self.engine_name_fn = engine_name_fn
+        self._pcie_interval = pcie_interval_s
+        self._ecc_ttl = ecc_ttl_s
+        self._lock = threading.Lock()
+        self._missing: set[str] = set()  # functions the driver lacks (not retried)
+        self._handles: list[Any] = []
+        self._static: list[dict] = []
+        self._pcie: dict[int, tuple[float, float | None, float | None]] = {}
+        self._ecc: dict[int, tuple[float, bool | None, bool | None]] = {}
+        self._proc_names: dict[int, str] = {}
+        self._error = ""
+        self._nv = nvml
+        self._init()
+
+    # -- GpuReader protocol -------------------------------------------------------------------
+    @property
+    def available(self) -> bool:
+        return not self._error
+
+    @property
+    def error(self) -> str:
+        return self._error
+
+    @property
+    def simulated(self) -> bool:
+        return False
+
+    def read(self) -> list[GpuSample]:
+        if self._error:
+            return []
+        with self._lock:
+            now = time.time()
+            pids = self._engine_pids()
+            return [self._sample(i, h, now, pids) for i, h in enumerate(self._handles)]
+
+    def close(self) -> None:
+        if not self._error and self._nv is not None:
+            self._q("nvmlShutdown")
+            self._error = "NVML shut down"
+
+    # -- internals ----------------------------------------------------------------------------
+    def _init(self) -> None:
+        try:
+            if self._nv is None:
+                import pynvml
+
+                self._nv = pynvml
+            self._nv.nvmlInit()
+        except ImportError:
+            self._error = "no NVIDIA GPU (nvidia-ml-py not installed)"
+            return
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            self._error = _init_error(exc)
+            return
+        count = self._q("nvmlDeviceGetCount") or 0
+        for i in range(count):
+            h = self._q("nvmlDeviceGetHandleByIndex", i)
+            if h is None:
+                continue
+            self._handles.append(h)
+            self._static.append(
+                {
+                    "uuid": self._q("nvmlDeviceGetUUID", h) or "",
+                    "name": self._q("nvmlDeviceGetName", h) or "NVIDIA GPU",
+                    "cc": self._q("nvmlDeviceGetCudaComputeCapability", h),
+                }
+            )
+        if not self._handles:
+            self._error = "no NVIDIA GPU (the driver reports 0 devices)"
+
+    def _q(self, fn: str, *args: Any) -> Any:
+        """Call pynvml.<fn>; any NVML error → None (N/A); a missing function is remembered."""
+        if fn in self._missing:
+            return None
+        try:
+            return getattr(self._nv, fn)(*args)
+        except AttributeError:
+            self._missing.add(fn)
+            return None
+        except Exception as exc:
+            name = type(exc).__name__
+            if "FunctionNotFound" in name or "NotSupported" in name or "LibraryMismatch" in name:
+                self._missing.add(fn)
+            return None
+
+    def _engine_pids(self) -> set[int]:
+        if self.engine_pids_fn is None:
+            return set()
+        try:
+            return set(self.engine_pids_fn() or ())
+        except Exception:
+            return set()
+
+    def _memory(self, h: Any) -> tuple[int, int, int]:
+        v2 = getattr(self._nv, "nvmlMemory_v2", None)
+        mem = self._q("nvmlDeviceGetMemoryInfo", h, v2) if v2 is not None else None
+        if mem is not None and hasattr(mem, "reserved"):
+            return int(mem.total), int(mem.used), int(mem.reserved)
+        mem = self._q("nvmlDeviceGetMemoryInfo", h)
+        if mem is None:
+            return 0, 0, 0
+        return int(mem.total), int(mem.used), 0
+
+    def _sample(self, i: int, h: Any, now: float, pids: set[int]) -> GpuSample:
+        total, used, reserved = self._memory(h)
+        util = self._q("nvmlDeviceGetUtilizationRates", h)
+        power = self._q("nvmlDeviceGetPowerUsage", h)
+        limit = self._q("nvmlDeviceGetEnforcedPowerLimit", h)
+        temp = self._q("nvmlDeviceGetTemperature", h, 0)  # NVML_TEMPERATURE_GPU
+        sm = self._q("nvmlDeviceGetClockInfo", h, 1)  # NVML_CLOCK_SM
+        memclk = self._q("nvmlDeviceGetClockInfo", h, 2)  # NVML_CLOCK_MEM
+        mask = self._q("nvmlDeviceGetCurrentClocksEventReasons", h)
+        if mask is None:
+            mask = self._q("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+        tx, rx = self._pcie_cached(i, h, now)
+        ecc_cur, ecc_pend = self._ecc_cached(i, h, now)
+        st = self._static[i]
+        return GpuSample(
+            index=i,
+            uuid=st["uuid"],
+            name=st["name"],
+            compute_capability=tuple(st["cc"]) if st["cc"] else None,
+            memory_total=total,
+            memory_used=used,
+            memory_reserved=reserved,
+            util_gpu=float(util.gpu) if util is not None else None,
+            util_mem=float(util.memory) if util is not None else None,
+            power_w=power / 1000.0 if power is not None else None,
+            power_limit_w=limit / 1000.0 if limit is not None else None,
+            temperature_c=float(temp) if temp is not None else None,
+            sm_clock_mhz=sm,
+            mem_clock_mhz=memclk,
+            throttle_reasons=decode_throttle(mask),
+            pcie_tx_kbs=tx,
+            pcie_rx_kbs=rx,
+            ecc_current=ecc_cur,
+            ecc_pending=ecc_pend,
+            processes=self._processes(h, pids),
+            ts=now,
+        )
+
+    def _pcie_cached(self, i: int, h: Any, now: float) -> tuple[float | None, float | None]:
+        t, tx, rx = self._pcie.get(i, (0.0, None, None))
+        if now - t >= self._pcie_interval:
+            tx = self._q("nvmlDeviceGetPcieThroughput", h, 0)  # NVML_PCIE_UTIL_TX_BYTES, blocks ~20 ms
+            rx = self._q("nvmlDeviceGetPcieThroughput", h, 1)  # NVML_PCIE_UTIL_RX_BYTES
+            tx = float(tx) if tx is not None else None
+            rx = float(rx) if rx is not None else None
+            self._pcie[i] = (now, tx, rx)
+        return tx, rx
+
+    def _ecc_cached(self, i: int, h: Any, now: float) -> tuple[bool | None, bool | None]:
+        t, cur, pend = self._ecc.get(i, (0.0, None, None))
+        if now - t >= self._ecc_ttl:
+            mode = self._q("nvmlDeviceGetEccMode", h)
+            cur, pend = (bool(mode[0]), bool(mode[1])) if mode else (None, None)
+            self._ecc[i] = (now, cur, pend)
+        return cur, pend
+
+    def _processes(self, h: Any, pids: set[int]) -> tuple[GpuProcess, ...]:
+        procs = self._q("nvmlDeviceGetComputeRunningProcesses", h) or []
+        engine = ""
+        if pids and self.engine_name_fn is not None:
+            try:
+                engine = self.engine_name_fn() or "engine"
+            except Exception:
+                engine = "engine"
+        out = []
+        for p in procs:
+            pid = int(getattr(p, "pid", 0))
+            used = getattr(p, "usedGpuMemory", None)
+            out.append(GpuProcess(pid=pid, used_bytes=int(used) if used is not None else None,
+                                  name=self._proc_name(pid), container=(engine or "engine") if pid in pids else ""))
+        return tuple(out)
+
+    def _proc_name(self, pid: int) -> str:
+        name = self._proc_names.get(pid)
+        if name is None:
+            try:
+                import psutil
+
+                name = psutil.Process(pid).name()
+            except Exception:  # pid in another namespace / gone: N/A
+                name = ""
+            if len(self._proc_names) > 256:
+                self._proc_names.clear()
+            self._proc_names[pid] = name
+        return name
+
+
+def _init_error(exc: Exception) -> str:
+    name = type(exc).__name__
+    if "LibraryNotFound" in name:
+        return NO_LIBRARY
+    if "DriverNotLoaded" in name:
+        return "no NVIDIA GPU (the NVIDIA driver is not loaded)"
+    if "LibRmVersionMismatch" in name:
+        return "NVIDIA driver/library version mismatch (driver upgraded without reboot?): " + str(exc)
+    if "NoPermission" in name:
+        return "NVML: no permission to open the GPU device files: " + str(exc)
+    return f"NVML unavailable: {name}: {exc}"
