@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from collections.abc import Callable
 
 import gradio as gr
 
@@ -37,12 +39,22 @@ def build_ui(state: AppState) -> gr.Blocks:
         timer = gr.Timer(1.0)
         try:
             header = importlib.import_module("app.ui.header")
-        except ModuleNotFoundError:
+        except ModuleNotFoundError as exc:
+            if exc.name != "app.ui.header":
+                raise
             header = None
+        if state.settings.recipe.simulated or state.settings.demo:
+            gr.HTML(
+                '<div class="moet-sim-banner" role="status">SIMULATED — demo mode: the engine, GPU and Hub on '
+                "this page are simulated stand-ins; figures shown are the model card's.</div>",
+                elem_id="sim-banner",
+            )
+        # The header strip sits above the tabs; it needs the shared timer but not the Tabs object.
+        shell = Shell(timer=timer, tabs=None)  # type: ignore[arg-type]
+        if header is not None:
+            header.render(state, shell)
         with gr.Tabs(elem_id="main-tabs") as tabs:
-            shell = Shell(timer=timer, tabs=tabs)
-            if header is not None:
-                pass
+            shell.tabs = tabs
             for name in TABS:
                 module = importlib.import_module(name)
                 with gr.Tab(module.TITLE, id=name.rsplit(".", 1)[-1], elem_id=f"tab-{name.rsplit('.', 1)[-1]}"):
@@ -52,3 +64,21 @@ def build_ui(state: AppState) -> gr.Blocks:
 
 def css_text() -> str:
     return CSS_PATH.read_text() if CSS_PATH.exists() else ""
+
+
+def launch_kwargs(auth: Callable[[str, str], bool] | None = None) -> dict[str, Any]:
+    """Arguments for `Blocks.launch()` shared by `moet-panel serve` and the tests (Gradio 6: theme/css here)."""
+    from app.ui.theme import make_theme
+
+    kwargs: dict[str, Any] = {
+        "theme": make_theme(),
+        "css": css_text(),
+        "footer_links": [],  # no API/"built with" links: the panel is not an API product
+        "enable_monitoring": False,
+        "show_error": False,  # tracebacks stay in the server log (redacted), not in the page
+        "quiet": True,
+    }
+    if auth is not None:
+        kwargs["auth"] = auth
+        kwargs["auth_message"] = "moet-panel controls Docker on this machine: sign in to continue."
+    return kwargs

@@ -1,0 +1,144 @@
+"""Web-UI credentials and the bind policy: the panel drives Docker (= root on this box), so it never
+listens beyond loopback without authentication.
+
+Credentials file: one `name:scrypt$N$r$p$salt$hash` line per user (salt/hash base64), `#` comments.
+Hashing is stdlib `hashlib.scrypt` (memory-hard; no extra dependency). Write it with
+`moet-panel serve --add-user NAME --auth-file FILE` (the password is read from a prompt or stdin).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import os
+import re
+import secrets
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+SCRYPT_N, SCRYPT_R, SCRYPT_P, DKLEN = 2**14, 8, 1, 32
+USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+MIN_PASSWORD = 8
+
+
+class AuthError(ValueError):
+    """The credentials file is missing, unsafe or malformed; the message says how to fix it."""
+
+
+class BindingError(ValueError):
+    """The requested listen address would expose the panel without authentication."""
+
+
+def default_auth_path() -> Path:
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "moet-panel" / "auth"
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode()
+
+
+def _scrypt(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
+    return hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, dklen=DKLEN, maxmem=128 * r * (n + p + 2) * 2)
+
+
+def hash_password(password: str) -> str:
+    salt = secrets.token_bytes(16)
+    digest = _scrypt(password, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
+    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${_b64(salt)}${_b64(digest)}"
+
+
+def verify_password(password: str, encoded: str) -> bool:
+    try:
+        kind, n, r, p, salt, digest = encoded.split("$")
+        if kind != "scrypt":
+            return False
+        got = _scrypt(password, base64.b64decode(salt), int(n), int(r), int(p))
+        return hmac.compare_digest(got, base64.b64decode(digest))
+    except (ValueError, TypeError):
+        return False
+
+
+def load_users(path: Path) -> dict[str, str]:
+    """Read a credentials file. Raises AuthError for a missing, group/world-writable or malformed file."""
+    try:
+        st = path.stat()
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise AuthError(f"auth file {path}: cannot read ({exc.strerror or exc}); create it with "
+                        f"`moet-panel serve --add-user NAME --auth-file {path}`") from None
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise AuthError(f"auth file {path} is writable by other users; run `chmod 600 {path}`")
+    users: dict[str, str] = {}
+    for no, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, encoded = line.partition(":")
+        if not sep or not USER_RE.fullmatch(name) or not encoded.startswith("scrypt$") or encoded.count("$") != 5:
+            raise AuthError(f"auth file {path}, line {no}: expected NAME:scrypt$... (write it with --add-user)")
+        users[name] = encoded
+    if not users:
+        raise AuthError(f"auth file {path} has no users; add one with `moet-panel serve --add-user NAME --auth-file {path}`")
+    return users
+
+
+def add_user(path: Path, name: str, password: str) -> None:
+    """Add or replace one user; the file is created 0600 and rewritten atomically."""
+    if not USER_RE.fullmatch(name):
+        raise AuthError("user name must be 1-64 characters of letters, digits, '_', '.', '@' or '-'")
+    if len(password) < MIN_PASSWORD:
+        raise AuthError(f"password must be at least {MIN_PASSWORD} characters")
+    lines: list[str] = []
+    if path.exists():
+        lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.partition(":")[0].strip() != name]
+    else:
+        lines = ["# moet-panel web UI users (scrypt hashes). Manage with: moet-panel serve --add-user NAME"]
+    lines.append(f"{name}:{hash_password(password)}")
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, ("\n".join(lines) + "\n").encode())
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def make_checker(users: dict[str, str]) -> Callable[[str, str], bool]:
+    """Gradio `auth=` callable. Unknown users cost the same scrypt work as known ones (no user probing)."""
+    dummy = hash_password(secrets.token_hex(8))
+
+    def check(username: str, password: str) -> bool:
+        encoded = users.get(username)
+        ok = verify_password(password or "", encoded or dummy)
+        return ok and encoded is not None
+
+    return check
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve anywhere
+
+
+def check_binding(host: str, auth_on: bool) -> None:
+    """Refuse a non-loopback bind without auth, explaining why."""
+    if is_loopback(host) or auth_on:
+        return
+    raise BindingError(
+        f"refusing to listen on {host!r} without authentication. moet-panel starts and stops Docker "
+        "containers (Docker access is root on this machine) and holds your Hugging Face token, so anyone "
+        "who can reach the page could take over the box. Either keep the default --host 127.0.0.1 (and "
+        "use an SSH tunnel: ssh -L 7860:127.0.0.1:7860 HOST), or create users with "
+        "`moet-panel serve --add-user NAME --auth-file FILE` and start with `--auth-file FILE` "
+        "(or MOET_PANEL_AUTH_FILE=FILE)."
+    )

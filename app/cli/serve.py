@@ -1,0 +1,167 @@
+"""`moet-panel serve`: start the web panel (loopback by default; auth required for anything else).
+
+Decides demo mode (no usable GPU or Docker → simulated engine, per-user demo data dir, local demo Hub),
+builds the one AppState and the Gradio app, prints a banner (URL, demo yes/no, auth on/off) and blocks.
+Gradio is imported only here, inside `run`, so other subcommands stay light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.backend.auth import AuthError, BindingError, add_user, check_binding, default_auth_path, load_users, make_checker
+from app.backend.settings import ENV_AUTH_FILE, ENV_DATA_DIR, ENV_DEMO, ENV_RECIPE, Settings, resolve_settings
+from app.cli.main import add_common
+
+log = logging.getLogger("moet_panel.serve")
+
+
+def register(subs: argparse._SubParsersAction) -> None:
+    p = subs.add_parser("serve", help="start the web panel (http://127.0.0.1:7860)")
+    add_common(p)
+    p.add_argument("--host", default=None, help="listen address (default 127.0.0.1; env GRADIO_SERVER_NAME). "
+                   "Anything but loopback requires --auth-file")
+    p.add_argument("--port", type=int, default=None, help="listen port (default 7860; env GRADIO_SERVER_PORT)")
+    p.add_argument("--demo", action="store_true", help="force demo mode: simulated engine, GPU and Hub (env MOET_PANEL_DEMO=1)")
+    p.add_argument("--auth-file", metavar="FILE", help=f"web UI credentials (env {ENV_AUTH_FILE}); create with --add-user")
+    p.add_argument("--add-user", metavar="NAME", help="add/replace a user in the auth file (password from prompt or stdin) and exit")
+    p.set_defaults(func=run)
+
+
+def demo_data_dir() -> Path:
+    """Per-user demo data dir, never the real /data/ds4."""
+    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "moet-panel" / "demo"
+
+
+@dataclass(frozen=True)
+class Plan:
+    settings: Settings
+    demo_reason: str  # '' when not in demo mode
+    host: str
+    port: int
+    auth_file: Path | None
+
+
+def _read_password() -> str:
+    if sys.stdin.isatty():
+        first = getpass.getpass("password: ")
+        if first != getpass.getpass("again: "):
+            raise AuthError("the two passwords differ")
+        return first
+    return sys.stdin.readline().rstrip("\n")
+
+
+def plan(args: argparse.Namespace, probe: object | None = None) -> Plan:
+    """Resolve everything `serve` needs without starting anything (tested directly)."""
+    host = args.host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
+    port = args.port or int(os.environ.get("GRADIO_SERVER_PORT") or 7860)
+    auth_src = args.auth_file or os.environ.get(ENV_AUTH_FILE)
+    auth_file = Path(auth_src).expanduser() if auth_src else None
+    if auth_file is not None:
+        load_users(auth_file)  # fail early with the file's problem
+    check_binding(host, auth_file is not None)
+    demo_reason = ""
+    if args.demo or os.environ.get(ENV_DEMO) == "1":
+        demo_reason = "requested (--demo / MOET_PANEL_DEMO=1)"
+    else:
+        if probe is None:
+            from app.backend.hostprobe import probe_host
+
+            probe = probe_host()
+        demo_reason = probe.demo_reason  # type: ignore[attr-defined]
+    demo = bool(demo_reason)
+    data_dir = args.data_dir or os.environ.get(ENV_DATA_DIR) or (str(demo_data_dir()) if demo else None)
+    recipe = args.recipe or os.environ.get(ENV_RECIPE)  # demo without a recipe → simulated.toml
+    settings = resolve_settings(recipe, data_dir, demo=demo)
+    return Plan(settings=settings, demo_reason=demo_reason, host=host, port=port, auth_file=auth_file)
+
+
+def banner(p: Plan, url: str, hub_url: str | None) -> str:
+    s = p.settings
+    users = len(load_users(p.auth_file)) if p.auth_file else 0
+    lines = [
+        f"moet-panel is running: {url}",
+        f"  recipe   : {s.recipe.id}{' (SIMULATED engine)' if s.recipe.simulated else ''}  [{s.recipe_path}]",
+        f"  data dir : {s.data_dir}",
+        f"  demo     : {'yes — ' + p.demo_reason if p.demo_reason else 'no (real GPU + Docker)'}",
+        f"  auth     : {'on — ' + str(users) + ' user(s) from ' + str(p.auth_file) if p.auth_file else 'off (listening on loopback only)'}",
+    ]
+    if hub_url:
+        lines.append(f"  hub      : {hub_url} (SIMULATED demo Hub)")
+    lines.append("  stop     : Ctrl+C (a running engine container keeps running; the panel adopts it next start)")
+    return "\n".join(lines)
+
+
+def _start_demo_hub(settings: Settings) -> tuple[str | None, object | None]:
+    """Start the download helper's local demo Hub when that part is present."""
+    try:
+        from app.backend.simhub import start_demo_hub  # type: ignore[attr-defined]
+    except ImportError:
+        return None, None
+    hub = start_demo_hub(settings.state_dir / "demo-hub")
+    url = getattr(hub, "url", None) or getattr(hub, "base_url", None)
+    return (str(url) if url else None), hub
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.add_user:
+        path = Path(args.auth_file or os.environ.get(ENV_AUTH_FILE) or default_auth_path()).expanduser()
+        try:
+            add_user(path, args.add_user, _read_password())
+        except AuthError as exc:
+            print(f"moet-panel: {exc}", file=sys.stderr)
+            return 2
+        print(f"user {args.add_user!r} saved in {path} (mode 0600). Start with: moet-panel serve --auth-file {path}")
+        return 0
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from app.backend.redact import install_log_redaction
+
+    install_log_redaction()
+    try:
+        p = plan(args)
+    except (AuthError, BindingError) as exc:
+        print(f"moet-panel: {exc}", file=sys.stderr)
+        return 2
+    return _serve(p)
+
+
+def _serve(p: Plan) -> int:
+    from app.backend.state import build_app_state
+    from app.ui.app import build_ui, launch_kwargs
+
+    p.settings.ensure_state_dir()
+    hub_url, hub = (None, None)
+    if p.settings.demo:
+        hub_url, hub = _start_demo_hub(p.settings)
+    state = build_app_state(p.settings)
+    if hub is not None and hasattr(hub, "stop"):
+        state.on_close(hub.stop)
+    auth = make_checker(load_users(p.auth_file)) if p.auth_file else None
+    demo = build_ui(state)
+    try:
+        _, url, _ = demo.launch(server_name=p.host, server_port=p.port, prevent_thread_lock=True, **launch_kwargs(auth))
+    except OSError as exc:
+        state.close()
+        print(f"moet-panel: cannot listen on {p.host}:{p.port} ({exc}). Is another panel running? "
+              "Pick another port with --port.", file=sys.stderr)
+        return 2
+    print(banner(p, url, hub_url), flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        demo.block_thread()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        demo.close()
+        state.close()
+    return 0

@@ -1,0 +1,154 @@
+"""HTML for the Profiles tab: profile cards, the speed-vs-quality chart (inline SVG), study tables, findings.
+
+Pure functions of recipe data (no Gradio, no I/O), every recipe/user string escaped. The chart is a small
+inline SVG rather than a plotting library: three points with error bars, crisp at any width, readable by
+screen readers (role="img" + a text description), and nothing extra to install or load.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from app.backend.recipe.schema import Finding, ProfileSpec, Recipe, StudyTable
+
+
+def _fmt(v: float) -> str:
+    return f"{v:+.2f}".replace("-", "−")
+
+
+def delta_text(p: ProfileSpec) -> str:
+    if p.delta_vs_1 is None:
+        return "— (reference)" if p.measured else "not measured"
+    lo, hi = p.delta_vs_1.ci90
+    return f"{_fmt(p.delta_vs_1.mean)} /30 (90% CI [{_fmt(lo)}, {_fmt(hi)}])"
+
+
+def figures(p: ProfileSpec) -> dict[str, str]:
+    """The card's figures for one profile, as label → text (what the UI and the browser test read)."""
+    if not p.measured:
+        return {"decode": "not measured", "quality": "not measured", "delta": "not measured"}
+    decode = f"{p.decode.value:g} {p.decode.unit}" if p.decode else "—"
+    quality = p.quality_label or (f"{p.quality.value:g} {p.quality.unit}" if p.quality else "—")
+    return {"decode": decode, "quality": quality, "delta": delta_text(p)}
+
+
+def profile_cards(recipe: Recipe, profiles: list[ProfileSpec], selected: str, findings: dict[str, list[Finding]]) -> str:
+    sim = ' <span class="moet-sim-tag">SIMULATED</span>' if recipe.simulated else ""
+    cards = []
+    for p in profiles:
+        f = figures(p)
+        badges = ""
+        if p.recommended:
+            badges += ' <span class="moet-badge">recommended</span>'
+        if not p.measured:
+            badges += ' <span class="moet-badge custom">custom</span>'
+        cls = "moet-card selected" if p.id == selected else "moet-card"
+        title = f"#{p.number} · {escape(p.title)}" if p.measured else escape(p.title)
+        notes = "".join(f"<li>{escape(n)}</li>" for n in p.notes)
+        warn = findings.get(p.id) or []
+        if warn:
+            notes += f'<li class="moet-notmeasured">{len(warn)} card warning(s) apply — see below</li>'
+        value_cls = ' class="moet-notmeasured"' if not p.measured else ""
+        cards.append(
+            f'<article class="{cls}" data-profile="{escape(p.id)}" aria-label="profile {escape(p.id)}">'
+            f"<h3>{title}{badges}{sim}</h3>"
+            f'<div class="sub">{escape(p.scheduler_setting)}'
+            + (f" · cloned from {escape(p.based_on)}" if p.based_on else "")
+            + "</div>"
+            f'<dl class="moet-figs">'
+            f'<dt>decode</dt><dd data-fig="decode"{value_cls}>{escape(f["decode"])}</dd>'
+            f'<dt>quality</dt><dd data-fig="quality"{value_cls}>{escape(f["quality"])}</dd>'
+            f'<dt>Δ vs #1</dt><dd data-fig="delta"{value_cls}>{escape(f["delta"])}</dd>'
+            f"</dl><ul>{notes}</ul></article>"
+        )
+    return f'<div class="moet-cards" id="profile-cards">{"".join(cards)}</div>'
+
+
+def _frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Pareto frontier (faster and better is better), left to right."""
+    keep = [p for p in points if not any(q != p and q[0] >= p[0] and q[1] >= p[1] for q in points)]
+    return sorted(keep)
+
+
+def speed_quality_chart(recipe: Recipe, profiles: list[ProfileSpec], selected: str) -> str:
+    measured = [p for p in profiles if p.measured and p.decode]
+    pts = [(p, p.decode.value, p.delta_vs_1.mean if p.delta_vs_1 else 0.0) for p in measured]  # type: ignore[union-attr]
+    if not pts:
+        return "<p>No measured profiles in this recipe.</p>"
+    w, h, ml, mr, mt, mb = 640, 320, 62, 20, 24, 46
+    xs = [x for _, x, _ in pts]
+    lows = [p.delta_vs_1.ci90[0] for p, _, _ in pts if p.delta_vs_1] + [0.0]
+    highs = [p.delta_vs_1.ci90[1] for p, _, _ in pts if p.delta_vs_1] + [0.0]
+    x0, x1 = (min(xs) // 10) * 10 - 5, (max(xs) // 10) * 10 + 15
+    y0, y1 = float(int(min(lows)) - 1), max(1.0, float(int(max(highs)) + 1))
+
+    def sx(x: float) -> float:
+        return ml + (x - x0) / (x1 - x0) * (w - ml - mr)
+
+    def sy(y: float) -> float:
+        return mt + (y1 - y) / (y1 - y0) * (h - mt - mb)
+
+    parts = [f'<line x1="{ml}" y1="{sy(0):.1f}" x2="{w - mr}" y2="{sy(0):.1f}" stroke="#94a3b8" stroke-dasharray="4 3"/>']
+    for t in range(int(x0), int(x1) + 1, 10):
+        parts.append(f'<line x1="{sx(t):.1f}" y1="{h - mb}" x2="{sx(t):.1f}" y2="{h - mb + 4}" stroke="#64748b"/>'
+                     f'<text x="{sx(t):.1f}" y="{h - mb + 17}" text-anchor="middle" font-size="11" fill="#475569">{t}</text>')
+    step = 2 if (y1 - y0) > 6 else 1
+    for t in range(int(y0), int(y1) + 1, step):
+        parts.append(f'<line x1="{ml - 4}" y1="{sy(t):.1f}" x2="{ml}" y2="{sy(t):.1f}" stroke="#64748b"/>'
+                     f'<text x="{ml - 7}" y="{sy(t) + 4:.1f}" text-anchor="end" font-size="11" fill="#475569">{t:+d}</text>')
+    parts.append(f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{h - mb}" stroke="#64748b"/>'
+                 f'<line x1="{ml}" y1="{h - mb}" x2="{w - mr}" y2="{h - mb}" stroke="#64748b"/>')
+    parts.append(f'<text x="{(ml + w - mr) / 2}" y="{h - 8}" text-anchor="middle" font-size="12" fill="#334155">decode tok/s (single stream, 256K context)</text>'
+                 f'<text transform="translate(14 {(mt + h - mb) / 2}) rotate(-90)" text-anchor="middle" font-size="12" fill="#334155">quality Δ vs profile 1 (/30, 90% CI)</text>')
+    front = _frontier([(x, y) for _, x, y in pts])
+    if len(front) > 1:
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in front)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="#0d9488" stroke-width="2" stroke-opacity="0.55"/>')
+    for p, x, y in pts:
+        if p.delta_vs_1:
+            lo, hi = p.delta_vs_1.ci90
+            parts.append(f'<line x1="{sx(x):.1f}" y1="{sy(lo):.1f}" x2="{sx(x):.1f}" y2="{sy(hi):.1f}" stroke="#334155" stroke-width="1.5"/>'
+                         f'<line x1="{sx(x) - 5:.1f}" y1="{sy(lo):.1f}" x2="{sx(x) + 5:.1f}" y2="{sy(lo):.1f}" stroke="#334155"/>'
+                         f'<line x1="{sx(x) - 5:.1f}" y1="{sy(hi):.1f}" x2="{sx(x) + 5:.1f}" y2="{sy(hi):.1f}" stroke="#334155"/>')
+        sel = p.id == selected
+        fill = "#0f766e" if sel else "#ffffff"
+        parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="{7 if sel else 5}" fill="{fill}" stroke="#0f766e" stroke-width="2"/>'
+                     f'<text x="{sx(x) + 9:.1f}" y="{sy(y) - 8:.1f}" font-size="12" font-weight="{700 if sel else 400}" fill="#0f172a">#{p.number} {escape(p.title)}</text>')
+    desc = "; ".join(f"profile {p.number} {p.title}: {x:g} tok/s, Δ {y:+.2f}" for p, x, y in pts)
+    label = f"Speed versus quality of the measured profiles. {desc}."
+    customs = [p for p in profiles if not p.measured]
+    sim = " SIMULATED engine: the figures are the model card's, not measured here." if recipe.simulated else ""
+    caption = ("Each point is a profile from the card; bars are 90% confidence intervals of the quality "
+               "difference vs profile 1; the line is the speed/quality frontier." + sim)
+    if customs:
+        caption += f" Custom profiles ({', '.join(escape(p.title) for p in customs)}) are not measured and not plotted."
+    return (f'<figure class="moet-chart" id="speed-quality-chart"><svg viewBox="0 0 {w} {h}" role="img" '
+            f'aria-label="{escape(label)}"><title>{escape(label)}</title>{"".join(parts)}</svg>'
+            f"<figcaption>{escape(caption) if not customs else caption}</figcaption></figure>")
+
+
+def study_tables(studies: list[StudyTable]) -> str:
+    out = []
+    for s in studies:
+        head = "".join(f'<th scope="col">{escape(c)}</th>' for c in s.columns)
+        rows = []
+        for row in s.rows:
+            cells = "".join(
+                f'<td class="num">{v:g}</td>' if isinstance(v, (int, float)) else f"<td>{escape(str(v))}</td>" for v in row
+            )
+            rows.append(f"<tr>{cells}</tr>")
+        note = f"<p>{escape(s.note)}</p>" if s.note else ""
+        out.append(f'<div class="moet-study" data-study="{escape(s.id)}"><table><caption>{escape(s.title)}</caption>'
+                   f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{note}</div>")
+    return "".join(out) or "<p>This recipe has no study tables.</p>"
+
+
+def findings_list(findings: list[Finding], what: str) -> str:
+    if not findings:
+        return f'<p class="moet-ok" id="findings-none">No card warnings apply to {escape(what)}.</p>'
+    items = "".join(
+        f'<li class="{escape(f.severity)}" data-finding="{escape(f.id)}"><strong>{escape(f.severity.upper())}</strong> '
+        f"{escape(f.message)}</li>"
+        for f in findings
+    )
+    return f'<ul class="moet-findings" id="findings" aria-label="card warnings for {escape(what)}">{items}</ul>'

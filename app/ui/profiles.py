@@ -1,0 +1,155 @@
+"""Profiles tab: the card's three profiles (figures, honest notes, chart), the equivalent `docker run`,
+the studies behind the numbers, and the custom-profile editor (clone → edit knobs → warnings → save)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from app.backend import custom_profiles as cp
+from app.backend.profiles import all_profiles
+from app.backend.recipe.command import CommandError, build_run_spec, render_shell
+from app.backend.recipe.schema import ProfileSpec
+from app.backend.state import AppState
+from app.ui.profile_html import findings_list, profile_cards, speed_quality_chart, study_tables
+
+TITLE = "Profiles"
+
+
+def _choices(profiles: list[ProfileSpec]) -> list[tuple[str, str]]:
+    return [(f"#{p.number} {p.title}" if p.measured else f"{p.title} (custom)", p.id) for p in profiles]
+
+
+class _View:
+    """Handlers bound to one AppState (no globals): each reads the profiles fresh from the data dir."""
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+        self.recipe = state.settings.recipe
+
+    def profiles(self) -> list[ProfileSpec]:
+        return all_profiles(self.state.settings)
+
+    def _find(self, pid: str) -> ProfileSpec:
+        profiles = self.profiles()
+        return next((p for p in profiles if p.id == pid), self.recipe.recommended_profile)
+
+    def command(self, pid: str, plain: bool) -> str:
+        try:
+            spec = build_run_spec(self.recipe, pid, str(self.state.settings.data_dir), plain=plain, profiles=self.profiles())
+        except (KeyError, CommandError) as exc:
+            return f"# cannot build the command: {exc}"
+        head = "# SIMULATED engine image (demo mode)\n" if self.recipe.simulated else ""
+        return head + render_shell(spec)
+
+    def select(self, pid: str, plain: bool) -> tuple[str, str, str, str]:
+        profiles = self.profiles()
+        p = self._find(pid)
+        findings = {q.id: cp.findings_for(self.recipe, q) for q in profiles}
+        return (
+            profile_cards(self.recipe, profiles, p.id, findings),
+            speed_quality_chart(self.recipe, profiles, p.id),
+            self.command(p.id, plain),
+            findings_list(findings[p.id], f"{p.title}"),
+        )
+
+    def load_form(self, base_id: str) -> list[Any]:
+        f = cp.form_from_profile(self.recipe, self._find(base_id))
+        return [f.policy, f.promo_hyst, f.delta_promote, f.delta_gb, f.gate, f.max_model_len, f.enforce_eager, f.speculative, ""]
+
+    def _form(self, *vals: Any) -> cp.EditorForm:
+        policy, hyst, promote, gb, gate, mml, eager, spec, extra = vals
+        return cp.EditorForm(policy or "", hyst or "", promote or "", gb or "", bool(gate), mml or "", bool(eager), spec or "", extra or "")
+
+    def check(self, base_id: str, name: str, *vals: Any) -> tuple[str, str]:
+        try:
+            preview = cp.profile_from_form(self.recipe, self._find(base_id), name or "preview", self._form(*vals), set())
+        except cp.CustomProfileError as exc:
+            return "", f"⚠️ {exc}"
+        found = cp.findings_for(self.recipe, preview)
+        return findings_list(found, "this custom profile"), f"Changes vs the card's base command: {preview.scheduler_setting}. Not measured."
+
+    def save(self, base_id: str, name: str, plain: bool, *vals: Any) -> list[Any]:
+        taken = {p.id for p in self.profiles()}
+        try:
+            profile = cp.profile_from_form(self.recipe, self._find(base_id), name, self._form(*vals), taken)
+            path = cp.save_custom_profile(self.state.settings, profile)
+        except (cp.CustomProfileError, OSError) as exc:
+            return [gr.update(), gr.update(), "", f"⚠️ Not saved: {exc}"]
+        choices = _choices(self.profiles())
+        found = cp.findings_for(self.recipe, profile)
+        msg = f"Saved custom profile **{profile.title}** (`{profile.id}`) to `{path}`. It is not measured: no figures are shown for it."
+        return [gr.update(choices=choices, value=profile.id), gr.update(choices=choices), findings_list(found, profile.title), msg]
+
+    def delete(self, pid: str) -> list[Any]:
+        p = self._find(pid)
+        if p.measured or not cp.delete_custom_profile(self.state.settings, pid):
+            return [gr.update(), gr.update(), "Select a custom profile above to delete it (the card's profiles cannot be deleted)."]
+        choices = _choices(self.profiles())
+        rec = self.recipe.recommended_profile.id
+        return [gr.update(choices=choices, value=rec), gr.update(choices=choices), f"Deleted custom profile `{pid}`."]
+
+
+def render(state: AppState, shell: Any) -> None:
+    view = _View(state)
+    recipe = view.recipe
+    profiles = view.profiles()
+    rec = recipe.recommended_profile.id
+    cards0, chart0, cmd0, find0 = view.select(rec, False)
+    report = cp.load_custom_profiles_report(state.settings)
+
+    intro = f"**{recipe.title}** — figures, notes and warnings are the model card's own words."
+    if recipe.simulated:
+        intro += " **SIMULATED**: demo mode serves these profiles with the simulated engine."
+    gr.Markdown(intro, elem_id="profiles-intro")
+    if report.problems:
+        gr.Markdown("⚠️ " + "  \n".join(report.problems), elem_id="custom-profile-problems")
+    selector = gr.Radio(_choices(profiles), value=rec, label="Profile", elem_id="profile-select")
+    cards = gr.HTML(cards0, elem_id="profile-cards-html")
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=3, min_width=300):
+            chart = gr.HTML(chart0, elem_id="profile-chart")
+        with gr.Column(scale=2, min_width=280):
+            gr.Markdown("**Card warnings for the selected profile**")
+            findings = gr.HTML(find0, elem_id="profile-findings")
+    plain = gr.Checkbox(False, label="Plain: exactly the card's command (no panel labels or trace env)", elem_id="command-plain")
+    command = gr.Code(cmd0, language="shell", label="Equivalent docker run", interactive=False, buttons=["copy"],
+                      elem_id="profile-command", wrap_lines=True, show_line_numbers=False)
+    with gr.Accordion("Studies behind the figures", open=False, elem_id="studies"):
+        gr.HTML(study_tables(recipe.studies), elem_id="study-tables")
+
+    with gr.Accordion("Custom profile: clone, edit knobs, see the card's warnings, save", open=False, elem_id="custom-editor"):
+        gr.Markdown("A custom profile changes the card's knobs; it is saved in the data dir and shown as **not measured**.")
+        with gr.Row():
+            base = gr.Dropdown(_choices(profiles), value=rec, label="Clone from", elem_id="custom-base")
+            name = gr.Textbox(label="New profile name", placeholder="e.g. balanced long-context", elem_id="custom-name")
+        f0 = view.load_form(rec)
+        with gr.Row():
+            policy = gr.Radio(["freq", "need"], value=f0[0], label="VLLM_MOE_W2_DELTA_POLICY", elem_id="knob-policy")
+            hyst = gr.Textbox(f0[1], label="VLLM_MOE_W2_PROMO_HYST (blank = unset)", elem_id="knob-hyst")
+            promote = gr.Textbox(f0[2], label="VLLM_MOE_W2_DELTA_PROMOTE (blank = unset)", elem_id="knob-promote")
+            pool = gr.Textbox(f0[3], label="VLLM_MOE_W2_DELTA_GB (FP4 pool GiB)", elem_id="knob-pool")
+        with gr.Row():
+            gate = gr.Checkbox(f0[4], label="VLLM_MOE_W2_GATE=1 (confidence gate)", elem_id="knob-gate")
+            mml = gr.Textbox(f0[5], label="--max-model-len", elem_id="knob-max-len")
+            eager = gr.Checkbox(f0[6], label="--enforce-eager (no CUDA graphs)", elem_id="knob-eager")
+            spec = gr.Textbox(f0[7], label="--speculative-config (blank = off)", elem_id="knob-spec")
+        extra = gr.Textbox("", lines=2, label="Other env changes, one per line: NAME=value, or -NAME to unset", elem_id="knob-extra")
+        with gr.Row():
+            check_btn = gr.Button("Check warnings", elem_id="custom-check")
+            save_btn = gr.Button("Save custom profile", variant="primary", elem_id="custom-save")
+            del_btn = gr.Button("Delete selected custom profile", variant="stop", elem_id="custom-delete")
+        custom_findings = gr.HTML("", elem_id="custom-findings")
+        status = gr.Markdown("", elem_id="custom-status")
+
+    knobs = [policy, hyst, promote, pool, gate, mml, eager, spec, extra]
+    show = dict(fn=view.select, inputs=[selector, plain], outputs=[cards, chart, command, findings], show_progress="hidden")
+    selector.change(**show)
+    plain.change(**show)
+    base.change(view.load_form, inputs=[base], outputs=knobs, show_progress="hidden")
+    check_btn.click(view.check, inputs=[base, name, *knobs], outputs=[custom_findings, status])
+    for k in (policy, gate, eager):
+        k.change(view.check, inputs=[base, name, *knobs], outputs=[custom_findings, status], show_progress="hidden")
+    save_btn.click(view.save, inputs=[base, name, plain, *knobs], outputs=[selector, base, custom_findings, status])
+    del_btn.click(view.delete, inputs=[selector], outputs=[selector, base, status])
