@@ -111,7 +111,7 @@ def churn_trap(i: AlertInputs) -> Alert | None:
         gib_s = rep * r.slot_bytes / 2**30 if r.slot_bytes else None
         turnover = rep / r.last.slots
         if (gib_s is not None and gib_s >= CHURN_GIB_S) or turnover >= CHURN_TURNOVER_PER_S:
-            est = f"≈ {gib_s:.1f} GiB/s host→device, " if gib_s is not None else ""
+            est = f"≈ {gib_s:.3g} GiB/s host→device, " if gib_s is not None else ""
             return Alert(
                 "churn_trap", "warning", "Pool churn trap: slots thrash",
                 f"The pool swaps {rep:.0f} slots/s ({est}the whole pool {turnover:.1f}×/s). The card's trap is "
