@@ -1,0 +1,54 @@
+"""`python3 -m simengine [vLLM serve args]`: run the SIMULATED engine in the foreground.
+
+Exit codes mirror the real server: 0 after SIGTERM/SIGINT, 1 when the engine fails (OOM at load, fatal
+error mid-generation), and death by SIGKILL (137 in Docker) for the host-OOM failure mode.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+from .config import config_from_env_and_args
+from .server import SimEngineServer
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = config_from_env_and_args(sys.argv[1:] if argv is None else argv, os.environ)
+    except (ValueError, SystemExit) as exc:
+        print(f"simengine: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    if not os.environ.get("MOET_SIM_HOST") and cfg.host == "127.0.0.1" and os.path.exists("/.dockerenv"):
+        cfg.host = "0.0.0.0"  # inside a container: listen like vLLM does by default
+    if os.environ.get("MOET_SIM_HOST"):
+        cfg.host = os.environ["MOET_SIM_HOST"]
+    server = SimEngineServer(cfg)
+    stop_requested = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop_requested.set()
+        threading.Thread(target=server.stop, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        server.start()
+    except OSError as exc:
+        print(f"ERROR: [Errno {exc.errno}] error while attempting to bind on address "
+              f"('{cfg.host}', {cfg.port}): {exc.strerror}", file=sys.stderr)
+        return 1
+    code = None
+    while code is None:
+        code = server.wait(0.5)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == 137:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

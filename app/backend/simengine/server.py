@@ -1,0 +1,204 @@
+"""SimEngineServer: the SIMULATED vLLM-Moet engine as an in-process HTTP server (stdlib only).
+
+Lifecycle: created -> loading (listening, /health 503, boot lines) -> ready (/health 200) ->
+stopped | dead (fatal error: listening socket closed, `exit_code` set, `wait()` returns it).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from http.server import ThreadingHTTPServer
+from typing import Any
+
+from .boot import FATAL_TRACEBACK, BootSequence, SimExit, Stopped
+from .config import SimEngineConfig
+from .delta import DeltaSim, plan_tier
+from .engine import EngineCore, SimRequest
+from .handler import make_handler
+from .logsink import LogSink, LogTarget
+from .metrics import Metrics
+
+
+@dataclass
+class SimStats:
+    """Counters a test (or the demo) can read; `stats` returns a copy."""
+
+    requests: int = 0  # generation requests accepted
+    completed: int = 0  # finished with stop/length
+    aborted: int = 0  # client disconnected mid-generation
+    errors: int = 0  # answered with a 4xx
+    tokens: int = 0
+    last_params: dict[str, Any] = field(default_factory=dict)
+
+
+class _Http(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class SimEngineServer:
+    def __init__(self, config: SimEngineConfig, log: LogTarget = None):
+        self.config = config
+        pid = config.pid or os.getpid()
+        self.log = LogSink(log, engine_pid=pid, api_pid=pid)
+        self.state = "created"
+        self.exit_code: int | None = None
+        self.exit_reason = ""
+        self._stats = SimStats()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._exited = threading.Event()
+        self.tier_plan = plan_tier(config)
+        self.delta = DeltaSim(self.tier_plan, self.log, config.seed)
+        self.metrics = Metrics(config.served_name, kv_capacity_tokens=int(config.max_model_len * 1.1))
+        self.engine = EngineCore(config.decode_tok_s, config.prefill_tok_s, config.max_num_seqs, self.metrics,
+                                 on_step=self.delta.on_step, on_token=self._on_token)
+        self._httpd: _Http | None = None
+        self._threads: list[threading.Thread] = []
+        self._first_request_id = ""
+        self.started_at = time.time()
+
+    # --- public API -------------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1] if self._httpd else self.config.port
+
+    @property
+    def base_url(self) -> str:
+        host = self.config.host if self.config.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def stats(self) -> SimStats:
+        with self._lock:
+            return replace(self._stats, last_params=dict(self._stats.last_params))
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def start(self) -> "SimEngineServer":
+        """Bind and listen now (answering 503 while loading), boot in the background; returns at once."""
+        if self.state != "created":
+            raise RuntimeError(f"SimEngineServer already {self.state}")
+        self._httpd = _Http((self.config.host, self.config.port), make_handler(self))
+        self.state = "loading"
+        self._spawn(self._httpd.serve_forever, "sim-http")
+        self._spawn(self._boot, "sim-boot")
+        return self
+
+    def wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.state == "loading":
+            self._exited.wait(0.02)
+        return self.state == "ready"
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Block until the simulated process would have exited; its exit code (None on timeout)."""
+        self._exited.wait(timeout)
+        return self.exit_code
+
+    def stop(self) -> None:
+        """Graceful shutdown (like SIGTERM on the real server)."""
+        if self.state in ("stopped", "dead", "created"):
+            self.state = "stopped" if self.state == "created" else self.state
+            self._exited.set()
+            return
+        was_ready = self.state == "ready"
+        self.state = "stopped"
+        self._stop.set()
+        self.engine.stop()
+        if was_ready:
+            self.log.uvicorn("Shutting down")
+            self.log.uvicorn("Waiting for application shutdown.")
+            self.log.uvicorn("Application shutdown complete.")
+            self.log.uvicorn(f"Finished server process [{self.log.api_pid}]")
+        self._close_http()
+        self._finish(0, "stopped")
+
+    # --- internals used by the handler -------------------------------------------------------------
+
+    def record_request(self, params: dict[str, Any]) -> None:
+        with self._lock:
+            self._stats.requests += 1
+            self._stats.last_params = params
+
+    def record_end(self, req: SimRequest, aborted: bool) -> None:
+        with self._lock:
+            self._stats.tokens += req.produced
+            if aborted:
+                self._stats.aborted += 1
+            else:
+                self._stats.completed += 1
+        if aborted:
+            self.metrics.finish("abort", time.monotonic() - req.arrived)
+
+    def record_error(self) -> None:
+        with self._lock:
+            self._stats.errors += 1
+
+    def submit(self, req: SimRequest) -> None:
+        if not self._first_request_id:
+            self._first_request_id = req.request_id
+        self.engine.submit(req)
+
+    # --- background work -----------------------------------------------------------------------------
+
+    def _spawn(self, target, name: str) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _boot(self) -> None:
+        seq = BootSequence(self.config, self.log, self.tier_plan, sleep=self._stop.wait, clock=time.monotonic,
+                           port=self.port)
+        try:
+            seq.run()
+        except Stopped:
+            return
+        except SimExit as exc:
+            self._die(exc.code, exc.reason)
+            return
+        if self._stop.is_set():
+            return
+        self.engine.start()
+        self.state = "ready"
+
+    def _on_token(self, req: SimRequest) -> None:
+        if (self.config.fail == "crash_mid_generation" and req.request_id == self._first_request_id
+                and req.produced >= self.config.crash_after_tokens):
+            self._crash()
+
+    def _crash(self) -> None:
+        self.log.engine("core.py:933", "EngineCore encountered a fatal error.", "ERROR")
+        self.log.engine_plain(FATAL_TRACEBACK)
+        self.log.api("async_llm.py:480", "AsyncLLM output_handler failed.", "ERROR")
+        self.log.plain(f"(APIServer pid={self.log.api_pid}) vllm.v1.engine.exceptions.EngineDeadError: EngineCore "
+                       "encountered an issue. See stack trace (above) for the root cause.")
+        self.engine.kill("EngineCore encountered a fatal error.")
+        threading.Thread(target=self._die, args=(1, "EngineCore encountered a fatal error"), daemon=True).start()
+
+    def _die(self, code: int, reason: str) -> None:
+        self.state = "dead"
+        self._stop.set()
+        self.engine.kill(reason)
+        self.log.uvicorn("Shutting down")
+        self.log.uvicorn(f"Finished server process [{self.log.api_pid}]")
+        self._close_http()
+        self._finish(code, reason)
+
+    def _close_http(self) -> None:
+        httpd = self._httpd
+        if httpd is not None:
+            if threading.current_thread().name != "sim-http":
+                httpd.shutdown()
+            httpd.server_close()
+
+    def _finish(self, code: int, reason: str) -> None:
+        if self.exit_code is None:
+            self.exit_code, self.exit_reason = code, reason
+        self._exited.set()
