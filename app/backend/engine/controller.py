@@ -1,0 +1,589 @@
+"""EngineController: preflight, start/stop/one-click switch with health gating, reattach, diagnosis.
+
+Threading model: every lifecycle operation (start, stop, switch, adopt) runs in ONE worker thread at
+a time (single-flight; a second request while one runs is refused with a message and a refused
+`Ticket`). Log followers run in their own threads and only feed the boot tracker / log store. All
+state changes go through `_apply()` -> `statemachine.transition()` under one lock; readers get
+immutable `EngineSnapshot`s. Closing the controller stops its threads, never the engine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from app.backend.engine import diagnosis as diag_mod
+from app.backend.engine import statemachine as sm
+from app.backend.engine.bootlog import BootTracker
+from app.backend.engine.logstore import LogStore
+from app.backend.engine.preflight import PreflightInputs, PreflightReport, run_preflight
+from app.backend.engine.readiness import base_url, port_in_use, probe
+from app.backend.engine.runtime import (
+    MANAGED_LABEL, RECIPE_LABEL, Instance, LogFollow, Runtime, RuntimeOpError, RuntimeUnavailable, Stream,
+)
+from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState, LogLine
+from app.backend.recipe.command import RunSpec, build_run_spec
+from app.backend.recipe.schema import ProfileSpec
+from app.backend.settings import Settings
+from app.backend.telemetry.gpu_types import GpuReader
+
+S = EngineState
+GIB = 1 << 30
+
+
+@dataclass
+class Ticket:
+    """Handle on one requested operation. `accepted=False` means refused (see `message`)."""
+
+    id: int
+    action: str
+    profile_id: str | None
+    accepted: bool
+    message: str = ""
+    ok: bool | None = None
+    diagnosis: Diagnosis | None = None
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+    _done: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the operation finished; True if it did within the timeout."""
+        return self._done.wait(timeout)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+
+@dataclass
+class ControllerOptions:
+    auto_rollback: bool = True
+    poll_interval_s: float = 0.25
+    pool_line_grace_s: float = 5.0  # after health+models, how long to wait for the pool line
+    gpu_release_timeout_s: float = 120.0
+    gpu_release_bytes: int = 2 * GIB  # serverctl's threshold: < 2048 MiB used before the next boot
+    extra_env: dict[str, str] = field(default_factory=dict)
+    extra_labels: dict[str, str] = field(default_factory=dict)
+    reattach: bool = True
+
+
+def expects_pool(env: dict[str, str]) -> bool:
+    """Does this env ask for an FP4 delta pool (engine.md §1.3)?"""
+    if env.get("VLLM_MOE_W2", "0") != "1" or env.get("VLLM_MOE_W2_DELTA", "1") == "0":
+        return False
+    raw = env.get("VLLM_MOE_W2_DELTA_GB", "2.0").strip().lower()
+    if raw in ("auto", "-1", "-1.0"):
+        return True
+    try:
+        return float(raw) > 0
+    except ValueError:
+        return True  # unparsable: the engine decides; demand the pool line
+
+
+class EngineController:
+    def __init__(
+        self,
+        settings: Settings,
+        runtime: Runtime | None = None,
+        *,
+        runtime_factory: Callable[[], tuple[Runtime | None, str]] | None = None,
+        gpu_reader: GpuReader | None = None,
+        profiles_fn: Callable[[], list[ProfileSpec]] | None = None,
+        options: ControllerOptions | None = None,
+        ensure_image: Callable[[Runtime], None] | None = None,
+        artifact_status: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.recipe = settings.recipe
+        self.options = options or ControllerOptions()
+        self._runtime = runtime
+        self._runtime_error = ""
+        self._runtime_factory = runtime_factory
+        self._gpu = gpu_reader
+        self._profiles_fn = profiles_fn or (lambda: list(settings.recipe.profiles))
+        self._ensure_image = ensure_image
+        self._artifact_status = artifact_status
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._snap = EngineSnapshot(simulated=settings.recipe.simulated, served_name=settings.recipe.model.served_name)
+        self._busy: Ticket | None = None
+        self._ids = itertools.count(1)
+        self._wake = threading.Event()
+        self._closed = False
+        self._follow: LogFollow | None = None
+        self._run_token = 0
+        self._streams_open = 0
+        self._tracker = BootTracker()
+        self._expected_exit: set[str] = set()
+        self._pids_cache: tuple[float, str, set[int]] = (0.0, "", set())
+        self.logs = LogStore(settings.state_dir / "engine-logs")
+        if self.options.reattach:
+            self._reattach()
+
+    # == public API ===========================================================================
+    def snapshot(self) -> EngineSnapshot:
+        with self._lock:
+            return self._snap
+
+    def wait_for(self, pred: Callable[[EngineSnapshot], bool], timeout: float) -> EngineSnapshot:
+        """Block until pred(snapshot) holds or the timeout passes; returns the last snapshot."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not pred(self._snap):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+            return self._snap
+
+    def add_log_listener(self, cb: Callable[[LogLine], None]) -> Callable[[], None]:
+        return self.logs.add_listener(cb)
+
+    def recent_logs(self, n: int = 250) -> list[LogLine]:
+        return self.logs.recent(n)
+
+    def busy(self) -> Ticket | None:
+        with self._lock:
+            return self._busy
+
+    @property
+    def runtime(self) -> Runtime | None:
+        return self._get_runtime()
+
+    @property
+    def runtime_error(self) -> str:
+        return self._runtime_error
+
+    def profiles(self) -> list[ProfileSpec]:
+        return self._profiles_fn()
+
+    def run_spec(self, profile_id: str) -> RunSpec:
+        """The exact RunSpec `moet-panel command --profile ID` prints (plus panel settings)."""
+        return build_run_spec(self.recipe, profile_id, str(self.settings.data_dir),
+                              extra_env=self.options.extra_env or None, profiles=self.profiles())
+
+    def container_pids(self) -> set[int]:
+        snap = self.snapshot()
+        rt = self._runtime
+        if not snap.container_id or rt is None or snap.state not in (S.STARTING, S.READY, S.STOPPING):
+            return set()
+        ts, cid, pids = self._pids_cache
+        if cid == snap.container_id and time.monotonic() - ts < 2.0:
+            return set(pids)
+        try:
+            pids = rt.pids(snap.container_id)
+        except (RuntimeUnavailable, RuntimeOpError):
+            pids = set()
+        self._pids_cache = (time.monotonic(), snap.container_id, pids)
+        return set(pids)
+
+    def preflight(self, profile_id: str | None = None, overrides: frozenset[str] | set[str] = frozenset()) -> PreflightReport:
+        pid = profile_id or self.snapshot().profile_id or self.recipe.recommended_profile.id
+        spec = self.run_spec(pid)
+        rt = self._get_runtime()
+        snap = self.snapshot()
+        inputs = PreflightInputs(
+            recipe=self.recipe, env=spec.env_dict, data_dir=self.settings.data_dir, runtime=rt,
+            runtime_error=self._runtime_error, gpu_reader=self._gpu,
+            engine_running=snap.state in (S.STARTING, S.READY), engine_pids=self.container_pids(),
+            artifact_status=self._artifact_status,
+        )
+        return run_preflight(inputs, frozenset(overrides))
+
+    def start(self, profile_id: str, overrides: tuple[str, ...] | frozenset[str] = ()) -> Ticket:
+        if (bad := self._unknown(profile_id)) is not None:
+            return bad
+        return self._submit("start", profile_id, lambda t: self._op_start(t, profile_id, frozenset(overrides)))
+
+    def stop(self) -> Ticket:
+        return self._submit("stop", None, self._op_stop)
+
+    def switch(self, profile_id: str, overrides: tuple[str, ...] | frozenset[str] = ()) -> Ticket:
+        if (bad := self._unknown(profile_id)) is not None:
+            return bad
+        return self._submit("switch", profile_id, lambda t: self._op_switch(t, profile_id, frozenset(overrides)))
+
+    def _unknown(self, profile_id: str) -> Ticket | None:
+        try:
+            self.run_spec(profile_id)
+            return None
+        except (KeyError, ValueError) as exc:
+            t = Ticket(next(self._ids), "start", profile_id, False, f"refused: {exc.args[0] if exc.args else exc}", ok=False)
+            t._done.set()
+            return t
+
+    def close(self) -> None:
+        """Stop the panel's threads. The engine keeps running (it outlives the panel)."""
+        self._closed = True
+        self._wake.set()
+        with self._lock:
+            follow, self._follow = self._follow, None
+            self._run_token += 1
+        if follow is not None:
+            follow.close()
+        self.logs.end_run()
+
+    # == operations (worker thread) ===========================================================
+    def _submit(self, action: str, profile_id: str | None, fn: Callable[[Ticket], None]) -> Ticket:
+        with self._lock:
+            if self._closed:
+                return Ticket(next(self._ids), action, profile_id, False, "the panel is shutting down", ok=False)
+            if self._busy is not None:
+                b = self._busy
+                what = f"{b.action} to {b.profile_id}" if b.profile_id else b.action
+                t = Ticket(next(self._ids), action, profile_id, False,
+                           f"refused: a {what} is already in progress — wait for it to finish", ok=False)
+                t._done.set()
+                return t
+            ticket = Ticket(next(self._ids), action, profile_id, True, f"{action} accepted")
+            self._busy = ticket
+        threading.Thread(target=self._run_op, args=(ticket, fn), name=f"engine-{action}", daemon=True).start()
+        return ticket
+
+    def _run_op(self, ticket: Ticket, fn: Callable[[Ticket], None]) -> None:
+        try:
+            fn(ticket)
+        except Exception as exc:  # a bug or a vanished daemon: surface it, never leave the op hanging
+            d = self._runtime_failure(exc)
+            self._fail(d, f"{ticket.action} failed: {exc}")
+            ticket.ok, ticket.diagnosis, ticket.message = False, d, f"{ticket.action} failed: {exc}"
+        finally:
+            ticket.finished = time.time()
+            with self._lock:
+                self._busy = None
+                self._changed.notify_all()
+            ticket._done.set()
+
+    def _op_start(self, ticket: Ticket, profile_id: str, overrides: frozenset[str]) -> None:
+        snap = self.snapshot()
+        if snap.state in (S.READY, S.STARTING):
+            ticket.ok = False
+            ticket.message = (f"refused: an engine is already {snap.state.value} (profile {snap.profile_id}); "
+                              "use switch to change profile")
+            return
+        self._finish(ticket, self._boot(profile_id, overrides))
+
+    def _op_stop(self, ticket: Ticket) -> None:
+        self._stop_engine("stopped by user")
+        ticket.ok, ticket.message = True, "engine stopped"
+
+    def _op_switch(self, ticket: Ticket, profile_id: str, overrides: frozenset[str]) -> None:
+        snap = self.snapshot()
+        if snap.state is S.READY and snap.profile_id == profile_id:
+            ticket.ok, ticket.message = True, f"already serving {profile_id}"
+            return
+        self.run_spec(profile_id)  # unknown profile -> KeyError before anything is stopped
+        rollback_to = snap.last_ready_profile
+        if not self._stop_and_release(f"switching to {profile_id}"):
+            self._finish(ticket, False)
+            return
+        if self._boot(profile_id, overrides):
+            self._finish(ticket, True)
+            return
+        failure = self.snapshot().diagnosis
+        if not (self.options.auto_rollback and rollback_to and rollback_to != profile_id) or self._closed:
+            self._finish(ticket, False)
+            return
+        self._stop_and_release(f"rolling back to {rollback_to}")
+        ok = self._boot(rollback_to, frozenset())
+        title = failure.title if failure else "failed"
+        if ok:
+            self._apply(sm.Noted(f"switch to {profile_id} failed ({title}); rolled back to {rollback_to}", failure))
+        ticket.ok, ticket.diagnosis = False, failure
+        ticket.message = (f"switch to {profile_id} failed: {title}; "
+                          + (f"rolled back to {rollback_to}" if ok else f"rollback to {rollback_to} failed too"))
+
+    def _finish(self, ticket: Ticket, ok: bool) -> None:
+        snap = self.snapshot()
+        ticket.ok = ok
+        ticket.diagnosis = None if ok else snap.diagnosis
+        ticket.message = (f"{snap.profile_id} ready" if ok else
+                          f"{ticket.action} failed: {snap.diagnosis.title if snap.diagnosis else snap.message}")
+
+    # -- boot --------------------------------------------------------------------------------
+    def _boot(self, profile_id: str, overrides: frozenset[str]) -> bool:
+        """Preflight -> prepare -> run -> gate on ready. Leaves the state READY or FAILED."""
+        spec = self.run_spec(profile_id)
+        self._apply(sm.PreflightBegan(profile_id))
+        report = self.preflight(profile_id, overrides)
+        if not report.ok:
+            bad = tuple(f"{i.title}: {i.detail} — fix: {i.fix}" for i in report.blocking())
+            d = diag_mod.HINTS["preflight_failed"]
+            self._fail(Diagnosis(d.reason, d.title, d.explanation, d.fix, bad), "preflight failed: " + report.summary())
+            return False
+        rt = self._get_runtime()
+        if rt is None:
+            self._fail(self._runtime_failure(RuntimeUnavailable(self._runtime_error)), self._runtime_error)
+            return False
+        hint = self._prepare(rt, spec)
+        if hint:
+            self._fail(diag_mod.classify(None, False, [], hint=hint[0]), hint[1])
+            return False
+        try:
+            inst = rt.run(spec, self.options.extra_labels)
+        except RuntimeOpError as exc:
+            self._fail(diag_mod.classify(None, False, [str(exc)], hint=exc.reason), str(exc))
+            return False
+        self._begin_follow(rt, inst, from_start=True)
+        self._apply(sm.BootBegan(profile_id, inst.id, inst.name, base_url(self.recipe),
+                                 self.recipe.model.served_name, self.recipe.simulated))
+        return self._await_ready(rt, inst, spec.env_dict)
+
+    def _prepare(self, rt: Runtime, spec: RunSpec) -> tuple[str, str] | None:
+        """Clean up our stopped containers; refuse foreign name holders, running twins, a bound port."""
+        holder = rt.get(spec.name)
+        if holder is not None and not holder.managed:
+            return "name_conflict", f"container name {spec.name} is held by a container this panel did not create"
+        for inst in rt.list({MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id}):
+            if inst.running:
+                return "port_in_use", f"panel engine {inst.name} is still running; stop it first"
+            rt.remove(inst.id)
+        if port_in_use(self.recipe.serve.host, self.recipe.serve.port):
+            return "port_in_use", f"port {self.recipe.serve.port} is already bound by another process"
+        if not rt.image_present(spec.image):
+            if self.recipe.simulated and self._ensure_image is not None:
+                self._apply(sm.Noted(f"building the SIMULATED engine image {spec.image}…"))
+                self._ensure_image(rt)
+            else:
+                return "image_missing", f"image {spec.image} is not present"
+        return None
+
+    def _await_ready(self, rt: Runtime, inst: Instance, env: dict[str, str]) -> bool:
+        url, name = base_url(self.recipe), self.recipe.model.served_name
+        want_pool = expects_pool(env)
+        deadline = time.monotonic() + self.recipe.engine.boot_timeout_s
+        pool_deadline: float | None = None
+        while not self._closed:
+            cur = rt.get(inst.id)
+            if cur is None or not cur.running:
+                self._drain_logs()
+                return self._fail_exited(cur)
+            p = probe(url, name)
+            if p.health_ok and p.models_ok:
+                prog = self._tracker.progress
+                if not want_pool or (prog.pool_slots or 0) > 0:
+                    self._apply(sm.BecameReady(self._ready_message(prog.pool_slots, want_pool)))
+                    return True
+                pool_deadline = pool_deadline or time.monotonic() + self.options.pool_line_grace_s
+                if prog.pool_slots == 0 or time.monotonic() > pool_deadline:
+                    return self._fail_and_stop(rt, inst, "pool_not_loaded")
+            if time.monotonic() > deadline:
+                return self._fail_and_stop(rt, inst, "boot_timeout")
+            self._wake.wait(self.options.poll_interval_s)
+        return False  # panel closing: leave the engine as it is
+
+    def _ready_message(self, slots: int | None, want_pool: bool) -> str:
+        prog = self._tracker.progress
+        pool = f"pool {slots} slots × {prog.slot_mib:g} MiB" if want_pool and slots else "no FP4 pool expected"
+        warn = " — planes cache MISSED during boot (see logs)" if prog.cache_miss else ""
+        return pool + warn
+
+    def _fail_exited(self, cur: Instance | None) -> bool:
+        lines = [ln.text for ln in self.logs.recent(400)]
+        code = cur.exit_code if cur else None
+        d = diag_mod.classify(code, bool(cur and cur.oom_killed), lines, cache_miss=self._tracker.progress.cache_miss)
+        self._fail(d, f"engine exited (code {code}): {d.title}")
+        return False
+
+    def _fail_and_stop(self, rt: Runtime, inst: Instance, hint: str) -> bool:
+        lines = [ln.text for ln in self.logs.recent(400)]
+        d = diag_mod.classify(None, False, lines, hint=hint, cache_miss=self._tracker.progress.cache_miss)
+        self._expected_exit.add(inst.id)
+        rt.stop(inst.id, self.recipe.engine.stop_grace_s)  # it holds the GPU and must not serve
+        self._drain_logs()
+        self._fail(d, d.title)
+        return False
+
+    # -- stop / release ----------------------------------------------------------------------
+    def _stop_engine(self, message: str) -> list[Instance]:
+        """Stop every running panel engine of this recipe (normally one) and remove it."""
+        rt = self._get_runtime()
+        snap = self.snapshot()
+        if rt is None:
+            if snap.state is not S.STOPPED:
+                self._fail(self._runtime_failure(RuntimeUnavailable(self._runtime_error)), self._runtime_error)
+            return []
+        targets = [i for i in rt.list({MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id}) if i.running]
+        if snap.state is S.STOPPED and not targets:
+            return []
+        if snap.state is not S.STOPPING:
+            self._apply(sm.StopBegan(message))
+        stopped = []
+        for inst in targets:
+            self._expected_exit.add(inst.id)
+            final = rt.stop(inst.id, self.recipe.engine.stop_grace_s)
+            stopped.append(final or inst)
+        self._drain_logs()
+        self._end_follow()
+        for inst in stopped:
+            rt.remove(inst.id)  # logs are persisted by the panel; exit code already read
+        self._apply(sm.Stopped(message))
+        return stopped
+
+    def _stop_and_release(self, message: str) -> bool:
+        old_pids = self.container_pids()
+        self._stop_engine(message)
+        if self._wait_gpu_release(old_pids):
+            return True
+        d = diag_mod.HINTS["gpu_not_released"]
+        self._fail(d, d.title)
+        return False
+
+    def _wait_gpu_release(self, old_pids: set[int]) -> bool:
+        """Poll the GPU reader until the old engine's memory is gone (deadline from options)."""
+        reader = self._gpu
+        if reader is None or not reader.available or self.recipe.requirements.gpu_count == 0 and not getattr(reader, "simulated", False):
+            return True
+        deadline = time.monotonic() + self.options.gpu_release_timeout_s
+        while not self._closed:
+            try:
+                samples = reader.read()
+            except Exception:
+                samples = []
+            if all(_released(s, old_pids, self.options.gpu_release_bytes) for s in samples):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            self._wake.wait(min(0.5, self.options.poll_interval_s * 2))
+        return True
+
+    # -- logs ----------------------------------------------------------------------------------
+    def _begin_follow(self, rt: Runtime, inst: Instance, *, from_start: bool, tracker: BootTracker | None = None,
+                      backlog: list[tuple[Stream, str]] | None = None) -> None:
+        self._end_follow()
+        with self._lock:
+            self._run_token += 1
+            token = self._run_token
+            self._tracker = tracker or BootTracker()
+            self._streams_open = 2
+        self.logs.begin_run(inst.name, time.time())
+        for stream, text in backlog or []:
+            self.logs.append(LogLine(text=text, stream=stream, container_id=inst.id))
+        follow = rt.follow_logs(inst.id, lambda s, t: self._on_line(token, inst.id, s, t),
+                                from_start=from_start, tail=0)
+        with self._lock:
+            self._follow = follow
+
+    def _end_follow(self) -> None:
+        with self._lock:
+            follow, self._follow = self._follow, None
+            self._run_token += 1
+        if follow is not None:
+            follow.close()
+        self.logs.end_run()
+
+    def _drain_logs(self, timeout: float = 3.0) -> None:
+        """Give the followers a moment to deliver the last lines of an exited engine."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._streams_open <= 0:
+                    return
+            time.sleep(0.02)
+
+    def _on_line(self, token: int, cid: str, stream: Stream, text: str | None) -> None:
+        with self._lock:
+            if token != self._run_token:
+                return
+            if text is None:
+                self._streams_open -= 1
+                ended = self._streams_open == 0
+            else:
+                ended = False
+        if text is None:
+            if ended:
+                self._on_streams_ended(token, cid)
+            return
+        self.logs.append(LogLine(text=text, stream=stream, container_id=cid))
+        with self._lock:
+            if token != self._run_token or not self._tracker.feed(text):
+                return
+            p = self._tracker.progress
+            if self._snap.state is S.STARTING:
+                msg = diag_mod.cache_miss_warning() if p.cache_miss else ""
+                self._apply(sm.BootProgressed(p.phase, p.pool_slots, p.slot_mib, msg))
+
+    def _on_streams_ended(self, token: int, cid: str) -> None:
+        """Both log streams ended: the engine exited. Outside an operation, a READY engine has died."""
+        if cid in self._expected_exit or self._closed:
+            return
+        threading.Thread(target=self._watch_exit, args=(token, cid), name="engine-exit", daemon=True).start()
+
+    def _watch_exit(self, token: int, cid: str) -> None:
+        rt = self._runtime
+        if rt is None:
+            return
+        cur = rt.wait(cid, 5.0)
+        with self._lock:
+            if token != self._run_token or self._busy is not None or cid in self._expected_exit:
+                return  # an operation owns this container; it reports the exit itself
+            if self._snap.state is not S.READY or self._snap.container_id != cid:
+                return
+            self._fail_exited(cur)
+
+    # -- reattach ------------------------------------------------------------------------------
+    def _reattach(self) -> None:
+        rt = self._get_runtime()
+        if rt is None:
+            return
+        try:
+            running = [i for i in rt.list({MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id}) if i.running]
+        except (RuntimeUnavailable, RuntimeOpError) as exc:
+            self._apply(sm.Noted(str(exc)))
+            return
+        if not running:
+            return
+        inst = sorted(running, key=lambda i: i.started_at)[-1]
+        tracker = BootTracker()
+        old = rt.read_logs(inst.id, max_lines=20000)
+        for _, text in old:
+            tracker.feed(text)
+        self._begin_follow(rt, inst, from_start=False, tracker=tracker, backlog=old[-300:])
+        prog = tracker.progress
+        p = probe(base_url(self.recipe), self.recipe.model.served_name)
+        ready = p.health_ok and p.models_ok and (not expects_pool(inst.env) or (prog.pool_slots or 0) > 0)
+        self._apply(sm.Adopted(inst.profile_id, inst.id, inst.name, base_url(self.recipe), self.recipe.model.served_name,
+                               self.recipe.simulated, ready, prog.phase, prog.pool_slots, prog.slot_mib))
+        if len(running) > 1:
+            self._apply(sm.Noted(f"reattached to {inst.name}; {len(running) - 1} other panel engine(s) are also "
+                                 "running — stop them (never started twice by this panel)"))
+        if not ready:
+            self._submit("adopt", inst.profile_id, lambda t: self._finish(t, self._await_ready(rt, inst, inst.env)))
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _apply(self, event: sm.Event) -> EngineSnapshot:
+        with self._lock:
+            self._snap = sm.transition(self._snap, event)
+            self._changed.notify_all()
+            return self._snap
+
+    def _fail(self, d: Diagnosis, message: str) -> None:
+        self._apply(sm.Failed(d, message))
+
+    def _runtime_failure(self, exc: BaseException) -> Diagnosis:
+        if isinstance(exc, RuntimeUnavailable):
+            base = diag_mod.HINTS["docker_unreachable"]
+            return Diagnosis(base.reason, base.title, str(exc), base.fix)
+        return Diagnosis("internal_error", "Panel error during the operation", repr(exc),
+                         "Retry; if it persists, report it with the Logs view content.")
+
+    def _get_runtime(self) -> Runtime | None:
+        if self._runtime is None and self._runtime_factory is not None:
+            self._runtime, self._runtime_error = self._runtime_factory()
+        return self._runtime
+
+
+def _released(sample: object, old_pids: set[int], threshold: int) -> bool:
+    procs = getattr(sample, "processes", ())
+    if any(p.pid in old_pids for p in procs):
+        return False
+    others = sum(p.used_bytes or 0 for p in procs if p.pid not in old_pids)
+    return getattr(sample, "memory_used", 0) - others < threshold
+
+
+def log_dir(settings: Settings) -> Path:
+    return settings.state_dir / "engine-logs"

@@ -1,0 +1,280 @@
+"""Preflight checklist before starting an engine: each item pass / warn / fail, with the fix.
+
+Failing items block a start unless that item id is explicitly overridden by the user.
+Pure-ish: every external fact comes in through `PreflightInputs` (runtime, GPU reader, paths), so
+tests pass fakes for the GPU and real Docker for the rest.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+import psutil
+
+from app.backend.engine.diagnosis import CARD_PIN
+from app.backend.engine.runtime import Runtime, RuntimeOpError, RuntimeUnavailable
+from app.backend.recipe.schema import Recipe
+from app.backend.telemetry.gpu_types import GpuReader, GpuSample
+
+Status = Literal["pass", "warn", "fail"]
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class PreflightItem:
+    id: str
+    title: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    items: tuple[PreflightItem, ...]
+    overrides: frozenset[str] = frozenset()
+
+    def blocking(self) -> list[PreflightItem]:
+        """Failed items the user did not override."""
+        return [i for i in self.items if i.status == "fail" and i.id not in self.overrides]
+
+    @property
+    def ok(self) -> bool:
+        return not self.blocking()
+
+    def summary(self) -> str:
+        counts = {s: sum(1 for i in self.items if i.status == s) for s in ("pass", "warn", "fail")}
+        text = f"{counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail"
+        overridden = [i.id for i in self.items if i.status == "fail" and i.id in self.overrides]
+        return text + (f" ({', '.join(overridden)} overridden)" if overridden else "")
+
+
+@dataclass
+class PreflightInputs:
+    recipe: Recipe
+    env: dict[str, str]  # the profile's container env (from the RunSpec)
+    data_dir: Path
+    runtime: Runtime | None
+    runtime_error: str = ""
+    gpu_reader: GpuReader | None = None
+    engine_running: bool = False  # our own engine holds the port / GPU memory
+    engine_pids: set[int] = field(default_factory=set)
+    artifact_status: Callable[[str], str | None] | None = None  # id -> "complete"/"partial"/... or None
+
+
+def run_preflight(inp: PreflightInputs, overrides: frozenset[str] = frozenset()) -> PreflightReport:
+    items = [_docker(inp), _nvidia_runtime(inp), *_gpu_items(inp), _host_ram(inp), _disk(inp)]
+    items += _artifacts(inp)
+    items += [_ckpt_pin(inp), _image(inp), _port(inp)]
+    return PreflightReport(tuple(items), frozenset(overrides))
+
+
+def _docker(inp: PreflightInputs) -> PreflightItem:
+    title = "Docker daemon reachable and permitted"
+    if inp.runtime is None:
+        return PreflightItem("docker", title, "fail", inp.runtime_error or "no runtime",
+                             "Start dockerd (`sudo systemctl start docker`) and add yourself to the docker group.")
+    if inp.runtime.kind == "process":
+        return PreflightItem("docker", title, "pass", "not used: SIMULATED engine runs as a local process")
+    try:
+        inp.runtime.check()
+        return PreflightItem("docker", title, "pass", inp.runtime.describe())
+    except (RuntimeUnavailable, RuntimeOpError) as exc:
+        return PreflightItem("docker", title, "fail", str(exc),
+                             "Start dockerd (`sudo systemctl start docker`); `sudo usermod -aG docker $USER` and log in again.")
+
+
+def _nvidia_runtime(inp: PreflightInputs) -> PreflightItem:
+    title = "NVIDIA container runtime / CDI registered"
+    if inp.recipe.simulated or not inp.recipe.serve.gpus:
+        return PreflightItem("nvidia_runtime", title, "pass", "not needed (SIMULATED engine, no GPU)")
+    if inp.runtime is None or inp.runtime.kind != "docker":
+        return PreflightItem("nvidia_runtime", title, "fail", "Docker is not available")
+    try:
+        info = inp.runtime.info()
+    except (RuntimeUnavailable, RuntimeOpError) as exc:
+        return PreflightItem("nvidia_runtime", title, "fail", str(exc))
+    runtimes = list(info.get("runtimes") or [])  # type: ignore[call-overload]
+    cdi = list(info.get("cdi_spec_dirs") or [])  # type: ignore[call-overload]
+    if "nvidia" in runtimes or cdi:
+        return PreflightItem("nvidia_runtime", title, "pass", f"runtimes {runtimes}, CDI spec dirs {cdi}")
+    return PreflightItem(
+        "nvidia_runtime", title, "fail", f"Docker runtimes {runtimes} and no CDI spec dirs",
+        "Install nvidia-container-toolkit, then `sudo nvidia-ctk runtime configure --runtime=docker && "
+        "sudo systemctl restart docker`.",
+    )
+
+
+def _gpu_items(inp: PreflightInputs) -> list[PreflightItem]:
+    req = inp.recipe.requirements
+    if inp.recipe.simulated or req.gpu_count == 0:
+        note = "not needed (SIMULATED engine)"
+        return [PreflightItem(i, t, "pass", note) for i, t in (
+            ("gpu", "GPU model, VRAM, compute capability"), ("ecc", "ECC mode"), ("gpu_memory", "GPU memory free"))]
+    reader = inp.gpu_reader
+    samples: list[GpuSample] = []
+    if reader is not None and reader.available:
+        try:
+            samples = reader.read()
+        except Exception as exc:  # a flaky driver call must not crash preflight
+            return [PreflightItem("gpu", "GPU model, VRAM, compute capability", "fail", f"GPU read failed: {exc}")]
+    if not samples:
+        why = reader.error if reader is not None else "no GPU reader"
+        return [PreflightItem("gpu", "GPU model, VRAM, compute capability", "fail", why or "no GPU found",
+                              "Install the NVIDIA driver; check `nvidia-smi`.")]
+    gpu = samples[0]
+    return [_gpu_model(inp, gpu), _ecc(inp, gpu), _gpu_memory(inp, gpu)]
+
+
+def _gpu_model(inp: PreflightInputs, gpu: GpuSample) -> PreflightItem:
+    req = inp.recipe.requirements
+    title = "GPU model, VRAM, compute capability"
+    cc = f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}" if gpu.compute_capability else "?"
+    detail = f"{gpu.name}, {gpu.memory_total / GIB:.1f} GiB, sm_{cc.replace('.', '')} (recipe: {req.gpu}, sm_{req.compute_capability.replace('.', '')})"
+    if gpu.memory_total < req.vram_gb * 1e9 * 0.93:
+        return PreflightItem("gpu", title, "fail", detail, f"The recipe needs a {req.vram_gb:g} GB card ({req.gpu}).")
+    if req.compute_capability and cc != req.compute_capability:
+        return PreflightItem("gpu", title, "warn", detail,
+                             "The engine's cubins are built for sm_120; other GPUs are not what the card measured.")
+    return PreflightItem("gpu", title, "pass", detail)
+
+
+def _ecc(inp: PreflightInputs, gpu: GpuSample) -> PreflightItem:
+    req = inp.recipe.requirements
+    title = "ECC mode"
+    fix = req.ecc_note or "sudo nvidia-smi -e 0, then reboot"
+    if req.ecc != "off":
+        return PreflightItem("ecc", title, "pass", "recipe accepts any ECC mode")
+    if gpu.ecc_current:
+        return PreflightItem("ecc", title, "fail", f"ECC is ON: costs ~{req.ecc_cost_gib:g} GiB the planes need", fix)
+    if gpu.ecc_pending:
+        return PreflightItem("ecc", title, "warn", "ECC will turn ON at the next reboot", fix)
+    if gpu.ecc_current is None:
+        return PreflightItem("ecc", title, "pass", "not supported by this GPU / driver (treated as off)")
+    return PreflightItem("ecc", title, "pass", "ECC off")
+
+
+def _gpu_memory(inp: PreflightInputs, gpu: GpuSample) -> PreflightItem:
+    title = "GPU memory free (no other processes)"
+    others = [p for p in gpu.processes if p.pid not in inp.engine_pids]
+    other_bytes = sum(p.used_bytes or 0 for p in others)
+    if inp.engine_running:
+        return PreflightItem("gpu_memory", title, "pass", "held by this panel's engine (a switch stops it first)")
+    used = max(gpu.memory_used, other_bytes)
+    detail = f"{used / GIB:.1f} GiB in use" + (f" by {len(others)} other process(es)" if others else "")
+    need = inp.recipe.vram.expected_gib * GIB
+    if gpu.memory_total - used < need:
+        return PreflightItem("gpu_memory", title, "fail", detail,
+                             "Stop the other GPU processes (`nvidia-smi` lists them); the engine needs "
+                             f"~{inp.recipe.vram.expected_gib:g} GiB.")
+    if used > 1 * GIB:
+        return PreflightItem("gpu_memory", title, "warn", detail, "Other processes hold GPU memory.")
+    return PreflightItem("gpu_memory", title, "pass", detail)
+
+
+def _host_ram(inp: PreflightInputs) -> PreflightItem:
+    req = inp.recipe.requirements
+    total = psutil.virtual_memory().total / 1e9
+    title = "Host RAM"
+    detail = f"{total:.0f} GB total"
+    if req.host_ram_gb and total < req.host_ram_gb * 0.95:
+        return PreflightItem("host_ram", title, "warn", detail + f" (recipe: {req.host_ram_gb:g} GB)",
+                             req.host_ram_note or "Add RAM or stop memory-hungry processes.")
+    return PreflightItem("host_ram", title, "pass", detail)
+
+
+def _disk(inp: PreflightInputs) -> PreflightItem:
+    probe = inp.data_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free / GIB
+    title = "Free disk in the data dir"
+    detail = f"{free:.1f} GiB free at {probe}"
+    if free < 1:
+        return PreflightItem("disk", title, "fail", detail, "Free disk space: the engine writes caches and logs.")
+    if free < 10:
+        return PreflightItem("disk", title, "warn", detail, "Less than 10 GiB free.")
+    return PreflightItem("disk", title, "pass", detail)
+
+
+def _artifacts(inp: PreflightInputs) -> list[PreflightItem]:
+    out = []
+    for art in inp.recipe.artifacts:
+        path = inp.data_dir / art.yields
+        status = inp.artifact_status(art.id) if inp.artifact_status else None
+        present = path.is_dir() and any(path.iterdir())
+        complete = status == "complete" if status else present
+        detail = f"{path}: " + (status or ("present" if present else "missing"))
+        item_id, title = f"artifact:{art.id}", f"Artifact {art.id} present and complete"
+        if complete:
+            out.append(PreflightItem(item_id, title, "pass", detail))
+        elif not art.required_for_serving:
+            out.append(PreflightItem(item_id, title, "pass", detail + " (not required for serving)"))
+        else:
+            out.append(PreflightItem(item_id, title, "fail", detail, f"Download it: `moet-panel download {art.id}`."))
+    return out
+
+
+def cache_meta_ids(data_dir: Path, recipe: Recipe) -> list[tuple[str, str]]:
+    """(meta.json path, ckpt_id) for every TP1 planes-cache subtree (engine.md §1.2)."""
+    roots = [data_dir / a.yields for a in recipe.artifacts if a.id == "planescache"] or [data_dir / "planescache"]
+    out = []
+    for root in roots:
+        for meta in sorted(glob.glob(os.path.join(glob.escape(str(root)), "v2", "*", "tp1-rank0", "meta.json"))):
+            try:
+                out.append((meta, str(json.loads(Path(meta).read_text()).get("ckpt_id", ""))))
+            except (OSError, ValueError):
+                out.append((meta, "(unreadable)"))
+    return out
+
+
+def _ckpt_pin(inp: PreflightInputs) -> PreflightItem:
+    env_name = inp.recipe.model.ckpt_id_env
+    pin = inp.env.get(env_name, "")
+    title = "Checkpoint identity pin matches the cache"
+    if not pin:
+        return PreflightItem("ckpt_pin", title, "fail", f"{env_name} is not set", CARD_PIN)
+    metas = cache_meta_ids(inp.data_dir, inp.recipe)
+    if not metas:
+        return PreflightItem("ckpt_pin", title, "warn", f"{env_name}={pin[:12]}…; no planes-cache meta.json found to compare",
+                             "Download the planescache artifact.")
+    if any(cid == pin for _, cid in metas):
+        return PreflightItem("ckpt_pin", title, "pass", f"{env_name} = meta.json ckpt_id ({pin[:12]}…)")
+    got = ", ".join(f"{cid[:12]}…" for _, cid in metas)
+    return PreflightItem("ckpt_pin", title, "fail", f"{env_name}={pin[:12]}… but meta.json has {got}",
+                         f"Set {env_name} to the cache's meta.json ckpt_id. " + CARD_PIN)
+
+
+def _image(inp: PreflightInputs) -> PreflightItem:
+    image = inp.recipe.engine.image
+    title = f"Engine image {image} present"
+    if inp.runtime is None or inp.runtime.kind == "process":
+        return PreflightItem("image", title, "pass", "not needed (process runtime)")
+    try:
+        if inp.runtime.image_present(image):
+            return PreflightItem("image", title, "pass", "present")
+    except (RuntimeUnavailable, RuntimeOpError) as exc:
+        return PreflightItem("image", title, "fail", str(exc))
+    if inp.recipe.simulated:
+        return PreflightItem("image", title, "warn", "missing; the panel builds the SIMULATED image on start")
+    return PreflightItem("image", title, "fail", "missing (nothing can be pulled here)",
+                         "`moet-panel engine build-image --source <vLLM-Moet checkout>`")
+
+
+def _port(inp: PreflightInputs) -> PreflightItem:
+    from app.backend.engine.readiness import port_in_use
+
+    port = inp.recipe.serve.port
+    title = f"Port {port} free"
+    if not port_in_use(inp.recipe.serve.host, port):
+        return PreflightItem("port", title, "pass", "free")
+    if inp.engine_running:
+        return PreflightItem("port", title, "pass", "held by this panel's engine")
+    return PreflightItem("port", title, "fail", f"something else listens on {port}",
+                         f"Find it with `ss -ltnp | grep :{port}` and stop it.")

@@ -1,0 +1,267 @@
+"""SIMULATED-engine runtime as a local subprocess (demo mode when Docker is not usable).
+
+Same lifecycle as Docker: a `RunSpec` becomes `python -m app.backend.simengine <engine args>` with
+the spec's env; stdout/stderr go to separate files (so they stay apart and survive a panel restart);
+a small JSON registry under `<state_dir>/engine-procs/` plays the role of container labels, so a
+restarted panel re-adopts a running simulated engine instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from app.backend.engine.runtime import Instance, LineSink, LineSplitter, RuntimeOpError, Stream
+from app.backend.recipe.command import RunSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+SIM_MODULE = "app.backend.simengine"
+
+
+class _FileFollow:
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def close(self) -> None:
+        self.stop.set()
+
+
+class ProcessRuntime:
+    kind = "process"
+
+    def __init__(self, state_dir: Path, python: str = sys.executable) -> None:
+        self._dir = Path(state_dir) / "engine-procs"
+        self._python = python
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        return "local process (SIMULATED engine, no Docker)"
+
+    def check(self) -> None:
+        self._dir.mkdir(parents=True, exist_ok=True)
+
+    def info(self) -> dict[str, object]:
+        return {"version": "process", "runtimes": [], "cdi_spec_dirs": []}
+
+    def image_present(self, image: str) -> bool:
+        return True  # the simulated engine is this package; there is no image
+
+    # -- registry --------------------------------------------------------------------------
+    def _record_path(self, ident: str) -> Path:
+        return self._dir / f"{ident}.json"
+
+    def _records(self) -> list[dict[str, object]]:
+        if not self._dir.is_dir():
+            return []
+        out = []
+        for p in sorted(self._dir.glob("*.json")):
+            try:
+                out.append(json.loads(p.read_text()))
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def _find(self, name_or_id: str) -> dict[str, object] | None:
+        recs = [r for r in self._records() if name_or_id in (r.get("id"), r.get("name"))]
+        return recs[-1] if recs else None
+
+    def _status(self, rec: dict[str, object]) -> tuple[str, int | None]:
+        ident = str(rec["id"])
+        with self._lock:
+            proc = self._procs.get(ident)
+        if proc is not None:
+            code = proc.poll()
+            if code is None:
+                return "running", None
+            return "exited", 128 - code if code < 0 else code  # -9 -> 137, as Docker reports
+        if rec.get("exit_code") is not None:
+            return "exited", int(rec["exit_code"])  # type: ignore[arg-type]
+        try:
+            p = psutil.Process(int(rec["pid"]))  # type: ignore[arg-type]
+            if abs(p.create_time() - float(rec["create_time"])) < 1 and p.status() != psutil.STATUS_ZOMBIE:  # type: ignore[arg-type]
+                return "running", None
+        except (psutil.Error, KeyError, ValueError):
+            pass
+        return "exited", None  # adopted process gone: exit code unknown
+
+    def _instance(self, rec: dict[str, object]) -> Instance:
+        status, code = self._status(rec)
+        return Instance(
+            id=str(rec["id"]), name=str(rec["name"]), status=status, labels=dict(rec.get("labels") or {}),  # type: ignore[arg-type]
+            env=dict(rec.get("env") or {}), exit_code=code, started_at=str(rec.get("started_at", "")),  # type: ignore[arg-type]
+            image="(process)",
+        )
+
+    def get(self, name_or_id: str) -> Instance | None:
+        rec = self._find(name_or_id)
+        return self._instance(rec) if rec else None
+
+    def list(self, labels: dict[str, str], include_stopped: bool = True) -> list[Instance]:
+        out = []
+        for rec in self._records():
+            rl = rec.get("labels") or {}
+            if all(rl.get(k) == v for k, v in labels.items()):  # type: ignore[union-attr]
+                inst = self._instance(rec)
+                if include_stopped or inst.running:
+                    out.append(inst)
+        return out
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def run(self, spec: RunSpec, extra_labels: dict[str, str] | None = None) -> Instance:
+        self.check()
+        existing = self.get(spec.name)
+        if existing is not None and existing.running:
+            raise RuntimeOpError(f"a process named {spec.name} is already running", reason="name_conflict")
+        if existing is not None:
+            self.remove(existing.id)
+        ident = f"{spec.name}-{int(time.time() * 1000)}"
+        out_path, err_path = self._dir / f"{ident}.stdout", self._dir / f"{ident}.stderr"
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TZ")}
+        env.update(spec.env_dict)
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = subprocess.Popen(
+                [self._python, "-m", SIM_MODULE, *spec.args], cwd=REPO_ROOT, env=env,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
+            )
+        with self._lock:
+            self._procs[ident] = proc
+        rec = {
+            "id": ident, "name": spec.name, "pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(),
+            "labels": {**spec.labels_dict, **(extra_labels or {})}, "env": spec.env_dict,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "stdout": str(out_path), "stderr": str(err_path), "exit_code": None,
+        }
+        self._record_path(ident).write_text(json.dumps(rec))
+        return self._instance(rec)
+
+    def _signal(self, rec: dict[str, object], sig: int) -> None:
+        try:
+            os.killpg(int(rec["pid"]), sig)  # type: ignore[arg-type]
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _remember_exit(self, rec: dict[str, object]) -> None:
+        status, code = self._status(rec)
+        if status == "exited" and code is not None:
+            rec["exit_code"] = code
+            self._record_path(str(rec["id"])).write_text(json.dumps(rec))
+
+    def stop(self, ident: str, grace_s: float) -> Instance | None:
+        rec = self._find(ident)
+        if rec is None:
+            return None
+        if self._instance(rec).running:
+            self._signal(rec, signal.SIGTERM)
+            if self.wait(ident, grace_s) is not None and self._instance(rec).running:
+                self._signal(rec, signal.SIGKILL)
+                self.wait(ident, 10)
+        self._remember_exit(rec)
+        return self._instance(rec)
+
+    def kill(self, ident: str) -> None:
+        rec = self._find(ident)
+        if rec is not None:
+            self._signal(rec, signal.SIGKILL)
+
+    def remove(self, ident: str) -> None:
+        rec = self._find(ident)
+        if rec is None:
+            return
+        if self._instance(rec).running:
+            self._signal(rec, signal.SIGKILL)
+            self.wait(ident, 10)
+        with self._lock:
+            self._procs.pop(str(rec["id"]), None)
+        for key in ("stdout", "stderr"):
+            Path(str(rec[key])).unlink(missing_ok=True)
+        self._record_path(str(rec["id"])).unlink(missing_ok=True)
+
+    def wait(self, ident: str, timeout_s: float) -> Instance | None:
+        rec = self._find(ident)
+        if rec is None:
+            return None
+        deadline = time.monotonic() + timeout_s
+        while self._instance(rec).running and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling a pid: there is no wait() for a process we did not start
+        self._remember_exit(rec)
+        return self._instance(rec)
+
+    def pids(self, ident: str) -> set[int]:
+        rec = self._find(ident)
+        if rec is None or not self._instance(rec).running:
+            return set()
+        try:
+            p = psutil.Process(int(rec["pid"]))  # type: ignore[arg-type]
+            return {p.pid, *(c.pid for c in p.children(recursive=True))}
+        except psutil.Error:
+            return set()
+
+    # -- logs --------------------------------------------------------------------------------
+    def follow_logs(self, ident: str, sink: LineSink, *, from_start: bool = True, tail: int = 300) -> _FileFollow:
+        rec = self._find(ident)
+        follow = _FileFollow()
+        if rec is None:
+            sink("stdout", None)
+            sink("stderr", None)
+            return follow
+        for stream in ("stdout", "stderr"):
+            t = threading.Thread(
+                target=self._tail, args=(rec, stream, sink, follow, from_start, tail),
+                name=f"engine-logs-{stream}-{ident}", daemon=True,
+            )
+            follow.threads.append(t)
+            t.start()
+        return follow
+
+    def _tail(self, rec: dict[str, object], stream: Stream, sink: LineSink, follow: _FileFollow,
+              from_start: bool, tail: int) -> None:
+        splitter = LineSplitter()
+        try:
+            with open(str(rec[stream]), "rb") as fh:
+                if not from_start:
+                    lines = fh.read().splitlines()[-tail:] if tail > 0 else []
+                    for ln in lines:
+                        sink(stream, ln.decode("utf-8", "replace"))
+                while not follow.stop.is_set():
+                    chunk = fh.read(65536)
+                    if chunk:
+                        for ln in splitter.feed(chunk):
+                            sink(stream, ln)
+                        continue
+                    if not self._instance(rec).running:
+                        rest = fh.read()
+                        for ln in splitter.feed(rest) + splitter.flush():
+                            sink(stream, ln)
+                        break
+                    follow.stop.wait(0.05)
+        except OSError:
+            pass
+        finally:
+            sink(stream, None)
+
+    def read_logs(self, ident: str, *, max_lines: int = 50000) -> list[tuple[Stream, str]]:
+        rec = self._find(ident)
+        out: list[tuple[Stream, str]] = []
+        if rec is None:
+            return out
+        for stream in ("stdout", "stderr"):
+            try:
+                with open(str(rec[stream]), "rb") as fh:
+                    for i, ln in enumerate(fh):
+                        if i >= max_lines:
+                            break
+                        out.append((stream, ln.decode("utf-8", "replace").rstrip("\r\n")))
+            except OSError:
+                continue
+        return out

@@ -1,0 +1,148 @@
+"""The engine lifecycle as an explicit state machine: typed events, one pure transition function.
+
+    stopped ──PreflightBegan──▶ preflight ──BootBegan──▶ starting(phase) ──BecameReady──▶ ready
+       ▲                            │                      │   ▲ BootProgressed              │
+       │                            └──────Failed──────────┼───┴─────────────▶ failed ◀───────┤
+       └──────Stopped◀── stopping ◀──StopBegan─────────────┴──────────────────────────────────┘
+    Adopted (panel restart): stopped/failed ──▶ starting | ready
+
+`transition()` is the ONLY place a snapshot's state changes; illegal moves raise, so a bug shows up
+as an error instead of a badge that lies.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Union
+
+from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState
+
+S = EngineState
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class PreflightBegan:
+    profile_id: str
+
+
+@dataclass(frozen=True)
+class BootBegan:
+    profile_id: str
+    container_id: str
+    container_name: str
+    base_url: str
+    served_name: str
+    simulated: bool
+
+
+@dataclass(frozen=True)
+class BootProgressed:
+    phase: str
+    pool_slots: int | None = None
+    slot_mib: float | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class BecameReady:
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Adopted:
+    profile_id: str
+    container_id: str
+    container_name: str
+    base_url: str
+    served_name: str
+    simulated: bool
+    ready: bool
+    phase: str
+    pool_slots: int | None = None
+    slot_mib: float | None = None
+
+
+@dataclass(frozen=True)
+class StopBegan:
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Stopped:
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Failed:
+    diagnosis: Diagnosis
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Noted:
+    """No state change: a message and/or the last diagnosis (e.g. 'rolled back to quality')."""
+
+    message: str
+    diagnosis: Diagnosis | None = None
+
+
+Event = Union[PreflightBegan, BootBegan, BootProgressed, BecameReady, Adopted, StopBegan, Stopped, Failed, Noted]
+
+ALLOWED: dict[type, frozenset[EngineState]] = {
+    PreflightBegan: frozenset({S.STOPPED, S.FAILED}),
+    BootBegan: frozenset({S.PREFLIGHT, S.STOPPED, S.FAILED}),
+    BootProgressed: frozenset({S.STARTING}),
+    BecameReady: frozenset({S.STARTING}),
+    Adopted: frozenset({S.STOPPED, S.FAILED}),
+    StopBegan: frozenset({S.PREFLIGHT, S.STARTING, S.READY, S.FAILED}),
+    Stopped: frozenset({S.STOPPING, S.FAILED, S.PREFLIGHT}),
+    Failed: frozenset({S.STOPPED, S.PREFLIGHT, S.STARTING, S.READY, S.STOPPING, S.FAILED}),
+    Noted: frozenset(S),
+}
+
+
+def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
+    """Apply one event. Raises IllegalTransition when the event is not allowed in this state."""
+    if snap.state not in ALLOWED[type(event)]:
+        raise IllegalTransition(f"{type(event).__name__} is not allowed in state {snap.state.value}")
+    now = time.time()
+    if isinstance(event, PreflightBegan):
+        return replace(snap, state=S.PREFLIGHT, profile_id=event.profile_id, phase="preflight checks",
+                       message="", since=now, diagnosis=None)
+    if isinstance(event, BootBegan):
+        return replace(
+            snap, state=S.STARTING, profile_id=event.profile_id, container_id=event.container_id,
+            container_name=event.container_name, base_url=event.base_url, served_name=event.served_name,
+            simulated=event.simulated, phase="container started", pool_slots=None, slot_mib=None,
+            message="", diagnosis=None, since=now,
+        )
+    if isinstance(event, BootProgressed):
+        return replace(snap, phase=event.phase, pool_slots=event.pool_slots, slot_mib=event.slot_mib,
+                       message=event.message or snap.message)
+    if isinstance(event, BecameReady):
+        return replace(snap, state=S.READY, phase="ready", message=event.message, since=now,
+                       last_ready_profile=snap.profile_id)
+    if isinstance(event, Adopted):
+        return replace(
+            snap, state=S.READY if event.ready else S.STARTING, profile_id=event.profile_id,
+            container_id=event.container_id, container_name=event.container_name, base_url=event.base_url,
+            served_name=event.served_name, simulated=event.simulated, phase="ready" if event.ready else event.phase,
+            pool_slots=event.pool_slots, slot_mib=event.slot_mib, diagnosis=None, since=now,
+            message="reattached to the running engine", last_ready_profile=event.profile_id if event.ready else snap.last_ready_profile,
+        )
+    if isinstance(event, StopBegan):
+        return replace(snap, state=S.STOPPING, phase="stopping", message=event.message, since=now)
+    if isinstance(event, Stopped):
+        return replace(snap, state=S.STOPPED, phase="", container_id="", container_name="", base_url="",
+                       pool_slots=None, slot_mib=None, message=event.message, since=now)
+    if isinstance(event, Failed):
+        return replace(snap, state=S.FAILED, phase="", diagnosis=event.diagnosis,
+                       message=event.message or event.diagnosis.title, since=now)
+    if isinstance(event, Noted):
+        return replace(snap, message=event.message, diagnosis=event.diagnosis or snap.diagnosis)
+    raise IllegalTransition(f"unknown event {event!r}")
