@@ -1,0 +1,63 @@
+"""Telemetry test helpers: the engine-log fixtures (copied from shared/fixtures/engine-logs) and fakes."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from app.backend.engine.types import EngineSnapshot, EngineState, LogLine
+
+FIXTURES = Path(__file__).parent / "fixtures" / "engine-logs"
+ALL_LOGS = sorted(p.name for p in FIXTURES.glob("*.log"))
+
+
+def log_text(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+class FakeEngine:
+    """The slice of EngineController the hub uses: snapshot, log listeners, recent logs, pids."""
+
+    def __init__(self, snapshot: EngineSnapshot | None = None) -> None:
+        self._snap = snapshot or EngineSnapshot()
+        self._listeners: list[Callable[[LogLine], None]] = []
+        self._recent: list[LogLine] = []
+        self._lock = threading.Lock()
+        self.pids: set[int] = set()
+
+    def snapshot(self) -> EngineSnapshot:
+        return self._snap
+
+    def set(self, **kw) -> None:
+        import dataclasses
+
+        self._snap = dataclasses.replace(self._snap, **kw)
+
+    def add_log_listener(self, cb):
+        with self._lock:
+            self._listeners.append(cb)
+        return lambda: self._listeners.remove(cb)
+
+    def recent_logs(self, n: int) -> list[LogLine]:
+        return self._recent[-n:]
+
+    def container_pids(self) -> set[int]:
+        return set(self.pids)
+
+    def emit(self, text: str) -> None:
+        ln = LogLine(text=text)
+        self._recent.append(ln)
+        for cb in list(self._listeners):
+            cb(ln)
+
+    @property
+    def listener_count(self) -> int:
+        return len(self._listeners)
+
+
+@pytest.fixture
+def fake_engine() -> FakeEngine:
+    return FakeEngine(EngineSnapshot(state=EngineState.READY, profile_id="quality"))
