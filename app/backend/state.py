@@ -39,4 +39,11 @@ def build_app_state(settings: Settings) -> AppState:
     """Create every backend service for this settings object."""
     state = AppState(settings=settings)
     # Services register themselves here as they land (downloads, engine, telemetry, chat).
+
+    # engine (owner: engine helper): picks Docker (or the SIMULATED process runtime), reattaches to a
+    # running panel engine; its closer stops the panel's threads, never the engine container.
+    from app.backend.engine.factory import make_engine_controller
+
+    state.engine = make_engine_controller(settings)
+    state.on_close(state.engine.close)
     return state
