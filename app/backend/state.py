@@ -46,4 +46,11 @@ def build_app_state(settings: Settings) -> AppState:
 
     state.engine = make_engine_controller(settings)
     state.on_close(state.engine.close)
+    # telemetry (owner: telemetry helper): one sampler thread; the engine is attached lazily
+    # (here or on the first tick after state.engine is set).
+    from app.backend.telemetry.hub import TelemetryHub
+
+    state.telemetry = TelemetryHub(settings, engine=state.engine, engine_provider=lambda: state.engine)
+    state.telemetry.start()
+    state.on_close(state.telemetry.close)
     return state

@@ -120,19 +120,20 @@ class NvmlGpuReader:
         if not self._handles:
             self._error = "no NVIDIA GPU (the driver reports 0 devices)"
 
-    def _q(self, fn: str, *args: Any) -> Any:
-        """Call pynvml.<fn>; any NVML error → None (N/A); a missing function is remembered."""
-        if fn in self._missing:
+    def _q(self, fn: str, *args: Any, key: str = "") -> Any:
+        """Call pynvml.<fn>; any NVML error → None (N/A); an unsupported call is remembered under `key`."""
+        key = key or fn
+        if key in self._missing:
             return None
         try:
             return getattr(self._nv, fn)(*args)
         except AttributeError:
-            self._missing.add(fn)
+            self._missing.add(key)
             return None
         except Exception as exc:
             name = type(exc).__name__
             if "FunctionNotFound" in name or "NotSupported" in name or "LibraryMismatch" in name:
-                self._missing.add(fn)
+                self._missing.add(key)
             return None
 
     def _engine_pids(self) -> set[int]:
@@ -145,7 +146,7 @@ class NvmlGpuReader:
 
     def _memory(self, h: Any) -> tuple[int, int, int]:
         v2 = getattr(self._nv, "nvmlMemory_v2", None)
-        mem = self._q("nvmlDeviceGetMemoryInfo", h, v2) if v2 is not None else None
+        mem = self._q("nvmlDeviceGetMemoryInfo", h, v2, key="memory_v2") if v2 is not None else None
         if mem is not None and hasattr(mem, "reserved"):
             return int(mem.total), int(mem.used), int(mem.reserved)
         mem = self._q("nvmlDeviceGetMemoryInfo", h)
@@ -159,8 +160,8 @@ class NvmlGpuReader:
         power = self._q("nvmlDeviceGetPowerUsage", h)
         limit = self._q("nvmlDeviceGetEnforcedPowerLimit", h)
         temp = self._q("nvmlDeviceGetTemperature", h, 0)  # NVML_TEMPERATURE_GPU
-        sm = self._q("nvmlDeviceGetClockInfo", h, 1)  # NVML_CLOCK_SM
-        memclk = self._q("nvmlDeviceGetClockInfo", h, 2)  # NVML_CLOCK_MEM
+        sm = self._q("nvmlDeviceGetClockInfo", h, 1, key="clock_sm")  # NVML_CLOCK_SM
+        memclk = self._q("nvmlDeviceGetClockInfo", h, 2, key="clock_mem")  # NVML_CLOCK_MEM
         mask = self._q("nvmlDeviceGetCurrentClocksEventReasons", h)
         if mask is None:
             mask = self._q("nvmlDeviceGetCurrentClocksThrottleReasons", h)
@@ -194,8 +195,8 @@ class NvmlGpuReader:
     def _pcie_cached(self, i: int, h: Any, now: float) -> tuple[float | None, float | None]:
         t, tx, rx = self._pcie.get(i, (0.0, None, None))
         if now - t >= self._pcie_interval:
-            tx = self._q("nvmlDeviceGetPcieThroughput", h, 0)  # NVML_PCIE_UTIL_TX_BYTES, blocks ~20 ms
-            rx = self._q("nvmlDeviceGetPcieThroughput", h, 1)  # NVML_PCIE_UTIL_RX_BYTES
+            tx = self._q("nvmlDeviceGetPcieThroughput", h, 0, key="pcie_tx")  # TX_BYTES, blocks ~20 ms
+            rx = self._q("nvmlDeviceGetPcieThroughput", h, 1, key="pcie_rx")  # RX_BYTES
             tx = float(tx) if tx is not None else None
             rx = float(rx) if rx is not None else None
             self._pcie[i] = (now, tx, rx)
