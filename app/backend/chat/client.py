@@ -1,0 +1,228 @@
+"""Streaming client for any OpenAI-compatible chat endpoint (vLLM, the simulated engine, others).
+
+Uses the official `openai` SDK for SSE parsing and typed chunks, and turns the chunks into the
+small event vocabulary of `events.py`. Reasoning is read from `delta.reasoning` (vLLM ≥ late 2025),
+then `delta.reasoning_content` (older servers, DeepSeek's name), and inline `<think>` tags.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import openai
+
+from app.backend.chat.events import ChatEvent, ContentDelta, Finished, ReasoningDelta, StreamError, UsageReport
+from app.backend.chat.think import ThinkSplitter
+
+API_KEY_NONE = "EMPTY"  # vLLM without --api-key accepts any key; the SDK insists on one
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float
+    top_p: float
+    min_p: float
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: list[dict[str, str]]  # [{"role": "system"|"user"|"assistant", "content": str}]
+    sampling: SamplingParams
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect_s: float = 5.0
+    # Long: prefill of a 256K-token prompt can take minutes before the first chunk.
+    read_s: float = 900.0
+    write_s: float = 30.0
+
+
+def api_base(base_url: str) -> str:
+    """'http://h:8000', 'http://h:8000/', 'http://h:8000/v1' -> 'http://h:8000/v1'."""
+    url = base_url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    return url + "/v1"
+
+
+def server_root(base_url: str) -> str:
+    return api_base(base_url)[: -len("/v1")]
+
+
+class ChatClient:
+    """One SDK client per endpoint (connection pool reused across requests); thread-safe."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeouts: Timeouts = Timeouts()):
+        self.base_url = server_root(base_url)
+        self._sdk = openai.OpenAI(
+            base_url=api_base(base_url),
+            api_key=api_key or API_KEY_NONE,
+            max_retries=0,  # a retried stream would duplicate tokens; failures are shown instead
+            timeout=httpx.Timeout(timeouts.read_s, connect=timeouts.connect_s, write=timeouts.write_s, pool=5.0),
+        )
+
+    def stream(self, request: ChatRequest) -> "ChatStream":
+        return ChatStream(self._sdk, request)
+
+    def list_models(self) -> list[str]:
+        return [m.id for m in self._sdk.models.list(timeout=5.0).data]
+
+    def close(self) -> None:
+        self._sdk.close()
+
+
+class ChatStream:
+    """Iterate for events. `abort()` may be called from any thread: it unblocks a pending read and
+    closes the connection, which makes vLLM abort the request (stack.md §5.6)."""
+
+    def __init__(self, sdk: openai.OpenAI, request: ChatRequest):
+        self._sdk = sdk
+        self._request = request
+        self._stream: openai.Stream[Any] | None = None
+        self._aborted = threading.Event()
+        self._lock = threading.Lock()
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted.is_set()
+
+    def __iter__(self) -> Iterator[ChatEvent]:
+        try:
+            yield from self._events()
+        finally:
+            self._close()
+
+    def abort(self) -> None:
+        self._aborted.set()
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            _shutdown_socket(stream.response)
+
+    def _open(self) -> openai.Stream[Any]:
+        req = self._request
+        s = req.sampling
+        kwargs: dict[str, Any] = {}
+        if s.max_tokens:
+            kwargs["max_tokens"] = s.max_tokens
+        return self._sdk.chat.completions.create(
+            model=req.model,
+            messages=req.messages,  # type: ignore[arg-type]
+            stream=True,
+            stream_options={"include_usage": True},
+            temperature=s.temperature,
+            top_p=s.top_p,
+            extra_body={"min_p": s.min_p, **req.extra_body},  # vLLM sampling extra (stack.md §5.3)
+            **kwargs,
+        )
+
+    def _events(self) -> Iterator[ChatEvent]:
+        try:
+            stream = self._open()
+        except openai.APIStatusError as exc:
+            yield StreamError("http", _status_message(exc), time.monotonic(), exc.status_code)
+            return
+        except openai.APITimeoutError:
+            yield StreamError("timeout", "the engine did not answer in time", time.monotonic())
+            return
+        except openai.APIConnectionError as exc:
+            yield StreamError("connect", _connect_message(self._sdk.base_url, exc), time.monotonic())
+            return
+        with self._lock:
+            self._stream = stream
+        if self._aborted.is_set():
+            _shutdown_socket(stream.response)
+        splitter = ThinkSplitter()
+        finish: str | None = None
+        try:
+            for chunk in stream:
+                now = time.monotonic()
+                if chunk.usage is not None:
+                    u = chunk.usage
+                    yield UsageReport(u.prompt_tokens or 0, u.completion_tokens or 0, u.total_tokens or 0, now)
+                if not chunk.choices:  # the usage chunk has choices == []
+                    continue
+                choice = chunk.choices[0]
+                yield from _delta_events(choice.delta, splitter, now)
+                if choice.finish_reason:
+                    finish = choice.finish_reason
+                if self._aborted.is_set():
+                    break
+        except (openai.APIConnectionError, openai.APITimeoutError, openai.APIError, httpx.HTTPError) as exc:
+            if not self._aborted.is_set():
+                kind = "timeout" if isinstance(exc, openai.APITimeoutError) else "broken"
+                yield StreamError(kind, _broken_message(exc), time.monotonic())
+                return
+        now = time.monotonic()
+        for kind, text in splitter.flush():
+            yield (ReasoningDelta if kind == "reasoning" else ContentDelta)(text, now)
+        if self._aborted.is_set():
+            yield StreamError("aborted", "stopped by the user", now)
+        elif finish is None:
+            yield StreamError("broken", "the engine closed the stream before the answer finished", now)
+        else:
+            yield Finished(finish, now)
+
+    def _close(self) -> None:
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:  # closing a broken connection may raise; nothing left to do
+                pass
+
+
+def _delta_events(delta: Any, splitter: ThinkSplitter, now: float) -> Iterator[ChatEvent]:
+    if delta is None:
+        return
+    # `reasoning` first: servers in the rename window sent both fields with the same text.
+    reasoning = getattr(delta, "reasoning", None)
+    if reasoning is None:
+        reasoning = getattr(delta, "reasoning_content", None)
+    if reasoning:
+        yield ReasoningDelta(reasoning, now)
+    content = delta.content
+    if content:
+        for kind, text in splitter.feed(content):
+            yield (ReasoningDelta if kind == "reasoning" else ContentDelta)(text, now)
+
+
+def _shutdown_socket(response: httpx.Response) -> None:
+    """Wake a thread blocked reading this response: shutdown() interrupts recv(), close() does not."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if isinstance(sock, socket.socket):
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed
+            pass
+
+
+def _status_message(exc: openai.APIStatusError) -> str:
+    detail = ""
+    body = exc.body
+    if isinstance(body, dict):
+        detail = str(body.get("message") or body.get("error") or "")
+    return f"the engine refused the request (HTTP {exc.status_code}): {detail or exc.message}"
+
+
+def _connect_message(base_url: Any, exc: Exception) -> str:
+    root = str(base_url).rstrip("/").removesuffix("/v1")
+    cause = exc.__cause__ or exc
+    return f"nothing is answering at {root} ({type(cause).__name__}: {cause})".replace(": )", ")")
+
+
+def _broken_message(exc: Exception) -> str:
+    cause = exc.__cause__ or exc
+    return f"the connection to the engine broke mid-answer ({type(cause).__name__}: {cause})"

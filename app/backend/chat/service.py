@@ -1,0 +1,303 @@
+"""ChatService: conversations, streamed replies and their stats, for the UI, the CLI and benches.
+
+`state.chat` in the panel. Thread-safe; one reply streams per conversation at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.backend.chat import export
+from app.backend.chat.client import ChatClient, ChatRequest, SamplingParams
+from app.backend.chat.endpoint import ENGINE_TAB_HINT, Endpoint, HealthProbe, resolve_endpoint
+from app.backend.chat.events import StreamError
+from app.backend.chat.models import (
+    DEFAULT_TITLE, Conversation, ConversationSummary, Message, MessageStats, title_from_prompt,
+)
+from app.backend.chat.snippets import curl_snippet, python_snippet
+from app.backend.chat.stats import StatsRecorder
+from app.backend.chat.store import ChatStore
+from app.backend.chat.turn import Turn
+from app.backend.recipe.schema import Recipe
+
+DB_NAME = "chat.sqlite"
+DEFAULT_MAX_TOKENS = 32768  # the card: answers to hard tasks run to 20k+ tokens
+DIAGNOSIS_WAIT_S = 2.0  # after a broken stream, how long to wait for the controller to classify it
+
+
+class ChatError(RuntimeError):
+    """A chat action cannot be done now; the message says why and what to do."""
+
+
+class ChatService:
+    def __init__(
+        self,
+        recipe: Recipe,
+        state_dir: Path,
+        snapshot_fn: Callable[[], Any] | None = None,
+        checkpoint_s: float = 2.0,
+    ):
+        self.recipe = recipe
+        self._snapshot_fn = snapshot_fn
+        self._store = ChatStore(Path(state_dir) / DB_NAME)
+        self._probe = HealthProbe()
+        self._checkpoint_s = checkpoint_s
+        self._lock = threading.RLock()
+        self._convs: dict[str, Conversation] = {}
+        self._turns: dict[str, Turn] = {}
+        self._clients: dict[str, ChatClient] = {}
+        self._export_dir: Path | None = None
+
+    # ---- endpoint and sampling ----------------------------------------------------------------
+    def endpoint(self, custom_url: str | None = None) -> Endpoint:
+        return resolve_endpoint(self.recipe, self._snapshot_fn, self._probe, custom_url)
+
+    def default_sampling(self) -> SamplingParams:
+        s = self.recipe.sampling
+        return SamplingParams(s.temperature, s.top_p, s.min_p, DEFAULT_MAX_TOKENS)
+
+    @property
+    def sampling_note(self) -> str:
+        return self.recipe.sampling.note
+
+    def sampling_warnings(self, sampling: SamplingParams) -> list[str]:
+        warnings = []
+        if sampling.temperature <= 0:
+            warnings.append(f"Temperature 0: {self.recipe.sampling.never_zero_note}")
+        return warnings
+
+    def snippets(self, sampling: SamplingParams, system_prompt: str = "", custom_url: str | None = None,
+                 prompt: str = "Hello!") -> tuple[str, str]:
+        ep = self.endpoint(custom_url)
+        return (curl_snippet(ep.base_url, ep.model, sampling, system_prompt, prompt),
+                python_snippet(ep.base_url, ep.model, sampling, system_prompt, prompt))
+
+    # ---- conversations ------------------------------------------------------------------------
+    def list_conversations(self) -> list[ConversationSummary]:
+        return self._store.list()
+
+    def new_conversation(self, title: str = DEFAULT_TITLE, system_prompt: str = "") -> Conversation:
+        conv = Conversation(title=title.strip() or DEFAULT_TITLE, system_prompt=system_prompt)
+        self._store.create(conv)
+        with self._lock:
+            self._convs[conv.id] = conv
+        return conv
+
+    def get(self, conv_id: str) -> Conversation:
+        with self._lock:
+            conv = self._convs.get(conv_id)
+            if conv is None:
+                conv = self._store.load(conv_id)
+                if conv is None:
+                    raise ChatError(f"conversation {conv_id} does not exist (deleted in another tab?)")
+                self._convs[conv_id] = conv
+            return conv
+
+    def rename(self, conv_id: str, title: str) -> Conversation:
+        conv = self.get(conv_id)
+        conv.title = " ".join(title.split())[:120] or DEFAULT_TITLE
+        self._store.update_conversation(conv)
+        return conv
+
+    def set_system_prompt(self, conv_id: str, system_prompt: str) -> None:
+        conv = self.get(conv_id)
+        if conv.system_prompt != system_prompt:
+            conv.system_prompt = system_prompt
+            self._store.update_conversation(conv)
+
+    def delete(self, conv_id: str) -> None:
+        self.stop(conv_id)
+        self._store.delete(conv_id)
+        with self._lock:
+            self._convs.pop(conv_id, None)
+
+    def clear(self, conv_id: str) -> Conversation:
+        """Remove every message, keep the conversation (title, system prompt)."""
+        self.stop(conv_id)
+        conv = self.get(conv_id)
+        self._store.delete_messages([m.id for m in conv.messages if m.id is not None])
+        conv.messages.clear()
+        self._store.update_conversation(conv)
+        return conv
+
+    # ---- replies ------------------------------------------------------------------------------
+    def active_turn(self, conv_id: str) -> Turn | None:
+        with self._lock:
+            turn = self._turns.get(conv_id)
+        return turn if turn is not None and not turn.done.is_set() else None
+
+    def send(self, conv_id: str, text: str, sampling: SamplingParams, custom_url: str | None = None,
+             extra_body: dict[str, Any] | None = None) -> Turn:
+        text = text.strip()
+        if not text:
+            raise ChatError("Type a message first.")
+        conv, ep = self._prepare(conv_id, custom_url)
+        user = Message(role="user", content=text)
+        self._store.add_message(conv, user)
+        conv.messages.append(user)
+        if conv.title == DEFAULT_TITLE:
+            conv.title = title_from_prompt(text)
+            self._store.update_conversation(conv)
+        return self._start_reply(conv, ep, sampling, extra_body)
+
+    def regenerate(self, conv_id: str, sampling: SamplingParams, custom_url: str | None = None,
+                   extra_body: dict[str, Any] | None = None) -> Turn:
+        """Drop the last reply and ask again with the same history."""
+        conv, ep = self._prepare(conv_id, custom_url)
+        if not any(m.role == "user" for m in conv.messages):
+            raise ChatError("Nothing to regenerate yet: send a message first.")
+        self._truncate_after_last_user(conv)
+        return self._start_reply(conv, ep, sampling, extra_body)
+
+    def edit_last(self, conv_id: str, text: str, sampling: SamplingParams, custom_url: str | None = None,
+                  extra_body: dict[str, Any] | None = None) -> Turn:
+        """Replace the last user message, drop what followed it, and resend."""
+        text = text.strip()
+        if not text:
+            raise ChatError("The edited message is empty.")
+        conv, ep = self._prepare(conv_id, custom_url)
+        last_user = self._truncate_after_last_user(conv)
+        if last_user is None:
+            raise ChatError("There is no message to edit yet.")
+        last_user.content = text
+        self._store.update_message(last_user)
+        return self._start_reply(conv, ep, sampling, extra_body)
+
+    def last_user_text(self, conv_id: str) -> str:
+        conv = self.get(conv_id)
+        return next((m.content for m in reversed(conv.messages) if m.role == "user"), "")
+
+    def stop(self, conv_id: str, timeout: float = 5.0) -> Message | None:
+        """Stop the streaming reply (if any); returns it, final, with the partial text kept."""
+        turn = self.active_turn(conv_id)
+        if turn is None:
+            return None
+        turn.stop(timeout)
+        return turn.message
+
+    def _prepare(self, conv_id: str, custom_url: str | None) -> tuple[Conversation, Endpoint]:
+        if self.active_turn(conv_id) is not None:
+            raise ChatError("A reply is still streaming in this conversation: wait for it or press Stop.")
+        conv = self.get(conv_id)
+        ep = self.endpoint(custom_url)
+        if not ep.ready:
+            raise ChatError(ep.reason or f"The engine is not ready. {ENGINE_TAB_HINT}")
+        return conv, ep
+
+    def _truncate_after_last_user(self, conv: Conversation) -> Message | None:
+        idx = max((i for i, m in enumerate(conv.messages) if m.role == "user"), default=None)
+        if idx is None:
+            return None
+        dropped = conv.messages[idx + 1 :]
+        self._store.delete_messages([m.id for m in dropped if m.id is not None])
+        del conv.messages[idx + 1 :]
+        return conv.messages[idx]
+
+    def _start_reply(self, conv: Conversation, ep: Endpoint, sampling: SamplingParams,
+                     extra_body: dict[str, Any] | None) -> Turn:
+        history = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
+        # Prior reasoning is not sent back: it would change the prompt (stack.md §1.3).
+        history += [{"role": m.role, "content": m.content} for m in conv.messages
+                    if m.role in ("user", "assistant") and m.content]
+        base = MessageStats(profile_id=ep.profile_id, simulated=ep.simulated, model=ep.model,
+                            base_url=ep.base_url, sampling=dataclasses.asdict(sampling))
+        reply = Message(role="assistant", content="", status="streaming", stats=base)
+        self._store.add_message(conv, reply)
+        conv.messages.append(reply)
+        stream = self._client(ep.base_url).stream(ChatRequest(ep.model, history, sampling, dict(extra_body or {})))
+        recorder = StatsRecorder(started=time.monotonic())
+        turn = Turn(stream, reply, recorder, self._store.update_message, self._turn_done,
+                    lambda err: self._diagnose(err, ep), self._checkpoint_s)
+        with self._lock:
+            self._turns[conv.id] = turn
+        return turn.start()
+
+    def _turn_done(self, turn: Turn) -> None:
+        self._store.update_message(turn.message)
+
+    def _client(self, base_url: str) -> ChatClient:
+        with self._lock:
+            client = self._clients.get(base_url)
+            if client is None:
+                client = self._clients[base_url] = ChatClient(base_url)
+            return client
+
+    def _diagnose(self, err: StreamError, ep: Endpoint) -> str:
+        """The error text kept on a failed reply: what broke, plus the controller's diagnosis."""
+        text = err.message[:1].upper() + err.message[1:] + "."
+        snap = self._snapshot_fn() if self._snapshot_fn is not None else None
+        if ep.source != "engine" or snap is None:
+            return f"{text} Check the engine (`moet-panel engine status`)."
+        deadline = time.monotonic() + DIAGNOSIS_WAIT_S
+        while snap.diagnosis is None and snap.is_ready and time.monotonic() < deadline:
+            time.sleep(0.1)  # the controller notices a dead engine within its own poll interval
+            snap = self._snapshot_fn() or snap
+        if snap.diagnosis is not None:
+            d = snap.diagnosis
+            return f"{text} Diagnosis: {d.title} — {d.explanation} Fix: {d.fix}"
+        if not snap.is_ready:
+            state = getattr(snap.state, "value", snap.state)
+            return f"{text} The engine is now {state}{f' ({snap.message})' if snap.message else ''}. {ENGINE_TAB_HINT}"
+        return text
+
+    # ---- export / import ----------------------------------------------------------------------
+    def export_json(self, conv_id: str) -> str:
+        return export.to_json(self.get(conv_id))
+
+    def export_markdown(self, conv_id: str) -> str:
+        return export.to_markdown(self.get(conv_id))
+
+    def export_file(self, conv_id: str, fmt: str) -> Path:
+        """Write an export to a temp file (for a browser download) and return its path."""
+        conv = self.get(conv_id)
+        text = export.to_json(conv) if fmt == "json" else export.to_markdown(conv)
+        with self._lock:
+            if self._export_dir is None:
+                self._export_dir = Path(tempfile.mkdtemp(prefix="moet-panel-chat-"))
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", conv.title).strip("-")[:40] or "chat"
+        path = self._export_dir / f"{slug}-{conv.id[:8]}.{'json' if fmt == 'json' else 'md'}"
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    def import_json(self, text: str) -> Conversation:
+        conv = export.from_json(text)
+        if self._store.load(conv.id) is not None:
+            conv.id = uuid.uuid4().hex
+        for msg in conv.messages:
+            msg.id = None
+            if msg.status == "streaming":
+                msg.status = "stopped"
+        self._store.create(conv)
+        with self._lock:
+            self._convs[conv.id] = conv
+        return conv
+
+    def import_file(self, path: str | Path) -> Conversation:
+        """Import a JSON export (e.g. an uploaded file); errors name the problem."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ChatError(f"cannot read {Path(path).name}: {exc}") from exc
+        try:
+            return self.import_json(text)
+        except export.ChatImportError as exc:
+            raise ChatError(f"{Path(path).name}: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            turns = list(self._turns.values())
+            clients = list(self._clients.values())
+        for turn in turns:
+            if not turn.done.is_set():
+                turn.stop(2.0)
+        for client in clients:
+            client.close()
+        self._store.close()

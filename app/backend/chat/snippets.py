@@ -1,0 +1,63 @@
+"""Copyable `curl` and Python `openai` snippets for the current endpoint and sampling."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from app.backend.chat.client import SamplingParams, api_base
+
+
+def _messages(system_prompt: str, prompt: str) -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
+    return msgs + [{"role": "user", "content": prompt}]
+
+
+def curl_snippet(base_url: str, model: str, sampling: SamplingParams, system_prompt: str = "",
+                 prompt: str = "Hello!") -> str:
+    body: dict[str, object] = {
+        "model": model,
+        "messages": _messages(system_prompt, prompt),
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "min_p": sampling.min_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if sampling.max_tokens:
+        body["max_tokens"] = sampling.max_tokens
+    fields = [f'  "{k}": {json.dumps(v, ensure_ascii=False)}' for k, v in body.items() if k != "messages"]
+    msgs = ",\n".join("    " + json.dumps(m, ensure_ascii=False) for m in body["messages"])  # type: ignore[union-attr]
+    text = "{\n" + f'  "messages": [\n{msgs}\n  ],\n' + ",\n".join(fields) + "\n}"
+    return (
+        f"curl -N {shlex.quote(api_base(base_url) + '/chat/completions')} \\\n"
+        "  -H 'Content-Type: application/json' \\\n"
+        f"  -d {shlex.quote(text)}"
+    )
+
+
+def python_snippet(base_url: str, model: str, sampling: SamplingParams, system_prompt: str = "",
+                   prompt: str = "Hello!") -> str:
+    max_tokens = f"    max_tokens={sampling.max_tokens},\n" if sampling.max_tokens else ""
+    messages = "[\n" + "".join(f"        {json.dumps(m, ensure_ascii=False)},\n" for m in _messages(system_prompt, prompt)) + "    ]"
+    return (
+        "from openai import OpenAI\n\n"
+        f"client = OpenAI(base_url={api_base(base_url)!r}, api_key=\"EMPTY\")\n"
+        "stream = client.chat.completions.create(\n"
+        f"    model={model!r},\n"
+        f"    messages={messages},\n"
+        f"    temperature={sampling.temperature!r},\n"
+        f"    top_p={sampling.top_p!r},\n"
+        f"{max_tokens}"
+        f"    extra_body={{\"min_p\": {sampling.min_p!r}}},  # vLLM sampling extra\n"
+        "    stream=True,\n"
+        "    stream_options={\"include_usage\": True},\n"
+        ")\n"
+        "for chunk in stream:\n"
+        "    if chunk.choices:\n"
+        "        delta = chunk.choices[0].delta\n"
+        "        reasoning = getattr(delta, \"reasoning\", None) or getattr(delta, \"reasoning_content\", None)\n"
+        "        print(reasoning or delta.content or \"\", end=\"\", flush=True)\n"
+        "    elif chunk.usage:\n"
+        "        print(f\"\\n[{chunk.usage.prompt_tokens} -> {chunk.usage.completion_tokens} tokens]\")\n"
+    )

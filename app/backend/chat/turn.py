@@ -1,0 +1,199 @@
+"""One assistant reply being streamed.
+
+A reader thread consumes the client's events into append-only buffers; any number of followers
+(the web UI, a benchmark) poll coalesced views. The UI thread never blocks in a network read, so a
+Stop is immediate even while the engine is silent (long prefill), and the page stays responsive.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from app.backend.chat.client import ChatStream
+from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, StreamError, UsageReport
+from app.backend.chat.models import Message, MessageStats
+from app.backend.chat.stats import StatsRecorder
+
+Phase = Literal["waiting", "thinking", "answering", "done"]
+
+
+@dataclass(frozen=True)
+class TurnView:
+    version: int  # bumps on every new piece of text
+    reasoning: str
+    content: str
+    phase: Phase
+    reasoning_s: float | None
+    tokens: int  # deltas received so far
+    rate: float | None  # live tok/s
+    ttft_s: float | None
+    message: Message  # the stored message; final fields are set once phase == "done"
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+
+class _Buffer:
+    """Append-only text with a cached join: each read costs only the newly arrived pieces."""
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+        self._joined = ""
+        self._n = 0
+
+    def append(self, text: str) -> None:
+        self._parts.append(text)
+
+    def text(self) -> str:
+        if self._n < len(self._parts):
+            self._joined += "".join(self._parts[self._n :])
+            self._n = len(self._parts)
+        return self._joined
+
+
+class Turn:
+    def __init__(
+        self,
+        stream: ChatStream,
+        message: Message,
+        recorder: StatsRecorder,
+        on_checkpoint: Callable[[Message], None],
+        on_done: Callable[["Turn"], None],
+        diagnose: Callable[[StreamError], str],
+        checkpoint_s: float = 2.0,
+    ):
+        self.message = message
+        self._stream = stream
+        self._rec = recorder
+        self._on_checkpoint = on_checkpoint
+        self._on_done = on_done
+        self._diagnose = diagnose
+        self._checkpoint_s = checkpoint_s
+        self._cond = threading.Condition()
+        self._reasoning = _Buffer()
+        self._content = _Buffer()
+        self._version = 0
+        self._phase: Phase = "waiting"
+        self._stop_requested = threading.Event()
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chat-turn", daemon=True)
+
+    def start(self) -> "Turn":
+        self._thread.start()
+        return self
+
+    # ---- reader thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        final: Finished | StreamError | None = None
+        last_checkpoint = time.monotonic()
+        try:
+            for ev in self._stream:
+                self._rec.observe(ev)
+                with self._cond:
+                    if isinstance(ev, ReasoningDelta):
+                        self._reasoning.append(ev.text)
+                        self._phase = "thinking" if self._phase == "waiting" else self._phase
+                        self._version += 1
+                    elif isinstance(ev, ContentDelta):
+                        self._content.append(ev.text)
+                        self._phase = "answering"
+                        self._version += 1
+                    elif isinstance(ev, (Finished, StreamError)):
+                        final = ev
+                    self._cond.notify_all()
+                if not isinstance(ev, UsageReport) and ev.t - last_checkpoint > self._checkpoint_s:
+                    last_checkpoint = ev.t
+                    self._checkpoint()
+        except Exception as exc:  # a bug or an unexpected SDK error must still end the turn visibly
+            final = StreamError("broken", f"{type(exc).__name__}: {exc}", time.monotonic())
+        self._finalize(final)
+
+    def _checkpoint(self) -> None:
+        with self._cond:
+            self.message.content = self._content.text()
+            self.message.reasoning = self._reasoning.text()
+        try:
+            self._on_checkpoint(self.message)
+        except Exception:  # a failed checkpoint must not kill the stream; the final write reports
+            pass
+
+    def _finalize(self, final: Finished | StreamError | None) -> None:
+        now = time.monotonic()
+        msg = self.message
+        stats = msg.stats or MessageStats()
+        if isinstance(final, Finished):
+            msg.status, msg.error = "complete", ""
+            stats.finish_reason = final.reason
+        elif self._stop_requested.is_set() or (isinstance(final, StreamError) and final.kind == "aborted"):
+            msg.status, msg.error = "stopped", ""
+            stats.finish_reason = "stopped"
+        else:
+            err = final or StreamError("broken", "the stream ended without a result", now)
+            msg.status = "error"
+            msg.error = self._diagnose(err)
+            stats.finish_reason = "error"
+        with self._cond:
+            msg.content = self._content.text()
+            msg.reasoning = self._reasoning.text()
+            msg.reasoning_s = self._rec.reasoning_seconds(now)
+            msg.stats = self._rec.finish(now, stats)
+        try:
+            self._on_done(self)
+        finally:
+            with self._cond:
+                self._phase = "done"
+                self._version += 1
+                self.done.set()
+                self._cond.notify_all()
+
+    # ---- followers --------------------------------------------------------------------------
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Close the stream (the engine aborts the request); keep the partial text. True once final."""
+        self._stop_requested.set()
+        self._stream.abort()
+        return self.done.wait(timeout)
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested.is_set()
+
+    def view(self) -> TurnView:
+        now = time.monotonic()
+        with self._cond:
+            return TurnView(
+                version=self._version,
+                reasoning=self._reasoning.text(),
+                content=self._content.text(),
+                phase=self._phase,
+                reasoning_s=self.message.reasoning_s if self._phase == "done" else self._rec.reasoning_seconds(now),
+                tokens=self._rec.deltas,
+                rate=self._rec.live_rate(now),
+                ttft_s=None if self._rec.first_token is None else self._rec.first_token - self._rec.started,
+                message=self.message,
+            )
+
+    def follow(self, interval_s: float = 0.08, heartbeat_s: float = 0.5) -> Iterator[TurnView]:
+        """Coalesced views: at most one per `interval_s` while text flows (the first token and the
+        end are never delayed), and one every `heartbeat_s` while nothing arrives, so a consumer
+        that is being cancelled regains control promptly."""
+        seen = -1
+        last = 0.0
+        had_text = False
+        while True:
+            with self._cond:
+                if self._version == seen and not self.done.is_set():
+                    self._cond.wait(heartbeat_s)
+            wait = interval_s - (time.monotonic() - last)
+            if had_text and wait > 0 and not self.done.is_set():
+                self.done.wait(wait)
+            view = self.view()
+            seen, last = view.version, time.monotonic()
+            had_text = had_text or view.tokens > 0
+            yield view
+            if view.done:
+                return

@@ -1,0 +1,38 @@
+import random
+
+import pytest
+
+from app.backend.chat.think import ThinkSplitter
+
+
+def split_all(text: str, rng: random.Random) -> tuple[str, str]:
+    s = ThinkSplitter()
+    out = []
+    i = 0
+    while i < len(text):
+        n = rng.randint(1, 9)
+        out += s.feed(text[i : i + n])
+        i += n
+    out += s.flush()
+    return ("".join(t for k, t in out if k == "reasoning"), "".join(t for k, t in out if k == "content"))
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_tags_split_across_chunks(seed: int) -> None:
+    text = "<think>I reason <b> about\nthis</think>\n\nThe answer <thi is 42. <think>more</think> end"
+    reasoning, content = split_all(text, random.Random(seed))
+    assert reasoning == "I reason <b> about\nthismore"
+    assert content == "The answer <thi is 42. end"
+
+
+def test_held_partial_tag_is_text_at_end() -> None:
+    s = ThinkSplitter()
+    assert s.feed("a <thin") == [("content", "a ")]
+    assert s.flush() == [("content", "<thin")]
+
+
+def test_unclosed_think_stays_reasoning() -> None:
+    s = ThinkSplitter()
+    out = s.feed("<think>still thinking</th") + s.flush()
+    assert "".join(t for k, t in out if k == "reasoning") == "still thinking</th"
+    assert not [t for k, t in out if k == "content"]
