@@ -46,6 +46,17 @@ def build_app_state(settings: Settings) -> AppState:
 
     state.engine = make_engine_controller(settings)
     state.on_close(state.engine.close)
+
+    # chat (owner: chat helper). The snapshot is read lazily: the engine controller may be added after.
+    from app.backend.chat.service import ChatService
+
+    state.chat = ChatService(
+        settings.recipe,
+        settings.ensure_state_dir(),
+        snapshot_fn=lambda: state.engine.snapshot() if state.engine is not None else None,
+    )
+    state.on_close(state.chat.close)
+
     # telemetry (owner: telemetry helper): one sampler thread; the engine is attached lazily
     # (here or on the first tick after state.engine is set).
     from app.backend.telemetry.hub import TelemetryHub
