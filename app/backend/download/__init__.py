@@ -1,0 +1,1 @@
+"""Verified, resumable, parallel chunk downloads (no Gradio here). See docs/downloads.md."""

@@ -1,0 +1,151 @@
+"""Streaming extraction: verified parts (in order) -> zstd stream_reader -> tarfile "r|" -> files.
+
+Member by member, each checked by safety.check_member and PEP 706's data filter. Regular files are
+written by us (large writes, holes kept for sparse members) to `.<name>.moet-partial` and renamed
+into place when complete, so a half-written file never carries its final name. A file already
+complete from an earlier run (journal + same size on disk) is not rewritten.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import tarfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import zstandard
+
+from app.backend.download.safety import apply_data_filter, check_member
+from app.backend.download.types import DownloadError, SpaceError, Stopped, UnsafeArchiveError
+
+COPY_CHUNK = 4 << 20
+TAR_BUFSIZE = 1 << 20
+
+
+@dataclass
+class ExtractHooks:
+    on_bytes: Callable[[int], None]  # data bytes written
+    on_file: Callable[[str, int, str], None]  # (member name, size, final path) once renamed into place
+    on_skip: Callable[[str, int], None]
+    stop: threading.Event
+    reserve_bytes: int = 0
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def extract_stream(source: io.RawIOBase, dest: Path, done: dict[str, int], hooks: ExtractHooks,
+                   describe_pos: Callable[[], str] = lambda: "") -> None:
+    """Extract a zstd-compressed tar stream into dest. Raises DownloadError subclasses or Stopped."""
+    dest.mkdir(parents=True, exist_ok=True)
+    dest_real = os.path.realpath(dest)
+    dctx = zstandard.ZstdDecompressor()
+    try:
+        with dctx.stream_reader(source, read_size=1 << 20, read_across_frames=True, closefd=False) as zr:
+            with tarfile.open(fileobj=zr, mode="r|", bufsize=TAR_BUFSIZE) as tf:
+                for member in tf:
+                    if hooks.stop.is_set():
+                        raise Stopped()
+                    _extract_member(tf, member, dest_real, done, hooks)
+            while zr.read(1 << 20):  # drain: frame checksums are checked and every part is consumed
+                pass
+    except zstandard.ZstdError as exc:
+        raise DownloadError(f"decompression failed {describe_pos()}: {exc}") from None
+    except tarfile.TarError as exc:
+        if isinstance(exc, getattr(tarfile, "FilterError", ())):
+            raise UnsafeArchiveError(f"archive refused by the data filter: {exc}") from None
+        raise DownloadError(f"archive unreadable {describe_pos()}: {exc}") from None
+
+
+def _extract_member(tf: tarfile.TarFile, m: tarfile.TarInfo, dest_real: str, done: dict[str, int],
+                    hooks: ExtractHooks) -> None:
+    target = check_member(m, dest_real)
+    fm = apply_data_filter(m, dest_real)
+    if m.isdir():
+        os.makedirs(target, exist_ok=True)
+        return
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if m.issym() or m.islnk():
+        _replace_with_link(m, target, dest_real)
+        hooks.on_file(m.name, 0, target)
+        return
+    if done.get(m.name) == m.size and not os.path.islink(target) and os.path.isfile(target) \
+            and os.path.getsize(target) == m.size:
+        hooks.on_skip(m.name, m.size)
+        return
+    _write_regular(tf, m, fm.mode, target, hooks)
+    hooks.on_file(m.name, m.size, target)
+
+
+def _replace_with_link(m: tarfile.TarInfo, target: str, dest_real: str) -> None:
+    if os.path.lexists(target):
+        if os.path.isdir(target) and not os.path.islink(target):
+            raise UnsafeArchiveError(f"refused archive member {m.name!r}: a link would replace a directory")
+        os.unlink(target)
+    if m.issym():
+        os.symlink(m.linkname, target)
+    else:
+        os.link(os.path.join(dest_real, m.linkname), target)
+
+
+def _write_regular(tf: tarfile.TarFile, m: tarfile.TarInfo, mode: int, target: str, hooks: ExtractHooks) -> None:
+    extents = list(m.sparse) if m.sparse else [(0, m.size)]
+    need = sum(length for _, length in extents)
+    parent = os.path.dirname(target)
+    free = free_bytes(Path(parent))
+    if free < need + hooks.reserve_bytes:
+        raise SpaceError(f"not enough disk space for {m.name}: it needs {_fmt(need)}, {_fmt(free)} free on "
+                         f"{parent}; free some space, then Resume")
+    tmp = os.path.join(parent, f".{os.path.basename(target)}.moet-partial")
+    src = tf.fileobj
+    src.seek(m.offset_data)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for offset, length in extents:
+            os.lseek(fd, offset, os.SEEK_SET)  # seeking over holes keeps them holes
+            _copy(src, fd, length, m.name, hooks)
+        os.ftruncate(fd, m.size)
+        os.fchmod(fd, mode & 0o7777)
+    except OSError as exc:
+        os.close(fd)
+        os.unlink(tmp)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise SpaceError(f"disk full while writing {m.name} under {parent}; free some space, then Resume") from None
+        raise
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.utime(tmp, (m.mtime, m.mtime))
+    os.replace(tmp, target)
+
+
+def _copy(src: io.RawIOBase, fd: int, length: int, name: str, hooks: ExtractHooks) -> None:
+    left = length
+    while left > 0:
+        buf = src.read(min(COPY_CHUNK, left))
+        if not buf:
+            raise tarfile.ReadError(f"unexpected end of data in {name}")
+        view = memoryview(buf)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        left -= len(buf)
+        hooks.on_bytes(len(buf))
+        if hooks.stop.is_set():
+            raise Stopped()
+
+
+def _fmt(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"

@@ -1,0 +1,459 @@
+"""One artifact, end to end: parallel ranged fetch -> sha256 verify -> streaming extraction.
+
+Threads: `connections` fetch workers take (part, segment) tasks; one verifier hashes a part when all
+its segments are in; one durability thread fsyncs extracted files before the journal calls them
+done; the caller's thread runs the extractor, which reads only verified parts, in order.
+
+Staging budget: parts are admitted (in order) while staged bytes fit the budget, which is recomputed
+from free disk. Extracted parts stay in staging while the budget allows (so a crash costs no
+re-download: extraction restarts from the artifact's first part, skipping files already complete);
+under disk pressure the oldest extracted parts are evicted, and only those would be fetched again.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import os
+import queue
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.backend.download.extract import ExtractHooks, extract_stream, free_bytes
+from app.backend.download.fetch import fetch_range
+from app.backend.download.hub import HubClient
+from app.backend.download.journal import (
+    CONSUMED, EVICTED, PENDING, VERIFIED, ArtifactJournal, JournalStore, PartRecord, staging_dir,
+)
+from app.backend.download.plan import staging_budget
+from app.backend.download.progress import ProgressBoard
+from app.backend.download.types import (
+    ArtifactPlan, ArtifactState, CorruptPartError, DiskPicture, DownloadConfig, DownloadError, PartInfo,
+    PartRetry, PartVerified, SpaceError, StateChanged, Stopped,
+)
+
+SAVE_EVERY_S = 1.0
+
+
+@dataclass
+class _Slot:
+    idx: int
+    info: PartInfo
+    rec: PartRecord
+    path: Path
+    nseg: int
+    admitted: bool = False
+    fd: int | None = None
+    inflight: set[int] = field(default_factory=set)
+
+
+class ArtifactRun:
+    def __init__(self, cfg: DownloadConfig, hub: HubClient, plan: ArtifactPlan, journal: ArtifactJournal,
+                 store: JournalStore, board: ProgressBoard, stop: threading.Event) -> None:
+        self.cfg, self.hub, self.plan, self.j, self.store, self.board = cfg, hub, plan, journal, store, board
+        self.user_stop = stop
+        self.halt = threading.Event()  # user stop OR a fatal error
+        self.fatal: BaseException | None = None
+        self.cv = threading.Condition()
+        self.jlock = threading.RLock()
+        self.last_save = 0.0
+        self.sdir = staging_dir(cfg.dest, plan.id)
+        self.seg = journal.segment_size
+        self.tasks: queue.Queue = queue.Queue()
+        self.verify_q: queue.Queue = queue.Queue()
+        self.durable_q: queue.Queue = queue.Queue()
+        self.next_needed = 0
+        self.already_extracted = sum(journal.files_done.values())
+        self.disk = DiskPicture(0, 0, 0)
+        self.slots = [self._make_slot(i, p, r) for i, (p, r) in enumerate(zip(plan.parts, journal.parts))]
+
+    # ---- setup ---------------------------------------------------------------------------------
+    def _make_slot(self, idx: int, info: PartInfo, rec: PartRecord) -> _Slot:
+        path = self.sdir / info.name
+        size = path.stat().st_size if path.exists() else -1
+        if rec.status in (VERIFIED, CONSUMED) and size != info.size:
+            rec.status, rec.segments_done = PENDING, []  # staged file lost: fetch again
+        if rec.status == EVICTED or (rec.status == PENDING and size < 0):
+            rec.status, rec.segments_done = PENDING, []
+        if rec.status == CONSUMED:  # extraction restarts from the first part
+            rec.status = VERIFIED
+        nseg = max(1, -(-info.size // self.seg))
+        return _Slot(idx, info, rec, path, nseg)
+
+    # ---- public --------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.sdir.mkdir(parents=True, exist_ok=True)
+        pid = self.plan.id
+        done_bytes = sum(s.info.size for s in self.slots if s.rec.status == VERIFIED)
+        seg_bytes = sum(self._seg_len(s, k) for s in self.slots if s.rec.status == PENDING for k in s.rec.segments_done)
+        self.board.update(pid, fetched_bytes=done_bytes + seg_bytes, verified_bytes=done_bytes,
+                          parts_verified=sum(s.rec.status == VERIFIED for s in self.slots))
+        self._set_state(ArtifactState.DOWNLOADING)
+        threads = [threading.Thread(target=self._worker, name=f"fetch-{i}", daemon=True)
+                   for i in range(self.cfg.connections)]
+        threads += [threading.Thread(target=self._verifier, name="verify", daemon=True),
+                    threading.Thread(target=self._durability, name="fsync", daemon=True)]
+        for t in threads:
+            t.start()
+        watcher = threading.Thread(target=self._watch_user_stop, daemon=True)
+        watcher.start()
+        try:
+            with self.cv:
+                for s in self.slots:
+                    if s.rec.status == PENDING and len(s.rec.segments_done) == s.nseg:
+                        self._open(s)
+                        s.admitted = True
+                        self.verify_q.put(s)
+                self._schedule()
+            self._extract()
+            self._finish_threads(threads)
+            self._raise_if_halted()
+            self._complete()
+        except BaseException as exc:
+            self.halt.set()
+            self._finish_threads(threads)
+            self._on_error(self.fatal or exc)
+            raise (self.fatal or exc) if not isinstance(exc, (KeyboardInterrupt, SystemExit)) else exc
+        finally:
+            self.halt.set()
+            for s in self.slots:
+                self._close(s)
+            self._save(force=True)
+
+    # ---- state / journal -----------------------------------------------------------------------
+    def _set_state(self, state: ArtifactState, reason: str = "") -> None:
+        self.board.update(self.plan.id, state=state, reason=reason)
+        self.board.event(StateChanged(self.plan.id, state=state, reason=reason))
+        with self.jlock:
+            self.j.state, self.j.reason = state.value, reason
+        self._save(force=True)
+
+    def _save(self, force: bool = False) -> None:
+        with self.jlock:
+            now = time.monotonic()
+            if force or now - self.last_save >= SAVE_EVERY_S:
+                self.store.save(self.j)
+                self.last_save = now
+
+    def _fail(self, exc: BaseException) -> None:
+        with self.cv:
+            if self.fatal is None and not isinstance(exc, Stopped):
+                self.fatal = exc
+            self.halt.set()
+            self.cv.notify_all()
+
+    def _watch_user_stop(self) -> None:
+        while not self.halt.is_set():
+            if self.user_stop.wait(0.2):
+                self.halt.set()
+                with self.cv:
+                    self.cv.notify_all()
+
+    def _raise_if_halted(self) -> None:
+        if self.fatal is not None:
+            raise self.fatal
+        if self.user_stop.is_set():
+            raise Stopped()
+
+    def _on_error(self, exc: BaseException) -> None:
+        if isinstance(exc, (Stopped, KeyboardInterrupt)):
+            self._set_state(ArtifactState.PAUSED, "paused; Resume continues where it stopped")
+        elif isinstance(exc, SpaceError):
+            self._set_state(ArtifactState.PAUSED, exc.message)
+        elif isinstance(exc, DownloadError):
+            self._set_state(ArtifactState.FAILED, exc.message)
+        else:
+            self._set_state(ArtifactState.FAILED, f"internal error: {type(exc).__name__}: {exc}")
+
+    # ---- scheduling ----------------------------------------------------------------------------
+    def _seg_len(self, s: _Slot, k: int) -> int:
+        return min(self.seg, s.info.size - k * self.seg)
+
+    def _staged(self) -> int:
+        return sum(s.info.size for s in self.slots if s.admitted or s.rec.status in (VERIFIED, CONSUMED))
+
+    def _budget(self) -> int:
+        extracted_now = self.board.snapshot_field(self.plan.id, "extracted_bytes")
+        remaining = max(self.plan.extracted_estimate - self.already_extracted - extracted_now, 0)
+        free = free_bytes(self.sdir)
+        on_disk = sum(os.stat(s.path).st_blocks * 512 for s in self.slots if s.path.exists())
+        largest = max(p.size for p in self.plan.parts)
+        budget = staging_budget(free, on_disk, remaining, largest, self.plan.compressed, self.cfg)
+        self.disk = DiskPicture(free=free, needed=remaining + largest, staging_budget=budget,
+                                staging_used=on_disk, path=str(self.cfg.dest))
+        return budget
+
+    def _schedule(self) -> None:
+        """Admit parts in order while they fit the staging budget (caller holds self.cv)."""
+        budget = self._budget()
+        staged = self._staged()
+        for s in self.slots:
+            if s.admitted or s.rec.status != PENDING:
+                continue
+            must = s.idx <= self.next_needed
+            if staged + s.info.size > budget and not must:
+                staged -= self._evict(staged + s.info.size - budget)
+                if staged + s.info.size > budget:
+                    break
+            self._open(s)
+            s.admitted = True
+            staged += s.info.size
+            for k in range(s.nseg):
+                if k not in s.rec.segments_done:
+                    self.tasks.put((s, k))
+
+    def _evict(self, want: int) -> int:
+        freed = 0
+        for s in self.slots:
+            if freed >= want:
+                break
+            if s.rec.status == CONSUMED:
+                s.path.unlink(missing_ok=True)
+                s.rec.status, s.rec.segments_done = EVICTED, []
+                freed += s.info.size
+        if freed:
+            self._save(force=True)
+        return freed
+
+    def _open(self, s: _Slot) -> None:
+        if s.fd is None:
+            s.fd = os.open(s.path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def _close(self, s: _Slot) -> None:
+        if s.fd is not None:
+            os.close(s.fd)
+            s.fd = None
+
+    # ---- fetch workers -------------------------------------------------------------------------
+    def _worker(self) -> None:
+        pid = self.plan.id
+        while not self.halt.is_set():
+            try:
+                s, k = self.tasks.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            start = k * self.seg
+            self.board.flight(pid, +1)
+            try:
+                fetch_range(self.hub, s.info, start, start + self._seg_len(s, k), s.fd, self.halt,
+                            on_wire=lambda n: self.board.add(pid, wire_bytes=n),
+                            on_useful=lambda n: self.board.add(pid, fetched_bytes=n),
+                            on_retry=lambda why, s=s: self.board.event(PartRetry(pid, part=s.info.name, reason=why)))
+            except Stopped:
+                return
+            except OSError as exc:
+                self._fail(_space_or(exc, f"writing staging part {s.info.name}"))
+                return
+            except BaseException as exc:
+                self._fail(exc)
+                return
+            finally:
+                self.board.flight(pid, -1)
+            self._segment_done(s, k)
+
+    def _segment_done(self, s: _Slot, k: int) -> None:
+        with self.jlock:
+            if k not in s.rec.segments_done:
+                s.rec.segments_done.append(k)
+            complete = len(s.rec.segments_done) == s.nseg
+        self._save()
+        if complete:
+            self.verify_q.put(s)
+
+    # ---- verification --------------------------------------------------------------------------
+    def _verifier(self) -> None:
+        while not self.halt.is_set():
+            try:
+                s = self.verify_q.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            try:
+                self._verify(s)
+            except Stopped:
+                return
+            except BaseException as exc:
+                self._fail(_space_or(exc, f"verifying {s.info.name}") if isinstance(exc, OSError) else exc)
+                return
+
+    def _verify(self, s: _Slot) -> None:
+        pid = self.plan.id
+        h, off = hashlib.sha256(), 0
+        while off < s.info.size:
+            if self.halt.is_set():
+                raise Stopped()
+            buf = os.pread(s.fd, min(8 << 20, s.info.size - off), off)
+            if not buf:
+                break
+            h.update(buf)
+            off += len(buf)
+        if off == s.info.size and os.fstat(s.fd).st_size == s.info.size and h.hexdigest() == s.info.sha256:
+            os.fsync(s.fd)  # durable before the journal says "verified"
+            with self.cv:
+                with self.jlock:
+                    s.rec.status = VERIFIED
+                s.admitted = False
+                self._close(s)
+                self.cv.notify_all()
+            self.board.add(pid, verified_bytes=s.info.size, parts_verified=1)
+            self.board.event(PartVerified(pid, part=s.info.name))
+            self._save(force=True)
+            return
+        with self.jlock:
+            s.rec.corrupt_count += 1
+            s.rec.segments_done = []
+            count = s.rec.corrupt_count
+        self._save(force=True)
+        got = h.hexdigest() if off == s.info.size else f"{off} of {s.info.size} bytes"
+        if count > self.cfg.corrupt_refetches:
+            raise CorruptPartError(
+                f"part {s.info.name} failed sha256 verification {count} times (expected {s.info.sha256[:16]}…, "
+                f"got {got[:16]}…): the server keeps sending corrupt data; nothing from it was extracted. "
+                "Try again later or another --endpoint")
+        self.board.event(PartRetry(pid, part=s.info.name, reason=f"sha256 mismatch; fetching it again ({count})"))
+        self.board.add(pid, fetched_bytes=-s.info.size)
+        os.ftruncate(s.fd, 0)
+        for k in range(s.nseg):
+            self.tasks.put((s, k))
+
+    # ---- extraction ----------------------------------------------------------------------------
+    def _extract(self) -> None:
+        with self.jlock:
+            self.j.extraction_started = True
+        self._save(force=True)
+        dest = self.cfg.dest
+        hooks = ExtractHooks(
+            on_bytes=lambda n: self.board.add(self.plan.id, extracted_bytes=n),
+            on_file=lambda name, size, path: self.durable_q.put((name, size, path)),
+            on_skip=lambda name, size: self.board.add(self.plan.id, skipped_files=1),
+            stop=self.halt, reserve_bytes=self.cfg.reserve_bytes)
+        chain = _PartChain(self)
+        try:
+            extract_stream(chain, dest, dict(self.j.files_done), hooks, describe_pos=chain.describe)
+        except Stopped:
+            self._raise_if_halted()
+            raise
+        except OSError as exc:
+            raise _space_or(exc, "extracting") from None
+        finally:
+            chain.close_current()
+        self._raise_if_halted()
+        if chain.idx < len(self.slots):
+            raise DownloadError(f"{self.plan.id}: the archive ended before part {self.slots[chain.idx].info.name}; "
+                                "the repo's parts do not form one archive")
+
+    def wait_ready(self, idx: int) -> _Slot:
+        """Block until part idx is verified (admitting it first). Raises on halt."""
+        s = self.slots[idx]
+        with self.cv:
+            self.next_needed = idx
+            self.board.update(self.plan.id, current_part=s.info.name)
+            self._schedule()
+            while s.rec.status not in (VERIFIED, CONSUMED):
+                if self.halt.is_set():
+                    self._raise_if_halted()
+                    raise Stopped()
+                complete = len(s.rec.segments_done) == s.nseg
+                want = ArtifactState.VERIFYING if complete else ArtifactState.DOWNLOADING
+                if self.board.state(self.plan.id) != want:
+                    self.board.update(self.plan.id, state=want)
+                self.cv.wait(0.5)
+                self._schedule()
+        all_in = all(x.rec.status in (VERIFIED, CONSUMED) for x in self.slots)
+        self.board.update(self.plan.id, state=ArtifactState.EXTRACTING if all_in else ArtifactState.DOWNLOADING)
+        return s
+
+    def consumed(self, idx: int) -> None:
+        with self.cv:
+            with self.jlock:
+                self.slots[idx].rec.status = CONSUMED
+            self._schedule()
+        self._save()
+
+    # ---- durability ----------------------------------------------------------------------------
+    def _durability(self) -> None:
+        while True:
+            try:
+                item = self.durable_q.get(timeout=0.2)
+            except queue.Empty:
+                if self.halt.is_set():
+                    return
+                continue
+            if item is None:
+                return
+            name, size, path = item
+            try:
+                if not os.path.islink(path):
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            except OSError:
+                continue  # not durable -> not recorded; a rerun rewrites it
+            with self.jlock:
+                self.j.files_done[name] = size
+            self.board.add(self.plan.id, extracted_files=1)
+            self._save()
+
+    def _finish_threads(self, threads: list[threading.Thread]) -> None:
+        self.durable_q.put(None)
+        threads[-1].join()  # durability thread drains its queue first
+        self.halt.set()
+        for t in threads:
+            t.join(timeout=self.cfg.stall_s + 5)
+
+    def _complete(self) -> None:
+        yields = self.cfg.dest / self.plan.yields
+        if not yields.is_dir():
+            msg = f"{self.plan.id} extracted, but it did not produce {yields}/"
+            if self.cfg.recipe_repo:
+                raise DownloadError(msg + "; the archive does not match the recipe")
+            self.board.event(StateChanged(self.plan.id, state=ArtifactState.DONE, reason="warning: " + msg))
+        shutil.rmtree(self.sdir, ignore_errors=True)
+        with self.jlock:
+            for s in self.j.parts:
+                s.status, s.segments_done = EVICTED, []
+        self._set_state(ArtifactState.DONE)
+
+
+class _PartChain(io.RawIOBase):
+    """The verified parts of one artifact as one forward-only stream (blocks until the next is ready)."""
+
+    def __init__(self, run: ArtifactRun) -> None:
+        self.run, self.idx, self.f = run, 0, None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        while self.idx < len(self.run.slots):
+            if self.f is None:
+                s = self.run.wait_ready(self.idx)
+                self.f = open(s.path, "rb", buffering=0)
+            n = self.f.readinto(b)
+            if n:
+                return n
+            self.close_current()
+            self.run.consumed(self.idx)
+            self.idx += 1
+        return 0
+
+    def close_current(self) -> None:
+        if self.f is not None:
+            self.f.close()
+            self.f = None
+
+    def describe(self) -> str:
+        if self.idx < len(self.run.slots):
+            return f"in part {self.run.slots[self.idx].info.name}"
+        return "at the end of the archive"
+
+
+def _space_or(exc: OSError, doing: str) -> BaseException:
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return SpaceError(f"disk full while {doing}; free some space, then Resume (verified data is kept)")
+    return exc

@@ -1,0 +1,166 @@
+"""Download journal (atomic JSON in the destination) and the destination lock.
+
+Layout under `<dest>/.moet-panel/downloads/`:
+  <artifact>.json        journal: pinned commit, parts (status, done segments), files extracted
+  staging/<artifact>/    part files (`<name>` while fetching/verified)
+  .lock                  fcntl lock held while a download runs on this destination
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from app.backend.download.types import ArtifactPlan, LockedError
+from app.backend.hf_token import redact
+
+JOURNAL_VERSION = 1
+# part statuses
+PENDING, VERIFIED, CONSUMED, EVICTED = "pending", "verified", "consumed", "evicted"
+
+
+def downloads_dir(dest: Path) -> Path:
+    return dest / ".moet-panel" / "downloads"
+
+
+def staging_dir(dest: Path, artifact: str) -> Path:
+    return downloads_dir(dest) / "staging" / artifact
+
+
+@dataclass
+class PartRecord:
+    name: str
+    size: int
+    sha256: str
+    status: str = PENDING
+    segments_done: list[int] = field(default_factory=list)
+    corrupt_count: int = 0
+
+
+@dataclass
+class ArtifactJournal:
+    artifact: str
+    repo: str
+    commit: str
+    endpoint: str
+    segment_size: int
+    parts: list[PartRecord]
+    files_done: dict[str, int] = field(default_factory=dict)  # member name -> size, durable on disk
+    extraction_started: bool = False
+    state: str = "queued"
+    reason: str = ""
+    version: int = JOURNAL_VERSION
+    updated: float = 0.0
+
+    def matches(self, plan: ArtifactPlan, repo: str) -> bool:
+        """Same repo and exactly the same parts (names and sha256): the journal still applies."""
+        ours = [(p.name, p.size, p.sha256) for p in self.parts]
+        theirs = [(p.name, p.size, p.sha256) for p in plan.parts]
+        return self.repo == repo and ours == theirs
+
+
+class JournalStore:
+    """Loads/saves journals atomically (tmp + fsync + rename); save() is thread-safe."""
+
+    def __init__(self, dest: Path) -> None:
+        self.dir = downloads_dir(dest)
+        self._lock = threading.Lock()
+
+    def path(self, artifact: str) -> Path:
+        return self.dir / f"{artifact}.json"
+
+    def load(self, artifact: str) -> ArtifactJournal | None:
+        try:
+            raw = json.loads(self.path(artifact).read_text())
+        except (OSError, ValueError):
+            return None
+        if raw.get("version") != JOURNAL_VERSION:
+            return None
+        raw["parts"] = [PartRecord(**p) for p in raw["parts"]]
+        return ArtifactJournal(**raw)
+
+    def fresh(self, plan: ArtifactPlan, repo: str, commit: str, endpoint: str, segment_size: int) -> ArtifactJournal:
+        parts = [PartRecord(p.name, p.size, p.sha256) for p in plan.parts]
+        return ArtifactJournal(plan.id, repo, commit, endpoint, segment_size, parts)
+
+    def save(self, j: ArtifactJournal) -> None:
+        with self._lock:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            j.updated = time.time()
+            j.reason = redact(j.reason)
+            data = json.dumps(asdict(j), indent=1).encode()
+            tmp = self.path(j.artifact).with_suffix(".json.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path(j.artifact))
+
+    def remove(self, artifact: str) -> None:
+        self.path(artifact).unlink(missing_ok=True)
+
+
+class DestLock:
+    """One download per destination: a second panel/CLI gets a clear LockedError."""
+
+    def __init__(self, dest: Path) -> None:
+        self.path = downloads_dir(dest) / ".lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> "DestLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise LockedError(f"another moet-panel download (pid {holder}) is already using "
+                              f"{self.path.parents[2]}; wait for it to finish or pause it there, then retry") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    def __enter__(self) -> "DestLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def clean_partial(dest: Path, artifacts: list[str]) -> int:
+    """Remove staging data, journals of unfinished artifacts and `*.moet-partial` files. Returns bytes freed.
+
+    Completed artifacts (journal state "done") keep their journal and extracted tree.
+    """
+    store = JournalStore(dest)
+    freed = 0
+    for art in artifacts:
+        sdir = staging_dir(dest, art)
+        if sdir.exists():
+            freed += sum(f.stat().st_size for f in sdir.rglob("*") if f.is_file())
+            shutil.rmtree(sdir, ignore_errors=True)
+        j = store.load(art)
+        if j is not None and j.state != "done":
+            store.remove(art)
+    for f in dest.rglob("*.moet-partial") if dest.exists() else []:
+        try:
+            freed += f.stat().st_size
+            f.unlink()
+        except OSError:
+            pass
+    return freed

@@ -1,0 +1,115 @@
+"""What to download: parts per artifact (from the tree listing), the pinned commit, the disk preflight."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.backend.download.extract import free_bytes
+from app.backend.download.hub import HubClient, TreeEntry
+from app.backend.download.journal import JournalStore
+from app.backend.download.types import (
+    ArtifactPlan, DiskPicture, DownloadConfig, DownloadError, GiB, NotFoundError, PartInfo, SpaceError,
+)
+from app.backend.recipe.schema import ArtifactSpec
+
+
+@dataclass
+class Prepared:
+    hub: HubClient
+    plans: list[ArtifactPlan]
+    commit: str
+    disk: DiskPicture
+
+
+def select_parts(entries: list[TreeEntry], prefix: str) -> tuple[PartInfo, ...]:
+    """Files named `<prefix>*`, in the card's `sort` order; each must carry an LFS sha256."""
+    parts = []
+    for e in sorted(entries, key=lambda e: e.path):
+        if e.path.startswith(prefix):
+            if not e.sha256:
+                raise DownloadError(f"{e.path} has no LFS sha256 in the listing, so it cannot be verified; "
+                                    "this does not look like the chunked cache repo")
+            parts.append(PartInfo(e.path, e.size, e.sha256))
+    return tuple(parts)
+
+
+def build_plans(entries: list[TreeEntry], specs: list[ArtifactSpec], cfg: DownloadConfig) -> list[ArtifactPlan]:
+    plans = []
+    for spec in specs:
+        parts = select_parts(entries, spec.prefix)
+        if not parts:
+            raise NotFoundError(f"no files named {spec.prefix}* in {cfg.repo} at revision {cfg.revision} "
+                                f"({cfg.endpoint}); check --repo/--revision")
+        compressed = sum(p.size for p in parts)
+        if cfg.recipe_repo:
+            estimate, source = int(spec.extracted_gib * GiB), "recipe"
+        else:
+            estimate = int(compressed * cfg.safety_factor)
+            source = f"compressed × {cfg.safety_factor:g} (not the recipe's repo; refined from tar headers)"
+        plans.append(ArtifactPlan(spec.id, spec.prefix, spec.yields, parts, estimate, source))
+    return plans
+
+
+def prepare(cfg: DownloadConfig, specs: list[ArtifactSpec], hub: HubClient | None = None) -> Prepared:
+    """List the tree, pin the commit via X-Repo-Commit, build plans, check the disk."""
+    hub = hub or HubClient(cfg)
+    try:
+        entries = hub.list_files(cfg.revision)
+        plans = build_plans(entries, specs, cfg)
+        first = plans[0].parts[0]
+        commit = hub.resolve(first.name, cfg.revision, fresh=True).commit or cfg.revision
+        if commit != cfg.revision:  # re-list at the pinned commit so every sha256 belongs to it
+            entries = hub.list_files(commit)
+            plans = build_plans(entries, specs, cfg)
+        hub.commit = commit
+        disk = preflight(plans, cfg)
+    except BaseException:
+        hub.close()
+        raise
+    return Prepared(hub, plans, commit, disk)
+
+
+def remaining_extract(plan: ArtifactPlan, store: JournalStore) -> int:
+    j = store.load(plan.id)
+    if j is None:
+        return plan.extracted_estimate
+    if j.state == "done":
+        return 0
+    return max(plan.extracted_estimate - sum(j.files_done.values()), 0)
+
+
+def staging_budget(free: int, staged: int, remaining: int, largest_part: int, compressed: int,
+                   cfg: DownloadConfig) -> int:
+    """Staging may use what the extracted tree will not need; at least one part, at most cfg.staging_max.
+
+    By default it may hold the whole compressed artifact (then a crash never costs a re-download).
+    """
+    cap = cfg.staging_max if cfg.staging_max is not None else compressed
+    room = staged + free - remaining - cfg.reserve_bytes
+    return max(largest_part, min(cap, room))
+
+
+def preflight(plans: list[ArtifactPlan], cfg: DownloadConfig) -> DiskPicture:
+    """Peak need = remaining extracted size + minimal staging (the largest part). Refuse with numbers."""
+    store = JournalStore(cfg.dest)
+    probe = _existing_parent(cfg.dest)
+    free = free_bytes(probe)
+    remaining = sum(remaining_extract(p, store) for p in plans)
+    todo = [p for p in plans if remaining_extract(p, store) > 0] or plans
+    largest = max(max(x.size for x in p.parts) for p in todo)
+    needed = remaining + largest + cfg.reserve_bytes
+    budget = staging_budget(free, 0, remaining, largest, max(p.compressed for p in todo), cfg)
+    if free < needed:
+        raise SpaceError(f"not enough disk space on {probe}: need {needed / GiB:.2f} GiB at peak "
+                         f"({remaining / GiB:.2f} GiB extracted + {largest / GiB:.2f} GiB staging + "
+                         f"{cfg.reserve_bytes / GiB:.2f} GiB reserve), {free / GiB:.2f} GiB free; "
+                         f"free {(needed - free) / GiB:.2f} GiB or choose another --dest")
+    return DiskPicture(free=free, needed=needed, staging_budget=budget, path=str(probe))
+
+
+def _existing_parent(path: Path) -> Path:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
