@@ -85,9 +85,9 @@ class SimEngineServer:
         """Bind and listen now (answering 503 while loading), boot in the background; returns at once."""
         if self.state != "created":
             raise RuntimeError(f"SimEngineServer already {self.state}")
-        self._httpd = _Http((self.config.host, self.config.port), make_handler(self))
+        self._httpd = httpd = _Http((self.config.host, self.config.port), make_handler(self))
         self.state = "loading"
-        self._spawn(self._httpd.serve_forever, "sim-http")
+        self._spawn(lambda: httpd.serve_forever(poll_interval=0.05), "sim-http")
         self._spawn(self._boot, "sim-boot")
         return self
 
