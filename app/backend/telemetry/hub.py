@@ -235,7 +235,7 @@ class TelemetryHub:
         feed = self._parser.feed_line
         while q:
             ln = q.popleft()
-            feed(ln.text)
+            feed(ln.text, ln.ts)  # receipt time: finer than the line's 1 s stamp, good for rates
 
     def _read_gpus(self) -> tuple[list[GpuSample], str]:
         try:

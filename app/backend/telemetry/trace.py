@@ -132,7 +132,7 @@ class RankState:
             if end - ref >= RATE_MIN_SPAN_S:
                 break
         span = end - ref
-        if span <= 0:
+        if span < RATE_MIN_SPAN_S:  # e.g. a backlog replayed in one burst: no honest rate yet
             return None, None
         return p / span, e / span
 
