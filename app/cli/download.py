@@ -1,0 +1,147 @@
+"""`moet-panel download [ARTIFACT ...]`: verified, resumable, parallel download + extraction.
+
+Exit 0 only when every requested artifact is complete and verified; otherwise one clear line on
+stderr and a non-zero code (1 failed, 3 paused/resumable e.g. disk full, 4 destination locked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+from app.backend.download.ckpt import check_ckpt_id
+from app.backend.download.config import make_config
+from app.backend.download.journal import DestLock, clean_partial
+from app.backend.download.progress import ProgressBoard
+from app.backend.download.runner import run_download
+from app.backend.download.types import ArtifactState, DownloadError, LockedError, MiB, SpaceError, Stopped
+from app.backend.hf_token import redact
+from app.backend.settings import resolve_settings
+from app.cli.main import add_common
+
+
+def register(subs: argparse._SubParsersAction) -> None:
+    p = subs.add_parser("download", help="download, verify and extract the recipe's artifacts")
+    add_common(p)
+    p.add_argument("artifacts", nargs="*", metavar="ARTIFACT", help="artifact ids (default: all in the recipe)")
+    p.add_argument("--dest", metavar="DIR", help="destination (default: the data dir)")
+    p.add_argument("--endpoint", metavar="URL", help="Hub endpoint (default: HF_ENDPOINT, then the recipe)")
+    p.add_argument("--repo", metavar="OWNER/NAME", help="repo (default: the recipe's)")
+    p.add_argument("--revision", metavar="REV", help="branch/tag/commit (default: the recipe's)")
+    p.add_argument("--connections", type=int, metavar="N", help="parallel connections (default 6)")
+    p.add_argument("--token-file", metavar="F", help="file holding the HF token (default: HF_TOKEN, HF token file)")
+    p.add_argument("--clean", action="store_true", help="remove partial data (staging, unfinished journals) and exit")
+    p.add_argument("--segment-mib", type=int, metavar="MIB", help=argparse.SUPPRESS)
+    p.add_argument("--stall-timeout", type=float, metavar="S", help="seconds without a byte before a connection is retried (default 30)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = resolve_settings(args.recipe, args.data_dir)
+    recipe = settings.recipe
+    specs = [recipe.artifact(a) for a in args.artifacts] if args.artifacts else list(recipe.artifacts)
+    err = Console(stderr=True)
+    extra: dict = {}
+    if args.segment_mib:
+        extra["segment_size"] = args.segment_mib * MiB
+    if args.stall_timeout:
+        extra["stall_s"] = args.stall_timeout
+    demo = None
+    endpoint = args.endpoint
+    if recipe.simulated and not endpoint and not args.clean:
+        from app.backend.simhub.demo import start_demo_hub
+
+        demo = start_demo_hub(settings.state_dir / "simhub")
+        endpoint = demo.endpoint
+        err.print(f"[yellow]SIMULATED[/] hub serving the demo artifact at {endpoint}")
+    try:
+        cfg = make_config(settings, dest=Path(args.dest).absolute() if args.dest else None, endpoint=endpoint,
+                          repo=args.repo, revision=args.revision, connections=args.connections,
+                          token_file=args.token_file, **extra)
+        if args.clean:
+            return _clean(cfg.dest, [s.id for s in specs], err)
+        return _download(cfg, specs, settings, err)
+    except ValueError as exc:
+        print(f"moet-panel download: {redact(str(exc))}", file=sys.stderr)
+        return 2
+    finally:
+        if demo:
+            demo.stop()
+
+
+def _clean(dest: Path, ids: list[str], err: Console) -> int:
+    try:
+        with DestLock(dest):
+            freed = clean_partial(dest, ids)
+    except LockedError as exc:
+        print(f"moet-panel download: {exc}", file=sys.stderr)
+        return 4
+    err.print(f"removed partial download data under {dest}: {freed / MiB:.1f} MiB freed")
+    return 0
+
+
+def _download(cfg, specs, settings, err: Console) -> int:
+    board, stop = ProgressBoard(), threading.Event()
+    outcome: dict[str, BaseException | None] = {"exc": None}
+
+    def work() -> None:
+        try:
+            run_download(cfg, specs, board, stop)
+        except BaseException as exc:  # reported by the main thread
+            outcome["exc"] = exc
+
+    worker = threading.Thread(target=work, name="download", daemon=True)
+    worker.start()
+    try:
+        _show_progress(board, worker, err)
+    except KeyboardInterrupt:
+        stop.set()
+        err.print("pausing… (verified data is kept; rerun the same command to resume)")
+        worker.join()
+    return _report(board, outcome["exc"], specs, settings, cfg, err)
+
+
+def _show_progress(board: ProgressBoard, worker: threading.Thread, err: Console) -> None:
+    columns = [TextColumn("{task.fields[name]:<12}"), BarColumn(), DownloadColumn(binary_units=True),
+               TransferSpeedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[status]}")]
+    tasks: dict[str, TaskID] = {}
+    with Progress(*columns, console=err, disable=not err.is_terminal, refresh_per_second=4) as bars:
+        while worker.is_alive():
+            worker.join(0.5)
+            for a in board.snapshot():
+                if a.id not in tasks:
+                    tasks[a.id] = bars.add_task("", total=a.total_bytes, name=a.id, status="")
+                status = "stalled (0 B/s)" if a.stalled else a.state.value
+                if a.extracted_files:
+                    status += f" · {a.extracted_files} files extracted"
+                bars.update(tasks[a.id], completed=a.fetched_bytes, status=status)
+
+
+def _report(board, exc, specs, settings, cfg, err: Console) -> int:
+    snaps = {a.id: a for a in board.snapshot()}
+    for a in snaps.values():
+        err.print(f"{a.id}: {a.state.value}  {a.verified_bytes / MiB:.1f} MiB verified, "
+                  f"{a.extracted_files} files extracted ({a.skipped_files} already complete)"
+                  + (f" — {a.reason}" if a.reason and a.state != ArtifactState.DONE else ""))
+    if exc is not None:
+        code = 4 if isinstance(exc, LockedError) else 3 if isinstance(exc, (SpaceError, Stopped)) else 1
+        msg = str(exc) if isinstance(exc, DownloadError) else (
+            "paused; rerun the same command to resume" if isinstance(exc, Stopped)
+            else f"internal error: {type(exc).__name__}: {exc}")
+        print(f"moet-panel download: {redact(msg)}", file=sys.stderr)
+        return code
+    if not all(snaps.get(s.id) and snaps[s.id].state == ArtifactState.DONE for s in specs):
+        print("moet-panel download: not every requested artifact completed; rerun to resume", file=sys.stderr)
+        return 1
+    if any(s.id == "planescache" for s in specs):
+        check = check_ckpt_id(settings, cfg.dest)
+        err.print(f"ckpt-id check: {check.status.upper()} — {check.message}")
+    label = " (SIMULATED)" if cfg.simulated else ""
+    err.print(f"all {len(specs)} artifact(s) complete and verified in {cfg.dest}{label}")
+    return 0
