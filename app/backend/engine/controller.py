@@ -9,6 +9,7 @@ immutable `EngineSnapshot`s. Closing the controller stops its threads, never the
 
 from __future__ import annotations
 
+import calendar
 import itertools
 import threading
 import time
@@ -112,7 +113,8 @@ class EngineController:
         self._snap = EngineSnapshot(simulated=settings.recipe.simulated, served_name=settings.recipe.model.served_name)
         self._busy: Ticket | None = None
         self._ids = itertools.count(1)
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # interrupts poll waits (close, cancel)
+        self._cancel = threading.Event()  # a stop request cancels the boot in progress
         self._closed = False
         self._follow: LogFollow | None = None
         self._run_token = 0
@@ -197,10 +199,31 @@ class EngineController:
     def start(self, profile_id: str, overrides: tuple[str, ...] | frozenset[str] = ()) -> Ticket:
         if (bad := self._unknown(profile_id)) is not None:
             return bad
+        snap = self.snapshot()
+        if snap.state in (S.READY, S.STARTING) and self.busy() is None:
+            return self._refused("start", profile_id, f"refused: an engine is already {snap.state.value} (profile "
+                                 f"{snap.profile_id}); use switch to change profile")
         return self._submit("start", profile_id, lambda t: self._op_start(t, profile_id, frozenset(overrides)))
 
     def stop(self) -> Ticket:
+        """Stop the engine. While a start/switch is booting, the boot is cancelled first (stop wins)."""
+        with self._lock:
+            busy = self._busy
+            if busy is not None and busy.action != "stop":
+                self._cancel.set()
+                self._wake.set()
+                ticket = Ticket(next(self._ids), "stop", None, True, f"cancelling the {busy.action}, then stopping")
+                threading.Thread(target=self._stop_after, args=(busy, ticket), daemon=True).start()
+                return ticket
         return self._submit("stop", None, self._op_stop)
+
+    def _stop_after(self, busy: Ticket, ticket: Ticket) -> None:
+        busy.wait()
+        with self._lock:
+            while self._busy is not None:  # another op slipped in; wait for it too
+                self._changed.wait(0.5)
+            self._busy = ticket
+        self._run_op(ticket, self._op_stop)
 
     def switch(self, profile_id: str, overrides: tuple[str, ...] | frozenset[str] = ()) -> Ticket:
         if (bad := self._unknown(profile_id)) is not None:
@@ -212,9 +235,12 @@ class EngineController:
             self.run_spec(profile_id)
             return None
         except (KeyError, ValueError) as exc:
-            t = Ticket(next(self._ids), "start", profile_id, False, f"refused: {exc.args[0] if exc.args else exc}", ok=False)
-            t._done.set()
-            return t
+            return self._refused("start", profile_id, f"refused: {exc.args[0] if exc.args else exc}")
+
+    def _refused(self, action: str, profile_id: str | None, message: str) -> Ticket:
+        t = Ticket(next(self._ids), action, profile_id, False, message, ok=False)
+        t._done.set()
+        return t
 
     def close(self) -> None:
         """Stop the panel's threads. The engine keeps running (it outlives the panel)."""
@@ -231,20 +257,20 @@ class EngineController:
     def _submit(self, action: str, profile_id: str | None, fn: Callable[[Ticket], None]) -> Ticket:
         with self._lock:
             if self._closed:
-                return Ticket(next(self._ids), action, profile_id, False, "the panel is shutting down", ok=False)
+                return self._refused(action, profile_id, "refused: the panel is shutting down")
             if self._busy is not None:
                 b = self._busy
                 what = f"{b.action} to {b.profile_id}" if b.profile_id else b.action
-                t = Ticket(next(self._ids), action, profile_id, False,
-                           f"refused: a {what} is already in progress — wait for it to finish", ok=False)
-                t._done.set()
-                return t
+                return self._refused(action, profile_id, f"refused: a {what} is already in progress — wait for it to finish")
             ticket = Ticket(next(self._ids), action, profile_id, True, f"{action} accepted")
             self._busy = ticket
         threading.Thread(target=self._run_op, args=(ticket, fn), name=f"engine-{action}", daemon=True).start()
         return ticket
 
     def _run_op(self, ticket: Ticket, fn: Callable[[Ticket], None]) -> None:
+        if ticket.action == "stop":
+            self._cancel.clear()
+            self._wake.clear()
         try:
             fn(ticket)
         except Exception as exc:  # a bug or a vanished daemon: surface it, never leave the op hanging
@@ -285,6 +311,9 @@ class EngineController:
             self._finish(ticket, True)
             return
         failure = self.snapshot().diagnosis
+        if self._cancel.is_set():
+            ticket.ok, ticket.message = False, f"switch to {profile_id} cancelled by stop"
+            return
         if not (self.options.auto_rollback and rollback_to and rollback_to != profile_id) or self._closed:
             self._finish(ticket, False)
             return
@@ -357,7 +386,7 @@ class EngineController:
         want_pool = expects_pool(env)
         deadline = time.monotonic() + self.recipe.engine.boot_timeout_s
         pool_deadline: float | None = None
-        while not self._closed:
+        while not self._closed and not self._cancel.is_set():
             cur = rt.get(inst.id)
             if cur is None or not cur.running:
                 self._drain_logs()
@@ -374,7 +403,7 @@ class EngineController:
             if time.monotonic() > deadline:
                 return self._fail_and_stop(rt, inst, "boot_timeout")
             self._wake.wait(self.options.poll_interval_s)
-        return False  # panel closing: leave the engine as it is
+        return False  # panel closing (engine left as it is) or cancelled by stop (the stop op follows)
 
     def _ready_message(self, slots: int | None, want_pool: bool) -> str:
         prog = self._tracker.progress
@@ -460,9 +489,9 @@ class EngineController:
             token = self._run_token
             self._tracker = tracker or BootTracker()
             self._streams_open = 2
-        self.logs.begin_run(inst.name, time.time())
-        for stream, text in backlog or []:
-            self.logs.append(LogLine(text=text, stream=stream, container_id=inst.id))
+        self.logs.begin_run(inst.name, _started_epoch(inst.started_at))
+        for stream, text in backlog or []:  # already persisted by whoever followed this run before
+            self.logs.append(LogLine(text=text, stream=stream, container_id=inst.id), persist=False)
         follow = rt.follow_logs(inst.id, lambda s, t: self._on_line(token, inst.id, s, t),
                                 from_start=from_start, tail=0)
         with self._lock:
@@ -575,6 +604,14 @@ class EngineController:
         if self._runtime is None and self._runtime_factory is not None:
             self._runtime, self._runtime_error = self._runtime_factory()
         return self._runtime
+
+
+def _started_epoch(started_at: str) -> float:
+    """Docker/ProcessRuntime ISO start time -> epoch (names the run's log files; same run, same files)."""
+    try:
+        return float(calendar.timegm(time.strptime(started_at[:19], "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        return time.time()
 
 
 def _released(sample: object, old_pids: set[int], threshold: int) -> bool:

@@ -88,10 +88,10 @@ class LogStore:
                 self._files.close()
                 self._files = None
 
-    def append(self, line: LogLine) -> None:
+    def append(self, line: LogLine, *, persist: bool = True) -> None:
         with self._lock:
             self._tail.append(line)
-            files = self._files
+            files = self._files if persist else None
             listeners = list(self._listeners)
             if files is not None:
                 try:

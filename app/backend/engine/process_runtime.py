@@ -230,7 +230,8 @@ class ProcessRuntime:
         try:
             with open(str(rec[stream]), "rb") as fh:
                 if not from_start:
-                    lines = fh.read().splitlines()[-tail:] if tail > 0 else []
+                    existing = fh.read().splitlines()  # always consume: following starts at the end
+                    lines = existing[-tail:] if tail > 0 else []
                     for ln in lines:
                         sink(stream, ln.decode("utf-8", "replace"))
                 while not follow.stop.is_set():

@@ -1,0 +1,240 @@
+"""`moet-panel engine status|preflight|start|stop|switch|logs|build-image`.
+
+Exit codes: 0 success; 1 the operation failed (diagnosis printed); 2 refused / bad input;
+3 Docker unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from app.backend.settings import resolve_settings
+from app.cli.main import add_common
+
+EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+def register(subs: argparse._SubParsersAction) -> None:
+    p = subs.add_parser("engine", help="control the serving engine (Docker container)")
+    add_common(p)
+    p.add_argument("--demo", action="store_true", help="simulated recipe (demo mode)")
+    es = p.add_subparsers(dest="engine_cmd", metavar="ACTION", required=True)
+    st = es.add_parser("status", help="state, profile, boot phase, last diagnosis, alerts")
+    st.add_argument("--json", action="store_true")
+    pf = es.add_parser("preflight", help="checklist before starting (exit 1 when an item fails)")
+    pf.add_argument("--profile")
+    pf.add_argument("--json", action="store_true")
+    for name, helptext in (("start", "start a profile and wait until ready"), ("switch", "switch profile (stop, wait for GPU memory, start, gate on ready; rolls back on failure)")):
+        sp = es.add_parser(name, help=helptext)
+        sp.add_argument("--profile", required=True)
+        sp.add_argument("--override", action="append", default=[], metavar="ITEM",
+                        help="start despite this failing preflight item (repeatable; ids from `engine preflight`)")
+        sp.add_argument("--no-wait", action="store_true", help="return once accepted")
+        sp.add_argument("--json", action="store_true")
+        if name == "switch":
+            sp.add_argument("--no-rollback", action="store_true", help="do not roll back to the last ready profile")
+    sp = es.add_parser("stop", help="stop the engine (grace period, then SIGKILL)")
+    sp.add_argument("--json", action="store_true")
+    lg = es.add_parser("logs", help="the engine's log tail (stdout and stderr apart)")
+    lg.add_argument("-f", "--follow", action="store_true")
+    lg.add_argument("-n", "--lines", type=int, default=100)
+    lg.add_argument("--stream", choices=["stdout", "stderr", "both"], default="both")
+    bi = es.add_parser("build-image", help="docker build the engine image from a local vLLM-Moet checkout")
+    bi.add_argument("--source", metavar="DIR", help="checkout of the engine source at the recipe commit")
+    bi.add_argument("--tag", help="image tag (default: the recipe's)")
+    bi.add_argument("--dockerfile", help="Dockerfile path inside the source (default: the recipe's)")
+    bi.add_argument("--allow-other-commit", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = resolve_settings(args.recipe, args.data_dir, demo=getattr(args, "demo", False))
+    if args.engine_cmd == "build-image":
+        return _build_image(args, settings)
+    from app.backend.engine.controller import ControllerOptions
+    from app.backend.engine.factory import make_engine_controller
+
+    opts = ControllerOptions(auto_rollback=not getattr(args, "no_rollback", False))
+    ctl = make_engine_controller(settings, options=opts)
+    try:
+        return {
+            "status": _status, "preflight": _preflight, "start": _start, "switch": _start, "stop": _stop,
+            "logs": _logs,
+        }[args.engine_cmd](args, ctl)
+    finally:
+        ctl.close()  # the panel's threads only; the engine keeps running
+
+
+def _snap_dict(snap) -> dict:
+    d = asdict(snap)
+    d["state"] = snap.state.value
+    return d
+
+
+def _status(args, ctl) -> int:
+    snap = ctl.snapshot()
+    alerts = _alerts(ctl, snap)
+    if args.json:
+        print(json.dumps({"engine": _snap_dict(snap), "runtime": _runtime_text(ctl), "alerts": alerts}, indent=2))
+    else:
+        label = " (SIMULATED)" if snap.simulated else ""
+        print(f"engine: {snap.state.value}{label}  profile: {snap.profile_id or '-'}  phase: {snap.phase or '-'}")
+        print(f"runtime: {_runtime_text(ctl)}")
+        if snap.container_name:
+            print(f"container: {snap.container_name}  url: {snap.base_url}  served: {snap.served_name}")
+        if snap.pool_slots is not None:
+            print(f"FP4 pool: {snap.pool_slots} slots x {snap.slot_mib} MiB")
+        if snap.message:
+            print(f"note: {snap.message}")
+        _print_diag(snap.diagnosis)
+        for a in alerts:
+            print(f"[{a['severity']}] {a['title']}: {a['meaning']} -> {a['action']}")
+    if ctl.runtime is None:
+        return EXIT_UNREACHABLE
+    return EXIT_FAILED if snap.state.value == "failed" else EXIT_OK
+
+
+def _alerts(ctl, snap) -> list[dict]:
+    try:
+        from app.backend.telemetry.alerts import status_alerts
+    except ImportError:
+        return []
+    try:
+        return [asdict(a) for a in status_alerts(ctl.settings, snap, ctl.recent_logs(2000))]
+    except Exception as exc:  # alerts are advisory; status must still print
+        return [{"id": "alerts_error", "severity": "info", "title": "alerts unavailable", "meaning": str(exc),
+                 "action": "", "evidence": ""}]
+
+
+def _runtime_text(ctl) -> str:
+    rt = ctl.runtime
+    return rt.describe() if rt is not None else (ctl.runtime_error or "no runtime")
+
+
+def _preflight(args, ctl) -> int:
+    report = ctl.preflight(args.profile)
+    if args.json:
+        print(json.dumps({"ok": report.ok, "items": [asdict(i) for i in report.items]}, indent=2))
+    else:
+        marks = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
+        for i in report.items:
+            print(f"[{marks[i.status]}] {i.id:<22} {i.title}: {i.detail}")
+            if i.status != "pass" and i.fix:
+                print(f"       fix: {i.fix}")
+        print(report.summary())
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _start(args, ctl) -> int:
+    op = ctl.start if args.engine_cmd == "start" else ctl.switch
+    ticket = op(args.profile, tuple(args.override))
+    if not ticket.accepted:
+        print(ticket.message, file=sys.stderr)
+        return EXIT_REFUSED
+    if args.no_wait:  # return once the engine exists (the worker thread dies with this process)
+        ctl.wait_for(lambda s: s.state.value in ("starting", "ready", "failed") and bool(s.container_id)
+                     or ticket.done, timeout=120)
+        print(ticket.message if ticket.done else f"{ctl.snapshot().state.value}: {ctl.snapshot().phase}")
+        return EXIT_OK if ticket.ok is not False else EXIT_FAILED
+    last = ""
+    while not ticket.wait(0.5):
+        snap = ctl.snapshot()
+        line = f"{snap.state.value}: {snap.phase}"
+        if line != last and not args.json:
+            print(line, flush=True)
+            last = line
+    return _report(args, ctl, ticket)
+
+
+def _stop(args, ctl) -> int:
+    ticket = ctl.stop()
+    if not ticket.accepted:
+        print(ticket.message, file=sys.stderr)
+        return EXIT_REFUSED
+    ticket.wait()
+    return _report(args, ctl, ticket)
+
+
+def _report(args, ctl, ticket) -> int:
+    snap = ctl.snapshot()
+    if args.json:
+        print(json.dumps({"ok": ticket.ok, "message": ticket.message, "engine": _snap_dict(snap)}, indent=2))
+    else:
+        print(ticket.message)
+        if not ticket.ok:
+            _print_diag(ticket.diagnosis or snap.diagnosis)
+    if not ticket.ok and ctl.runtime is None:
+        return EXIT_UNREACHABLE
+    return EXIT_OK if ticket.ok else EXIT_FAILED
+
+
+def _print_diag(d) -> None:
+    if d is None:
+        return
+    print(f"diagnosis: {d.title}\n  why: {d.explanation}\n  fix: {d.fix}")
+    for e in d.evidence:
+        print(f"  log: {e}")
+
+
+def _logs(args, ctl) -> int:
+    want = {"both": ("stdout", "stderr")}.get(args.stream, (args.stream,))
+    lines = [ln for ln in ctl.recent_logs(100000) if ln.stream in want]
+    if not lines and not ctl.snapshot().container_id:
+        return _persisted_logs(ctl, args, want)
+    for ln in lines[-args.lines:]:
+        print(ln.text if args.stream != "both" else f"{ln.stream[:3]} | {ln.text}")
+    if not args.follow:
+        return EXIT_OK
+    done = threading.Event()
+    unsubscribe = ctl.add_log_listener(
+        lambda ln: ln.stream in want and print(ln.text if args.stream != "both" else f"{ln.stream[:3]} | {ln.text}", flush=True))
+    try:
+        while not done.wait(0.5):
+            if ctl.snapshot().state.value in ("stopped", "failed"):
+                time.sleep(0.5)
+                break
+    finally:
+        unsubscribe()
+    return EXIT_OK
+
+
+def _persisted_logs(ctl, args, want) -> int:
+    files = sorted(ctl.logs.directory.glob("*.log"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        print("no engine is running and no engine log has been saved yet", file=sys.stderr)
+        return EXIT_FAILED
+    run = files[-1].name.rsplit(".", 2)[0]
+    print(f"# no engine running; last saved run: {run}", file=sys.stderr)
+    for stream in want:
+        p = ctl.logs.directory / f"{run}.{stream}.log"
+        if p.exists():
+            for text in p.read_text(errors="replace").splitlines()[-args.lines:]:
+                print(text if len(want) == 1 else f"{stream[:3]} | {text}")
+    return EXIT_OK
+
+
+def _build_image(args, settings) -> int:
+    from app.backend.engine.imagebuild import ImageBuildRefused, build_image, check_source
+
+    eng = settings.recipe.engine
+    dockerfile = args.dockerfile or eng.dockerfile
+    try:
+        src = check_source(Path(args.source) if args.source else None, eng.commit, eng.repo_url, dockerfile,
+                           args.allow_other_commit)
+    except ImageBuildRefused as exc:
+        print(f"moet-panel: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+
+    def show(ev) -> None:
+        prefix = f"[step {ev.step[0]}/{ev.step[1]}] " if ev.step else ""
+        print(prefix + ev.line, file=sys.stderr if ev.error else sys.stdout, flush=True)
+
+    result = build_image(src, dockerfile, args.tag or eng.image, dict(eng.build_env), show)
+    print(result.message, file=sys.stdout if result.ok else sys.stderr)
+    return EXIT_OK if result.ok else EXIT_FAILED
