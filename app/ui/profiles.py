@@ -114,8 +114,10 @@ def render(state: AppState, shell: Any) -> None:
             gr.Markdown("**Card warnings for the selected profile**")
             findings = gr.HTML(find0, elem_id="profile-findings")
     plain = gr.Checkbox(False, label="Plain: exactly the card's command (no panel labels or trace env)", elem_id="command-plain")
-    command = gr.Code(cmd0, language="shell", label="Equivalent docker run", interactive=False, buttons=["copy"],
-                      elem_id="profile-command", wrap_lines=True, show_line_numbers=False)
+    # A read-only textarea, not gr.Code: CodeMirror only puts visible lines in the DOM, which breaks
+    # select-all, screen readers and the browser tests; the copy button is Gradio's own.
+    command = gr.Textbox(cmd0, label="Equivalent docker run", interactive=False, buttons=["copy"], lines=14,
+                         max_lines=40, elem_id="profile-command", elem_classes=["moet-code"])
     with gr.Accordion("Studies behind the figures", open=False, elem_id="studies"):
         gr.HTML(study_tables(recipe.studies), elem_id="study-tables")
 

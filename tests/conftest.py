@@ -1,0 +1,141 @@
+"""Shared fixtures (append yours at the end; keep them tidy).
+
+- `free_port()` — an unused TCP port on 127.0.0.1.
+- `browser` — headless Debian Chromium via Playwright; `new_page(browser_ctx)` helpers below.
+  A failing test's pages are screenshotted into test-artifacts/; browser console errors are collected.
+- `panel` — an AppState for a temp data dir (simulated recipe) + `build_ui` launched on a free port.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+
+
+# --- browser ---------------------------------------------------------------------------------------
+
+@dataclass
+class BrowserSession:
+    """Pages opened through `new_page` record console errors and are screenshotted if the test fails."""
+
+    browser: Any
+    pages: list[Any] = field(default_factory=list)
+    console_errors: list[str] = field(default_factory=list)
+
+    def new_page(self, width: int = 1280, height: int = 800) -> Any:
+        ctx = self.browser.new_context(viewport={"width": width, "height": height})
+        page = ctx.new_page()
+        page.set_default_timeout(20_000)
+        page.on("console", lambda m: self.console_errors.append(f"{m.type}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.console_errors.append(f"pageerror: {e}"))
+        self.pages.append(page)
+        return page
+
+
+@pytest.fixture(scope="session")
+def _chromium() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian chromium is not installed (./run-tests.sh installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def browser(_chromium: Any, request: pytest.FixtureRequest) -> Iterator[BrowserSession]:
+    session = BrowserSession(_chromium)
+    try:
+        yield session
+    finally:
+        rep = getattr(request.node, "rep_call", None)
+        failed = rep is not None and rep.failed
+        for i, page in enumerate(session.pages):
+            if failed:
+                ARTIFACTS.mkdir(exist_ok=True)
+                name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid)[-120:]
+                try:
+                    page.screenshot(path=str(ARTIFACTS / f"FAILED-{name}-{i}.png"), full_page=True)
+                except Exception:
+                    pass
+            page.context.close()
+
+
+# --- panel ------------------------------------------------------------------------------------------
+
+@dataclass
+class Panel:
+    url: str
+    state: Any
+    blocks: Any
+    data_dir: Path
+
+
+def launch_panel(data_dir: Path, *, recipe: str | Path | None = None, auth: Any = None, demo: bool = True) -> Panel:
+    from app.backend.recipe import SIMULATED_RECIPE
+    from app.backend.settings import resolve_settings
+    from app.backend.state import build_app_state
+    from app.ui.app import build_ui, launch_kwargs
+
+    settings = resolve_settings(recipe or SIMULATED_RECIPE, data_dir, demo=demo)
+    settings.ensure_state_dir()
+    state = build_app_state(settings)
+    try:
+        blocks = build_ui(state)
+        _, url, _ = blocks.launch(
+            server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, **launch_kwargs(auth)
+        )
+    except BaseException:
+        state.close()
+        raise
+    return Panel(url=url.rstrip("/"), state=state, blocks=blocks, data_dir=Path(data_dir))
+
+
+def close_panel(panel: Panel) -> None:
+    try:
+        panel.blocks.close()
+    finally:
+        panel.state.close()
+
+
+@pytest.fixture
+def panel() -> Iterator[Panel]:
+    """The panel in demo mode (simulated recipe) on a free loopback port, with a temp data dir."""
+    with tempfile.TemporaryDirectory(prefix="moet-panel-test-") as tmp:
+        p = launch_panel(Path(tmp))
+        try:
+            yield p
+        finally:
+            close_panel(p)
