@@ -1,0 +1,103 @@
+"""Fixtures for engine tests: a per-test simulated recipe (own port, own container names), real Docker
+with the SIMULATED image, controllers that are always closed and containers that are always removed."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from app.backend.engine.controller import ControllerOptions, EngineController
+from app.backend.recipe import SIMULATED_RECIPE, load_recipe
+from app.backend.recipe.schema import ProfileSpec, Recipe
+from app.backend.settings import Settings
+
+TEST_LABEL = {"moet-panel.test": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sim_recipe(port: int, boot_timeout_s: int = 60, stop_grace_s: int = 5) -> Recipe:
+    """The simulated recipe on its own port, with a unique id (so container names never collide)."""
+    r = load_recipe(SIMULATED_RECIPE)
+    args = list(r.serve.args)
+    args[args.index("--port") + 1] = str(port)
+    serve = r.serve.model_copy(update={"port": port, "args": args})
+    engine = r.engine.model_copy(update={"boot_timeout_s": boot_timeout_s, "stop_grace_s": stop_grace_s})
+    return r.model_copy(update={"id": f"simtest-{port}", "serve": serve, "engine": engine})
+
+
+def fail_profile(recipe: Recipe, mode: str, pid: str | None = None) -> ProfileSpec:
+    """A custom profile = quality + MOET_SIM_FAIL=<mode> (how a user's broken custom profile looks)."""
+    base = recipe.profile("quality")
+    return base.model_copy(update={
+        "id": pid or mode.replace("_", "-"), "number": 90, "title": f"fails: {mode}", "recommended": False,
+        "env_add": {"MOET_SIM_FAIL": mode}, "measured": False,
+    })
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    docker = pytest.importorskip("docker")
+    try:
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception as exc:  # no daemon here: docker tests skip
+        pytest.skip(f"Docker not reachable: {exc}")
+    from app.backend.simengine.image import ensure_image
+
+    ensure_image(client)
+    return client
+
+
+@pytest.fixture
+def sim_settings(tmp_path: Path) -> Settings:
+    port = free_port()
+    return Settings(recipe_path=SIMULATED_RECIPE, recipe=sim_recipe(port), data_dir=tmp_path / "data", demo=True)
+
+
+@pytest.fixture
+def make_controller(docker_client, sim_settings) -> Iterator[Callable[..., EngineController]]:
+    """Factory for controllers on real Docker; teardown closes them and removes every test container."""
+    from app.backend.engine.docker_runtime import DockerRuntime
+
+    made: list[EngineController] = []
+
+    def make(settings: Settings | None = None, profiles: list[ProfileSpec] | None = None, **opts) -> EngineController:
+        st = settings or sim_settings
+        extra_env = {"MOET_SIM_BOOT_S": "1", **opts.pop("extra_env", {})}
+        options = ControllerOptions(extra_env=extra_env, extra_labels=dict(TEST_LABEL), **opts)
+        pool = list(st.recipe.profiles) + list(profiles or [])
+        ctl = EngineController(st, DockerRuntime(docker_client), profiles_fn=lambda: pool, options=options)
+        made.append(ctl)
+        return ctl
+
+    try:
+        yield make
+    finally:
+        for ctl in made:
+            ctl.close()
+        for c in docker_client.containers.list(all=True, filters={"label": "moet-panel.test=1"}):
+            if c.labels.get("moet-panel.recipe") == sim_settings.recipe.id:
+                c.remove(force=True)
+
+
+def panel_containers(client, recipe_id: str, running_only: bool = True) -> list:
+    return client.containers.list(all=not running_only,
+                                  filters={"label": ["moet-panel.managed=1", f"moet-panel.recipe={recipe_id}"]})
