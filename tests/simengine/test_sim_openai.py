@@ -95,6 +95,15 @@ def test_disconnect_mid_stream_aborts_generation(make_sim):
     poll(lambda: sim.engine.load() == (0, 0), timeout=5)  # the engine freed the sequence
     assert sim.stats.completed == 0
     assert sim.stats.tokens < 5000
+    assert any("Aborted request chatcmpl-" in ln for ln in sim.captured)
+
+
+def test_periodic_engine_stats_line(make_sim):
+    sim = make_sim(stats_interval_s=0.1)
+    with openai.OpenAI(base_url=sim.base_url + "/v1", api_key="EMPTY", max_retries=0) as c:
+        c.completions.create(model="deepseek-v4-flash", prompt="x", max_tokens=100, extra_body={"ignore_eos": True})
+    line = poll(lambda: next((ln for ln in sim.captured if "Engine 000: Avg prompt throughput" in ln), None), 5)
+    assert "Avg generation throughput: " in line and "GPU KV cache usage: " in line
 
 
 def test_unknown_model_is_404_like_vllm(client):

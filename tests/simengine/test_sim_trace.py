@@ -110,3 +110,15 @@ def test_trace_off_prints_nothing_and_level2_prints_events():
     assert drive({"VLLM_MOE_W2_DELTA_TRACE": "0"}, 200) == []
     msgs = messages(drive({"VLLM_MOE_W2_DELTA_TRACE": "2", "VLLM_MOE_W2_DELTA_TRACE_EVERY": "25"}, 30))
     assert any(m.startswith("[delta] promote L") for m in msgs)
+
+
+def test_delta_dump_matches_last_summary(tmp_path):
+    import json
+
+    dump = tmp_path / "delta.json"
+    lines = drive({"VLLM_MOE_W2_DELTA_DUMP": str(dump)}, 64 * 3)
+    last = summaries(lines)[-1]
+    doc = json.loads(dump.read_text())
+    assert (doc["tick"], doc["cached"], doc["promoted_total"], doc["evicted_total"]) == (
+        int(last["tick"]), int(last["cached"]), int(last["cum_p"]), int(last["cum_e"]))
+    assert sum(len(v) for v in doc["fp4_by_layer"].values()) == doc["cached"]

@@ -43,8 +43,9 @@ class BootFigures:
 
 class BootSequence:
     def __init__(self, cfg: SimEngineConfig, log: LogSink, plan: TierPlan, sleep: Callable[[float], bool],
-                 clock: Callable[[], float], port: int):
+                 clock: Callable[[], float], port: int, on_ready: Callable[[], None] = lambda: None):
         self.cfg, self.log, self.plan = cfg, log, plan
+        self._on_ready = on_ready  # called just before uvicorn's "Application startup complete." 
         self._sleep = sleep  # returns True when stop was requested
         self._clock = clock
         self.port = port
@@ -170,6 +171,7 @@ class BootSequence:
             log.api("launcher.py:45", f"Route: {path}, Methods: {methods}")
         log.uvicorn(f"Started server process [{log.api_pid}]")
         log.uvicorn("Waiting for application startup.")
+        self._on_ready()  # /health answers 200 from the moment the ready line can be read
         log.uvicorn("Application startup complete.")
 
     def _oom_traceback(self) -> None:

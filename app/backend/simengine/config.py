@@ -17,6 +17,7 @@ FAIL_MODES = (
     "cache_miss",
     "host_oom",
 )
+FAIL_ALIASES = {"health_without_pool": "pool_disabled"}  # the brief's name for the same symptom
 REASONING_MODES = ("reasoning", "reasoning_content", "think_tags", "none")
 # The ckpt id the simulated planes cache was "built" with (the simulated recipe pins this value);
 # any other VLLM_MOE_W2_CKPT_ID (or none) is a planes-cache MISS, as on the real engine.
@@ -38,6 +39,7 @@ class SimEngineConfig:
     boot_s: float = 3.0
     seed: int = 0
     fail: str = ""  # one of FAIL_MODES, or "" for a healthy engine
+    stats_interval_s: float = 10.0  # vLLM's VLLM_LOG_STATS_INTERVAL
     crash_after_tokens: int = 16  # crash_mid_generation: tokens of the first request before the crash
     reasoning_mode: str = "reasoning"  # default for requests without sim_reasoning_mode
     expected_ckpt_id: str = DEFAULT_EXPECTED_CKPT_ID
@@ -46,6 +48,7 @@ class SimEngineConfig:
     extra_args: list[str] = field(default_factory=list)  # flags accepted but ignored (a real server uses them)
 
     def __post_init__(self) -> None:
+        self.fail = FAIL_ALIASES.get(self.fail, self.fail)
         if self.fail and self.fail not in FAIL_MODES:
             raise ValueError(f"MOET_SIM_FAIL={self.fail!r} is not one of {', '.join(FAIL_MODES)}")
         if self.reasoning_mode not in REASONING_MODES:
@@ -129,6 +132,7 @@ def config_from_env_and_args(argv: Sequence[str], environ: Mapping[str, str]) ->
     cfg.boot_s = _float_env(environ, "MOET_SIM_BOOT_S", cfg.boot_s)
     cfg.seed = int(_float_env(environ, "MOET_SIM_SEED", ns.seed if ns.seed is not None else cfg.seed))
     cfg.fail = environ.get("MOET_SIM_FAIL", "").strip().lower()
+    cfg.stats_interval_s = max(0.05, _float_env(environ, "VLLM_LOG_STATS_INTERVAL", cfg.stats_interval_s))
     cfg.crash_after_tokens = int(_float_env(environ, "MOET_SIM_CRASH_AFTER_TOKENS", cfg.crash_after_tokens))
     cfg.reasoning_mode = environ.get("MOET_SIM_REASONING_MODE", cfg.reasoning_mode).strip() or cfg.reasoning_mode
     cfg.expected_ckpt_id = environ.get("MOET_SIM_EXPECTED_CKPT_ID", cfg.expected_ckpt_id).strip()

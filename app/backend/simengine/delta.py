@@ -13,7 +13,9 @@ Invariant kept by construction: cached = cumulative promoted - cumulative evicte
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
 from dataclasses import dataclass
 
@@ -213,6 +215,26 @@ class DeltaSim:
             self._log.engine(f"{SRC}:1909", "[need] low-conf routing top1%%/5%%/10%% = %d/%d/%d  |  all routing "
                              "top1%%/5%%/10%% = %d/%d/%d  |  experts need>0: %d/%d"
                              % (a, b, c, a // 2, b // 2, c // 2, min(11264, self.cum_p), 44 * N_EXPERTS))
+        if self.plan.dump:
+            self._dump()
         self._win_p = self._win_e = 0
         self._hit_sum, self._hit_n = 0.0, 0
         self._last_summary = self.tick
+
+    def _dump(self) -> None:
+        """VLLM_MOE_W2_DELTA_DUMP: the precision map as one JSON line, tmp + rename (engine.md §2.3)."""
+        by_layer: dict[str, list[int]] = {}
+        for layer, expert in sorted(self._owned):
+            by_layer.setdefault(str(layer), []).append(expert)
+        doc = {"tick": self.tick, "n_slots": self.plan.slots, "cached": self.cached, "promoted_total": self.cum_p,
+               "evicted_total": self.cum_e, "fp4_by_layer": by_layer}
+        if self.plan.store_dir:
+            doc["store"] = {"reads": self.store_reads, "read_bytes": int(self.store_reads * SLOT_MIB * 2**20),
+                            "read_s": round(self.store_reads * 0.0047, 1)}
+        tmp = self.plan.dump + ".tmp"
+        try:
+            with open(tmp, "w") as fh:
+                json.dump(doc, fh)
+            os.replace(tmp, self.plan.dump)
+        except OSError as exc:
+            self._log.engine(f"{SRC}:1936", f"delta dump to {self.plan.dump} failed: {exc}", "WARNING")

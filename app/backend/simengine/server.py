@@ -7,6 +7,7 @@ stopped | dead (fatal error: listening socket closed, `exit_code` set, `wait()` 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -37,6 +38,11 @@ class SimStats:
 class _Http(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return  # a client hanging up between requests is normal, not an error worth a traceback
+        super().handle_error(request, client_address)
 
 
 class SimEngineServer:
@@ -136,6 +142,7 @@ class SimEngineServer:
                 self._stats.completed += 1
         if aborted:
             self.metrics.finish("abort", time.monotonic() - req.arrived)
+            self.log.api("async_llm.py:418", f"Aborted request {req.request_id}.")
 
     def record_error(self) -> None:
         with self._lock:
@@ -155,7 +162,7 @@ class SimEngineServer:
 
     def _boot(self) -> None:
         seq = BootSequence(self.config, self.log, self.tier_plan, sleep=self._stop.wait, clock=time.monotonic,
-                           port=self.port)
+                           port=self.port, on_ready=self._become_ready)
         try:
             seq.run()
         except Stopped:
@@ -163,10 +170,32 @@ class SimEngineServer:
         except SimExit as exc:
             self._die(exc.code, exc.reason)
             return
+        if not self._stop.is_set():
+            self._spawn(self._stats_logger, "sim-stats")
+
+    def _become_ready(self) -> None:
         if self._stop.is_set():
             return
         self.engine.start()
         self.state = "ready"
+
+    def _stats_logger(self) -> None:
+        """vLLM's periodic `Engine 000: Avg prompt throughput ...` line, while there is (or just was) traffic."""
+        interval = self.config.stats_interval_s
+        last = (self.metrics.prompt_tokens, self.metrics.generation_tokens)
+        was_busy = False
+        while not self._stop.wait(interval):
+            now = (self.metrics.prompt_tokens, self.metrics.generation_tokens)
+            running, waiting = self.engine.load()
+            busy = now != last or running > 0 or waiting > 0
+            if busy or was_busy:
+                kv = 100.0 * min(1.0, self.metrics.kv_tokens / self.metrics.kv_capacity_tokens)
+                self.log.api("loggers.py:123", "Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation "
+                             "throughput: %.1f tokens/s, Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: "
+                             "%.1f%%, Prefix cache hit rate: %.1f%%" % ((now[0] - last[0]) / interval,
+                                                                       (now[1] - last[1]) / interval,
+                                                                       running, waiting, kv, 0.0))
+            last, was_busy = now, busy
 
     def _on_token(self, req: SimRequest) -> None:
         if (self.config.fail == "crash_mid_generation" and req.request_id == self._first_request_id
