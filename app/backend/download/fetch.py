@@ -90,7 +90,7 @@ def _one_request(hub: HubClient, part: PartInfo, pos: list[int], end: int, fd: i
         else:
             raise_for_hub_status(r, hub.cfg, part.name)
             raise TransientError(f"{part.name}: unexpected HTTP {r.status_code}")
-        for chunk in r.iter_raw(READ_CHUNK):
+        for chunk in r.iter_raw():  # unbuffered: bytes read before a drop are kept
             on_wire(len(chunk))
             if skip:
                 drop = min(skip, len(chunk))

@@ -1,0 +1,88 @@
+"""Download-area fixtures: a small real artifact (GNU tar --sparse | zstd | split), its reference
+extraction by the real `tar -x --sparse`, and a fresh SIMULATED hub per test with fault injection."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from app.backend.download.config import make_config
+from app.backend.download.types import DownloadConfig
+from app.backend.recipe import SIMULATED_RECIPE
+from app.backend.settings import Settings, resolve_settings
+from app.backend.simhub.artifacts import TreeSpec, build_artifact, file_digest_tree, generate_tree, reference_extract
+from app.backend.simhub.server import SimHub
+
+PREFIX = "planescache.tar.zst.part."
+PART_SIZE = 512 * 1024
+KNOWN_TOKEN = "hf_KnownSecretToken1234567890abcdef"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    repo_dir: Path
+    parts: list[Path]
+    reference: dict[str, tuple[str, int]]
+    ref_root: Path
+    files: dict[str, Path]
+
+
+@pytest.fixture(scope="session")
+def artifact() -> Iterator[Artifact]:
+    tmp = Path(tempfile.mkdtemp(prefix="moet-dl-art-"))
+    try:
+        settings = resolve_settings(SIMULATED_RECIPE, tmp / "unused", demo=True)
+        spec = TreeSpec(top="planescache", layers=4, file_size=256 * 1024, sparse_size=32 << 20,
+                        ckpt_id=settings.recipe.model.ckpt_id, seed=1)
+        generate_tree(tmp / "src", spec)
+        parts = build_artifact(tmp / "src", "planescache", tmp / "repo", PREFIX, PART_SIZE)
+        reference_extract(parts, tmp / "ref")
+        files = {p.name: p for p in parts}
+        (tmp / "repo" / "README.md").write_text("SIMULATED\n")
+        files["README.md"] = tmp / "repo" / "README.md"
+        yield Artifact(tmp / "repo", parts, file_digest_tree(tmp / "ref"), tmp / "ref", files)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return resolve_settings(SIMULATED_RECIPE, tmp_path / "data", demo=True)
+
+
+def start_hub(artifact: Artifact, **kw) -> SimHub:
+    hub = SimHub(**kw)
+    hub.add_repo("moet-panel/simulated-cache", artifact.files)
+    return hub.start()
+
+
+@pytest.fixture
+def hub(artifact: Artifact) -> Iterator[SimHub]:
+    h = start_hub(artifact, page_size=2)
+    try:
+        yield h
+    finally:
+        h.stop()
+
+
+def fast_config(settings: Settings, endpoint: str, dest: Path, **kw) -> DownloadConfig:
+    """Small segments, a 0.5 s stall watchdog and millisecond backoff: fault tests stay fast."""
+    base = make_config(settings, endpoint=endpoint, dest=dest)
+    defaults = dict(segment_size=128 * 1024, connections=4, stall_s=0.5, backoff_base_s=0.01,
+                    backoff_max_s=0.05, reserve_bytes=0)
+    defaults.update(kw)
+    return replace(base, **defaults)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_token_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No real token (env, HF file, panel file) leaks into or out of these tests."""
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))

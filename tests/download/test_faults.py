@@ -1,0 +1,101 @@
+"""Fault matrix against the SIMULATED hub: every transient fault ends in a byte-identical tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from app.backend.download.ckpt import check_ckpt_id
+from app.backend.download.progress import ProgressBoard
+from app.backend.download.runner import run_download
+from app.backend.download.types import ArtifactState, CorruptPartError
+from app.backend.simhub.artifacts import file_digest_tree
+from app.backend.simhub.faults import Fault
+
+from .conftest import PREFIX, fast_config
+
+PART1 = PREFIX + "001"
+
+
+def download(settings, hub, dest: Path, **kw) -> ProgressBoard:
+    board = ProgressBoard()
+    run_download(fast_config(settings, hub.endpoint, dest, **kw), list(settings.recipe.artifacts), board,
+                 threading.Event())
+    return board
+
+
+def test_clean_download_matches_reference_tar(settings, hub, artifact, tmp_path):
+    dest = tmp_path / "dest"
+    board = download(settings, hub, dest)
+    [a] = board.snapshot()
+    assert a.state == ArtifactState.DONE
+    assert a.verified_bytes == sum(p.stat().st_size for p in artifact.parts)
+    assert file_digest_tree(dest) == artifact.reference
+    assert hub.stats.requests[("tree", "moet-panel/simulated-cache")] >= 2, "Link pagination was followed"
+    assert hub.stats.auth_on_cdn == 0
+    check = check_ckpt_id(settings, dest)
+    assert check.status == "match", check.message
+
+
+def test_sparse_file_stays_sparse(settings, hub, tmp_path):
+    dest = tmp_path / "dest"
+    download(settings, hub, dest)
+    [sparse] = list(dest.rglob("sparse.pool.bin"))
+    st = os.stat(sparse)
+    assert st.st_size == 32 << 20
+    assert st.st_blocks * 512 < 1 << 20, f"holes were filled: {st.st_blocks * 512} bytes allocated"
+
+
+@pytest.mark.parametrize("fault", [
+    Fault("drop", after_bytes=100_000),
+    Fault("reset", after_bytes=50_000),
+    Fault("truncate", after_bytes=70_000),
+    Fault("status", status=503, times=3),
+    Fault("status", status=500, where="resolve", times=2),
+    Fault("ratelimit", retry_after=1),
+    Fault("ratelimit", retry_after=1, where="tree"),
+    Fault("stall", after_bytes=10_000, stall_s=20),
+    Fault("ignore_range", times=2),
+    Fault("corrupt", offset=200_000),
+], ids=lambda f: f"{f.kind}-{f.where}")
+def test_transient_fault_is_survived(settings, hub, artifact, tmp_path, fault):
+    key = "__tree__" if fault.where == "tree" else PART1
+    hub.add_fault(key, fault)
+    board = download(settings, hub, tmp_path / "dest")
+    assert fault.hits >= 1, "the fault never fired: the test proves nothing"
+    [a] = board.snapshot()
+    assert a.state == ArtifactState.DONE, a.reason
+    assert file_digest_tree(tmp_path / "dest") == artifact.reference
+    if fault.kind in ("drop", "reset", "stall", "truncate"):
+        starts = [int(r.split("=")[1].split("-")[0]) for p, r in hub.stats.ranges if p == PART1]
+        assert any(s % (128 * 1024) == fault.after_bytes for s in starts), f"no resumed Range in {starts}"
+    if fault.kind == "corrupt":
+        assert any(e.__class__.__name__ == "PartRetry" and "sha256" in e.reason for e in board.events)
+
+
+def test_drop_resumes_with_range_from_the_first_missing_byte(settings, hub, tmp_path):
+    hub.add_fault(PART1, Fault("drop", after_bytes=100_000))
+    download(settings, hub, tmp_path / "dest", segment_size=512 * 1024)
+    ranges = [r for p, r in hub.stats.ranges if p == PART1]
+    assert "bytes=100000-524287" in ranges, ranges
+
+
+def test_persistent_corruption_fails_naming_the_part(settings, hub, tmp_path):
+    hub.add_fault(PART1, Fault("corrupt", offset=1000, times=-1))
+    board = ProgressBoard()
+    cfg = fast_config(settings, hub.endpoint, tmp_path / "dest", corrupt_refetches=2)
+    with pytest.raises(CorruptPartError) as err:
+        run_download(cfg, list(settings.recipe.artifacts), board, threading.Event())
+    assert PART1 in str(err.value) and "sha256" in str(err.value)
+    [a] = board.snapshot()
+    assert a.state == ArtifactState.FAILED and PART1 in a.reason
+    assert hub.stats.cdn_requests(PART1) >= 3, "refetched before giving up"
+    # verify-before-trust: the corrupt part never became "verified", so the extractor never read it
+    journal = json.loads((tmp_path / "dest/.moet-panel/downloads/planescache.json").read_text())
+    status = {p["name"]: p["status"] for p in journal["parts"]}
+    assert status[PART1] == "pending"
+    assert a.parts_verified < a.parts_total
