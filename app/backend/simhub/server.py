@@ -324,12 +324,12 @@ class _HubHandler(BaseHTTPRequestHandler):
                     data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
                 self.wfile.write(data)
                 sent += len(data)
+                self._add_bytes(f.path, len(data))  # counted as sent, so tests see exact totals
                 if cap:
                     delay = sent / cap - (time.monotonic() - t0)
                     if delay > 0:
                         time.sleep(delay)
             self.wfile.flush()
-            self._add_bytes(f.path, sent)
         if cut is not None:
             self._cut(fault)
 
