@@ -107,16 +107,14 @@ def launch_panel(data_dir: Path, *, recipe: str | Path | None = None, auth: Any 
     from app.backend.recipe import SIMULATED_RECIPE
     from app.backend.settings import resolve_settings
     from app.backend.state import build_app_state
-    from app.ui.app import build_ui, launch_kwargs
+    from app.ui.app import build_ui, launch
 
     settings = resolve_settings(recipe or SIMULATED_RECIPE, data_dir, demo=demo)
     settings.ensure_state_dir()
     state = build_app_state(settings)
     try:
         blocks = build_ui(state)
-        _, url, _ = blocks.launch(
-            server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, **launch_kwargs(auth)
-        )
+        url = launch(blocks, "127.0.0.1", free_port(), auth)
     except BaseException:
         state.close()
         raise
@@ -128,6 +126,17 @@ def close_panel(panel: Panel) -> None:
         panel.blocks.close()
     finally:
         panel.state.close()
+
+
+@pytest.fixture(scope="session")
+def shared_panel() -> Iterator[Panel]:
+    """One demo panel for read-only browser tests (building the services costs seconds)."""
+    with tempfile.TemporaryDirectory(prefix="moet-panel-shared-") as tmp:
+        p = launch_panel(Path(tmp))
+        try:
+            yield p
+        finally:
+            close_panel(p)
 
 
 @pytest.fixture

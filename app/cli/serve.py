@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _serve(p: Plan) -> int:
     from app.backend.state import build_app_state
-    from app.ui.app import build_ui, launch_kwargs
+    from app.ui.app import build_ui, launch
 
     p.settings.ensure_state_dir()
     hub_url, hub = (None, None)
@@ -149,7 +149,7 @@ def _serve(p: Plan) -> int:
     auth = make_checker(load_users(p.auth_file)) if p.auth_file else None
     demo = build_ui(state)
     try:
-        _, url, _ = demo.launch(server_name=p.host, server_port=p.port, prevent_thread_lock=True, **launch_kwargs(auth))
+        url = launch(demo, p.host, p.port, auth)
     except OSError as exc:
         state.close()
         print(f"moet-panel: cannot listen on {p.host}:{p.port} ({exc}). Is another panel running? "

@@ -23,6 +23,8 @@ CSS_PATH = Path(__file__).resolve().parents[2] / "assets" / "css" / "panel.css"
 # Tab modules in display order. A module is listed only once its capability has landed.
 TABS = [
     "app.ui.profiles",
+    "app.ui.telemetry",
+    "app.ui.chat",  # keep last
 ]
 
 
@@ -82,3 +84,19 @@ def launch_kwargs(auth: Callable[[str, str], bool] | None = None) -> dict[str, A
         kwargs["auth"] = auth
         kwargs["auth_message"] = "moet-panel controls Docker on this machine: sign in to continue."
     return kwargs
+
+
+def hide_api(blocks: gr.Blocks) -> None:
+    """Mark every event "private": Gradio 6.31 embeds the API description (endpoint names, component
+    labels, defaults) in the page it serves to *unauthenticated* visitors, and the Gradio client could
+    call public endpoints. With auth on, the browser UI is the only client the panel needs."""
+    for fn in blocks.fns.values():
+        fn.api_visibility = "private"
+
+
+def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], bool] | None = None) -> str:
+    """Launch without blocking (the caller decides how to wait); returns the local URL."""
+    if auth is not None:
+        hide_api(blocks)
+    _, url, _ = blocks.launch(server_name=host, server_port=port, prevent_thread_lock=True, **launch_kwargs(auth))
+    return str(url)
