@@ -40,6 +40,13 @@ def build_app_state(settings: Settings) -> AppState:
     state = AppState(settings=settings)
     # Services register themselves here as they land (downloads, engine, telemetry, chat).
 
+    # downloads (owner: download helper): idle until started; in demo mode a SIMULATED local hub
+    # is started on first use. The closer pauses a running download (verified data is kept).
+    from app.backend.download.manager import DownloadManager
+
+    state.downloads = DownloadManager(settings)
+    state.on_close(state.downloads.close)
+
     # engine (owner: engine helper): picks Docker (or the SIMULATED process runtime), reattaches to a
     # running panel engine; its closer stops the panel's threads, never the engine container.
     from app.backend.engine.factory import make_engine_controller

@@ -23,6 +23,7 @@ CSS_PATH = Path(__file__).resolve().parents[2] / "assets" / "css" / "panel.css"
 # Tab modules in display order. A module is listed only once its capability has landed.
 TABS = [
     "app.ui.profiles",
+    "app.ui.downloads",
     "app.ui.telemetry",
     "app.ui.chat",  # keep last
 ]

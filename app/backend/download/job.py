@@ -185,6 +185,7 @@ class ArtifactRun:
         budget = staging_budget(free, on_disk, remaining, largest, self.plan.compressed, self.cfg)
         self.disk = DiskPicture(free=free, needed=remaining + largest, staging_budget=budget,
                                 staging_used=on_disk, path=str(self.cfg.dest))
+        self.board.set_disk(self.disk)
         return budget
 
     def _schedule(self) -> None:

@@ -7,7 +7,7 @@ import threading
 import time
 from collections import deque
 
-from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadEvent
+from app.backend.download.types import ArtifactProgress, ArtifactState, DiskPicture, DownloadEvent
 
 RATE_WINDOW_S = 5.0
 STALL_AFTER_S = 3.0
@@ -24,6 +24,15 @@ class ProgressBoard:
         self._last_byte: dict[str, float] = {}
         self._in_flight: dict[str, int] = {}
         self.events: deque[DownloadEvent] = deque(maxlen=events_max)
+        self._disk: DiskPicture | None = None
+
+    def set_disk(self, disk: DiskPicture) -> None:
+        with self._lock:
+            self._disk = disk
+
+    def disk(self) -> DiskPicture | None:
+        with self._lock:
+            return self._disk
 
     def register(self, art: ArtifactProgress) -> None:
         with self._lock:

@@ -31,6 +31,7 @@ def run_download(cfg: DownloadConfig, specs: list[ArtifactSpec], board: Progress
         prepared = prepare(cfg, specs)
         try:
             register_plans(board, prepared)
+            board.set_disk(prepared.disk)
             if on_prepared:
                 on_prepared(prepared)
             store = JournalStore(cfg.dest)

@@ -1,0 +1,243 @@
+"""`state.downloads`: the panel's download service (one background run at a time).
+
+The UI calls start/pause/resume/cancel/clean and reads `snapshot()` (cheap: counters + a cached
+listing) on its timer ticks. In demo mode (SIMULATED recipe, no explicit endpoint) a local demo hub
+is started on first use and labelled SIMULATED everywhere.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+from app.backend import hf_token
+from app.backend.download.ckpt import CkptCheck, check_ckpt_id
+from app.backend.download.config import make_config
+from app.backend.download.extract import free_bytes
+from app.backend.download.journal import DestLock, JournalStore, clean_partial
+from app.backend.download.plan import _existing_parent, prepare
+from app.backend.download.progress import ProgressBoard
+from app.backend.download.runner import run_download
+from app.backend.download.types import (
+    ArtifactProgress, ArtifactState, DiskPicture, DownloadConfig, DownloadError, DownloadSnapshot, GiB, Stopped,
+)
+from app.backend.settings import Settings
+
+
+@dataclass(frozen=True)
+class ArtifactRow:
+    """One line of the artifact list, before or between runs."""
+
+    id: str
+    contents: str
+    parts: int
+    compressed: int
+    extracted_estimate: int
+
+
+class DownloadManager:
+    def __init__(self, settings: Settings, *, endpoint: str | None = None, repo: str | None = None,
+                 revision: str | None = None, connections: int | None = None, **overrides: Any) -> None:
+        self.settings = settings
+        self._endpoint, self._repo, self._revision = endpoint, repo, revision
+        self._connections = connections
+        self._overrides = overrides
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._board = ProgressBoard()
+        self._rows: list[ArtifactRow] = []
+        self._message = ""
+        self._error = ""
+        self._commit = ""
+        self._selection: list[str] | None = None
+        self._demo: Any = None
+        self._ckpt: CkptCheck | None = None
+
+    # ---- configuration -------------------------------------------------------------------------
+    @property
+    def simulated(self) -> bool:
+        return self.settings.recipe.simulated or self.settings.demo
+
+    def _config(self) -> DownloadConfig:
+        endpoint = self._endpoint
+        if endpoint is None and self.settings.recipe.simulated:
+            endpoint = self._demo_endpoint()
+        cfg = make_config(self.settings, endpoint=endpoint, repo=self._repo, revision=self._revision,
+                          connections=self._connections)
+        return replace(cfg, **self._overrides) if self._overrides else cfg
+
+    def _demo_endpoint(self) -> str:
+        with self._lock:
+            if self._demo is None:
+                from app.backend.simhub.demo import start_demo_hub  # demo only
+
+                self._demo = start_demo_hub(self.settings.state_dir / "simhub")
+            return self._demo.endpoint
+
+    @property
+    def source(self) -> str:
+        ep = self._endpoint or ("local demo hub" if self.settings.recipe.simulated else None)
+        cfg_ep = ep or self.settings.recipe.hub.endpoint
+        label = "SIMULATED Hub · " if self.simulated else ""
+        return f"{label}{self._repo or self.settings.recipe.hub.repo} @ {cfg_ep}"
+
+    # ---- listing -------------------------------------------------------------------------------
+    def refresh(self) -> str:
+        """List the repo (network): parts and sizes per artifact. Returns a status line."""
+        try:
+            cfg = self._config()
+            prepared = prepare(cfg, list(self.settings.recipe.artifacts))
+        except DownloadError as exc:
+            self._error = exc.message
+            return exc.message
+        prepared.hub.close()
+        contents = {a.id: a.contents for a in self.settings.recipe.artifacts}
+        self._rows = [ArtifactRow(p.id, contents.get(p.id, ""), len(p.parts), p.compressed, p.extracted_estimate)
+                      for p in prepared.plans]
+        self._commit = prepared.commit
+        self._error = ""
+        self._message = f"listed {sum(r.parts for r in self._rows)} parts at commit {prepared.commit[:12]}"
+        return self._message
+
+    def rows(self) -> list[ArtifactRow]:
+        return list(self._rows)
+
+    # ---- control -------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, artifact_ids: list[str] | None = None) -> str:
+        """Start (or resume) in the background. A second click while running changes nothing."""
+        with self._lock:
+            if self.running:
+                return "a download is already running"
+            ids = artifact_ids or self._selection or [a.id for a in self.settings.recipe.artifacts]
+            specs = [self.settings.recipe.artifact(i) for i in ids]
+            self._selection = ids
+            self._stop = threading.Event()
+            self._board = ProgressBoard()
+            self._error = ""
+            self._message = "starting…"
+            self._thread = threading.Thread(target=self._run, args=(specs, self._stop, self._board),
+                                            name="downloads", daemon=True)
+            self._thread.start()
+            return "download started"
+
+    def _run(self, specs: list, stop: threading.Event, board: ProgressBoard) -> None:
+        try:
+            cfg = self._config()
+            prepared = run_download(cfg, specs, board, stop, on_prepared=self._on_prepared)
+            self._message = f"all {len(specs)} artifact(s) complete and verified"
+            del prepared
+        except Stopped:
+            self._message = "paused; Resume continues where it stopped (verified data is kept)"
+        except DownloadError as exc:
+            if stop.is_set():
+                self._message = "paused; Resume continues where it stopped (verified data is kept)"
+            else:
+                self._error = exc.message
+        except Exception as exc:  # never let the thread die silently
+            self._error = hf_token.redact(f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self._ckpt = None  # re-read after any run
+
+    def _on_prepared(self, prepared: Any) -> None:
+        self._commit = prepared.commit
+        self._message = f"downloading from commit {prepared.commit[:12]}"
+
+    def pause(self) -> str:
+        if not self.running:
+            return "nothing is running"
+        self._stop.set()
+        self._thread.join(timeout=10)  # type: ignore[union-attr]
+        return "paused; verified data is kept"
+
+    def resume(self) -> str:
+        return self.start(self._selection)
+
+    def cancel(self) -> str:
+        msg = self.pause() if self.running else "nothing is running"
+        self._message = "cancelled; downloaded data is kept (Clean partial data removes it)"
+        return msg if msg == "nothing is running" else self._message
+
+    def clean(self) -> str:
+        if self.running:
+            return "pause or cancel the download before cleaning"
+        cfg_dest = self.settings.data_dir
+        try:
+            with DestLock(cfg_dest):
+                freed = clean_partial(cfg_dest, [a.id for a in self.settings.recipe.artifacts])
+        except DownloadError as exc:
+            return exc.message
+        self._board = ProgressBoard()
+        self._message = f"partial data removed ({freed / (1 << 20):.1f} MiB freed)"
+        return self._message
+
+    # ---- token -----------------------------------------------------------------------------------
+    def save_token(self, token: str) -> str:
+        try:
+            path = hf_token.save_token(token)
+        except ValueError as exc:
+            return str(exc)
+        return f"token saved (mode 0600) in {path}; it is used for the next download"
+
+    def token_status(self) -> str:
+        if hf_token.resolve_token() is None:
+            return "no token (fine for public repos; gated/private repos need one)"
+        return f"token present ({hf_token.REDACTED})"
+
+    # ---- reading ---------------------------------------------------------------------------------
+    def ckpt_check(self) -> CkptCheck:
+        if self._ckpt is None or self.running:
+            self._ckpt = check_ckpt_id(self.settings)
+        return self._ckpt
+
+    def snapshot(self) -> DownloadSnapshot:
+        arts = self._board.snapshot()
+        if not arts:
+            arts = self._idle_rows()
+        rate = sum(a.rate_bps for a in arts)
+        left = sum(max(a.total_bytes - a.fetched_bytes, 0) for a in arts if a.state != ArtifactState.DONE)
+        return DownloadSnapshot(
+            running=self.running, artifacts=arts, message=self._message, error=self._error,
+            endpoint=self._endpoint or "", repo=self._repo or self.settings.recipe.hub.repo, commit=self._commit,
+            disk=self._board.disk() or self._idle_disk(), simulated=self.simulated, rate_bps=rate,
+            eta_s=(left / rate) if rate > 1 else None)
+
+    def _idle_rows(self) -> list[ArtifactProgress]:
+        store = JournalStore(self.settings.data_dir)
+        sizes = {r.id: r for r in self._rows}
+        out = []
+        for a in self.settings.recipe.artifacts:
+            j = store.load(a.id)
+            state = ArtifactState(j.state) if j and j.state in ArtifactState._value2member_map_ else ArtifactState.QUEUED
+            if state in (ArtifactState.DOWNLOADING, ArtifactState.VERIFYING, ArtifactState.EXTRACTING):
+                state = ArtifactState.PAUSED  # a run that ended without saying so (killed): resumable
+            row = sizes.get(a.id)
+            total = row.compressed if row else (sum(p.size for p in j.parts) if j else 0)
+            verified = sum(p.size for p in j.parts if p.status != "pending") if j else 0
+            out.append(ArtifactProgress(id=a.id, state=state, reason=j.reason if j else "", total_bytes=total,
+                                        verified_bytes=total if state == ArtifactState.DONE else verified,
+                                        fetched_bytes=total if state == ArtifactState.DONE else verified,
+                                        extracted_files=len(j.files_done) if j else 0,
+                                        parts_total=len(j.parts) if j else (row.parts if row else 0),
+                                        estimate=int(a.extracted_gib * GiB)))
+        return out
+
+    def _idle_disk(self) -> DiskPicture:
+        probe = _existing_parent(self.settings.data_dir)
+        store = JournalStore(self.settings.data_dir)
+        needed = sum(int(a.extracted_gib * GiB) for a in self.settings.recipe.artifacts
+                     if not ((j := store.load(a.id)) and j.state == "done"))
+        return DiskPicture(free=free_bytes(probe), needed=needed, staging_budget=0, path=str(probe))
+
+    def close(self) -> None:
+        if self.running:
+            self._stop.set()
+            self._thread.join(timeout=10)  # type: ignore[union-attr]
+        if self._demo is not None:
+            self._demo.stop()
+            self._demo = None

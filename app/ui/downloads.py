@@ -1,0 +1,153 @@
+"""Downloads tab: artifact list with live progress bars, controls, disk picture, token, ckpt-id check.
+
+Thin: every action calls `state.downloads` (DownloadManager); the page timer reads its cached snapshot.
+"""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadSnapshot
+from app.backend.state import AppState
+
+TITLE = "Downloads"
+
+_STYLE = """<style>
+.moet-dl table{border-collapse:collapse;width:100%;font-size:.9rem}
+.moet-dl th,.moet-dl td{padding:6px 8px;border-bottom:1px solid var(--border-color-primary);text-align:left;vertical-align:top}
+.moet-dl td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.moet-dl .track{position:relative;height:16px;border-radius:8px;background:var(--neutral-200,#e5e7eb);overflow:hidden;min-width:160px}
+.moet-dl .fetched{position:absolute;left:0;top:0;bottom:0;background:#93c5fd}
+.moet-dl .verified{position:absolute;left:0;top:0;bottom:0;background:#2563eb}
+.moet-dl .active .verified,.moet-dl .active .fetched{background-image:linear-gradient(45deg,rgba(255,255,255,.28) 25%,transparent 25%,transparent 50%,rgba(255,255,255,.28) 50%,rgba(255,255,255,.28) 75%,transparent 75%);background-size:20px 20px;animation:moetdl 1s linear infinite}
+.moet-dl .stalled .verified{background-color:#d97706}
+@keyframes moetdl{from{background-position:0 0}to{background-position:20px 0}}
+.moet-dl .st{font-weight:700;border-radius:6px;padding:1px 6px;font-size:.78rem}
+.moet-dl .st.done{background:#dcfce7;color:#166534}.moet-dl .st.failed{background:#fee2e2;color:#991b1b}
+.moet-dl .st.paused{background:#fef3c7;color:#92400e}.moet-dl .st.stalled{background:#fde68a;color:#78350f}
+.moet-dl .st.run{background:#dbeafe;color:#1e3a8a}.moet-dl .st.queued{background:#f1f5f9;color:#334155}
+.moet-dl .why{font-size:.8rem;color:var(--body-text-color-subdued)}
+.moet-dl .sim{display:inline-block;background:#fff4d6;color:#5c4400;border:1px solid #e8c66a;border-radius:6px;padding:0 6px;font-size:.75rem;font-weight:700}
+</style>"""
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def fmt_eta(s: float | None) -> str:
+    if s is None:
+        return "—"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _badge(a: ArtifactProgress) -> str:
+    if a.stalled:
+        return '<span class="st stalled">stalled · 0 B/s</span>'
+    cls = {ArtifactState.DONE: "done", ArtifactState.FAILED: "failed", ArtifactState.PAUSED: "paused",
+           ArtifactState.QUEUED: "queued"}.get(a.state, "run")
+    return f'<span class="st {cls}">{a.state.value}</span>'
+
+
+def _bar(a: ArtifactProgress) -> str:
+    total = max(a.total_bytes, 1)
+    fetched, verified = min(a.fetched_bytes / total, 1), min(a.verified_bytes / total, 1)
+    active = a.state in (ArtifactState.DOWNLOADING, ArtifactState.VERIFYING, ArtifactState.EXTRACTING)
+    cls = "track" + (" active" if active else "") + (" stalled" if a.stalled else "")
+    label = f"{a.id} progress: {verified * 100:.0f}% verified"
+    return (f'<div class="{cls}" role="progressbar" aria-label="{html.escape(label)}" aria-valuemin="0" '
+            f'aria-valuemax="100" aria-valuenow="{verified * 100:.0f}"><div class="fetched" style="width:{fetched * 100:.1f}%"></div>'
+            f'<div class="verified" style="width:{verified * 100:.1f}%"></div></div>')
+
+
+def artifacts_html(snap: DownloadSnapshot) -> str:
+    rows = []
+    for a in snap.artifacts:
+        rate = "stalled" if a.stalled else (f"{fmt_bytes(a.rate_bps)}/s" if a.rate_bps else "—")
+        why = f'<div class="why">{html.escape(a.reason)}</div>' if a.reason else ""
+        part = f'<div class="why">part {html.escape(a.current_part)}</div>' if a.current_part and a.state != ArtifactState.DONE else ""
+        rows.append(
+            f"<tr><td><b>{html.escape(a.id)}</b>{part}</td><td>{_badge(a)}{why}</td><td>{_bar(a)}</td>"
+            f'<td class="num">{fmt_bytes(a.verified_bytes)} / {fmt_bytes(a.total_bytes)}<div class="why">'
+            f"{a.parts_verified}/{a.parts_total} parts verified · {fmt_bytes(a.wire_bytes)} on the wire</div></td>"
+            f'<td class="num">{a.extracted_files} files<div class="why">{fmt_bytes(a.extracted_bytes)} written'
+            f'{f" · {a.skipped_files} already complete" if a.skipped_files else ""}</div></td>'
+            f'<td class="num">{rate}</td><td class="num">{fmt_eta(a.eta_s) if a.state != ArtifactState.DONE else "—"}</td></tr>')
+    total, verified = snap.total_bytes, snap.verified_bytes
+    rows.append(f'<tr><td><b>total</b></td><td></td><td></td><td class="num">{fmt_bytes(verified)} / {fmt_bytes(total)}</td>'
+                f'<td class="num">{sum(a.extracted_files for a in snap.artifacts)} files</td>'
+                f'<td class="num">{fmt_bytes(snap.rate_bps)}/s</td><td class="num">{fmt_eta(snap.eta_s)}</td></tr>')
+    sim = '<span class="sim">SIMULATED</span> ' if snap.simulated else ""
+    head = (f'<p>{sim}Source: <code>{html.escape(snap.repo)}</code>'
+            f'{f" @ commit <code>{html.escape(snap.commit[:12])}</code>" if snap.commit else ""}'
+            f'{" — running" if snap.running else ""}</p>')
+    table = ("<table><thead><tr><th>artifact</th><th>state</th><th>progress</th><th>verified</th>"
+             "<th>extracted</th><th>rate</th><th>ETA</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+    return f'{_STYLE}<div class="moet-dl" id="moet-dl-artifacts">{head}{table}</div>'
+
+
+def disk_html(snap: DownloadSnapshot) -> str:
+    d = snap.disk
+    if d is None:
+        return ""
+    budget = f" · staging budget <b>{fmt_bytes(d.staging_budget)}</b> (adapts to free disk; used {fmt_bytes(d.staging_used)})" \
+        if d.staging_budget else ""
+    warn = " — <b>not enough space</b>" if d.free < d.needed else ""
+    return (f'<div class="moet-dl"><p>Disk <code>{html.escape(d.path)}</code>: free <b>{fmt_bytes(d.free)}</b> · '
+            f"needed <b>{fmt_bytes(d.needed)}</b>{budget}{warn}</p></div>")
+
+
+class _View:
+    def __init__(self, state: AppState) -> None:
+        self.dl = state.downloads
+
+    def tick(self) -> tuple[str, str, str, str]:
+        snap = self.dl.snapshot()
+        ck = self.dl.ckpt_check()
+        ck_html = (f'<div class="moet-dl"><p>ckpt-id check (planescache meta.json vs recipe pin): '
+                   f'<span class="st {"done" if ck.status == "match" else "failed" if ck.status == "mismatch" else "queued"}">'
+                   f"{ck.status.replace('_', ' ')}</span> {html.escape(ck.message)}</p></div>")
+        status = f"**Error:** {snap.error}" if snap.error else (snap.message or "Idle.")
+        return artifacts_html(snap), disk_html(snap), ck_html, status
+
+    def save_token(self, token: str) -> tuple[str, str]:
+        return "", self.dl.save_token(token or "")
+
+
+def render(state: AppState, shell) -> None:
+    if state.downloads is None:
+        gr.Markdown("Downloads are not available in this build.")
+        return
+    view = _View(state)
+    dl = state.downloads
+    gr.Markdown(f"Resumable, verified downloads of the recipe's artifacts from **{html.escape(dl.source)}**. "
+                "Every part is checked against the Hub's sha256 before extraction.")
+    with gr.Row():
+        start = gr.Button("Start", variant="primary", elem_id="dl-start")
+        pause = gr.Button("Pause", elem_id="dl-pause")
+        resume = gr.Button("Resume", elem_id="dl-resume")
+        cancel = gr.Button("Cancel", variant="stop", elem_id="dl-cancel")
+        refresh = gr.Button("Check repo", elem_id="dl-refresh")
+        clean = gr.Button("Clean partial data", elem_id="dl-clean")
+    status = gr.Markdown("Idle.", elem_id="dl-status")
+    table = gr.HTML(elem_id="dl-table")
+    disk = gr.HTML(elem_id="dl-disk")
+    ckpt = gr.HTML(elem_id="dl-ckpt")
+    with gr.Accordion("Hugging Face token", open=False):
+        gr.Markdown(f"Current: {dl.token_status()}. Stored with mode 0600 under ~/.config/moet-panel/, never shown again.")
+        token = gr.Textbox(label="Hugging Face token", type="password", placeholder="hf_…", elem_id="dl-token")
+        save = gr.Button("Save token", elem_id="dl-token-save")
+        token_msg = gr.Markdown()
+    outs = [table, disk, ckpt, status]
+    for btn, fn in ((start, lambda: dl.start()), (pause, dl.pause), (resume, dl.resume), (cancel, dl.cancel),
+                    (refresh, dl.refresh), (clean, dl.clean)):
+        btn.click(fn, outputs=status, concurrency_limit=None, api_visibility="private").then(view.tick, outputs=outs)
+    save.click(view.save_token, inputs=token, outputs=[token, token_msg], api_visibility="private")
+    shell.timer.tick(view.tick, outputs=outs, concurrency_limit=None, show_progress="hidden", api_visibility="private")
