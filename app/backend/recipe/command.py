@@ -78,8 +78,15 @@ class CommandError(ValueError):
     """The requested command cannot be built safely (bad data dir, bad extra env, ...)."""
 
 
+def _single_line(value: str, what: str) -> str:
+    try:
+        return _no_control(value, what)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
 def validate_data_dir(data_dir: str) -> str:
-    _no_control(data_dir, "data dir")
+    _single_line(data_dir, "data dir")
     p = PurePosixPath(data_dir)
     if not p.is_absolute() or ".." in p.parts or ":" in data_dir or "," in data_dir:
         raise CommandError(
@@ -179,7 +186,7 @@ def build_run_spec(
         for k, v in (extra_env or {}).items():
             if not ENV_NAME_RE.fullmatch(k):
                 raise CommandError(f"env name {k!r} must match [A-Z0-9_]+")
-            _no_control(v, f"env {k}")
+            _single_line(v, f"env {k}")
             wanted.append((k, v, "panel setting"))
         for k, v, why in wanted:
             env = [(ek, ev) for ek, ev in env if ek != k] + [(k, v)]
