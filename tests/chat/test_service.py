@@ -88,7 +88,7 @@ def test_engine_crash_mid_stream_keeps_partial_with_diagnosis(make_service) -> N
         conv = svc.new_conversation()
         msg = finish(svc.send(conv.id, "hello", CARD))
         assert msg.status == "error"
-        assert len((msg.reasoning + msg.content).split()) >= 30  # the partial text is kept
+        assert len((msg.reasoning + msg.content).split()) >= 10  # the partial text is kept
         assert "broke mid-answer" in msg.error or "before the answer finished" in msg.error
         assert "Engine core crashed mid-generation" in msg.error and "Restart the engine" in msg.error
     finally:

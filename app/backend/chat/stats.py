@@ -71,10 +71,12 @@ def format_stats(stats: MessageStats) -> str:
         parts.append(f"TTFT {stats.ttft_s:.2f} s")
     if stats.decode_tok_s is not None:
         parts.append(f"{stats.decode_tok_s:.1f} tok/s")
-    prompt = "?" if stats.prompt_tokens is None else str(stats.prompt_tokens)
-    completion = "?" if stats.completion_tokens is None else str(stats.completion_tokens)
     approx = "~" if stats.tokens_estimated else ""
-    parts.append(f"{prompt}→{approx}{completion} tokens")
+    completion = "?" if stats.completion_tokens is None else f"{approx}{stats.completion_tokens}"
+    if stats.prompt_tokens is None:  # no usage chunk (stopped, broken, or a server without it)
+        parts.append(f"{completion} tokens out")
+    else:
+        parts.append(f"{stats.prompt_tokens}→{completion} tokens")
     if stats.wall_s is not None:
         parts.append(f"{stats.wall_s:.1f} s")
     if stats.finish_reason == "length":

@@ -1,0 +1,327 @@
+"""Chat tab: a thin Gradio layer over `state.chat` (app.backend.chat.service.ChatService).
+
+Streaming design: the backend turn coalesces text (~80 ms); this generator only re-renders the
+reply's own messages on top of a history prefix rendered once, so each update costs O(reply), and
+Gradio sends the browser an append-diff. Stop cancels the generator; its `finally` closes the
+stream so the engine aborts the request.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import gradio as gr
+from gradio.context import Context
+
+from app.backend.chat.client import SamplingParams
+from app.backend.chat.models import Conversation, Message
+from app.backend.chat.service import ChatError, ChatService
+from app.backend.chat.stats import format_stats
+from app.backend.chat.turn import TurnView
+from app.backend.state import AppState
+
+TITLE = "Chat"
+STREAM_CONCURRENCY = "chat-stream"  # own queue: a long answer never blocks the page timer or other tabs
+
+# ---- rendering (pure functions: Conversation / TurnView -> Chatbot message dicts) -------------------
+
+
+def _sub(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": f"<sub>{html.escape(text)}</sub>"}
+
+
+def _thought(text: str, done: bool, seconds: float | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"title": "Thinking", "status": "done" if done else "pending"}
+    if seconds is not None:
+        meta["duration"] = round(seconds, 1)
+    return {"role": "assistant", "content": text, "metadata": meta}
+
+
+def render_message(msg: Message) -> list[dict[str, Any]]:
+    if msg.role == "user":
+        return [{"role": "user", "content": msg.content}]
+    if msg.role != "assistant":
+        return []
+    out = []
+    if msg.reasoning:
+        out.append(_thought(msg.reasoning, True, msg.reasoning_s))
+    if msg.content:
+        out.append({"role": "assistant", "content": msg.content})
+    if msg.status == "streaming":  # its live view is drawn by render_live
+        out.append(_sub("waiting for the first token…"))
+        return out
+    stats = format_stats(msg.stats) if msg.stats else ""
+    if msg.status == "stopped":
+        out.append(_sub(f"Stopped — partial answer kept{' · ' + msg.error if msg.error else ''} · {stats}"))
+    elif msg.status == "error":
+        out.append({"role": "assistant", "content": f"**Error — the reply broke off:** {html.escape(msg.error)}"})
+        out.append(_sub(stats))
+    elif stats:
+        out.append(_sub(stats))
+    return out
+
+
+def render_history(messages: list[Message]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for msg in messages:
+        out.extend(render_message(msg))
+    return out
+
+
+def render_live(view: TurnView) -> list[dict[str, Any]]:
+    """The streaming reply's messages (thinking, answer, live stats)."""
+    if view.done:
+        return render_message(view.message)
+    out = []
+    if view.reasoning:
+        out.append(_thought(view.reasoning, view.phase == "answering", view.reasoning_s))
+    if view.content:
+        out.append({"role": "assistant", "content": view.content})
+    if view.phase == "waiting":
+        out.append(_sub("waiting for the first token…"))
+    else:
+        live = [view.phase, f"{view.tokens} tokens"]
+        if view.ttft_s is not None:
+            live.append(f"TTFT {view.ttft_s:.2f} s")
+        if view.rate is not None:
+            live.append(f"{view.rate:.1f} tok/s")
+        out.append(_sub(" · ".join(live)))
+    return out
+
+
+def conversation_choices(chat: ChatService) -> list[tuple[str, str]]:
+    return [(s.title, s.id) for s in chat.list_conversations()]
+
+
+def endpoint_line(chat: ChatService, custom_url: str) -> tuple[bool, str]:
+    ep = chat.endpoint(custom_url or None)
+    sim = " · **SIMULATED**" if ep.simulated else ""
+    profile = f" · profile `{ep.profile_id}`" if ep.profile_id else ""
+    where = f"`{ep.base_url}` · model `{ep.model}`{profile}{sim}"
+    if ep.ready:
+        return True, f"**Engine ready** — {where}"
+    return False, f"**Chat is unavailable.** {ep.reason}  \n{where}"
+
+
+# ---- the tab --------------------------------------------------------------------------------------
+
+
+def render(state: AppState, shell: Any) -> None:
+    chat: ChatService = state.chat
+    if chat is None:
+        gr.Markdown("Chat is not available in this build.")
+        return
+    d = chat.default_sampling()
+    conv_id = gr.State("")
+    editing = gr.State(False)
+    ready_state = gr.State(None)
+
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=1, min_width=230):
+            convs = gr.Radio(label="Conversations", choices=[], elem_id="chat-convs")
+            with gr.Row():
+                new_btn = gr.Button("New chat", size="sm", elem_id="chat-new")
+                delete_btn = gr.Button("Delete", size="sm", variant="stop", elem_id="chat-delete")
+            rename_box = gr.Textbox(label="Rename", placeholder="new title, Enter to save", elem_id="chat-rename")
+            with gr.Row():
+                export_json_btn = gr.Button("Export JSON", size="sm", elem_id="chat-export-json")
+                export_md_btn = gr.Button("Export Markdown", size="sm", elem_id="chat-export-md")
+            export_file = gr.File(label="Download", visible=False, interactive=False, elem_id="chat-export-file")
+            import_btn = gr.UploadButton("Import JSON", file_types=[".json"], size="sm", elem_id="chat-import")
+        with gr.Column(scale=4):
+            with gr.Row():
+                banner = gr.Markdown("", elem_id="chat-banner")
+                engine_btn = gr.Button("Open Engine tab", size="sm", visible=False, scale=0, elem_id="chat-goto-engine")
+            bot = gr.Chatbot(
+                show_label=False, height=560, latex_delimiters=[], buttons=["copy"], feedback_options=None,
+                elem_id="chat-bot", placeholder="Ask the model something. Its thinking appears collapsed above the answer.",
+            )
+            with gr.Row():
+                box = gr.Textbox(show_label=False, placeholder="Message (Enter to send, Shift+Enter for a new line)",
+                                 lines=1, max_lines=12, scale=6, elem_id="chat-input")  # lines=1: Enter sends
+                send_btn = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send")
+                stop_btn = gr.Button("Stop", variant="stop", scale=1, elem_id="chat-stop")
+            with gr.Row():
+                regen_btn = gr.Button("Regenerate", size="sm", elem_id="chat-regen")
+                edit_btn = gr.Button("Edit last message", size="sm", elem_id="chat-edit")
+                clear_btn = gr.Button("Clear conversation", size="sm", elem_id="chat-clear")
+            edit_hint = gr.Markdown("", elem_id="chat-edit-hint")
+            with gr.Accordion("Sampling and system prompt", open=False, elem_id="chat-sampling"):
+                gr.Markdown(f"Defaults from the model card: *{html.escape(chat.sampling_note)}*")
+                with gr.Row():
+                    temp = gr.Slider(0, 2, value=d.temperature, step=0.05, label="temperature", elem_id="chat-temp")
+                    top_p = gr.Slider(0.01, 1, value=d.top_p, step=0.01, label="top_p", elem_id="chat-top-p")
+                    min_p = gr.Slider(0, 1, value=d.min_p, step=0.01, label="min_p", elem_id="chat-min-p")
+                    max_tokens = gr.Number(value=d.max_tokens, precision=0, minimum=1, label="max tokens",
+                                           elem_id="chat-max-tokens")
+                temp_warn = gr.Markdown("", elem_id="chat-temp-warning")
+                system = gr.Textbox(label="System prompt (this conversation)", lines=2, elem_id="chat-system")
+                custom_url = gr.Textbox(label="Endpoint override (blank = the panel's engine)",
+                                        placeholder="http://127.0.0.1:8000", elem_id="chat-endpoint")
+            with gr.Accordion("API snippets (current endpoint and sampling)", open=False):
+                curl_code = gr.Code(language="shell", label="curl", interactive=False, elem_id="chat-curl")
+                py_code = gr.Code(language="python", label="Python (openai)", interactive=False, elem_id="chat-python")
+
+    sampling_inputs = [temp, top_p, min_p, max_tokens]
+
+    def sampling_of(t: float, p: float, m: float, n: float | None) -> SamplingParams:
+        return SamplingParams(float(t), float(p), float(m), int(n) if n else None)
+
+    def full_view(cid: str) -> list[dict[str, Any]]:
+        return render_history(chat.get(cid).messages) if cid else []
+
+    def conv_outputs(conv: Conversation) -> tuple[Any, ...]:
+        return (conv.id, gr.Radio(choices=conversation_choices(chat), value=conv.id),
+                render_history(conv.messages), conv.system_prompt, False, "")
+
+    conv_targets = [conv_id, convs, bot, system, editing, edit_hint]
+
+    # ---- page load / conversation management -----------------------------------------------------
+    def on_load(cid: str) -> tuple[Any, ...]:
+        summaries = chat.list_conversations()
+        conv = chat.get(summaries[0].id) if summaries else chat.new_conversation()
+        return conv_outputs(conv)
+
+    root = Context.root_block
+    if root is not None:
+        root.load(on_load, [conv_id], conv_targets, api_name="chat_load")
+
+    def on_select(cid: str) -> tuple[Any, ...]:
+        return conv_outputs(chat.get(cid))
+
+    def on_new() -> tuple[Any, ...]:
+        return conv_outputs(chat.new_conversation())
+
+    def on_rename(cid: str, title: str) -> tuple[Any, ...]:
+        chat.rename(cid, title)
+        return gr.Radio(choices=conversation_choices(chat), value=cid), ""
+
+    def on_delete(cid: str, confirmed: bool) -> tuple[Any, ...]:
+        if not confirmed:
+            return tuple(gr.skip() for _ in conv_targets)
+        chat.delete(cid)
+        return on_load("")
+
+    def on_clear(cid: str, confirmed: bool) -> tuple[Any, ...]:
+        if not confirmed:
+            return tuple(gr.skip() for _ in conv_targets)
+        return conv_outputs(chat.clear(cid))
+
+    def on_system(cid: str, text: str | None) -> None:
+        if cid:
+            chat.set_system_prompt(cid, text or "")
+
+    def on_export(cid: str, fmt: str) -> Any:
+        return gr.File(value=str(chat.export_file(cid, fmt)), visible=True)
+
+    def on_import(file: Any) -> tuple[Any, ...]:
+        try:
+            return conv_outputs(chat.import_file(file))
+        except (ChatError, ValueError, OSError) as exc:
+            raise gr.Error(f"Import failed: {exc}") from None
+
+    confirm = gr.Checkbox(visible=False)
+    convs.input(on_select, [convs], conv_targets, api_name="chat_select")
+    new_btn.click(on_new, None, conv_targets, api_name="chat_new")
+    rename_box.submit(on_rename, [conv_id, rename_box], [convs, rename_box], api_name="chat_rename")
+    delete_btn.click(on_delete, [conv_id, confirm], conv_targets, api_name="chat_delete",
+                     js="(c, x) => [c, confirm('Delete this conversation and its history?')]")
+    clear_btn.click(on_clear, [conv_id, confirm], conv_targets, api_name="chat_clear",
+                    js="(c, x) => [c, confirm('Remove every message of this conversation?')]")
+    system.blur(on_system, [conv_id, system], None)
+    export_json_btn.click(lambda c: on_export(c, "json"), [conv_id], [export_file], api_name="chat_export_json")
+    export_md_btn.click(lambda c: on_export(c, "md"), [conv_id], [export_file], api_name="chat_export_md")
+    import_btn.upload(on_import, [import_btn], conv_targets, api_name="chat_import")
+
+    # ---- sending and streaming ------------------------------------------------------------------
+    def on_send(cid: str, text: str, is_edit: bool, sys_prompt: str, url: str, t: float, p: float, m: float,
+                n: float | None) -> tuple[Any, ...]:
+        sampling = sampling_of(t, p, m, n)
+        try:
+            chat.set_system_prompt(cid, sys_prompt or "")
+            if is_edit:
+                chat.edit_last(cid, text, sampling, custom_url=url or None)
+            else:
+                chat.send(cid, text, sampling, custom_url=url or None)
+        except ChatError as exc:
+            raise gr.Error(str(exc)) from None
+        return "", full_view(cid), False, "", gr.Radio(choices=conversation_choices(chat), value=cid)
+
+    def on_regen(cid: str, url: str, t: float, p: float, m: float, n: float | None) -> list[dict[str, Any]]:
+        try:
+            chat.regenerate(cid, sampling_of(t, p, m, n), custom_url=url or None)
+        except ChatError as exc:
+            raise gr.Error(str(exc)) from None
+        return full_view(cid)
+
+    def stream_reply(cid: str):  # generator: the streaming reply of this conversation
+        turn = chat.active_turn(cid) if cid else None
+        if turn is None:
+            yield full_view(cid)
+            return
+        prefix = render_history(chat.get(cid).messages[:-1])  # rendered once; the reply is the last message
+        try:
+            for view in turn.follow():
+                yield prefix + render_live(view)
+        finally:
+            if not turn.done.is_set():  # Stop pressed, conversation switched or page closed
+                turn.stop(timeout=0)
+
+    def on_stop(cid: str) -> list[dict[str, Any]]:
+        chat.stop(cid)
+        return full_view(cid)
+
+    send_inputs = [conv_id, box, editing, system, custom_url, *sampling_inputs]
+    send_outputs = [box, bot, editing, edit_hint, convs]
+    stream_kw: dict[str, Any] = dict(concurrency_id=STREAM_CONCURRENCY, concurrency_limit=8, show_progress="hidden")
+    sent = box.submit(on_send, send_inputs, send_outputs, api_name="chat_send", show_progress="hidden")
+    sent_btn = send_btn.click(on_send, send_inputs, send_outputs, api_name=False, show_progress="hidden")
+    regen = regen_btn.click(on_regen, [conv_id, custom_url, *sampling_inputs], [bot], api_name="chat_regenerate",
+                            show_progress="hidden")
+    streams = [ev.success(stream_reply, [conv_id], [bot], api_name=name, **stream_kw)
+               for ev, name in ((sent, "chat_stream"), (sent_btn, False), (regen, False))]
+    stop_btn.click(on_stop, [conv_id], [bot], cancels=streams, api_name="chat_stop", concurrency_limit=None,
+                   show_progress="hidden")
+    # Leaving the conversation ends its live view (and, through `finally`, the reply).
+    for trigger in (convs.input, new_btn.click):
+        trigger(None, None, None, cancels=streams, queue=False)
+
+    def on_edit(cid: str, is_edit: bool) -> tuple[Any, ...]:
+        if is_edit:  # second click cancels editing
+            return "", False, ""
+        text = chat.last_user_text(cid)
+        if not text:
+            raise gr.Error("There is no message to edit yet.")
+        return text, True, "**Editing your last message** — **Send** replaces it and regenerates the answer. " \
+                           "Click *Edit last message* again to cancel."
+
+    edit_btn.click(on_edit, [conv_id, editing], [box, editing, edit_hint], api_name="chat_edit")
+
+    # ---- sampling warning, snippets, readiness --------------------------------------------------
+    def on_sampling(t: float, p: float, m: float, n: float | None, sys_prompt: str, url: str) -> tuple[str, str, str]:
+        sampling, sys_prompt = sampling_of(t, p, m, n), sys_prompt or ""
+        warn = "".join(f"**Warning — {html.escape(w)}**\n" for w in chat.sampling_warnings(sampling))
+        curl, py = chat.snippets(sampling, sys_prompt, custom_url=url or None)
+        return warn, curl, py
+
+    sampling_args = [*sampling_inputs, system, custom_url]
+    for comp in (*sampling_inputs, system, custom_url):
+        comp.change(on_sampling, sampling_args, [temp_warn, curl_code, py_code], show_progress="hidden",
+                    trigger_mode="always_last", api_name=False)
+    if root is not None:
+        root.load(on_sampling, sampling_args, [temp_warn, curl_code, py_code], api_name=False)
+
+    def on_tick(url: str, last: Any) -> tuple[Any, ...]:
+        ready, line = endpoint_line(chat, url)
+        if last == (ready, line):
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), last
+        return (line, gr.Button(visible=not ready), gr.Textbox(interactive=ready),
+                gr.Button(interactive=ready), gr.Button(interactive=ready), (ready, line))
+
+    tick_outputs = [banner, engine_btn, box, send_btn, regen_btn, ready_state]
+    shell.timer.tick(on_tick, [custom_url, ready_state], tick_outputs, concurrency_id="chat-ready",
+                     concurrency_limit=None, show_progress="hidden", api_name=False)
+    if root is not None:
+        root.load(on_tick, [custom_url, ready_state], tick_outputs, api_name=False)
+    engine_btn.click(lambda: gr.Tabs(selected="engine"), None, shell.tabs, api_name=False)

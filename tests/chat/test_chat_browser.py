@@ -1,0 +1,116 @@
+"""Headless Chromium on the Chat tab, against the SIMULATED engine (fake controller snapshot)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.backend.chat.service import ChatService
+from app.backend.settings import resolve_settings
+from app.backend.simengine import api
+from app.backend.state import AppState
+from tests.chat.chat_helpers import FakeEngine, start_sim, wait_for
+from tests.conftest import ARTIFACTS, free_port
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+BOT = "#chat-bot"
+
+
+def find_prompt(sim, natural: tuple[int, int], reasoning: tuple[int, int]) -> str:
+    """A prompt whose simulated reply has the wanted length (the sim is deterministic per prompt)."""
+    name = sim.config.served_name
+    for i in range(2000):
+        prompt = f"Explain the FP4 delta tier, take {i}."
+        body = {"model": name, "messages": [{"role": "user", "content": prompt}], "temperature": 1.0,
+                "top_p": 1.0, "min_p": 0.05, "max_tokens": 32768}
+        req = api.parse_request("chat", body, name, sim.config.model, sim.config.max_model_len, "reasoning")
+        plan, _ = api.token_source(req, sim.config.seed)
+        if natural[0] <= plan.natural_tokens <= natural[1] and reasoning[0] <= plan.reasoning_tokens <= reasoning[1]:
+            return prompt
+    raise AssertionError("no prompt with that plan")
+
+
+@pytest.fixture
+def chat_panel(tmp_path: Path, monkeypatch) -> Iterator[tuple[str, FakeEngine, dict]]:
+    import app.ui.app as ui_app
+
+    sims = {"fast": start_sim(decode_tok_s=300.0), "slow": start_sim(decode_tok_s=50.0)}
+    settings = resolve_settings(demo=True, data_dir=tmp_path / "data")
+    state = AppState(settings=settings)
+    engine = FakeEngine(sims["fast"], profile_id="quality")
+    state.chat = ChatService(settings.recipe, settings.ensure_state_dir(), snapshot_fn=engine.snapshot)
+    monkeypatch.setattr(ui_app, "TABS", ["app.ui.chat"])  # only the tab under test
+    blocks = ui_app.build_ui(state)
+    try:
+        _, url, _ = blocks.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
+                                  **ui_app.launch_kwargs())
+        yield url, engine, sims
+    finally:
+        blocks.close()
+        state.chat.close()
+        for sim in sims.values():
+            sim.stop()
+
+
+def live_tokens(page) -> int:
+    text = page.locator(BOT).inner_text()
+    m = re.search(r"answering · (\d+) tokens", text)
+    return int(m.group(1)) if m else -1
+
+
+def test_chat_streams_thinking_answer_stats_and_stops(chat_panel, browser) -> None:
+    url, engine, sims = chat_panel
+    page = browser.new_page(1280, 900)
+    page.goto(url)
+    page.wait_for_selector("#chat-input textarea")
+    page.wait_for_function("() => document.querySelector('#chat-banner').innerText.includes('Engine ready')")
+
+    # 1. A finished answer: thinking collapsed with its duration, the answer, the stats line.
+    page.fill("#chat-input textarea", find_prompt(sims["fast"], (130, 200), (45, 70)))
+    page.keyboard.press("Enter")
+    stats = page.locator(f"{BOT} sub", has_text=re.compile(r"^profile quality · TTFT"))
+    stats.wait_for()
+    line = stats.inner_text()
+    assert re.search(r"profile quality · TTFT \d+\.\d\d s · \d+\.\d tok/s · \d+→\d+ tokens · \d+\.\d s · SIMULATED", line), line
+    assert page.locator(f"{BOT} .thought-group").count() == 1
+    assert page.locator(f"{BOT} .thought-group .title.expanded").count() == 0  # collapsed when done
+    assert page.locator(f"{BOT} .thought-group .loading-spinner").count() == 0
+    assert re.search(r"\(\d+\.\ds\)", page.locator(f"{BOT} .thought-group .duration").inner_text())
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#tab-chat").screenshot(path=str(ARTIFACTS / "chat-answer.png"))  # docs/chat-answer.png
+
+    # 2. A long answer on a slower engine: thinking pending, then collapsed as the answer streams; Stop.
+    engine.sim, engine.profile_id = sims["slow"], "balanced"
+    page.click("#chat-new")
+    page.wait_for_function("() => !document.querySelector('#chat-bot .thought-group')")
+    page.fill("#chat-input textarea", find_prompt(sims["slow"], (380, 420), (50, 90)))
+    page.keyboard.press("Enter")
+    page.locator(f"{BOT} .thought-group .loading-spinner").wait_for()  # thinking: pending + spinner
+    page.wait_for_function("() => /answering · \\d+ tokens/.test(document.querySelector('#chat-bot').innerText)")
+    first = live_tokens(page)
+    wait_for(lambda: live_tokens(page) > first + 5, what="the answer to keep streaming")
+    assert page.locator(f"{BOT} .thought-group .title.expanded").count() == 0  # collapsed once answering
+    page.screenshot(path=str(ARTIFACTS / "chat-streaming.png"))
+    page.click("#chat-stop")
+    page.locator(f"{BOT} sub", has_text="Stopped — partial answer kept").wait_for()
+    wait_for(lambda: sims["slow"].stats.aborted == 1, what="the engine to see the disconnect")
+    assert sims["slow"].stats.completed == 0
+    assert "profile balanced" in page.locator(f"{BOT} sub", has_text="Stopped").inner_text()
+    page.screenshot(path=str(ARTIFACTS / "chat-stopped.png"))
+    assert not browser.console_errors, browser.console_errors
+
+
+def test_chat_input_disabled_until_the_engine_is_ready(panel, browser) -> None:
+    """The real app (build_app_state): the engine is not started, so the chat says why and where to go."""
+    page = browser.new_page(1280, 800)
+    page.goto(panel.url)
+    page.get_by_role("tab", name="Chat").click()
+    page.wait_for_function("() => document.querySelector('#chat-banner')?.innerText.includes('Chat is unavailable')")
+    assert "Engine tab" in page.locator("#chat-banner").inner_text()
+    assert page.locator("#chat-input textarea").is_disabled()
+    assert page.locator("#chat-goto-engine").is_visible()
