@@ -1,6 +1,7 @@
 """`moet-panel serve`: start the web panel (loopback by default; auth required for anything else).
 
-Decides demo mode (no usable GPU or Docker → simulated engine, per-user demo data dir, local demo Hub),
+Decides demo mode (no usable GPU or Docker → simulated engine, per-user demo data dir; the download service
+starts the local SIMULATED Hub on first use),
 builds the one AppState and the Gradio app, prints a banner (URL, demo yes/no, auth on/off) and blocks.
 Gradio is imported only here, inside `run`, so other subcommands stay light.
 """
@@ -84,7 +85,7 @@ def plan(args: argparse.Namespace, probe: object | None = None) -> Plan:
     return Plan(settings=settings, demo_reason=demo_reason, host=host, port=port, auth_file=auth_file)
 
 
-def banner(p: Plan, url: str, hub_url: str | None) -> str:
+def banner(p: Plan, url: str, hub_note: str | None) -> str:
     s = p.settings
     users = len(load_users(p.auth_file)) if p.auth_file else 0
     lines = [
@@ -94,21 +95,10 @@ def banner(p: Plan, url: str, hub_url: str | None) -> str:
         f"  demo     : {'yes — ' + p.demo_reason if p.demo_reason else 'no (real GPU + Docker)'}",
         f"  auth     : {'on — ' + str(users) + ' user(s) from ' + str(p.auth_file) if p.auth_file else 'off (listening on loopback only)'}",
     ]
-    if hub_url:
-        lines.append(f"  hub      : {hub_url} (SIMULATED demo Hub)")
+    if hub_note:
+        lines.append(f"  hub      : {hub_note}")
     lines.append("  stop     : Ctrl+C (a running engine container keeps running; the panel adopts it next start)")
     return "\n".join(lines)
-
-
-def _start_demo_hub(settings: Settings) -> tuple[str | None, object | None]:
-    """Start the download helper's local demo Hub when that part is present."""
-    try:
-        from app.backend.simhub import start_demo_hub  # type: ignore[attr-defined]
-    except ImportError:
-        return None, None
-    hub = start_demo_hub(settings.state_dir / "demo-hub")
-    url = getattr(hub, "url", None) or getattr(hub, "base_url", None)
-    return (str(url) if url else None), hub
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     from app.backend.redact import install_log_redaction
 
     install_log_redaction()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per internal request is noise
     try:
         p = plan(args)
     except (AuthError, BindingError) as exc:
@@ -140,12 +131,9 @@ def _serve(p: Plan) -> int:
     from app.ui.app import build_ui, launch
 
     p.settings.ensure_state_dir()
-    hub_url, hub = (None, None)
-    if p.settings.demo:
-        hub_url, hub = _start_demo_hub(p.settings)
     state = build_app_state(p.settings)
-    if hub is not None and hasattr(hub, "stop"):
-        state.on_close(hub.stop)
+    # Demo downloads: the download service starts the SIMULATED local Hub itself on first use.
+    hub_note = "SIMULATED local demo Hub on 127.0.0.1 (started on the first download)" if p.settings.recipe.simulated else None
     auth = make_checker(load_users(p.auth_file)) if p.auth_file else None
     demo = build_ui(state)
     try:
@@ -155,7 +143,7 @@ def _serve(p: Plan) -> int:
         print(f"moet-panel: cannot listen on {p.host}:{p.port} ({exc}). Is another panel running? "
               "Pick another port with --port.", file=sys.stderr)
         return 2
-    print(banner(p, url, hub_url), flush=True)
+    print(banner(p, url, hub_note), flush=True)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         demo.block_thread()

@@ -17,9 +17,9 @@ def _open_everything(page) -> None:
 
 
 @pytest.mark.parametrize("size", [(1280, 800), (420, 860)], ids=["desktop", "narrow"])
-def test_controls_labelled_and_no_horizontal_overflow(panel, browser, size) -> None:
+def test_controls_labelled_and_no_horizontal_overflow(shared_panel, browser, size) -> None:
     page = browser.new_page(*size)
-    page.goto(panel.url)
+    page.goto(shared_panel.url)
     _open_everything(page)
     missing = unlabelled_controls(page)
     assert not missing, f"controls without an accessible name: {missing}"
