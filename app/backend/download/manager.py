@@ -204,7 +204,7 @@ class DownloadManager:
         return DownloadSnapshot(
             running=self.running, artifacts=arts, message=self._message, error=self._error,
             endpoint=self._endpoint or "", repo=self._repo or self.settings.recipe.hub.repo, commit=self._commit,
-            disk=self._board.disk() or self._idle_disk(), simulated=self.simulated, rate_bps=rate,
+            disk=(self._board.disk() if self.running else None) or self._idle_disk(), simulated=self.simulated, rate_bps=rate,
             eta_s=(left / rate) if rate > 1 else None)
 
     def _idle_rows(self) -> list[ArtifactProgress]:

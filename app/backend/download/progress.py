@@ -92,7 +92,7 @@ class ProgressBoard:
                 active = a.state in (ArtifactState.DOWNLOADING, ArtifactState.VERIFYING, ArtifactState.EXTRACTING)
                 a.stalled = (active and self._in_flight[art_id] > 0
                              and now - self._last_byte[art_id] >= STALL_AFTER_S)
-                if a.stalled:
+                if a.stalled or a.state in (ArtifactState.DONE, ArtifactState.FAILED, ArtifactState.PAUSED):
                     a.rate_bps = 0.0
                 left = max(a.total_bytes - a.fetched_bytes, 0)
                 a.eta_s = (left / a.rate_bps) if a.rate_bps > 1 and left else (0.0 if not left else None)
