@@ -256,7 +256,8 @@ class DockerRuntime:
         for stream in ("stdout", "stderr"):
             splitter = LineSplitter()
             try:
-                gen = self.client.api.logs(ident, stdout=stream == "stdout", stderr=stream == "stderr", stream=True)
+                gen = self.client.api.logs(ident, stdout=stream == "stdout", stderr=stream == "stderr", stream=True,
+                                           follow=False)  # docker-py: follow defaults to stream
                 n = 0
                 for chunk in gen:
                     lines = splitter.feed(chunk)

@@ -1,0 +1,158 @@
+"""End-to-end against the real Docker Engine and the SIMULATED engine image (no mocks of Docker)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+
+import pytest
+
+from app.backend.engine.controller import EngineController
+from app.backend.engine.types import EngineState
+
+from .conftest import fail_profile, panel_containers, wait_until
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+BOOT = 40.0
+
+
+def _ready(ctl: EngineController, profile: str) -> None:
+    t = ctl.start(profile)
+    assert t.accepted, t.message
+    assert t.wait(BOOT), "start did not finish"
+    assert t.ok, f"{t.message} / {ctl.snapshot()}"
+
+
+def test_start_reaches_ready_with_pool_and_persisted_logs(make_controller, docker_client, sim_settings) -> None:
+    ctl = make_controller()
+    _ready(ctl, "quality")
+    snap = ctl.snapshot()
+    assert snap.state is EngineState.READY and snap.profile_id == "quality"
+    assert snap.pool_slots and snap.pool_slots > 0 and snap.simulated
+    [c] = panel_containers(docker_client, sim_settings.recipe.id)
+    assert c.id == snap.container_id
+    assert c.labels["moet-panel.profile"] == "quality" and c.labels["moet-panel.test"] == "1"
+    assert c.attrs["HostConfig"]["AutoRemove"] is False
+    # stdout and stderr are followed separately and persisted to separate files
+    assert any(ln.stream == "stderr" and "Application startup complete" in ln.text for ln in ctl.recent_logs(500))
+    files = ctl.logs.current_files()
+    wait_until(lambda: "Application startup complete" in files["stderr"].read_text(), 5, "stderr file")
+    assert "Application startup complete" not in files["stdout"].read_text()
+    assert "moe_w2 delta tier" in files["stdout"].read_text()
+    assert ctl.container_pids()
+
+
+def test_switch_one_engine_at_a_time_and_double_click_refused(make_controller, docker_client, sim_settings) -> None:
+    ctl = make_controller()
+    _ready(ctl, "quality")
+    seen_max = [0]
+    stop = threading.Event()
+
+    def watch() -> None:  # lists containers throughout the switch: never two panel engines running
+        while not stop.is_set():
+            seen_max[0] = max(seen_max[0], len(panel_containers(docker_client, sim_settings.recipe.id)))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        t = ctl.switch("balanced")
+        second = ctl.switch("speed")  # the double click
+        third = ctl.start("speed")
+        assert t.accepted
+        assert not second.accepted and "in progress" in second.message
+        assert not third.accepted
+        assert t.wait(BOOT) and t.ok, t.message
+    finally:
+        stop.set()
+        watcher.join(5)
+    assert seen_max[0] == 1
+    snap = ctl.snapshot()
+    assert snap.state is EngineState.READY and snap.profile_id == "balanced"
+    [c] = panel_containers(docker_client, sim_settings.recipe.id)
+    spec = ctl.run_spec("balanced")
+    env = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
+    assert {k: env.get(k) for k in spec.env_dict} == spec.env_dict
+    assert env["VLLM_MOE_W2_PROMO_HYST"] == "8"
+    assert c.labels["moet-panel.profile"] == "balanced"
+    assert len(panel_containers(docker_client, sim_settings.recipe.id, running_only=False)) == 1  # old one removed
+
+
+def test_docker_kill_is_detected_and_diagnosed(make_controller, docker_client) -> None:
+    ctl = make_controller()
+    _ready(ctl, "quality")
+    name = ctl.snapshot().container_name
+    subprocess.run(["docker", "kill", name], check=True, capture_output=True)
+    snap = ctl.wait_for(lambda s: s.state is EngineState.FAILED, 15)
+    assert snap.state is EngineState.FAILED
+    assert snap.diagnosis is not None and snap.diagnosis.reason == "killed"
+    assert "137" in snap.diagnosis.title
+
+
+def test_oom_at_load_is_classified_and_rolled_back(make_controller, docker_client, sim_settings) -> None:
+    bad = fail_profile(sim_settings.recipe, "oom_at_load", "oomtest")
+    ctl = make_controller(profiles=[bad])
+    _ready(ctl, "quality")
+    t = ctl.switch("oomtest")
+    assert t.wait(2 * BOOT)
+    assert t.ok is False
+    assert t.diagnosis is not None and t.diagnosis.reason == "cuda_oom_at_load"
+    assert "rolled back to quality" in t.message
+    snap = ctl.snapshot()
+    assert snap.state is EngineState.READY and snap.profile_id == "quality"
+    assert snap.diagnosis is not None and snap.diagnosis.reason == "cuda_oom_at_load"  # shown as last diagnosis
+    [c] = panel_containers(docker_client, sim_settings.recipe.id)
+    assert c.labels["moet-panel.profile"] == "quality"
+
+
+def test_pool_disabled_boot_is_not_ready(make_controller, docker_client, sim_settings) -> None:
+    ctl = make_controller(profiles=[fail_profile(sim_settings.recipe, "pool_disabled")], pool_line_grace_s=2.0)
+    t = ctl.start("pool-disabled")
+    assert t.wait(BOOT) and t.ok is False
+    snap = ctl.snapshot()
+    assert snap.state is EngineState.FAILED
+    assert snap.diagnosis.title == "failed: pool not loaded"
+    assert "4.96/30" in snap.diagnosis.explanation
+    assert panel_containers(docker_client, sim_settings.recipe.id) == []  # stopped: it must not serve
+
+
+def test_new_controller_reattaches_without_second_container(make_controller, docker_client, sim_settings) -> None:
+    first = make_controller()
+    _ready(first, "balanced")
+    cid = first.snapshot().container_id
+    first.close()  # the panel stops; the engine must keep running
+    assert len(panel_containers(docker_client, sim_settings.recipe.id)) == 1
+    second = make_controller()
+    snap = second.snapshot()
+    assert snap.state is EngineState.READY and snap.container_id == cid and snap.profile_id == "balanced"
+    assert snap.pool_slots and snap.pool_slots > 0  # re-derived from the container's own log
+    refused = second.start("quality")
+    assert not refused.accepted and "switch" in refused.message
+    assert len(panel_containers(docker_client, sim_settings.recipe.id)) == 1
+    assert second.recent_logs(50)  # log tail restored from the container
+
+
+def test_foreign_container_holding_the_name_is_not_clobbered(make_controller, docker_client, sim_settings) -> None:
+    ctl = make_controller()
+    name = ctl.run_spec("quality").name
+    foreign = docker_client.containers.create("moet-panel/sim-engine:1", name=name,
+                                              labels={"moet-panel.test": "1", "moet-panel.recipe": sim_settings.recipe.id})
+    try:
+        t = ctl.start("quality")
+        assert t.wait(BOOT) and t.ok is False
+        assert ctl.snapshot().diagnosis.reason == "name_conflict"
+        foreign.reload()
+        assert foreign.status == "created"  # untouched
+    finally:
+        foreign.remove(force=True)
+
+
+def test_stop_during_boot_cancels_and_stops(make_controller, docker_client, sim_settings) -> None:
+    ctl = make_controller(extra_env={"MOET_SIM_BOOT_S": "20"})
+    t = ctl.start("quality")
+    ctl.wait_for(lambda s: s.state is EngineState.STARTING, 20)
+    s = ctl.stop()
+    assert s.accepted
+    assert s.wait(30) and s.ok
+    assert t.done
+    assert ctl.snapshot().state is EngineState.STOPPED
+    assert panel_containers(docker_client, sim_settings.recipe.id, running_only=False) == []
