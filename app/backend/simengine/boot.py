@@ -78,7 +78,7 @@ class BootSequence:
         loaded_gib = N_LAYERS * PLANES_PER_LAYER_GIB + 2.83 + (0 if self.plan.auto else self.plan.slots * SLOT_MIB / 1024)
         log.engine("default_loader.py:267", f"Loading weights took {self._elapsed() * 0.8:.2f} seconds")
         log.engine("gpu_model_runner.py:2392",
-                   f"Model loading took {loaded_gib:.2f} GiB memory and {self._elapsed():.6f} seconds")
+                   f"Model loading took {loaded_gib:.4f} GiB memory and {self._elapsed():.6f} seconds")
         self._wait_until(0.8)
         kv_gib = 93.8 - 0.52 - loaded_gib - (0 if not self.plan.auto else 0.0)
         kv_tokens = int(cfg.max_model_len * 1.1)

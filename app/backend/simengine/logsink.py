@@ -53,9 +53,9 @@ class LogSink:
         self.raw(f"(APIServer pid={self.api_pid}) " + self._fmt(level, src, msg))
 
     def engine_plain(self, text: str) -> None:
-        """Traceback text printed by the engine-core process (prefixed, no level)."""
+        """Traceback text of a logger.exception() in the engine-core process: prefixed, stdout like the log."""
         for line in text.splitlines():
-            self.raw(f"(EngineCore_DP0 pid={self.engine_pid}) {line}", stderr=True)
+            self.raw(f"(EngineCore_DP0 pid={self.engine_pid}) {line}")
 
     def plain(self, text: str, stderr: bool = True) -> None:
         for line in text.splitlines():

@@ -207,16 +207,18 @@ class SimEngineServer:
         self.log.engine_plain(FATAL_TRACEBACK)
         self.log.api("async_llm.py:480", "AsyncLLM output_handler failed.", "ERROR")
         self.log.plain(f"(APIServer pid={self.log.api_pid}) vllm.v1.engine.exceptions.EngineDeadError: EngineCore "
-                       "encountered an issue. See stack trace (above) for the root cause.")
+                       "encountered an issue. See stack trace (above) for the root cause.", stderr=False)
+        self.state = "dead"  # /health answers 503 until the process is gone, like vLLM's EngineDeadError
         self.engine.kill("EngineCore encountered a fatal error.")
-        threading.Thread(target=self._die, args=(1, "EngineCore encountered a fatal error"), daemon=True).start()
+        threading.Thread(target=self._die, args=(1, "EngineCore encountered a fatal error", True), daemon=True).start()
 
-    def _die(self, code: int, reason: str) -> None:
+    def _die(self, code: int, reason: str, was_serving: bool = False) -> None:
         self.state = "dead"
         self._stop.set()
         self.engine.kill(reason)
-        self.log.uvicorn("Shutting down")
-        self.log.uvicorn(f"Finished server process [{self.log.api_pid}]")
+        if was_serving and code != 137:  # uvicorn only shuts down if it ran; SIGKILL prints nothing
+            self.log.uvicorn("Shutting down")
+            self.log.uvicorn(f"Finished server process [{self.log.api_pid}]")
         self._close_http()
         self._finish(code, reason)
 
