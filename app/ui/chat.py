@@ -1,19 +1,22 @@
 """Chat tab: a thin Gradio layer over `state.chat` (app.backend.chat.service.ChatService).
 
-Streaming design: the backend turn coalesces text (~80 ms); this generator only re-renders the
-reply's own messages on top of a history prefix rendered once, so each update costs O(reply), and
-Gradio sends the browser an append-diff. Stop cancels the generator; its `finally` closes the
-stream so the engine aborts the request.
+Streaming design: the backend turn coalesces text (~80 ms); the generator re-renders only the
+reply's own messages on top of a history prefix rendered once. The answer is cut into Markdown
+blocks, so Gradio's diff touches (and the browser re-renders) only the last block: each update
+costs O(block), not O(answer). Stop cancels the generator; its `finally` closes the stream so the
+engine aborts the request.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Iterator
 from typing import Any
 
 import gradio as gr
 from gradio.context import Context
 
+from app.backend.chat.blocks import BlockSplitter, split_blocks, thinking_tail
 from app.backend.chat.client import SamplingParams
 from app.backend.chat.models import Conversation, Message
 from app.backend.chat.service import ChatError, ChatService
@@ -38,6 +41,10 @@ def _thought(text: str, done: bool, seconds: float | None) -> dict[str, Any]:
     return {"role": "assistant", "content": text, "metadata": meta}
 
 
+def _answer(blocks: list[str]) -> list[dict[str, Any]]:
+    return [{"role": "assistant", "content": b} for b in blocks if b]
+
+
 def render_message(msg: Message) -> list[dict[str, Any]]:
     if msg.role == "user":
         return [{"role": "user", "content": msg.content}]
@@ -46,9 +53,8 @@ def render_message(msg: Message) -> list[dict[str, Any]]:
     out = []
     if msg.reasoning:
         out.append(_thought(msg.reasoning, True, msg.reasoning_s))
-    if msg.content:
-        out.append({"role": "assistant", "content": msg.content})
-    if msg.status == "streaming":  # its live view is drawn by render_live
+    out.extend(_answer(split_blocks(msg.content)) if msg.content else [])
+    if msg.status == "streaming":  # its live view is drawn by LiveReply
         out.append(_sub("waiting for the first token…"))
         return out
     stats = format_stats(msg.stats) if msg.stats else ""
@@ -69,25 +75,33 @@ def render_history(messages: list[Message]) -> list[dict[str, Any]]:
     return out
 
 
-def render_live(view: TurnView) -> list[dict[str, Any]]:
-    """The streaming reply's messages (thinking, answer, live stats)."""
-    if view.done:
-        return render_message(view.message)
-    out = []
-    if view.reasoning:
-        out.append(_thought(view.reasoning, view.phase == "answering", view.reasoning_s))
-    if view.content:
-        out.append({"role": "assistant", "content": view.content})
-    if view.phase == "waiting":
-        out.append(_sub("waiting for the first token…"))
-    else:
-        live = [view.phase, f"{view.tokens} tokens"]
-        if view.ttft_s is not None:
-            live.append(f"TTFT {view.ttft_s:.2f} s")
-        if view.rate is not None:
-            live.append(f"{view.rate:.1f} tok/s")
-        out.append(_sub(" · ".join(live)))
-    return out
+class LiveReply:
+    """Renders a streaming reply. The answer is cut into blocks (only the last one changes) and the
+    thinking shows its tail while pending, so each update costs O(block), not O(answer)."""
+
+    def __init__(self) -> None:
+        self._blocks = BlockSplitter()
+
+    def render(self, view: TurnView) -> list[dict[str, Any]]:
+        if view.done:
+            return render_message(view.message)
+        out = []
+        if view.reasoning:
+            answering = view.phase == "answering"
+            out.append(_thought(view.reasoning if answering else thinking_tail(view.reasoning), answering,
+                                view.reasoning_s))
+        if view.content:
+            out.extend(_answer(self._blocks.blocks(view.content)))
+        if view.phase == "waiting":
+            out.append(_sub("waiting for the first token…"))
+        else:
+            live = [view.phase, f"{view.tokens} tokens"]
+            if view.ttft_s is not None:
+                live.append(f"TTFT {view.ttft_s:.2f} s")
+            if view.rate is not None:
+                live.append(f"{view.rate:.1f} tok/s")
+            out.append(_sub(" · ".join(live)))
+        return out
 
 
 def conversation_choices(chat: ChatService) -> list[tuple[str, str]]:
@@ -235,38 +249,41 @@ def render(state: AppState, shell: Any) -> None:
     import_btn.upload(on_import, [import_btn], conv_targets, api_name="chat_import")
 
     # ---- sending and streaming ------------------------------------------------------------------
-    def on_send(cid: str, text: str, is_edit: bool, sys_prompt: str, url: str, t: float, p: float, m: float,
-                n: float | None) -> tuple[Any, ...]:
-        sampling = sampling_of(t, p, m, n)
-        try:
-            chat.set_system_prompt(cid, sys_prompt or "")
-            if is_edit:
-                chat.edit_last(cid, text, sampling, custom_url=url or None)
-            else:
-                chat.send(cid, text, sampling, custom_url=url or None)
-        except ChatError as exc:
-            raise gr.Error(str(exc)) from None
-        return "", full_view(cid), False, "", gr.Radio(choices=conversation_choices(chat), value=cid)
-
-    def on_regen(cid: str, url: str, t: float, p: float, m: float, n: float | None) -> list[dict[str, Any]]:
-        try:
-            chat.regenerate(cid, sampling_of(t, p, m, n), custom_url=url or None)
-        except ChatError as exc:
-            raise gr.Error(str(exc)) from None
-        return full_view(cid)
-
-    def stream_reply(cid: str):  # generator: the streaming reply of this conversation
-        turn = chat.active_turn(cid) if cid else None
-        if turn is None:
-            yield full_view(cid)
-            return
+    def stream_turn(cid: str, turn: Any) -> Iterator[list[dict[str, Any]]]:
+        """Chatbot values for a streaming reply; closing this generator (Stop) stops the reply."""
         prefix = render_history(chat.get(cid).messages[:-1])  # rendered once; the reply is the last message
+        live = LiveReply()
         try:
             for view in turn.follow():
-                yield prefix + render_live(view)
+                yield prefix + live.render(view)
         finally:
             if not turn.done.is_set():  # Stop pressed, conversation switched or page closed
                 turn.stop(timeout=0)
+
+    def on_send(cid: str, text: str, is_edit: bool, sys_prompt: str | None, url: str, t: float, p: float,
+                m: float, n: float | None):
+        # One event does send + stream: a second chained event would add a queue round trip to TTFT.
+        sampling = sampling_of(t, p, m, n)
+        try:
+            chat.set_system_prompt(cid, sys_prompt or "")
+            turn = (chat.edit_last if is_edit else chat.send)(cid, text, sampling, custom_url=url or None)
+        except ChatError as exc:
+            raise gr.Error(str(exc)) from None
+        choices = gr.Radio(choices=conversation_choices(chat), value=cid)
+        first = True
+        for value in stream_turn(cid, turn):
+            if first:
+                yield "", value, False, "", choices
+                first = False
+            else:
+                yield gr.skip(), value, gr.skip(), gr.skip(), gr.skip()
+
+    def on_regen(cid: str, url: str, t: float, p: float, m: float, n: float | None):
+        try:
+            turn = chat.regenerate(cid, sampling_of(t, p, m, n), custom_url=url or None)
+        except ChatError as exc:
+            raise gr.Error(str(exc)) from None
+        yield from stream_turn(cid, turn)
 
     def on_stop(cid: str) -> list[dict[str, Any]]:
         chat.stop(cid)
@@ -275,12 +292,12 @@ def render(state: AppState, shell: Any) -> None:
     send_inputs = [conv_id, box, editing, system, custom_url, *sampling_inputs]
     send_outputs = [box, bot, editing, edit_hint, convs]
     stream_kw: dict[str, Any] = dict(concurrency_id=STREAM_CONCURRENCY, concurrency_limit=8, show_progress="hidden")
-    sent = box.submit(on_send, send_inputs, send_outputs, api_name="chat_send", show_progress="hidden")
-    sent_btn = send_btn.click(on_send, send_inputs, send_outputs, api_name=False, show_progress="hidden")
-    regen = regen_btn.click(on_regen, [conv_id, custom_url, *sampling_inputs], [bot], api_name="chat_regenerate",
-                            show_progress="hidden")
-    streams = [ev.success(stream_reply, [conv_id], [bot], api_name=name, **stream_kw)
-               for ev, name in ((sent, "chat_stream"), (sent_btn, False), (regen, False))]
+    streams = [
+        box.submit(on_send, send_inputs, send_outputs, api_name="chat_send", **stream_kw),
+        send_btn.click(on_send, send_inputs, send_outputs, api_name=False, **stream_kw),
+        regen_btn.click(on_regen, [conv_id, custom_url, *sampling_inputs], [bot], api_name="chat_regenerate",
+                        **stream_kw),
+    ]
     stop_btn.click(on_stop, [conv_id], [bot], cancels=streams, api_name="chat_stop", concurrency_limit=None,
                    show_progress="hidden")
     # Leaving the conversation ends its live view (and, through `finally`, the reply).

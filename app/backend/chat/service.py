@@ -44,8 +44,10 @@ class ChatService:
         state_dir: Path,
         snapshot_fn: Callable[[], Any] | None = None,
         checkpoint_s: float = 2.0,
+        extra_body: dict[str, Any] | None = None,  # added to every request (benchmarks: {"ignore_eos": True})
     ):
         self.recipe = recipe
+        self._extra_body = dict(extra_body or {})
         self._snapshot_fn = snapshot_fn
         self._store = ChatStore(Path(state_dir) / DB_NAME)
         self._probe = HealthProbe()
@@ -212,7 +214,8 @@ class ChatService:
         reply = Message(role="assistant", content="", status="streaming", stats=base)
         self._store.add_message(conv, reply)
         conv.messages.append(reply)
-        stream = self._client(ep.base_url).stream(ChatRequest(ep.model, history, sampling, dict(extra_body or {})))
+        body = {**self._extra_body, **(extra_body or {})}
+        stream = self._client(ep.base_url).stream(ChatRequest(ep.model, history, sampling, body))
         recorder = StatsRecorder(started=time.monotonic())
         turn = Turn(stream, reply, recorder, self._store.update_message, self._turn_done,
                     lambda err: self._diagnose(err, ep), self._checkpoint_s)

@@ -53,6 +53,9 @@ class ChatStore:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
+            # WAL + NORMAL: no fsync per commit (a send stays fast); a power cut may lose the last
+            # write, never corrupt the file.
+            self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(SCHEMA)
         except (sqlite3.Error, OSError) as exc:
