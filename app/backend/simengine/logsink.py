@@ -20,7 +20,7 @@ class LogSink:
 
     def __init__(self, target: LogTarget = None, engine_pid: int = 0, api_pid: int = 0, keep: int = 20000):
         self._target = target
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a callback may log again
         self.lines: collections.deque[str] = collections.deque(maxlen=keep)
         self.engine_pid = engine_pid
         self.api_pid = api_pid
