@@ -122,7 +122,7 @@ def token_source(req: GenRequest, seed: int) -> tuple[textgen.Plan, Iterator[tup
         reasoning = textgen.reasoning_tokens(rng)
         for _ in range(plan.reasoning_tokens):
             yield "reasoning", next(reasoning)
-        for i, tok in enumerate(textgen.answer_tokens(rng)):
+        for tok in textgen.answer_tokens(rng):
             yield "content", tok
 
     return plan, gen()
