@@ -1,0 +1,63 @@
+"""Shape timeline points into long-format rows for plotting (no pandas/Gradio here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.backend.telemetry.timeline import TimelinePoint
+
+WINDOWS: dict[str, float] = {"5 min": 300, "15 min": 900, "1 h": 3600, "6 h": 6 * 3600, "24 h": 86400}
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    key: str
+    title: str
+    y_title: str
+    series: tuple[tuple[str, str], ...]  # (TimelinePoint field, legend label)
+
+
+PLOTS: tuple[PlotSpec, ...] = (
+    PlotSpec("vram", "VRAM", "GiB", (("vram_used_gib", "used"), ("vram_total_gib", "total"))),
+    PlotSpec("gpu", "GPU util / power / temperature", "% · W · °C",
+             (("gpu_util", "util %"), ("power_w", "power W"), ("temp_c", "temp °C"))),
+    PlotSpec("pool", "Pool coverage & expert hit-rate", "%",
+             (("coverage_pct", "coverage (token hit-rate)"), ("expert_hit_pct", "expert hit-rate"))),
+    PlotSpec("churn", "Churn & est. H2D", "slots/s · GiB/s",
+             (("churn_per_s", "churn slots/s"), ("h2d_gib_s", "H2D GiB/s"))),
+    PlotSpec("speed", "Decode tok/s & TTFT", "tok/s · ms",
+             (("decode_tok_s", "decode tok/s"), ("prompt_tok_s", "prompt tok/s"), ("ttft_ms", "TTFT p50 ms"))),
+    PlotSpec("kv", "KV-cache usage & requests", "% · count",
+             (("kv_usage_pct", "KV %"), ("running", "running"), ("waiting", "waiting"))),
+)
+
+
+def thin(points: list[TimelinePoint], max_points: int = 300) -> list[TimelinePoint]:
+    """Every n-th point so a plot never carries more than ~max_points per series."""
+    if len(points) <= max_points:
+        return points
+    step = -(-len(points) // max_points)
+    return points[::step] + ([points[-1]] if (len(points) - 1) % step else [])
+
+
+def _value(p: TimelinePoint, name: str) -> float | None:
+    if name == "ttft_ms":
+        return p.ttft_p50_s * 1000 if p.ttft_p50_s is not None else None
+    return getattr(p, name)
+
+
+def rows(points: list[TimelinePoint], spec: PlotSpec, now: float | None = None) -> list[dict]:
+    """[{"time": ts, "series": label, "value": v, "profile": p}, …]; missing values are skipped.
+
+    Every series also gets one placeholder row (value None) so the plot's legend/colour domain always
+    holds all series: Gradio 6.31's LinePlot fixes its colour domain when it (re)builds the chart, and a
+    series absent at that moment would never be drawn later.
+    """
+    t0 = points[0].ts if points else (now or 0.0)
+    out: list[dict] = [{"time": t0, "series": label, "value": None, "profile": ""} for _, label in spec.series]
+    for p in points:
+        for name, label in spec.series:
+            v = _value(p, name)
+            if v is not None:
+                out.append({"time": p.ts, "series": label, "value": float(v), "profile": p.profile or "—"})
+    return out

@@ -1,0 +1,110 @@
+"""Header strip shown above every tab: engine state + profile, VRAM bar, decode tok/s, pool coverage,
+alert count. It reads only cached values (`state.telemetry.latest()`, `state.engine.snapshot()`);
+the shared 1 s page timer re-renders it."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import gradio as gr
+
+from app.backend.engine.types import EngineSnapshot, EngineState
+from app.backend.state import AppState
+
+STATE_COLOURS = {
+    EngineState.READY: "#1f9d55",
+    EngineState.STARTING: "#d69e2e",
+    EngineState.PREFLIGHT: "#d69e2e",
+    EngineState.STOPPING: "#d69e2e",
+    EngineState.FAILED: "#e53e3e",
+    EngineState.STOPPED: "#718096",
+}
+SEV_COLOURS = {"critical": "#e53e3e", "warning": "#d69e2e", "info": "#3182ce"}
+CELL = "display:flex;flex-direction:column;gap:2px;min-width:120px"
+LABEL = "font-size:11px;text-transform:uppercase;letter-spacing:.04em;opacity:.7"
+VALUE = "font-size:16px;font-weight:600;font-variant-numeric:tabular-nums"
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _profile_label(state: AppState, profile_id: str | None) -> str:
+    if not profile_id:
+        return "no profile"
+    for p in state.settings.recipe.profiles:
+        if p.id == profile_id:
+            return f"#{p.number} {p.title}"
+    return profile_id
+
+
+def _vram_cell(frame: Any) -> str:
+    if frame is None or not frame.gpus:
+        why = frame.gpu_error if frame is not None and frame.gpu_error else "sampling…"
+        return (f'<div style="{CELL}" data-testid="hdr-vram"><span style="{LABEL}">VRAM</span>'
+                f'<span style="font-size:13px" data-vram="na">{_e(why)}</span></div>')
+    used, total = frame.vram_used_gib or 0.0, frame.vram_total_gib or 0.0
+    pct = 100.0 * used / total if total else 0.0
+    colour = "#e53e3e" if pct > 98 else "#3182ce"  # the card itself runs at 97.7%: only >98% is a warning
+    sim = (' <span style="background:#805ad5;color:#fff;border-radius:3px;padding:0 4px;font-size:10px">SIMULATED</span>'
+           if frame.gpu_simulated else "")
+    return (
+        f'<div style="{CELL};min-width:220px" data-testid="hdr-vram" data-vram-used="{used:.2f}" data-vram-total="{total:.2f}">'
+        f'<span style="{LABEL}">VRAM{sim}</span>'
+        f'<span style="{VALUE}">{used:.1f} / {total:.1f} GiB</span>'
+        f'<div style="height:6px;background:rgba(127,127,127,.25);border-radius:3px;overflow:hidden">'
+        f'<div style="width:{min(pct, 100):.1f}%;height:100%;background:{colour}"></div></div></div>'
+    )
+
+
+def header_html(state: AppState, snap: EngineSnapshot | None, frame: Any) -> str:
+    """Pure formatting (tested without a browser)."""
+    snap = snap or EngineSnapshot()
+    colour = STATE_COLOURS.get(snap.state, "#718096")
+    sim = " (SIMULATED)" if snap.simulated else ""
+    phase = f" · {_e(snap.phase)}" if snap.phase and snap.state is not EngineState.READY else ""
+    engine = (
+        f'<div style="{CELL};min-width:200px" data-testid="hdr-engine" data-state="{snap.state.value}">'
+        f'<span style="{LABEL}">Engine{sim}</span>'
+        f'<span style="{VALUE}"><span style="color:{colour}">●</span> {_e(snap.state.value)}{phase}</span>'
+        f'<span style="font-size:12px">{_e(_profile_label(state, snap.profile_id))}</span></div>'
+    )
+    tok = frame.decode_tok_s if frame is not None else None
+    tok_s = "—" if tok is None else f"{tok:.1f}"
+    decode = (f'<div style="{CELL}" data-testid="hdr-decode" data-decode="{tok_s}"><span style="{LABEL}">Decode</span>'
+              f'<span style="{VALUE}">{tok_s} tok/s</span></div>')
+    cov = frame.coverage_pct if frame is not None else None
+    pool_note = ""
+    if frame is not None and frame.trace.pool_disabled:
+        cov_s, pool_note = "0", "pool absent"
+    else:
+        cov_s = "—" if cov is None else f"{cov:.1f}"
+        pool_note = "routings served at FP4" if cov is not None else "no trace tick yet"
+    coverage = (f'<div style="{CELL};min-width:170px" data-testid="hdr-coverage" data-coverage="{cov_s}" '
+                f'title="Share of token→expert routings served at native FP4 (the card: ~57%)">'
+                f'<span style="{LABEL}">Pool coverage</span><span style="{VALUE}">{cov_s}%</span>'
+                f'<span style="font-size:11px;opacity:.7">{pool_note}</span></div>')
+    alerts = frame.alerts if frame is not None else ()
+    worst = alerts[0].severity if alerts else ""
+    a_col = SEV_COLOURS.get(worst, "#1f9d55")
+    titles = "; ".join(a.title for a in alerts) or "no alerts"
+    alert = (f'<div style="{CELL}" data-testid="hdr-alerts" data-alerts="{len(alerts)}" title="{_e(titles)}">'
+             f'<span style="{LABEL}">Alerts</span><span style="{VALUE};color:{a_col}">{len(alerts)}'
+             f'{" " + _e(worst) if worst else ""}</span></div>')
+    return ('<div id="moet-header-strip" style="display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start;'
+            'padding:8px 12px;border:1px solid rgba(127,127,127,.3);border-radius:8px">'
+            f"{engine}{_vram_cell(frame)}{decode}{coverage}{alert}</div>")
+
+
+def _tick(state: AppState) -> str:
+    snap = state.engine.snapshot() if state.engine is not None else None
+    frame = state.telemetry.latest() if state.telemetry is not None else None
+    return header_html(state, snap, frame)
+
+
+def render(state: AppState, shell: Any) -> None:
+    """Called by app.ui.app above the tabs; re-rendered on the shared page timer."""
+    strip = gr.HTML(_tick(state), elem_id="moet-header")
+    shell.timer.tick(lambda: _tick(state), outputs=[strip], show_progress="hidden",
+                     concurrency_limit=None, trigger_mode="once")

@@ -1,0 +1,147 @@
+"""Telemetry tab: live plots (VRAM, GPU, pool coverage, churn/H2D, tok/s & TTFT, KV) over a chosen
+window, GPU/host/pool details, and the alerts with what they mean and what to do.
+Only reads `state.telemetry` caches; the shared page timer drives it."""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from app.backend.state import AppState
+from app.backend.telemetry.plotdata import PLOTS, WINDOWS, rows, thin
+
+TITLE = "Telemetry"
+GIB = 2**30
+SEV = {"critical": "#e53e3e", "warning": "#d69e2e", "info": "#3182ce"}
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _n(v: Any, fmt: str = "{:.1f}", unit: str = "") -> str:
+    return "N/A" if v is None else fmt.format(v) + unit
+
+
+def _frame(pts: list, spec: Any) -> pd.DataFrame:
+    df = pd.DataFrame(rows(pts, spec, now=time.time()), columns=["time", "series", "value", "profile"])
+    df["time"] = pd.to_datetime(df["time"].astype(float), unit="s")
+    df["value"] = df["value"].astype(float)  # never let an odd frame turn the y axis nominal
+    return df
+
+
+def frames(state: AppState, window: str) -> list[pd.DataFrame]:
+    pts = thin(state.telemetry.series(WINDOWS.get(window, 900)))
+    return [_frame(pts, spec) for spec in PLOTS]
+
+
+def alerts_html(alerts: tuple) -> str:
+    if not alerts:
+        return '<div id="telemetry-alerts" data-alerts="0">No alerts.</div>'
+    items = "".join(
+        f'<li data-alert="{_e(a.id)}" style="margin-bottom:8px"><b style="color:{SEV[a.severity]}">'
+        f"[{_e(a.severity)}] {_e(a.title)}</b><br><span><b>What it means:</b> {_e(a.meaning)}</span><br>"
+        f"<span><b>What to do:</b> {_e(a.action)}</span>"
+        + (f'<br><code style="font-size:11px">{_e(a.evidence)}</code>' if a.evidence else "") + "</li>"
+        for a in alerts
+    )
+    return f'<div id="telemetry-alerts" data-alerts="{len(alerts)}"><ul style="padding-left:18px">{items}</ul></div>'
+
+
+def details_html(frame: Any) -> str:
+    parts = []
+    if not frame.gpus:
+        parts.append(f"<b>GPU:</b> {_e(frame.gpu_error or 'sampling…')}")
+    for g in frame.gpus:
+        sim = " <b>SIMULATED</b>" if g.simulated else ""
+        procs = ", ".join(
+            f"{p.pid} {_e(p.name or '?')} {_n(p.used_bytes / GIB if p.used_bytes is not None else None, '{:.1f}', ' GiB')}"
+            + (f" [{_e(p.container)}]" if p.container else "") for p in g.processes) or "none"
+        parts.append(
+            f"<b>GPU {g.index}: {_e(g.name)}</b>{sim} — VRAM used {g.memory_used / GIB:.2f} + reserved "
+            f"{g.memory_reserved / GIB:.2f} of {g.memory_total / GIB:.1f} GiB · util {_n(g.util_gpu, '{:.0f}', '%')} · "
+            f"power {_n(g.power_w, '{:.0f}')}/{_n(g.power_limit_w, '{:.0f}', ' W')} · {_n(g.temperature_c, '{:.0f}', ' °C')} · "
+            f"SM {_n(g.sm_clock_mhz, '{}')} / mem {_n(g.mem_clock_mhz, '{}', ' MHz')} · throttle "
+            f"{_e(', '.join(g.throttle_reasons) or 'none')} · PCIe tx/rx {_n(g.pcie_tx_kbs, '{:.0f}')}/"
+            f"{_n(g.pcie_rx_kbs, '{:.0f}', ' KB/s')} · ECC {'N/A' if g.ecc_current is None else ('on' if g.ecc_current else 'off')}<br>processes: {procs}"
+        )
+    t = frame.trace
+    p = t.primary
+    if p is not None and p.last is not None:
+        s = p.last
+        parts.append(
+            f"<b>Pool</b> ({len(t.ranks)} rank(s), tick {s.tick}): {s.cached}/{s.slots} slots filled · experts resident "
+            f"{s.covered}/{s.total} ({s.covered_pct}%) · coverage {s.hit_tokens_pct}% tokens / {s.hit_experts_pct}% "
+            f"experts · window +{s.win_promoted}/-{s.win_evicted} · cumulative +{s.cum_promoted}/-{s.cum_evicted} · "
+            f"churn {_n(p.churn_per_s, '{:.0f}', ' slots/s')} · est. H2D {_n(p.h2d_gib_s, '{:.2f}', ' GiB/s')}")
+    elif t.sizing is not None:
+        parts.append(f"<b>Pool</b>: {t.sizing.slots} slots × {t.sizing.slot_mib} MiB; no tick summary yet "
+                     "(summaries print only while tokens flow)")
+    else:
+        parts.append("<b>Pool</b>: no pool lines from the engine yet")
+    m = frame.metrics
+    if m is not None:
+        parts.append(
+            f"<b>Engine /metrics</b>: decode {_n(m.decode_tok_s, '{:.1f}', ' tok/s')} · prompt "
+            f"{_n(m.prompt_tok_s, '{:.0f}', ' tok/s')} · TTFT p50/p95 {_n(m.ttft_p50_s, '{:.3f}')}/"
+            f"{_n(m.ttft_p95_s, '{:.3f}', ' s')} · ITL p50/p95 {_n(m.itl_p50_s, '{:.3f}')}/{_n(m.itl_p95_s, '{:.3f}', ' s')}"
+            f" · KV {_n(m.kv_usage_pct, '{:.1f}', '%')} · running {_n(m.running, '{:.0f}')} · waiting "
+            f"{_n(m.waiting, '{:.0f}')}" + (f" · <i>{_e(m.error)}</i>" if m.error else ""))
+    h = frame.host
+    if h is not None:
+        parts.append(
+            f"<b>Host</b>: CPU {_n(h.cpu_pct, '{:.0f}', '%')} · RAM {_n(h.ram_used_pct, '{:.0f}', '%')} of "
+            f"{h.ram_total / GIB:.0f} GiB · swap {h.swap_used / GIB:.1f}/{h.swap_total / GIB:.1f} GiB · data-dir disk free "
+            f"{_n(h.disk_free / GIB if h.disk_free is not None else None, '{:.0f}', ' GiB')} · disk r/w "
+            f"{_n(h.disk_read_bps and h.disk_read_bps / 2**20, '{:.1f}')}/{_n(h.disk_write_bps and h.disk_write_bps / 2**20, '{:.1f}', ' MiB/s')}"
+            f" · net rx/tx {_n(h.net_rx_bps and h.net_rx_bps / 2**20, '{:.1f}')}/{_n(h.net_tx_bps and h.net_tx_bps / 2**20, '{:.1f}', ' MiB/s')}")
+    return '<div id="telemetry-details" style="font-size:13px;line-height:1.6">' + "<br>".join(parts) + "</div>"
+
+
+def render(state: AppState, shell: Any) -> None:
+    if state.telemetry is None:
+        gr.Markdown("Telemetry is not running.")
+        return
+    with gr.Row():
+        window = gr.Radio(list(WINDOWS), value="15 min", label="Time window", elem_id="telemetry-window")
+    alerts = gr.HTML(alerts_html(()), elem_id="telemetry-alerts-box")
+    details = gr.HTML("", elem_id="telemetry-details-box")
+    plots = []
+    with gr.Row():
+        for spec in PLOTS[:3]:
+            plots.append(_plot(spec))
+    with gr.Row():
+        for spec in PLOTS[3:]:
+            plots.append(_plot(spec))
+
+    def tick(win: str):
+        f = state.telemetry.latest()
+        return [alerts_html(f.alerts), details_html(f), *frames(state, win)]
+
+    outs = [alerts, details, *plots]
+    shell.timer.tick(tick, inputs=[window], outputs=outs, show_progress="hidden",
+                     concurrency_limit=None, trigger_mode="once")
+    window.change(tick, inputs=[window], outputs=outs, show_progress="hidden")
+
+
+PALETTE = ("#3182ce", "#dd6b20", "#38a169", "#805ad5")
+
+
+def _colours(spec) -> dict[str, str]:
+    return {label: PALETTE[i % len(PALETTE)] for i, (_, label) in enumerate(spec.series)}
+
+
+def _plot(spec) -> gr.LinePlot:
+    return gr.LinePlot(
+        None,  # filled by the first timer tick
+        # Gradio 6.31's LinePlot fixes its colour domain when it builds the chart: every frame carries a
+        # placeholder row per series (plotdata.rows) so no series is missing from it; the color_map keeps
+        # each series' colour stable.
+        x="time", y="value", color="series", color_map=_colours(spec), title=spec.title, y_title=spec.y_title, x_title="time",
+        x_axis_format="%H:%M:%S", tooltip=["time", "series", "value", "profile"], height=240,
+        elem_id=f"telemetry-plot-{spec.key}", buttons=["fullscreen", "export"],
+    )
