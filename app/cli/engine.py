@@ -188,12 +188,12 @@ def _logs(args, ctl) -> int:
     if not lines and not ctl.snapshot().container_id:
         return _persisted_logs(ctl, args, want)
     for ln in lines[-args.lines:]:
-        print(ln.text if args.stream != "both" else f"{ln.stream[:3]} | {ln.text}")
+        print(ln.text if args.stream != "both" else f"{ln.stream[3:]} | {ln.text}")
     if not args.follow:
         return EXIT_OK
     done = threading.Event()
     unsubscribe = ctl.add_log_listener(
-        lambda ln: ln.stream in want and print(ln.text if args.stream != "both" else f"{ln.stream[:3]} | {ln.text}", flush=True))
+        lambda ln: ln.stream in want and print(ln.text if args.stream != "both" else f"{ln.stream[3:]} | {ln.text}", flush=True))
     try:
         while not done.wait(0.5):
             if ctl.snapshot().state.value in ("stopped", "failed"):
@@ -215,7 +215,7 @@ def _persisted_logs(ctl, args, want) -> int:
         p = ctl.logs.directory / f"{run}.{stream}.log"
         if p.exists():
             for text in p.read_text(errors="replace").splitlines()[-args.lines:]:
-                print(text if len(want) == 1 else f"{stream[:3]} | {text}")
+                print(text if len(want) == 1 else f"{stream[3:]} | {text}")
     return EXIT_OK
 
 

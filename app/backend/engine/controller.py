@@ -148,6 +148,17 @@ class EngineController:
     def recent_logs(self, n: int = 250) -> list[LogLine]:
         return self.logs.recent(n)
 
+    def export_logs(self, stream: str = "both", needle: str = "") -> Path:
+        """Write the in-memory tail (filtered) to a file for download; returns its path."""
+        lines = [ln for ln in self.logs.recent(100000)
+                 if (stream == "both" or ln.stream == stream) and needle.lower() in ln.text.lower()]
+        out_dir = self.settings.state_dir / "exports"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        snap = self.snapshot()
+        path = out_dir / f"engine-{snap.container_name or 'log'}-{time.strftime('%Y%m%dT%H%M%S')}.log"
+        path.write_text("".join(f"[{ln.stream}] {ln.text}\n" for ln in lines), encoding="utf-8")
+        return path
+
     def busy(self) -> Ticket | None:
         with self._lock:
             return self._busy
@@ -407,9 +418,9 @@ class EngineController:
 
     def _ready_message(self, slots: int | None, want_pool: bool) -> str:
         prog = self._tracker.progress
-        pool = f"pool {slots} slots × {prog.slot_mib:g} MiB" if want_pool and slots else "no FP4 pool expected"
-        warn = " — planes cache MISSED during boot (see logs)" if prog.cache_miss else ""
-        return pool + warn
+        if prog.cache_miss:
+            return "ready, but the planes cache MISSED during boot: " + diag_mod.cache_miss_warning()
+        return "" if want_pool else "ready (this profile has no FP4 pool)"
 
     def _fail_exited(self, cur: Instance | None) -> bool:
         lines = [ln.text for ln in self.logs.recent(400)]

@@ -1,0 +1,173 @@
+"""Engine tab: state badge + boot phase, profile cards, Start / Switch / Stop, preflight checklist with
+per-item overrides, the equivalent `docker run`, the last diagnosis, and a filterable log tail.
+
+Thin: every action calls `state.engine` (EngineController). Start/Switch/Stop return at once with a
+ticket; the shared 1 s page timer redraws the badge, phase and log tail from the controller's snapshot.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+import gradio as gr
+
+from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState
+from app.backend.recipe.command import render_shell
+from app.backend.state import AppState
+
+TITLE = "Engine"
+LOG_LINES = 300
+COLORS = {
+    EngineState.READY: "#166534", EngineState.STARTING: "#92400e", EngineState.PREFLIGHT: "#92400e",
+    EngineState.STOPPING: "#92400e", EngineState.FAILED: "#b91c1c", EngineState.STOPPED: "#475569",
+}
+MARK = {"pass": ("✔", "#166534"), "warn": ("▲", "#92400e"), "fail": ("✖", "#b91c1c")}
+
+
+def status_html(snap: EngineSnapshot, runtime: str, busy: str) -> str:
+    color = COLORS[snap.state]
+    sim = ' <span class="moet-sim-tag">SIMULATED</span>' if snap.simulated else ""
+    phase = "" if snap.state is EngineState.READY or not snap.phase else f" · {escape(snap.phase)}"
+    pool = ""
+    if snap.pool_slots is not None:
+        pool = f"FP4 pool: {snap.pool_slots} slots" + (f" × {snap.slot_mib:g} MiB" if snap.slot_mib else "")
+    rows = [
+        f'<span data-testid="engine-state" data-state="{snap.state.value}" style="background:{color};color:#fff;'
+        f'border-radius:999px;padding:2px 12px;font-weight:700">{snap.state.value.upper()}</span>{sim}'
+        f' <b>{escape(snap.profile_id or "no profile")}</b>{phase}',
+        escape(snap.message) if snap.message else "",
+        pool,
+        f"{escape(snap.container_name)} · {escape(snap.base_url)}" if snap.container_name else "",
+        f"runtime: {escape(runtime)}",
+        f"<i>{escape(busy)}</i>" if busy else "",
+    ]
+    return '<div id="engine-status-box" role="status" aria-live="polite">' + "<br>".join(r for r in rows if r) + "</div>"
+
+
+def diagnosis_html(d: Diagnosis | None) -> str:
+    if d is None:
+        return '<p class="moet-ok">No failure recorded.</p>'
+    evidence = "".join(f"<li><code>{escape(e[:300])}</code></li>" for e in d.evidence)
+    return (f'<div data-testid="engine-diagnosis" data-reason="{escape(d.reason)}">'
+            f"<p><b>{escape(d.title)}</b></p><p>{escape(d.explanation)}</p>"
+            f"<p><b>Fix:</b> {escape(d.fix)}</p>" + (f"<ul>{evidence}</ul>" if evidence else "") + "</div>")
+
+
+def preflight_html(report: Any) -> str:
+    rows = []
+    for i in report.items:
+        mark, color = MARK[i.status]
+        over = " (overridden)" if i.status == "fail" and i.id in report.overrides else ""
+        fix = f"<br><small>fix: {escape(i.fix)}</small>" if i.fix and i.status != "pass" else ""
+        rows.append(f'<tr data-item="{escape(i.id)}" data-status="{i.status}"><td style="color:{color}">{mark} '
+                    f"{i.status}{over}</td><td><b>{escape(i.title)}</b><br><small>{escape(i.detail)}</small>{fix}</td></tr>")
+    return (f'<div class="moet-study"><table><caption>Preflight: {escape(report.summary())}</caption>'
+            + "".join(rows) + "</table></div>")
+
+
+def _choices(state: AppState) -> list[tuple[str, str]]:
+    out = []
+    for p in state.engine.profiles():
+        fig = f" — {p.decode.value:g} tok/s, {p.quality_label}" if p.measured and p.decode else " — not measured"
+        out.append((f"#{p.number} {p.title}{fig}" if p.measured else f"{p.title} (custom){fig}", p.id))
+    return out
+
+
+def _command(state: AppState, profile_id: str) -> str:
+    try:
+        return render_shell(state.engine.run_spec(profile_id))
+    except (KeyError, ValueError) as exc:
+        return f"# cannot build the command: {exc}"
+
+
+def _cards(state: AppState, profile_id: str) -> str:
+    from app.ui.profile_html import profile_cards
+
+    return profile_cards(state.settings.recipe, state.engine.profiles(), profile_id, {})
+
+
+def _logs(state: AppState, stream: str, needle: str) -> str:
+    lines = [ln for ln in state.engine.recent_logs(5000)
+             if (stream == "both" or ln.stream == stream) and needle.lower() in ln.text.lower()]
+    tag = stream == "both"
+    return "\n".join((f"{ln.stream[3:]} | " if tag else "") + ln.text for ln in lines[-LOG_LINES:])
+
+
+def render(state: AppState, shell: Any) -> None:
+    ctl = state.engine
+    if ctl is None:
+        gr.Markdown("Engine control is not available in this build.")
+        return
+    snap = ctl.snapshot()
+    initial = snap.profile_id or state.settings.recipe.recommended_profile.id
+    status = gr.HTML(status_html(snap, _runtime(state), ""), elem_id="engine-status")
+    with gr.Row():
+        profile = gr.Radio(_choices(state), value=initial, label="Profile", elem_id="engine-profile")
+    with gr.Row():
+        start_btn = gr.Button("Start", variant="primary", elem_id="engine-start")
+        switch_btn = gr.Button("Switch to selected profile", elem_id="engine-switch")
+        stop_btn = gr.Button("Stop", variant="stop", elem_id="engine-stop")
+        pre_btn = gr.Button("Run preflight", elem_id="engine-preflight-run")
+    action = gr.Markdown("", elem_id="engine-action")
+    with gr.Accordion("Profile cards (the card's figures)", open=False):
+        cards = gr.HTML(_cards(state, initial), elem_id="engine-cards")
+    with gr.Accordion("Preflight checklist", open=False, elem_id="engine-preflight-box"):
+        checklist = gr.HTML("<p>Run preflight to check Docker, GPU, ECC, memory, disk, artifacts, the ckpt pin, "
+                            "the image and the port.</p>", elem_id="engine-preflight")
+        overrides = gr.CheckboxGroup([], label="Start anyway despite these failing items (explicit override)",
+                                     elem_id="engine-overrides")
+    with gr.Accordion("Equivalent command (what the panel runs)", open=False):
+        command = gr.Code(_command(state, initial), language="shell", elem_id="engine-command")
+    gr.Markdown("**Last diagnosis**")
+    diag = gr.HTML(diagnosis_html(snap.diagnosis), elem_id="engine-diagnosis-box")
+    with gr.Accordion("Engine log (live tail)", open=True):
+        with gr.Row():
+            needle = gr.Textbox(label="Filter", placeholder="e.g. delta tier, ERROR, planes", elem_id="engine-log-filter")
+            stream = gr.Radio(["both", "stdout", "stderr"], value="both", label="Stream", elem_id="engine-log-stream")
+            download = gr.DownloadButton("Download log", elem_id="engine-log-download")
+        logbox = gr.Textbox(_logs(state, "both", ""), lines=14, max_lines=14, label="Log", interactive=False,
+                            autoscroll=True, elem_id="engine-log", elem_classes=["moet-code"])
+
+    def _start(pid: str, over: list[str]) -> str:
+        return _ticket_text(ctl.start(pid, tuple(over or ())))
+
+    def _switch(pid: str, over: list[str]) -> str:
+        return _ticket_text(ctl.switch(pid, tuple(over or ())))
+
+    def _preflight(pid: str, over: list[str]):
+        report = ctl.preflight(pid, frozenset(over or ()))
+        failing = [i.id for i in report.items if i.status == "fail"]
+        return preflight_html(report), gr.CheckboxGroup(choices=failing, value=[o for o in over or [] if o in failing])
+
+    def _select(pid: str):
+        return _cards(state, pid), _command(state, pid)
+
+    quick = {"show_progress": "hidden", "concurrency_limit": None}
+    start_btn.click(_start, [profile, overrides], [action], api_name="engine_start", **quick)
+    switch_btn.click(_switch, [profile, overrides], [action], api_name="engine_switch", **quick)
+    stop_btn.click(lambda: _ticket_text(ctl.stop()), None, [action], api_name="engine_stop", **quick)
+    pre_btn.click(_preflight, [profile, overrides], [checklist, overrides], api_name="engine_preflight")
+    profile.change(_select, [profile], [cards, command], **quick)
+    download.click(lambda s, n: str(ctl.export_logs(s, n or "")), [stream, needle], [download], **quick)
+
+    def _tick(s: str, n: str):
+        snap = ctl.snapshot()
+        busy = ctl.busy()
+        busy_text = f"{busy.action} {busy.profile_id or ''} in progress…" if busy else ""
+        return status_html(snap, _runtime(state), busy_text), diagnosis_html(snap.diagnosis), _logs(state, s, n or "")
+
+    shell.timer.tick(_tick, [stream, needle], [status, diag, logbox], show_progress="hidden",
+                     concurrency_limit=None, trigger_mode="once")
+    needle.submit(lambda s, n: _logs(state, s, n or ""), [stream, needle], [logbox], **quick)
+    stream.change(lambda s, n: _logs(state, s, n or ""), [stream, needle], [logbox], **quick)
+
+
+def _ticket_text(t: Any) -> str:
+    return ("✔ " if t.accepted else "✖ ") + escape(t.message)
+
+
+def _runtime(state: AppState) -> str:
+    ctl = state.engine
+    rt = ctl.runtime
+    return rt.describe() if rt is not None else (ctl.runtime_error or "no runtime")

@@ -1,0 +1,61 @@
+"""Headless Chromium clicks Start, then Switch, in the Engine tab and sees the state badge reach ready."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.backend.settings import Settings
+from tests.conftest import ARTIFACTS, free_port
+
+from .conftest import TEST_LABEL, sim_recipe
+
+pytestmark = [pytest.mark.browser, pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.fixture
+def engine_panel(docker_client, tmp_path: Path):
+    from app.backend.recipe import SIMULATED_RECIPE
+    from app.backend.state import build_app_state
+    from app.ui.app import build_ui, launch
+
+    recipe = sim_recipe(free_port())
+    settings = Settings(SIMULATED_RECIPE, recipe, tmp_path / "data", True)
+    settings.ensure_state_dir()
+    state = build_app_state(settings)
+    state.engine.options.extra_env = {"MOET_SIM_BOOT_S": "1"}
+    state.engine.options.extra_labels = dict(TEST_LABEL)
+    blocks = None
+    try:
+        blocks = build_ui(state)
+        url = launch(blocks, "127.0.0.1", free_port(), None)
+        yield url.rstrip("/"), state
+    finally:
+        if blocks is not None:
+            blocks.close()
+        state.close()
+        for c in docker_client.containers.list(all=True, filters={"label": f"moet-panel.recipe={recipe.id}"}):
+            c.remove(force=True)
+
+
+def test_start_then_switch_in_engine_tab(engine_panel, browser) -> None:
+    url, state = engine_panel
+    page = browser.new_page(1280, 1000)
+    page.goto(url)
+    page.get_by_role("tab", name="Engine").click()
+    page.wait_for_selector('[data-testid="engine-state"][data-state="stopped"]')
+    page.click("#engine-start")
+    page.wait_for_selector('[data-testid="engine-state"][data-state="ready"]', timeout=40_000)
+    assert "quality" in page.inner_text("#engine-status")
+    page.locator("#engine-profile").get_by_text("#2 quality / speed", exact=False).click()
+    page.click("#engine-switch")
+    page.click("#engine-switch")  # double click: refused, never a second engine
+    page.wait_for_selector('[data-testid="engine-state"]:not([data-state="ready"])', timeout=10_000)
+    page.wait_for_selector('[data-testid="engine-state"][data-state="ready"]', timeout=40_000)
+    assert "balanced" in page.inner_text("#engine-status")
+    assert state.engine.snapshot().profile_id == "balanced"
+    page.wait_for_function("document.querySelector('#engine-log textarea').value.includes('delta tier')")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "engine-tab.png"), full_page=True)
+    assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors
