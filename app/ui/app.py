@@ -24,6 +24,7 @@ CSS_PATH = Path(__file__).resolve().parents[2] / "assets" / "css" / "panel.css"
 TABS = [
     "app.ui.profiles",
     "app.ui.downloads",
+    "app.ui.engine",
     "app.ui.telemetry",
     "app.ui.chat",  # keep last
 ]
