@@ -447,8 +447,12 @@ class EngineController:
             if snap.state is not S.STOPPED:
                 self._fail(self._runtime_failure(RuntimeUnavailable(self._runtime_error)), self._runtime_error)
             return []
-        targets = [i for i in rt.list({MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id}) if i.running]
+        mine = rt.list({MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id})
+        targets = [i for i in mine if i.running]
+        leftovers = [i for i in mine if not i.running]  # e.g. the failed run kept for inspection
         if snap.state is S.STOPPED and not targets:
+            for inst in leftovers:
+                rt.remove(inst.id)
             return []
         if snap.state is not S.STOPPING:
             self._apply(sm.StopBegan(message))
@@ -459,7 +463,7 @@ class EngineController:
             stopped.append(final or inst)
         self._drain_logs()
         self._end_follow()
-        for inst in stopped:
+        for inst in stopped + leftovers:
             rt.remove(inst.id)  # logs are persisted by the panel; exit code already read
         self._apply(sm.Stopped(message))
         return stopped
