@@ -73,11 +73,25 @@ def parse_docker_run(text: str) -> dict[str, object]:
 
 
 def cli(*args: str) -> str:
+    """The real CLI in a subprocess (what a user runs)."""
     proc = subprocess.run(
         [sys.executable, "-m", "app.cli.main", "command", *args], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+def cli_inproc(*args: str) -> str:
+    """The same entry point in-process (fast; used where a subprocess adds nothing)."""
+    import contextlib
+    import io
+
+    from app.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["command", *args]) == 0
+    return out.getvalue()
 
 
 @pytest.mark.parametrize("profile", ["quality", "balanced", "speed"])
@@ -98,7 +112,7 @@ def test_card_profiles_differ_by_exactly_one_line() -> None:
 
 @pytest.mark.parametrize("profile", ["quality", "balanced", "speed"])
 def test_managed_command_adds_only_labels_name_and_trace(profile: str) -> None:
-    text = cli("--profile", profile, "--data-dir", "/data/ds4")
+    text = cli_inproc("--profile", profile, "--data-dir", "/data/ds4")
     got, want = parse_docker_run(text), parse_docker_run(CARD[profile])
     extra_opts = got["opts"] - want["opts"]
     missing_opts = want["opts"] - got["opts"]
@@ -116,8 +130,8 @@ def test_managed_command_adds_only_labels_name_and_trace(profile: str) -> None:
 
 
 def test_simulated_recipe_adds_sim_decode_speed_with_a_comment() -> None:
-    text = cli("--profile", "balanced", "--recipe", str(SIMULATED_RECIPE), "--data-dir", "/tmp/moet-demo")
-    plain = parse_docker_run(cli("--profile", "balanced", "--recipe", str(SIMULATED_RECIPE), "--plain", "--data-dir", "/tmp/moet-demo"))
+    text = cli_inproc("--profile", "balanced", "--recipe", str(SIMULATED_RECIPE), "--data-dir", "/tmp/moet-demo")
+    plain = parse_docker_run(cli_inproc("--profile", "balanced", "--recipe", str(SIMULATED_RECIPE), "--plain", "--data-dir", "/tmp/moet-demo"))
     got = parse_docker_run(text)
     added = {k: v for k, v in got["env"].items() if k not in plain["env"]}
     assert added == {"VLLM_MOE_W2_DELTA_TRACE": "1", "MOET_SIM_DECODE_TOK_S": "75"}
@@ -127,7 +141,7 @@ def test_simulated_recipe_adds_sim_decode_speed_with_a_comment() -> None:
 
 def test_json_format_parses_and_matches_shell() -> None:
     payload = json.loads(cli("--profile", "speed", "--format", "json", "--data-dir", "/data/ds4"))
-    shell = parse_docker_run(cli("--profile", "speed", "--data-dir", "/data/ds4"))
+    shell = parse_docker_run(cli_inproc("--profile", "speed", "--data-dir", "/data/ds4"))
     argv = payload["argv"]
     assert argv[:3] == ["docker", "run", "-d"]
     assert payload["image"] == shell["image"] == "vllm-moet-sm120:v026"

@@ -108,16 +108,16 @@ def render(state: AppState, shell: Any) -> None:
     selector = gr.Radio(_choices(profiles), value=rec, label="Profile", elem_id="profile-select")
     cards = gr.HTML(cards0, elem_id="profile-cards-html")
     with gr.Row(equal_height=False):
-        with gr.Column(scale=3, min_width=300):
+        with gr.Column(scale=1, min_width=300):
             chart = gr.HTML(chart0, elem_id="profile-chart")
-        with gr.Column(scale=2, min_width=280):
             gr.Markdown("**Card warnings for the selected profile**")
             findings = gr.HTML(find0, elem_id="profile-findings")
-    plain = gr.Checkbox(False, label="Plain: exactly the card's command (no panel labels or trace env)", elem_id="command-plain")
-    # A read-only textarea, not gr.Code: CodeMirror only puts visible lines in the DOM, which breaks
-    # select-all, screen readers and the browser tests; the copy button is Gradio's own.
-    command = gr.Textbox(cmd0, label="Equivalent docker run", interactive=False, buttons=["copy"], lines=14,
-                         max_lines=40, elem_id="profile-command", elem_classes=["moet-code"])
+        with gr.Column(scale=1, min_width=300):
+            plain = gr.Checkbox(False, label="Plain: exactly the card's command (no panel labels or trace env)", elem_id="command-plain")
+            # A read-only textarea, not gr.Code: CodeMirror only puts visible lines in the DOM, which breaks
+            # select-all, screen readers and the browser tests; the copy button is Gradio's own.
+            command = gr.Textbox(cmd0, label="Equivalent docker run", interactive=False, buttons=["copy"], lines=16,
+                                 max_lines=40, elem_id="profile-command", elem_classes=["moet-code"])
     with gr.Accordion("Studies behind the figures", open=False, elem_id="studies"):
         gr.HTML(study_tables(recipe.studies), elem_id="study-tables")
 
