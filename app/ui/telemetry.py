@@ -57,7 +57,7 @@ def details_html(frame: Any) -> str:
     if not frame.gpus:
         parts.append(f"<b>GPU:</b> {_e(frame.gpu_error or 'sampling…')}")
     for g in frame.gpus:
-        sim = " <b>SIMULATED</b>" if g.simulated else ""
+        sim = " <b>SIMULATED</b>" if g.simulated and "SIMULATED" not in g.name else ""
         procs = ", ".join(
             f"{p.pid} {_e(p.name or '?')} {_n(p.used_bytes / GIB if p.used_bytes is not None else None, '{:.1f}', ' GiB')}"
             + (f" [{_e(p.container)}]" if p.container else "") for p in g.processes) or "none"

@@ -1,0 +1,48 @@
+"""Header strip formatting (no browser): engine state, VRAM bar + SIMULATED tag, decode, coverage, alerts."""
+
+from __future__ import annotations
+
+from app.backend.engine.types import EngineSnapshot, EngineState
+from app.backend.recipe import SIMULATED_RECIPE
+from app.backend.settings import resolve_settings
+from app.backend.state import AppState
+from app.backend.telemetry.alerts import Alert
+from app.backend.telemetry.gpu_sim import sample_from_dict
+from app.backend.telemetry.hub import TelemetryFrame
+from app.backend.telemetry.metrics import MetricsSample
+from app.backend.telemetry.trace import parse_text
+from app.ui.header import header_html
+
+from .conftest import log_text
+
+
+def _state(tmp_path) -> AppState:
+    return AppState(settings=resolve_settings(SIMULATED_RECIPE, tmp_path, demo=True))
+
+
+def test_header_ready_simulated(tmp_path) -> None:
+    gpu = sample_from_dict({"memory_total_gib": 96, "memory_used_gib": 93.35, "memory_reserved_gib": 0.45,
+                            "simulated": True, "name": "RTX PRO 6000 (SIMULATED)"})
+    frame = TelemetryFrame(ts=1.0, gpus=(gpu,), gpu_simulated=True,
+                           trace=parse_text(log_text("freq_trace1_every64_469slots_top8.log")).snapshot(),
+                           metrics=MetricsSample(ts=1.0, decode_tok_s=48.9))
+    html = header_html(_state(tmp_path), EngineSnapshot(state=EngineState.READY, profile_id="quality", simulated=True), frame)
+    assert 'data-state="ready"' in html and "#1 max quality" in html and "Engine (SIMULATED)" in html
+    assert 'data-vram-used="93.80"' in html and ">SIMULATED<" in html and "93.8 / 96.0 GiB" in html
+    assert 'data-decode="48.9"' in html and 'data-coverage="46.5"' in html and 'data-alerts="0"' in html
+
+
+def test_header_no_gpu_pool_absent_and_alerts(tmp_path) -> None:
+    alerts = (Alert("pool_absent", "critical", "FP4 recovery pool absent (0 slots)", "m", "a"),)
+    frame = TelemetryFrame(ts=1.0, gpu_error="no NVIDIA GPU (libnvidia-ml.so not found)",
+                           trace=parse_text(log_text("disabled_auto_0slots_trace1_every64.log")).snapshot(), alerts=alerts)
+    html = header_html(_state(tmp_path), EngineSnapshot(state=EngineState.STOPPED), frame)
+    assert "no NVIDIA GPU (libnvidia-ml.so not found)" in html and 'data-vram="na"' in html
+    assert 'data-coverage="0"' in html and "pool absent" in html
+    assert 'data-alerts="1"' in html and "critical" in html and "no profile" in html
+    assert 'data-decode="—"' in html
+
+
+def test_header_before_first_sample(tmp_path) -> None:
+    html = header_html(_state(tmp_path), None, TelemetryFrame())
+    assert "sampling…" in html and 'data-coverage="—"' in html and 'data-state="stopped"' in html
