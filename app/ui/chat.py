@@ -1,10 +1,10 @@
 """Chat tab: a thin Gradio layer over `state.chat` (app.backend.chat.service.ChatService).
 
-Streaming design: the backend turn coalesces text (~80 ms); the generator re-renders only the
-reply's own messages on top of a history prefix rendered once. The answer is cut into Markdown
-blocks, so Gradio's diff touches (and the browser re-renders) only the last block: each update
-costs O(block), not O(answer). Stop cancels the generator; its `finally` closes the stream so the
-engine aborts the request.
+Streaming design: the backend turn coalesces text; the generator re-renders only the reply's own
+messages on top of a history prefix rendered once, and Gradio sends the browser an append-diff.
+The update interval grows with the reply's size (display.py) so a 20k-token answer costs the
+browser and the panel the same per 1k tokens at its end as at its start. Stop cancels the
+generator; its `finally` closes the stream so the engine aborts the request.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 from gradio.context import Context
 
-from app.backend.chat.blocks import BlockSplitter, split_blocks, thinking_tail
+from app.backend.chat.display import THINKING_TAIL_CHARS, thinking_tail, update_interval
 from app.backend.chat.client import SamplingParams
 from app.backend.chat.models import Conversation, Message
 from app.backend.chat.service import ChatError, ChatService
@@ -41,10 +41,6 @@ def _thought(text: str, done: bool, seconds: float | None) -> dict[str, Any]:
     return {"role": "assistant", "content": text, "metadata": meta}
 
 
-def _answer(blocks: list[str]) -> list[dict[str, Any]]:
-    return [{"role": "assistant", "content": b} for b in blocks if b]
-
-
 def render_message(msg: Message) -> list[dict[str, Any]]:
     if msg.role == "user":
         return [{"role": "user", "content": msg.content}]
@@ -53,8 +49,9 @@ def render_message(msg: Message) -> list[dict[str, Any]]:
     out = []
     if msg.reasoning:
         out.append(_thought(msg.reasoning, True, msg.reasoning_s))
-    out.extend(_answer(split_blocks(msg.content)) if msg.content else [])
-    if msg.status == "streaming":  # its live view is drawn by LiveReply
+    if msg.content:
+        out.append({"role": "assistant", "content": msg.content})
+    if msg.status == "streaming":  # its live view is drawn by render_live
         out.append(_sub("waiting for the first token…"))
         return out
     stats = format_stats(msg.stats) if msg.stats else ""
@@ -75,33 +72,33 @@ def render_history(messages: list[Message]) -> list[dict[str, Any]]:
     return out
 
 
-class LiveReply:
-    """Renders a streaming reply. The answer is cut into blocks (only the last one changes) and the
-    thinking shows its tail while pending, so each update costs O(block), not O(answer)."""
+def render_live(view: TurnView) -> list[dict[str, Any]]:
+    """The streaming reply's messages: thinking (its tail while pending), answer, live stats line."""
+    if view.done:
+        return render_message(view.message)
+    out = []
+    if view.reasoning:
+        answering = view.phase == "answering"
+        out.append(_thought(view.reasoning if answering else thinking_tail(view.reasoning), answering,
+                            view.reasoning_s))
+    if view.content:
+        out.append({"role": "assistant", "content": view.content})
+    if view.phase == "waiting":
+        out.append(_sub("waiting for the first token…"))
+    else:
+        live = [view.phase, f"{view.tokens} tokens"]
+        if view.ttft_s is not None:
+            live.append(f"TTFT {view.ttft_s:.2f} s")
+        if view.rate is not None:
+            live.append(f"{view.rate:.1f} tok/s")
+        out.append(_sub(" · ".join(live)))
+    return out
 
-    def __init__(self) -> None:
-        self._blocks = BlockSplitter()
 
-    def render(self, view: TurnView) -> list[dict[str, Any]]:
-        if view.done:
-            return render_message(view.message)
-        out = []
-        if view.reasoning:
-            answering = view.phase == "answering"
-            out.append(_thought(view.reasoning if answering else thinking_tail(view.reasoning), answering,
-                                view.reasoning_s))
-        if view.content:
-            out.extend(_answer(self._blocks.blocks(view.content)))
-        if view.phase == "waiting":
-            out.append(_sub("waiting for the first token…"))
-        else:
-            live = [view.phase, f"{view.tokens} tokens"]
-            if view.ttft_s is not None:
-                live.append(f"TTFT {view.ttft_s:.2f} s")
-            if view.rate is not None:
-                live.append(f"{view.rate:.1f} tok/s")
-            out.append(_sub(" · ".join(live)))
-        return out
+def on_screen_chars(view: TurnView) -> int:
+    """What the browser redraws per update (a collapsed thought is not in the page)."""
+    thinking = min(len(view.reasoning), THINKING_TAIL_CHARS) if view.phase == "thinking" else 0
+    return thinking + len(view.content)
 
 
 def conversation_choices(chat: ChatService) -> list[tuple[str, str]]:
@@ -252,10 +249,9 @@ def render(state: AppState, shell: Any) -> None:
     def stream_turn(cid: str, turn: Any) -> Iterator[list[dict[str, Any]]]:
         """Chatbot values for a streaming reply; closing this generator (Stop) stops the reply."""
         prefix = render_history(chat.get(cid).messages[:-1])  # rendered once; the reply is the last message
-        live = LiveReply()
         try:
-            for view in turn.follow():
-                yield prefix + live.render(view)
+            for view in turn.follow(interval_fn=lambda v: update_interval(on_screen_chars(v))):
+                yield prefix + render_live(view)
         finally:
             if not turn.done.is_set():  # Stop pressed, conversation switched or page closed
                 turn.stop(timeout=0)

@@ -177,22 +177,25 @@ class Turn:
                 message=self.message,
             )
 
-    def follow(self, interval_s: float = 0.08, heartbeat_s: float = 0.5) -> Iterator[TurnView]:
-        """Coalesced views: at most one per `interval_s` while text flows (the first token and the
-        end are never delayed), and one every `heartbeat_s` while nothing arrives, so a consumer
-        that is being cancelled regains control promptly."""
+    def follow(self, interval_s: float = 0.08, heartbeat_s: float = 0.5,
+               interval_fn: Callable[[TurnView], float] | None = None) -> Iterator[TurnView]:
+        """Coalesced views: at most one per interval while text flows (`interval_fn(last view)` or
+        `interval_s`; the first token and the end are never delayed), and one every `heartbeat_s`
+        while nothing arrives, so a consumer that is being cancelled regains control promptly."""
         seen = -1
         last = 0.0
         had_text = False
+        interval = interval_s
         while True:
             with self._cond:
                 if self._version == seen and not self.done.is_set():
                     self._cond.wait(heartbeat_s)
-            wait = interval_s - (time.monotonic() - last)
+            wait = interval - (time.monotonic() - last)
             if had_text and wait > 0 and not self.done.is_set():
                 self.done.wait(wait)
             view = self.view()
             seen, last = view.version, time.monotonic()
+            interval = interval_fn(view) if interval_fn is not None else interval_s
             had_text = had_text or view.tokens > 0
             yield view
             if view.done:
