@@ -59,6 +59,13 @@ class BrowserSession:
         self.pages.append(page)
         return page
 
+    def snap(self, page: Any, name: str, full_page: bool = True) -> Path:
+        """Save a step screenshot as a test artifact (test-artifacts/<name>.png)."""
+        ARTIFACTS.mkdir(exist_ok=True)
+        path = ARTIFACTS / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.png"
+        page.screenshot(path=str(path), full_page=full_page)
+        return path
+
 
 @pytest.fixture(scope="session")
 def _chromium() -> Iterator[Any]:
