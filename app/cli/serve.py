@@ -130,7 +130,12 @@ def _serve(p: Plan) -> int:
     from app.backend.state import build_app_state
     from app.ui.app import build_ui, launch
 
-    p.settings.ensure_state_dir()
+    try:
+        p.settings.ensure_state_dir()
+    except OSError as exc:
+        print(f"moet-panel: cannot create the panel's state dir {p.settings.state_dir} ({exc.strerror or exc}). "
+              "Create the data dir with write access for this user, or pass --data-dir DIR.", file=sys.stderr)
+        return 2
     state = build_app_state(p.settings)
     # Demo downloads: the download service starts the SIMULATED local Hub itself on first use.
     hub_note = "SIMULATED local demo Hub on 127.0.0.1 (started on the first download)" if p.settings.recipe.simulated else None

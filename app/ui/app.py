@@ -35,7 +35,7 @@ class Shell:
     """Page-wide pieces shared by tabs."""
 
     timer: gr.Timer  # 1 s page timer; tick handlers only read backend caches
-    tabs: gr.Tabs
+    tabs: gr.Tabs | None = None  # set once the Tabs exist (the header is built above them)
 
 
 def build_ui(state: AppState) -> gr.Blocks:
@@ -54,7 +54,7 @@ def build_ui(state: AppState) -> gr.Blocks:
                 elem_id="sim-banner",
             )
         # The header strip sits above the tabs; it needs the shared timer but not the Tabs object.
-        shell = Shell(timer=timer, tabs=None)  # type: ignore[arg-type]
+        shell = Shell(timer=timer)
         if header is not None:
             header.render(state, shell)
         with gr.Tabs(elem_id="main-tabs") as tabs:

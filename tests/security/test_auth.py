@@ -51,6 +51,23 @@ def test_loopback_is_the_default_and_demo_data_dir_is_per_user(clean_env: Path) 
     assert p.settings.data_dir == clean_env / "share" / "moet-panel" / "demo"
 
 
+def test_real_hardware_uses_the_card_recipe_and_its_data_dir(clean_env: Path) -> None:
+    class Ok:
+        demo_reason = ""
+
+    p = plan(_args(), probe=Ok())
+    assert not p.settings.demo and p.demo_reason == ""
+    assert p.settings.recipe.id == "ds4-flash-0731-sm120" and str(p.settings.data_dir) == "/data/ds4"
+
+
+def test_demo_keeps_a_recipe_the_user_passed(clean_env: Path, tmp_path: Path) -> None:
+    from app.backend.recipe import DEFAULT_RECIPE
+
+    p = plan(_args(demo=True, recipe=str(DEFAULT_RECIPE), data_dir=str(tmp_path / "d")), probe=None)
+    assert p.settings.demo and p.settings.recipe.id == "ds4-flash-0731-sm120"
+    assert p.settings.data_dir == tmp_path / "d" and "requested" in p.demo_reason
+
+
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_non_loopback_refused_without_auth(clean_env: Path, monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     if how == "env":
