@@ -168,6 +168,4 @@ def _ticket_text(t: Any) -> str:
 
 
 def _runtime(state: AppState) -> str:
-    ctl = state.engine
-    rt = ctl.runtime
-    return rt.describe() if rt is not None else (ctl.runtime_error or "no runtime")
+    return state.engine.describe_runtime()

@@ -103,6 +103,7 @@ class EngineController:
         self.options = options or ControllerOptions()
         self._runtime = runtime
         self._runtime_error = ""
+        self._runtime_tried = 0.0
         self._runtime_factory = runtime_factory
         self._gpu = gpu_reader
         self._profiles_fn = profiles_fn or (lambda: list(settings.recipe.profiles))
@@ -197,7 +198,7 @@ class EngineController:
     def preflight(self, profile_id: str | None = None, overrides: frozenset[str] | set[str] = frozenset()) -> PreflightReport:
         pid = profile_id or self.snapshot().profile_id or self.recipe.recommended_profile.id
         spec = self.run_spec(pid)
-        rt = self._get_runtime()
+        rt = self._get_runtime(force=True)
         snap = self.snapshot()
         inputs = PreflightInputs(
             recipe=self.recipe, env=spec.env_dict, data_dir=self.settings.data_dir, runtime=rt,
@@ -355,7 +356,7 @@ class EngineController:
             d = diag_mod.HINTS["preflight_failed"]
             self._fail(Diagnosis(d.reason, d.title, d.explanation, d.fix, bad), "preflight failed: " + report.summary())
             return False
-        rt = self._get_runtime()
+        rt = self._get_runtime(force=True)
         if rt is None:
             self._fail(self._runtime_failure(RuntimeUnavailable(self._runtime_error)), self._runtime_error)
             return False
@@ -439,21 +440,22 @@ class EngineController:
         return False
 
     # -- stop / release ----------------------------------------------------------------------
-    def _stop_engine(self, message: str) -> list[Instance]:
-        """Stop every running panel engine of this recipe (normally one) and remove it."""
-        rt = self._get_runtime()
+    def _stop_engine(self, message: str, release_pids: set[int] | None = None) -> bool:
+        """Stop every running panel engine of this recipe (normally one) and remove it; with release_pids,
+        stay in `stopping` until the GPU reader shows that memory released. False = not released."""
+        rt = self._get_runtime(force=True)
         snap = self.snapshot()
         if rt is None:
             if snap.state is not S.STOPPED:
                 self._fail(self._runtime_failure(RuntimeUnavailable(self._runtime_error)), self._runtime_error)
-            return []
+            return True
         mine = rt.list({MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id})
         targets = [i for i in mine if i.running]
         leftovers = [i for i in mine if not i.running]  # e.g. the failed run kept for inspection
         if snap.state is S.STOPPED and not targets:
             for inst in leftovers:
                 rt.remove(inst.id)
-            return []
+            return True
         if snap.state is not S.STOPPING:
             self._apply(sm.StopBegan(message))
         stopped = []
@@ -465,17 +467,17 @@ class EngineController:
         self._end_follow()
         for inst in stopped + leftovers:
             rt.remove(inst.id)  # logs are persisted by the panel; exit code already read
+        if release_pids is not None:
+            self._apply(sm.Noted(f"{message}: waiting for the GPU memory to be released"))
+            if not self._wait_gpu_release(release_pids):
+                d = diag_mod.HINTS["gpu_not_released"]
+                self._fail(d, d.title)
+                return False
         self._apply(sm.Stopped(message))
-        return stopped
+        return True
 
     def _stop_and_release(self, message: str) -> bool:
-        old_pids = self.container_pids()
-        self._stop_engine(message)
-        if self._wait_gpu_release(old_pids):
-            return True
-        d = diag_mod.HINTS["gpu_not_released"]
-        self._fail(d, d.title)
-        return False
+        return self._stop_engine(message, release_pids=self.container_pids())
 
     def _wait_gpu_release(self, old_pids: set[int]) -> bool:
         """Poll the GPU reader until the old engine's memory is gone (deadline from options)."""
@@ -567,6 +569,9 @@ class EngineController:
                 return  # an operation owns this container; it reports the exit itself
             if self._snap.state is not S.READY or self._snap.container_id != cid:
                 return
+            if cur is not None and cur.running:  # only the log stream broke (daemon hiccup): follow again
+                self._begin_follow(rt, cur, from_start=False, tracker=self._tracker)
+                return
             self._fail_exited(cur)
 
     # -- reattach ------------------------------------------------------------------------------
@@ -615,10 +620,18 @@ class EngineController:
         return Diagnosis("internal_error", "Panel error during the operation", repr(exc),
                          "Retry; if it persists, report it with the Logs view content.")
 
-    def _get_runtime(self) -> Runtime | None:
+    def _get_runtime(self, force: bool = False) -> Runtime | None:
+        """The runtime; without one, ask the factory again (operations: always; readers: every 10 s)."""
         if self._runtime is None and self._runtime_factory is not None:
-            self._runtime, self._runtime_error = self._runtime_factory()
+            if force or time.monotonic() - self._runtime_tried >= 10.0 or not self._runtime_error:
+                self._runtime_tried = time.monotonic()
+                self._runtime, self._runtime_error = self._runtime_factory()
         return self._runtime
+
+    def describe_runtime(self) -> str:
+        """Cheap text for the UI (never contacts the daemon)."""
+        rt = self._runtime
+        return rt.describe() if rt is not None else (self._runtime_error or "not connected yet")
 
 
 def _started_epoch(started_at: str) -> float:
