@@ -9,22 +9,23 @@ immutable `EngineSnapshot`s. Closing the controller stops its threads, never the
 
 from __future__ import annotations
 
-import calendar
 import itertools
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from app.backend.engine import diagnosis as diag_mod
 from app.backend.engine import statemachine as sm
 from app.backend.engine.bootlog import BootTracker
+from app.backend.engine.following import LogFollowing
+from app.backend.engine.gpurelease import wait_gpu_release
 from app.backend.engine.logstore import LogStore
+from app.backend.engine.ops import ControllerOptions, Ticket, expects_pool
 from app.backend.engine.preflight import PreflightInputs, PreflightReport, run_preflight
 from app.backend.engine.readiness import base_url, port_in_use, probe
 from app.backend.engine.runtime import (
-    MANAGED_LABEL, RECIPE_LABEL, Instance, LogFollow, Runtime, RuntimeOpError, RuntimeUnavailable, Stream,
+    MANAGED_LABEL, RECIPE_LABEL, Instance, LogFollow, Runtime, RuntimeOpError, RuntimeUnavailable,
 )
 from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState, LogLine
 from app.backend.recipe.command import RunSpec, build_run_spec
@@ -33,59 +34,11 @@ from app.backend.settings import Settings
 from app.backend.telemetry.gpu_types import GpuReader
 
 S = EngineState
-GIB = 1 << 30
 
 
-@dataclass
-class Ticket:
-    """Handle on one requested operation. `accepted=False` means refused (see `message`)."""
+class EngineController(LogFollowing):
+    """Single owner of the engine lifecycle for one recipe (see the module docstring)."""
 
-    id: int
-    action: str
-    profile_id: str | None
-    accepted: bool
-    message: str = ""
-    ok: bool | None = None
-    diagnosis: Diagnosis | None = None
-    started: float = field(default_factory=time.time)
-    finished: float | None = None
-    _done: threading.Event = field(default_factory=threading.Event, repr=False)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the operation finished; True if it did within the timeout."""
-        return self._done.wait(timeout)
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-
-@dataclass
-class ControllerOptions:
-    auto_rollback: bool = True
-    poll_interval_s: float = 0.25
-    pool_line_grace_s: float = 5.0  # after health+models, how long to wait for the pool line
-    gpu_release_timeout_s: float = 120.0
-    gpu_release_bytes: int = 2 * GIB  # serverctl's threshold: < 2048 MiB used before the next boot
-    extra_env: dict[str, str] = field(default_factory=dict)
-    extra_labels: dict[str, str] = field(default_factory=dict)
-    reattach: bool = True
-
-
-def expects_pool(env: dict[str, str]) -> bool:
-    """Does this env ask for an FP4 delta pool (engine.md §1.3)?"""
-    if env.get("VLLM_MOE_W2", "0") != "1" or env.get("VLLM_MOE_W2_DELTA", "1") == "0":
-        return False
-    raw = env.get("VLLM_MOE_W2_DELTA_GB", "2.0").strip().lower()
-    if raw in ("auto", "-1", "-1.0"):
-        return True
-    try:
-        return float(raw) > 0
-    except ValueError:
-        return True  # unparsable: the engine decides; demand the pool line
-
-
-class EngineController:
     def __init__(
         self,
         settings: Settings,
@@ -481,127 +434,10 @@ class EngineController:
 
     def _wait_gpu_release(self, old_pids: set[int]) -> bool:
         """Poll the GPU reader until the old engine's memory is gone (deadline from options)."""
-        reader = self._gpu
-        if reader is None or not reader.available or self.recipe.requirements.gpu_count == 0 and not getattr(reader, "simulated", False):
-            return True
-        deadline = time.monotonic() + self.options.gpu_release_timeout_s
-        while not self._closed:
-            try:
-                samples = reader.read()
-            except Exception:
-                samples = []
-            if all(_released(s, old_pids, self.options.gpu_release_bytes) for s in samples):
-                return True
-            if time.monotonic() > deadline:
-                return False
-            self._wake.wait(min(0.5, self.options.poll_interval_s * 2))
-        return True
-
-    # -- logs ----------------------------------------------------------------------------------
-    def _begin_follow(self, rt: Runtime, inst: Instance, *, from_start: bool, tracker: BootTracker | None = None,
-                      backlog: list[tuple[Stream, str]] | None = None) -> None:
-        self._end_follow()
-        with self._lock:
-            self._run_token += 1
-            token = self._run_token
-            self._tracker = tracker or BootTracker()
-            self._streams_open = 2
-        self.logs.begin_run(inst.name, _started_epoch(inst.started_at))
-        for stream, text in backlog or []:  # already persisted by whoever followed this run before
-            self.logs.append(LogLine(text=text, stream=stream, container_id=inst.id), persist=False)
-        follow = rt.follow_logs(inst.id, lambda s, t: self._on_line(token, inst.id, s, t),
-                                from_start=from_start, tail=0)
-        with self._lock:
-            self._follow = follow
-
-    def _end_follow(self) -> None:
-        with self._lock:
-            follow, self._follow = self._follow, None
-            self._run_token += 1
-        if follow is not None:
-            follow.close()
-        self.logs.end_run()
-
-    def _drain_logs(self, timeout: float = 3.0) -> None:
-        """Give the followers a moment to deliver the last lines of an exited engine."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self._streams_open <= 0:
-                    return
-            time.sleep(0.02)
-
-    def _on_line(self, token: int, cid: str, stream: Stream, text: str | None) -> None:
-        with self._lock:
-            if token != self._run_token:
-                return
-            if text is None:
-                self._streams_open -= 1
-                ended = self._streams_open == 0
-            else:
-                ended = False
-        if text is None:
-            if ended:
-                self._on_streams_ended(token, cid)
-            return
-        self.logs.append(LogLine(text=text, stream=stream, container_id=cid))
-        with self._lock:
-            if token != self._run_token or not self._tracker.feed(text):
-                return
-            p = self._tracker.progress
-            if self._snap.state is S.STARTING:
-                msg = diag_mod.cache_miss_warning() if p.cache_miss else ""
-                self._apply(sm.BootProgressed(p.phase, p.pool_slots, p.slot_mib, msg))
-
-    def _on_streams_ended(self, token: int, cid: str) -> None:
-        """Both log streams ended: the engine exited. Outside an operation, a READY engine has died."""
-        if cid in self._expected_exit or self._closed:
-            return
-        threading.Thread(target=self._watch_exit, args=(token, cid), name="engine-exit", daemon=True).start()
-
-    def _watch_exit(self, token: int, cid: str) -> None:
-        rt = self._runtime
-        if rt is None:
-            return
-        cur = rt.wait(cid, 5.0)
-        with self._lock:
-            if token != self._run_token or self._busy is not None or cid in self._expected_exit:
-                return  # an operation owns this container; it reports the exit itself
-            if self._snap.state is not S.READY or self._snap.container_id != cid:
-                return
-            if cur is not None and cur.running:  # only the log stream broke (daemon hiccup): follow again
-                self._begin_follow(rt, cur, from_start=False, tracker=self._tracker)
-                return
-            self._fail_exited(cur)
-
-    # -- reattach ------------------------------------------------------------------------------
-    def _reattach(self) -> None:
-        rt = self._get_runtime()
-        if rt is None:
-            return
-        try:
-            running = [i for i in rt.list({MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id}) if i.running]
-        except (RuntimeUnavailable, RuntimeOpError) as exc:
-            self._apply(sm.Noted(str(exc)))
-            return
-        if not running:
-            return
-        inst = sorted(running, key=lambda i: i.started_at)[-1]
-        tracker = BootTracker()
-        old = rt.read_logs(inst.id, max_lines=20000)
-        for _, text in old:
-            tracker.feed(text)
-        self._begin_follow(rt, inst, from_start=False, tracker=tracker, backlog=old[-300:])
-        prog = tracker.progress
-        p = probe(base_url(self.recipe), self.recipe.model.served_name)
-        ready = p.health_ok and p.models_ok and (not expects_pool(inst.env) or (prog.pool_slots or 0) > 0)
-        self._apply(sm.Adopted(inst.profile_id, inst.id, inst.name, base_url(self.recipe), self.recipe.model.served_name,
-                               self.recipe.simulated, ready, prog.phase, prog.pool_slots, prog.slot_mib))
-        if len(running) > 1:
-            self._apply(sm.Noted(f"reattached to {inst.name}; {len(running) - 1} other panel engine(s) are also "
-                                 "running — stop them (never started twice by this panel)"))
-        if not ready:
-            self._submit("adopt", inst.profile_id, lambda t: self._finish(t, self._await_ready(rt, inst, inst.env)))
+        no_gpu = self.recipe.requirements.gpu_count == 0 and not getattr(self._gpu, "simulated", False)
+        return wait_gpu_release(self._gpu, old_pids, threshold=self.options.gpu_release_bytes,
+                                timeout_s=self.options.gpu_release_timeout_s,
+                                poll_s=min(0.5, self.options.poll_interval_s * 2), stop=self._wake, skip=no_gpu)
 
     # -- helpers -------------------------------------------------------------------------------
     def _apply(self, event: sm.Event) -> EngineSnapshot:
@@ -632,22 +468,6 @@ class EngineController:
         """Cheap text for the UI (never contacts the daemon)."""
         rt = self._runtime
         return rt.describe() if rt is not None else (self._runtime_error or "not connected yet")
-
-
-def _started_epoch(started_at: str) -> float:
-    """Docker/ProcessRuntime ISO start time -> epoch (names the run's log files; same run, same files)."""
-    try:
-        return float(calendar.timegm(time.strptime(started_at[:19], "%Y-%m-%dT%H:%M:%S")))
-    except ValueError:
-        return time.time()
-
-
-def _released(sample: object, old_pids: set[int], threshold: int) -> bool:
-    procs = getattr(sample, "processes", ())
-    if any(p.pid in old_pids for p in procs):
-        return False
-    others = sum(p.used_bytes or 0 for p in procs if p.pid not in old_pids)
-    return getattr(sample, "memory_used", 0) - others < threshold
 
 
 def log_dir(settings: Settings) -> Path:

@@ -1,0 +1,60 @@
+"""Operation tickets, controller options and the pool expectation rule (shared by controller parts)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from app.backend.engine.types import Diagnosis
+
+GIB = 1 << 30
+
+
+@dataclass
+class Ticket:
+    """Handle on one requested operation. `accepted=False` means refused (see `message`)."""
+
+    id: int
+    action: str
+    profile_id: str | None
+    accepted: bool
+    message: str = ""
+    ok: bool | None = None
+    diagnosis: Diagnosis | None = None
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+    _done: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the operation finished; True if it did within the timeout."""
+        return self._done.wait(timeout)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+
+@dataclass
+class ControllerOptions:
+    auto_rollback: bool = True
+    poll_interval_s: float = 0.25
+    pool_line_grace_s: float = 5.0  # after health+models, how long to wait for the pool line
+    gpu_release_timeout_s: float = 120.0
+    gpu_release_bytes: int = 2 * GIB  # serverctl's threshold: < 2048 MiB used before the next boot
+    extra_env: dict[str, str] = field(default_factory=dict)
+    extra_labels: dict[str, str] = field(default_factory=dict)
+    reattach: bool = True
+
+
+def expects_pool(env: dict[str, str]) -> bool:
+    """Does this env ask for an FP4 delta pool (engine.md §1.3)?"""
+    if env.get("VLLM_MOE_W2", "0") != "1" or env.get("VLLM_MOE_W2_DELTA", "1") == "0":
+        return False
+    raw = env.get("VLLM_MOE_W2_DELTA_GB", "2.0").strip().lower()
+    if raw in ("auto", "-1", "-1.0"):
+        return True
+    try:
+        return float(raw) > 0
+    except ValueError:
+        return True  # unparsable: the engine decides; demand the pool line
