@@ -4,7 +4,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
-WANT_TEST="${1:-}"
+WANT_TEST="${1:-}"  # "test" also installs the test extras and chromium
 
 need_apt=()
 command -v zstd >/dev/null 2>&1 || need_apt+=(zstd)
@@ -42,8 +42,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "moet-panel setup: creating venv with $PY"
   "$PY" -m venv "$VENV"
 fi
-extras=""; [ "$WANT_TEST" = "test" ] && extras="[test]"
-stamp="$VENV/.moet-stamp$( [ -n "$extras" ] && echo -test )"
+extras=""; stamp="$VENV/.moet-stamp"
+if [ "$WANT_TEST" = "test" ]; then extras="[test]"; stamp="$VENV/.moet-stamp-test"; fi
 sig="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$sig" ]; then
   echo "moet-panel setup: installing Python packages (first run takes a minute)"
