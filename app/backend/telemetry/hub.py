@@ -97,6 +97,7 @@ class TelemetryHub:
         self._last_state: EngineState | None = None
         self._last_summaries = 0
         self._traffic_no_tick_s = 0.0
+        self._policies: dict[str | None, str] = {}
         self.last_error = ""
         self._db: TimelineDB | None = None
         if persist and settings is not None:
@@ -227,6 +228,7 @@ class TelemetryHub:
             self._parser = TraceParser()  # a new boot: forget the previous run's pool
             self._last_summaries = 0
             self._traffic_no_tick_s = 0.0
+            self._policies.clear()  # a (re)start may follow an edit of a custom profile
             self._scraper.reset()
         self._last_state = state
 
@@ -279,11 +281,19 @@ class TelemetryHub:
             metrics=metrics,
             engine=snap,
             traffic_seen_s=self._traffic_no_tick_s if metrics is not None else None,
-            policy=alert_rules.profile_policy(s, snap.profile_id if snap else None) if s is not None else "",
+            policy=self._policy(snap.profile_id if snap else None),
             ecc_required_off=bool(req is not None and getattr(req, "ecc", "any") == "off"),
             ecc_note=getattr(req, "ecc_note", "") if req is not None else "",
         )
         return alert_rules.evaluate(inputs)
+
+    def _policy(self, profile_id: str | None) -> str:
+        """DELTA_POLICY of the active profile, cached per profile (custom profiles live on disk)."""
+        if self.settings is None:
+            return ""
+        if profile_id not in self._policies:
+            self._policies[profile_id] = alert_rules.profile_policy(self.settings, profile_id)
+        return self._policies[profile_id]
 
     def _record(self, f: TelemetryFrame) -> None:
         self.timeline.append(point_from_frame(f))

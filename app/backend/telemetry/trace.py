@@ -54,9 +54,10 @@ RATE_MIN_SPAN_S = 2.0
 HISTORY = 64  # summaries kept per rank for rates and the CLI
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Summary:
-    """One `[tag] tick N: …` line (engine.md §2.1), with its wall-clock time."""
+    """One `[tag] tick N: …` line (engine.md §2.1), with its wall-clock time. Treat as immutable
+    (not frozen only because frozen dataclasses are ~3× slower to build on the parser's hot path)."""
 
     tag: str
     tick: int
@@ -103,7 +104,7 @@ class RankState:
     summaries: int = 0
     last: Summary | None = None
     history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
-    per_layer: dict[int, int] = field(default_factory=dict)
+    per_layer_text: str = ""  # raw `L0:14 L1:9 …` payload of the last histogram line (parsed on demand)
     pack_reads: int | None = None
     pack_gib: float | None = None
     tiered_arena: tuple[int, int] | None = None
@@ -115,6 +116,16 @@ class RankState:
     gate_audits: int = 0
     dump_failures: int = 0
     last_line_ts: float | None = None
+
+    @property
+    def per_layer(self) -> dict[int, int]:
+        """{layer: FP4 experts} from the last `experts per layer` line."""
+        out: dict[int, int] = {}
+        for pair in self.per_layer_text.split():
+            a, _, b = pair[1:].partition(":")
+            if pair[:1] == "L" and a.isdigit() and b.isdigit():
+                out[int(a)] = int(b)
+        return out
 
     def rates(self) -> tuple[float | None, float | None]:
         """(promotions/s, evictions/s) over the most recent summaries spanning ≥ RATE_MIN_SPAN_S."""
@@ -220,8 +231,10 @@ class TraceSnapshot:
 
 
 def _prefix_ts(ts_text: str, year: int) -> float | None:
+    """'MM-DD HH:MM:SS' (vLLM's stamp, local time, no year) → epoch seconds; strptime is 50× slower."""
     try:
-        return datetime.strptime(f"{year}-{ts_text}", "%Y-%m-%d %H:%M:%S").timestamp()
+        mo, d, h, mi, sec = int(ts_text[0:2]), int(ts_text[3:5]), int(ts_text[6:8]), int(ts_text[9:11]), int(ts_text[12:14])
+        return datetime(year, mo, d, h, mi, sec).timestamp()
     except ValueError:
         return None
 
@@ -262,6 +275,16 @@ class TraceParser:
         self.lines += 1
         if "\x1b" in line:
             line = ANSI_RE.sub("", line)
+        # Cheap prefilters (C-speed substring scans) before any slicing: TRACE=2 output is ~95%
+        # promote/evict lines, and most other engine output is not pool-related at all.
+        if "] promote " in line:
+            self._event(line, True)
+            return
+        if "] evict " in line:
+            self._event(line, False)
+            return
+        if "] [" not in line and "moe_w2 delta" not in line and "delta dump to" not in line and line[:1] != "[":
+            return
         line = line.rstrip("\r\n")
         proc = "main"
         rest = line
@@ -289,6 +312,19 @@ class TraceParser:
             self._rank(proc).dump_failures += 1
 
     # -- dispatch ----------------------------------------------------------------------------
+    def _event(self, line: str, promote: bool) -> None:
+        """A per-event promote/evict line: count it for its rank, nothing else."""
+        proc = "main"
+        if line[:1] == "(":
+            j = line.find(" pid=")
+            if 0 < j < line.find(") "):
+                proc = line[1:j]
+        st = self._ranks.get(proc) or self._rank(proc)
+        if promote:
+            st.promote_lines += 1
+        else:
+            st.evict_lines += 1
+
     def _rank(self, proc: str) -> RankState:
         st = self._ranks.get(proc)
         if st is None:
@@ -347,46 +383,23 @@ class TraceParser:
         m = SUMMARY_RE.match(body)
         if not m:
             return  # truncated or garbled summary: ignore, never guess
-        g = m.group
-        s = Summary(
-            tag=tag,
-            tick=int(g("tick")),
-            cached=int(g("cached")),
-            slots=int(g("slots")),
-            covered=int(g("cov")),
-            total=int(g("total")),
-            covered_pct=float(g("cov_pct")),
-            hit_tokens_pct=float(g("hit_tok")),
-            hit_experts_pct=float(g("hit_exp")),
-            win_promoted=int(g("win_p")),
-            win_evicted=int(g("win_e")),
-            cum_promoted=int(g("cum_p")),
-            cum_evicted=int(g("cum_e")),
-            ts=self._ts(ts_text, ts),
-            old_format=g("fp4") is not None,
-        )
+        tick, fp4, cached, slots, cov, total, cov_pct, hit_tok, hit_exp, wp, we, cp, ce = m.groups()
+        s = Summary(tag, int(tick), int(cached), int(slots), int(cov), int(total), float(cov_pct), float(hit_tok),
+                    float(hit_exp), int(wp), int(we), int(cp), int(ce), self._ts(ts_text, ts), fp4 is not None)
         st = self._rank(proc)
         st.summaries += 1
         st.last = s
         st.history.append(s)
         st.last_line_ts = s.ts
         if s.cached == 0:
-            st.per_layer = {}
+            st.per_layer_text = ""
         self.summaries += 1
         self.last_summary_ts = s.ts if s.ts is not None else time.time()
         if self.on_summary is not None:
             self.on_summary(proc, s)
 
     def _histogram(self, proc: str, body: str) -> None:
-        pairs = body.split("experts per layer: ", 1)[1].split()
-        out: dict[int, int] = {}
-        for pair in pairs:
-            if pair[:1] != "L":
-                continue
-            a, _, b = pair[1:].partition(":")
-            if a.isdigit() and b.isdigit():
-                out[int(a)] = int(b)
-        self._rank(proc).per_layer = out
+        self._rank(proc).per_layer_text = body.split("experts per layer: ", 1)[1]
 
     def _boot(self, proc: str, msg: str) -> None:
         st = self._rank(proc)
