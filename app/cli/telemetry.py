@@ -115,3 +115,11 @@ def _gib(v) -> str:
 
 def _rate(v) -> str:
     return "N/A" if v is None else f"{v / 2**20:.1f} MiB/s"
+
+
+if __name__ == "__main__":  # `python -m app.cli.telemetry …`: this subcommand alone (fewer imports)
+    import sys
+
+    _parser = argparse.ArgumentParser(prog="moet-panel")
+    register(_parser.add_subparsers(dest="command"))
+    sys.exit(run(_parser.parse_args(["telemetry", *sys.argv[1:]])))
