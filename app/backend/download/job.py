@@ -79,9 +79,11 @@ class ArtifactRun:
             rec.status, rec.segments_done = PENDING, []  # staged file lost: fetch again
         if rec.status == EVICTED or (rec.status == PENDING and size < 0):
             rec.status, rec.segments_done = PENDING, []
-        if rec.status == CONSUMED:  # extraction restarts from the first part
-            rec.status = VERIFIED
         nseg = max(1, -(-info.size // self.seg))
+        if rec.status in (VERIFIED, CONSUMED):
+            # Bytes left by an earlier process are hashed again before use (verify before trust;
+            # this also makes fsync of staging parts unnecessary). Extraction restarts at part 0.
+            rec.status, rec.segments_done = PENDING, list(range(nseg))
         return _Slot(idx, info, rec, path, nseg)
 
     # ---- public --------------------------------------------------------------------------------
@@ -133,11 +135,18 @@ class ArtifactRun:
         self._save(force=True)
 
     def _save(self, force: bool = False) -> None:
+        """Throttled journal write. A full disk halts the run (paused) instead of raising here."""
+        error = None
         with self.jlock:
             now = time.monotonic()
             if force or now - self.last_save >= SAVE_EVERY_S:
-                self.store.save(self.j)
-                self.last_save = now
+                try:
+                    self.store.save(self.j)
+                    self.last_save = now
+                except SpaceError as exc:
+                    error = exc
+        if error is not None:  # outside jlock: _fail takes cv (lock order is cv -> jlock)
+            self._fail(error)
 
     def _fail(self, exc: BaseException) -> None:
         with self.cv:
@@ -292,7 +301,6 @@ class ArtifactRun:
             h.update(buf)
             off += len(buf)
         if off == s.info.size and os.fstat(s.fd).st_size == s.info.size and h.hexdigest() == s.info.sha256:
-            os.fsync(s.fd)  # durable before the journal says "verified"
             with self.cv:
                 with self.jlock:
                     s.rec.status = VERIFIED

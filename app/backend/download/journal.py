@@ -8,6 +8,7 @@ Layout under `<dest>/.moet-panel/downloads/`:
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -17,12 +18,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from app.backend.download.types import ArtifactPlan, LockedError
+from app.backend.download.types import ArtifactPlan, LockedError, SpaceError
 from app.backend.hf_token import redact
 
 JOURNAL_VERSION = 1
 # part statuses
 PENDING, VERIFIED, CONSUMED, EVICTED = "pending", "verified", "consumed", "evicted"
+RESERVE_BYTES = 256 * 1024
 
 
 def downloads_dir(dest: Path) -> Path:
@@ -89,20 +91,49 @@ class JournalStore:
         parts = [PartRecord(p.name, p.size, p.sha256) for p in plan.parts]
         return ArtifactJournal(plan.id, repo, commit, endpoint, segment_size, parts)
 
+    def ensure_reserve(self) -> None:
+        """A small ballast file, deleted on ENOSPC so the journal can still record "paused"."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / ".reserve"
+        if not path.exists() or path.stat().st_size < RESERVE_BYTES:
+            try:
+                with open(path, "wb") as f:
+                    os.posix_fallocate(f.fileno(), 0, RESERVE_BYTES)
+            except OSError:
+                path.unlink(missing_ok=True)
+
     def save(self, j: ArtifactJournal) -> None:
+        try:
+            self._save(j)
+        except SpaceError:
+            reserve = self.dir / ".reserve"
+            if not reserve.exists():
+                raise
+            reserve.unlink()
+            self._save(j)
+
+    def _save(self, j: ArtifactJournal) -> None:
         with self._lock:
             self.dir.mkdir(parents=True, exist_ok=True)
             j.updated = time.time()
             j.reason = redact(j.reason)
             data = json.dumps(asdict(j), indent=1).encode()
             tmp = self.path(j.artifact).with_suffix(".json.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path(j.artifact))
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    if os.write(fd, data) != len(data):
+                        raise OSError(errno.ENOSPC, "short write")
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, self.path(j.artifact))
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the previous journal stays intact
+                    raise SpaceError(f"disk full while saving the download journal in {self.dir}; "
+                                     "free some space, then Resume") from None
+                raise
 
     def remove(self, artifact: str) -> None:
         self.path(artifact).unlink(missing_ok=True)

@@ -35,6 +35,7 @@ def run_download(cfg: DownloadConfig, specs: list[ArtifactSpec], board: Progress
             if on_prepared:
                 on_prepared(prepared)
             store = JournalStore(cfg.dest)
+            store.ensure_reserve()
             for plan in prepared.plans:
                 j = store.load(plan.id)
                 if j is not None and j.matches(plan, cfg.repo) and j.state == "done" \

@@ -87,7 +87,7 @@ class SimHub:
         self.faults = FaultBook()
         self.stats = HubStats()
         self._stopping = threading.Event()
-        self._httpd = ThreadingHTTPServer((host, port), _make_handler(self))
+        self._httpd = _QuietServer((host, port), _make_handler(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -125,6 +125,11 @@ class SimHub:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # clients dropping connections (faults, kill -9) are expected here
 
 
 def _make_handler(hub: SimHub) -> type[BaseHTTPRequestHandler]:
