@@ -81,6 +81,7 @@ def main() -> int:
         settings = resolve_settings(SIMULATED_RECIPE, tmp, demo=True)
         probe = make_gpu_reader(settings, mode=args.gpu)
         reader_kind = type(probe).__name__ + (f" ({probe.error})" if not probe.available else "")
+        real_nvml = type(probe).__name__ == "NvmlGpuReader" and probe.available
         closer = getattr(probe, "close", None)
         if closer:
             closer()
@@ -91,7 +92,7 @@ def main() -> int:
         hub = cpu_pct(run, args.seconds)
         print(f"TelemetryHub sampler               {hub:6.3f} % of one core ({run.ticks} ticks); "
               f"net of baseline {hub - base:6.3f} %  target ≤ 1%: {'MET' if hub - base <= 1.0 else 'NOT MET'}")
-        if type(probe).__name__ == "NvmlGpuReader" and probe.available:
+        if real_nvml:
             nv = cpu_pct(naive_run(args.interval), args.seconds)
             print(f"naive NVML sampler (re-init + PCIe every tick) {nv:6.3f} % — hub is ×{nv / max(hub, 1e-6):.1f} cheaper")
     return 0
