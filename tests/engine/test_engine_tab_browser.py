@@ -58,4 +58,18 @@ def test_start_then_switch_in_engine_tab(engine_panel, browser) -> None:
     page.wait_for_function("document.querySelector('#engine-log textarea').value.includes('delta tier')")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "engine-tab.png"), full_page=True)
+    # Logs tab: live tail of the current engine, then the saved run of the previous (quality) engine
+    page.get_by_role("tab", name="Logs").click()
+    page.wait_for_function("document.querySelector('#logs-text textarea').value.includes('Application startup complete')")
+    page.click("#logs-refresh")
+    saved = [r for r in state.engine.logs.runs() if "-quality-" in r]
+    assert saved, state.engine.logs.runs()
+    page.locator("#logs-source input").click()
+    page.get_by_role("option", name=saved[0]).click()
+    page.fill("#logs-filter textarea", "delta tier")
+    page.press("#logs-filter textarea", "Enter")
+    page.wait_for_function("document.querySelector('#logs-text textarea').value.includes('moe_w2 delta tier')")
+    text = page.input_value("#logs-text textarea")
+    assert all("delta tier" in ln for ln in text.splitlines())
+    page.screenshot(path=str(ARTIFACTS / "logs-tab.png"), full_page=True)
     assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors

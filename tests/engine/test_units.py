@@ -228,3 +228,15 @@ def test_gpu_flag_maps_to_device_request() -> None:
     assert gpu_device_requests("all")[0]["Count"] == -1
     assert gpu_device_requests("2")[0]["Count"] == 2
     assert gpu_device_requests("") == []
+
+
+def test_saved_runs_listed_and_read_without_paths_from_users(tmp_path: Path) -> None:
+    store = LogStore(tmp_path)
+    store.begin_run("moet-x-quality", 1_000_000)
+    store.append(LogLine("out line", "stdout"))
+    store.append(LogLine("err line", "stderr"))
+    store.end_run()
+    [run] = store.runs()
+    assert [ln.text for ln in store.read_run(run, ("stderr",))] == ["err line"]
+    assert store.read_run("../../etc/passwd") == [] and store.run_path("../x", "stdout") is None
+    assert store.run_path(run, "stdout").read_text() == "out line\n"

@@ -124,6 +124,37 @@ class LogStore:
         with self._lock:
             return dict(self._files.paths) if self._files else {}
 
+    def runs(self) -> list[str]:
+        """Saved runs (`<container>-<start>`), newest first."""
+        stamps: dict[str, float] = {}
+        try:
+            for p in self._dir.glob("*.log"):
+                run = p.name.rsplit(".", 2)[0]
+                stamps[run] = max(stamps.get(run, 0.0), p.stat().st_mtime)
+        except OSError:
+            return []
+        return sorted(stamps, key=stamps.__getitem__, reverse=True)
+
+    def read_run(self, run: str, streams: tuple[str, ...] = ("stdout", "stderr"), max_lines: int = 5000) -> list[LogLine]:
+        """The last lines of a saved run (stdout lines first, then stderr: the files keep them apart)."""
+        if run not in self.runs():  # only names we listed: never a path from the user
+            return []
+        out: list[LogLine] = []
+        for stream in streams:
+            path = self._dir / f"{run}.{stream}.log"
+            try:
+                text = path.read_text(encoding="utf-8", errors="replace").splitlines()[-max_lines:]
+            except OSError:
+                continue
+            out += [LogLine(t, "stderr" if stream == "stderr" else "stdout", 0.0) for t in text]
+        return out
+
+    def run_path(self, run: str, stream: str) -> Path | None:
+        if run not in self.runs() or stream not in ("stdout", "stderr"):
+            return None
+        p = self._dir / f"{run}.{stream}.log"
+        return p if p.exists() else None
+
     def _prune(self) -> None:
         try:
             runs: dict[str, float] = {}
