@@ -25,6 +25,7 @@ TABS = [
     "app.ui.profiles",
     "app.ui.downloads",
     "app.ui.engine",
+    "app.ui.logs",
     "app.ui.telemetry",
     "app.ui.chat",  # keep last
 ]
