@@ -210,3 +210,20 @@ def test_one_reply_at_a_time_per_conversation(make_service) -> None:
         svc.stop(conv.id)
     finally:
         sim.stop()
+
+
+def test_history_write_failure_loses_nothing_and_says_why(service, sim, monkeypatch) -> None:
+    from app.backend.chat.store import ChatStoreError
+
+    conv = service.new_conversation()
+
+    def full_disk(*_a, **_k):
+        raise ChatStoreError("chat history /x/chat.sqlite: database or disk is full")
+
+    monkeypatch.setattr(service._store, "add_message", full_disk)
+    with pytest.raises(ChatError, match="not sent.*disk is full"):
+        service.send(conv.id, "hello", CARD)
+    assert service.get(conv.id).messages == []  # the UI keeps the typed text; nothing half-stored
+    assert service.active_turn(conv.id) is None
+    monkeypatch.undo()
+    assert finish(service.send(conv.id, "hello", CARD)).status == "complete"

@@ -112,19 +112,23 @@ class ChatStream:
     def _open(self) -> openai.Stream[Any]:
         req = self._request
         s = req.sampling
-        kwargs: dict[str, Any] = {}
+        body: dict[str, Any] = {
+            "model": req.model,
+            "messages": req.messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "min_p": s.min_p,  # vLLM sampling extra (stack.md §5.3)
+            **req.extra_body,
+        }
         if s.max_tokens:
-            kwargs["max_tokens"] = s.max_tokens
-        return self._sdk.chat.completions.create(
-            model=req.model,
-            messages=req.messages,  # type: ignore[arg-type]
-            stream=True,
-            stream_options={"include_usage": True},
-            temperature=s.temperature,
-            top_p=s.top_p,
-            extra_body={"min_p": s.min_p, **req.extra_body},  # vLLM sampling extra (stack.md §5.3)
-            **kwargs,
-        )
+            body["max_tokens"] = s.max_tokens
+        # The SDK's generic post with cast_to=object: its HTTP, SSE parsing and errors, but chunks come
+        # back as plain dicts. Building typed chunk models cost 3× the CPU (measured: 0.24 vs 0.08 ms
+        # per token), a real share of a core at 200 tok/s.
+        return self._sdk.post("/chat/completions", body=body, cast_to=object, stream=True,
+                              stream_cls=openai.Stream[object])
 
     def _events(self) -> Iterator[ChatEvent]:
         try:
@@ -147,15 +151,19 @@ class ChatStream:
         try:
             for chunk in stream:
                 now = time.monotonic()
-                if chunk.usage is not None:
-                    u = chunk.usage
-                    yield UsageReport(u.prompt_tokens or 0, u.completion_tokens or 0, u.total_tokens or 0, now)
-                if not chunk.choices:  # the usage chunk has choices == []
+                if not isinstance(chunk, dict):
                     continue
-                choice = chunk.choices[0]
-                yield from _delta_events(choice.delta, splitter, now)
-                if choice.finish_reason:
-                    finish = choice.finish_reason
+                usage = chunk.get("usage")
+                if usage:
+                    yield UsageReport(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                                      int(usage.get("total_tokens") or 0), now)
+                choices = chunk.get("choices")
+                if not choices:  # the usage chunk has choices == []
+                    continue
+                choice = choices[0]
+                yield from _delta_events(choice.get("delta"), splitter, now)
+                if choice.get("finish_reason"):
+                    finish = str(choice["finish_reason"])
                 if self._aborted.is_set():
                     break
         except (openai.APIConnectionError, openai.APITimeoutError, openai.APIError, httpx.HTTPError) as exc:
@@ -184,15 +192,15 @@ class ChatStream:
 
 
 def _delta_events(delta: Any, splitter: ThinkSplitter, now: float) -> Iterator[ChatEvent]:
-    if delta is None:
+    if not isinstance(delta, dict):
         return
     # `reasoning` first: servers in the rename window sent both fields with the same text.
-    reasoning = getattr(delta, "reasoning", None)
+    reasoning = delta.get("reasoning")
     if reasoning is None:
-        reasoning = getattr(delta, "reasoning_content", None)
+        reasoning = delta.get("reasoning_content")
     if reasoning:
-        yield ReasoningDelta(reasoning, now)
-    content = delta.content
+        yield ReasoningDelta(str(reasoning), now)
+    content = delta.get("content")
     if content:
         for kind, text in splitter.feed(content):
             yield (ReasoningDelta if kind == "reasoning" else ContentDelta)(text, now)

@@ -24,7 +24,7 @@ from app.backend.chat.models import (
 )
 from app.backend.chat.snippets import curl_snippet, python_snippet
 from app.backend.chat.stats import StatsRecorder
-from app.backend.chat.store import ChatStore
+from app.backend.chat.store import ChatStore, ChatStoreError
 from app.backend.chat.turn import Turn
 from app.backend.recipe.schema import Recipe
 
@@ -143,12 +143,15 @@ class ChatService:
             raise ChatError("Type a message first.")
         conv, ep = self._prepare(conv_id, custom_url)
         user = Message(role="user", content=text)
-        self._store.add_message(conv, user)
         conv.messages.append(user)
-        if conv.title == DEFAULT_TITLE:
-            conv.title = title_from_prompt(text)
-            self._store.update_conversation(conv)
-        return self._start_reply(conv, ep, sampling, extra_body)
+
+        def persist() -> None:
+            self._store.add_message(conv, user)
+            if conv.title == DEFAULT_TITLE:
+                conv.title = title_from_prompt(text)
+                self._store.update_conversation(conv)
+
+        return self._start_reply(conv, ep, sampling, extra_body, persist, unsaved=[user])
 
     def regenerate(self, conv_id: str, sampling: SamplingParams, custom_url: str | None = None,
                    extra_body: dict[str, Any] | None = None) -> Turn:
@@ -170,8 +173,7 @@ class ChatService:
         if last_user is None:
             raise ChatError("There is no message to edit yet.")
         last_user.content = text
-        self._store.update_message(last_user)
-        return self._start_reply(conv, ep, sampling, extra_body)
+        return self._start_reply(conv, ep, sampling, extra_body, lambda: self._store.update_message(last_user))
 
     def last_user_text(self, conv_id: str) -> str:
         conv = self.get(conv_id)
@@ -204,7 +206,10 @@ class ChatService:
         return conv.messages[idx]
 
     def _start_reply(self, conv: Conversation, ep: Endpoint, sampling: SamplingParams,
-                     extra_body: dict[str, Any] | None) -> Turn:
+                     extra_body: dict[str, Any] | None, persist_first: Callable[[], None] | None = None,
+                     unsaved: list[Message] | None = None) -> Turn:
+        """Send the request first, then write history while the engine prefills (TTFT is not spent
+        on SQLite). The turn's writes wait until the rows exist."""
         history = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
         # Prior reasoning is not sent back: it would change the prompt (stack.md §1.3).
         history += [{"role": m.role, "content": m.content} for m in conv.messages
@@ -212,19 +217,36 @@ class ChatService:
         base = MessageStats(profile_id=ep.profile_id, simulated=ep.simulated, model=ep.model,
                             base_url=ep.base_url, sampling=dataclasses.asdict(sampling))
         reply = Message(role="assistant", content="", status="streaming", stats=base)
-        self._store.add_message(conv, reply)
         conv.messages.append(reply)
         body = {**self._extra_body, **(extra_body or {})}
         stream = self._client(ep.base_url).stream(ChatRequest(ep.model, history, sampling, body))
-        recorder = StatsRecorder(started=time.monotonic())
-        turn = Turn(stream, reply, recorder, self._store.update_message, self._turn_done,
-                    lambda err: self._diagnose(err, ep), self._checkpoint_s)
+        stored = threading.Event()
+        turn = Turn(stream, reply, StatsRecorder(started=time.monotonic()),
+                    on_checkpoint=lambda m: self._store.update_message(m) if stored.is_set() else None,
+                    on_done=lambda t: self._turn_done(t, stored),
+                    diagnose=lambda err: self._diagnose(err, ep), checkpoint_s=self._checkpoint_s)
         with self._lock:
             self._turns[conv.id] = turn
-        return turn.start()
+        turn.start()
+        try:
+            if persist_first is not None:
+                persist_first()
+            self._store.add_message(conv, reply)
+        except ChatStoreError as exc:
+            stored.set()
+            turn.stop(timeout=5.0)
+            for msg in [*(unsaved or []), reply]:
+                if msg.id is None and msg in conv.messages:
+                    conv.messages.remove(msg)
+            raise ChatError(f"The message was not sent: {exc}") from exc
+        finally:
+            stored.set()
+        return turn
 
-    def _turn_done(self, turn: Turn) -> None:
-        self._store.update_message(turn.message)
+    def _turn_done(self, turn: Turn, stored: threading.Event) -> None:
+        stored.wait(30.0)
+        if turn.message.id is not None:
+            self._store.update_message(turn.message)
 
     def _client(self, base_url: str) -> ChatClient:
         with self._lock:
