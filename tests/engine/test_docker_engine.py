@@ -156,3 +156,37 @@ def test_stop_during_boot_cancels_and_stops(make_controller, docker_client, sim_
     assert t.done
     assert ctl.snapshot().state is EngineState.STOPPED
     assert panel_containers(docker_client, sim_settings.recipe.id, running_only=False) == []
+
+
+def test_cache_miss_boot_is_ready_but_warns_loudly(make_controller, sim_settings) -> None:
+    ctl = make_controller(profiles=[fail_profile(sim_settings.recipe, "cache_miss")])
+    phases: list[str] = []
+    unsubscribe = ctl.add_log_listener(lambda _ln: phases.append(ctl.snapshot().phase))
+    _ready(ctl, "cache-miss")
+    unsubscribe()
+    assert any("planes BUILT" in p and "MISS" in p for p in phases)
+    snap = ctl.snapshot()
+    assert "planes cache MISSED" in snap.message and "VLLM_MOE_W2_CKPT_ID" in snap.message
+
+
+def test_host_oom_during_cache_miss_is_classified(make_controller, sim_settings) -> None:
+    ctl = make_controller(profiles=[fail_profile(sim_settings.recipe, "host_oom")])
+    t = ctl.start("host-oom")
+    assert t.wait(BOOT) and t.ok is False
+    d = ctl.snapshot().diagnosis
+    assert d.reason == "host_oom_kill" and "51 GiB" in d.explanation
+
+
+def test_boot_timeout_stops_the_engine(make_controller, docker_client, sim_settings) -> None:
+    from .conftest import sim_recipe
+
+    from app.backend.settings import Settings
+
+    recipe = sim_recipe(sim_settings.recipe.serve.port, boot_timeout_s=10)
+    st = Settings(sim_settings.recipe_path, recipe, sim_settings.data_dir, True)
+    ctl = make_controller(settings=st, extra_env={"MOET_SIM_BOOT_S": "60"})
+    t = ctl.start("quality")
+    assert t.wait(BOOT) and t.ok is False
+    snap = ctl.snapshot()
+    assert snap.diagnosis.reason == "boot_timeout"
+    assert panel_containers(docker_client, recipe.id) == []
