@@ -3,6 +3,7 @@ the studies behind the numbers, and the custom-profile editor (clone → edit kn
 
 from __future__ import annotations
 
+from html import escape
 from typing import Any
 
 import gradio as gr
@@ -66,9 +67,9 @@ class _View:
         try:
             preview = cp.profile_from_form(self.recipe, self._find(base_id), name or "preview", self._form(*vals), set())
         except cp.CustomProfileError as exc:
-            return "", f"⚠️ {exc}"
+            return "", f"⚠️ {escape(str(exc))}"
         found = cp.findings_for(self.recipe, preview)
-        return findings_list(found, "this custom profile"), f"Changes vs the card's base command: {preview.scheduler_setting}. Not measured."
+        return findings_list(found, "this custom profile"), f"Changes vs the card's base command: `{preview.scheduler_setting}`. Not measured."
 
     def save(self, base_id: str, name: str, plain: bool, *vals: Any) -> list[Any]:
         taken = {p.id for p in self.profiles()}
@@ -76,10 +77,11 @@ class _View:
             profile = cp.profile_from_form(self.recipe, self._find(base_id), name, self._form(*vals), taken)
             path = cp.save_custom_profile(self.state.settings, profile)
         except (cp.CustomProfileError, OSError) as exc:
-            return [gr.update(), gr.update(), "", f"⚠️ Not saved: {exc}"]
+            return [gr.update(), gr.update(), "", f"⚠️ Not saved: {escape(str(exc))}"]
         choices = _choices(self.profiles())
         found = cp.findings_for(self.recipe, profile)
-        msg = f"Saved custom profile **{profile.title}** (`{profile.id}`) to `{path}`. It is not measured: no figures are shown for it."
+        msg = (f"Saved custom profile **{escape(profile.title)}** (`{profile.id}`) to `{path}`. "
+               "It is not measured: no figures are shown for it.")
         return [gr.update(choices=choices, value=profile.id), gr.update(choices=choices), findings_list(found, profile.title), msg]
 
     def delete(self, pid: str) -> list[Any]:
