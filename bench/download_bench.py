@@ -40,6 +40,7 @@ fetch() {
   done
 }
 fetch planescache | zstd -d -T4 | tar -x --sparse
+sync  # both pipelines are timed until the tree is on disk
 """
 
 
@@ -85,7 +86,7 @@ def check_tree(dest: Path, expected_files: int, expected_bytes: int) -> str:
 
 
 def scenario(name: str, hub: SimHub, work: Path, runs: int, connections: int | None,
-             expect: tuple[int, int]) -> tuple[float, float, int]:
+             expect: tuple[int, int], extra: list[str]) -> tuple[float, float, int]:
     card_t, panel_t, rss = [], [], 0
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
     env.pop("HF_TOKEN", None)
@@ -102,6 +103,7 @@ def scenario(name: str, hub: SimHub, work: Path, runs: int, connections: int | N
                        "--endpoint", hub.endpoint]
                 if connections:
                     cmd += ["--connections", str(connections)]
+                cmd = ["bash", "-c", '"$@" && sync', "panel", *cmd + extra]
             secs, rc, maxrss = timed(cmd, env)
             verdict = check_tree(dest, *expect) if rc == 0 else "FAILED"
             (card_t if kind == "card" else panel_t).append(secs)
@@ -120,6 +122,7 @@ def main() -> int:
     ap.add_argument("--cap-mbps", type=float, default=50, help="per-connection cap, MB/s (default 50)")
     ap.add_argument("--connections", type=int, help="panel --connections (default: the panel's default)")
     ap.add_argument("--work", default="/var/tmp/moet-panel-bench", help="work dir (artifact is cached here)")
+    ap.add_argument("--panel-arg", action="append", default=[], help="extra argument for moet-panel download")
     ap.add_argument("--only", choices=["unthrottled", "capped"], help="run one scenario")
     args = ap.parse_args()
     work = Path(args.work)
@@ -135,6 +138,7 @@ def main() -> int:
         ref.write_text(f"{len(files)} {sum(f.stat().st_size for f in files)}")
         shutil.rmtree(probe)
     expect = tuple(int(x) for x in ref.read_text().split())
+    print(f"load average at start: {os.getloadavg()[0]:.1f}", flush=True)
     print(f"artifact: {len(parts)} parts, {sum(p.stat().st_size for p in parts) / GiB:.2f} GiB compressed; "
           f"{os.cpu_count()} CPUs", flush=True)
     results = {}
@@ -146,7 +150,8 @@ def main() -> int:
         with hub.start():
             label = name if cap is None else f"{name} ({args.cap_mbps:g} MB/s per connection)"
             print(f"== {label}", flush=True)
-            results[name] = scenario(name, hub, work, args.runs, args.connections, expect)
+            results[name] = scenario(name, hub, work, args.runs, args.connections, expect, args.panel_arg)
+    print(f"load average at end: {os.getloadavg()[0]:.1f}")
     print("\nscenario      card median   panel median   panel/card speed   panel peak RSS")
     for name, (card, panel, rss) in results.items():
         print(f"{name:<12} {card:9.2f} s   {panel:10.2f} s   {card / panel:12.2f}x       {rss / 1024:7.1f} MiB")

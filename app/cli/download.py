@@ -37,6 +37,8 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--connections", type=int, metavar="N", help="parallel connections (default 6)")
     p.add_argument("--token-file", metavar="F", help="file holding the HF token (default: HF_TOKEN, HF token file)")
     p.add_argument("--clean", action="store_true", help="remove partial data (staging, unfinished journals) and exit")
+    p.add_argument("--staging-gib", type=float, metavar="GIB",
+                   help="cap on staging disk (default: auto, up to the whole compressed artifact while free disk allows)")
     p.add_argument("--segment-mib", type=int, metavar="MIB", help=argparse.SUPPRESS)
     p.add_argument("--stall-timeout", type=float, metavar="S", help="seconds without a byte before a connection is retried (default 30)")
     p.set_defaults(func=run)
@@ -50,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     extra: dict = {}
     if args.segment_mib:
         extra["segment_size"] = args.segment_mib * MiB
+    if args.staging_gib:
+        extra["staging_max"] = int(args.staging_gib * (1 << 30))
     if args.stall_timeout:
         extra["stall_s"] = args.stall_timeout
     demo = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import queue
 import tarfile
 import threading
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ from app.backend.download.safety import apply_data_filter, check_member
 from app.backend.download.types import DownloadError, SpaceError, Stopped, UnsafeArchiveError
 
 COPY_CHUNK = 4 << 20
-TAR_BUFSIZE = 1 << 20
+TAR_BUFSIZE = 4 << 20
+QUEUE_CHUNKS = 8  # decompressed data buffered ahead of the writer: at most 32 MiB
 
 
 @dataclass
@@ -45,22 +47,92 @@ def extract_stream(source: io.RawIOBase, dest: Path, done: dict[str, int], hooks
     """Extract a zstd-compressed tar stream into dest. Raises DownloadError subclasses or Stopped."""
     dest.mkdir(parents=True, exist_ok=True)
     dest_real = os.path.realpath(dest)
-    dctx = zstandard.ZstdDecompressor()
+    reader = _Decompressor(source, hooks.stop)
     try:
-        with dctx.stream_reader(source, read_size=1 << 20, read_across_frames=True, closefd=False) as zr:
-            with tarfile.open(fileobj=zr, mode="r|", bufsize=TAR_BUFSIZE) as tf:
-                for member in tf:
-                    if hooks.stop.is_set():
-                        raise Stopped()
-                    _extract_member(tf, member, dest_real, done, hooks)
-            while zr.read(1 << 20):  # drain: frame checksums are checked and every part is consumed
-                pass
+        with tarfile.open(fileobj=reader, mode="r|", bufsize=TAR_BUFSIZE) as tf:
+            for member in tf:
+                if hooks.stop.is_set():
+                    raise Stopped()
+                _extract_member(tf, member, dest_real, done, hooks)
+        while reader.read(COPY_CHUNK):  # drain: frame checksums are checked and every part is consumed
+            pass
     except zstandard.ZstdError as exc:
         raise DownloadError(f"decompression failed {describe_pos()}: {exc}") from None
     except tarfile.TarError as exc:
         if isinstance(exc, getattr(tarfile, "FilterError", ())):
             raise UnsafeArchiveError(f"archive refused by the data filter: {exc}") from None
         raise DownloadError(f"archive unreadable {describe_pos()}: {exc}") from None
+    finally:
+        reader.close()
+
+
+class _Decompressor(io.RawIOBase):
+    """zstd `stream_reader` running in its own thread, a bounded queue ahead of the tar writer.
+
+    Decompression and file writes then overlap (both release the GIL), like `zstd -d | tar -x`;
+    memory stays bounded by QUEUE_CHUNKS × COPY_CHUNK. Errors travel through the queue.
+    """
+
+    def __init__(self, source: io.RawIOBase, stop: threading.Event) -> None:
+        self.q: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
+        self.stop = stop
+        self.buf = memoryview(b"")
+        self.eof = False
+        self.thread = threading.Thread(target=self._produce, args=(source,), name="zstd", daemon=True)
+        self.thread.start()
+
+    def _produce(self, source: io.RawIOBase) -> None:
+        try:
+            dctx = zstandard.ZstdDecompressor()
+            with dctx.stream_reader(source, read_size=1 << 20, read_across_frames=True, closefd=False) as zr:
+                while True:
+                    chunk = zr.read(COPY_CHUNK)
+                    self._put(chunk)
+                    if not chunk:
+                        return
+        except BaseException as exc:  # handed to the consumer
+            self._put(exc)
+
+    def _put(self, item: object) -> None:
+        while True:
+            try:
+                self.q.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                if self.stop.is_set():
+                    raise Stopped() from None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        while not self.buf:
+            if self.eof:
+                return 0
+            item = self._get()
+            if isinstance(item, BaseException):
+                self.eof = True
+                raise item
+            if not item:
+                self.eof = True
+                return 0
+            self.buf = memoryview(item)
+        n = min(len(b), len(self.buf))
+        b[:n] = self.buf[:n]
+        self.buf = self.buf[n:]
+        return n
+
+    def _get(self) -> object:
+        while True:
+            try:
+                return self.q.get(timeout=0.2)
+            except queue.Empty:
+                if self.stop.is_set() or not self.thread.is_alive() and self.q.empty():
+                    raise Stopped() if self.stop.is_set() else DownloadError("decompressor stopped unexpectedly")
+
+    def close(self) -> None:
+        self.eof = True
+        super().close()
 
 
 def _extract_member(tf: tarfile.TarFile, m: tarfile.TarInfo, dest_real: str, done: dict[str, int],
