@@ -110,9 +110,19 @@ class HubClient:
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.cfg.token}"} if self.cfg.token else {}
 
-    def _retrying(self) -> Retrying:
-        return Retrying(stop=stop_after_attempt(self.cfg.api_attempts), wait=make_wait(self.cfg),
-                        retry=retry_if_exception(is_transient), reraise=True, sleep=self._sleep)
+    def _retrying(self) -> Callable[..., Any]:
+        retrying = Retrying(stop=stop_after_attempt(self.cfg.api_attempts), wait=make_wait(self.cfg),
+                            retry=retry_if_exception(is_transient), reraise=True, sleep=self._sleep)
+
+        def call(fn: Callable[..., Any], *args: Any) -> Any:
+            try:
+                return retrying(fn, *args)
+            except (httpx.TransportError, TransientError) as exc:
+                raise DownloadError(f"cannot reach the Hub at {self.cfg.endpoint} after {self.cfg.api_attempts} "
+                                    f"attempts ({type(exc).__name__}: {exc}); check --endpoint and the network, "
+                                    "then retry") from None
+
+        return call
 
     # ---- tree ----------------------------------------------------------------------------------
     def list_files(self, revision: str | None = None) -> list[TreeEntry]:
