@@ -9,7 +9,7 @@ import threading
 import httpx
 import pytest
 
-from tests.conftest import ARTIFACTS  # noqa: F401  (shared browser/panel fixtures live there)
+from tests.conftest import ARTIFACTS, close_panel, free_port, launch_panel
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -24,6 +24,25 @@ def _blue_pixels(png: bytes, box: dict) -> int:
     img = Image.open(io.BytesIO(png)).convert("RGB")
     crop = img.crop((int(box["x"]), int(box["y"]), int(box["x"] + box["width"]), int(box["y"] + box["height"])))
     return sum(1 for r, g, b in crop.getdata() if abs(r - 0x31) < 40 and abs(g - 0x82) < 40 and abs(b - 0xCE) < 40)
+
+
+@pytest.fixture
+def panel(tmp_path):
+    """Demo panel whose SIMULATED engine listens on a free port (8000 may be taken on a shared box)."""
+    from app.backend.recipe import SIMULATED_RECIPE
+
+    port = free_port()
+    text = SIMULATED_RECIPE.read_text()
+    assert text.count("port = 8000") == 1 and text.count('"--port", "8000"') == 1
+    recipe = tmp_path / "simulated-port.toml"
+    recipe.write_text(text.replace("port = 8000", f"port = {port}").replace('"--port", "8000"', f'"--port", "{port}"'))
+    data = tmp_path / "data"
+    data.mkdir()
+    p = launch_panel(data, recipe=recipe)
+    try:
+        yield p
+    finally:
+        close_panel(p)
 
 
 def test_header_and_telemetry_plots_live_in_demo(panel, browser) -> None:
