@@ -105,6 +105,26 @@ class _Decompressor(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def read(self, size: int = -1) -> bytes:
+        """Hands out whole decompressed chunks without copying when the caller asks for that much."""
+        if not self.buf and not self.eof:
+            self._next()
+        if size < 0 or size >= len(self.buf):
+            out, self.buf = self.buf.obj if len(self.buf) == len(self.buf.obj) else bytes(self.buf), memoryview(b"")
+            return out  # type: ignore[return-value]
+        out, self.buf = bytes(self.buf[:size]), self.buf[size:]
+        return out
+
+    def _next(self) -> None:
+        item = self._get()
+        if isinstance(item, BaseException):
+            self.eof = True
+            raise item
+        if not item:
+            self.eof = True
+            return
+        self.buf = memoryview(item)
+
     def readinto(self, b) -> int:  # type: ignore[override]
         while not self.buf:
             if self.eof:
