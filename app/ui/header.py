@@ -81,6 +81,8 @@ def header_html(state: AppState, snap: EngineSnapshot | None, frame: Any) -> str
     else:
         cov_s = "—" if cov is None else f"{cov:.1f}"
         pool_note = "routings served at FP4" if cov is not None else "no trace tick yet"
+        if cov is not None and frame.pool_idle_s is not None:
+            pool_note = "last measured (engine idle)"
     coverage = (f'<div style="{CELL};min-width:170px" data-testid="hdr-coverage" data-coverage="{cov_s}" '
                 f'title="Share of token→expert routings served at native FP4 (the card: ~57%)">'
                 f'<span style="{LABEL}">Pool coverage</span><span style="{VALUE}">{cov_s}%</span>'

@@ -77,7 +77,9 @@ def details_html(frame: Any) -> str:
             f"<b>Pool</b> ({len(t.ranks)} rank(s), tick {s.tick}): {s.cached}/{s.slots} slots filled · experts resident "
             f"{s.covered}/{s.total} ({s.covered_pct}%) · coverage {s.hit_tokens_pct}% tokens / {s.hit_experts_pct}% "
             f"experts · window +{s.win_promoted}/-{s.win_evicted} · cumulative +{s.cum_promoted}/-{s.cum_evicted} · "
-            f"churn {_n(p.churn_per_s, '{:.0f}', ' slots/s')} · est. H2D {_n(p.h2d_gib_s, '{:.2f}', ' GiB/s')}")
+            f"churn {_n(frame.churn_per_s, '{:.0f}', ' slots/s')} · est. H2D {_n(frame.h2d_gib_s, '{:.2f}', ' GiB/s')}"
+            + (f" · <i>idle: no tick line for {frame.pool_idle_s:.0f} s (figures are the last measured)</i>"
+               if frame.pool_idle_s is not None else ""))
     elif t.sizing is not None:
         parts.append(f"<b>Pool</b>: {t.sizing.slots} slots × {t.sizing.slot_mib} MiB; no tick summary yet "
                      "(summaries print only while tokens flow)")

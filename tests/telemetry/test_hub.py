@@ -183,3 +183,19 @@ def test_trace_off_alert_when_traffic_without_ticks(settings, fake_engine) -> No
         assert "trace_off" not in {a.id for a in hub.sample_once().alerts}
     finally:
         hub.close()
+
+
+def test_idle_engine_churn_drops_to_zero_coverage_kept(settings, fake_engine) -> None:
+    import dataclasses
+
+    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=FakeGpuReader(), persist=False)
+    try:
+        for line in log_text("freq_trace1_every64_469slots_top8.log").splitlines():
+            hub.ingest(line)  # LogLine.ts = now: a live-like stream (rates need ≥ 2 s: none yet)
+        f = hub.sample_once()
+        assert f.pool_idle_s is None and f.coverage_pct == 46.5
+        later = dataclasses.replace(f, ts=f.ts + 30)  # 30 s without a tick line: the engine idles
+        assert later.pool_idle_s == pytest.approx(30, abs=1) and later.churn_per_s == 0.0
+        assert later.coverage_pct == 46.5  # last measured coverage stays valid
+    finally:
+        hub.close()

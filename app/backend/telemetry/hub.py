@@ -27,6 +27,7 @@ from app.backend.telemetry.trace import TraceParser, TraceSnapshot
 
 GIB = 2**30
 PERSIST_EVERY = 10  # ticks between SQLite batches
+POOL_IDLE_S = 10.0  # no tick line for this long = no steps = no churn (an idle engine prints no ticks)
 LOG_QUEUE_MAX = 200_000
 
 
@@ -59,7 +60,24 @@ class TelemetryFrame:
 
     @property
     def coverage_pct(self) -> float | None:
+        """Last measured coverage (it stays valid while the engine idles)."""
         return self.trace.coverage_pct
+
+    @property
+    def pool_idle_s(self) -> float | None:
+        """Seconds since the last tick summary when that is ≥ POOL_IDLE_S, else None (pool active)."""
+        last = self.trace.last_summary_ts
+        if last is None or self.ts - last < POOL_IDLE_S:
+            return None
+        return self.ts - last
+
+    @property
+    def churn_per_s(self) -> float | None:
+        return 0.0 if self.pool_idle_s is not None else self.trace.churn_per_s
+
+    @property
+    def h2d_gib_s(self) -> float | None:
+        return 0.0 if self.pool_idle_s is not None and self.trace.h2d_gib_s is not None else self.trace.h2d_gib_s
 
 
 class TelemetryHub:
@@ -333,8 +351,8 @@ def point_from_frame(f: TelemetryFrame) -> TimelinePoint:
         experts_resident=float(last.covered) if last else None,
         pool_fill=float(last.cached) if last else None,
         pool_slots=float(last.slots) if last else None,
-        churn_per_s=t.churn_per_s,
-        h2d_gib_s=t.h2d_gib_s,
+        churn_per_s=f.churn_per_s,
+        h2d_gib_s=f.h2d_gib_s,
         decode_tok_s=m.decode_tok_s if m else None,
         prompt_tok_s=m.prompt_tok_s if m else None,
         ttft_p50_s=m.ttft_p50_s if m else None,
