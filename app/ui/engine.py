@@ -112,7 +112,7 @@ def render(state: AppState, shell: Any) -> None:
     action = gr.Markdown("", elem_id="engine-action")
     with gr.Accordion("Profile cards (the card's figures)", open=False):
         cards = gr.HTML(_cards(state, initial), elem_id="engine-cards")
-    with gr.Accordion("Preflight checklist", open=False, elem_id="engine-preflight-box"):
+    with gr.Accordion("Preflight checklist", open=False, elem_id="engine-preflight-box") as pre_box:
         checklist = gr.HTML("<p>Run preflight to check Docker, GPU, ECC, memory, disk, artifacts, the ckpt pin, "
                             "the image and the port.</p>", elem_id="engine-preflight")
         overrides = gr.CheckboxGroup([], label="Start anyway despite these failing items (explicit override)",
@@ -138,7 +138,9 @@ def render(state: AppState, shell: Any) -> None:
     def _preflight(pid: str, over: list[str]):
         report = ctl.preflight(pid, frozenset(over or ()))
         failing = [i.id for i in report.items if i.status == "fail"]
-        return preflight_html(report), gr.CheckboxGroup(choices=failing, value=[o for o in over or [] if o in failing])
+        # Open the checklist: a result hidden in a closed accordion looks like nothing happened.
+        return (preflight_html(report), gr.CheckboxGroup(choices=failing, value=[o for o in over or [] if o in failing]),
+                gr.Accordion(open=True))
 
     def _select(pid: str):
         return _cards(state, pid), _command(state, pid)
@@ -147,7 +149,7 @@ def render(state: AppState, shell: Any) -> None:
     start_btn.click(_start, [profile, overrides], [action], api_name="engine_start", **quick)
     switch_btn.click(_switch, [profile, overrides], [action], api_name="engine_switch", **quick)
     stop_btn.click(lambda: _ticket_text(ctl.stop()), None, [action], api_name="engine_stop", **quick)
-    pre_btn.click(_preflight, [profile, overrides], [checklist, overrides], api_name="engine_preflight")
+    pre_btn.click(_preflight, [profile, overrides], [checklist, overrides, pre_box], api_name="engine_preflight")
     profile.change(_select, [profile], [cards, command], **quick)
     download.click(lambda s, n: str(ctl.export_logs(s, n or "")), [stream, needle], [download], **quick)
 
