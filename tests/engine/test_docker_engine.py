@@ -190,3 +190,15 @@ def test_boot_timeout_stops_the_engine(make_controller, docker_client, sim_setti
     snap = ctl.snapshot()
     assert snap.diagnosis.reason == "boot_timeout"
     assert panel_containers(docker_client, recipe.id) == []
+
+
+def test_reattach_while_booting_adopts_and_gates_on_ready(make_controller, docker_client, sim_settings) -> None:
+    first = make_controller(extra_env={"MOET_SIM_BOOT_S": "5"})
+    first.start("speed")
+    first.wait_for(lambda s: s.state is EngineState.STARTING and "planes" in s.phase, 20)
+    first.close()  # panel restarts mid-boot
+    second = make_controller()
+    assert second.snapshot().state in (EngineState.STARTING, EngineState.READY)
+    snap = second.wait_for(lambda s: s.state is EngineState.READY, 30)
+    assert snap.state is EngineState.READY and snap.profile_id == "speed" and snap.pool_slots
+    assert len(panel_containers(docker_client, sim_settings.recipe.id)) == 1

@@ -142,3 +142,16 @@ def test_buildkit_build_shells_out_and_reports_failure(docker_client, tmp_path: 
             docker_client.images.remove(tag, force=True)
         except Exception:
             pass
+
+
+def test_cli_status_without_daemon_exits_3_with_the_reason(monkeypatch, tmp_path: Path, capsys) -> None:
+    from app.cli.main import main
+
+    monkeypatch.setenv("DOCKER_HOST", NOWHERE)
+    monkeypatch.setenv("MOET_PANEL_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("MOET_PANEL_GPU", "none")
+    assert main(["engine", "--recipe", str(DEFAULT_RECIPE), "status"]) == 3
+    out = capsys.readouterr().out
+    assert "Docker daemon unreachable at " + NOWHERE in out
+    assert main(["engine", "--recipe", str(DEFAULT_RECIPE), "start", "--profile", "nope"]) == 2
+    assert "unknown profile" in capsys.readouterr().err
