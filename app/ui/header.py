@@ -5,6 +5,7 @@ the shared 1 s page timer re-renders it."""
 from __future__ import annotations
 
 import html
+from types import MappingProxyType
 from typing import Any
 
 import gradio as gr
@@ -12,15 +13,15 @@ import gradio as gr
 from app.backend.engine.types import EngineSnapshot, EngineState
 from app.backend.state import AppState
 
-STATE_COLOURS = {
+STATE_COLOURS = MappingProxyType({
     EngineState.READY: "#1f9d55",
     EngineState.STARTING: "#d69e2e",
     EngineState.PREFLIGHT: "#d69e2e",
     EngineState.STOPPING: "#d69e2e",
     EngineState.FAILED: "#e53e3e",
     EngineState.STOPPED: "#718096",
-}
-SEV_COLOURS = {"critical": "#e53e3e", "warning": "#d69e2e", "info": "#3182ce"}
+})
+SEV_COLOURS = MappingProxyType({"critical": "#e53e3e", "warning": "#d69e2e", "info": "#3182ce"})
 CELL = "display:flex;flex-direction:column;gap:2px;min-width:120px"
 LABEL = "font-size:11px;text-transform:uppercase;letter-spacing:.04em;opacity:.7"
 VALUE = "font-size:16px;font-weight:600;font-variant-numeric:tabular-nums"

@@ -5,6 +5,7 @@ Only reads `state.telemetry` caches; the shared page timer drives it."""
 from __future__ import annotations
 
 import html
+from types import MappingProxyType
 import time
 from typing import Any
 
@@ -16,7 +17,7 @@ from app.backend.telemetry.plotdata import PLOTS, WINDOWS, rows, thin
 
 TITLE = "Telemetry"
 GIB = 2**30
-SEV = {"critical": "#e53e3e", "warning": "#d69e2e", "info": "#3182ce"}
+SEV = MappingProxyType({"critical": "#e53e3e", "warning": "#d69e2e", "info": "#3182ce"})
 
 
 def _e(x: Any) -> str:

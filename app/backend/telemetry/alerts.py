@@ -15,6 +15,7 @@ size, for scaled-down logs — when the pool is **replaced ≥ 2.5 times per sec
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Iterable, Literal
 
 from app.backend.engine.types import EngineSnapshot, EngineState, LogLine
@@ -146,8 +147,8 @@ def ecc_on(i: AlertInputs) -> Alert | None:
     return None
 
 
-THERMAL = {"sw_thermal", "hw_thermal", "hw_slowdown"}
-POWER = {"sw_power_cap", "hw_power_brake"}
+THERMAL = frozenset({"sw_thermal", "hw_thermal", "hw_slowdown"})
+POWER = frozenset({"sw_power_cap", "hw_power_brake"})
 
 
 def throttling(i: AlertInputs) -> Alert | None:
@@ -194,7 +195,7 @@ def trace_off(i: AlertInputs) -> Alert | None:
 
 
 RULES = (pool_absent, zero_coverage, churn_trap, vram_full, ecc_on, throttling, host_ram_low, trace_off)
-ORDER = {"critical": 0, "warning": 1, "info": 2}
+ORDER = MappingProxyType({"critical": 0, "warning": 1, "info": 2})
 
 
 def evaluate(inputs: AlertInputs) -> list[Alert]:

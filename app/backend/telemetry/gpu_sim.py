@@ -123,7 +123,7 @@ class SimulatedGpuReader:
         ]
 
 
-_SAMPLE_FIELDS = {f.name for f in fields(GpuSample)}
+_SAMPLE_FIELDS = frozenset(f.name for f in fields(GpuSample))
 
 
 def sample_from_dict(d: dict[str, Any], index: int = 0) -> GpuSample:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from app.backend.telemetry.timeline import TimelinePoint
 
-WINDOWS: dict[str, float] = {"5 min": 300, "15 min": 900, "1 h": 3600, "6 h": 6 * 3600, "24 h": 86400}
+WINDOWS = MappingProxyType({"5 min": 300.0, "15 min": 900.0, "1 h": 3600.0, "6 h": 6 * 3600.0, "24 h": 86400.0})
 
 
 @dataclass(frozen=True)
