@@ -39,7 +39,8 @@ def find_prompt(sim, natural: tuple[int, int], reasoning: tuple[int, int]) -> st
 def chat_panel(tmp_path: Path, monkeypatch) -> Iterator[tuple[str, FakeEngine, dict]]:
     import app.ui.app as ui_app
 
-    sims = {"fast": start_sim(decode_tok_s=300.0), "slow": start_sim(decode_tok_s=50.0)}
+    # "fast" decodes at the card's profile-1 figure, so the docs screenshot shows a realistic stats line.
+    sims = {"fast": start_sim(decode_tok_s=48.9), "slow": start_sim(decode_tok_s=25.0)}
     settings = resolve_settings(demo=True, data_dir=tmp_path / "data")
     state = AppState(settings=settings)
     engine = FakeEngine(sims["fast"], profile_id="quality")
@@ -80,9 +81,28 @@ def test_chat_streams_thinking_answer_stats_and_stops(chat_panel, browser) -> No
     assert page.locator(f"{BOT} .thought-group").count() == 1
     assert page.locator(f"{BOT} .thought-group .title.expanded").count() == 0  # collapsed when done
     assert page.locator(f"{BOT} .thought-group .loading-spinner").count() == 0
-    assert re.search(r"\(\d+\.\ds\)", page.locator(f"{BOT} .thought-group .duration").inner_text())
+    assert re.search(r"\(\d+(\.\d)?s\)", page.locator(f"{BOT} .thought-group .duration").inner_text())
     ARTIFACTS.mkdir(exist_ok=True)
     page.locator("#tab-chat").screenshot(path=str(ARTIFACTS / "chat-answer.png"))  # docs/chat-answer.png
+
+    # Sampling: the card's reason, the temperature-0 warning, snippets for this endpoint.
+    page.get_by_text("Sampling and system prompt").click()
+    assert "min_p=0.05" in page.locator("#chat-sampling").inner_text()
+    page.fill("#chat-temp input[type=number]", "0")
+    page.locator("#chat-temp input[type=number]").press("Enter")
+    page.wait_for_function("() => document.querySelector('#chat-temp-warning').innerText.includes('Never temperature=0')")
+    page.fill("#chat-temp input[type=number]", "1")
+    page.locator("#chat-temp input[type=number]").press("Enter")
+    page.wait_for_function("() => !document.querySelector('#chat-temp-warning').innerText.includes('Never')")
+    page.get_by_text("API snippets").click()
+    page.wait_for_function(
+        "url => document.querySelector('#chat-curl').innerText.includes(url + '/v1/chat/completions')",
+        arg=sims["fast"].base_url)
+    assert '"min_p": 0.05' in page.locator("#chat-curl").inner_text()
+    # Export: a download link appears.
+    page.click("#chat-export-json")
+    page.wait_for_function("() => /\\.json/.test(document.querySelector('#chat-export-file')?.innerText || '')")
+    assert page.locator("#chat-export-file a[href*='.json']").count() >= 1
 
     # 2. A long answer on a slower engine: thinking pending, then collapsed as the answer streams; Stop.
     engine.sim, engine.profile_id = sims["slow"], "balanced"
@@ -102,6 +122,10 @@ def test_chat_streams_thinking_answer_stats_and_stops(chat_panel, browser) -> No
     assert sims["slow"].stats.completed == 0
     assert "profile balanced" in page.locator(f"{BOT} sub", has_text="Stopped").inner_text()
     page.screenshot(path=str(ARTIFACTS / "chat-stopped.png"))
+    # Delete (confirmed): the conversation leaves the list, the older one is shown.
+    page.on("dialog", lambda d: d.accept())
+    page.click("#chat-delete")
+    page.wait_for_function("() => document.querySelectorAll('#chat-convs label').length === 1")
     assert not browser.console_errors, browser.console_errors
 
 

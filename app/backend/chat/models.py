@@ -23,7 +23,7 @@ class MessageStats:
     model: str = ""
     base_url: str = ""
     ttft_s: float | None = None  # request sent -> first token of any kind (reasoning or answer)
-    decode_tok_s: float | None = None  # completion tokens / (last token - first token)
+    decode_tok_s: float | None = None  # (completion tokens - 1) / (last token - first token)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     tokens_estimated: bool = False  # no usage chunk: completion tokens counted from deltas

@@ -54,7 +54,8 @@ class StatsRecorder:
         tokens, estimated = self.completion_tokens()
         rate = None
         if self.first_token is not None and self.last_token is not None and self.last_token > self.first_token:
-            rate = tokens / (self.last_token - self.first_token)
+            # n tokens span n-1 decode steps between the first and the last one
+            rate = (tokens - 1) / (self.last_token - self.first_token)
         base.ttft_s = None if self.first_token is None else self.first_token - self.started
         base.decode_tok_s = rate
         base.prompt_tokens = self.usage.prompt_tokens if self.usage else None
