@@ -68,7 +68,9 @@ def test_start_then_switch_in_engine_tab(engine_panel, browser) -> None:
     page.get_by_role("option", name=saved[0]).click()
     page.fill("#logs-filter textarea", "delta tier")
     page.press("#logs-filter textarea", "Enter")
-    page.wait_for_function("document.querySelector('#logs-text textarea').value.includes('moe_w2 delta tier')")
+    page.wait_for_function(  # the filtered saved run: only matching lines remain
+        "(() => { const v = document.querySelector('#logs-text textarea').value;"
+        " return v.includes('moe_w2 delta tier') && v.split('\\n').every(l => l.includes('delta tier')); })()")
     text = page.input_value("#logs-text textarea")
     assert all("delta tier" in ln for ln in text.splitlines())
     page.screenshot(path=str(ARTIFACTS / "logs-tab.png"), full_page=True)
