@@ -247,3 +247,14 @@ def test_summary_without_prefix_still_parsed() -> None:
     p = TraceParser()
     p.feed_line(SUM.format(t=64, c=10, h=3.0, p=10, e=0, cp=10, ce=0))
     assert p.snapshot().primary.last.cached == 10
+
+
+def test_docker_timestamps_and_unknown_prefix() -> None:
+    p = TraceParser()
+    body = SUM.format(t=64, c=469, h=41.7, p=16, e=16, cp=3024, ce=2555)
+    p.feed_line("2026-11-30T03:34:11.123456789Z (Worker_TP1 pid=7) " + PREFIX + body)  # docker logs -t
+    p.feed_line("myhost vllm[12]: INFO 08-22 14:03:11 [moe_w2_delta.py:428] moe_w2 delta tier: 469 slots x 12.0 MiB"
+                " (5.50 GiB pool)")  # a shipper's own prefix
+    snap = p.snapshot()
+    assert [r.key for r in snap.ranks] == ["Worker_TP1", "main"]
+    assert snap.ranks[0].last.hit_tokens_pct == 41.7 and snap.sizing.slots == 469

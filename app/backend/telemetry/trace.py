@@ -275,6 +275,8 @@ class TraceParser:
         self.lines += 1
         if "\x1b" in line:
             line = ANSI_RE.sub("", line)
+        if line[:2] == "20" and line[10:11] == "T":  # `docker logs -t`: RFC 3339 stamp first
+            line = line[line.find(" ") + 1 :]
         # Cheap prefilters (C-speed substring scans) before any slicing: TRACE=2 output is ~95%
         # promote/evict lines, and most other engine output is not pool-related at all.
         if "] promote " in line:
@@ -304,6 +306,10 @@ class TraceParser:
                 ts_text = rest[sp + 1 : sp + 15]
                 msg = rest[k + 2 :]
         first = msg[:1]
+        if first != "[" and not msg.startswith(("moe_w2 delta ", "delta dump to ")):
+            # an unknown prefix (log shipper, custom VLLM_LOGGING_PREFIX): find the message in it
+            msg = _after_unknown_prefix(msg)
+            first = msg[:1]
         if first == "[":
             self._tagged(proc, msg, ts_text, ts)
         elif first == "m" and msg.startswith("moe_w2 delta "):
@@ -445,6 +451,14 @@ class TraceParser:
             gate_fires=sum(st.gate_fires for st in self._ranks.values()),
             need=need,
         )
+
+
+def _after_unknown_prefix(msg: str) -> str:
+    for marker, skip in (("] [", 2), ("moe_w2 delta ", 0), ("delta dump to ", 0)):
+        k = msg.find(marker)
+        if k >= 0:
+            return msg[k + skip :]
+    return msg
 
 
 def parse_text(text: str, year: int | None = None) -> TraceParser:
