@@ -262,17 +262,22 @@ def render(state: AppState, shell: Any) -> None:
         sampling = sampling_of(t, p, m, n)
         try:
             chat.set_system_prompt(cid, sys_prompt or "")
+            retitle = chat.get(cid).messages == []  # the first message names the conversation
             turn = (chat.edit_last if is_edit else chat.send)(cid, text, sampling, custom_url=url or None)
         except ChatError as exc:
             raise gr.Error(str(exc)) from None
-        choices = gr.Radio(choices=conversation_choices(chat), value=cid)
-        first = True
-        for value in stream_turn(cid, turn):
-            if first:
-                yield "", value, False, "", choices
-                first = False
+        skip = gr.skip()
+        value: Any = skip
+        for i, value in enumerate(stream_turn(cid, turn)):
+            if i == 0:  # first frame: only what must change now (the conversation list can wait a frame)
+                yield "", value, (False if is_edit else skip), ("" if is_edit else skip), skip
+            elif retitle:
+                retitle = False
+                yield skip, value, skip, skip, gr.Radio(choices=conversation_choices(chat), value=cid)
             else:
-                yield gr.skip(), value, gr.skip(), gr.skip(), gr.skip()
+                yield skip, value, skip, skip, skip
+        if retitle:  # the reply ended within its first frame
+            yield skip, skip, skip, skip, gr.Radio(choices=conversation_choices(chat), value=cid)
 
     def on_regen(cid: str, url: str, t: float, p: float, m: float, n: float | None):
         try:

@@ -178,10 +178,16 @@ class Turn:
             )
 
     def follow(self, interval_s: float = 0.08, heartbeat_s: float = 0.5,
-               interval_fn: Callable[[TurnView], float] | None = None) -> Iterator[TurnView]:
+               interval_fn: Callable[[TurnView], float] | None = None, first_wait_s: float = 0.05
+               ) -> Iterator[TurnView]:
         """Coalesced views: at most one per interval while text flows (`interval_fn(last view)` or
         `interval_s`; the first token and the end are never delayed), and one every `heartbeat_s`
-        while nothing arrives, so a consumer that is being cancelled regains control promptly."""
+        while nothing arrives, so a consumer that is being cancelled regains control promptly.
+        The first view waits up to `first_wait_s` for the first token: a fast engine's first token
+        then arrives in the first update instead of queueing behind a placeholder redraw."""
+        with self._cond:
+            if self._version == 0 and not self.done.is_set():
+                self._cond.wait(first_wait_s)
         seen = -1
         last = 0.0
         had_text = False
