@@ -24,8 +24,8 @@ from app.backend.download.safety import apply_data_filter, check_member
 from app.backend.download.types import DownloadError, SpaceError, Stopped, UnsafeArchiveError
 
 COPY_CHUNK = 4 << 20
-TAR_BUFSIZE = 4 << 20
-QUEUE_CHUNKS = 8  # decompressed data buffered ahead of the writer: at most 32 MiB
+TAR_BUFSIZE = 512  # tarfile reads only headers itself (no read-ahead), so data can bypass it
+QUEUE_CHUNKS = 6  # decompressed buffers ahead of the writer: at most 24 MiB
 
 
 @dataclass
@@ -69,13 +69,19 @@ def extract_stream(source: io.RawIOBase, dest: Path, done: dict[str, int], hooks
 class _Decompressor(io.RawIOBase):
     """zstd `stream_reader` running in its own thread, a bounded queue ahead of the tar writer.
 
-    Decompression and file writes then overlap (both release the GIL), like `zstd -d | tar -x`;
-    memory stays bounded by QUEUE_CHUNKS × COPY_CHUNK. Errors travel through the queue.
+    Decompression and file writes overlap (both release the GIL), like `zstd -d | tar -x`. Data
+    goes into a small pool of reused buffers (no per-chunk allocation) and member data is written
+    to files straight from them (`copy_to`); memory is bounded by POOL × COPY_CHUNK.
+    Errors travel through the queue.
     """
 
     def __init__(self, source: io.RawIOBase, stop: threading.Event) -> None:
-        self.q: queue.Queue = queue.Queue(maxsize=QUEUE_CHUNKS)
+        self.q: queue.Queue = queue.Queue()
+        self.free: queue.Queue = queue.Queue()
+        for _ in range(QUEUE_CHUNKS):
+            self.free.put(bytearray(COPY_CHUNK))
         self.stop = stop
+        self.cur: bytearray | None = None
         self.buf = memoryview(b"")
         self.eof = False
         self.thread = threading.Thread(target=self._produce, args=(source,), name="zstd", daemon=True)
@@ -86,69 +92,76 @@ class _Decompressor(io.RawIOBase):
             dctx = zstandard.ZstdDecompressor()
             with dctx.stream_reader(source, read_size=1 << 20, read_across_frames=True, closefd=False) as zr:
                 while True:
-                    chunk = zr.read(COPY_CHUNK)
-                    self._put(chunk)
-                    if not chunk:
+                    buf = self._wait(self.free)
+                    n = zr.readinto(buf)
+                    self.q.put((buf, n))
+                    if not n:
                         return
         except BaseException as exc:  # handed to the consumer
-            self._put(exc)
+            self.q.put(exc)
 
-    def _put(self, item: object) -> None:
+    def _wait(self, q: queue.Queue) -> object:
         while True:
             try:
-                self.q.put(item, timeout=0.2)
-                return
-            except queue.Full:
+                return q.get(timeout=0.2)
+            except queue.Empty:
                 if self.stop.is_set():
                     raise Stopped() from None
+                if q is self.q and not self.thread.is_alive() and self.q.empty():
+                    raise DownloadError("decompressor stopped unexpectedly")
+
+    def _next(self) -> bool:
+        """Make self.buf non-empty; False at end of stream."""
+        while not self.buf:
+            if self.eof:
+                return False
+            if self.cur is not None:
+                self.free.put(self.cur)
+                self.cur = None
+            item = self._wait(self.q)
+            if isinstance(item, BaseException):
+                self.eof = True
+                raise item
+            buf, n = item  # type: ignore[misc]
+            if not n:
+                self.eof = True
+                return False
+            self.cur, self.buf = buf, memoryview(buf)[:n]
+        return True
 
     def readable(self) -> bool:
         return True
 
     def read(self, size: int = -1) -> bytes:
-        """Hands out whole decompressed chunks without copying when the caller asks for that much."""
-        if not self.buf and not self.eof:
-            self._next()
-        if size < 0 or size >= len(self.buf):
-            out, self.buf = self.buf.obj if len(self.buf) == len(self.buf.obj) else bytes(self.buf), memoryview(b"")
-            return out  # type: ignore[return-value]
-        out, self.buf = bytes(self.buf[:size]), self.buf[size:]
+        """For tarfile's headers (small reads): a copy of the next bytes."""
+        if not self._next():
+            return b""
+        n = len(self.buf) if size < 0 else min(size, len(self.buf))
+        out, self.buf = bytes(self.buf[:n]), self.buf[n:]
         return out
 
-    def _next(self) -> None:
-        item = self._get()
-        if isinstance(item, BaseException):
-            self.eof = True
-            raise item
-        if not item:
-            self.eof = True
-            return
-        self.buf = memoryview(item)
-
     def readinto(self, b) -> int:  # type: ignore[override]
-        while not self.buf:
-            if self.eof:
-                return 0
-            item = self._get()
-            if isinstance(item, BaseException):
-                self.eof = True
-                raise item
-            if not item:
-                self.eof = True
-                return 0
-            self.buf = memoryview(item)
+        if not self._next():
+            return 0
         n = min(len(b), len(self.buf))
         b[:n] = self.buf[:n]
         self.buf = self.buf[n:]
         return n
 
-    def _get(self) -> object:
-        while True:
-            try:
-                return self.q.get(timeout=0.2)
-            except queue.Empty:
-                if self.stop.is_set() or not self.thread.is_alive() and self.q.empty():
-                    raise Stopped() if self.stop.is_set() else DownloadError("decompressor stopped unexpectedly")
+    def copy_to(self, fd: int, length: int, name: str, hooks: "ExtractHooks") -> None:
+        """Write the next `length` bytes to fd straight from the decompressed buffers."""
+        left = length
+        while left > 0:
+            if not self._next():
+                raise tarfile.ReadError(f"unexpected end of data in {name}")
+            view = self.buf[:left]
+            self.buf = self.buf[len(view):]
+            left -= len(view)
+            hooks.on_bytes(len(view))
+            while view:
+                view = view[os.write(fd, view):]
+            if hooks.stop.is_set():
+                raise Stopped()
 
     def close(self) -> None:
         self.eof = True
@@ -197,11 +210,19 @@ def _write_regular(tf: tarfile.TarFile, m: tarfile.TarInfo, mode: int, target: s
     tmp = os.path.join(parent, f".{os.path.basename(target)}.moet-partial")
     src = tf.fileobj
     src.seek(m.offset_data)
+    # Fast path: tarfile's stream holds no read-ahead, so member data comes straight from the
+    # decompressor's buffers; tarfile's position is advanced by hand (it seeks forward after).
+    direct = isinstance(tf.fileobj.fileobj, _Decompressor) and not getattr(src, "buf", b"") \
+        and getattr(src, "pos", None) == m.offset_data
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         for offset, length in extents:
             os.lseek(fd, offset, os.SEEK_SET)  # seeking over holes keeps them holes
-            _copy(src, fd, length, m.name, hooks)
+            if direct:
+                tf.fileobj.fileobj.copy_to(fd, length, m.name, hooks)
+                src.pos += length
+            else:
+                _copy(src, fd, length, m.name, hooks)
         os.ftruncate(fd, m.size)
         os.fchmod(fd, mode & 0o7777)
     except OSError as exc:
