@@ -227,3 +227,23 @@ def test_history_write_failure_loses_nothing_and_says_why(service, sim, monkeypa
     assert service.active_turn(conv.id) is None
     monkeypatch.undo()
     assert finish(service.send(conv.id, "hello", CARD)).status == "complete"
+
+
+def test_stop_during_a_long_prefill_is_immediate(make_service) -> None:
+    """No token yet (the engine is still reading a long prompt): Stop must not wait for one."""
+    import time
+
+    sim = start_sim(prefill_tok_s=20.0)  # a 200-token prompt takes ~10 s before the first token
+    try:
+        svc = make_service(FakeEngine(sim))
+        conv = svc.new_conversation()
+        turn = svc.send(conv.id, "word " * 200, CARD)
+        wait_for(lambda: sim.stats.requests == 1, what="the request to reach the engine")
+        t0 = time.monotonic()
+        msg = svc.stop(conv.id, timeout=5.0)
+        assert time.monotonic() - t0 < 2.0
+        assert msg is not None and msg.status == "stopped" and msg.content == ""
+        assert turn.view().done
+        wait_for(lambda: sim.stats.aborted == 1, what="the engine to see the disconnect")
+    finally:
+        sim.stop()
