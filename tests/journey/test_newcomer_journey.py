@@ -1,0 +1,195 @@
+"""The newcomer's whole journey in headless Chromium (issue 7 §5–6).
+
+Panel in demo mode, the simulated engine as a real Docker container, a local Hub-like server serving a
+small real artifact (GNU tar --sparse | zstd | split):
+open → Downloads (progress moves, completes) → Engine (preflight, start `quality`, boot phases, ready) →
+header strip (VRAM, pool coverage) → Chat (thinking + answer, stats tagged quality) → switch to
+`balanced` (ready again) → Chat (stats tagged balanced) → reload: state, history and the engine remain.
+Accessibility and polish are checked in the same run. Screenshots go to test-artifacts/journey-*.png.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.backend.download.manager import DownloadManager
+from app.backend.recipe import SIMULATED_RECIPE
+from app.backend.settings import resolve_settings
+from app.backend.state import AppState, build_app_state
+from app.ui.app import build_ui, launch
+from tests.conftest import ARTIFACTS, free_port
+from tests.download.conftest import artifact, start_hub  # noqa: F401  (session fixture reused)
+from tests.ui.a11y import horizontal_overflow, unlabelled_controls
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.docker]
+
+TEST_LABELS = {"moet-panel.test": "1"}
+
+
+def _recipe_on_port(tmp: Path, port: int) -> Path:
+    """The simulated recipe, serving on a free port (the card's 8000 may be taken on a dev box)."""
+    text = SIMULATED_RECIPE.read_text()
+    text = text.replace("port = 8000", f"port = {port}").replace('"--port", "8000"', f'"--port", "{port}"')
+    path = tmp / "simulated-journey.toml"
+    path.write_text(text)
+    return path
+
+
+def _shot(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"journey-{name}.png"), full_page=True)
+
+
+def _poll(fn: Any, what: str, timeout: float = 60.0, every_ms: int = 150, page: Any = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        if page is not None:
+            page.wait_for_timeout(every_ms)
+        else:
+            time.sleep(every_ms / 1000)  # polling interval with a deadline, not synchronisation
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def journey(tmp_path: Path, artifact: Any) -> Iterator[tuple[str, AppState]]:  # noqa: F811
+    import docker
+
+    client = docker.from_env()
+    hub = start_hub(artifact, rate_cap_bps=400_000)  # a few seconds of visible progress
+    settings = resolve_settings(_recipe_on_port(tmp_path, free_port()), tmp_path / "data", demo=True)
+    settings.ensure_state_dir()
+    state = build_app_state(settings)
+    state.downloads.close()
+    state.downloads = DownloadManager(settings, endpoint=hub.endpoint, connections=2, segment_size=256 * 1024)
+    state.on_close(state.downloads.close)
+    state.engine.options.extra_labels = dict(TEST_LABELS)
+    state.engine.options.extra_env = {"MOET_SIM_BOOT_S": "3"}
+    blocks = None
+    try:
+        blocks = build_ui(state)
+        url = launch(blocks, "127.0.0.1", free_port(), None)
+        yield url.rstrip("/"), state
+    finally:
+        if blocks is not None:
+            blocks.close()
+        state.close()
+        hub.stop()
+        for c in client.containers.list(all=True, filters={"label": "moet-panel.test=1"}):
+            if c.labels.get("moet-panel.recipe") == settings.recipe.id:
+                c.remove(force=True)
+
+
+def _ask(page: Any, prompt: str, profile: str) -> str:
+    page.get_by_role("tab", name="Chat").click()
+    page.wait_for_function("() => document.querySelector('#chat-banner')?.innerText.includes('Engine ready')")
+    before = page.locator("#chat-bot sub", has_text=re.compile(r"^profile ")).count()
+    page.fill("#chat-input textarea", prompt)
+    page.keyboard.press("Enter")
+    page.locator("#chat-bot .thought-group").last.wait_for()  # the thinking block appears
+    stats = page.locator("#chat-bot sub", has_text=re.compile(rf"^profile {profile} · TTFT"))
+    _poll(lambda: stats.count() > 0 and page.locator("#chat-bot sub", has_text=re.compile(r"^profile ")).count() > before,
+          f"the stats line tagged {profile}", timeout=90, page=page)
+    return stats.last.inner_text()
+
+
+def test_newcomer_journey(journey: tuple[str, AppState], browser: Any) -> None:
+    url, state = journey
+    page = browser.new_page(1280, 800)
+    page.goto(url)
+    page.wait_for_selector("#moet-header")
+    assert "SIMULATED" in page.locator("#sim-banner").inner_text()
+    assert not unlabelled_controls(page), unlabelled_controls(page)
+    _shot(page, "01-open")
+
+    # Downloads: start, see the progress bar move, complete, ckpt-id pin matches.
+    page.get_by_role("tab", name="Downloads").click()
+    page.locator("#dl-start").click()
+    bar = page.locator('#dl-table [role="progressbar"]').first
+    seen: set[int] = set()
+
+    def progressed() -> bool:
+        if bar.count():
+            seen.add(int(bar.get_attribute("aria-valuenow") or 0))
+        return 100 in seen and page.locator("#dl-table .st.done").count() == 1
+
+    _poll(progressed, "the download to complete", timeout=90, every_ms=100, page=page)
+    assert any(0 < v < 100 for v in seen), f"progress never moved between 0 and 100: {sorted(seen)}"
+    page.wait_for_function("document.querySelector('#dl-ckpt').innerText.includes('match')")
+    _shot(page, "02-downloaded")
+
+    # Engine: preflight, start `quality`, watch boot phases, ready.
+    page.get_by_role("tab", name="Engine").click()
+    page.locator("#engine-preflight-run").click()
+    page.wait_for_selector('#engine-preflight tr[data-item]')
+    assert page.locator('#engine-preflight tr[data-status="fail"]').count() == 0, page.locator('#engine-preflight').inner_text()
+    page.locator("#engine-start").click()
+    phases: set[str] = set()
+
+    def ready() -> bool:
+        phases.add(page.locator("#engine-status").inner_text())
+        return page.locator('[data-testid="engine-state"][data-state="ready"]').count() == 1
+
+    _poll(ready, "the engine to become ready", timeout=120, every_ms=100, page=page)
+    boot_text = "\n".join(phases)
+    assert re.search(r"planes from cache|pool|KV|graph|API", boot_text, re.I), boot_text
+    assert "quality" in page.locator("#engine-status").inner_text()
+    _shot(page, "03-engine-ready")
+
+    # Header strip: VRAM in use (simulated GPU follows the engine).
+    header = page.locator("#moet-header")
+    _poll(lambda: re.search(r"[1-9]\d*\.\d / 96\.0 GiB", header.inner_text()), "VRAM in the header", page=page)
+
+    # Chat on `quality`, then the header shows pool coverage from the tick lines.
+    line = _ask(page, "Explain what the FP4 recovery pool does, briefly.", "quality")
+    assert re.search(r"profile quality · TTFT \d+\.\d\d s · \d+\.\d tok/s · \d+→\d+ tokens", line), line
+    _shot(page, "04-chat-quality")
+    _poll(lambda: re.search(r"POOL COVERAGE\s*\d+\.\d%", header.inner_text(), re.I), "pool coverage", page=page)
+
+    # Switch to `balanced` from the Engine tab; ready again; chat again.
+    page.get_by_role("tab", name="Engine").click()
+    page.locator("#engine-profile").get_by_text("#2 quality / speed", exact=False).click()
+    page.locator("#engine-switch").click()
+    _poll(lambda: page.locator('[data-testid="engine-state"][data-state="ready"]').count() == 1
+          and "balanced" in page.locator("#engine-status").inner_text(), "the switch to balanced", timeout=120, page=page)
+    assert state.engine.snapshot().profile_id == "balanced"
+    line = _ask(page, "And what does PROMO_HYST=8 change?", "balanced")
+    assert "profile balanced" in line
+    _shot(page, "05-chat-balanced")
+
+    # Telemetry tab renders live plots.
+    page.get_by_role("tab", name="Telemetry").click()
+    page.wait_for_selector("#telemetry-details-box")
+    _shot(page, "06-telemetry")
+
+    # Reload: state, history and the running engine are all still there.
+    assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors
+    page.reload()  # aborts the page's in-flight requests: the browser logs those, they are not app errors
+    page.wait_for_selector("#moet-header")
+    browser.console_errors.clear()
+    _poll(lambda: "balanced" in page.locator("#moet-header").inner_text().lower()
+          or "quality / speed" in page.locator("#moet-header").inner_text(), "the header after reload", page=page)
+    page.get_by_role("tab", name="Chat").click()
+    _poll(lambda: page.locator("#chat-bot sub", has_text=re.compile(r"^profile balanced")).count() >= 1,
+          "chat history after reload", page=page)
+    page.get_by_role("tab", name="Downloads").click()
+    _poll(lambda: page.locator("#dl-table .st.done").count() == 1, "downloads state after reload", page=page)
+    _shot(page, "07-after-reload")
+
+    # Polish: no unlabelled controls, no horizontal overflow at 1280×800 and on a narrow window.
+    assert not unlabelled_controls(page), unlabelled_controls(page)
+    assert horizontal_overflow(page)["page"] <= 1, horizontal_overflow(page)
+    narrow = browser.new_page(420, 800)
+    narrow.goto(url)
+    narrow.wait_for_selector("#moet-header")
+    assert horizontal_overflow(narrow)["page"] <= 1, horizontal_overflow(narrow)
+    _shot(narrow, "08-narrow")
+    assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors
