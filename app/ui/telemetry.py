@@ -126,9 +126,19 @@ def render(state: AppState, shell: Any) -> None:
         return [alerts_html(f.alerts), details_html(f), *frames(state, win)]
 
     outs = [alerts, details, *plots]
-    shell.timer.tick(tick, inputs=[window], outputs=outs, show_progress="hidden",
-                     concurrency_limit=None, trigger_mode="once")
+    # Six re-drawn plots a second are not free (server DataFrames, browser Vega renders): this tab has
+    # its own timer, running only while the tab is selected. The header uses the shared page timer.
+    live = gr.Timer(1.0, active=False)
+    live.tick(tick, inputs=[window], outputs=outs, show_progress="hidden", concurrency_limit=None, trigger_mode="once")
     window.change(tick, inputs=[window], outputs=outs, show_progress="hidden")
+    if getattr(shell, "tabs", None) is not None:
+        shell.tabs.select(_on_tab, outputs=[live], show_progress="hidden")
+    else:  # no tab container (tests / embedding): always live
+        live.active = True
+
+
+def _on_tab(evt: gr.SelectData) -> gr.Timer:
+    return gr.Timer(active=evt.value == TITLE)
 
 
 PALETTE = ("#3182ce", "#dd6b20", "#38a169", "#805ad5")
