@@ -330,19 +330,19 @@ def render(state: AppState, shell: Any) -> None:
     if root is not None:
         root.load(on_sampling, sampling_args, [temp_warn, curl_code, py_code], api_name=False)
 
-    def on_tick(url: str, last: Any, t: float, p: float, m: float, n: float | None, sys_prompt: str | None
-                ) -> tuple[Any, ...]:
+    def on_tick(url: str, last: Any) -> tuple[Any, ...]:
         ready, line = endpoint_line(chat, url)
-        if last == (ready, line):
+        if last == (ready, line):  # nothing changed: send nothing (this runs every second per open page)
             return (*(gr.skip() for _ in tick_outputs[:-1]), last)
-        _, curl, py = on_sampling(t, p, m, n, sys_prompt, url)  # the endpoint changed: so do the snippets
         return (line, gr.Button(visible=not ready), gr.Textbox(interactive=ready), gr.Button(interactive=ready),
-                gr.Button(interactive=ready), curl, py, (ready, line))
+                gr.Button(interactive=ready), (ready, line))
 
-    tick_outputs = [banner, engine_btn, box, send_btn, regen_btn, curl_code, py_code, ready_state]
-    tick_inputs = [custom_url, ready_state, *sampling_inputs, system]
-    shell.timer.tick(on_tick, tick_inputs, tick_outputs, concurrency_id="chat-ready",
+    tick_outputs = [banner, engine_btn, box, send_btn, regen_btn, ready_state]
+    shell.timer.tick(on_tick, [custom_url, ready_state], tick_outputs, concurrency_id="chat-ready",
                      concurrency_limit=None, show_progress="hidden", api_name=False)
+    # The endpoint changed (engine started, profile switched): so do the snippets.
+    ready_state.change(on_sampling, sampling_args, [temp_warn, curl_code, py_code], show_progress="hidden",
+                       api_name=False)
     if root is not None:
-        root.load(on_tick, tick_inputs, tick_outputs, api_name=False)
+        root.load(on_tick, [custom_url, ready_state], tick_outputs, api_name=False)
     engine_btn.click(lambda: gr.Tabs(selected="engine"), None, shell.tabs, api_name=False)

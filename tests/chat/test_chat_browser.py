@@ -121,6 +121,10 @@ def test_chat_streams_thinking_answer_stats_and_stops(chat_panel, browser) -> No
     assert sims["slow"].stats.completed == 0
     assert "profile balanced" in page.locator(f"{BOT} sub", has_text="Stopped").inner_text()
     page.screenshot(path=str(ARTIFACTS / "chat-stopped.png"))
+    # The engine moved (another profile, another port): the banner and the snippets follow.
+    page.wait_for_function("url => document.querySelector('#chat-curl').innerText.includes(url)",
+                           arg=sims["slow"].base_url)
+    assert "profile balanced" in page.locator("#chat-banner").inner_text()
     # Delete (confirmed): the conversation leaves the list, the older one is shown.
     page.on("dialog", lambda d: d.accept())
     page.click("#chat-delete")
