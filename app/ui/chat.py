@@ -10,6 +10,7 @@ generator; its `finally` closes the stream so the engine aborts the request.
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from collections.abc import Iterator
 from typing import Any
 
@@ -118,11 +119,66 @@ def endpoint_line(chat: ChatService, custom_url: str) -> tuple[bool, str]:
 # ---- the tab --------------------------------------------------------------------------------------
 
 
+@dataclass
+class ChatView:
+    """The tab's components and per-page state, handed to the wiring functions."""
+
+    conv_id: Any
+    editing: Any
+    ready_state: Any
+    convs: Any
+    new_btn: Any
+    delete_btn: Any
+    rename_box: Any
+    export_json_btn: Any
+    export_md_btn: Any
+    export_file: Any
+    import_btn: Any
+    banner: Any
+    engine_btn: Any
+    bot: Any
+    box: Any
+    send_btn: Any
+    stop_btn: Any
+    regen_btn: Any
+    edit_btn: Any
+    clear_btn: Any
+    edit_hint: Any
+    temp: Any
+    top_p: Any
+    min_p: Any
+    max_tokens: Any
+    temp_warn: Any
+    system: Any
+    custom_url: Any
+    curl_code: Any
+    py_code: Any
+
+    @property
+    def sampling_inputs(self) -> list[Any]:
+        return [self.temp, self.top_p, self.min_p, self.max_tokens]
+
+    @property
+    def conv_targets(self) -> list[Any]:
+        return [self.conv_id, self.convs, self.bot, self.system, self.editing, self.edit_hint]
+
+
+def sampling_of(t: float, p: float, m: float, n: float | None) -> SamplingParams:
+    return SamplingParams(float(t), float(p), float(m), int(n) if n else None)
+
+
 def render(state: AppState, shell: Any) -> None:
     chat: ChatService = state.chat
     if chat is None:
         gr.Markdown("Chat is not available in this build.")
         return
+    v = _layout(chat)
+    _wire_conversations(chat, v)
+    _wire_replies(chat, v)
+    _wire_settings(chat, v, shell)
+
+
+def _layout(chat: ChatService) -> ChatView:
     d = chat.default_sampling()
     conv_id = gr.State("")
     editing = gr.State(False)
@@ -146,7 +202,8 @@ def render(state: AppState, shell: Any) -> None:
                 engine_btn = gr.Button("Open Engine tab", size="sm", visible=False, scale=0, elem_id="chat-goto-engine")
             bot = gr.Chatbot(
                 show_label=False, height=560, latex_delimiters=[], buttons=["copy"], feedback_options=None,
-                elem_id="chat-bot", placeholder="Ask the model something. Its thinking appears collapsed above the answer.",
+                elem_id="chat-bot",
+                placeholder="Ask the model something. Its thinking appears collapsed above the answer.",
             )
             with gr.Row():
                 box = gr.Textbox(show_label=False, placeholder="Message (Enter to send, Shift+Enter for a new line)",
@@ -174,35 +231,37 @@ def render(state: AppState, shell: Any) -> None:
                 curl_code = gr.Code(language="shell", label="curl", interactive=False, elem_id="chat-curl")
                 py_code = gr.Code(language="python", label="Python (openai)", interactive=False, elem_id="chat-python")
 
-    sampling_inputs = [temp, top_p, min_p, max_tokens]
+    made = locals()  # every component above, by the names ChatView declares
+    return ChatView(**{name: made[name] for name in ChatView.__dataclass_fields__})
 
-    def sampling_of(t: float, p: float, m: float, n: float | None) -> SamplingParams:
-        return SamplingParams(float(t), float(p), float(m), int(n) if n else None)
 
-    def full_view(cid: str) -> list[dict[str, Any]]:
-        return render_history(chat.get(cid).messages) if cid else []
+def _full_view(chat: ChatService, cid: str) -> list[dict[str, Any]]:
+    return render_history(chat.get(cid).messages) if cid else []
 
-    def conv_outputs(conv: Conversation) -> tuple[Any, ...]:
-        return (conv.id, gr.Radio(choices=conversation_choices(chat), value=conv.id),
-                render_history(conv.messages), conv.system_prompt, False, "")
 
-    conv_targets = [conv_id, convs, bot, system, editing, edit_hint]
+def _conv_outputs(chat: ChatService, conv: Conversation) -> tuple[Any, ...]:
+    return (conv.id, gr.Radio(choices=conversation_choices(chat), value=conv.id),
+            render_history(conv.messages), conv.system_prompt, False, "")
+
+
+def _wire_conversations(chat: ChatService, v: ChatView) -> None:
+    conv_targets = v.conv_targets
 
     # ---- page load / conversation management -----------------------------------------------------
     def on_load(cid: str) -> tuple[Any, ...]:
         summaries = chat.list_conversations()
         conv = chat.get(summaries[0].id) if summaries else chat.new_conversation()
-        return conv_outputs(conv)
+        return _conv_outputs(chat, conv)
 
     root = Context.root_block
     if root is not None:
-        root.load(on_load, [conv_id], conv_targets, api_name="chat_load")
+        root.load(on_load, [v.conv_id], conv_targets, api_name="chat_load")
 
     def on_select(cid: str) -> tuple[Any, ...]:
-        return conv_outputs(chat.get(cid))
+        return _conv_outputs(chat, chat.get(cid))
 
     def on_new() -> tuple[Any, ...]:
-        return conv_outputs(chat.new_conversation())
+        return _conv_outputs(chat, chat.new_conversation())
 
     def on_rename(cid: str, title: str) -> tuple[Any, ...]:
         chat.rename(cid, title)
@@ -217,7 +276,7 @@ def render(state: AppState, shell: Any) -> None:
     def on_clear(cid: str, confirmed: bool) -> tuple[Any, ...]:
         if not confirmed:
             return tuple(gr.skip() for _ in conv_targets)
-        return conv_outputs(chat.clear(cid))
+        return _conv_outputs(chat, chat.clear(cid))
 
     def on_system(cid: str, text: str | None) -> None:
         if cid:
@@ -228,23 +287,26 @@ def render(state: AppState, shell: Any) -> None:
 
     def on_import(file: Any) -> tuple[Any, ...]:
         try:
-            return conv_outputs(chat.import_file(file))
+            return _conv_outputs(chat, chat.import_file(file))
         except (ChatError, ValueError, OSError) as exc:
             raise gr.Error(f"Import failed: {exc}") from None
 
     confirm = gr.Checkbox(visible=False)
-    convs.input(on_select, [convs], conv_targets, api_name="chat_select")
-    new_btn.click(on_new, None, conv_targets, api_name="chat_new")
-    rename_box.submit(on_rename, [conv_id, rename_box], [convs, rename_box], api_name="chat_rename")
-    delete_btn.click(on_delete, [conv_id, confirm], conv_targets, api_name="chat_delete",
+    v.convs.input(on_select, [v.convs], conv_targets, api_name="chat_select")
+    v.new_btn.click(on_new, None, conv_targets, api_name="chat_new")
+    v.rename_box.submit(on_rename, [v.conv_id, v.rename_box], [v.convs, v.rename_box], api_name="chat_rename")
+    v.delete_btn.click(on_delete, [v.conv_id, confirm], conv_targets, api_name="chat_delete",
                      js="(c, x) => [c, confirm('Delete this conversation and its history?')]")
-    clear_btn.click(on_clear, [conv_id, confirm], conv_targets, api_name="chat_clear",
+    v.clear_btn.click(on_clear, [v.conv_id, confirm], conv_targets, api_name="chat_clear",
                     js="(c, x) => [c, confirm('Remove every message of this conversation?')]")
-    system.blur(on_system, [conv_id, system], None)
-    export_json_btn.click(lambda c: on_export(c, "json"), [conv_id], [export_file], api_name="chat_export_json")
-    export_md_btn.click(lambda c: on_export(c, "md"), [conv_id], [export_file], api_name="chat_export_md")
-    import_btn.upload(on_import, [import_btn], conv_targets, api_name="chat_import")
+    v.system.blur(on_system, [v.conv_id, v.system], None)
+    v.export_json_btn.click(lambda c: on_export(c, "json"), [v.conv_id], [v.export_file], api_name="chat_export_json")
+    v.export_md_btn.click(lambda c: on_export(c, "md"), [v.conv_id], [v.export_file], api_name="chat_export_md")
+    v.import_btn.upload(on_import, [v.import_btn], conv_targets, api_name="chat_import")
 
+
+def _wire_replies(chat: ChatService, v: ChatView) -> None:
+    sampling_inputs = v.sampling_inputs
     # ---- sending and streaming ------------------------------------------------------------------
     def stream_turn(cid: str, turn: Any) -> Iterator[list[dict[str, Any]]]:
         """Chatbot values for a streaming reply; closing this generator (Stop) stops the reply."""
@@ -288,21 +350,21 @@ def render(state: AppState, shell: Any) -> None:
 
     def on_stop(cid: str) -> list[dict[str, Any]]:
         chat.stop(cid)
-        return full_view(cid)
+        return _full_view(chat, cid)
 
-    send_inputs = [conv_id, box, editing, system, custom_url, *sampling_inputs]
-    send_outputs = [box, bot, editing, edit_hint, convs]
+    send_inputs = [v.conv_id, v.box, v.editing, v.system, v.custom_url, *sampling_inputs]
+    send_outputs = [v.box, v.bot, v.editing, v.edit_hint, v.convs]
     stream_kw: dict[str, Any] = dict(concurrency_id=STREAM_CONCURRENCY, concurrency_limit=8, show_progress="hidden")
     streams = [
-        box.submit(on_send, send_inputs, send_outputs, api_name="chat_send", **stream_kw),
-        send_btn.click(on_send, send_inputs, send_outputs, api_name=False, **stream_kw),
-        regen_btn.click(on_regen, [conv_id, custom_url, *sampling_inputs], [bot], api_name="chat_regenerate",
+        v.box.submit(on_send, send_inputs, send_outputs, api_name="chat_send", **stream_kw),
+        v.send_btn.click(on_send, send_inputs, send_outputs, api_name=False, **stream_kw),
+        v.regen_btn.click(on_regen, [v.conv_id, v.custom_url, *sampling_inputs], [v.bot], api_name="chat_regenerate",
                         **stream_kw),
     ]
-    stop_btn.click(on_stop, [conv_id], [bot], cancels=streams, api_name="chat_stop", concurrency_limit=None,
+    v.stop_btn.click(on_stop, [v.conv_id], [v.bot], cancels=streams, api_name="chat_stop", concurrency_limit=None,
                    show_progress="hidden")
     # Leaving the conversation ends its live view (and, through `finally`, the reply).
-    for trigger in (convs.input, new_btn.click):
+    for trigger in (v.convs.input, v.new_btn.click):
         trigger(None, None, None, cancels=streams, queue=False)
 
     def on_edit(cid: str, is_edit: bool) -> tuple[Any, ...]:
@@ -314,8 +376,12 @@ def render(state: AppState, shell: Any) -> None:
         return text, True, "**Editing your last message** — **Send** replaces it and regenerates the answer. " \
                            "Click *Edit last message* again to cancel."
 
-    edit_btn.click(on_edit, [conv_id, editing], [box, editing, edit_hint], api_name="chat_edit")
+    v.edit_btn.click(on_edit, [v.conv_id, v.editing], [v.box, v.editing, v.edit_hint], api_name="chat_edit")
 
+
+def _wire_settings(chat: ChatService, v: ChatView, shell: Any) -> None:
+    root = Context.root_block
+    sampling_inputs = v.sampling_inputs
     # ---- sampling warning, snippets, readiness --------------------------------------------------
     def on_sampling(t: float, p: float, m: float, n: float | None, sys_prompt: str, url: str) -> tuple[str, str, str]:
         sampling, sys_prompt = sampling_of(t, p, m, n), sys_prompt or ""
@@ -323,12 +389,12 @@ def render(state: AppState, shell: Any) -> None:
         curl, py = chat.snippets(sampling, sys_prompt, custom_url=url or None)
         return warn, curl, py
 
-    sampling_args = [*sampling_inputs, system, custom_url]
-    for comp in (*sampling_inputs, system, custom_url):
-        comp.change(on_sampling, sampling_args, [temp_warn, curl_code, py_code], show_progress="hidden",
+    sampling_args = [*sampling_inputs, v.system, v.custom_url]
+    for comp in (*sampling_inputs, v.system, v.custom_url):
+        comp.change(on_sampling, sampling_args, [v.temp_warn, v.curl_code, v.py_code], show_progress="hidden",
                     trigger_mode="always_last", api_name=False)
     if root is not None:
-        root.load(on_sampling, sampling_args, [temp_warn, curl_code, py_code], api_name=False)
+        root.load(on_sampling, sampling_args, [v.temp_warn, v.curl_code, v.py_code], api_name=False)
 
     def on_tick(url: str, last: Any) -> tuple[Any, ...]:
         ready, line = endpoint_line(chat, url)
@@ -337,12 +403,12 @@ def render(state: AppState, shell: Any) -> None:
         return (line, gr.Button(visible=not ready), gr.Textbox(interactive=ready), gr.Button(interactive=ready),
                 gr.Button(interactive=ready), (ready, line))
 
-    tick_outputs = [banner, engine_btn, box, send_btn, regen_btn, ready_state]
-    shell.timer.tick(on_tick, [custom_url, ready_state], tick_outputs, concurrency_id="chat-ready",
+    tick_outputs = [v.banner, v.engine_btn, v.box, v.send_btn, v.regen_btn, v.ready_state]
+    shell.timer.tick(on_tick, [v.custom_url, v.ready_state], tick_outputs, concurrency_id="chat-ready",
                      concurrency_limit=None, show_progress="hidden", api_name=False)
     # The endpoint changed (engine started, profile switched): so do the snippets.
-    ready_state.change(on_sampling, sampling_args, [temp_warn, curl_code, py_code], show_progress="hidden",
+    v.ready_state.change(on_sampling, sampling_args, [v.temp_warn, v.curl_code, v.py_code], show_progress="hidden",
                        api_name=False)
     if root is not None:
-        root.load(on_tick, [custom_url, ready_state], tick_outputs, api_name=False)
-    engine_btn.click(lambda: gr.Tabs(selected="engine"), None, shell.tabs, api_name=False)
+        root.load(on_tick, [v.custom_url, v.ready_state], tick_outputs, api_name=False)
+    v.engine_btn.click(lambda: gr.Tabs(selected="engine"), None, shell.tabs, api_name=False)

@@ -39,7 +39,8 @@ def curl_snippet(base_url: str, model: str, sampling: SamplingParams, system_pro
 def python_snippet(base_url: str, model: str, sampling: SamplingParams, system_prompt: str = "",
                    prompt: str = "Hello!") -> str:
     max_tokens = f"    max_tokens={sampling.max_tokens},\n" if sampling.max_tokens else ""
-    messages = "[\n" + "".join(f"        {json.dumps(m, ensure_ascii=False)},\n" for m in _messages(system_prompt, prompt)) + "    ]"
+    lines = "".join(f"        {json.dumps(m, ensure_ascii=False)},\n" for m in _messages(system_prompt, prompt))
+    messages = "[\n" + lines + "    ]"
     return (
         "from openai import OpenAI\n\n"
         f"client = OpenAI(base_url={api_base(base_url)!r}, api_key=\"EMPTY\")\n"
