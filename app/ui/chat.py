@@ -62,7 +62,7 @@ def render_message(msg: Message) -> list[dict[str, Any]]:
         out.append({"role": "assistant", "content": f"**Error — the reply broke off:** {html.escape(msg.error)}"})
         out.append(_sub(stats))
     elif stats:
-        out.append(_sub(stats))
+        out.append(_sub(stats + (f" · {msg.error}" if msg.error else "")))
     return out
 
 

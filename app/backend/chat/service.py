@@ -245,8 +245,13 @@ class ChatService:
 
     def _turn_done(self, turn: Turn, stored: threading.Event) -> None:
         stored.wait(30.0)
-        if turn.message.id is not None:
+        if turn.message.id is None:
+            return
+        try:
             self._store.update_message(turn.message)
+        except ChatStoreError as exc:  # keep the reply on screen and say it is not in the history
+            msg = turn.message
+            msg.error = f"{msg.error} History not saved: {exc}".strip()
 
     def _client(self, base_url: str) -> ChatClient:
         with self._lock:
