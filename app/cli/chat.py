@@ -14,7 +14,7 @@ from rich.console import Console
 
 from app.backend.chat.client import ChatClient, ChatRequest, SamplingParams
 from app.backend.chat.endpoint import recipe_base_url
-from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, StreamError
+from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, ReclassifyAsReasoning, StreamError
 from app.backend.chat.models import MessageStats
 from app.backend.chat.stats import StatsRecorder, format_stats
 from app.backend.settings import resolve_settings
@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
                     out.print("\n")
                     in_reasoning = False
                 out.print(ev.text, end="", markup=False)
+            elif isinstance(ev, ReclassifyAsReasoning):
+                out.print("\n[the text above was the model's thinking]\n", style="dim", markup=False)
             elif isinstance(ev, StreamError):
                 failure = ev
             elif isinstance(ev, Finished):

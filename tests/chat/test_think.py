@@ -36,3 +36,25 @@ def test_unclosed_think_stays_reasoning() -> None:
     out = s.feed("<think>still thinking</th") + s.flush()
     assert "".join(t for k, t in out if k == "reasoning") == "still thinking</th"
     assert not [t for k, t in out if k == "content"]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_orphan_close_tag_reclassifies_what_came_before(seed: int) -> None:
+    """DeepSeek-style templates open <think> in the prompt: the output only closes it."""
+    text = "I reason about </thi and this</think>\n\nThe answer. A literal </think> stays text."
+    rng = random.Random(seed)
+    s = ThinkSplitter()
+    out = []
+    i = 0
+    while i < len(text):
+        n = rng.randint(1, 9)
+        out += s.feed(text[i : i + n])
+        i += n
+    out += s.flush()
+    kinds = [k for k, _ in out]
+    assert kinds.count("reclassify") == 1
+    cut = kinds.index("reclassify")
+    before = "".join(t for k, t in out[:cut])
+    after = "".join(t for k, t in out[cut + 1 :] if k == "content")
+    assert before == "I reason about </thi and this"
+    assert after == "The answer. A literal </think> stays text."

@@ -17,7 +17,9 @@ from typing import Any
 import httpx
 import openai
 
-from app.backend.chat.events import ChatEvent, ContentDelta, Finished, ReasoningDelta, StreamError, UsageReport
+from app.backend.chat.events import (
+    ChatEvent, ContentDelta, Finished, ReasoningDelta, ReclassifyAsReasoning, StreamError, UsageReport,
+)
 from app.backend.chat.think import ThinkSplitter
 
 API_KEY_NONE = "EMPTY"  # vLLM without --api-key accepts any key; the SDK insists on one
@@ -172,8 +174,7 @@ class ChatStream:
                 yield StreamError(kind, _broken_message(exc), time.monotonic())
                 return
         now = time.monotonic()
-        for kind, text in splitter.flush():
-            yield (ReasoningDelta if kind == "reasoning" else ContentDelta)(text, now)
+        yield from _split_events(splitter.flush(), now)
         if self._aborted.is_set():
             yield StreamError("aborted", "stopped by the user", now)
         elif finish is None:
@@ -202,7 +203,14 @@ def _delta_events(delta: Any, splitter: ThinkSplitter, now: float) -> Iterator[C
         yield ReasoningDelta(str(reasoning), now)
     content = delta.get("content")
     if content:
-        for kind, text in splitter.feed(content):
+        yield from _split_events(splitter.feed(str(content)), now)
+
+
+def _split_events(parts: list[tuple[str, str]], now: float) -> Iterator[ChatEvent]:
+    for kind, text in parts:
+        if kind == "reclassify":
+            yield ReclassifyAsReasoning(now)
+        else:
             yield (ReasoningDelta if kind == "reasoning" else ContentDelta)(text, now)
 
 

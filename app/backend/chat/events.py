@@ -23,6 +23,14 @@ class ContentDelta:
 
 
 @dataclass(frozen=True)
+class ReclassifyAsReasoning:
+    """Everything streamed as answer so far was thinking (a `</think>` arrived with no `<think>`:
+    the chat template opened the tag in the prompt)."""
+
+    t: float
+
+
+@dataclass(frozen=True)
 class UsageReport:
     """The final usage chunk (`stream_options.include_usage`): choices == [], usage set."""
 
@@ -51,4 +59,4 @@ class StreamError:
     status_code: int | None = None
 
 
-ChatEvent = Union[ReasoningDelta, ContentDelta, UsageReport, Finished, StreamError]
+ChatEvent = Union[ReasoningDelta, ContentDelta, ReclassifyAsReasoning, UsageReport, Finished, StreamError]

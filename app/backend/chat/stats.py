@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.backend.chat.events import ChatEvent, ContentDelta, ReasoningDelta, UsageReport
+from app.backend.chat.events import ChatEvent, ContentDelta, ReasoningDelta, ReclassifyAsReasoning, UsageReport
 from app.backend.chat.models import MessageStats
 
 
@@ -30,6 +30,10 @@ class StatsRecorder:
                 self.first_reasoning = event.t
             if isinstance(event, ContentDelta) and self.first_content is None:
                 self.first_content = event.t
+        elif isinstance(event, ReclassifyAsReasoning):
+            if self.first_reasoning is None:
+                self.first_reasoning = self.first_content
+            self.first_content = None
         elif isinstance(event, UsageReport):
             self.usage = event
 

@@ -13,7 +13,9 @@ from typing import Literal
 OPEN_TAG = "<think>"
 CLOSE_TAG = "</think>"
 
-Kind = Literal["reasoning", "content"]
+# "reclassify": a `</think>` came with no `<think>` before it — the chat template put the opening tag
+# in the prompt (DeepSeek-R1 style), so everything streamed as answer so far was thinking.
+Kind = Literal["reasoning", "content", "reclassify"]
 
 
 def _partial_suffix(text: str, tag: str) -> int:
@@ -31,6 +33,7 @@ class ThinkSplitter:
     inside: bool = False
     _held: str = ""
     _after_close: bool = False  # drop the blank lines a model puts between </think> and the answer
+    _tag_seen: bool = False
 
     def feed(self, chunk: str) -> list[tuple[Kind, str]]:
         text = self._held + chunk
@@ -45,14 +48,25 @@ class ThinkSplitter:
             tag = CLOSE_TAG if self.inside else OPEN_TAG
             kind: Kind = "reasoning" if self.inside else "content"
             idx = text.find(tag)
+            orphan = -1 if (self._tag_seen or self.inside) else text.find(CLOSE_TAG)
+            if orphan >= 0 and (idx < 0 or orphan < idx):
+                if orphan:
+                    out.append(("content", text[:orphan]))
+                out.append(("reclassify", ""))
+                text = text[orphan + len(CLOSE_TAG) :]
+                self._tag_seen = self._after_close = True
+                continue
             if idx >= 0:
                 if idx:
                     out.append((kind, text[:idx]))
                 text = text[idx + len(tag) :]
                 self._after_close = self.inside
                 self.inside = not self.inside
+                self._tag_seen = True
                 continue
             keep = _partial_suffix(text, tag)
+            if not (self._tag_seen or self.inside):
+                keep = max(keep, _partial_suffix(text, CLOSE_TAG))
             emit = text[: len(text) - keep] if keep else text
             if emit:
                 out.append((kind, emit))

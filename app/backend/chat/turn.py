@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.backend.chat.client import ChatStream
-from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, StreamError, UsageReport
+from app.backend.chat.events import (
+    ContentDelta, Finished, ReasoningDelta, ReclassifyAsReasoning, StreamError, UsageReport,
+)
 from app.backend.chat.models import Message, MessageStats
 from app.backend.chat.stats import StatsRecorder
 
@@ -102,6 +104,11 @@ class Turn:
                     elif isinstance(ev, ContentDelta):
                         self._content.append(ev.text)
                         self._phase = "answering"
+                        self._version += 1
+                    elif isinstance(ev, ReclassifyAsReasoning):
+                        self._reasoning.append(self._content.text())
+                        self._content = _Buffer()
+                        self._phase = "thinking"
                         self._version += 1
                     elif isinstance(ev, (Finished, StreamError)):
                         final = ev
