@@ -9,17 +9,18 @@ import sys
 from app.backend.recipe import RecipeError
 from app.backend.recipe.command import CommandError
 
-# Subcommand modules, in help order. Each defines register(subparsers) and sets `func` on its parser.
-SUBCOMMANDS = [
-    "app.cli.serve",
-    "app.cli.command",
-    "app.cli.download",
-    "app.cli.engine",
-    "app.cli.telemetry",
-    "app.cli.trace",
-    "app.cli.chat",
-    "app.cli.simulate",
-]
+# Subcommands: name -> (module, one-line help). Only the chosen subcommand's module is imported, so a
+# quick command does not pay for the others' heavy imports (openai, gradio, docker...).
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("app.cli.serve", "start the web panel (http://127.0.0.1:7860)"),
+    "command": ("app.cli.command", "print the docker run for a profile"),
+    "download": ("app.cli.download", "download, verify and extract the recipe's artifacts"),
+    "engine": ("app.cli.engine", "control the serving engine (Docker container)"),
+    "telemetry": ("app.cli.telemetry", "print GPU + host samples (NVML, psutil)"),
+    "trace": ("app.cli.trace", "read the engine's FP4 pool trace ([delta] tick lines)"),
+    "chat": ("app.cli.chat", "stream one answer from the engine (or any OpenAI-compatible server)"),
+    "simulate-engine": ("app.cli.simulate", "run the SIMULATED engine (no GPU) or build its Docker image"),
+}
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -28,22 +29,22 @@ def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", metavar="DIR", help="data dir (env MOET_PANEL_DATA_DIR; default from recipe)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser for `only` (or for every subcommand when None); others get a help-only stub."""
     parser = argparse.ArgumentParser(prog="moet-panel", description="Control panel for a vLLM-Moet GPU box.")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # subcommand not part of this build
-                continue
-            raise
-        module.register(subs)
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        if only is None or name == only:
+            importlib.import_module(module).register(subs)
+        else:
+            subs.add_parser(name, help=help_text)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), "")
+    parser = build_parser(only=chosen if chosen in SUBCOMMANDS else "")
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
