@@ -85,3 +85,12 @@ def test_hint_pool_not_loaded_carries_the_card_warning() -> None:
 
 def test_image_missing_from_docker_text() -> None:
     assert classify(None, False, ["404 Client Error: Not Found (\"No such image: vllm-moet-sm120:v026\")"]).reason == "image_missing"
+
+
+def test_clean_shutdown_outside_the_panel_is_not_called_a_crash() -> None:
+    lines = ["(APIServer pid=1) INFO: 127.0.0.1:1 - GET /metrics 200 OK", "INFO:     Shutting down",
+             "INFO:     Waiting for application shutdown.", "INFO:     Finished server process [1]"]
+    d = classify(0, False, lines)
+    assert d.reason == "stopped_outside_panel"
+    assert "Shutting down" in " ".join(d.evidence)
+    assert classify(0, False, ["some other line"]).reason == "unexpected_exit"

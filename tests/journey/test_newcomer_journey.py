@@ -167,7 +167,9 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: Any) -> None:
 
     # Telemetry tab renders live plots.
     page.get_by_role("tab", name="Telemetry").click()
-    page.wait_for_selector("#telemetry-details-box")
+    page.wait_for_function("() => document.querySelector('#telemetry-details')?.innerText.includes('slots filled')")
+    _poll(lambda: page.locator("#telemetry-plot-vram canvas, #telemetry-plot-vram svg.marks").count() > 0,
+          "the VRAM plot to draw", page=page)
     _shot(page, "06-telemetry")
 
     # Reload: state, history and the running engine are all still there.

@@ -133,6 +133,8 @@ def classify(
         return _with_evidence(KILLED, tail[-3:])
     if cache_miss:
         return _with_evidence(CACHE_MISS, _grep(tail, re.compile(r"planes built|planes cache")))
+    if exit_code in (0, 143) and _grep(tail, _CLEAN_SHUTDOWN_RE):
+        return _with_evidence(STOPPED_OUTSIDE, _grep(tail, _CLEAN_SHUTDOWN_RE))
     code = "unknown" if exit_code is None else str(exit_code)
     return Diagnosis(
         "unexpected_exit", f"Engine exited unexpectedly (exit code {code})",
@@ -164,6 +166,14 @@ def _host_oom(cache_miss: bool) -> Diagnosis:
         "" + CARD_PIN + " Otherwise add host RAM (≥ 64 GB) or stop other memory users.",
     )
 
+
+# uvicorn's orderly shutdown: someone ran `docker stop` (SIGTERM) on a healthy engine.
+_CLEAN_SHUTDOWN_RE = re.compile(r"Shutting down|Finished server process")
+STOPPED_OUTSIDE = Diagnosis(
+    "stopped_outside_panel", "Engine was stopped outside the panel",
+    "The engine shut down cleanly (SIGTERM, e.g. `docker stop`), but not through the panel.",
+    "Nothing is broken: start it again from the Engine tab (or `moet-panel engine start`).",
+)
 
 KILLED = Diagnosis(
     "killed", "Engine killed (SIGKILL, exit 137)",

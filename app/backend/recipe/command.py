@@ -52,26 +52,28 @@ class RunSpec:
     def labels_dict(self) -> dict[str, str]:
         return dict(self.labels)
 
+    def head(self) -> list[str]:
+        """`docker run -d --name … --gpus … --network … --ipc … --shm-size …` (the card's first line)."""
+        out = ["docker", "run", "-d", "--name", self.name]
+        for flag, value in (("--gpus", self.gpus), ("--network", self.network), ("--ipc", self.ipc),
+                            ("--shm-size", self.shm_size)):
+            if value:
+                out += [flag, value]
+        return out
+
+    def option_pairs(self) -> list[tuple[str, str]]:
+        """The repeated options in the card's order: labels, mounts, env."""
+        pairs = [("--label", f"{k}={v}") for k, v in self.labels]
+        pairs += [("-v", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")) for m in self.mounts]
+        pairs += [("-e", f"{k}={v}") for k, v in self.env]
+        return pairs
+
     def argv(self) -> list[str]:
         """The full `docker run` argument vector (what a user would type)."""
-        out = ["docker", "run", "-d", "--name", self.name]
-        if self.gpus:
-            out += ["--gpus", self.gpus]
-        if self.network:
-            out += ["--network", self.network]
-        if self.ipc:
-            out += ["--ipc", self.ipc]
-        if self.shm_size:
-            out += ["--shm-size", self.shm_size]
-        for k, v in self.labels:
-            out += ["--label", f"{k}={v}"]
-        for m in self.mounts:
-            out += ["-v", f"{m.source}:{m.target}" + (":ro" if m.read_only else "")]
-        for k, v in self.env:
-            out += ["-e", f"{k}={v}"]
-        out.append(self.image)
-        out += list(self.args)
-        return out
+        out = self.head()
+        for flag, value in self.option_pairs():
+            out += [flag, value]
+        return out + [self.image, *self.args]
 
 
 class CommandError(ValueError):
@@ -218,21 +220,8 @@ def build_run_spec(
 def render_shell(spec: RunSpec) -> str:
     """Card-style multi-line shell text; every value quoted with shlex."""
     lines: list[str] = [f"# {opt}  — added by moet-panel: {why}" for opt, why in spec.additions]
-    head = ["docker", "run", "-d", "--name", spec.name]
-    if spec.gpus:
-        head += ["--gpus", spec.gpus]
-    if spec.network:
-        head += ["--network", spec.network]
-    if spec.ipc:
-        head += ["--ipc", spec.ipc]
-    if spec.shm_size:
-        head += ["--shm-size", spec.shm_size]
-    body = [" ".join(shlex.quote(x) for x in head)]
-    body += [f"  --label {shlex.quote(f'{k}={v}')}" for k, v in spec.labels]
-    body += [
-        f"  -v {shlex.quote(f'{m.source}:{m.target}' + (':ro' if m.read_only else ''))}" for m in spec.mounts
-    ]
-    body += [f"  -e {shlex.quote(f'{k}={v}')}" for k, v in spec.env]
+    body = [" ".join(shlex.quote(x) for x in spec.head())]
+    body += [f"  {flag} {shlex.quote(value)}" for flag, value in spec.option_pairs()]
     body.append(f"  {shlex.quote(spec.image)}")
     args = list(spec.args)
     chunks: list[str] = []

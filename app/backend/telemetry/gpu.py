@@ -13,30 +13,18 @@ from typing import Callable, Literal
 from app.backend.engine.types import EngineSnapshot
 from app.backend.settings import Settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader, SimulatedGpuReader
-from app.backend.telemetry.gpu_types import GpuReader, GpuSample
+from app.backend.telemetry.gpu_types import GpuReader, GpuSample, ReaderStatus
 from app.backend.telemetry.nvml import NO_LIBRARY, NvmlGpuReader
 
 ENV_GPU = "MOET_PANEL_GPU"
 GpuMode = Literal["nvml", "simulated", "none"]
 
 
-class NoGpuReader:
+class NoGpuReader(ReaderStatus):
     """The "no GPU" state: available False, a sentence saying why, no samples."""
 
     def __init__(self, error: str = NO_LIBRARY) -> None:
-        self._error = error
-
-    @property
-    def available(self) -> bool:
-        return False
-
-    @property
-    def error(self) -> str:
-        return self._error
-
-    @property
-    def simulated(self) -> bool:
-        return False
+        self._error = error or NO_LIBRARY  # never "available"
 
     def read(self) -> list[GpuSample]:
         return []

@@ -19,15 +19,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from app.backend.engine.types import EngineSnapshot, EngineState
-from app.backend.telemetry.gpu_types import GpuProcess, GpuSample
+from app.backend.telemetry.gpu_types import GpuProcess, GpuSample, ReaderStatus
 
 GIB = 2**30
 SIM_NAME = "RTX PRO 6000 (SIMULATED)"
 SIM_UUID = "GPU-00000000-5151-4d55-4c41-544544000000"
 
 
-class SimulatedGpuReader:
+class SimulatedGpuReader(ReaderStatus):
     """A deterministic pretend card driven by the engine's lifecycle; clearly labelled SIMULATED."""
+
+    _simulated = True
 
     def __init__(
         self,
@@ -47,18 +49,6 @@ class SimulatedGpuReader:
         self._release_s = max(release_s, 0.1)
         self._clock = clock
         self._reserved = 0.45  # GiB the driver keeps for itself on a real card
-
-    @property
-    def available(self) -> bool:
-        return True
-
-    @property
-    def error(self) -> str:
-        return ""
-
-    @property
-    def simulated(self) -> bool:
-        return True
 
     def _snapshot(self) -> EngineSnapshot:
         if self.engine_snapshot_fn is None:
@@ -151,7 +141,7 @@ def sample_from_dict(d: dict[str, Any], index: int = 0) -> GpuSample:
     return GpuSample(**data)
 
 
-class FakeGpuReader:
+class FakeGpuReader(ReaderStatus):
     """Scriptable reader: each read() returns the next frame (the last one repeats).
 
     Examples:
@@ -179,18 +169,6 @@ class FakeGpuReader:
     @classmethod
     def from_json(cls, path: str | Path) -> FakeGpuReader:
         return cls.from_dict(json.loads(Path(path).read_text()))
-
-    @property
-    def available(self) -> bool:
-        return not self._error
-
-    @property
-    def error(self) -> str:
-        return self._error
-
-    @property
-    def simulated(self) -> bool:
-        return False
 
     def push(self, frame: list[GpuSample] | list[dict[str, Any]]) -> None:
         """Append a frame (tests drive VRAM over time this way)."""

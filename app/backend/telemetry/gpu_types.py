@@ -57,3 +57,22 @@ class GpuReader(Protocol):
         ...
 
     def read(self) -> list[GpuSample]: ...
+
+
+class ReaderStatus:
+    """`available` / `error` / `simulated` derived from one `_error` sentence (shared by the readers)."""
+
+    _error: str = ""
+    _simulated: bool = False
+
+    @property
+    def available(self) -> bool:
+        return not self._error
+
+    @property
+    def error(self) -> str:
+        return self._error
+
+    @property
+    def simulated(self) -> bool:
+        return self._simulated

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from app.backend.telemetry.gpu_types import GpuProcess, GpuSample
+from app.backend.telemetry.gpu_types import GpuProcess, GpuSample, ReaderStatus
 
 # Throttle ("clocks event") reason bits → short names (nvml.h nvmlClocksThrottleReason*).
 THROTTLE_BITS: tuple[tuple[int, str], ...] = (
@@ -38,7 +38,7 @@ def decode_throttle(mask: int | None) -> tuple[str, ...]:
     return tuple(name for bit, name in THROTTLE_BITS if mask & bit)
 
 
-class NvmlGpuReader:
+class NvmlGpuReader(ReaderStatus):
     """GpuReader over the real driver. Construct once; `read()` from one (sampler) thread."""
 
     def __init__(
@@ -65,18 +65,6 @@ class NvmlGpuReader:
         self._init()
 
     # -- GpuReader protocol -------------------------------------------------------------------
-    @property
-    def available(self) -> bool:
-        return not self._error
-
-    @property
-    def error(self) -> str:
-        return self._error
-
-    @property
-    def simulated(self) -> bool:
-        return False
-
     def read(self) -> list[GpuSample]:
         if self._error:
             return []
