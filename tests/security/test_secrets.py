@@ -89,3 +89,33 @@ def test_engine_status_never_shows_the_token(tmp_path: Path) -> None:
     out = proc.stdout + proc.stderr
     assert out.strip(), "engine status printed nothing"
     assert TOKEN not in out
+
+
+def test_exported_chats_never_show_the_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real answer from the SIMULATED engine, exported both ways, with the token in the environment."""
+    import io
+
+    from app.backend.chat.client import SamplingParams
+    from app.backend.chat.service import ChatService
+    from app.backend.engine.types import EngineSnapshot, EngineState
+    from app.backend.settings import resolve_settings
+    from app.backend.simengine import SimEngineConfig, SimEngineServer
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    sim = SimEngineServer(SimEngineConfig(port=0, boot_s=0.0, decode_tok_s=2000.0), log=io.StringIO()).start()
+    settings = resolve_settings(demo=True, data_dir=tmp_path / "data")
+    snap = EngineSnapshot(state=EngineState.READY, profile_id="quality", base_url=sim.base_url,
+                          served_name=sim.config.served_name, simulated=True)
+    chat = ChatService(settings.recipe, settings.ensure_state_dir(), snapshot_fn=lambda: snap)
+    try:
+        assert sim.wait_ready(10)
+        conv = chat.new_conversation(system_prompt="be brief")
+        turn = chat.send(conv.id, "What does the FP4 pool do?", SamplingParams(1.0, 1.0, 0.05, max_tokens=64))
+        assert turn.done.wait(30), "the answer never finished"
+        exported = chat.export_json(conv.id) + chat.export_markdown(conv.id)
+        assert "FP4 pool" in exported and "profile" in exported.lower()  # the export is real
+        assert TOKEN not in exported
+        assert TOKEN not in (settings.state_dir / "chat.sqlite").read_bytes().decode("latin-1")
+    finally:
+        chat.close()
+        sim.stop()
