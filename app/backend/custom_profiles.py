@@ -34,7 +34,7 @@ ARG_WHITELIST: dict[str, bool] = {
     "--enforce-eager": False,
     "--speculative-config": True,
 }
-_NUMERIC_ARGS = {"--max-model-len", "--max-num-seqs"}
+_NUMERIC_ARGS = frozenset({"--max-model-len", "--max-num-seqs"})
 
 
 class CustomProfileError(ValueError):

@@ -1,4 +1,4 @@
-"""Panel settings: every MOET_PANEL_* environment variable is read here, once, and nowhere else.
+"""Panel settings. Every MOET_PANEL_* environment variable is named here (one table, one place to look).
 
 | variable | meaning | default |
 |---|---|---|
@@ -6,6 +6,7 @@
 | MOET_PANEL_DATA_DIR | data dir: artifacts + the panel's own state (`.moet-panel/`) | the recipe's default_data_dir |
 | MOET_PANEL_DEMO | `1` forces demo mode (simulated engine) | auto: on when no usable GPU/Docker |
 | MOET_PANEL_AUTH_FILE | credentials file for the web UI (see README) | unset |
+| MOET_PANEL_GPU | `nvml` / `simulated` / `none`: force the GPU reader | auto: NVML, else SIMULATED in demo mode |
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ ENV_RECIPE = "MOET_PANEL_RECIPE"
 ENV_DATA_DIR = "MOET_PANEL_DATA_DIR"
 ENV_DEMO = "MOET_PANEL_DEMO"
 ENV_AUTH_FILE = "MOET_PANEL_AUTH_FILE"
+ENV_GPU = "MOET_PANEL_GPU"  # read by app.backend.telemetry.gpu when it picks a reader
 STATE_SUBDIR = ".moet-panel"
 
 

@@ -11,12 +11,11 @@ import os
 from typing import Callable, Literal
 
 from app.backend.engine.types import EngineSnapshot
-from app.backend.settings import Settings
+from app.backend.settings import ENV_GPU, Settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader, SimulatedGpuReader
 from app.backend.telemetry.gpu_types import GpuReader, GpuSample, ReaderStatus
 from app.backend.telemetry.nvml import NO_LIBRARY, NvmlGpuReader
 
-ENV_GPU = "MOET_PANEL_GPU"
 GpuMode = Literal["nvml", "simulated", "none"]
 
 
