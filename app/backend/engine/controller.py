@@ -211,12 +211,7 @@ class EngineController(LogFollowing):
         """Stop the panel's threads. The engine keeps running (it outlives the panel)."""
         self._closed = True
         self._wake.set()
-        with self._lock:
-            follow, self._follow = self._follow, None
-            self._run_token += 1
-        if follow is not None:
-            follow.close()
-        self.logs.end_run()
+        self._end_follow()
 
     # == operations (worker thread) ===========================================================
     def _submit(self, action: str, profile_id: str | None, fn: Callable[[Ticket], None]) -> Ticket:
