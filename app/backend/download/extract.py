@@ -1,4 +1,4 @@
-"""Streaming extraction: verified parts (in order) -> zstd stream_reader -> tarfile "r|" -> files.
+"""Streaming extraction: verified parts (in order) -> zstd (CLI process, else stream_reader) -> tarfile "r|" -> files.
 
 Member by member, each checked by safety.check_member and PEP 706's data filter. Regular files are
 written by us (large writes, holes kept for sparse members) to `.<name>.moet-partial` and renamed
@@ -16,10 +16,11 @@ import tarfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import zstandard
 
+from app.backend.download.native_zstd import NativeZstd, zstd_cli
 from app.backend.download.safety import apply_data_filter, check_member
 from app.backend.download.types import DownloadError, SpaceError, Stopped, UnsafeArchiveError
 
@@ -67,7 +68,7 @@ def extract_stream(source: io.RawIOBase, dest: Path, done: dict[str, int], hooks
 
 
 class _Decompressor(io.RawIOBase):
-    """zstd `stream_reader` running in its own thread, a bounded queue ahead of the tar writer.
+    """zstd decompression (native_zstd, or `stream_reader`) in its own thread, a bounded queue ahead of the tar writer.
 
     Decompression and file writes overlap (both release the GIL), like `zstd -d | tar -x`. Data
     goes into a small pool of reused buffers (no per-chunk allocation) and member data is written
@@ -89,8 +90,13 @@ class _Decompressor(io.RawIOBase):
 
     def _produce(self, source: io.RawIOBase) -> None:
         try:
-            dctx = zstandard.ZstdDecompressor()
-            with dctx.stream_reader(source, read_size=1 << 20, read_across_frames=True, closefd=False) as zr:
+            exe = zstd_cli()
+            if exe is not None:  # the CLI in its own process; python-zstandard when it is missing
+                zr: Any = NativeZstd(source, exe)
+            else:
+                zr = zstandard.ZstdDecompressor().stream_reader(source, read_size=1 << 20, read_across_frames=True,
+                                                                closefd=False)
+            with zr:
                 while True:
                     buf = self._wait(self.free)
                     n = zr.readinto(buf)
