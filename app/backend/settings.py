@@ -32,6 +32,7 @@ class Settings:
     recipe: Recipe
     data_dir: Path
     demo: bool = False
+    demo_reason: str = ""  # why demo mode is on (shown on the page), '' when not known or not demo
 
     @property
     def state_dir(self) -> Path:
@@ -43,7 +44,8 @@ class Settings:
         return self.state_dir
 
 
-def resolve_settings(recipe: str | Path | None = None, data_dir: str | Path | None = None, demo: bool = False) -> Settings:
+def resolve_settings(recipe: str | Path | None = None, data_dir: str | Path | None = None, demo: bool = False,
+                     demo_reason: str = "") -> Settings:
     """Combine CLI flags, environment and recipe defaults (flags win over env, env over defaults).
 
     Raises:
@@ -56,4 +58,5 @@ def resolve_settings(recipe: str | Path | None = None, data_dir: str | Path | No
     loaded = load_recipe(recipe_path)
     raw_dir = str(data_dir or os.environ.get(ENV_DATA_DIR) or loaded.default_data_dir)
     resolved = Path(validate_data_dir(str(Path(raw_dir).expanduser().absolute())))
-    return Settings(recipe_path=recipe_path, recipe=loaded, data_dir=resolved, demo=demo or loaded.simulated)
+    return Settings(recipe_path=recipe_path, recipe=loaded, data_dir=resolved, demo=demo or loaded.simulated,
+                    demo_reason=demo_reason)

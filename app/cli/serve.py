@@ -81,7 +81,7 @@ def plan(args: argparse.Namespace, probe: object | None = None) -> Plan:
     demo = bool(demo_reason)
     data_dir = args.data_dir or os.environ.get(ENV_DATA_DIR) or (str(demo_data_dir()) if demo else None)
     recipe = args.recipe or os.environ.get(ENV_RECIPE)  # demo without a recipe → simulated.toml
-    settings = resolve_settings(recipe, data_dir, demo=demo)
+    settings = resolve_settings(recipe, data_dir, demo=demo, demo_reason=demo_reason)
     return Plan(settings=settings, demo_reason=demo_reason, host=host, port=port, auth_file=auth_file)
 
 

@@ -8,6 +8,7 @@ Tab modules only call backend services on `state`; they never talk to Docker/NVM
 
 from __future__ import annotations
 
+import html
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,9 +50,11 @@ def build_ui(state: AppState) -> gr.Blocks:
                 raise
             header = None
         if state.settings.recipe.simulated or state.settings.demo:
+            why = state.settings.demo_reason
             gr.HTML(
                 '<div class="moet-sim-banner" role="status">SIMULATED — demo mode: the engine, GPU and Hub on '
-                "this page are simulated stand-ins; figures shown are the model card's.</div>",
+                "this page are simulated stand-ins; figures shown are the model card's."
+                + (f"<br><small>Why demo mode: {html.escape(why)}</small>" if why else "") + "</div>",
                 elem_id="sim-banner",
             )
         # The header strip sits above the tabs; it needs the shared timer but not the Tabs object.

@@ -65,7 +65,8 @@ def journey(tmp_path: Path, artifact: Any) -> Iterator[tuple[str, AppState]]:  #
 
     client = docker.from_env()
     hub = start_hub(artifact, rate_cap_bps=400_000)  # a few seconds of visible progress
-    settings = resolve_settings(_recipe_on_port(tmp_path, free_port()), tmp_path / "data", demo=True)
+    settings = resolve_settings(_recipe_on_port(tmp_path, free_port()), tmp_path / "data", demo=True,
+                                demo_reason="no usable NVIDIA GPU (journey test)")
     settings.ensure_state_dir()
     state = build_app_state(settings)
     state.downloads.close()
@@ -107,6 +108,7 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: Any) -> None:
     page.goto(url)
     page.wait_for_selector("#moet-header")
     assert "SIMULATED" in page.locator("#sim-banner").inner_text()
+    assert "Why demo mode: no usable NVIDIA GPU" in page.locator("#sim-banner").inner_text()
     assert not unlabelled_controls(page), unlabelled_controls(page)
     _shot(page, "01-open")
 

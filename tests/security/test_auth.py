@@ -49,6 +49,7 @@ def test_loopback_is_the_default_and_demo_data_dir_is_per_user(clean_env: Path) 
     assert p.host == "127.0.0.1" and p.port == 7860 and p.auth_file is None
     assert p.settings.demo and p.settings.recipe.simulated
     assert p.settings.data_dir == clean_env / "share" / "moet-panel" / "demo"
+    assert p.settings.demo_reason == p.demo_reason != ""  # the page shows it (app.ui.app sim banner)
 
 
 def test_real_hardware_uses_the_card_recipe_and_its_data_dir(clean_env: Path) -> None:
