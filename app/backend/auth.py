@@ -16,7 +16,10 @@ import os
 import re
 import secrets
 import stat
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P, DKLEN = 2**14, 8, 1, 32
@@ -109,14 +112,46 @@ def add_user(path: Path, name: str, password: str) -> None:
     os.replace(tmp, path)
 
 
-def make_checker(users: dict[str, str]) -> Callable[[str, str], bool]:
-    """Gradio `auth=` callable. Unknown users cost the same scrypt work as known ones (no user probing)."""
+@dataclass
+class LoginThrottle:
+    """Slows password guessing: after `free_failures` consecutive failures, every attempt is refused
+    (without checking) until a lockout that doubles per further failure has passed (capped)."""
+
+    free_failures: int = 5
+    max_lockout_s: float = 300.0
+    clock: Callable[[], float] = time.monotonic
+    failures: int = 0
+    locked_until: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def allowed(self) -> bool:
+        with self._lock:
+            return self.clock() >= self.locked_until
+
+    def record(self, ok: bool) -> None:
+        with self._lock:
+            if ok:
+                self.failures, self.locked_until = 0, 0.0
+                return
+            self.failures += 1
+            extra = self.failures - self.free_failures
+            if extra >= 0:
+                self.locked_until = self.clock() + min(2.0 ** extra, self.max_lockout_s)
+
+
+def make_checker(users: dict[str, str], throttle: LoginThrottle | None = None) -> Callable[[str, str], bool]:
+    """Gradio `auth=` callable. Unknown users cost the same scrypt work as known ones (no user probing);
+    repeated failures lock logins out for a growing time (Gradio's login has no rate limit of its own)."""
     dummy = hash_password(secrets.token_hex(8))
+    gate = throttle or LoginThrottle()
 
     def check(username: str, password: str) -> bool:
+        if not gate.allowed():
+            return False
         encoded = users.get(username)
-        ok = verify_password(password or "", encoded or dummy)
-        return ok and encoded is not None
+        ok = verify_password(password or "", encoded or dummy) and encoded is not None
+        gate.record(ok)
+        return ok
 
     return check
 
