@@ -114,18 +114,23 @@ def launch_panel(data_dir: Path, *, recipe: str | Path | None = None, auth: Any 
     from app.backend.recipe import SIMULATED_RECIPE
     from app.backend.settings import resolve_settings
     from app.backend.state import build_app_state
-    from app.ui.app import build_ui, launch
 
     settings = resolve_settings(recipe or SIMULATED_RECIPE, data_dir, demo=demo)
     settings.ensure_state_dir()
-    state = build_app_state(settings)
+    return launch_state(build_app_state(settings), auth=auth)
+
+
+def launch_state(state: Any, *, auth: Any = None) -> Panel:
+    """Build and launch the UI for a prepared AppState; the state is closed if the launch fails."""
+    from app.ui.app import build_ui, launch
+
     try:
         blocks = build_ui(state)
         url = launch(blocks, "127.0.0.1", free_port(), auth)
     except BaseException:
         state.close()
         raise
-    return Panel(url=url.rstrip("/"), state=state, blocks=blocks, data_dir=Path(data_dir))
+    return Panel(url=url.rstrip("/"), state=state, blocks=blocks, data_dir=Path(state.settings.data_dir))
 
 
 def close_panel(panel: Panel) -> None:

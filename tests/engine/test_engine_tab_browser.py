@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from app.backend.settings import Settings
-from tests.conftest import ARTIFACTS, free_port
+from tests.conftest import ARTIFACTS, close_panel, free_port, launch_state
 
 from .conftest import TEST_LABEL, sim_recipe
 
@@ -18,7 +18,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.docker, pytest.mark.slow]
 def engine_panel(docker_client, tmp_path: Path):
     from app.backend.recipe import SIMULATED_RECIPE
     from app.backend.state import build_app_state
-    from app.ui.app import build_ui, launch
 
     recipe = sim_recipe(free_port())
     settings = Settings(SIMULATED_RECIPE, recipe, tmp_path / "data", True)
@@ -26,15 +25,15 @@ def engine_panel(docker_client, tmp_path: Path):
     state = build_app_state(settings)
     state.engine.options.extra_env = {"MOET_SIM_BOOT_S": "1"}
     state.engine.options.extra_labels = dict(TEST_LABEL)
-    blocks = None
+    panel = None
     try:
-        blocks = build_ui(state)
-        url = launch(blocks, "127.0.0.1", free_port(), None)
-        yield url.rstrip("/"), state
+        panel = launch_state(state)
+        yield panel.url, state
     finally:
-        if blocks is not None:
-            blocks.close()
-        state.close()
+        if panel is not None:
+            close_panel(panel)
+        else:
+            state.close()
         for c in docker_client.containers.list(all=True, filters={"label": f"moet-panel.recipe={recipe.id}"}):
             c.remove(force=True)
 

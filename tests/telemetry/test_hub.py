@@ -67,11 +67,13 @@ def test_background_thread_samples_and_stops(settings) -> None:
         while hub.latest().seq < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert hub.latest().seq >= 3
+        thread = hub._thread
     finally:
         hub.close()
+    assert thread is not None and not thread.is_alive()  # close() joined the sampler: it really stopped
     n = reader.read_count
-    time.sleep(0.2)
-    assert reader.read_count == n  # thread really stopped
+    hub.latest()  # reading the cache never samples
+    assert reader.read_count == n
 
 
 def test_engine_attached_later_and_recent_logs_replayed(settings) -> None:
