@@ -1,0 +1,82 @@
+"""extract_stream on its own: multi-frame input, truncated archives refused, source errors surfaced."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from app.backend.download.extract import ExtractHooks, extract_stream
+from app.backend.download.types import DownloadError
+from app.backend.simhub.artifacts import file_digest_tree
+
+
+def _hooks() -> ExtractHooks:
+    return ExtractHooks(on_bytes=lambda n: None, on_file=lambda *a: None, on_skip=lambda *a: None,
+                        stop=threading.Event())
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+FILES = {"top/a.bin": os.urandom(300_000), "top/b.bin": b"moet" * 200_000, "top/c.bin": os.urandom(5000)}
+
+
+def _member_end(raw: bytes, name: str) -> int:
+    """Offset just after `name`'s data (a member boundary)."""
+    with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tf:
+        m = tf.getmember(name)
+        return m.offset_data + -(-m.size // 512) * 512
+
+
+def test_the_archive_split_over_several_frames_extracts_whole(tmp_path: Path) -> None:
+    raw = _tar(FILES)
+    cctx = zstandard.ZstdCompressor(write_checksum=True)
+    cut = len(raw) // 3
+    packed = cctx.compress(raw[:cut]) + cctx.compress(raw[cut:])  # concatenated frames
+    extract_stream(io.BytesIO(packed), tmp_path, {}, _hooks())
+    for name, data in FILES.items():
+        assert (tmp_path / name).read_bytes() == data
+
+
+@pytest.mark.parametrize("where", ["member boundary", "inside a member"])
+def test_a_truncated_archive_is_an_error_not_a_short_tree(tmp_path: Path, where: str) -> None:
+    raw = _tar(FILES)
+    end = _member_end(raw, "top/b.bin")
+    short = raw[:end] if where == "member boundary" else raw[:end - 1000]
+    packed = zstandard.ZstdCompressor().compress(short)
+    with pytest.raises(DownloadError, match="truncated|unexpected end"):
+        extract_stream(io.BytesIO(packed), tmp_path, {}, _hooks())
+    assert not (tmp_path / "top/c.bin").exists()
+    if where == "inside a member":
+        assert not (tmp_path / "top/b.bin").exists(), "a member cut short never gets its final name"
+
+
+def test_source_errors_reach_the_extractor(tmp_path: Path) -> None:
+    class Boom(io.RawIOBase):
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b) -> int:  # type: ignore[override]
+            raise RuntimeError("next part never verified")
+
+    with pytest.raises(RuntimeError, match="never verified"):
+        extract_stream(Boom(), tmp_path, {}, _hooks())
+
+
+def test_the_real_artifact_extracts_byte_identical(tmp_path: Path, artifact) -> None:
+    source = io.BytesIO(b"".join(p.read_bytes() for p in artifact.parts))
+    extract_stream(source, tmp_path, {}, _hooks())
+    assert file_digest_tree(tmp_path) == artifact.reference
