@@ -34,7 +34,7 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--endpoint", metavar="URL", help="Hub endpoint (default: HF_ENDPOINT, then the recipe)")
     p.add_argument("--repo", metavar="OWNER/NAME", help="repo (default: the recipe's)")
     p.add_argument("--revision", metavar="REV", help="branch/tag/commit (default: the recipe's)")
-    p.add_argument("--connections", type=int, metavar="N", help="parallel connections (default 6)")
+    p.add_argument("--connections", type=int, metavar="N", help="parallel connections (default 8)")
     p.add_argument("--token-file", metavar="F", help="file holding the HF token (default: HF_TOKEN, HF token file)")
     p.add_argument("--clean", action="store_true", help="remove partial data (staging, unfinished journals) and exit")
     p.add_argument("--staging-gib", type=float, metavar="GIB",

@@ -30,6 +30,7 @@ from app.backend.download.safety import apply_data_filter, check_member
 from app.backend.download.types import DownloadError, SpaceError, Stopped, UnsafeArchiveError
 
 COPY_CHUNK = 4 << 20
+WRITE_SLICE = 256 << 10
 READ_SIZE = 1 << 20  # compressed bytes per read from the verified parts
 TAR_BUFSIZE = 512  # tarfile reads only headers itself (no read-ahead), so data can bypass it
 QUEUE_CHUNKS = 6  # decompressed buffers ahead of the writer: at most 24 MiB
@@ -146,12 +147,19 @@ class _Decompressor(io.RawIOBase):
         return True
 
     def read(self, size: int = -1) -> bytes:
-        """For tarfile's headers (small reads): a copy of the next bytes."""
-        if not self._next():
-            return b""
-        n = len(self.buf) if size < 0 else min(size, len(self.buf))
-        out, self.buf = bytes(self.buf[:n]), self.buf[n:]
-        self.delivered += n
+        """For tarfile's headers (small reads): a copy of exactly the next `size` bytes (fewer only at EOF).
+
+        Exact, even across buffer boundaries (decompressed buffers end where a part ended, not on
+        a tar block): a short read would leave bytes in tarfile's own buffer and push the member
+        data off the copy_to fast path onto tarfile's 512-byte reads.
+        """
+        chunks, want = [], (1 << 62) if size < 0 else size
+        while want > 0 and self._next():
+            n = min(want, len(self.buf))
+            chunks.append(bytes(self.buf[:n]))
+            self.buf, want = self.buf[n:], want - n
+        out = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.delivered += len(out)
         return out
 
     def readinto(self, b) -> int:  # type: ignore[override]
@@ -174,8 +182,7 @@ class _Decompressor(io.RawIOBase):
             left -= len(view)
             self.delivered += len(view)
             hooks.on_bytes(len(view))
-            while view:
-                view = view[os.write(fd, view):]
+            _write_all(fd, view)
             if hooks.stop.is_set():
                 raise Stopped()
 
@@ -239,6 +246,11 @@ def _write_regular(tf: tarfile.TarFile, m: tarfile.TarInfo, mode: int, target: s
                 src.pos += length
             else:
                 _copy(src, fd, length, m.name, hooks)
+        if direct and need % tarfile.BLOCKSIZE:  # skip the padding too: tarfile's own skip would read a whole
+            pad = tarfile.BLOCKSIZE - need % tarfile.BLOCKSIZE  # block and keep the rest, off the fast path
+            if len(tf.fileobj.fileobj.read(pad)) != pad:
+                raise tarfile.ReadError(f"unexpected end of data in {m.name}")
+            src.pos += pad
         os.ftruncate(fd, m.size)
         os.fchmod(fd, mode & 0o7777)
     except OSError as exc:
@@ -262,14 +274,18 @@ def _copy(src: io.RawIOBase, fd: int, length: int, name: str, hooks: ExtractHook
         buf = src.read(min(COPY_CHUNK, left))
         if not buf:
             raise tarfile.ReadError(f"unexpected end of data in {name}")
-        view = memoryview(buf)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        _write_all(fd, memoryview(buf))
         left -= len(buf)
         hooks.on_bytes(len(buf))
         if hooks.stop.is_set():
             raise Stopped()
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    # Slices of WRITE_SLICE: the kernel's copy into the page cache stays within L2. Measured on the
+    # 2-core box, 3 GiB from 4 MiB buffers: 2.3 s of system time in 4 MiB writes, 1.3 s in 256 KiB ones.
+    while view:
+        view = view[os.write(fd, view[:WRITE_SLICE]):]
 
 
 def _fmt(n: float) -> str:

@@ -1,8 +1,7 @@
 """One ranged fetch of `[start, end)` of a part into its staging file, with resume and backoff.
 
 Retries (tenacity) cover dropped/reset connections, short bodies, 5xx, 429 (waiting what the server
-asks) and stalls (httpx's read timeout = no byte for `stall_s`: a per-read watchdog, not a total
-timeout). Every retry resumes at the first missing byte with `Range`. A server that ignores Range
+asks) and stalls (no byte for `stall_s`, ranged.py's watchdog, not a total timeout). Every retry resumes at the first missing byte with `Range`. A server that ignores Range
 and answers 200 is read from the start and the bytes before our offset are discarded.
 The attempt counter resets whenever bytes arrive, so a slow but moving link never gives up.
 """
@@ -12,14 +11,18 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from typing import Any, Callable
 
+import httpx
 from tenacity import Retrying, retry_if_exception
 
 from app.backend.download.hub import HubClient, is_transient, make_wait, raise_for_hub_status
+from app.backend.download.ranged import RangeGetter, Reply, StallError
 from app.backend.download.types import DownloadConfig, DownloadError, PartInfo, Stopped, TransientError
 
-READ_CHUNK = 512 * 1024
+FLUSH_BYTES = 1 << 20
+FLUSH_S = 0.25
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 
@@ -37,7 +40,8 @@ class _NoProgressStop:
         return self.count >= self.limit
 
 
-def fetch_range(hub: HubClient, part: PartInfo, start: int, end: int, fd: int, stop: threading.Event,
+def fetch_range(hub: HubClient, getter: RangeGetter, part: PartInfo, start: int, end: int, fd: int,
+                stop: threading.Event,
                 on_wire: Callable[[int], None], on_useful: Callable[[int], None],
                 on_retry: Callable[[str], None]) -> None:
     """Write bytes [start, end) of `part` at the same offsets of fd. Raises Stopped / DownloadError."""
@@ -58,7 +62,7 @@ def fetch_range(hub: HubClient, part: PartInfo, start: int, end: int, fd: int, s
     try:
         for attempt in retrying:
             with attempt:
-                _one_request(hub, part, pos, end, fd, stop, on_wire, on_useful)
+                _one_request(hub, getter, part, pos, end, fd, stop, on_wire, on_useful)
     except (Stopped, DownloadError):
         raise
     except Exception as exc:
@@ -69,44 +73,102 @@ def fetch_range(hub: HubClient, part: PartInfo, start: int, end: int, fd: int, s
                             "verified data is kept") from None
 
 
-def _one_request(hub: HubClient, part: PartInfo, pos: list[int], end: int, fd: int, stop: threading.Event,
-                 on_wire: Callable[[int], None], on_useful: Callable[[int], None]) -> None:
+class _Staging:
+    """Body bytes -> the part's staging file at their offsets, in writes of up to FLUSH_BYTES.
+
+    libcurl hands the body over in 16 KiB pieces; a write and two progress updates for each cost
+    more CPU than receiving them. Bytes are flushed when the buffer is full, at least every FLUSH_S
+    (progress never looks frozen on a slow link), and after every request, failed ones included.
+    `pos[0]` counts only bytes on disk.
+    """
+
+    def __init__(self, fd: int, pos: list[int], on_wire: Callable[[int], None],
+                 on_useful: Callable[[int], None]) -> None:
+        self.fd, self.pos, self.on_wire, self.on_useful = fd, pos, on_wire, on_useful
+        self.buf, self.n, self.wire, self.at = bytearray(FLUSH_BYTES), 0, 0, time.monotonic()
+
+    @property
+    def position(self) -> int:
+        return self.pos[0] + self.n
+
+    def add(self, view: memoryview, wire: int) -> None:
+        self.wire += wire
+        if self.n + len(view) > len(self.buf):
+            self.flush()
+        if len(view) > len(self.buf):
+            self._write(view)
+        else:
+            self.buf[self.n:self.n + len(view)] = view
+            self.n += len(view)
+        if self.n == len(self.buf) or time.monotonic() - self.at >= FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        self._write(memoryview(self.buf)[:self.n])
+        self.n = 0
+        if self.wire:
+            self.on_wire(self.wire)
+            self.wire = 0
+        self.at = time.monotonic()
+
+    def _write(self, view: memoryview) -> None:
+        if not view:
+            return
+        useful = len(view)
+        while view:
+            k = os.pwrite(self.fd, view, self.pos[0])
+            view = view[k:]
+            self.pos[0] += k
+        self.on_useful(useful)
+
+
+class _Done(Exception):
+    """The wanted range is in: stop reading (a server that ignored Range would send the whole file)."""
+
+
+def _one_request(hub: HubClient, getter: RangeGetter, part: PartInfo, pos: list[int], end: int, fd: int,
+                 stop: threading.Event, on_wire: Callable[[int], None], on_useful: Callable[[int], None]) -> None:
     if stop.is_set():
         raise Stopped()
     res = hub.resolve(part.name)
-    headers = {"Range": f"bytes={pos[0]}-{end - 1}", **hub.headers_for(res.location)}
-    with hub.http.stream("GET", res.location, headers=headers) as r:
-        if r.status_code == 206:
-            m = _CONTENT_RANGE.match(r.headers.get("Content-Range", ""))
-            if not m or int(m.group(1)) != pos[0]:
-                raise TransientError(f"{part.name}: server answered range {r.headers.get('Content-Range')!r} "
-                                     f"for bytes={pos[0]}-")
-            skip = 0
-        elif r.status_code == 200:
-            skip = pos[0]  # Range ignored: the body starts at byte 0
-        elif r.status_code in (401, 403, 404, 410):
-            hub.forget(part.name)  # expired/invalid signed URL: resolve again next attempt
-            raise TransientError(f"{part.name}: download URL answered {r.status_code}; resolving it again")
-        else:
-            raise_for_hub_status(r, hub.cfg, part.name)
-            raise TransientError(f"{part.name}: unexpected HTTP {r.status_code}")
-        for chunk in r.iter_raw():  # unbuffered: bytes read before a drop are kept
-            on_wire(len(chunk))
-            if skip:
-                drop = min(skip, len(chunk))
-                chunk, skip = chunk[drop:], skip - drop
-                if not chunk:
-                    continue
-            chunk = chunk[: end - pos[0]]
-            view = memoryview(chunk)
-            while view:
-                n = os.pwrite(fd, view, pos[0])
-                view = view[n:]
-                pos[0] += n
-            on_useful(len(chunk))
-            if pos[0] >= end:
-                break
-            if stop.is_set():
-                raise Stopped()
+    skip: list[int | None] = [None]  # bytes to drop before ours; None until the first body chunk
+    out = _Staging(fd, pos, on_wire, on_useful)
+
+    def on_body(reply: Reply, chunk: bytes) -> None:
+        if skip[0] is None:
+            skip[0] = 0
+            if reply.status == 206:
+                m = _CONTENT_RANGE.match(reply.headers.get("content-range", ""))
+                if not m or int(m.group(1)) != pos[0]:
+                    raise TransientError(f"{part.name}: server answered range {reply.headers.get('content-range')!r} "
+                                         f"for bytes={pos[0]}-")
+            else:
+                skip[0] = pos[0]  # Range ignored (200): the body starts at byte 0
+        view = memoryview(chunk)
+        if skip[0]:
+            drop = min(skip[0], len(view))
+            view, skip[0] = view[drop:], skip[0] - drop
+        out.add(view[: end - out.position], len(chunk))
+        if out.position >= end:
+            raise _Done()
+
+    headers = {"Range": f"bytes={pos[0]}-{end - 1}", "Accept-Encoding": "identity", **hub.headers_for(res.location)}
+    reply = getter.get(res.location, headers, on_body, stop.is_set)
+    if not isinstance(reply.aborted, OSError):
+        out.flush()  # whatever arrived before a drop is kept
+    if isinstance(reply.aborted, _Done):
+        return
+    if isinstance(reply.aborted, StallError):
+        raise TransientError(f"{part.name}: {reply.aborted}")
+    if reply.aborted is not None:
+        raise reply.aborted  # Stopped, a bad Content-Range, or a disk error from pwrite
+    if reply.status in (401, 403, 404, 410):
+        hub.forget(part.name)  # expired/invalid signed URL: resolve again next attempt
+        raise TransientError(f"{part.name}: download URL answered {reply.status}; resolving it again")
+    if reply.status and not 200 <= reply.status < 300:
+        raise_for_hub_status(httpx.Response(reply.status, headers=reply.headers), hub.cfg, part.name)
+        raise TransientError(f"{part.name}: unexpected HTTP {reply.status}")
+    if reply.transport_error:
+        raise TransientError(f"{part.name}: {reply.transport_error}")
     if pos[0] < end:
         raise TransientError(f"{part.name}: connection ended early at byte {pos[0]} (wanted up to {end})")

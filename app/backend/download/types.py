@@ -32,7 +32,7 @@ class DownloadConfig:
     revision: str
     dest: Path
     token: str | None = field(default=None, repr=False)
-    connections: int = 6
+    connections: int = 8
     segment_size: int = 32 * MiB  # unit of a ranged request and of resume inside a part
     stall_s: float = 30.0  # watchdog: no byte for this long on a connection -> retry it
     connect_timeout_s: float = 10.0
