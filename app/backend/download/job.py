@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
+import mmap
 import os
 import queue
 import shutil
@@ -39,6 +40,7 @@ from app.backend.download.types import (
 
 SAVE_EVERY_S = 1.0
 BACKGROUND_NICE = 10
+HASH_SLICE = 8 << 20
 
 
 @dataclass
@@ -303,14 +305,14 @@ class ArtifactRun:
     def _verify(self, s: _Slot) -> None:
         pid = self.plan.id
         h, off = hashlib.sha256(), 0
-        while off < s.info.size:
-            if self.halt.is_set():
-                raise Stopped()
-            buf = os.pread(s.fd, min(8 << 20, s.info.size - off), off)
-            if not buf:
-                break
-            h.update(buf)
-            off += len(buf)
+        if os.fstat(s.fd).st_size == s.info.size:
+            part = MappedPart(s.path)  # hashed in place: no copy out of the page cache
+            while off < len(part):
+                if self.halt.is_set():
+                    raise Stopped()
+                h.update(part.slice(off, off + HASH_SLICE))
+                off = min(off + HASH_SLICE, len(part))
+                part.drop_before(off)
         if off == s.info.size and os.fstat(s.fd).st_size == s.info.size and h.hexdigest() == s.info.sha256:
             with self.cv:
                 with self.jlock:
@@ -441,36 +443,75 @@ class ArtifactRun:
 
 
 class _PartChain(io.RawIOBase):
-    """The verified parts of one artifact as one forward-only stream (blocks until the next is ready)."""
+    """The verified parts of one artifact as one forward-only stream (blocks until the next is ready).
+
+    Each part is mapped and `read()` hands out views of the mapping: the decompressor reads the
+    page cache in place, without a copy.
+    """
 
     def __init__(self, run: ArtifactRun) -> None:
-        self.run, self.idx, self.f = run, 0, None
+        self.run, self.idx, self.off, self.last = run, 0, 0, 0
+        self.part: MappedPart | None = None
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:  # type: ignore[override]
+    def read(self, size: int = -1) -> memoryview | bytes:  # type: ignore[override]
         while self.idx < len(self.run.slots):
-            if self.f is None:
-                s = self.run.wait_ready(self.idx)
-                self.f = open(s.path, "rb", buffering=0)
-            n = self.f.readinto(b)
-            if n:
-                return n
+            if self.part is None:
+                self.part, self.off, self.last = MappedPart(self.run.wait_ready(self.idx).path), 0, 0
+            left = len(self.part) - self.off
+            if left:
+                self.part.drop_before(self.last)  # the decompressor is done with all before its last read
+                n = left if size < 0 else min(size, left)
+                self.last, self.off = self.off, self.off + n
+                return self.part.slice(self.last, self.off)
             self.close_current()
             self.run.consumed(self.idx)
             self.idx += 1
-        return 0
+        return b""
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
 
     def close_current(self) -> None:
-        if self.f is not None:
-            self.f.close()
-            self.f = None
+        self.part = None  # the mapping goes when the decompressor drops its last view of it
 
     def describe(self) -> str:
         if self.idx < len(self.run.slots):
             return f"in part {self.run.slots[self.idx].info.name}"
         return "at the end of the archive"
+
+
+class MappedPart:
+    """A read-only mapping of a staged part, handed out in place and dropped from RSS behind the reader.
+
+    Mapped pages count as the process's resident memory; dropping them (MADV_DONTNEED) only unmaps
+    them, the page cache keeps the data. Without it a 128 MiB part would add 128 MiB to peak RSS.
+    """
+
+    def __init__(self, path: Path) -> None:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        self.size, self.dropped = size, 0
+        if self.mm is not None:
+            self.mm.madvise(mmap.MADV_SEQUENTIAL)
+        self.view = memoryview(self.mm) if self.mm is not None else memoryview(b"")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def slice(self, start: int, end: int) -> memoryview:
+        return self.view[start:end]
+
+    def drop_before(self, pos: int) -> None:
+        end = pos - pos % mmap.PAGESIZE
+        if self.mm is not None and end > self.dropped:
+            self.mm.madvise(mmap.MADV_DONTNEED, self.dropped, end - self.dropped)
+            self.dropped = end
 
 
 def _yield_to_extractor() -> None:
