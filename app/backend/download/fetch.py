@@ -1,8 +1,9 @@
 """One ranged fetch of `[start, end)` of a part into its staging file, with resume and backoff.
 
 Retries (tenacity) cover dropped/reset connections, short bodies, 5xx, 429 (waiting what the server
-asks) and stalls (no byte for `stall_s`, ranged.py's watchdog, not a total timeout). Every retry resumes at the first missing byte with `Range`. A server that ignores Range
-and answers 200 is read from the start and the bytes before our offset are discarded.
+asks) and stalls (no byte for `stall_s`: ranged.py's watchdog, not a total timeout). Every retry
+resumes at the first missing byte with `Range`. A server that ignores Range and answers 200 is read
+from the start and the bytes before our offset are discarded.
 The attempt counter resets whenever bytes arrive, so a slow but moving link never gives up.
 """
 

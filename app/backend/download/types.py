@@ -33,7 +33,7 @@ class DownloadConfig:
     dest: Path
     token: str | None = field(default=None, repr=False)
     connections: int = 8
-    segment_size: int = 32 * MiB  # unit of a ranged request and of resume inside a part
+    segment_size: int = 16 * MiB  # unit of a ranged request and of resume; 8 of them fill the first 128 MiB part
     stall_s: float = 30.0  # watchdog: no byte for this long on a connection -> retry it
     connect_timeout_s: float = 10.0
     attempts_without_progress: int = 8  # per segment; the counter resets whenever bytes arrive
