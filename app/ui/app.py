@@ -10,16 +10,26 @@ from __future__ import annotations
 
 import html
 import importlib
-from dataclasses import dataclass
+import inspect
+import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import gradio as gr
+from fastapi import Depends, FastAPI, Request
+from gradio.route_utils import API_PREFIX
 
 from app.backend.state import AppState
 
-CSS_PATH = Path(__file__).resolve().parents[2] / "assets" / "css" / "panel.css"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+CSS_PATH = ASSETS / "css" / "panel.css"
+# Page scripts, in the page's <head> (Gradio 6: launch(head=...)); each installs itself.
+HEAD_SCRIPTS = [ASSETS / "js" / "chat_quickstart.js"]
+
+# mount(path, endpoint): a POST route on the panel's server behind the same login as Gradio's API.
+Mount = Callable[[str, Callable[..., Awaitable[Any]]], None]
 
 # Tab modules in display order. A module is listed only once its capability has landed.
 TABS = [
@@ -38,6 +48,10 @@ class Shell:
 
     timer: gr.Timer  # 1 s page timer; tick handlers only read backend caches
     tabs: gr.Tabs | None = None  # set once the Tabs exist (the header is built above them)
+    on_launch: list[Callable[[Mount], None]] = field(default_factory=list)  # run by launch() below
+
+
+_LAUNCH_HOOKS: "weakref.WeakKeyDictionary[gr.Blocks, list[Callable[[Mount], None]]]" = weakref.WeakKeyDictionary()
 
 
 def build_ui(state: AppState) -> gr.Blocks:
@@ -67,11 +81,56 @@ def build_ui(state: AppState) -> gr.Blocks:
                 module = importlib.import_module(name)
                 with gr.Tab(module.TITLE, id=name.rsplit(".", 1)[-1], elem_id=f"tab-{name.rsplit('.', 1)[-1]}"):
                     module.render(state, shell)
+    _LAUNCH_HOOKS[demo] = shell.on_launch
     return demo
 
 
 def css_text() -> str:
     return CSS_PATH.read_text() if CSS_PATH.exists() else ""
+
+
+def head_html() -> str:
+    return "".join(f"<script>\n{path.read_text()}\n</script>" for path in HEAD_SCRIPTS)
+
+
+def gradio_session_guard(app: FastAPI) -> Callable[[Request], Awaitable[None]]:
+    """Gradio's own session check, as a dependency for the panel's routes: its `login_check` route
+    function (401 without a session when auth is on, nothing when it is off) fed by its own
+    `get_current_user`. Reused, not re-implemented, so these routes can never be more open than
+    Gradio's API; awaited directly (Gradio's `login_check` is a plain function that FastAPI would
+    otherwise run on a worker thread: a hop in front of every Send). Raises if this Gradio has no
+    such route (then nothing is mounted)."""
+    stack = list(app.router.routes)
+    while stack:
+        route = stack.pop()
+        inner = getattr(route, "original_router", None)
+        if inner is not None:  # FastAPI's included router (Gradio's /gradio_api)
+            stack.extend(inner.routes)
+        elif getattr(route, "path", None) == f"{API_PREFIX}/login_check":
+            login_check = route.endpoint
+            get_user = inspect.signature(login_check).parameters["user"].default.dependency
+            if not inspect.iscoroutinefunction(get_user):
+                raise RuntimeError("Gradio's get_current_user is not a coroutine function any more")
+
+            async def guard(request: Request) -> None:
+                login_check(await get_user(request))
+
+            return guard
+    raise RuntimeError(f"Gradio has no {API_PREFIX}/login_check route to guard the panel's own routes")
+
+
+def mount_routes(blocks: gr.Blocks, app: FastAPI) -> None:
+    """Add the tabs' own routes (on_launch hooks) to the launched app, behind Gradio's login."""
+    hooks = _LAUNCH_HOOKS.get(blocks, [])
+    if not hooks:
+        return
+    guard = Depends(gradio_session_guard(app))
+
+    def mount(path: str, endpoint: Callable[..., Awaitable[Any]]) -> None:
+        app.add_api_route(path, endpoint, methods=["POST"], dependencies=[guard], include_in_schema=False)
+
+    for hook in hooks:
+        hook(mount)
 
 
 def launch_kwargs(auth: Callable[[str, str], bool] | None = None) -> dict[str, Any]:
@@ -85,6 +144,7 @@ def launch_kwargs(auth: Callable[[str, str], bool] | None = None) -> dict[str, A
         "enable_monitoring": False,
         "show_error": False,  # tracebacks stay in the server log (redacted), not in the page
         "quiet": True,
+        "head": head_html(),
     }
     if auth is not None:
         kwargs["auth"] = auth
@@ -104,5 +164,6 @@ def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], b
     """Launch without blocking (the caller decides how to wait); returns the local URL."""
     if auth is not None:
         hide_api(blocks)
-    _, url, _ = blocks.launch(server_name=host, server_port=port, prevent_thread_lock=True, **launch_kwargs(auth))
+    app, url, _ = blocks.launch(server_name=host, server_port=port, prevent_thread_lock=True, **launch_kwargs(auth))
+    mount_routes(blocks, app)
     return str(url)

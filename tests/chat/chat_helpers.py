@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState
 from app.backend.simengine import SimEngineConfig, SimEngineServer
@@ -53,3 +56,34 @@ CRASH_DIAGNOSIS = Diagnosis(
     reason="engine_dead", title="Engine core crashed mid-generation",
     explanation="EngineCore encountered a fatal error.", fix="Restart the engine from the Engine tab.",
 )
+
+
+@contextlib.contextmanager
+def chat_panel(data_dir: Path, auth: object = None, **sim_overrides: object) -> Iterator[tuple[str, FakeEngine, Any]]:
+    """The Chat tab alone on a SIMULATED engine, launched as `moet-panel serve` launches it (page
+    script, quick-start route, auth): yields (url, engine, tests.conftest.Panel)."""
+    import app.ui.app as ui_app
+    from app.backend.chat.service import ChatService
+    from app.backend.settings import resolve_settings
+    from app.backend.state import AppState
+    from tests.conftest import close_panel, launch_state
+
+    sim = start_sim(**sim_overrides)
+    settings = resolve_settings(demo=True, data_dir=data_dir)
+    state = AppState(settings=settings)
+    engine = FakeEngine(sim, profile_id="quality")
+    state.chat = ChatService(settings.recipe, settings.ensure_state_dir(), snapshot_fn=engine.snapshot)
+    old = ui_app.TABS[:]
+    ui_app.TABS[:] = ["app.ui.chat"]
+    try:
+        p = launch_state(state, auth=auth)
+    except BaseException:
+        sim.stop()
+        raise
+    finally:
+        ui_app.TABS[:] = old
+    try:
+        yield p.url, engine, p
+    finally:
+        close_panel(p)
+        sim.stop()

@@ -47,8 +47,7 @@ def chat_panel(tmp_path: Path, monkeypatch) -> Iterator[tuple[str, FakeEngine, d
     monkeypatch.setattr(ui_app, "TABS", ["app.ui.chat"])  # only the tab under test
     blocks = ui_app.build_ui(state)
     try:
-        _, url, _ = blocks.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-                                  **ui_app.launch_kwargs())
+        url = ui_app.launch(blocks, "127.0.0.1", free_port())  # as `serve` does: page script, quick-start route
         yield url, engine, sims
     finally:
         blocks.close()
@@ -68,7 +67,7 @@ def test_chat_streams_thinking_answer_stats_and_stops(chat_panel, browser) -> No
     page = browser.new_page(1280, 900)
     page.goto(url)
     page.wait_for_selector("#chat-input textarea")
-    page.wait_for_function("() => document.querySelector('#chat-banner').innerText.includes('Engine ready')")
+    page.wait_for_function("() => document.querySelector('#chat-banner')?.innerText.includes('Engine ready')")
 
     # 1. A finished answer: thinking collapsed with its duration, the answer, the stats line.
     page.fill("#chat-input textarea", find_prompt(sims["fast"], (130, 200), (45, 70)))
@@ -89,13 +88,13 @@ def test_chat_streams_thinking_answer_stats_and_stops(chat_panel, browser) -> No
     assert "min_p=0.05" in page.locator("#chat-sampling").inner_text()
     page.fill("#chat-temp input[type=number]", "0")
     page.locator("#chat-temp input[type=number]").press("Enter")
-    page.wait_for_function("() => document.querySelector('#chat-temp-warning').innerText.includes('Never temperature=0')")
+    page.wait_for_function("() => document.querySelector('#chat-temp-warning')?.innerText.includes('Never temperature=0')")
     page.fill("#chat-temp input[type=number]", "1")
     page.locator("#chat-temp input[type=number]").press("Enter")
     page.wait_for_function("() => !document.querySelector('#chat-temp-warning').innerText.includes('Never')")
     page.get_by_text("API snippets").click()
     page.wait_for_function(
-        "url => document.querySelector('#chat-curl').innerText.includes(url + '/v1/chat/completions')",
+        "url => document.querySelector('#chat-curl')?.innerText.includes(url + '/v1/chat/completions')",
         arg=sims["fast"].base_url)
     assert '"min_p": 0.05' in page.locator("#chat-curl").inner_text()
     # Export: a download link appears.
@@ -122,7 +121,7 @@ def test_chat_streams_thinking_answer_stats_and_stops(chat_panel, browser) -> No
     assert "profile balanced" in page.locator(f"{BOT} sub", has_text="Stopped").inner_text()
     page.screenshot(path=str(ARTIFACTS / "chat-stopped.png"))
     # The engine moved (another profile, another port): the banner and the snippets follow.
-    page.wait_for_function("url => document.querySelector('#chat-curl').innerText.includes(url)",
+    page.wait_for_function("url => document.querySelector('#chat-curl')?.innerText.includes(url)",
                            arg=sims["slow"].base_url)
     assert "profile balanced" in page.locator("#chat-banner").inner_text()
     # Delete (confirmed): the conversation leaves the list, the older one is shown.

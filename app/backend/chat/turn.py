@@ -3,6 +3,7 @@
 A reader thread consumes the client's events into append-only buffers; any number of followers
 (the web UI, a benchmark) poll coalesced views. The UI thread never blocks in a network read, so a
 Stop is immediate even while the engine is silent (long prefill), and the page stays responsive.
+Followers that cannot block a thread (an asyncio route) subscribe a wake-up callback instead.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class Turn:
         self._stop_requested = threading.Event()
         self.done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chat-turn", daemon=True)
+        self._wakers: list[Callable[[], None]] = []
 
     def start(self) -> "Turn":
         self._thread.start()
@@ -113,6 +115,9 @@ class Turn:
                     elif isinstance(ev, (Finished, StreamError)):
                         final = ev
                     self._cond.notify_all()
+                    wakers = self._wakers[:] if self._wakers else None
+                if wakers:
+                    self._wake(wakers)
                 if not isinstance(ev, UsageReport) and ev.t - last_checkpoint > self._checkpoint_s:
                     last_checkpoint = ev.t
                     self._checkpoint()
@@ -157,6 +162,16 @@ class Turn:
                 self._version += 1
                 self.done.set()
                 self._cond.notify_all()
+                wakers = self._wakers[:]
+            self._wake(wakers)
+
+    @staticmethod
+    def _wake(wakers: list[Callable[[], None]]) -> None:
+        for wake in wakers:
+            try:
+                wake()
+            except Exception:  # a follower's bug must not stop the reply
+                pass
 
     # ---- followers --------------------------------------------------------------------------
     def stop(self, timeout: float = 5.0) -> bool:
@@ -164,6 +179,23 @@ class Turn:
         self._stop_requested.set()
         self._stream.abort()
         return self.done.wait(timeout)
+
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call `wake()` (from the reader thread, so keep it tiny) after every change of the view and
+        once when the turn is done; returns the unsubscribe function. For asyncio followers, e.g.
+        `lambda: loop.call_soon_threadsafe(event.set)`: they learn of a token without a thread hop."""
+        with self._cond:
+            self._wakers.append(wake)
+            done = self.done.is_set()
+        if done:
+            self._wake([wake])
+
+        def unsubscribe() -> None:
+            with self._cond:
+                if wake in self._wakers:
+                    self._wakers.remove(wake)
+
+        return unsubscribe
 
     @property
     def stop_requested(self) -> bool:
