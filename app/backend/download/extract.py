@@ -33,7 +33,7 @@ COPY_CHUNK = 4 << 20
 WRITE_SLICE = 256 << 10
 READ_SIZE = 4 << 20  # compressed bytes per read of the mapped parts: few GIL round trips for the decompressor
 TAR_BUFSIZE = 512  # tarfile reads only headers itself (no read-ahead), so data can bypass it
-QUEUE_CHUNKS = 6  # decompressed buffers ahead of the writer: at most 24 MiB
+QUEUE_CHUNKS = 4  # decompressed buffers ahead of the writer: at most 16 MiB
 
 
 @dataclass

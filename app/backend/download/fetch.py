@@ -22,7 +22,6 @@ from app.backend.download.hub import HubClient, is_transient, make_wait, raise_f
 from app.backend.download.ranged import RangeGetter, Reply, StallError
 from app.backend.download.types import DownloadConfig, DownloadError, PartInfo, Stopped, TransientError
 
-FLUSH_BYTES = 1 << 20
 FLUSH_S = 0.25
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
@@ -75,7 +74,7 @@ def fetch_range(hub: HubClient, getter: RangeGetter, part: PartInfo, start: int,
 
 
 class _Staging:
-    """Body bytes -> the part's staging file at their offsets, in writes of up to FLUSH_BYTES.
+    """Body bytes -> the part's staging file at their offsets, in writes of up to the worker's buffer (1 MiB).
 
     libcurl hands the body over in 16 KiB pieces; a write and two progress updates for each cost
     more CPU than receiving them. Bytes are flushed when the buffer is full, at least every FLUSH_S
@@ -83,10 +82,10 @@ class _Staging:
     `pos[0]` counts only bytes on disk.
     """
 
-    def __init__(self, fd: int, pos: list[int], on_wire: Callable[[int], None],
+    def __init__(self, buf: bytearray, fd: int, pos: list[int], on_wire: Callable[[int], None],
                  on_useful: Callable[[int], None]) -> None:
         self.fd, self.pos, self.on_wire, self.on_useful = fd, pos, on_wire, on_useful
-        self.buf, self.n, self.wire, self.at = bytearray(FLUSH_BYTES), 0, 0, time.monotonic()
+        self.buf, self.n, self.wire, self.at = buf, 0, 0, time.monotonic()
 
     @property
     def position(self) -> int:
@@ -133,7 +132,7 @@ def _one_request(hub: HubClient, getter: RangeGetter, part: PartInfo, pos: list[
         raise Stopped()
     res = hub.resolve(part.name)
     skip: list[int | None] = [None]  # bytes to drop before ours; None until the first body chunk
-    out = _Staging(fd, pos, on_wire, on_useful)
+    out = _Staging(getter.body_buffer, fd, pos, on_wire, on_useful)
 
     def on_body(reply: Reply, chunk: bytes) -> None:
         if skip[0] is None:

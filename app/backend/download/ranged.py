@@ -21,6 +21,7 @@ import pycurl
 from app.backend.download.types import Stopped
 
 BUFFER_SIZE = 1 << 20  # libcurl's receive buffer; it still calls back with at most 16 KiB (CURL_MAX_WRITE_SIZE)
+BODY_BUFFER = 1 << 20
 USER_AGENT = "moet-panel/0.1"
 
 
@@ -37,6 +38,7 @@ class Reply:
 class RangeGetter:
     def __init__(self, connect_timeout_s: float, stall_s: float) -> None:
         self.stall_s = stall_s
+        self.body_buffer = bytearray(BODY_BUFFER)  # the caller's staging buffer, one per worker, reused
         c = self.curl = pycurl.Curl()
         c.setopt(pycurl.NOSIGNAL, 1)  # threads: no SIGALRM for DNS timeouts
         c.setopt(pycurl.FOLLOWLOCATION, 0)  # the Hub's redirect is resolved (and cached) by hub.py
