@@ -189,10 +189,10 @@ def render(state: AppState, shell: Any) -> None:
         return
     v = _layout(chat)
     book = TicketBook()
+    _wire_quickstart(chat, v, shell, book)  # first: see its docstring
     _wire_conversations(chat, v)
     _wire_replies(chat, v, book)
     _wire_settings(chat, v, shell)
-    _wire_quickstart(chat, v, shell, book)
 
 
 def _layout(chat: ChatService) -> ChatView:
@@ -443,7 +443,11 @@ def _wire_settings(chat: ChatService, v: ChatView, shell: Any) -> None:
 
 
 def _wire_quickstart(chat: ChatService, v: ChatView, shell: Any, book: TicketBook) -> None:
-    """Mirror the Send's inputs into the page script, and mount its route once the app exists."""
+    """Mirror the Send's inputs into the page script, and mount its route once the app exists.
+
+    Wired before the tab's other events: Gradio's page runs the handlers of one trigger in the
+    order they were added and waits for each backend one to finish, so a mirror added after
+    `on_sampling` would lag a change by a server round trip (a Send in that gap would disagree)."""
     root = Context.root_block
     names = list(v.composer)
     comps = list(v.composer.values())

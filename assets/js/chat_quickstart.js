@@ -44,6 +44,7 @@
       preview: null, observer: null, abort: new AbortController(),
     };
     active = run;
+    showPreview(run, box.value); // the message shows at once; its first tokens fill in below it
     const body = {
       ticket: run.ticket, conv_id: composer.conv_id, text: box.value, edit: !!composer.editing,
       system_prompt: composer.system || "", custom_url: composer.custom_url || "",
@@ -112,34 +113,41 @@
     }
   }
 
+  function showPreview(run, text) {
+    const wrap = document.querySelector("#chat-bot .bubble-wrap");
+    if (!wrap) return;
+    const el = document.createElement("div");
+    el.className = "moet-preview";
+    el.setAttribute("aria-hidden", "true"); // Gradio's chat log announces the reply a moment later
+    el.innerHTML = '<div class="moet-preview-user"></div><div class="moet-preview-thinking" hidden>' +
+      '<div class="moet-preview-title">Thinking</div><div class="moet-preview-r"></div></div>' +
+      '<div class="moet-preview-answer"></div>';
+    el.querySelector(".moet-preview-user").textContent = text;
+    run.preview = el;
+    run.parts = {
+      thinking: el.querySelector(".moet-preview-thinking"), r: el.querySelector(".moet-preview-r"),
+      answer: el.querySelector(".moet-preview-answer"),
+    };
+    wrap.appendChild(el);
+    wrap.scrollTop = wrap.scrollHeight;
+  }
+
   function paint(run) {
-    if (run !== active || run.left) return;
-    if (!run.preview) {
-      const wrap = document.querySelector("#chat-bot .bubble-wrap");
-      if (!wrap) return;
-      const el = document.createElement("div");
-      el.className = "moet-preview";
-      el.setAttribute("aria-hidden", "true"); // Gradio's chat log announces the reply a moment later
-      el.innerHTML = '<div class="moet-preview-user"></div><div class="moet-preview-thinking">' +
-        '<div class="moet-preview-title">Thinking</div><div class="moet-preview-r"></div></div>' +
-        '<div class="moet-preview-answer"></div>';
-      el.querySelector(".moet-preview-user").textContent = document.querySelector("#chat-input textarea")?.value || "";
-      wrap.appendChild(el);
-      run.preview = el;
-    }
-    const p = run.preview;
+    if (run !== active || run.left || !run.preview) return;
     const r = run.r.length > THINKING_TAIL ? "…" + run.r.slice(-THINKING_TAIL) : run.r;
-    p.querySelector(".moet-preview-thinking").hidden = !r;
-    p.querySelector(".moet-preview-r").textContent = r;
-    p.querySelector(".moet-preview-answer").textContent = run.c;
-    const wrap = p.parentElement;
-    if (wrap) wrap.scrollTop = wrap.scrollHeight;
+    run.parts.thinking.hidden = !r;
+    run.parts.r.textContent = r;
+    run.parts.answer.textContent = run.c;
+    requestAnimationFrame(() => { // keep the newest text in view, without a forced layout now
+      const wrap = run.preview && run.preview.parentElement;
+      if (wrap) wrap.scrollTop = wrap.scrollHeight;
+    });
   }
 
   function watchTakeover(run) { // Gradio's first frame of the claimed reply replaces the preview
     if (run.observer) return;
     const wrap = run.preview && run.preview.parentElement;
-    if (!wrap) return finish(run);
+    if (!wrap || !run.r && !run.c) return finish(run); // nothing drawn yet: Gradio draws it
     run.observer = new MutationObserver((records) => {
       const mine = run.preview;
       if (!mine || records.some((m) => !mine.contains(m.target))) finish(run);

@@ -85,7 +85,7 @@ def test_chat_streams_thinking_answer_stats_and_stops(chat_panel, browser) -> No
 
     # Sampling: the card's reason, the temperature-0 warning, snippets for this endpoint.
     page.get_by_text("Sampling and system prompt").click()
-    assert "min_p=0.05" in page.locator("#chat-sampling").inner_text()
+    page.locator("#chat-sampling", has_text="min_p=0.05").wait_for()  # the card's reason, once the accordion drew
     page.fill("#chat-temp input[type=number]", "0")
     page.locator("#chat-temp input[type=number]").press("Enter")
     page.wait_for_function("() => document.querySelector('#chat-temp-warning')?.innerText.includes('Never temperature=0')")

@@ -137,7 +137,8 @@ def test_a_refused_quick_start_leaves_send_to_gradio(panel, browser) -> None:
     page.click("#chat-send")
     page.get_by_text("does not exist").first.wait_for()  # Gradio's error toast for its own send
     assert routed == [409] and engine.sim.stats.requests == 0
-    assert page.evaluate("() => window.__previews.length") == 0
+    page.wait_for_function("() => !document.querySelector('#chat-bot .moet-preview')")  # the message preview goes
+    assert all(not pv["thinking"] for pv in page.evaluate(PREVIEWS))
     browser.console_errors.clear()  # the refused fetch is logged by the browser as a failed request
 
 
