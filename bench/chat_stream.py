@@ -2,12 +2,27 @@
 
     .venv/bin/python bench/chat_stream.py [--tokens 20000] [--tok-s 200] [--ttft-runs 20]
 
-Processes: the simulated engine, the panel (Chat tab only, Gradio), headless Chromium on the panel
-page, and this driver, which also streams the same requests from the engine directly (openai SDK).
-Prints:
+Processes: the simulated engine, the panel (Chat tab only, launched as `moet-panel serve` launches
+it: theme, page script, the quick-start route), headless Chromium on the panel page, and this
+driver, which also streams the same requests from the engine directly (openai SDK). Prints:
 
-* TTFT added by the panel, p50 (target ≤ 5 ms): click on Send → first thinking token on screen,
-  minus first token direct, same prompt, runs interleaved.
+* TTFT added by the panel, p50 (target ≤ 5 ms): (first token visible in the browser after Send)
+  − (first token from the engine directly), same prompt, runs interleaved. Both ends are timed
+  inside the page, so no Playwright round trip is charged to the panel:
+    - start: `performance.now()` when the trusted click on Send (Playwright's mouse click through
+      CDP) reaches the page: a capturing `click` listener on `window`, which runs before any of the
+      page's own. The browser's own input latency before that (event `timeStamp` → dispatch; about
+      3 ms on a blank page on this box, because CDP delivers press and release together) is
+      printed separately, not counted;
+    - end: `performance.now()` in a MutationObserver callback on `#chat-bot` for the first added
+      node (or changed text) that contains the first token's text (the sim is deterministic per
+      prompt, so it is the first delta of the direct stream) and has a layout box
+      (`getClientRects()`); i.e. the token is in the chat's DOM, displayed, before the next paint;
+    - direct: the driver's `ChatClient.stream()` on a fresh client (its own TCP connect), first
+      reasoning/answer delta − just before the request, as before.
+  Measured twice per run: with the quick start (the page script's own route, the default) and
+  with it switched off (`window.moetChat.enabled = false`: Gradio's event alone), plus Gradio's
+  floor (a one-yield Chatbot event on the same page, same method).
 * tokens lost on a long answer (target 0): panel text vs the direct stream of the same request
   (the simulated engine is deterministic per prompt), run side by side.
 * panel process CPU during the long answer (target ≤ 25 % of one core).
@@ -86,7 +101,7 @@ def serve_panel(engine_url: str, port: int, data_dir: str) -> None:
 
         floor_btn.click(floor, floor_in, floor_bot, concurrency_id="bench-floor", concurrency_limit=8,
                         show_progress="hidden")
-    blocks.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    ui_app.launch(blocks, "127.0.0.1", port)  # as `moet-panel serve` does: head script, routes, theme
     print("PANEL READY", flush=True)
     threading.Event().wait()
 
@@ -94,8 +109,8 @@ def serve_panel(engine_url: str, port: int, data_dir: str) -> None:
 # ---- driver ------------------------------------------------------------------------------------------
 
 
-def direct(engine_url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, str, str, int]:
-    """Stream the same request from the engine: (TTFT s, thinking, answer, completion tokens)."""
+def direct(engine_url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, str, str, int, str]:
+    """Stream the same request from the engine: (TTFT s, thinking, answer, completion tokens, first delta)."""
     from app.backend.chat.client import ChatClient, ChatRequest, SamplingParams
     from app.backend.chat.events import ContentDelta, ReasoningDelta, UsageReport
 
@@ -104,18 +119,19 @@ def direct(engine_url: str, model: str, prompt: str, max_tokens: int) -> tuple[f
                       {"ignore_eos": True})
     t0 = time.perf_counter()
     first = None
+    first_text = ""
     thinking: list[str] = []
     answer: list[str] = []
     tokens = 0
     for ev in client.stream(req):
         if isinstance(ev, (ReasoningDelta, ContentDelta)):
             if first is None:
-                first = time.perf_counter() - t0
+                first, first_text = time.perf_counter() - t0, ev.text
             (thinking if isinstance(ev, ReasoningDelta) else answer).append(ev.text)
         elif isinstance(ev, UsageReport):
             tokens = ev.completion_tokens
     client.close()
-    return first or float("nan"), "".join(thinking), "".join(answer), tokens
+    return first or float("nan"), "".join(thinking), "".join(answer), tokens, first_text
 
 
 def main() -> int:
@@ -123,6 +139,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=20000, help="length of the long answer")
     ap.add_argument("--tok-s", type=float, default=200.0, help="simulated decode rate")
     ap.add_argument("--ttft-runs", type=int, default=20)
+    ap.add_argument("--only", choices=["ttft", "long"], help="run one part only")
     ap.add_argument("--serve-panel", nargs=3, metavar=("ENGINE_URL", "PORT", "DATA_DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_panel:
@@ -165,29 +182,40 @@ def cpu_s(proc) -> float:
     return t.user + t.system
 
 
-JS_SEND_AND_TIME_FIRST_TOKEN = """
-async () => {
-  const bot = document.querySelector('#chat-bot');
-  const t0 = performance.now();
-  return await new Promise(resolve => {
-    const obs = new MutationObserver(() => {
-      if (bot.querySelector('.thought-group')) { obs.disconnect(); resolve(performance.now() - t0); }
+# Armed before a click: resolves window.__benchFirst with ms from the click on `go` reaching the
+# page (window capture phase, before any of the page's listeners) to the first added node / changed
+# text under `root` that holds `tok` and has a layout box. No polling: the observer runs in the page
+# at the mutation.
+JS_ARM_FIRST_TOKEN = """
+({root, go, tok}) => {
+  const box = document.querySelector(root);
+  window.__benchFirst = new Promise((resolve, reject) => {
+    let t0 = null;
+    const onClick = (e) => {
+      if (t0 !== null || !(e.target.closest && e.target.closest(go))) return;
+      t0 = performance.now();
+      window.__benchInputLag = t0 - e.timeStamp;  // the browser's input plumbing before the page hears of it
+    };
+    window.addEventListener('click', onClick, true);
+    const shows = (n) => {
+      const el = n.nodeType === Node.TEXT_NODE ? n.parentElement : n;
+      return !!el && el.nodeType === Node.ELEMENT_NODE && el.textContent.includes(tok) && el.getClientRects().length > 0;
+    };
+    const obs = new MutationObserver((records) => {
+      if (t0 === null) return;
+      for (const m of records) {
+        const nodes = m.type === 'characterData' ? [m.target] : Array.from(m.addedNodes);
+        if (nodes.some(shows)) {
+          const t = performance.now();
+          obs.disconnect();
+          window.removeEventListener('click', onClick, true);
+          resolve(t - t0);
+          return;
+        }
+      }
     });
-    obs.observe(bot, {childList: true, subtree: true, characterData: true});
-    document.querySelector('#chat-send').click();
-  });
-}
-"""
-JS_FLOOR = """
-async (want) => {
-  const bot = document.querySelector('#bench-floor-bot');
-  const t0 = performance.now();
-  return await new Promise(resolve => {
-    const obs = new MutationObserver(() => {
-      if (bot.innerText.includes(want)) { obs.disconnect(); resolve(performance.now() - t0); }
-    });
-    obs.observe(bot, {childList: true, subtree: true, characterData: true});
-    document.querySelector('#bench-floor-go').click();
+    obs.observe(box, {childList: true, subtree: true, characterData: true});
+    setTimeout(() => { obs.disconnect(); reject(new Error('first token not on screen within 30 s')); }, 30000);
   });
 }
 """
@@ -209,6 +237,7 @@ class BrowserDriver:
         self.page.get_by_text("Sampling and system prompt").click()
         self.cdp = self.page.context.new_cdp_session(self.page)
         self.cdp.send("Performance.enable")
+        self.input_lag_ms: list[float] = []
 
     def task_s(self) -> float:
         """Cumulative busy time of the page's main thread (script, style, layout, paint)."""
@@ -221,18 +250,39 @@ class BrowserDriver:
         self.page.fill("#chat-max-tokens input", str(max_tokens))
         self.page.locator("#chat-max-tokens input").press("Tab")
 
-    def send_timed(self, prompt: str) -> float:
-        """Send; seconds from the click to the first thinking token on screen."""
+    def timed_click(self, root: str, go: str, tok: str) -> float:
+        """Click `go` (trusted mouse events); seconds from the click to `tok` shown under `root`."""
+        self.page.evaluate(JS_ARM_FIRST_TOKEN, {"root": root, "go": go, "tok": tok})
+        self.page.click(go)
+        ms = self.page.evaluate("() => window.__benchFirst")
+        self.input_lag_ms.append(self.page.evaluate("() => window.__benchInputLag"))
+        return ms / 1000
+
+    def send_timed(self, prompt: str, first_token: str, quick_start: bool = True) -> float:
+        """Send; seconds from the click to the first token on screen."""
+        self.page.evaluate("(on) => { window.moetChat.enabled = on; }", quick_start)
         self.page.fill("#chat-input textarea", prompt)
-        return self.page.evaluate(JS_SEND_AND_TIME_FIRST_TOKEN) / 1000
+        return self.timed_click("#chat-bot", "#chat-send", first_token)
+
+    def route_round_trip(self) -> float:
+        """Seconds for one page → quick-start route → page round trip that the route refuses at once
+        (a bad body: no engine, no thread): what any Send must pay to reach the panel and back."""
+        return self.page.evaluate("""async () => {
+          const url = window.gradio_config.root.replace(/\\/?$/, '/') + 'moet-panel/chat/send';
+          const t0 = performance.now();
+          const r = await fetch(url, {method: 'POST', headers: {'Content-Type': 'application/json'}, body: '{}'});
+          await r.text();
+          return performance.now() - t0;
+        }""") / 1000
 
     def floor_timed(self, i: int) -> float:
         self.page.fill("#bench-floor-in textarea", f"f{i}")
-        return self.page.evaluate(JS_FLOOR, f"tokf{i}") / 1000
+        return self.timed_click("#bench-floor-bot", "#bench-floor-go", f"tokf{i}")
 
     def wait_done(self, timeout_ms: int = 600_000) -> str:
         self.page.wait_for_function("() => Array.from(document.querySelectorAll('#chat-bot sub'))"
-                                    ".some(s => /profile \\S+ · TTFT/.test(s.innerText))", timeout=timeout_ms)
+                                    ".some(s => /profile \\S+ · TTFT/.test(s.innerText))"
+                                    " && !document.querySelector('#chat-bot .moet-preview')", timeout=timeout_ms)
         return self.page.evaluate(JS_LIVE_LINE)
 
     def live_tokens(self) -> int | None:
@@ -255,8 +305,10 @@ def run_bench(args: argparse.Namespace, engine_url: str, panel_url: str, model: 
     with sync_playwright() as pw:
         drv = BrowserDriver(pw, panel_url)
         try:
-            ttft(args, drv, engine_url, model)
-            long_answer(args, drv, engine_url, model, panel_proc, data_dir)
+            if args.only != "long":
+                ttft(args, drv, engine_url, model)
+            if args.only != "ttft":
+                long_answer(args, drv, engine_url, model, panel_proc, data_dir)
         finally:
             drv.browser.close()
     return 0
@@ -298,39 +350,51 @@ def server_side(engine_url: str, runs: int) -> tuple[float, float]:
 
 
 def ttft(args: argparse.Namespace, drv: BrowserDriver, engine_url: str, model: str) -> None:
-    added, panel_ms, direct_ms, floor_ms = [], [], [], []
-    drv.new_chat(8)
+    runs: dict[str, list[float]] = {"direct": [], "quick": [], "added": [], "gradio": [], "gradio_added": [],
+                                    "floor": [], "rtt": []}
     for i in range(args.ttft_runs + 1):
-        prompt = f"ttft probe {i}"
-        d, *_ = direct(engine_url, model, prompt, 8)
-        drv.new_chat(8) if i else None
-        p = drv.send_timed(prompt)
-        drv.wait_done()
-        f = drv.floor_timed(i)
+        row = {}
+        for mode in ("quick", "gradio"):
+            prompt = f"ttft probe {i} {mode}"
+            d, *_, first = direct(engine_url, model, prompt, 8)
+            drv.new_chat(8)
+            row[mode] = drv.send_timed(prompt, first.strip() or first, quick_start=mode == "quick") * 1000
+            row["direct" if mode == "quick" else "direct_g"] = d * 1000
+            drv.wait_done()
+        row["floor"] = drv.floor_timed(i) * 1000
+        row["rtt"] = drv.route_round_trip() * 1000
         if i:  # the first run warms the page (fonts, first Markdown render)
-            added.append((p - d) * 1000)
-            panel_ms.append(p * 1000)
-            direct_ms.append(d * 1000)
-            floor_ms.append(f * 1000)
-    print(f"\nTTFT, {args.ttft_runs} runs interleaved: panel (click → first thinking token on screen) p50 "
-          f"{statistics.median(panel_ms):.1f} ms; engine direct p50 {statistics.median(direct_ms):.1f} ms")
-    print(f"  TTFT added by the panel: p50 {statistics.median(added):.1f} ms "
-          f"(min {min(added):.1f}, max {max(added):.1f})   [target ≤ 5 ms p50]")
+            runs["direct"].append(row["direct"])
+            runs["quick"].append(row["quick"])
+            runs["added"].append(row["quick"] - row["direct"])
+            runs["gradio"].append(row["gradio"])
+            runs["gradio_added"].append(row["gradio"] - row["direct_g"])
+            runs["floor"].append(row["floor"])
+            runs["rtt"].append(row["rtt"])
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    added = runs["added"]
+    print(f"\nTTFT, {args.ttft_runs} runs interleaved, timed in the page (click event → first token in the DOM, shown):")
+    print(f"  engine direct p50 {med['direct']:.1f} ms; panel p50 {med['quick']:.1f} ms")
+    print(f"  TTFT added by the panel: p50 {med['added']:.1f} ms (min {min(added):.1f}, max {max(added):.1f})"
+          f"   [target ≤ 5 ms p50]")
+    print(f"  the same through Gradio's event alone (quick start off): added p50 {med['gradio_added']:.1f} ms; "
+          f"Gradio's floor (click → a one-yield Chatbot event on screen): p50 {med['floor']:.1f} ms")
+    print(f"  for scale: one page → panel route → page round trip (refused at once, no engine) p50 {med['rtt']:.1f} ms")
+    print(f"  (not counted: the browser's input latency, click timeStamp → dispatch to the page, p50 "
+          f"{statistics.median(drv.input_lag_ms):.1f} ms)")
     pre, post = server_side(engine_url, args.ttft_runs)
     print(f"  chat code itself (in process): request leaves {pre:.2f} ms after send(); first token → its frame "
           f"{post:.2f} ms (p50)")
-    floor = statistics.median(floor_ms)
-    print(f"  of which Gradio's own floor (click → a one-yield Chatbot event on screen, same page): p50 {floor:.1f} ms;"
-          f" the chat's own share ≈ {statistics.median(added) - floor:.1f} ms")
 
 
 def long_answer(args: argparse.Namespace, drv: BrowserDriver, engine_url: str, model: str, panel_proc,
                 data_dir: str) -> None:
     prompt = "Write the full design document."
     result: dict[str, Any] = {}
-    th = threading.Thread(target=lambda: result.update(zip(("ttft", "thinking", "answer", "tokens"),
+    th = threading.Thread(target=lambda: result.update(zip(("ttft", "thinking", "answer", "tokens", "first"),
                                                            direct(engine_url, model, prompt, args.tokens))))
     drv.new_chat(args.tokens)
+    drv.page.evaluate("() => { window.moetChat.enabled = true; }")  # as a user has it
     idle0, t_idle = cpu_s(panel_proc), time.perf_counter()
     time.sleep(5.0)  # measuring the idle page (its 1 s timer) as a baseline, not synchronisation
     idle = 100 * (cpu_s(panel_proc) - idle0) / (time.perf_counter() - t_idle)
