@@ -47,5 +47,6 @@ def test_profiles_view_shows_each_profile_and_its_command(panel, browser) -> Non
     assert "VLLM_MOE_W2_DELTA_TRACE" not in page.locator("#profile-command textarea").input_value()
     assert page.locator("#profile-command button[aria-label*='opy' i], #profile-command button[title*='opy' i]").count() >= 1
     page.locator("#studies").get_by_text("Studies behind the figures").click()
+    page.locator(".moet-study table").first.wait_for()  # the accordion draws its content after the click
     assert page.locator(".moet-study table").count() == len(RECIPE.studies)
     assert not browser.console_errors, browser.console_errors
