@@ -1,14 +1,14 @@
 """Benchmark: the panel's chat end to end vs the engine directly, against the SIMULATED engine.
 
-    .venv/bin/python bench/chat_stream.py [--tokens 20000] [--tok-s 200] [--ttft-runs 20]
+    .venv/bin/python bench/chat_stream.py [--tokens 20000] [--tok-s 200] [--ttft-runs 20] [--only ttft|long]
 
 Processes: the simulated engine, the panel (Chat tab only, launched as `moet-panel serve` launches
 it: theme, page script, the quick-start route), headless Chromium on the panel page, and this
 driver, which also streams the same requests from the engine directly (openai SDK). Prints:
 
 * TTFT added by the panel, p50 (target ≤ 5 ms): (first token visible in the browser after Send)
-  − (first token from the engine directly), same prompt, runs interleaved. Both ends are timed
-  inside the page, so no Playwright round trip is charged to the panel:
+  − (first token from the engine directly), same prompt, runs interleaved. The panel's side is
+  timed inside the page, so no Playwright round trip or polling is charged to the panel:
     - start: `performance.now()` when the trusted click on Send (Playwright's mouse click through
       CDP) reaches the page: a capturing `click` listener on `window`, which runs before any of the
       page's own. The browser's own input latency before that (event `timeStamp` → dispatch; about
@@ -22,7 +22,8 @@ driver, which also streams the same requests from the engine directly (openai SD
       reasoning/answer delta − just before the request, as before.
   Measured twice per run: with the quick start (the page script's own route, the default) and
   with it switched off (`window.moetChat.enabled = false`: Gradio's event alone), plus Gradio's
-  floor (a one-yield Chatbot event on the same page, same method).
+  floor (a one-yield Chatbot event on the same page, same method) and, for scale, one page →
+  quick-start route → page round trip that the route refuses at once (no engine, no thread).
 * tokens lost on a long answer (target 0): panel text vs the direct stream of the same request
   (the simulated engine is deterministic per prompt), run side by side.
 * panel process CPU during the long answer (target ≤ 25 % of one core).
