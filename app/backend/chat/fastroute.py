@@ -97,7 +97,7 @@ def send_endpoint(chat: ChatService, book: TicketBook) -> Callable[[Request], Aw
         if not same_origin(request):
             return JSONResponse({"error": "requests from another site are refused"}, status_code=403)
         if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
-            # JSON also makes a browser ask (CORS preflight) before another site's page may post here.
+            # Not a form post: another site's page cannot send this without a CORS preflight.
             return JSONResponse({"error": "send application/json"}, status_code=415)
         try:
             send_req = PageSend.from_json(await request.json())
