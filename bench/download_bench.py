@@ -44,8 +44,8 @@ sync  # both pipelines are timed until the tree is on disk
 """
 
 
-def build(work: Path, gib: float, part_mib: int) -> list[Path]:
-    marker = work / f".built-{gib}-{part_mib}"
+def build(work: Path, gib: float, part_mib: int, data: str) -> list[Path]:
+    marker = work / f".built-{gib}-{part_mib}-{data}"
     repo = work / "repo"
     if marker.exists():
         return sorted(repo.glob(PREFIX + "*"))
@@ -55,7 +55,8 @@ def build(work: Path, gib: float, part_mib: int) -> list[Path]:
     per_file = 128 * MiB
     layers = max(1, int(gib * GiB / per_file / 6))
     generate_tree(work / "src", TreeSpec(top="planescache", layers=layers, file_size=per_file,
-                                         sparse_size=1 * GiB, sparse_extents=8, ckpt_id="bench", seed=3))
+                                         sparse_size=1 * GiB, sparse_extents=8, ckpt_id="bench", seed=3,
+                                         weights_like=(data == "weights")))
     parts = build_artifact(work / "src", "planescache", repo, PREFIX, part_mib * MiB)
     shutil.rmtree(work / "src")
     marker.touch()
@@ -121,12 +122,17 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs of each pipeline per scenario (default 3)")
     ap.add_argument("--cap-mbps", type=float, default=50, help="per-connection cap, MB/s (default 50)")
     ap.add_argument("--connections", type=int, help="panel --connections (default: the panel's default)")
+    ap.add_argument("--data", choices=["weights", "compressible"], default="compressible",
+                    help="file contents: 'weights' = like the cache's files (planes/FP4 packs near-random, "
+                         "scales compressible; zstd decodes fast, tar's writes bound the card), "
+                         "'compressible' = every byte 4 bits of entropy (~2:1; both pipelines wait on "
+                         "the same single-threaded zstd decode)")
     ap.add_argument("--work", default="/var/tmp/moet-panel-bench", help="work dir (artifact is cached here)")
     ap.add_argument("--panel-arg", action="append", default=[], help="extra argument for moet-panel download")
     ap.add_argument("--only", choices=["unthrottled", "capped"], help="run one scenario")
     args = ap.parse_args()
-    work = Path(args.work)
-    parts = build(work, args.gib, args.part_mib)
+    work = Path(args.work) / args.data
+    parts = build(work, args.gib, args.part_mib, args.data)
     ref = work / "ref-count"
     if not ref.exists():  # count files/bytes once from a reference `tar -x`
         probe = work / "probe"
@@ -139,7 +145,7 @@ def main() -> int:
         shutil.rmtree(probe)
     expect = tuple(int(x) for x in ref.read_text().split())
     print(f"load average at start: {os.getloadavg()[0]:.1f}", flush=True)
-    print(f"artifact: {len(parts)} parts, {sum(p.stat().st_size for p in parts) / GiB:.2f} GiB compressed; "
+    print(f"artifact ({args.data} data): {len(parts)} parts, {sum(p.stat().st_size for p in parts) / GiB:.2f} GiB compressed; "
           f"{os.cpu_count()} CPUs", flush=True)
     results = {}
     for name, cap in (("unthrottled", None), ("capped", args.cap_mbps * MB)):

@@ -29,6 +29,7 @@ class TreeSpec:
     sparse_extents: int = 3  # 64 KiB data extents inside it
     ckpt_id: str | None = "sim-ckpt"  # None: no meta.json (a non-planescache tree)
     seed: int = 0
+    weights_like: bool = False  # planes/fp files incompressible, scales compressible (see weight_bytes)
 
 
 def meta_for(ckpt_id: str) -> dict:
@@ -48,12 +49,22 @@ def compressible_bytes(rng: np.random.Generator, n: int) -> bytes:
     return rng.integers(0, 16, size=n, dtype=np.uint8).tobytes()
 
 
-def write_data_file(path: Path, size: int, rng: np.random.Generator, block: int = 8 << 20) -> None:
+def weight_bytes(rng: np.random.Generator, n: int, kind: str) -> bytes:
+    """Bytes shaped like the cache's files: packed 2-bit planes and FP4 packs are near-random
+    (zstd stores them almost as they are), e8m0 scales take few values (3 bits of entropy)."""
+    if kind.startswith("sc"):
+        return rng.integers(118, 126, size=n, dtype=np.uint8).tobytes()
+    return rng.bytes(n)
+
+
+def write_data_file(path: Path, size: int, rng: np.random.Generator, block: int = 8 << 20,
+                    kind: str | None = None) -> None:
+    """`kind` (planes13, sc2, fp13 ...) selects weight_bytes; None: compressible_bytes."""
     with open(path, "wb") as f:
         left = size
         while left > 0:
             n = min(block, left)
-            f.write(compressible_bytes(rng, n))
+            f.write(compressible_bytes(rng, n) if kind is None else weight_bytes(rng, n, kind))
             left -= n
 
 
@@ -79,7 +90,8 @@ def generate_tree(root: Path, spec: TreeSpec) -> Path:
         leaf.mkdir(parents=True, exist_ok=True)
     for layer in range(spec.layers):
         for part in ("planes13", "sc13", "planes2", "sc2", "fp13", "fp2"):
-            write_data_file(leaf / f"layer{layer}.{part}.bin", spec.file_size, rng)
+            write_data_file(leaf / f"layer{layer}.{part}.bin", spec.file_size, rng,
+                            kind=part if spec.weights_like else None)
     if spec.sparse_size:
         write_sparse_file(leaf / "sparse.pool.bin", spec.sparse_size, spec.sparse_extents, rng)
     (top / "README.txt").write_text("SIMULATED artifact built by moet-panel's simhub\n")
