@@ -13,6 +13,7 @@ import re
 import socket
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,16 @@ def close_panel(panel: Panel) -> None:
         panel.blocks.close()
     finally:
         panel.state.close()
+
+
+@contextmanager
+def serving(state: Any) -> Iterator[Panel]:
+    """launch_state as a context: the panel and its state are closed on exit (a failed launch closes the state)."""
+    panel = launch_state(state)
+    try:
+        yield panel
+    finally:
+        close_panel(panel)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,8 @@ import pytest
 from app.backend.chat.think import ThinkSplitter
 
 
-def split_all(text: str, rng: random.Random) -> tuple[str, str]:
+def feed_in_pieces(text: str, rng: random.Random) -> list:
+    """Feed text to a ThinkSplitter in random 1-9 character pieces; all it emitted, flush included."""
     s = ThinkSplitter()
     out = []
     i = 0
@@ -13,7 +14,11 @@ def split_all(text: str, rng: random.Random) -> tuple[str, str]:
         n = rng.randint(1, 9)
         out += s.feed(text[i : i + n])
         i += n
-    out += s.flush()
+    return out + s.flush()
+
+
+def split_all(text: str, rng: random.Random) -> tuple[str, str]:
+    out = feed_in_pieces(text, rng)
     return ("".join(t for k, t in out if k == "reasoning"), "".join(t for k, t in out if k == "content"))
 
 
@@ -42,15 +47,7 @@ def test_unclosed_think_stays_reasoning() -> None:
 def test_orphan_close_tag_reclassifies_what_came_before(seed: int) -> None:
     """DeepSeek-style templates open <think> in the prompt: the output only closes it."""
     text = "I reason about </thi and this</think>\n\nThe answer. A literal </think> stays text."
-    rng = random.Random(seed)
-    s = ThinkSplitter()
-    out = []
-    i = 0
-    while i < len(text):
-        n = rng.randint(1, 9)
-        out += s.feed(text[i : i + n])
-        i += n
-    out += s.flush()
+    out = feed_in_pieces(text, random.Random(seed))
     kinds = [k for k, _ in out]
     assert kinds.count("reclassify") == 1
     cut = kinds.index("reclassify")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from app.backend.settings import Settings
-from tests.conftest import ARTIFACTS, close_panel, free_port, launch_state
+from tests.conftest import ARTIFACTS, free_port, serving
 
 from .conftest import TEST_LABEL, sim_recipe
 
@@ -25,15 +25,10 @@ def engine_panel(docker_client, tmp_path: Path):
     state = build_app_state(settings)
     state.engine.options.extra_env = {"MOET_SIM_BOOT_S": "1"}
     state.engine.options.extra_labels = dict(TEST_LABEL)
-    panel = None
     try:
-        panel = launch_state(state)
-        yield panel.url, state
+        with serving(state) as panel:
+            yield panel.url, state
     finally:
-        if panel is not None:
-            close_panel(panel)
-        else:
-            state.close()
         for c in docker_client.containers.list(all=True, filters={"label": f"moet-panel.recipe={recipe.id}"}):
             c.remove(force=True)
 

@@ -22,7 +22,7 @@ from app.backend.download.manager import DownloadManager
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.settings import resolve_settings
 from app.backend.state import AppState, build_app_state
-from tests.conftest import ARTIFACTS, close_panel, free_port, launch_state
+from tests.conftest import ARTIFACTS, free_port, serving
 from tests.download.conftest import artifact, start_hub  # noqa: F401  (session fixture reused)
 from tests.ui.a11y import horizontal_overflow, unlabelled_controls
 
@@ -73,15 +73,10 @@ def journey(tmp_path: Path, artifact: Any) -> Iterator[tuple[str, AppState]]:  #
     state.on_close(state.downloads.close)
     state.engine.options.extra_labels = dict(TEST_LABELS)
     state.engine.options.extra_env = {"MOET_SIM_BOOT_S": "3"}
-    panel = None
     try:
-        panel = launch_state(state)
-        yield panel.url, state
+        with serving(state) as panel:
+            yield panel.url, state
     finally:
-        if panel is not None:
-            close_panel(panel)
-        else:
-            state.close()
         hub.stop()
         for c in client.containers.list(all=True, filters={"label": "moet-panel.test=1"}):
             if c.labels.get("moet-panel.recipe") == settings.recipe.id:
