@@ -11,7 +11,6 @@ from __future__ import annotations
 import html
 import importlib
 import inspect
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,8 +50,6 @@ class Shell:
     on_launch: list[Callable[[Mount], None]] = field(default_factory=list)  # run by launch() below
 
 
-_LAUNCH_HOOKS: "weakref.WeakKeyDictionary[gr.Blocks, list[Callable[[Mount], None]]]" = weakref.WeakKeyDictionary()
-
 
 def build_ui(state: AppState) -> gr.Blocks:
     with gr.Blocks(title="moet-panel") as demo:
@@ -81,7 +78,7 @@ def build_ui(state: AppState) -> gr.Blocks:
                 module = importlib.import_module(name)
                 with gr.Tab(module.TITLE, id=name.rsplit(".", 1)[-1], elem_id=f"tab-{name.rsplit('.', 1)[-1]}"):
                     module.render(state, shell)
-    _LAUNCH_HOOKS[demo] = shell.on_launch
+    demo.moet_on_launch = shell.on_launch  # travels with the Blocks to launch(): no module-level registry
     return demo
 
 
@@ -121,7 +118,7 @@ def gradio_session_guard(app: FastAPI) -> Callable[[Request], Awaitable[None]]:
 
 def mount_routes(blocks: gr.Blocks, app: FastAPI) -> None:
     """Add the tabs' own routes (on_launch hooks) to the launched app, behind Gradio's login."""
-    hooks = _LAUNCH_HOOKS.get(blocks, [])
+    hooks = getattr(blocks, "moet_on_launch", [])
     if not hooks:
         return
     guard = Depends(gradio_session_guard(app))
