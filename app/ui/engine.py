@@ -33,7 +33,8 @@ def status_html(snap: EngineSnapshot, runtime: str, busy: str) -> str:
     if snap.pool_slots is not None:
         pool = f"FP4 pool: {snap.pool_slots} slots" + (f" × {snap.slot_mib:g} MiB" if snap.slot_mib else "")
     rows = [
-        f'<span data-testid="engine-state" data-state="{snap.state.value}" style="background:{color};color:#fff;'
+        f'<span data-testid="engine-state" data-state="{snap.state.value}"'
+        f' data-profile="{escape(snap.profile_id or "")}" style="background:{color};color:#fff;'
         f'border-radius:999px;padding:2px 12px;font-weight:700">{snap.state.value.upper()}</span>{sim}'
         f' <b>{escape(snap.profile_id or "no profile")}</b>{phase}',
         escape(snap.message) if snap.message else "",

@@ -46,8 +46,7 @@ def test_start_then_switch_in_engine_tab(engine_panel, browser) -> None:
     page.click("#engine-switch")
     page.click("#engine-switch")  # double click: refused, never a second engine
     page.wait_for_selector('[data-testid="engine-state"]:not([data-state="ready"])', timeout=10_000)
-    page.wait_for_selector('[data-testid="engine-state"][data-state="ready"]', timeout=40_000)
-    assert "balanced" in page.inner_text("#engine-status")
+    page.wait_for_selector('[data-testid="engine-state"][data-state="ready"][data-profile="balanced"]', timeout=40_000)
     assert state.engine.snapshot().profile_id == "balanced"
     page.wait_for_function("document.querySelector('#engine-log textarea').value.includes('delta tier')")
     ARTIFACTS.mkdir(exist_ok=True)

@@ -154,8 +154,10 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: Any) -> None:
     page.get_by_role("tab", name="Engine").click()
     page.locator("#engine-profile").get_by_text("#2 quality / speed", exact=False).click()
     page.locator("#engine-switch").click()
-    _poll(lambda: page.locator('[data-testid="engine-state"][data-state="ready"]').count() == 1
-          and "balanced" in page.locator("#engine-status").inner_text(), "the switch to balanced", timeout=120, page=page)
+    # Wait on the badge itself: the busy line ("switch balanced in progress…") names the new profile while
+    # the old engine is still READY.
+    _poll(lambda: page.locator('[data-testid="engine-state"][data-state="ready"][data-profile="balanced"]').count() == 1,
+          "the switch to balanced", timeout=120, page=page)
     assert state.engine.snapshot().profile_id == "balanced"
     line = _ask(page, "And what does PROMO_HYST=8 change?", "balanced")
     assert "profile balanced" in line
