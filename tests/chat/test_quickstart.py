@@ -272,3 +272,20 @@ def test_route_needs_the_panel_login_when_auth_is_on(tmp_path: Path, auth_checke
             ok = c.post(url + SEND_PATH, json=body_for(conv.id, max_tokens=1))
             assert ok.status_code == 200 and '"ev":"done"' in ok.text
         assert engine.sim.stats.requests == 1
+
+
+def test_route_leaves_replies_past_the_stream_limit_to_the_queue(tmp_path: Path) -> None:
+    """Gradio's queue bounds its own chat events; the route must not start replies past the same bound."""
+    with chat_panel(tmp_path / "data", decode_tok_s=20.0) as (url, engine, p):
+        chat = p.state.chat
+        chat.max_streams = 1
+        busy, other = chat.new_conversation(), chat.new_conversation()
+        chat.send_composed(busy.id, "Explain the delta tier.", SamplingParams(1.0, 1.0, 0.05, None))
+        with httpx.Client(timeout=20) as c:
+            refused = c.post(url + SEND_PATH, json=body_for(other.id))
+            assert refused.status_code == 409 and "1 replies are already streaming" in refused.json()["error"]
+            assert engine.sim.stats.requests == 1 and chat.get(other.id).messages == []
+            chat.stop(busy.id)
+            ok = c.post(url + SEND_PATH, json=body_for(other.id, max_tokens=1))
+            assert ok.status_code == 200 and '"ev":"done"' in ok.text
+        assert engine.sim.stats.requests == 2

@@ -32,6 +32,7 @@ DB_NAME = "chat.sqlite"
 DEFAULT_MAX_TOKENS = 32768  # the card: answers to hard tasks run to 20k+ tokens
 DIAGNOSIS_WAIT_S = 2.0  # after a broken stream, how long to wait for the controller to classify it
 HISTORY_DELAY_MAX_S = 0.25  # defer_history: the write waits for the first token at most this long
+MAX_STREAMS = 8  # replies streaming at once, over all conversations (the page's queue and its quick start)
 
 
 class ChatError(RuntimeError):
@@ -46,8 +47,10 @@ class ChatService:
         snapshot_fn: Callable[[], Any] | None = None,
         checkpoint_s: float = 2.0,
         extra_body: dict[str, Any] | None = None,  # added to every request (benchmarks: {"ignore_eos": True})
+        max_streams: int = MAX_STREAMS,
     ):
         self.recipe = recipe
+        self.max_streams = max_streams
         self._extra_body = dict(extra_body or {})
         self._snapshot_fn = snapshot_fn
         self._store = ChatStore(Path(state_dir) / DB_NAME)
@@ -136,6 +139,11 @@ class ChatService:
         with self._lock:
             turn = self._turns.get(conv_id)
         return turn if turn is not None and not turn.done.is_set() else None
+
+    def streaming_count(self) -> int:
+        """Replies streaming now, in every conversation."""
+        with self._lock:
+            return sum(1 for t in self._turns.values() if not t.done.is_set())
 
     def send(self, conv_id: str, text: str, sampling: SamplingParams, custom_url: str | None = None,
              extra_body: dict[str, Any] | None = None, defer_history: bool = False) -> Turn:
