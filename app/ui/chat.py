@@ -381,7 +381,8 @@ def _wire_replies(chat: ChatService, v: ChatView, book: TicketBook) -> None:
 
     send_inputs = [v.conv_id, v.box, v.editing, v.system, v.custom_url, *sampling_inputs, v.ticket]
     send_outputs = [v.box, v.bot, v.editing, v.edit_hint, v.convs]
-    stream_kw: dict[str, Any] = dict(concurrency_id=STREAM_CONCURRENCY, concurrency_limit=chat.max_streams, show_progress="hidden")
+    stream_kw: dict[str, Any] = dict(concurrency_id=STREAM_CONCURRENCY, concurrency_limit=chat.max_streams,
+                                     show_progress="hidden")
     take_ticket = "(...a) => window.moetChat ? window.moetChat.withTicket(a) : a"  # ticket: the last input
     streams = [
         v.box.submit(on_send, send_inputs, send_outputs, api_name="chat_send", js=take_ticket, **stream_kw),

@@ -283,7 +283,7 @@ def test_route_leaves_replies_past_the_stream_limit_to_the_queue(tmp_path: Path)
         chat.send_composed(busy.id, "Explain the delta tier.", SamplingParams(1.0, 1.0, 0.05, None))
         with httpx.Client(timeout=20) as c:
             refused = c.post(url + SEND_PATH, json=body_for(other.id))
-            assert refused.status_code == 409 and "1 replies are already streaming" in refused.json()["error"]
+            assert refused.status_code == 409 and "its limit of 1 replies" in refused.json()["error"]
             assert engine.sim.stats.requests == 1 and chat.get(other.id).messages == []
             chat.stop(busy.id)
             ok = c.post(url + SEND_PATH, json=body_for(other.id, max_tokens=1))

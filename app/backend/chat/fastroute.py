@@ -14,9 +14,10 @@ Body: the Send's fields as JSON (`PageSend.from_json`). Answer: SSE, one JSON ob
     {"ev": "done", "status": "complete|stopped|error"}
 Refusals are JSON `{"error": …}`: 400 bad body, 403 another origin, 409 the chat said no (why) or
 `max_streams` replies are already streaming (the page then sends through Gradio's event, which waits
-in its queue under the same limit), 415 not JSON. Closing the stream stops the reply only if the page's Gradio event has not claimed
-it within a few seconds (the page went away); otherwise Stop does. Authentication is the caller's
-(`dependencies` of the mounted route: the panel passes Gradio's own login check).
+in its queue under the same limit), 415 not JSON. Closing the stream stops the reply only if the
+page's Gradio event has not claimed it within a few seconds (the page went away); otherwise Stop
+does. Authentication is the caller's (`dependencies` of the mounted route: the panel passes
+Gradio's own login check).
 """
 
 from __future__ import annotations
@@ -106,8 +107,8 @@ def send_endpoint(chat: ChatService, book: TicketBook) -> Callable[[Request], Aw
             return JSONResponse({"error": f"bad request: {exc}"}, status_code=400)
         if chat.streaming_count() >= chat.max_streams:
             # Gradio's queue bounds its own events; this route would otherwise start replies past it.
-            return JSONResponse({"error": f"{chat.max_streams} replies are already streaming: this one waits in the "
-                                          "panel's queue"}, status_code=409)
+            return JSONResponse({"error": "the panel is already streaming its limit of "
+                                          f"{chat.max_streams} replies: this one waits in its queue"}, status_code=409)
         try:
             # In a worker thread: sending may resolve the endpoint (a short probe) and writes SQLite.
             turn = await anyio.to_thread.run_sync(start, send_req)
