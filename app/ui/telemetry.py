@@ -13,7 +13,7 @@ import gradio as gr
 import pandas as pd
 
 from app.backend.state import AppState
-from app.backend.telemetry.plotdata import PLOTS, WINDOWS, rows, thin
+from app.backend.telemetry.plotdata import PLOTS, PLOTS_PER_ROW, WINDOWS, rows, thin
 
 TITLE = "Telemetry"
 GIB = 2**30
@@ -114,12 +114,10 @@ def render(state: AppState, shell: Any) -> None:
     alerts = gr.HTML(alerts_html(()), elem_id="telemetry-alerts-box")
     details = gr.HTML("", elem_id="telemetry-details-box")
     plots = []
-    with gr.Row():
-        for spec in PLOTS[:3]:
-            plots.append(_plot(spec))
-    with gr.Row():
-        for spec in PLOTS[3:]:
-            plots.append(_plot(spec))
+    for start in range(0, len(PLOTS), PLOTS_PER_ROW):
+        with gr.Row(equal_height=True):
+            for spec in PLOTS[start:start + PLOTS_PER_ROW]:
+                plots.append(_plot(spec))
 
     def tick(win: str):
         f = state.telemetry.latest()
@@ -142,10 +140,20 @@ def _on_tab(evt: gr.SelectData) -> gr.Timer:
 
 
 PALETTE = ("#3182ce", "#dd6b20", "#38a169", "#805ad5")
+PALETTE_NAMES = ("blue", "orange", "green", "purple")
 
 
 def _colours(spec) -> dict[str, str]:
     return {label: PALETTE[i % len(PALETTE)] for i, (_, label) in enumerate(spec.series)}
+
+
+def _label(spec) -> str:
+    """Title, unit and — with more than one series — which colour is which (Vega's legend does not fit
+    a chart this narrow)."""
+    if len(spec.series) == 1:
+        return f"{spec.title}, {spec.y_title}"
+    key = " · ".join(f"{PALETTE_NAMES[i % len(PALETTE)]} {label}" for i, (_, label) in enumerate(spec.series))
+    return f"{spec.title}, {spec.y_title} ({key})"
 
 
 def _plot(spec) -> gr.LinePlot:
@@ -154,7 +162,10 @@ def _plot(spec) -> gr.LinePlot:
         # Gradio 6.31's LinePlot fixes its colour domain when it builds the chart: every frame carries a
         # placeholder row per series (plotdata.rows) so no series is missing from it; the color_map keeps
         # each series' colour stable.
-        x="time", y="value", color="series", color_map=_colours(spec), title=spec.title, y_title=spec.y_title, x_title="time",
-        x_axis_format="%H:%M:%S", tooltip=["time", "series", "value", "profile"], height=240,
-        elem_id=f"telemetry-plot-{spec.key}", buttons=["fullscreen", "export"],
+        # The title is the block's label (left, above the chart), not a Vega title: a chart title sat
+        # under the plot's own fullscreen/export buttons.
+        x="time", y="value", color="series", color_map=_colours(spec), label=_label(spec),
+        show_label=True, y_title=spec.y_title, x_title=" ", color_title=" ",
+        x_axis_format="%H:%M:%S", tooltip=["time", "series", "value", "profile"], height=260, min_width=240,
+        elem_id=f"telemetry-plot-{spec.key}", buttons=["fullscreen"],
     )

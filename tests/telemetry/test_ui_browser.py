@@ -13,7 +13,7 @@ from tests.conftest import ARTIFACTS, close_panel, free_port, launch_panel
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
-PLOT_IDS = ("vram", "gpu", "pool", "churn", "speed", "kv")
+PLOT_IDS = ("vram", "gpu", "power", "temp", "pool", "churn", "h2d", "kv", "speed", "prompt", "ttft", "requests")
 
 
 def _blue_pixels(png: bytes, box: dict) -> int:
@@ -53,7 +53,8 @@ def test_header_and_telemetry_plots_live_in_demo(panel, browser) -> None:
         page.wait_for_selector("#moet-header-strip")
         hdr = page.locator("[data-testid=hdr-vram]")
         assert "SIMULATED" in page.inner_text("#moet-header-strip")
-        assert engine.start("quality").accepted
+        started = engine.start("quality")
+        assert started.accepted, started
         snap = engine.wait_for(lambda s: s.is_ready or s.state.value == "failed", 60)
         assert snap.is_ready, snap.message
 

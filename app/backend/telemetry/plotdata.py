@@ -18,19 +18,24 @@ class PlotSpec:
     series: tuple[tuple[str, str], ...]  # (TimelinePoint field, legend label)
 
 
+# One quantity in one unit per plot (docs/telemetry.md): a shared axis flattens the smaller series.
+# Decode and prompt tok/s differ by orders of magnitude, so they get an axis each too.
 PLOTS: tuple[PlotSpec, ...] = (
     PlotSpec("vram", "VRAM", "GiB", (("vram_used_gib", "used"), ("vram_total_gib", "total"))),
-    PlotSpec("gpu", "GPU util / power / temperature", "% · W · °C",
-             (("gpu_util", "util %"), ("power_w", "power W"), ("temp_c", "temp °C"))),
-    PlotSpec("pool", "Pool coverage & expert hit-rate", "%",
-             (("coverage_pct", "coverage (token hit-rate)"), ("expert_hit_pct", "expert hit-rate"))),
-    PlotSpec("churn", "Churn & est. H2D", "slots/s · GiB/s",
-             (("churn_per_s", "churn slots/s"), ("h2d_gib_s", "H2D GiB/s"))),
-    PlotSpec("speed", "Decode tok/s & TTFT", "tok/s · ms",
-             (("decode_tok_s", "decode tok/s"), ("prompt_tok_s", "prompt tok/s"), ("ttft_ms", "TTFT p50 ms"))),
-    PlotSpec("kv", "KV-cache usage & requests", "% · count",
-             (("kv_usage_pct", "KV %"), ("running", "running"), ("waiting", "waiting"))),
+    PlotSpec("gpu", "GPU utilisation", "%", (("gpu_util", "util"),)),
+    PlotSpec("power", "GPU power", "W", (("power_w", "power"),)),
+    PlotSpec("temp", "GPU temperature", "°C", (("temp_c", "temperature"),)),
+    PlotSpec("pool", "Pool coverage", "%",
+             (("coverage_pct", "tokens"), ("expert_hit_pct", "experts"))),
+    PlotSpec("churn", "Pool churn", "slots/s", (("churn_per_s", "churn"),)),
+    PlotSpec("h2d", "Est. host→device copy", "GiB/s", (("h2d_gib_s", "H2D"),)),
+    PlotSpec("kv", "KV-cache usage", "%", (("kv_usage_pct", "KV"),)),
+    PlotSpec("speed", "Decode", "tok/s", (("decode_tok_s", "decode"),)),
+    PlotSpec("prompt", "Prompt (prefill)", "tok/s", (("prompt_tok_s", "prompt"),)),
+    PlotSpec("ttft", "Time to first token (p50)", "ms", (("ttft_ms", "TTFT p50"),)),
+    PlotSpec("requests", "Requests", "count", (("running", "running"), ("waiting", "waiting"))),
 )
+PLOTS_PER_ROW = 3
 
 
 def thin(points: list[TimelinePoint], max_points: int = 300) -> list[TimelinePoint]:
