@@ -40,7 +40,11 @@ class Settings:
         return self.data_dir / STATE_SUBDIR
 
     def ensure_state_dir(self) -> Path:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        """Create the state dir 0700 (and tighten an older one): it holds chat history, logs and
+        journals, readable by this user only (docs/ui-and-safety.md#file-modes)."""
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.state_dir.stat().st_mode & 0o077:
+            self.state_dir.chmod(0o700)
         return self.state_dir
 
 
