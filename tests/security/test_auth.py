@@ -180,20 +180,3 @@ def test_browser_login_then_ui_works(authed_panel, browser) -> None:
     page.locator('.moet-card.selected[data-profile="speed"]').wait_for()
     page.wait_for_function("() => document.querySelector('#profile-command textarea').value.includes('DELTA_POLICY=need')")
     assert not browser.console_errors, browser.console_errors
-
-
-def test_repeated_failed_logins_lock_out_with_a_growing_delay() -> None:
-    from app.backend.auth import LoginThrottle, hash_password, make_checker
-
-    now = [1000.0]
-    throttle = LoginThrottle(free_failures=3, clock=lambda: now[0])
-    check = make_checker({"alice": hash_password("correct horse battery")}, throttle)
-    assert not any(check("alice", "wrong") for _ in range(3))  # three free failures
-    assert throttle.locked_until == 1001.0  # the 3rd failure starts a 1 s lockout
-    assert not check("alice", "correct horse battery")  # refused while locked, even with the right password
-    now[0] += 1.0
-    assert not check("alice", "wrong")  # next failure doubles the lockout
-    assert throttle.locked_until == now[0] + 2.0
-    now[0] += 2.0
-    assert check("alice", "correct horse battery")  # after the lockout the right password works
-    assert throttle.failures == 0 and throttle.locked_until == 0.0
