@@ -6,6 +6,7 @@
 | MOET_PANEL_DATA_DIR | data dir: artifacts + the panel's own state (`.moet-panel/`) | the recipe's default_data_dir |
 | MOET_PANEL_DEMO | `1` forces demo mode (simulated engine) | auto: on when no usable GPU/Docker |
 | MOET_PANEL_AUTH_FILE | credentials file for the web UI (see README) | unset |
+| MOET_PANEL_ALLOWED_HOSTS | extra Host names the web gate serves (reverse proxy), comma-separated; read by cli/serve.py (app/backend/webgate.py) | unset: loopback names only |
 | MOET_PANEL_GPU | `nvml` / `simulated` / `none`: force the GPU reader | auto: NVML, else SIMULATED in demo mode |
 """
 

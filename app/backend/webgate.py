@@ -13,8 +13,9 @@ In order, for each HTTP (and WebSocket) request:
    CORS preflights included; without `Origin`, a browser's `Sec-Fetch-Site: cross-site|same-site`
    is 403 too, except a top-level page navigation (a link to the panel from elsewhere).
 4. **Logout is POST only** (Gradio's own `/logout` is a GET: a state change any page could make).
-5. **Session** (auth on) — every path not on the short public list needs a signed-in session.
-6. **Body size** — request bodies are capped (uploads higher than the rest).
+5. **Unused Gradio features** (run history, proxy, vibe editing, monitoring, ...) are 404.
+6. **Session** (auth on) — every path not on the short public list needs a signed-in session.
+7. **Body size** — request bodies are capped (uploads higher than the rest).
 
 Every response gets a Content-Security-Policy that keeps remote scripts, images, frames and
 connections out of the page, plus no-frame/no-sniff/no-referrer/same-origin-resource headers.
@@ -55,6 +56,12 @@ PUBLIC_EXACT = frozenset({
     "/gradio_api/startup-events",  # Gradio's launch() calls it itself, without a session; idempotent
 })
 PUBLIC_PREFIXES = ("/assets/", "/static/", "/svelte/")  # Gradio's built front-end files (no data)
+# Gradio routes for features the panel does not use: 404 in every mode, whatever Gradio's own switch
+# says (defence in depth: run history called the Hub with the panel's token; the proxy fetches URLs;
+# vibe editing rewrites app code; monitoring, MCP, HLS recording, PWA and custom components).
+UNUSED_PREFIXES = ("/gradio_api/run-history", "/gradio_api/runs", "/gradio_api/vibe-", "/gradio_api/undo-vibe-edit",
+                   "/gradio_api/proxy=", "/gradio_api/dev/", "/gradio_api/mcp", "/gradio_api/process_recording",
+                   "/gradio_api/custom_component/", "/monitoring", "/manifest.json", "/pwa_icon")
 
 # What Gradio's page needs (checked in Chromium by tests/security/test_web.py): its inline boot
 # script and inline styles, data:/blob: images (icons, uploads), its own origin for fetch/SSE.
@@ -179,6 +186,10 @@ def _cookies(raw: bytes) -> dict[str, str]:
     return {k: m.value for k, m in jar.items()}
 
 
+def is_unused(path: str) -> bool:
+    return path.startswith(UNUSED_PREFIXES)
+
+
 def is_public(path: str) -> bool:
     return path in PUBLIC_EXACT or path.startswith(PUBLIC_PREFIXES)
 
@@ -242,6 +253,8 @@ class WebGate:
                 if not navigation:
                     return 403, "moet-panel refuses requests made by another site's page.", []
         path = scope.get("path", "")
+        if is_unused(path):
+            return 404, "not found (a Gradio feature moet-panel does not use; docs/ui-and-safety.md#routes)", []
         if scope["type"] == "http" and path.rstrip("/") == "/logout" and scope.get("method") != "POST":
             return 405, "log out with POST /logout (a GET cannot change anything here).", [(b"allow", b"POST")]
         if p.session_user is not None and not is_public(path):

@@ -29,7 +29,8 @@ def _args(**kw: object) -> argparse.Namespace:
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    for var in ("GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT", "MOET_PANEL_AUTH_FILE", "MOET_PANEL_DEMO", "MOET_PANEL_RECIPE", "MOET_PANEL_DATA_DIR"):
+    for var in ("GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT", "MOET_PANEL_AUTH_FILE", "MOET_PANEL_DEMO", "MOET_PANEL_RECIPE",
+                "MOET_PANEL_DATA_DIR", "MOET_PANEL_ALLOWED_HOSTS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
@@ -180,3 +181,12 @@ def test_browser_login_then_ui_works(authed_panel, browser) -> None:
     page.locator('.moet-card.selected[data-profile="speed"]').wait_for()
     page.wait_for_function("() => document.querySelector('#profile-command textarea').value.includes('DELTA_POLICY=need')")
     assert not browser.console_errors, browser.console_errors
+
+
+def test_allowed_hosts_come_from_flags_and_env(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert plan(_args(), probe=_Probe()).allowed_hosts == ()
+    monkeypatch.setenv("MOET_PANEL_ALLOWED_HOSTS", "proxy.example")
+    p = plan(_args(allowed_host=["Panel.Example:8443"]), probe=_Probe())
+    assert p.allowed_hosts == ("proxy.example", "panel.example:8443")
+    with pytest.raises(BindingError, match="allowed host 'http://x'"):
+        plan(_args(allowed_host=["http://x"]), probe=_Probe())
