@@ -334,12 +334,17 @@ def server_side(engine_url: str, runs: int) -> tuple[float, float]:
     return statistics.median(pre), statistics.median(post)
 
 
+# Long enough that the reply is still thinking when Gradio draws its first frame (≈1 s at 200 tok/s):
+# a finished reply collapses its thinking, so its first token would never be on screen.
+TTFT_PROBE_TOKENS = 200
+
+
 def ttft(args: argparse.Namespace, drv: BrowserDriver, engine_url: str, model: str) -> None:
     runs: dict[str, list[float]] = {"direct": [], "panel": [], "added": [], "floor": [], "over_floor": []}
     for i in range(args.ttft_runs + 1):
         prompt = f"ttft probe {i}"
-        d, *_, first = direct(engine_url, model, prompt, 8)
-        drv.new_chat(8)
+        d, *_, first = direct(engine_url, model, prompt, TTFT_PROBE_TOKENS)
+        drv.new_chat(TTFT_PROBE_TOKENS)
         panel = drv.send_timed(prompt, first.strip() or first) * 1000
         drv.wait_done()
         floor = drv.floor_timed(i) * 1000
