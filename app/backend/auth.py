@@ -113,44 +113,90 @@ def add_user(path: Path, name: str, password: str) -> None:
 
 
 @dataclass
-class LoginThrottle:
-    """Slows password guessing: after `free_failures` consecutive failures, every attempt is refused
-    (without checking) until a lockout that doubles per further failure has passed (capped)."""
+class Strikes:
+    """Failed logins counted for one key, and until when that key is locked."""
 
-    free_failures: int = 5
-    max_lockout_s: float = 300.0
-    clock: Callable[[], float] = time.monotonic
     failures: int = 0
     locked_until: float = 0.0
+
+
+@dataclass
+class LoginThrottle:
+    """Slows password guessing per (user name, client address) and per client address, never
+    globally: wrong passwords for one user from one address lock out that pair (and, past
+    `free_failures_address`, that address), never the owner at another address. After the free
+    failures a key is refused without checking until a lockout that doubles per further failure
+    has passed (capped). Addresses come from the HTTP gate (app.backend.webgate), which refuses
+    forwarding headers unless a reverse proxy is configured, so a client cannot pick its own."""
+
+    free_failures: int = 5  # per (user, address)
+    free_failures_address: int = 20  # per address, over all user names (guessing many names)
+    max_lockout_s: float = 300.0
+    max_keys: int = 10_000  # memory bound: unlocked keys are forgotten first
+    clock: Callable[[], float] = time.monotonic
+    keys: dict[tuple[str, str], Strikes] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def allowed(self) -> bool:
-        with self._lock:
-            return self.clock() >= self.locked_until
+    @staticmethod
+    def _pair(user: str, address: str) -> tuple[str, str]:
+        return ("user", f"{user}\x00{address}")
 
-    def record(self, ok: bool) -> None:
+    @staticmethod
+    def _addr(address: str) -> tuple[str, str]:
+        return ("address", address)
+
+    def allowed(self, user: str, address: str) -> bool:
+        now = self.clock()
         with self._lock:
+            return all(self.keys.get(k, Strikes()).locked_until <= now
+                       for k in (self._pair(user, address), self._addr(address)))
+
+    def record(self, user: str, address: str, ok: bool) -> None:
+        with self._lock:
+            pair = self._pair(user, address)
             if ok:
-                self.failures, self.locked_until = 0, 0.0
+                self.keys.pop(pair, None)  # the address count stays: a valid account must not reset it
                 return
-            self.failures += 1
-            extra = self.failures - self.free_failures
-            if extra >= 0:
-                self.locked_until = self.clock() + min(2.0 ** extra, self.max_lockout_s)
+            now = self.clock()
+            for key, free in ((pair, self.free_failures), (self._addr(address), self.free_failures_address)):
+                strikes = self.keys.setdefault(key, Strikes())
+                strikes.failures += 1
+                extra = strikes.failures - free
+                if extra >= 0:
+                    strikes.locked_until = now + min(2.0 ** extra, self.max_lockout_s)
+            self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        if len(self.keys) <= self.max_keys:
+            return
+        for key in [k for k, s in self.keys.items() if s.locked_until <= now]:
+            del self.keys[key]
+            if len(self.keys) <= self.max_keys // 2:
+                return
+        while len(self.keys) > self.max_keys:  # all locked: forget the oldest
+            del self.keys[next(iter(self.keys))]
 
 
-def make_checker(users: dict[str, str], throttle: LoginThrottle | None = None) -> Callable[[str, str], bool]:
-    """Gradio `auth=` callable. Unknown users cost the same scrypt work as known ones (no user probing);
-    repeated failures lock logins out for a growing time (Gradio's login has no rate limit of its own)."""
+def make_checker(users: dict[str, str], throttle: LoginThrottle | None = None,
+                 client_address: Callable[[], str] | None = None) -> Callable[[str, str], bool]:
+    """Gradio `auth=` callable. Every answer costs one scrypt, whether the user exists, the password
+    is right or the key is locked out, so neither the user list nor the lock state shows in the
+    response time; Gradio's login has no rate limit of its own. `client_address` names the client of
+    the login in progress (default: the HTTP gate's record of the current request)."""
+    from app.backend.webgate import current_client
+
     dummy = hash_password(secrets.token_hex(8))
     gate = throttle or LoginThrottle()
+    address_of = client_address or current_client
 
     def check(username: str, password: str) -> bool:
-        if not gate.allowed():
-            return False
+        address = address_of() or "unknown"
+        allowed = gate.allowed(username, address)
         encoded = users.get(username)
-        ok = verify_password(password or "", encoded or dummy) and encoded is not None
-        gate.record(ok)
+        ok = verify_password(password or "", encoded or dummy) and encoded is not None  # always the work
+        if not allowed:
+            return False
+        gate.record(username, address, ok)
         return ok
 
     return check

@@ -6,6 +6,7 @@
 | MOET_PANEL_DATA_DIR | data dir: artifacts + the panel's own state (`.moet-panel/`) | the recipe's default_data_dir |
 | MOET_PANEL_DEMO | `1` forces demo mode (simulated engine) | auto: on when no usable GPU/Docker |
 | MOET_PANEL_AUTH_FILE | credentials file for the web UI (see README) | unset |
+| MOET_PANEL_ALLOWED_HOSTS | extra Host names the web gate serves (reverse proxy), comma-separated; read by cli/serve.py (app/backend/webgate.py) | unset: loopback names only |
 | MOET_PANEL_GPU | `nvml` / `simulated` / `none`: force the GPU reader | auto: NVML, else SIMULATED in demo mode |
 """
 
@@ -40,7 +41,11 @@ class Settings:
         return self.data_dir / STATE_SUBDIR
 
     def ensure_state_dir(self) -> Path:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        """Create the state dir 0700 (and tighten an older one): it holds chat history, logs and
+        journals, readable by this user only (docs/ui-and-safety.md#file-modes)."""
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.state_dir.stat().st_mode & 0o077:
+            self.state_dir.chmod(0o700)
         return self.state_dir
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from app.backend.auth import AuthError, BindingError, add_user, check_binding, default_auth_path, load_users, make_checker
 from app.backend.settings import ENV_AUTH_FILE, ENV_DATA_DIR, ENV_DEMO, ENV_RECIPE, Settings, resolve_settings
+from app.backend.webgate import ENV_ALLOWED_HOSTS, parse_allowed_hosts
 from app.cli.main import add_common
 
 log = logging.getLogger("moet_panel.serve")
@@ -32,6 +33,9 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=None, help="listen port (default 7860; env GRADIO_SERVER_PORT)")
     p.add_argument("--demo", action="store_true", help="force demo mode: simulated engine, GPU and Hub (env MOET_PANEL_DEMO=1)")
     p.add_argument("--auth-file", metavar="FILE", help=f"web UI credentials (env {ENV_AUTH_FILE}); create with --add-user")
+    p.add_argument("--allowed-host", metavar="NAME", action="append", default=[],
+                   help="also answer to this Host name (a reverse proxy's public name, NAME or NAME:PORT); "
+                        f"repeatable; env {ENV_ALLOWED_HOSTS}=a,b. Loopback names are always allowed")
     p.add_argument("--add-user", metavar="NAME", help="add/replace a user in the auth file (password from prompt or stdin) and exit")
     p.set_defaults(func=run)
 
@@ -49,6 +53,7 @@ class Plan:
     host: str
     port: int
     auth_file: Path | None
+    allowed_hosts: tuple[str, ...] = ()  # extra Host names the HTTP gate serves (app.backend.webgate)
 
 
 def _read_password() -> str:
@@ -69,6 +74,11 @@ def plan(args: argparse.Namespace, probe: object | None = None) -> Plan:
     if auth_file is not None:
         load_users(auth_file)  # fail early with the file's problem
     check_binding(host, auth_file is not None)
+    try:
+        allowed_hosts = parse_allowed_hosts(",".join([os.environ.get(ENV_ALLOWED_HOSTS, ""),
+                                                      *(getattr(args, "allowed_host", None) or [])]))
+    except ValueError as exc:
+        raise BindingError(str(exc)) from None
     demo_reason = ""
     if args.demo or os.environ.get(ENV_DEMO) == "1":
         demo_reason = "requested (--demo / MOET_PANEL_DEMO=1)"
@@ -82,7 +92,8 @@ def plan(args: argparse.Namespace, probe: object | None = None) -> Plan:
     data_dir = args.data_dir or os.environ.get(ENV_DATA_DIR) or (str(demo_data_dir()) if demo else None)
     recipe = args.recipe or os.environ.get(ENV_RECIPE)  # demo without a recipe → simulated.toml
     settings = resolve_settings(recipe, data_dir, demo=demo, demo_reason=demo_reason)
-    return Plan(settings=settings, demo_reason=demo_reason, host=host, port=port, auth_file=auth_file)
+    return Plan(settings=settings, demo_reason=demo_reason, host=host, port=port, auth_file=auth_file,
+                allowed_hosts=allowed_hosts)
 
 
 def banner(p: Plan, url: str, hub_note: str | None) -> str:
@@ -95,6 +106,9 @@ def banner(p: Plan, url: str, hub_note: str | None) -> str:
         f"  demo     : {'yes — ' + p.demo_reason if p.demo_reason else 'no (real GPU + Docker)'}",
         f"  auth     : {'on — ' + str(users) + ' user(s) from ' + str(p.auth_file) if p.auth_file else 'off (listening on loopback only)'}",
     ]
+    lines.append(f"  hosts    : loopback{''.join(', ' + h for h in p.allowed_hosts)}"
+                 + ("  (listening on every address: add --allowed-host NAME for the name browsers use)"
+                    if p.host in ("0.0.0.0", "::", "[::]") and not p.allowed_hosts else ""))
     if hub_note:
         lines.append(f"  hub      : {hub_note}")
     lines.append("  stop     : Ctrl+C (a running engine container keeps running; the panel adopts it next start)")
@@ -142,7 +156,7 @@ def _serve(p: Plan) -> int:
     auth = make_checker(load_users(p.auth_file)) if p.auth_file else None
     demo = build_ui(state)
     try:
-        url = launch(demo, p.host, p.port, auth)
+        url = launch(demo, p.host, p.port, auth, allowed_hosts=p.allowed_hosts)
     except OSError as exc:
         state.close()
         print(f"moet-panel: cannot listen on {p.host}:{p.port} ({exc}). Is another panel running? "

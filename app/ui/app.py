@@ -10,25 +10,20 @@ from __future__ import annotations
 
 import html
 import importlib
-import inspect
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Awaitable, Callable
 
 import gradio as gr
-from fastapi import Depends, FastAPI, Request
-from gradio.route_utils import API_PREFIX
 
 from app.backend.state import AppState
+from app.backend.webgate import GatePolicy, WebGate
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 CSS_PATH = ASSETS / "css" / "panel.css"
-# Page scripts, in the page's <head> (Gradio 6: launch(head=...)); each installs itself.
-HEAD_SCRIPTS = [ASSETS / "js" / "chat_quickstart.js"]
-
-# mount(path, endpoint): a POST route on the panel's server behind the same login as Gradio's API.
-Mount = Callable[[str, Callable[..., Awaitable[Any]]], None]
+AUTH_MESSAGE = "moet-panel controls Docker on this machine: sign in to continue."
 
 # Tab modules in display order. A module is listed only once its capability has landed.
 TABS = [
@@ -47,8 +42,6 @@ class Shell:
 
     timer: gr.Timer  # 1 s page timer; tick handlers only read backend caches
     tabs: gr.Tabs | None = None  # set once the Tabs exist (the header is built above them)
-    on_launch: list[Callable[[Mount], None]] = field(default_factory=list)  # run by launch() below
-
 
 
 def build_ui(state: AppState) -> gr.Blocks:
@@ -78,56 +71,11 @@ def build_ui(state: AppState) -> gr.Blocks:
                 module = importlib.import_module(name)
                 with gr.Tab(module.TITLE, id=name.rsplit(".", 1)[-1], elem_id=f"tab-{name.rsplit('.', 1)[-1]}"):
                     module.render(state, shell)
-    demo.moet_on_launch = shell.on_launch  # travels with the Blocks to launch(): no module-level registry
     return demo
 
 
 def css_text() -> str:
     return CSS_PATH.read_text() if CSS_PATH.exists() else ""
-
-
-def head_html() -> str:
-    return "".join(f"<script>\n{path.read_text()}\n</script>" for path in HEAD_SCRIPTS)
-
-
-def gradio_session_guard(app: FastAPI) -> Callable[[Request], Awaitable[None]]:
-    """Gradio's own session check, as a dependency for the panel's routes: its `login_check` route
-    function (401 without a session when auth is on, nothing when it is off) fed by its own
-    `get_current_user`. Reused, not re-implemented, so these routes can never be more open than
-    Gradio's API; awaited directly (Gradio's `login_check` is a plain function that FastAPI would
-    otherwise run on a worker thread: a hop in front of every Send). Raises if this Gradio has no
-    such route (then nothing is mounted)."""
-    stack = list(app.router.routes)
-    while stack:
-        route = stack.pop()
-        inner = getattr(route, "original_router", None)
-        if inner is not None:  # FastAPI's included router (Gradio's /gradio_api)
-            stack.extend(inner.routes)
-        elif getattr(route, "path", None) == f"{API_PREFIX}/login_check":
-            login_check = route.endpoint
-            get_user = inspect.signature(login_check).parameters["user"].default.dependency
-            if not inspect.iscoroutinefunction(get_user):
-                raise RuntimeError("Gradio's get_current_user is not a coroutine function any more")
-
-            async def guard(request: Request) -> None:
-                login_check(await get_user(request))
-
-            return guard
-    raise RuntimeError(f"Gradio has no {API_PREFIX}/login_check route to guard the panel's own routes")
-
-
-def mount_routes(blocks: gr.Blocks, app: FastAPI) -> None:
-    """Add the tabs' own routes (on_launch hooks) to the launched app, behind Gradio's login."""
-    hooks = getattr(blocks, "moet_on_launch", [])
-    if not hooks:
-        return
-    guard = Depends(gradio_session_guard(app))
-
-    def mount(path: str, endpoint: Callable[..., Awaitable[Any]]) -> None:
-        app.add_api_route(path, endpoint, methods=["POST"], dependencies=[guard], include_in_schema=False)
-
-    for hook in hooks:
-        hook(mount)
 
 
 def launch_kwargs(auth: Callable[[str, str], bool] | None = None) -> dict[str, Any]:
@@ -138,14 +86,22 @@ def launch_kwargs(auth: Callable[[str, str], bool] | None = None) -> dict[str, A
         "theme": make_theme(),
         "css": css_text(),
         "footer_links": [],  # no API/"built with" links: the panel is not an API product
-        "enable_monitoring": False,
         "show_error": False,  # tracebacks stay in the server log (redacted), not in the page
         "quiet": True,
-        "head": head_html(),
+        # Gradio features the panel does not use, off (docs/ui-and-safety.md#routes): run history
+        # (its routes call the Hub with the process's HF token), MCP, monitoring, SSR's Node
+        # server, PWA; uploads capped at the chat import's size.
+        "run_history": False,
+        "mcp_server": False,
+        "enable_monitoring": False,
+        "ssr_mode": False,
+        "pwa": False,
+        "strict_cors": True,
+        "max_file_size": "16mb",
     }
     if auth is not None:
         kwargs["auth"] = auth
-        kwargs["auth_message"] = "moet-panel controls Docker on this machine: sign in to continue."
+        kwargs["auth_message"] = AUTH_MESSAGE
     return kwargs
 
 
@@ -157,10 +113,49 @@ def hide_api(blocks: gr.Blocks) -> None:
         fn.api_visibility = "private"
 
 
-def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], bool] | None = None) -> str:
-    """Launch without blocking (the caller decides how to wait); returns the local URL."""
+def gradio_session(app: Any) -> Callable[[dict[str, str]], str | None]:
+    """The signed-in user for a request's cookies, as Gradio's own `get_current_user` reads them
+    (its session cookies, looked up in its token table), for the gate in front of every route."""
+
+    def session_user(cookies: dict[str, str]) -> str | None:
+        token = cookies.get(f"access-token-{app.cookie_id}") or cookies.get(f"access-token-unsecure-{app.cookie_id}")
+        return app.tokens.get(token) if token else None
+
+    return session_user
+
+
+def _gate_lifespan(policy_for: Callable[[Any], GatePolicy]) -> Callable[[Any], Any]:
+    """Put the WebGate in front of Gradio's whole middleware stack (its CORS middleware included,
+    so a foreign preflight is refused, not answered) when the server starts, before it accepts a
+    connection: uvicorn runs the lifespan first. `add_middleware` cannot do this: Gradio adds its
+    own middleware outermost after the app exists."""
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        if app.middleware_stack is None:
+            raise RuntimeError("the web app has no middleware stack at startup: cannot install the gate")
+        app.middleware_stack = WebGate(app.middleware_stack, policy_for(app))
+        yield
+
+    return lifespan
+
+
+def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], bool] | None = None,
+           allowed_hosts: tuple[str, ...] = ()) -> str:
+    """Launch without blocking (the caller decides how to wait); returns the local URL. Every
+    request passes app.backend.webgate first (Host/Origin allow-lists, session, CSP)."""
     if auth is not None:
         hide_api(blocks)
-    app, url, _ = blocks.launch(server_name=host, server_port=port, prevent_thread_lock=True, **launch_kwargs(auth))
-    mount_routes(blocks, app)
+
+    def policy_for(app: Any) -> GatePolicy:
+        return GatePolicy(port=port, bind_host=host, allowed_hosts=allowed_hosts,
+                          session_user=gradio_session(app) if auth is not None else None, auth_message=AUTH_MESSAGE)
+
+    app, url, _ = blocks.launch(server_name=host, server_port=port, prevent_thread_lock=True,
+                                app_kwargs={"lifespan": _gate_lifespan(policy_for),
+                                            # no FastAPI schema/docs pages: the panel is not an API product
+                                            "openapi_url": None, "docs_url": None, "redoc_url": None}, **launch_kwargs(auth))
+    if not isinstance(app.middleware_stack, WebGate):  # never serve without the gate
+        blocks.close()
+        raise RuntimeError("the panel's HTTP gate is not installed; refusing to serve")
     return str(url)

@@ -5,16 +5,12 @@ messages on top of a history prefix rendered once, and Gradio sends the browser 
 The update interval grows with the reply's size (display.py) so a 20k-token answer costs the
 browser and the panel the same per 1k tokens at its end as at its start. Stop cancels the
 generator; its `finally` closes the stream so the engine aborts the request.
-
-Quick start: assets/js/chat_quickstart.js posts each Send to the panel's own route
-(app/backend/chat/fastroute.py) before Gradio handles the click, and draws the first tokens itself;
-the Send event below then claims that reply by its ticket instead of sending again.
 """
 
 from __future__ import annotations
 
 import html
-import json
+import logging
 from dataclasses import dataclass
 from collections.abc import Iterator
 from typing import Any
@@ -24,8 +20,6 @@ from gradio.context import Context
 
 from app.backend.chat.display import THINKING_TAIL_CHARS, thinking_tail, update_interval
 from app.backend.chat.client import SamplingParams
-from app.backend.chat.fastpath import PageSend, TicketBook, TicketError
-from app.backend.chat.fastroute import SEND_PATH, send_endpoint
 from app.backend.chat.models import Conversation, Message
 from app.backend.chat.service import ChatError, ChatService
 from app.backend.chat.stats import format_stats
@@ -33,6 +27,7 @@ from app.backend.chat.turn import TurnView
 from app.backend.state import AppState
 
 TITLE = "Chat"
+log = logging.getLogger("moet_panel.chat")
 STREAM_CONCURRENCY = "chat-stream"  # own queue: a long answer never blocks the page timer or other tabs
 
 # ---- rendering (pure functions: Conversation / TurnView -> Chatbot message dicts) -------------------
@@ -132,7 +127,6 @@ class ChatView:
 
     conv_id: Any
     editing: Any
-    ticket: Any
     ready_state: Any
     convs: Any
     new_btn: Any
@@ -170,13 +164,6 @@ class ChatView:
     def conv_targets(self) -> list[Any]:
         return [self.conv_id, self.convs, self.bot, self.system, self.editing, self.edit_hint]
 
-    @property
-    def composer(self) -> dict[str, Any]:
-        """A Send's inputs besides its text, by the names the quick-start script uses."""
-        return {"conv_id": self.conv_id, "editing": self.editing, "system": self.system,
-                "custom_url": self.custom_url, "temperature": self.temp, "top_p": self.top_p,
-                "min_p": self.min_p, "max_tokens": self.max_tokens}
-
 
 def sampling_of(t: float, p: float, m: float, n: float | None) -> SamplingParams:
     return SamplingParams(float(t), float(p), float(m), int(n) if n else None)
@@ -188,19 +175,15 @@ def render(state: AppState, shell: Any) -> None:
         gr.Markdown("Chat is not available in this build.")
         return
     v = _layout(chat)
-    book = TicketBook()
-    _wire_quickstart(chat, v, shell, book)  # first: see its docstring
     _wire_conversations(chat, v)
-    _wire_replies(chat, v, book)
+    _wire_replies(chat, v)
     _wire_settings(chat, v, shell)
 
 
 def _layout(chat: ChatService) -> ChatView:
     d = chat.default_sampling()
-    # Not gr.State: the quick-start script needs these in the page (a js-only event mirrors them).
-    conv_id = gr.Textbox("", visible=False, elem_id="chat-conv-id")
-    editing = gr.Checkbox(False, visible=False, elem_id="chat-editing")
-    ticket = gr.Textbox("", visible=False, elem_id="chat-ticket")  # set by the Send's js= hook
+    conv_id = gr.State("")
+    editing = gr.State(False)
     ready_state = gr.State(None)
 
     with gr.Row(equal_height=False):
@@ -263,21 +246,36 @@ def _conv_outputs(chat: ChatService, conv: Conversation) -> tuple[Any, ...]:
             render_history(conv.messages), conv.system_prompt, False, "")
 
 
+def _open_outputs(chat: ChatService, cid: str) -> tuple[Any, ...]:
+    """Show one conversation; one that cannot be loaded or drawn (a damaged row, e.g. from an older
+    import) shows why instead, stays selected and can be deleted: it never breaks the tab."""
+    try:
+        return _conv_outputs(chat, chat.get(cid))
+    except ChatError:
+        raise
+    except Exception as exc:  # any failure inside one conversation's data: contain it to that conversation
+        log.warning("chat: conversation %s cannot be shown: %s", cid, exc)
+        shown = [{"role": "assistant", "content": f"**This conversation cannot be shown:** {html.escape(str(exc))}  \n"
+                  "Delete it with **Delete** (other conversations are not affected)."}]
+        return cid, gr.Radio(choices=conversation_choices(chat), value=cid), shown, "", False, ""
+
+
 def _wire_conversations(chat: ChatService, v: ChatView) -> None:
     conv_targets = v.conv_targets
 
     # ---- page load / conversation management -----------------------------------------------------
     def on_load(cid: str) -> tuple[Any, ...]:
         summaries = chat.list_conversations()
-        conv = chat.get(summaries[0].id) if summaries else chat.new_conversation()
-        return _conv_outputs(chat, conv)
+        if summaries:
+            return _open_outputs(chat, summaries[0].id)
+        return _conv_outputs(chat, chat.new_conversation())
 
     root = Context.root_block
     if root is not None:
         root.load(on_load, [v.conv_id], conv_targets, api_name="chat_load")
 
     def on_select(cid: str) -> tuple[Any, ...]:
-        return _conv_outputs(chat, chat.get(cid))
+        return _open_outputs(chat, cid)
 
     def on_new() -> tuple[Any, ...]:
         return _conv_outputs(chat, chat.new_conversation())
@@ -299,7 +297,10 @@ def _wire_conversations(chat: ChatService, v: ChatView) -> None:
 
     def on_system(cid: str, text: str | None) -> None:
         if cid:
-            chat.set_system_prompt(cid, text or "")
+            try:
+                chat.set_system_prompt(cid, text or "")
+            except ChatError as exc:
+                raise gr.Error(str(exc)) from None
 
     def on_export(cid: str, fmt: str) -> Any:
         return gr.File(value=str(chat.export_file(cid, fmt)), visible=True)
@@ -324,7 +325,7 @@ def _wire_conversations(chat: ChatService, v: ChatView) -> None:
     v.import_btn.upload(on_import, [v.import_btn], conv_targets, api_name="chat_import")
 
 
-def _wire_replies(chat: ChatService, v: ChatView, book: TicketBook) -> None:
+def _wire_replies(chat: ChatService, v: ChatView) -> None:
     sampling_inputs = v.sampling_inputs
     # ---- sending and streaming ------------------------------------------------------------------
     def stream_turn(cid: str, turn: Any) -> Iterator[list[dict[str, Any]]]:
@@ -337,23 +338,14 @@ def _wire_replies(chat: ChatService, v: ChatView, book: TicketBook) -> None:
             if not turn.done.is_set():  # Stop pressed, conversation switched or page closed
                 turn.stop(timeout=0)
 
-    def start_send(cid: str, text: str, is_edit: bool, sys_prompt: str, url: str, sampling: SamplingParams,
-                   ticket: str) -> tuple[Any, bool]:
-        """The reply the quick-start route already started for this Send (its ticket), else a new one."""
-        if ticket:
-            claim = book.claim(PageSend(ticket, cid, text, bool(is_edit), sys_prompt, url or "", sampling))
-            if claim is not None:
-                return claim.turn, claim.first_message
-        return chat.send_composed(cid, text, sampling, edit=bool(is_edit), system_prompt=sys_prompt,
-                                  custom_url=url or None)
-
     def on_send(cid: str, text: str, is_edit: bool, sys_prompt: str | None, url: str, t: float, p: float,
-                m: float, n: float | None, ticket: str | None = None):
+                m: float, n: float | None):
         # One event does send + stream: a second chained event would add a queue round trip to TTFT.
         sampling = sampling_of(t, p, m, n)
         try:  # retitle: the first message names the conversation
-            turn, retitle = start_send(cid, text, is_edit, sys_prompt or "", url, sampling, ticket or "")
-        except (ChatError, TicketError) as exc:
+            turn, retitle = chat.send_composed(cid, text, sampling, edit=bool(is_edit), system_prompt=sys_prompt or "",
+                                               custom_url=url or None)
+        except ChatError as exc:
             raise gr.Error(str(exc)) from None
         skip = gr.skip()
         value: Any = skip
@@ -379,14 +371,13 @@ def _wire_replies(chat: ChatService, v: ChatView, book: TicketBook) -> None:
         chat.stop(cid)
         return _full_view(chat, cid)
 
-    send_inputs = [v.conv_id, v.box, v.editing, v.system, v.custom_url, *sampling_inputs, v.ticket]
+    send_inputs = [v.conv_id, v.box, v.editing, v.system, v.custom_url, *sampling_inputs]
     send_outputs = [v.box, v.bot, v.editing, v.edit_hint, v.convs]
     stream_kw: dict[str, Any] = dict(concurrency_id=STREAM_CONCURRENCY, concurrency_limit=chat.max_streams,
                                      show_progress="hidden")
-    take_ticket = "(...a) => window.moetChat ? window.moetChat.withTicket(a) : a"  # ticket: the last input
     streams = [
-        v.box.submit(on_send, send_inputs, send_outputs, api_name="chat_send", js=take_ticket, **stream_kw),
-        v.send_btn.click(on_send, send_inputs, send_outputs, api_name=False, js=take_ticket, **stream_kw),
+        v.box.submit(on_send, send_inputs, send_outputs, api_name="chat_send", **stream_kw),
+        v.send_btn.click(on_send, send_inputs, send_outputs, api_name=False, **stream_kw),
         v.regen_btn.click(on_regen, [v.conv_id, v.custom_url, *sampling_inputs], [v.bot], api_name="chat_regenerate",
                         **stream_kw),
     ]
@@ -442,17 +433,3 @@ def _wire_settings(chat: ChatService, v: ChatView, shell: Any) -> None:
         root.load(on_tick, [v.custom_url, v.ready_state], tick_outputs, api_name=False)
     v.engine_btn.click(lambda: gr.Tabs(selected="engine"), None, shell.tabs, api_name=False)
 
-
-def _wire_quickstart(chat: ChatService, v: ChatView, shell: Any, book: TicketBook) -> None:
-    """Mirror the Send's inputs into the page script, and mount its route once the app exists.
-
-    Wired before the tab's other events: Gradio's page runs the handlers of one trigger in the
-    order they were added and waits for each backend one to finish, so a mirror added after
-    `on_sampling` would lag a change by a server round trip (a Send in that gap would disagree)."""
-    root = Context.root_block
-    names = list(v.composer)
-    comps = list(v.composer.values())
-    triggers = [c.change for c in comps] + ([root.load] if root is not None else [])
-    gr.on(triggers, None, comps, None, js=f"(...v) => {{ window.moetChat?.setComposer({json.dumps(names)}, v); }}",
-          queue=False, show_progress="hidden", api_name=False)
-    shell.on_launch.append(lambda mount: mount(SEND_PATH, send_endpoint(chat, book)))

@@ -60,8 +60,8 @@ CRASH_DIAGNOSIS = Diagnosis(
 
 @contextlib.contextmanager
 def chat_panel(data_dir: Path, auth: object = None, **sim_overrides: object) -> Iterator[tuple[str, FakeEngine, Any]]:
-    """The Chat tab alone on a SIMULATED engine, launched as `moet-panel serve` launches it (page
-    script, quick-start route, auth): yields (url, engine, tests.conftest.Panel)."""
+    """The Chat tab alone on a SIMULATED engine, launched as `moet-panel serve` launches it (the HTTP
+    gate, auth): yields (url, engine, tests.conftest.Panel)."""
     import app.ui.app as ui_app
     from app.backend.chat.service import ChatService
     from app.backend.settings import resolve_settings

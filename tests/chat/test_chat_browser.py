@@ -47,7 +47,7 @@ def chat_panel(tmp_path: Path, monkeypatch) -> Iterator[tuple[str, FakeEngine, d
     monkeypatch.setattr(ui_app, "TABS", ["app.ui.chat"])  # only the tab under test
     blocks = ui_app.build_ui(state)
     try:
-        url = ui_app.launch(blocks, "127.0.0.1", free_port())  # as `serve` does: page script, quick-start route
+        url = ui_app.launch(blocks, "127.0.0.1", free_port())  # as `serve` does: theme, the HTTP gate
         yield url, engine, sims
     finally:
         blocks.close()

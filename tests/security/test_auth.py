@@ -29,7 +29,8 @@ def _args(**kw: object) -> argparse.Namespace:
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    for var in ("GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT", "MOET_PANEL_AUTH_FILE", "MOET_PANEL_DEMO", "MOET_PANEL_RECIPE", "MOET_PANEL_DATA_DIR"):
+    for var in ("GRADIO_SERVER_NAME", "GRADIO_SERVER_PORT", "MOET_PANEL_AUTH_FILE", "MOET_PANEL_DEMO", "MOET_PANEL_RECIPE",
+                "MOET_PANEL_DATA_DIR", "MOET_PANEL_ALLOWED_HOSTS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
@@ -182,18 +183,10 @@ def test_browser_login_then_ui_works(authed_panel, browser) -> None:
     assert not browser.console_errors, browser.console_errors
 
 
-def test_repeated_failed_logins_lock_out_with_a_growing_delay() -> None:
-    from app.backend.auth import LoginThrottle, hash_password, make_checker
-
-    now = [1000.0]
-    throttle = LoginThrottle(free_failures=3, clock=lambda: now[0])
-    check = make_checker({"alice": hash_password("correct horse battery")}, throttle)
-    assert not any(check("alice", "wrong") for _ in range(3))  # three free failures
-    assert throttle.locked_until == 1001.0  # the 3rd failure starts a 1 s lockout
-    assert not check("alice", "correct horse battery")  # refused while locked, even with the right password
-    now[0] += 1.0
-    assert not check("alice", "wrong")  # next failure doubles the lockout
-    assert throttle.locked_until == now[0] + 2.0
-    now[0] += 2.0
-    assert check("alice", "correct horse battery")  # after the lockout the right password works
-    assert throttle.failures == 0 and throttle.locked_until == 0.0
+def test_allowed_hosts_come_from_flags_and_env(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert plan(_args(), probe=_Probe()).allowed_hosts == ()
+    monkeypatch.setenv("MOET_PANEL_ALLOWED_HOSTS", "proxy.example")
+    p = plan(_args(allowed_host=["Panel.Example:8443"]), probe=_Probe())
+    assert p.allowed_hosts == ("proxy.example", "panel.example:8443")
+    with pytest.raises(BindingError, match="allowed host 'http://x'"):
+        plan(_args(allowed_host=["http://x"]), probe=_Probe())

@@ -59,23 +59,6 @@ class Message:
         data["stats"] = self.stats.to_dict() if self.stats else None
         return data
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Message":
-        if data.get("role") not in ("system", "user", "assistant"):
-            raise ValueError(f"message role must be system, user or assistant, not {data.get('role')!r}")
-        if data.get("status", "complete") not in STATUSES:
-            raise ValueError(f"message status must be one of {', '.join(STATUSES)}")
-        return cls(
-            role=data["role"],
-            content=str(data.get("content") or ""),
-            reasoning=str(data.get("reasoning") or ""),
-            reasoning_s=data.get("reasoning_s"),
-            status=data.get("status", "complete"),
-            error=str(data.get("error") or ""),
-            stats=MessageStats.from_dict(data.get("stats")),
-            created=float(data.get("created") or time.time()),
-        )
-
 
 @dataclass
 class Conversation:

@@ -31,12 +31,22 @@ from app.backend.recipe.schema import Recipe
 DB_NAME = "chat.sqlite"
 DEFAULT_MAX_TOKENS = 32768  # the card: answers to hard tasks run to 20k+ tokens
 DIAGNOSIS_WAIT_S = 2.0  # after a broken stream, how long to wait for the controller to classify it
-HISTORY_DELAY_MAX_S = 0.25  # defer_history: the write waits for the first token at most this long
-MAX_STREAMS = 8  # replies streaming at once, over all conversations (the page's queue and its quick start)
+MAX_STREAMS = 8  # replies streaming at once, over all conversations (the page's queue)
+# One message or system prompt, UTF-8 encoded (docs/chat.md#limits): far above any prompt a person
+# types or pastes, far below what would bloat chat.sqlite and the page (issue 13: a 50 MB send).
+MAX_MESSAGE_BYTES = 256 * 1024
 
 
 class ChatError(RuntimeError):
     """A chat action cannot be done now; the message says why and what to do."""
+
+
+def check_size(text: str, what: str) -> None:
+    """Refuse a message or system prompt over MAX_MESSAGE_BYTES (every send path calls this)."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_MESSAGE_BYTES:
+        raise ChatError(f"{what} is {size / 1024:.0f} KiB; the limit is {MAX_MESSAGE_BYTES // 1024} KiB. "
+                        "Shorten it, or send a long document in parts.")
 
 
 class ChatService:
@@ -114,6 +124,7 @@ class ChatService:
         return conv
 
     def set_system_prompt(self, conv_id: str, system_prompt: str) -> None:
+        check_size(system_prompt, "The system prompt")
         conv = self.get(conv_id)
         if conv.system_prompt != system_prompt:
             conv.system_prompt = system_prompt
@@ -146,10 +157,11 @@ class ChatService:
             return sum(1 for t in self._turns.values() if not t.done.is_set())
 
     def send(self, conv_id: str, text: str, sampling: SamplingParams, custom_url: str | None = None,
-             extra_body: dict[str, Any] | None = None, defer_history: bool = False) -> Turn:
+             extra_body: dict[str, Any] | None = None) -> Turn:
         text = text.strip()
         if not text:
             raise ChatError("Type a message first.")
+        check_size(text, "The message")
         conv, ep = self._prepare(conv_id, custom_url)
         user = Message(role="user", content=text)
         conv.messages.append(user)
@@ -160,18 +172,18 @@ class ChatService:
                 conv.title = title_from_prompt(text)
                 self._store.update_conversation(conv)
 
-        return self._start_reply(conv, ep, sampling, extra_body, persist, unsaved=[user], defer_history=defer_history)
+        return self._start_reply(conv, ep, sampling, extra_body, persist, unsaved=[user])
 
     def send_composed(self, conv_id: str, text: str, sampling: SamplingParams, *, edit: bool = False,
-                      system_prompt: str = "", custom_url: str | None = None,
-                      defer_history: bool = False) -> tuple[Turn, bool]:
+                      system_prompt: str = "", custom_url: str | None = None) -> tuple[Turn, bool]:
         """What the chat page's Send does: save the system prompt, then send (or replace the last
         message when editing). Returns the turn and whether this was the conversation's first
-        message (its title changes). One function for the Gradio event and the quick-start route."""
+        message (its title changes)."""
+        check_size(text, "The message")  # before the system prompt is saved: a refused Send changes nothing
         self.set_system_prompt(conv_id, system_prompt)
         first = self.get(conv_id).messages == []
         send = self.edit_last if edit else self.send
-        return send(conv_id, text, sampling, custom_url=custom_url, defer_history=defer_history), first
+        return send(conv_id, text, sampling, custom_url=custom_url), first
 
     def regenerate(self, conv_id: str, sampling: SamplingParams, custom_url: str | None = None,
                    extra_body: dict[str, Any] | None = None) -> Turn:
@@ -183,18 +195,18 @@ class ChatService:
         return self._start_reply(conv, ep, sampling, extra_body)
 
     def edit_last(self, conv_id: str, text: str, sampling: SamplingParams, custom_url: str | None = None,
-                  extra_body: dict[str, Any] | None = None, defer_history: bool = False) -> Turn:
+                  extra_body: dict[str, Any] | None = None) -> Turn:
         """Replace the last user message, drop what followed it, and resend."""
         text = text.strip()
         if not text:
             raise ChatError("The edited message is empty.")
+        check_size(text, "The edited message")
         conv, ep = self._prepare(conv_id, custom_url)
         last_user = self._truncate_after_last_user(conv)
         if last_user is None:
             raise ChatError("There is no message to edit yet.")
         last_user.content = text
-        return self._start_reply(conv, ep, sampling, extra_body, lambda: self._store.update_message(last_user),
-                                 defer_history=defer_history)
+        return self._start_reply(conv, ep, sampling, extra_body, lambda: self._store.update_message(last_user))
 
     def last_user_text(self, conv_id: str) -> str:
         conv = self.get(conv_id)
@@ -228,14 +240,9 @@ class ChatService:
 
     def _start_reply(self, conv: Conversation, ep: Endpoint, sampling: SamplingParams,
                      extra_body: dict[str, Any] | None, persist_first: Callable[[], None] | None = None,
-                     unsaved: list[Message] | None = None, defer_history: bool = False) -> Turn:
+                     unsaved: list[Message] | None = None) -> Turn:
         """Send the request first, then write history while the engine prefills (TTFT is not spent
-        on SQLite). The turn's writes wait until the rows exist.
-
-        defer_history: return at once and write history on another thread after the first token
-        (or HISTORY_DELAY_MAX_S): with a fast engine, a write during the request competes with it
-        for the CPU (measured: the engine leg 2-4 ms slower on a 2-core box). A failed write is then
-        reported on the reply (like a failed final write) instead of refusing the send."""
+        on SQLite). The turn's writes wait until the rows exist."""
         history = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
         # Prior reasoning is not sent back: it would change the prompt (stack.md §1.3).
         history += [{"role": m.role, "content": m.content} for m in conv.messages
@@ -247,21 +254,12 @@ class ChatService:
         body = {**self._extra_body, **(extra_body or {})}
         stream = self._client(ep.base_url).stream(ChatRequest(ep.model, history, sampling, body))
         stored = threading.Event()
-        history_error: list[str] = []  # defer_history: why the first write failed
         turn = Turn(stream, reply, StatsRecorder(started=time.monotonic()),
                     on_checkpoint=lambda m: self._store.update_message(m) if stored.is_set() else None,
-                    on_done=lambda t: self._turn_done(t, stored, history_error),
+                    on_done=lambda t: self._turn_done(t, stored),
                     diagnose=lambda err: self._diagnose(err, ep), checkpoint_s=self._checkpoint_s)
         with self._lock:
             self._turns[conv.id] = turn
-        if defer_history:
-            started = threading.Event()
-            turn.subscribe(started.set)
-            turn.start()
-            threading.Thread(target=self._write_history_later,
-                             args=(conv, reply, persist_first, started, stored, history_error),
-                             name="chat-history", daemon=True).start()
-            return turn
         turn.start()
         try:
             if persist_first is not None:
@@ -278,24 +276,9 @@ class ChatService:
             stored.set()
         return turn
 
-    def _write_history_later(self, conv: Conversation, reply: Message, persist_first: Callable[[], None] | None,
-                             started: threading.Event, stored: threading.Event, history_error: list[str]) -> None:
-        started.wait(HISTORY_DELAY_MAX_S)
-        try:
-            if persist_first is not None:
-                persist_first()
-            self._store.add_message(conv, reply)
-        except ChatStoreError as exc:  # the reply goes on; its end says it is not in the history
-            history_error.append(str(exc))
-        finally:
-            stored.set()
-
-    def _turn_done(self, turn: Turn, stored: threading.Event, history_error: list[str] | None = None) -> None:
+    def _turn_done(self, turn: Turn, stored: threading.Event) -> None:
         stored.wait(30.0)
         if turn.message.id is None:
-            if history_error:
-                msg = turn.message
-                msg.error = f"{msg.error} History not saved: {history_error[0]}".strip()
             return
         try:
             self._store.update_message(turn.message)

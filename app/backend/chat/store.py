@@ -7,6 +7,7 @@ Writes happen at turn boundaries and at slow checkpoints, never per token. WAL m
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -50,7 +51,10 @@ class ChatStore:
     def __init__(self, path: Path):
         self.path = path
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # 0600 before SQLite opens it: SQLite gives its -wal/-shm files the database's own mode.
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+            os.chmod(path, 0o600)
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             # WAL + NORMAL: no fsync per commit (a send stays fast); a power cut may lose the last
@@ -125,13 +129,16 @@ class ChatStore:
                 "FROM messages WHERE conversation_id=? ORDER BY id",
                 (conv_id,),
             ).fetchall()
-        messages = [
-            Message(
-                id=r[0], role=r[1], content=r[2], reasoning=r[3], reasoning_s=r[4], status=r[5], error=r[6],
-                stats=MessageStats.from_dict(json.loads(r[7]) if r[7] else None), created=r[8],
-            )
-            for r in rows
-        ]
+        try:
+            messages = [
+                Message(
+                    id=r[0], role=r[1], content=r[2], reasoning=r[3], reasoning_s=r[4], status=r[5], error=r[6],
+                    stats=MessageStats.from_dict(json.loads(r[7]) if r[7] else None), created=r[8],
+                )
+                for r in rows
+            ]
+        except (ValueError, TypeError, AttributeError) as exc:  # a row written by an older, laxer import
+            raise ChatStoreError(f"conversation {conv_id} in {self.path} is damaged ({exc}); delete it") from exc
         return Conversation(id=row[0], title=row[1], system_prompt=row[2], created=row[3], updated=row[4],
                             messages=messages)
 
