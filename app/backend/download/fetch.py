@@ -170,11 +170,11 @@ def _one_request(hub: HubClient, getter: RangeGetter, part: PartInfo, pos: list[
         raise reply.aborted  # Stopped, a bad Content-Range, or a disk error from pwrite
     if reply.status in (401, 403, 404, 410) or 300 <= reply.status < 400:
         hub.forget(part.name)  # expired/invalid signed URL (or a CDN redirect, never followed): resolve again
-        raise TransientError(f"{part.name}: {hub.where(res.location)} answered HTTP {reply.status}; "
+        raise TransientError(f"{part.name}: {hub.where(res)} answered HTTP {reply.status}; "
                              "resolving the file again")
     if reply.status and not 200 <= reply.status < 300:
         raise_for_hub_status(_Status(reply.status, reply.headers), hub.cfg, part.name, res.location)
-        raise TransientError(f"{part.name}: unexpected HTTP {reply.status} from {hub.where(res.location)}")
+        raise TransientError(f"{part.name}: unexpected HTTP {reply.status} from {hub.where(res)}")
     if reply.transport_error:
         raise TransientError(f"{part.name}: {reply.transport_error}")
     if pos[0] < end:

@@ -443,9 +443,7 @@ class HubClient:
             return {"Authorization": f"Bearer {self.cfg.token}"}
         return {}
 
-    def where(self, location: str) -> str:
+    def where(self, res: Resolved) -> str:
         """Who serves a download URL, for messages (the Xet bridge answers for Xet-stored repos)."""
-        with self._lock:
-            xet = any(r.location == location and r.xet for r in self._locations.values())
-        host = urlsplit(location).netloc
-        return f"the Xet bridge ({host})" if xet or "xethub" in host else f"the download host ({host})"
+        host = urlsplit(res.location).netloc
+        return f"the Xet bridge ({host})" if res.xet or "xethub" in host else f"the download host ({host})"
