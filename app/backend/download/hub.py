@@ -128,7 +128,7 @@ class _CappedStream(httpx2.SyncByteStream):
 
 def _too_large(url: str, n: int) -> str:
     return (f"the file listing from {urlsplit(url).netloc} is larger than {MAX_LISTING_BYTES // MiB} MiB "
-            f"(over {n // MiB} MiB): refused; this is not the chunked cache repo, or the endpoint is not a Hub")
+            f"({n} bytes and counting): refused; this is not the chunked cache repo, or the endpoint is not a Hub")
 
 
 def _guard_request(request: httpx2.Request) -> None:
