@@ -161,3 +161,25 @@ def test_token_file_flag_beats_hf_token(settings, tmp_path, monkeypatch):
     assert make_config(settings, token_file=str(f)).token == "hf_fromTokenFile000000"
     assert make_config(settings).token == "hf_fromEnvironment0000"
     assert replace(make_config(settings, token="hf_explicit0000000000"), dest=tmp_path).token == "hf_explicit0000000000"
+
+
+def test_cli_token_file_beats_hf_token_and_a_missing_one_is_an_error(settings, artifact, tmp_path, monkeypatch,
+                                                                     capsys):
+    from app.cli.main import main
+
+    h = start_hub(artifact, token=KNOWN_TOKEN)
+    try:
+        monkeypatch.setenv("HF_TOKEN", "hf_WrongTokenFromEnvironment0")
+        f = tmp_path / "tok"
+        f.write_text(KNOWN_TOKEN + "\n")
+        base = ["download", "--recipe", "assets/recipes/simulated.toml", "--endpoint", h.endpoint,
+                "--connections", "2"]
+        assert main([*base, "--dest", str(tmp_path / "d"), "--token-file", str(f)]) == 0
+        assert file_digest_tree(tmp_path / "d") == artifact.reference
+        assert main([*base, "--dest", str(tmp_path / "e"), "--token-file", str(tmp_path / "missing")]) == 2
+        assert "--token-file" in capsys.readouterr().err
+        assert main([*base, "--dest", str(tmp_path / "e")]) == 1  # HF_TOKEN alone: rejected, clearly
+        err = capsys.readouterr().err
+        assert "token was rejected" in err and "hf_WrongTokenFromEnvironment0" not in err
+    finally:
+        h.stop()

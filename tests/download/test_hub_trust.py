@@ -241,10 +241,10 @@ def _commit(hub) -> str:
     b'{"sha": "COMMIT", "id": "x", "siblings": [{"rfilename": "PART", "size": "12"}]}',
     b'{"sha": "COMMIT", "id": "x", "siblings": [{"rfilename": "PART", "size": -1}]}',
     b'{"sha": "COMMIT", "id": "x", "siblings": [{"rfilename": "PART", "size": 1, "lfs": {"size": 1}}]}',
-    b'{"sha": "COMMIT", "id": "x", "siblings": [{"rfilename": "PART", "size": 1, '
-    b'"lfs": {"sha256": 12, "size": 1, "pointerSize": 1}}]}',
-    b'{"sha": "COMMIT", "id": "x", "siblings": [{"rfilename": "PART", "size": 1, '
-    b'"lfs": {"sha256": "../../x", "size": 1, "pointerSize": 1}}]}',
+    (b'{"sha": "COMMIT", "id": "x", "siblings": [{"rfilename": "PART", "size": 1, '
+     b'"lfs": {"sha256": 12, "size": 1, "pointerSize": 1}}]}'),
+    (b'{"sha": "COMMIT", "id": "x", "siblings": [{"rfilename": "PART", "size": 1, '
+     b'"lfs": {"sha256": "../../x", "size": 1, "pointerSize": 1}}]}'),
 ], ids=lambda b: b[:40].decode(errors="replace"))
 def test_wrong_json_types_give_a_clear_error(settings, hub, tmp_path, body):
     body = body.replace(b"COMMIT", _commit(hub).encode()).replace(b"PART", PART1.encode())
@@ -253,3 +253,14 @@ def test_wrong_json_types_give_a_clear_error(settings, hub, tmp_path, body):
         run(settings, hub.endpoint, tmp_path / "d")
     msg = str(err.value)
     assert ("malformed" in msg or "which commit" in msg) and "internal error" not in msg, msg
+
+
+def test_guards_come_back_after_another_client_factory(settings, private_hub, listener, tmp_path):
+    import huggingface_hub
+    from huggingface_hub.utils._http import default_client_factory
+
+    huggingface_hub.set_client_factory(default_client_factory)  # e.g. another library in the process
+    test_token_not_forwarded_on_a_listing_redirect(settings, private_hub, listener, tmp_path)
+    from app.backend.download.hub import _guard_request
+
+    assert _guard_request in huggingface_hub.get_session().event_hooks["request"]

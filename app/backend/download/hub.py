@@ -19,17 +19,16 @@ a `HubClient` call (a ContextVar), so other users of huggingface_hub in the proc
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import httpx2
@@ -156,17 +155,27 @@ def _guard_response(response: httpx2.Response) -> None:
 
 def _panel_client() -> httpx2.Client:
     """huggingface_hub's default client plus the panel's guards (hf's own request hook stays first)."""
-    from huggingface_hub.utils._http import hf_request_event_hook  # the library's default hook, kept as is
+    # The library's own default hook (offline check, request id), kept first; not re-exported, so taken
+    # from its module: the pinned range (pyproject, <3) is what tests/download/test_hub_*.py ran against.
+    from huggingface_hub.utils._http import hf_request_event_hook
 
     return httpx2.Client(event_hooks={"request": [hf_request_event_hook, _guard_request],
                                       "response": [_guard_response]},
                          follow_redirects=True, timeout=None)
 
 
-@functools.cache
 def install_guards() -> None:
-    """Once per process: huggingface_hub's public hook for a custom client (its docs: proxies, certificates)."""
-    huggingface_hub.set_client_factory(_panel_client)
+    """huggingface_hub's public hook for a custom client (its docs: proxies, certificates).
+
+    Installed when the library's shared client lacks the guards (first HubClient, or someone replaced the
+    factory since), so a later `set_client_factory` elsewhere cannot silently switch them off.
+    """
+    with _INSTALL_LOCK:
+        if _guard_request not in huggingface_hub.get_session().event_hooks["request"]:
+            huggingface_hub.set_client_factory(_panel_client)
+
+
+_INSTALL_LOCK = threading.Lock()
 
 
 # ---- errors -----------------------------------------------------------------------------------------
@@ -367,7 +376,7 @@ class HubClient:
                 refuse_offline(self.cfg)
                 try:
                     return fn(*args)
-                except Exception as exc:  # noqa: BLE001 - classified (or passed on) by explain()
+                except Exception as exc:  # classified by explain(), or passed on unchanged
                     mapped = explain(exc, self.cfg, what)
                     if mapped is exc:
                         raise

@@ -101,12 +101,12 @@ class SimHub:
 
     @property
     def endpoint(self) -> str:
-        host, port = self._httpd.server_address[:2]
+        host, port = self._httpd.socket.getsockname()[:2]
         return f"http://{host}:{port}"
 
     @property
     def cdn_endpoint(self) -> str:
-        host, port = self._cdn_httpd.server_address[:2]
+        host, port = self._cdn_httpd.socket.getsockname()[:2]
         return f"http://{host}:{port}"
 
     def rename_repo(self, old: str, new: str) -> Fault:
@@ -127,7 +127,7 @@ class SimHub:
     def add_fault(self, path: str, fault: Fault) -> Fault:
         return self.faults.add(path, fault)
 
-    def start(self) -> "SimHub":
+    def start(self) -> SimHub:
         for name, server in (("simhub", self._httpd), ("simhub-cdn", self._cdn_httpd)):
             t = threading.Thread(target=server.serve_forever, name=name, daemon=True)
             t.start()
@@ -141,7 +141,7 @@ class SimHub:
                 server.shutdown()
             server.server_close()
 
-    def __enter__(self) -> "SimHub":
+    def __enter__(self) -> SimHub:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -471,7 +471,7 @@ class _HubHandler(BaseHTTPRequestHandler):
                     if delay > 0:
                         time.sleep(delay)
             self.wfile.flush()
-        if cut is not None:
+        if cut is not None and fault is not None:
             self._cut(fault)
 
     def _add_bytes(self, path: str, n: int) -> None:
