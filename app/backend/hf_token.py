@@ -1,8 +1,8 @@
 """Hugging Face token: where it comes from, where the panel stores it, and how it is kept out of text.
 
-Order (same as huggingface_hub): an explicit value, `HF_TOKEN` (then the legacy
-`HUGGING_FACE_HUB_TOKEN`), a `--token-file`, the panel's own saved token, then the HF token file
-(`$HF_TOKEN_PATH` or `$HF_HOME/token`, default `~/.cache/huggingface/token`).
+Order: flags beat the environment, the environment beats files (docs/downloads.md "Token"):
+an explicit value, a `--token-file`, `HF_TOKEN` (then the legacy `HUGGING_FACE_HUB_TOKEN`), the panel's
+own saved token, then whatever `huggingface_hub.get_token()` finds (its token file, `hf auth login`).
 
 `redact()` replaces every token this process has seen (plus anything shaped like `hf_...`) with
 `hf_***`; every message that may reach a log, the journal, an error or the UI goes through it.
@@ -48,14 +48,6 @@ def panel_token_path() -> Path:
     return base / "moet-panel" / "hf_token"
 
 
-def hf_token_path() -> Path:
-    """The standard Hugging Face token file."""
-    if os.environ.get("HF_TOKEN_PATH"):
-        return Path(os.environ["HF_TOKEN_PATH"]).expanduser()
-    home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser()
-    return home / "token"
-
-
 def _read(path: Path) -> str | None:
     try:
         value = path.read_text().strip()
@@ -64,15 +56,34 @@ def _read(path: Path) -> str | None:
     return value or None
 
 
+def _flag_file(token_file: str | Path | None) -> str | None:
+    """A --token-file that is missing or empty is an error, not a silent fall-through to another token."""
+    if not token_file:
+        return None
+    path = Path(token_file).expanduser()
+    token = _read(path)
+    if token is None:
+        raise ValueError(f"--token-file {path}: cannot read a token from it (missing, unreadable or empty); "
+                         "write the token from huggingface.co/settings/tokens into it")
+    return token
+
+
+def _library_token() -> str | None:
+    """huggingface_hub's own lookup (HF_TOKEN again, then its token file at constants.HF_TOKEN_PATH)."""
+    from huggingface_hub import get_token
+
+    return get_token()
+
+
 def resolve_token(explicit: str | None = None, token_file: str | Path | None = None) -> str | None:
     """Return the token to use, or None for anonymous access. Registers it for redaction."""
     candidates = [
         lambda: (explicit or "").strip() or None,
+        lambda: _flag_file(token_file),
         lambda: os.environ.get("HF_TOKEN", "").strip() or None,
         lambda: os.environ.get("HUGGING_FACE_HUB_TOKEN", "").strip() or None,
-        lambda: _read(Path(token_file).expanduser()) if token_file else None,
         lambda: _read(panel_token_path()),
-        lambda: _read(hf_token_path()),
+        _library_token,
     ]
     for get in candidates:
         token = get()

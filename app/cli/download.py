@@ -35,7 +35,9 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--repo", metavar="OWNER/NAME", help="repo (default: the recipe's)")
     p.add_argument("--revision", metavar="REV", help="branch/tag/commit (default: the recipe's)")
     p.add_argument("--connections", type=int, metavar="N", help="parallel connections (default 8)")
-    p.add_argument("--token-file", metavar="F", help="file holding the HF token (default: HF_TOKEN, HF token file)")
+    p.add_argument("--token-file", metavar="F",
+                   help="file holding the HF token; beats HF_TOKEN and the saved token files (default: HF_TOKEN, "
+                        "then the panel's saved token, then huggingface_hub's token file)")
     p.add_argument("--clean", action="store_true", help="remove partial data (staging, unfinished journals) and exit")
     p.add_argument("--staging-gib", type=float, metavar="GIB",
                    help="cap on staging disk (default: auto, up to the whole compressed artifact while free disk allows)")

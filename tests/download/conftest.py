@@ -82,7 +82,10 @@ def fast_config(settings: Settings, endpoint: str, dest: Path, **kw) -> Download
 @pytest.fixture(autouse=True)
 def _isolated_token_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No real token (env, HF file, panel file) leaks into or out of these tests."""
-    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT"):
+    from huggingface_hub import constants
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))  # read at import by the library

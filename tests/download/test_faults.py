@@ -35,7 +35,7 @@ def test_clean_download_matches_reference_tar(settings, hub, artifact, tmp_path)
     assert a.state == ArtifactState.DONE
     assert a.verified_bytes == sum(p.stat().st_size for p in artifact.parts)
     assert file_digest_tree(dest) == artifact.reference
-    assert hub.stats.requests[("tree", "moet-panel/simulated-cache")] >= 2, "Link pagination was followed"
+    assert hub.stats.requests[("info", "moet-panel/simulated-cache")] == 1, "one listing answer pins commit + sha256s"
     assert hub.stats.auth_on_cdn == 0
     check = check_ckpt_id(settings, dest)
     assert check.status == "match", check.message
@@ -57,13 +57,13 @@ def test_sparse_file_stays_sparse(settings, hub, tmp_path):
     Fault("status", status=503, times=3),
     Fault("status", status=500, where="resolve", times=2),
     Fault("ratelimit", retry_after=1),
-    Fault("ratelimit", retry_after=1, where="tree"),
+    Fault("ratelimit", retry_after=1, where="info"),
     Fault("stall", after_bytes=10_000, stall_s=20),
     Fault("ignore_range", times=2),
     Fault("corrupt", offset=200_000),
 ], ids=lambda f: f"{f.kind}-{f.where}")
 def test_transient_fault_is_survived(settings, hub, artifact, tmp_path, fault):
-    key = "__tree__" if fault.where == "tree" else PART1
+    key = "__info__" if fault.where == "info" else PART1
     hub.add_fault(key, fault)
     board = download(settings, hub, tmp_path / "dest")
     assert fault.hits >= 1, "the fault never fired: the test proves nothing"

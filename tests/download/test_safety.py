@@ -61,7 +61,10 @@ def test_token_resolution_order_and_save(tmp_path, monkeypatch):
     f.write_text("hf_fromFlagFile00000")
     assert hf_token.resolve_token(token_file=f) == "hf_fromFlagFile00000"
     monkeypatch.setenv("HF_TOKEN", "hf_fromEnv0000000000")
-    assert hf_token.resolve_token(token_file=f) == "hf_fromEnv0000000000"
+    assert hf_token.resolve_token(token_file=f) == "hf_fromFlagFile00000", "a flag beats the environment"
+    assert hf_token.resolve_token() == "hf_fromEnv0000000000", "the environment beats the files"
+    with pytest.raises(ValueError, match="--token-file"):
+        hf_token.resolve_token(token_file=tmp_path / "missing")  # never a silent fall-through to HF_TOKEN
     assert hf_token.resolve_token("explicit-token-xyz") == "explicit-token-xyz"
     assert hf_token.redact("auth explicit-token-xyz and hf_fromEnv0000000000") == "auth hf_*** and hf_***"
     with pytest.raises(ValueError):

@@ -15,7 +15,6 @@ import threading
 import time
 from typing import Any, Callable
 
-import httpx
 from tenacity import Retrying, retry_if_exception
 
 from app.backend.download.hub import HubClient, is_transient, make_wait, raise_for_hub_status
@@ -122,6 +121,13 @@ class _Staging:
         self.on_useful(useful)
 
 
+class _Status:
+    """libcurl's answer in the shape raise_for_hub_status reads (status_code, headers)."""
+
+    def __init__(self, status: int, headers: dict[str, str]) -> None:
+        self.status_code, self.headers = status, headers
+
+
 class _Done(Exception):
     """The wanted range is in: stop reading (a server that ignored Range would send the whole file)."""
 
@@ -162,12 +168,13 @@ def _one_request(hub: HubClient, getter: RangeGetter, part: PartInfo, pos: list[
         raise TransientError(f"{part.name}: {reply.aborted}")
     if reply.aborted is not None:
         raise reply.aborted  # Stopped, a bad Content-Range, or a disk error from pwrite
-    if reply.status in (401, 403, 404, 410):
-        hub.forget(part.name)  # expired/invalid signed URL: resolve again next attempt
-        raise TransientError(f"{part.name}: download URL answered {reply.status}; resolving it again")
+    if reply.status in (401, 403, 404, 410) or 300 <= reply.status < 400:
+        hub.forget(part.name)  # expired/invalid signed URL (or a CDN redirect, never followed): resolve again
+        raise TransientError(f"{part.name}: {hub.where(res)} answered HTTP {reply.status}; "
+                             "resolving the file again")
     if reply.status and not 200 <= reply.status < 300:
-        raise_for_hub_status(httpx.Response(reply.status, headers=reply.headers), hub.cfg, part.name)
-        raise TransientError(f"{part.name}: unexpected HTTP {reply.status}")
+        raise_for_hub_status(_Status(reply.status, reply.headers), hub.cfg, part.name, res.location)
+        raise TransientError(f"{part.name}: unexpected HTTP {reply.status} from {hub.where(res)}")
     if reply.transport_error:
         raise TransientError(f"{part.name}: {reply.transport_error}")
     if pos[0] < end:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.backend.download.extract import free_bytes
-from app.backend.download.hub import HubClient, TreeEntry
+from app.backend.download.hub import HubClient, TreeEntry, plain_name
 from app.backend.download.journal import JournalStore
 from app.backend.download.types import (
     ArtifactPlan, DiskPicture, DownloadConfig, DownloadError, GiB, NotFoundError, PartInfo, SpaceError,
@@ -27,6 +27,9 @@ def select_parts(entries: list[TreeEntry], prefix: str) -> tuple[PartInfo, ...]:
     parts = []
     for e in sorted(entries, key=lambda e: e.path):
         if e.path.startswith(prefix):
+            if not plain_name(e.path):  # it becomes a staging file name: no '/', no '..' (issue 13)
+                raise DownloadError(f"refused part name {e.path[:120]!r} from the listing: a part must be a plain "
+                                    f"file name starting with {prefix!r}; this is not the chunked cache repo")
             if not e.sha256:
                 raise DownloadError(f"{e.path} has no LFS sha256 in the listing, so it cannot be verified; "
                                     "this does not look like the chunked cache repo")
@@ -52,17 +55,14 @@ def build_plans(entries: list[TreeEntry], specs: list[ArtifactSpec], cfg: Downlo
 
 
 def prepare(cfg: DownloadConfig, specs: list[ArtifactSpec], hub: HubClient | None = None) -> Prepared:
-    """List the tree, pin the commit via X-Repo-Commit, build plans, check the disk."""
+    """List the files and pin the commit in one answer (hub.py), build plans, check the disk."""
     hub = hub or HubClient(cfg)
     try:
-        entries = hub.list_files(cfg.revision)
+        entries = hub.list_files(cfg.revision)  # sets hub.commit: every sha256 below belongs to it
         plans = build_plans(entries, specs, cfg)
-        first = plans[0].parts[0]
-        commit = hub.resolve(first.name, cfg.revision, fresh=True).commit or cfg.revision
-        if commit != cfg.revision:  # re-list at the pinned commit so every sha256 belongs to it
-            entries = hub.list_files(commit)
-            plans = build_plans(entries, specs, cfg)
-        hub.commit = commit
+        commit = hub.commit
+        assert commit is not None  # list_files raises rather than leave it unset
+        hub.resolve(plans[0].parts[0].name, commit, fresh=True)  # fails early: auth, gating, X-Repo-Commit
         disk = preflight(plans, cfg)
     except BaseException:
         hub.close()

@@ -18,7 +18,7 @@ from typing import Callable
 import certifi
 import pycurl
 
-from app.backend.download.types import Stopped
+from app.backend.download.types import DownloadError, Stopped
 
 BUFFER_SIZE = 1 << 20  # libcurl's receive buffer; it still calls back with at most 16 KiB (CURL_MAX_WRITE_SIZE)
 BODY_BUFFER = 1 << 20
@@ -42,6 +42,7 @@ class RangeGetter:
         c = self.curl = pycurl.Curl()
         c.setopt(pycurl.NOSIGNAL, 1)  # threads: no SIGALRM for DNS timeouts
         c.setopt(pycurl.FOLLOWLOCATION, 0)  # the Hub's redirect is resolved (and cached) by hub.py
+        restrict_protocols(c)
         c.setopt(pycurl.CONNECTTIMEOUT_MS, int(connect_timeout_s * 1000))
         c.setopt(pycurl.BUFFERSIZE, BUFFER_SIZE)
         c.setopt(pycurl.CAINFO, certifi.where())
@@ -58,6 +59,9 @@ class RangeGetter:
         Never raises for HTTP statuses or transport errors: the caller reads `Reply`.
         """
         reply = Reply()
+        if url.split(":", 1)[0].lower() not in ("http", "https"):  # before libcurl sees it (issue 13)
+            reply.aborted = UnsafeUrlError(f"refused to download from {url[:120]!r}: only http and https are allowed")
+            return reply
         last_byte = [time.monotonic(), -1]
 
         def on_header(line: bytes) -> None:
@@ -104,5 +108,24 @@ class RangeGetter:
         return reply
 
 
+def restrict_protocols(c: pycurl.Curl) -> None:
+    """http/https only, for the request and any redirect libcurl might follow (file://, dict://, ftp:// never).
+
+    CURLOPT_PROTOCOLS_STR (libcurl >= 7.85) where pycurl exposes it, else the older bitmask options.
+    """
+    if hasattr(pycurl, "PROTOCOLS_STR"):
+        c.setopt(pycurl.PROTOCOLS_STR, "http,https")
+        c.setopt(pycurl.REDIR_PROTOCOLS_STR, "http,https")
+    else:
+        c.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
+        c.setopt(pycurl.REDIR_PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
+
+
 class StallError(Exception):
     """No byte arrived for stall_s on a connection (transient: retried with Range)."""
+
+
+class UnsafeUrlError(DownloadError):
+    """A download URL with a scheme other than http/https (not retried)."""
+
+    kind = "unsafe"

@@ -15,6 +15,14 @@ FaultKind = Literal[
     "stall",  # send `after_bytes`, then nothing for `stall_s` seconds, then close
     "corrupt",  # flip the byte at file offset `offset` whenever it is served
     "ignore_range",  # answer 200 with the whole file to a Range request
+    # Hub semantics (key: the repo name for "renamed", the file path or "*" for resolve, "__info__" for info)
+    "renamed",  # the repo moved to `target`: every URL under the old name answers 307 with a relative Location
+    "no_etag",  # resolve's 302 to the CDN carries neither ETag nor X-Linked-Etag
+    "no_commit",  # resolve answers without X-Repo-Commit
+    "xet",  # resolve answers like a Xet-stored file: 302 to the Xet bridge (/cas-bridge/) with X-Xet-Hash
+    "redirect",  # answer 302 with `Location: target` (hostile hub: dict://, file://, another host...)
+    "body",  # answer 200 with `body` as the JSON (hostile listing: wrong types, bad names, a Link loop)
+    "huge_listing",  # stream a listing of `count` siblings without Content-Length (hostile: memory)
 ]
 
 
@@ -27,13 +35,18 @@ class Fault:
     retry_after: int = 1
     stall_s: float = 30.0
     offset: int = 0
-    where: Literal["cdn", "resolve", "tree"] = "cdn"
+    where: Literal["cdn", "resolve", "tree", "info", "repo"] = "cdn"
+    target: str = ""  # "renamed": the new repo name; "redirect": the Location
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)  # extra headers for "body"/"redirect"
+    count: int = 0  # "huge_listing": how many entries
     hits: int = 0
 
 
 @dataclass
 class FaultBook:
-    """Faults keyed by repo file path ("*" = any file; "__tree__" for the listing). Thread-safe."""
+    """Faults keyed by repo file path ("*" = any file; "__tree__" / "__info__" for the listings; the repo
+    name for "renamed"). Thread-safe."""
 
     _faults: dict[str, list[Fault]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -47,15 +60,17 @@ class FaultBook:
         with self._lock:
             self._faults.clear()
 
-    def take(self, path: str, where: str, covers: tuple[int, int] | None = None) -> Fault | None:
+    def take(self, path: str, where: str, covers: tuple[int, int] | None = None,
+             kinds: tuple[str, ...] | None = None) -> Fault | None:
         """Consume and return the first armed fault for this request, or None.
 
-        `covers` (start, end-exclusive) limits "corrupt" faults to responses that include the offset.
+        `covers` (start, end-exclusive) limits "corrupt" faults to responses that include the offset;
+        `kinds` limits the search to those kinds (each handler takes the kinds it plays).
         """
         with self._lock:
             for key in (path, "*"):
                 for fault in self._faults.get(key, []):
-                    if fault.where != where or fault.times == 0:
+                    if fault.where != where or fault.times == 0 or (kinds and fault.kind not in kinds):
                         continue
                     if fault.kind == "corrupt" and covers and not covers[0] <= fault.offset < covers[1]:
                         continue

@@ -1,12 +1,18 @@
 """A SIMULATED Hugging Face Hub on 127.0.0.1, close enough to the real API to test a downloader.
 
-Endpoints (stack.md §2):
+Endpoints (stack.md §2), checked by the real `huggingface_hub` client in tests/download/test_hub_client.py:
+  GET /api/models/{owner}/{name}[/revision/{rev}][?blobs=true]  model_info: `sha` + siblings (size, lfs.sha256)
   GET /api/models/{owner}/{name}/tree/{rev}?recursive=true   JSON array, paged with `Link: <..>; rel="next"`
-  GET|HEAD /{owner}/{name}/resolve/{rev}/{path}              302 to /cdn/... with X-Repo-Commit,
+  GET|HEAD /{owner}/{name}/resolve/{rev}/{path}              302 to the CDN with X-Repo-Commit,
                                                              X-Linked-Etag, X-Linked-Size
-  GET|HEAD /cdn/{owner}/{name}/{commit}/{path}               the bytes: Range -> 206 + Content-Range, ETag
-Auth: an optional required bearer token (401 without / with a wrong one), gated repos (403), unknown
-repo or revision (404 with X-Error-Code). Faults: see faults.py. Optional per-connection rate cap.
+  GET|HEAD /cdn/{owner}/{name}/{commit}/{path}               the bytes: Range -> 206 + Content-Range, ETag;
+                                                             served on a second port (`cdn_endpoint`), another
+                                                             origin as on the real Hub (cdn-lfs.hf.co)
+Errors as the Hub sends them (X-Error-Code / X-Error-Message, which hf_raise_for_status reads): a private
+hub (`token=`) answers 401 RepoNotFound without a token and 401 "Invalid credentials" for a wrong one;
+a gated repo lists publicly but its files answer 401 GatedRepo without a token, 403 GatedRepo for a
+token not granted; unknown repo / revision / file: 404 RepoNotFound / RevisionNotFound / EntryNotFound.
+Faults: see faults.py. Optional per-connection rate cap.
 """
 
 from __future__ import annotations
@@ -89,12 +95,23 @@ class SimHub:
         self._stopping = threading.Event()
         self._httpd = _QuietServer((host, port), _make_handler(self))
         self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        self._cdn_httpd = _QuietServer((host, 0), _make_handler(self))
+        self._cdn_httpd.daemon_threads = True
+        self._threads: list[threading.Thread] = []
 
     @property
     def endpoint(self) -> str:
-        host, port = self._httpd.server_address[:2]
+        host, port = self._httpd.socket.getsockname()[:2]
         return f"http://{host}:{port}"
+
+    @property
+    def cdn_endpoint(self) -> str:
+        host, port = self._cdn_httpd.socket.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    def rename_repo(self, old: str, new: str) -> Fault:
+        """The repo `new` is also reachable under `old`, as the Hub does after a rename (307, relative)."""
+        return self.faults.add(old, Fault("renamed", where="repo", target=new, times=-1))
 
     def add_repo(self, repo: str, files: dict[str, Path], *, commit: str | None = None,
                  gated: bool = False) -> HubRepo:
@@ -110,17 +127,21 @@ class SimHub:
     def add_fault(self, path: str, fault: Fault) -> Fault:
         return self.faults.add(path, fault)
 
-    def start(self) -> "SimHub":
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="simhub", daemon=True)
-        self._thread.start()
+    def start(self) -> SimHub:
+        for name, server in (("simhub", self._httpd), ("simhub-cdn", self._cdn_httpd)):
+            t = threading.Thread(target=server.serve_forever, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
         return self
 
     def stop(self) -> None:
         self._stopping.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        for server in (self._httpd, self._cdn_httpd):
+            if self._threads:
+                server.shutdown()
+            server.server_close()
 
-    def __enter__(self) -> "SimHub":
+    def __enter__(self) -> SimHub:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -159,11 +180,16 @@ class _HubHandler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         parts = url.path.split("/")
         try:
+            if self._renamed(url.path, url.query, parts):
+                return
             if url.path.startswith("/api/models/") and len(parts) >= 7 and parts[5] == "tree":
                 self._tree(f"{parts[3]}/{parts[4]}", unquote(parts[6]), parse_qs(url.query))
+            elif url.path.startswith("/api/models/") and (len(parts) == 5 or len(parts) == 7 and parts[5] == "revision"):
+                self._info(f"{parts[3]}/{parts[4]}", unquote(parts[6]) if len(parts) == 7 else "main",
+                           parse_qs(url.query))
             elif len(parts) >= 6 and parts[3] == "resolve":
                 self._resolve(f"{parts[1]}/{parts[2]}", unquote(parts[4]), unquote("/".join(parts[5:])), head)
-            elif url.path.startswith("/cdn/") and len(parts) >= 6:
+            elif (url.path.startswith("/cdn/") or url.path.startswith("/cas-bridge/")) and len(parts) >= 6:
                 self._cdn(f"{parts[2]}/{parts[3]}", parts[4], unquote("/".join(parts[5:])), head)
             else:
                 self._error(404, "EntryNotFound", "not found")
@@ -171,12 +197,38 @@ class _HubHandler(BaseHTTPRequestHandler):
             pass
 
     # ---- helpers -------------------------------------------------------------------------------
+    def _renamed(self, path: str, query: str, parts: list[str]) -> bool:
+        """A renamed repo: 307 with a relative Location under the new name (the Hub's answer)."""
+        if path.startswith("/api/models/") and len(parts) >= 5:
+            i = 3
+        elif len(parts) >= 4 and parts[3] == "resolve":
+            i = 1
+        else:
+            return False
+        fault = self.hub.faults.take(f"{parts[i]}/{parts[i + 1]}", "repo")
+        if fault is None or fault.kind != "renamed":
+            return False
+        new = parts[:i] + fault.target.split("/") + parts[i + 2:]
+        self._count("renamed", f"{parts[i]}/{parts[i + 1]}")
+        self._redirect(307, "/".join(new) + (f"?{query}" if query else ""))
+        return True
+
+    def _redirect(self, status: int, location: str, extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Location", location)
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def _error(self, status: int, code: str, message: str, extra: dict[str, str] | None = None) -> None:
         body = json.dumps({"error": message}).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("X-Error-Code", code)
+        if code:
+            self.send_header("X-Error-Code", code)
+        self.send_header("X-Error-Message", message)
         for k, v in (extra or {}).items():
             self.send_header(k, v)
         self.end_headers()
@@ -187,22 +239,32 @@ class _HubHandler(BaseHTTPRequestHandler):
         with self.hub.stats.lock:
             self.hub.stats.requests[(where, path)] += 1
 
-    def _check_repo(self, repo: str, rev: str) -> HubRepo | None:
-        """Auth, then repo/revision lookup. Sends the error response and returns None on failure."""
+    def _check_repo(self, repo: str, rev: str, files: bool = True) -> HubRepo | None:
+        """Auth, then repo/revision lookup. Sends the error response and returns None on failure.
+
+        `files=False` (listings): a gated repo's metadata is public, as on the Hub; its files are not.
+        """
         auth = self.headers.get("Authorization", "")
         with self.hub.stats.lock:
             self.hub.stats.auth_headers.append(auth)
         given = auth[7:] if auth.startswith("Bearer ") else None
-        if self.hub.token and given != self.hub.token:
-            msg = "Invalid credentials in Authorization header" if given else "Authentication required"
-            self._error(401, "Unauthorized", msg)
+        if self.hub.token and given and given != self.hub.token:
+            self._error(401, "", "Invalid credentials in Authorization header")
+            return None
+        if self.hub.token and not given:  # the Hub does not tell private from missing without a token
+            self._error(401, "RepoNotFound", "Repository not found")
             return None
         hub_repo = self.hub.repos.get(repo)
         if hub_repo is None:
             self._error(404, "RepoNotFound", f"Repository {repo} not found")
             return None
-        if hub_repo.gated and given not in hub_repo.granted_tokens:
-            self._error(403, "GatedRepo", f"Access to model {repo} is restricted. You must have access to it.")
+        if files and hub_repo.gated and given not in hub_repo.granted_tokens:
+            if not given:
+                self._error(401, "GatedRepo", f"Access to model {repo} is restricted. You must be authenticated "
+                                              "to access it.")
+            else:
+                self._error(403, "GatedRepo", f"Access to model {repo} is restricted and you are not in the "
+                                              f"authorized list. Visit {self.hub.endpoint}/{repo} to ask for access.")
             return None
         if rev not in ("main", hub_repo.commit):
             self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
@@ -210,7 +272,7 @@ class _HubHandler(BaseHTTPRequestHandler):
         return hub_repo
 
     def _maybe_api_fault(self, where: str, path: str) -> bool:
-        fault = self.hub.faults.take(path, where)
+        fault = self.hub.faults.take(path, where, kinds=("status", "ratelimit"))
         if fault is None:
             return False
         self._send_fault_status(fault)
@@ -229,7 +291,7 @@ class _HubHandler(BaseHTTPRequestHandler):
     # ---- endpoints -----------------------------------------------------------------------------
     def _tree(self, repo: str, rev: str, query: dict[str, list[str]]) -> None:
         self._count("tree", repo)
-        hub_repo = self._check_repo(repo, rev)
+        hub_repo = self._check_repo(repo, rev, files=False)
         if hub_repo is None or self._maybe_api_fault("tree", "__tree__"):
             return
         entries = _tree_entries(hub_repo)
@@ -245,6 +307,65 @@ class _HubHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _info(self, repo: str, rev: str, query: dict[str, list[str]]) -> None:
+        """model_info: the commit and, with ?blobs=true, each file's size and LFS sha256 (one answer)."""
+        self._count("info", repo)
+        hub_repo = self._check_repo(repo, rev, files=False)
+        if hub_repo is None:
+            return
+        fault = self.hub.faults.take("__info__", "info")
+        if fault is not None and fault.kind in ("status", "ratelimit"):
+            self._send_fault_status(fault)
+            return
+        if fault is not None and fault.kind == "redirect":
+            self._redirect(302, fault.target, fault.headers)
+            return
+        if fault is not None and fault.kind == "huge_listing":
+            self._huge_listing(hub_repo, fault.count)
+            return
+        blobs = query.get("blobs", ["false"])[0].lower() == "true"
+        siblings = []
+        for f in hub_repo.files.values():
+            sib: dict[str, object] = {"rfilename": f.path}
+            if blobs:
+                sib.update(size=f.size, blobId=_blob_id(f))
+                if f.lfs:
+                    sib["lfs"] = {"sha256": f.sha256, "size": f.size, "pointerSize": 134}
+            siblings.append(sib)
+        info = {"_id": fake_commit(repo)[:24], "id": repo, "modelId": repo, "sha": hub_repo.commit,
+                "private": bool(self.hub.token), "gated": "manual" if hub_repo.gated else False,
+                "disabled": False, "downloads": 0, "likes": 0, "tags": ["simulated"],
+                "lastModified": "2026-01-01T00:00:00.000Z", "createdAt": "2026-01-01T00:00:00.000Z",
+                "siblings": siblings}
+        body = fault.body if fault is not None and fault.kind == "body" else json.dumps(info).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (fault.headers if fault is not None else {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _huge_listing(self, hub_repo: HubRepo, count: int) -> None:
+        """A listing streamed without Content-Length (close-delimited): only a byte cap stops a client."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        head = json.dumps({"id": hub_repo.repo, "sha": hub_repo.commit})[:-1] + ', "siblings": ['
+        self.wfile.write(head.encode())
+        entry = ('{"rfilename": "planescache.tar.zst.part.%07d", "size": 1, "lfs": {"sha256": "%s", '
+                 '"size": 1, "pointerSize": 134}}')
+        sha = "0" * 64
+        batch = 1000
+        for start in range(0, count, batch):
+            if self.hub._stopping.is_set():
+                return
+            chunk = ",".join(entry % (i, sha) for i in range(start, min(start + batch, count)))
+            self.wfile.write(((", " if start else "") + chunk).encode())
+        self.wfile.write(b"]}")
+
     def _resolve(self, repo: str, rev: str, path: str, head: bool) -> None:
         self._count("resolve", path)
         hub_repo = self._check_repo(repo, rev)
@@ -254,12 +375,27 @@ class _HubHandler(BaseHTTPRequestHandler):
         if f is None:
             self._error(404, "EntryNotFound", f"{path} does not exist on {rev}")
             return
+        fault = self.hub.faults.take(path, "resolve", kinds=("redirect", "no_etag", "no_commit", "xet"))
+        kind = fault.kind if fault is not None else ""
+        if kind == "redirect":
+            assert fault is not None
+            self._redirect(302, fault.target, {"X-Repo-Commit": hub_repo.commit, **fault.headers})
+            return
+        where = "cas-bridge" if kind == "xet" else "cdn"
         self.send_response(302)
-        self.send_header("Location", f"{self.hub.endpoint}/cdn/{repo}/{hub_repo.commit}/{quote(path)}")
-        self.send_header("X-Repo-Commit", hub_repo.commit)
-        self.send_header("X-Linked-Etag", f'"{f.sha256}"')
+        self.send_header("Location", f"{self.hub.cdn_endpoint}/{where}/{repo}/{hub_repo.commit}/{quote(path)}")
+        if kind != "no_commit":
+            self.send_header("X-Repo-Commit", hub_repo.commit)
+        if kind != "no_etag":
+            self.send_header("X-Linked-Etag", f'"{f.sha256}"')
+            self.send_header("ETag", f'"{f.sha256}"')
         self.send_header("X-Linked-Size", str(f.size))
-        self.send_header("ETag", f'"{f.sha256}"')
+        if kind == "xet":
+            xet_hash = hashlib.sha256(b"xet" + f.sha256.encode()).hexdigest()
+            refresh = f"{self.hub.endpoint}/api/models/{repo}/xet-read-token/{hub_repo.commit}"
+            self.send_header("X-Xet-Hash", xet_hash)
+            self.send_header("X-Xet-Refresh-Route", refresh)
+            self.send_header("Link", f'<{refresh}>; rel="xet-auth"')
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -335,7 +471,7 @@ class _HubHandler(BaseHTTPRequestHandler):
                     if delay > 0:
                         time.sleep(delay)
             self.wfile.flush()
-        if cut is not None:
+        if cut is not None and fault is not None:
             self._cut(fault)
 
     def _add_bytes(self, path: str, n: int) -> None:
@@ -369,6 +505,10 @@ def _parse_range(header: str | None, size: int) -> tuple[int | None, int]:
     return start, end
 
 
+def _blob_id(f: HubFile) -> str:
+    return hashlib.sha1(f"blob {f.size}\0{f.sha256}".encode()).hexdigest()
+
+
 def _tree_entries(repo: HubRepo) -> list[dict]:
     dirs: set[str] = set()
     entries = []
@@ -377,8 +517,7 @@ def _tree_entries(repo: HubRepo) -> list[dict]:
         while parent and parent not in dirs:
             dirs.add(parent)
             parent = parent.rsplit("/", 1)[0] if "/" in parent else ""
-        entry = {"type": "file", "path": f.path, "size": f.size,
-                 "oid": hashlib.sha1(f"blob {f.size}\0{f.sha256}".encode()).hexdigest()}
+        entry = {"type": "file", "path": f.path, "size": f.size, "oid": _blob_id(f)}
         if f.lfs:
             entry["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": 134}
         entries.append(entry)
