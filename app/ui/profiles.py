@@ -57,11 +57,13 @@ class _View:
 
     def load_form(self, base_id: str) -> list[Any]:
         f = cp.form_from_profile(self.recipe, self._find(base_id))
-        return [f.policy, f.promo_hyst, f.delta_promote, f.delta_gb, f.gate, f.max_model_len, f.enforce_eager, f.speculative, ""]
+        return [f.policy, f.promo_hyst, f.delta_promote, f.delta_gb, f.gate, f.max_model_len, f.enforce_eager, f.speculative,
+                "", f.max_num_seqs, f.expert]
 
     def _form(self, *vals: Any) -> cp.EditorForm:
-        policy, hyst, promote, gb, gate, mml, eager, spec, extra = vals
-        return cp.EditorForm(policy or "", hyst or "", promote or "", gb or "", bool(gate), mml or "", bool(eager), spec or "", extra or "")
+        policy, hyst, promote, gb, gate, mml, eager, spec, extra, seqs, expert = vals
+        return cp.EditorForm(policy or "", hyst or "", promote or "", gb or "", bool(gate), mml or "", bool(eager), spec or "",
+                             extra or "", seqs or "", bool(expert))
 
     def check(self, base_id: str, name: str, *vals: Any) -> tuple[str, str]:
         try:
@@ -69,7 +71,9 @@ class _View:
         except cp.CustomProfileError as exc:
             return "", f"⚠️ {escape(str(exc))}"
         found = cp.findings_for(self.recipe, preview)
-        return findings_list(found, "this custom profile"), f"Changes vs the card's base command: `{preview.scheduler_setting}`. Not measured."
+        risks = "".join(f"  \n⚠️ Expert setting: {escape(r)}" for r in cp.expert_risks(preview))
+        return (findings_list(found, "this custom profile"),
+                f"Changes vs the card's base command: `{preview.scheduler_setting}`. Not measured." + risks)
 
     def save(self, base_id: str, name: str, plain: bool, *vals: Any) -> list[Any]:
         taken = {p.id for p in self.profiles()}
@@ -139,7 +143,11 @@ def render(state: AppState, shell: Any) -> None:
             mml = gr.Textbox(f0[5], label="--max-model-len", elem_id="knob-max-len")
             eager = gr.Checkbox(f0[6], label="--enforce-eager (no CUDA graphs)", elem_id="knob-eager")
             spec = gr.Textbox(f0[7], label="--speculative-config (blank = off)", elem_id="knob-spec")
+            seqs = gr.Textbox(f0[9], label="--max-num-seqs", elem_id="knob-max-seqs")
         extra = gr.Textbox("", lines=2, label="Other env changes, one per line: NAME=value, or -NAME to unset", elem_id="knob-extra")
+        expert = gr.Checkbox(f0[10], label="Expert: allow engine switches that open the engine to its clients or load code "
+                             "(VLLM_SERVER_DEV_MODE, VLLM_ALLOW_INSECURE_SERIALIZATION, …); each one is warned about",
+                             elem_id="knob-expert")
         with gr.Row():
             check_btn = gr.Button("Check warnings", elem_id="custom-check")
             save_btn = gr.Button("Save custom profile", variant="primary", elem_id="custom-save")
@@ -147,7 +155,7 @@ def render(state: AppState, shell: Any) -> None:
         custom_findings = gr.HTML("", elem_id="custom-findings")
         status = gr.Markdown("", elem_id="custom-status")
 
-    knobs = [policy, hyst, promote, pool, gate, mml, eager, spec, extra]
+    knobs = [policy, hyst, promote, pool, gate, mml, eager, spec, extra, seqs, expert]
     show = dict(fn=view.select, inputs=[selector, plain], outputs=[cards, chart, command, findings], show_progress="hidden")
     selector.change(**show)
     plain.change(**show)

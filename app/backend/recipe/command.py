@@ -142,8 +142,17 @@ def config_hash(spec: RunSpec) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+CONTAINER_NAME_MAX = 63
+
+
 def managed_container_name(recipe: Recipe, profile: ProfileSpec) -> str:
-    return f"moet-{recipe.id}-{profile.id}"[:63]
+    """`moet-<recipe>-<profile>`; a name over 63 characters keeps a prefix plus a hash of the whole name,
+    so two long profile ids that share a prefix never map to the same container."""
+    full = f"moet-{recipe.id}-{profile.id}"
+    if len(full) <= CONTAINER_NAME_MAX:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:10]
+    return f"{full[: CONTAINER_NAME_MAX - len(digest) - 1].rstrip('-_.')}-{digest}"
 
 
 def build_run_spec(

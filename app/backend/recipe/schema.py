@@ -10,6 +10,7 @@ never through a shell, and may not contain control characters.
 from __future__ import annotations
 
 import re
+import unicodedata
 from pathlib import PurePosixPath
 from typing import Literal
 
@@ -21,12 +22,27 @@ ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
 IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$")
 CONTAINER_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 SIZE_RE = re.compile(r"^[0-9]+[bkmg]?$")
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# Unicode categories refused in anything that reaches `docker run`: controls (C0, DEL, C1 such as U+009B
+# CSI), format characters (U+202E RIGHT-TO-LEFT OVERRIDE, zero-width joiners), line/paragraph separators,
+# surrogates, private-use and unassigned code points. Each can hide or reorder text in a terminal or page.
+REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def control_char(value: str) -> str | None:
+    """The first refused character of `value`, as 'U+XXXX (NAME)', or None."""
+    for ch in value:
+        if unicodedata.category(ch) in REFUSED_CATEGORIES:
+            return f"U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')})"
+    return None
 
 
 def _no_control(value: str, what: str) -> str:
-    if _CONTROL_RE.search(value):
-        raise ValueError(f"{what} must be a single line without control characters (newline, tab, NUL)")
+    bad = control_char(value)
+    if bad:
+        raise ValueError(
+            f"{what} must be a single line without control or format characters (newline, tab, NUL, "
+            f"bidi overrides); found {bad}"
+        )
     return value
 
 
@@ -216,6 +232,7 @@ class ProfileSpec(Strict):
     args_set: dict[str, str] = {}
     args_remove: list[str] = []
     based_on: str = ""  # custom profiles: the profile this one was cloned from
+    expert: bool = False  # custom profiles: the user ticked the expert option (dangerous engine env allowed)
 
     @field_validator("args_set")
     @classmethod
