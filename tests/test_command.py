@@ -12,7 +12,7 @@ import pytest
 
 from app.backend.recipe import SIMULATED_RECIPE
 
-# Profile 1, verbatim from the model card (shared/seed/model-card.txt, "Profile 1 — max quality").
+# Profile 1, verbatim from the model card (docs/model-card.txt, "Profile 1 — max quality").
 CARD_PROFILE_1 = r"""
 docker run -d --name ds4-quality --gpus '"device=0"' --network host --ipc host --shm-size 32g \
   -v /data/ds4/DeepSeek-V4-Flash-0731:/model:ro \

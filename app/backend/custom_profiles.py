@@ -230,30 +230,10 @@ def _describe(env_add: dict[str, str], env_replace: dict[str, str], env_remove: 
 
 
 def findings_for(recipe: Recipe, profile: ProfileSpec) -> list[Finding]:
-    """The card's measured warnings that apply to this profile's effective command."""
+    """The card's measured warnings whose conditions hold for this profile's effective command."""
     env = dict(profile_env(recipe, profile))
     argv = profile_args(recipe, profile)
-    out: list[Finding] = []
-    for f in recipe.findings:
-        if f.kind == "env_equals":
-            hit = env.get(f.key) == f.value
-        elif f.kind == "env_present":
-            hit = f.key in env
-        elif f.kind == "arg_present":
-            hit = f.key in argv
-        else:  # arg_value_above
-            hit = f.key in argv and _above(argv, f.key, f.value)
-        if hit:
-            out.append(f)
-    return out
-
-
-def _above(argv: list[str], flag: str, limit: str) -> bool:
-    i = argv.index(flag)
-    try:
-        return i + 1 < len(argv) and float(argv[i + 1]) > float(limit)
-    except ValueError:
-        return False
+    return [f for f in recipe.findings if f.applies(env, argv)]
 
 
 # --- persistence -------------------------------------------------------------------------------
