@@ -162,10 +162,15 @@ def explained_command(lines: list[ExplainedLine]) -> str:
             why = f'<span class="moet-why-panel">{escape(e.why)}</span>'
         else:
             why = f'<span class="moet-notmeasured">{NO_REASON}</span>'
-        rows.append(f'<tr data-why-source="{escape(e.source or "none")}"><td><code>{escape(e.text)}</code></td><td>{why}</td></tr>')
-    return ('<table class="moet-why" id="command-why"><caption>Why each line — the card\'s “Why each knob” words, '
-            'or why the panel adds it</caption><thead><tr><th scope="col">line</th><th scope="col">why</th></tr></thead>'
+        rows.append(f'<tr data-why-source="{escape(e.source or "none")}"><td style="{_CELL};width:38%;word-break:break-all">'
+                    f'<code>{escape(e.text)}</code></td><td style="{_CELL}">{why}</td></tr>')
+    return ('<table class="moet-why" id="command-why" style="font-size:13px;border-collapse:collapse;width:100%">'
+            '<caption>Why each line — the card\'s “Why each knob” words, or why the panel adds it</caption>'
+            f'<thead><tr><th scope="col" style="{_CELL}">line</th><th scope="col" style="{_CELL}">why</th></tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+_CELL = "padding:3px 8px;vertical-align:top;line-height:1.35"
 
 
 def _table(caption: str, columns: list[str], rows: list[list[str]], elem: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
+from tests.conftest import ARTIFACTS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -49,6 +50,17 @@ def test_profiles_view_shows_each_profile_and_its_command(panel, browser) -> Non
     why = page.locator("#command-why tr[data-why-source=card]")
     assert why.count() >= 8 and "VLLM_MOE_W2=1 — the 2-bit routed-expert path" in page.locator("#command-why").inner_text()
     assert "P(true effect is a real loss) ≈ 0.97" in page.locator('.moet-card[data-profile="balanced"]').inner_text()
+    page.get_by_label("Plain: exactly the card's command", exact=False).uncheck()
+    page.get_by_label("#2 quality / speed", exact=True).check()
+    page.locator('.moet-card.selected[data-profile="balanced"]').wait_for()
+    page.wait_for_function("() => document.querySelector('#command-why').innerText.includes('PROMO_HYST')")
+    ARTIFACTS.mkdir(exist_ok=True)
+    # docs/profiles.png: cards with the card's notes, the command, and the first reasons beside its lines
+    last = page.locator("#command-why tbody tr").nth(14).bounding_box()
+    assert last is not None
+    page.screenshot(path=str(ARTIFACTS / "profiles.png"), full_page=True,
+                    clip={"x": 0, "y": 0, "width": 1280, "height": last["y"] + last["height"] + 8})
+    page.screenshot(path=str(ARTIFACTS / "profiles-full.png"), full_page=True)
     page.locator("#card-facts-box").get_by_text("The card's context limits").click()
     page.locator("#card-regenerate").wait_for()
     assert "does not start that boot" in page.locator("#card-regenerate").inner_text()
