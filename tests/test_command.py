@@ -12,7 +12,7 @@ import pytest
 
 from app.backend.recipe import SIMULATED_RECIPE
 
-# Profile 1, verbatim from the model card (shared/seed/model-card.txt, "Profile 1 — max quality").
+# Profile 1, verbatim from the model card (docs/model-card.txt, "Profile 1 — max quality").
 CARD_PROFILE_1 = r"""
 docker run -d --name ds4-quality --gpus '"device=0"' --network host --ipc host --shm-size 32g \
   -v /data/ds4/DeepSeek-V4-Flash-0731:/model:ro \
@@ -157,3 +157,17 @@ def test_unknown_profile_and_unsafe_data_dir_exit_2() -> None:
         )
         assert proc.returncode == 2, proc.stdout
         assert proc.stderr.startswith("moet-panel: ")
+
+
+def test_explain_prints_each_line_with_the_cards_reason(capsys) -> None:
+    from app.cli.main import main
+
+    assert main(["command", "--profile", "quality", "--explain"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    i = out.index("  -e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    assert out[i + 1].strip().startswith("↳ card: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — removes ~0.5 GiB")
+    j = out.index("  --max-num-seqs 1")
+    assert "Concurrency multiplies the gate's fire floor" in out[j + 1]
+    k = out.index("  --port 8000")
+    assert out[k + 1].strip() == "↳ (the card gives no reason for this line)"
+    assert "VLLM_MOE_W2_DELTA_TRACE=1" in "\n".join(out) and "added by moet-panel" in "\n".join(out)

@@ -96,3 +96,25 @@ def test_cli_reports_bad_recipe_with_exit_2(tmp_path: Path, capsys: pytest.Captu
     assert main(["command", "--profile", "quality", "--recipe", str(path)]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and "colour" in err and "unknown key" in err
+
+
+def test_deeply_nested_or_oversized_toml_is_a_clear_recipe_error(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.toml"
+    deep.write_text(SIM_TEXT + "\nextra = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(RecipeError, match=r"\(size\): refused: arrays/inline tables nested more than 16 levels"):
+        load_recipe(deep)
+    tables = tmp_path / "tables.toml"
+    tables.write_text(SIM_TEXT + "\n" + "[" + ".".join(["t"] * 40) + "]\nx = 1\n")
+    with pytest.raises(RecipeError, match="tables nested more than 16 levels"):
+        load_recipe(tables)
+    huge = tmp_path / "huge.toml"
+    huge.write_text(SIM_TEXT + "\n# " + "x" * 1_000_001 + "\n")
+    with pytest.raises(RecipeError, match=r"over 1,000,000 bytes"):
+        load_recipe(huge)
+
+
+def test_brackets_inside_strings_and_comments_do_not_count_as_nesting(tmp_path: Path) -> None:
+    from app.backend.recipe.toml_bounded import loads_bounded
+
+    text = 'a = "' + "[" * 100 + '"\nb = \'{{{{\'\nc = """\n' + "[" * 50 + '\n"""\n# ' + "[" * 100 + "\nd = [[1], [2]]\n"
+    assert loads_bounded(text)["d"] == [[1], [2]]

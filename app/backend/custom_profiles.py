@@ -20,7 +20,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from app.backend.recipe.command import profile_args, profile_env
-from app.backend.recipe.schema import ENV_NAME_RE, Finding, ProfileSpec, Recipe
+from app.backend.recipe.schema import ENV_NAME_RE, Finding, ProfileSpec, Recipe, control_char
+from app.backend.recipe.toml_bounded import TomlLimitError, loads_bounded
 from app.backend.settings import Settings
 
 PROFILES_SUBDIR = "profiles"
@@ -35,6 +36,34 @@ ARG_WHITELIST: dict[str, bool] = {
     "--speculative-config": True,
 }
 _NUMERIC_ARGS = frozenset({"--max-model-len", "--max-num-seqs"})
+# Bounds on what a user types (docs/ui-and-safety.md): Linux refuses one argv string over 128 KiB
+# ("argument list too long") only when the container starts; refuse far earlier, at the editor.
+MAX_VALUE_CHARS = 1024
+MAX_NAME_CHARS = 80
+MAX_ENV_LINES = 64
+MAX_PROFILE_FILE_BYTES = 64 * 1024
+# Engine switches that open the engine to its clients or load code: never set by accident. A custom
+# profile may set them only with the editor's expert option ticked; each warning names the risk.
+EXPERT_ENV: dict[str, str] = {
+    "VLLM_SERVER_DEV_MODE": "exposes vLLM's development endpoints (reset caches, sleep/wake, collective RPC) to anyone who can reach the engine port",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "lets the engine unpickle messages: a crafted message runs arbitrary code inside the container",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "lets any API client load LoRA adapters from paths or repos at runtime",
+    "VLLM_PLUGINS": "loads the named Python plugins (code) into the engine at start",
+    "VLLM_LOGGING_CONFIG_PATH": "a logging config can instantiate arbitrary Python classes (code) at start",
+    "VLLM_CONFIGURE_LOGGING": "changes how the engine logs; the panel's log reader and diagnosis may stop working",
+    "VLLM_NCCL_SO_PATH": "loads a shared library from the given path into the engine",
+    "VLLM_API_KEY": "puts a key on the engine's API; the panel's health checks and chat calls then fail with 401",
+    "VLLM_HOST_IP": "changes the address vLLM's internal processes talk on",
+    "VLLM_PORT": "changes vLLM's internal communication port (not the API port)",
+    "VLLM_RPC_BASE_PATH": "moves the engine's IPC sockets",
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "bypasses vLLM's own --max-model-len check; the card: 256K is a hard ceiling on this checkpoint",
+    "VLLM_DEBUG_LOG_API_SERVER_RESPONSE": "writes every chat answer into the engine log",
+    "VLLM_TORCH_PROFILER_DIR": "enables the profiler endpoints and writes traces inside the container",
+    "VLLM_TRACE_FUNCTION": "logs every Python function call: huge logs and a much slower engine",
+    "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "keeps the API answering after the engine died, so the panel's health check can lie",
+    "VLLM_USE_MODELSCOPE": "downloads models from ModelScope instead of using the mounted checkpoint",
+    "VLLM_MODEL_REDIRECT_PATH": "redirects model loading to other paths",
+}
 
 
 class CustomProfileError(ValueError):
@@ -79,26 +108,47 @@ def _whitelisted_args(argv: list[str]) -> dict[str, str | None]:
     return args
 
 
-def _check_env_change(name: str, value: str | None) -> None:
-    if not ENV_NAME_RE.fullmatch(name):
-        raise CustomProfileError(f"env name {name!r} must match [A-Z0-9_]+")
+def is_ascii_number(value: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts '²' and Arabic-Indic digits, which the engine cannot parse."""
+    return bool(re.fullmatch(r"[0-9]{1,12}", value))
+
+
+def _check_value(value: str, what: str) -> None:
+    if len(value) > MAX_VALUE_CHARS:
+        raise CustomProfileError(f"{what}: value is {len(value):,} characters; the limit is {MAX_VALUE_CHARS:,}")
+    bad = control_char(value)
+    if bad:
+        raise CustomProfileError(f"{what}: value must be a single line without control or format characters; found {bad}")
+
+
+def _check_env_change(name: str, value: str | None, *, expert: bool = False) -> None:
+    if len(name) > 128 or not ENV_NAME_RE.fullmatch(name):
+        raise CustomProfileError(f"env name {name[:64]!r} must match [A-Z0-9_]+ (at most 128 characters)")
     if not name.startswith(ENV_PREFIXES):
         raise CustomProfileError(f"env {name}: custom profiles may only set variables starting with {', '.join(ENV_PREFIXES)}")
     if name in PROTECTED_ENV:
         raise CustomProfileError(f"env {name} ties the container to the downloaded cache; a custom profile cannot change it")
-    if value is not None and re.search(r"[\x00-\x1f\x7f]", value):
-        raise CustomProfileError(f"env {name}: value must be a single line without control characters")
+    if name in EXPERT_ENV and value is not None and not expert:
+        raise CustomProfileError(f"env {name} is an expert setting: it {EXPERT_ENV[name]}. Tick the expert option to set it anyway")
+    if value is not None:
+        _check_value(value, f"env {name}")
+
+
+def expert_risks(profile: ProfileSpec) -> list[str]:
+    """One warning per expert env a profile sets, naming the risk (shown wherever the profile's findings are)."""
+    return [f"{k} {EXPERT_ENV[k]}." for k in {**profile.env_replace, **profile.env_add} if k in EXPERT_ENV]
 
 
 def _check_arg(flag: str, value: str | None) -> None:
     if flag not in ARG_WHITELIST:
-        raise CustomProfileError(f"engine argument {flag} cannot be changed here (allowed: {', '.join(ARG_WHITELIST)})")
+        raise CustomProfileError(f"engine argument {flag[:64]} cannot be changed here (allowed: {', '.join(ARG_WHITELIST)})")
     if value is None or not ARG_WHITELIST[flag]:
         return
     if not value.strip():
         raise CustomProfileError(f"{flag} needs a value (or leave it unset)")
-    if flag in _NUMERIC_ARGS and not value.isdigit():
-        raise CustomProfileError(f"{flag} must be a whole number, got {value!r}")
+    _check_value(value, flag)
+    if flag in _NUMERIC_ARGS and not is_ascii_number(value):
+        raise CustomProfileError(f"{flag} must be a whole number in ASCII digits 0-9, got {value[:32]!r}")
 
 
 def make_custom_profile(
@@ -108,12 +158,22 @@ def make_custom_profile(
     env: dict[str, str],
     args: dict[str, str | None],
     taken_ids: set[str],
+    *,
+    expert: bool = False,
 ) -> ProfileSpec:
     """Express the wanted effective env/args as changes to the recipe's base command.
+
+    Args:
+        expert: the user ticked the expert option, so EXPERT_ENV names may be set (each one is warned about).
 
     Raises:
         CustomProfileError: bad name, id clash, disallowed env/arg, or a schema violation.
     """
+    if len(name) > MAX_NAME_CHARS:
+        raise CustomProfileError(f"the profile name is {len(name):,} characters; the limit is {MAX_NAME_CHARS}")
+    bad = control_char(name)
+    if bad:
+        raise CustomProfileError(f"the profile name must not contain control or format characters; found {bad}")
     title = " ".join(name.split())
     pid = slugify(title)
     if not pid or not title:
@@ -124,7 +184,7 @@ def make_custom_profile(
     current = knobs_of(recipe, base)
     for k in set(base_env) | set(env) | set(current.env):
         if env.get(k) != current.env.get(k):
-            _check_env_change(k, env.get(k))
+            _check_env_change(k, env.get(k), expert=expert)
     env_replace = {k: v for k, v in env.items() if k in base_env and v != base_env[k]}
     env_remove = [k for k in base_env if k not in env]
     env_add = {k: v for k, v in env.items() if k not in base_env}
@@ -153,6 +213,7 @@ def make_custom_profile(
             args_set=args_set,
             args_remove=args_remove,
             measured=False,
+            expert=expert and any(k in EXPERT_ENV for k in {**env_add, **env_replace}),
             based_on=base.id,
             notes=["Custom profile: not measured. The card's figures do not apply to it."],
         )
@@ -169,30 +230,10 @@ def _describe(env_add: dict[str, str], env_replace: dict[str, str], env_remove: 
 
 
 def findings_for(recipe: Recipe, profile: ProfileSpec) -> list[Finding]:
-    """The card's measured warnings that apply to this profile's effective command."""
+    """The card's measured warnings whose conditions hold for this profile's effective command."""
     env = dict(profile_env(recipe, profile))
     argv = profile_args(recipe, profile)
-    out: list[Finding] = []
-    for f in recipe.findings:
-        if f.kind == "env_equals":
-            hit = env.get(f.key) == f.value
-        elif f.kind == "env_present":
-            hit = f.key in env
-        elif f.kind == "arg_present":
-            hit = f.key in argv
-        else:  # arg_value_above
-            hit = f.key in argv and _above(argv, f.key, f.value)
-        if hit:
-            out.append(f)
-    return out
-
-
-def _above(argv: list[str], flag: str, limit: str) -> bool:
-    i = argv.index(flag)
-    try:
-        return i + 1 < len(argv) and float(argv[i + 1]) > float(limit)
-    except ValueError:
-        return False
+    return [f for f in recipe.findings if f.applies(env, argv)]
 
 
 # --- persistence -------------------------------------------------------------------------------
@@ -249,8 +290,10 @@ def delete_custom_profile(settings: Settings, profile_id: str) -> bool:
 
 def _parse(text: str, recipe: Recipe, where: str) -> ProfileSpec:
     try:
-        data = tomllib.loads(text)
+        data = loads_bounded(text, max_bytes=MAX_PROFILE_FILE_BYTES, max_depth=4)
         profile = ProfileSpec.model_validate(data)
+    except TomlLimitError as exc:
+        raise CustomProfileError(f"{where}: refused: {exc}") from None
     except (tomllib.TOMLDecodeError, ValidationError) as exc:
         raise CustomProfileError(f"{where}: {exc}") from None
     if profile.measured or profile.decode or profile.quality or profile.delta_vs_1:
@@ -258,7 +301,9 @@ def _parse(text: str, recipe: Recipe, where: str) -> ProfileSpec:
     for name in list(profile.env_replace) + list(profile.env_remove):
         if name not in recipe.serve.env:
             raise CustomProfileError(f"{where}: env {name} is not a base setting of recipe {recipe.id}")
-    for name in list(profile.env_add) + list(profile.env_replace) + list(profile.env_remove):
+    for name, value in {**profile.env_add, **profile.env_replace}.items():
+        _check_env_change(name, value, expert=profile.expert)
+    for name in profile.env_remove:
         _check_env_change(name, None)
     for flag, value in profile.args_set.items():
         _check_arg(flag, value)
@@ -276,6 +321,8 @@ def load_custom_profiles_report(settings: Settings) -> LoadReport:
     problems: list[str] = []
     for path in sorted(folder.glob("*.toml")):
         try:
+            if path.stat().st_size > MAX_PROFILE_FILE_BYTES:
+                raise CustomProfileError(f"{path}: refused: over {MAX_PROFILE_FILE_BYTES:,} bytes")
             profile = _parse(path.read_text(encoding="utf-8"), settings.recipe, str(path))
         except (OSError, UnicodeDecodeError, CustomProfileError) as exc:
             problems.append(f"skipped {path.name}: {exc}")
@@ -314,6 +361,8 @@ class EditorForm:
     enforce_eager: bool = False
     speculative: str = ""
     extra_env: str = ""  # lines: NAME=value (set) or -NAME (unset)
+    max_num_seqs: str = ""
+    expert: bool = False  # allow EXPERT_ENV names (each one is warned about)
 
 
 def form_from_profile(recipe: Recipe, profile: ProfileSpec) -> EditorForm:
@@ -327,6 +376,8 @@ def form_from_profile(recipe: Recipe, profile: ProfileSpec) -> EditorForm:
         max_model_len=k.args.get("--max-model-len") or "",
         enforce_eager=k.args.get("--enforce-eager") is not None,
         speculative=k.args.get("--speculative-config") or "",
+        max_num_seqs=k.args.get("--max-num-seqs") or "",
+        expert=profile.expert,
     )
 
 
@@ -338,15 +389,19 @@ def knobs_from_form(recipe: Recipe, base: ProfileSpec, form: EditorForm) -> Knob
         value = (raw or "").strip()
         if not value:
             env.pop(name, None)
-        elif name != POLICY_ENV and not value.isdigit():
-            raise CustomProfileError(f"{name} must be a whole number (or blank to leave it unset), got {value!r}")
+        elif name != POLICY_ENV and not is_ascii_number(value):
+            raise CustomProfileError(f"{name} must be a whole number in ASCII digits 0-9 (or blank to leave it unset), got {value[:32]!r}")
         else:
             env[name] = value
     if form.policy and form.policy not in ("freq", "need"):
         raise CustomProfileError(f"{POLICY_ENV} must be freq or need")
     env[GATE_ENV] = "1" if form.gate else "0"
-    for no, line in enumerate((form.extra_env or "").splitlines(), 1):
-        line = line.strip()
+    # Split on newlines only: a U+2028 or U+0085 inside a value must be refused by name, not split a line.
+    lines = [ln for ln in (form.extra_env or "").split("\n") if ln.strip(" \t\r")]
+    if len(lines) > MAX_ENV_LINES:
+        raise CustomProfileError(f"other env: {len(lines)} lines; at most {MAX_ENV_LINES} changes")
+    for no, line in enumerate(lines, 1):
+        line = line.strip(" \t\r")
         if not line or line.startswith("#"):
             continue
         if line.startswith("-"):
@@ -355,16 +410,17 @@ def knobs_from_form(recipe: Recipe, base: ProfileSpec, form: EditorForm) -> Knob
             continue
         name, sep, value = line.partition("=")
         if not sep:
-            raise CustomProfileError(f"other env, line {no}: expected NAME=value or -NAME, got {line!r}")
-        _check_env_change(name.strip(), value)
+            raise CustomProfileError(f"other env, line {no}: expected NAME=value or -NAME, got {line[:64]!r}")
+        _check_env_change(name.strip(), value, expert=form.expert)
         env[name.strip()] = value
     args = dict(current.args)
     args["--max-model-len"] = (form.max_model_len or "").strip() or None
     args["--enforce-eager"] = "" if form.enforce_eager else None
     args["--speculative-config"] = (form.speculative or "").strip() or None
+    args["--max-num-seqs"] = (form.max_num_seqs or "").strip() or None
     return Knobs(env=env, args=args)
 
 
 def profile_from_form(recipe: Recipe, base: ProfileSpec, name: str, form: EditorForm, taken_ids: set[str]) -> ProfileSpec:
     knobs = knobs_from_form(recipe, base, form)
-    return make_custom_profile(recipe, base, name, knobs.env, knobs.args, taken_ids)
+    return make_custom_profile(recipe, base, name, knobs.env, knobs.args, taken_ids, expert=form.expert)

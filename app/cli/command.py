@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.backend.recipe.command import build_run_spec, render_json, render_shell
+from app.backend.recipe.command import build_run_spec, render_explained, render_json, render_shell
 from app.backend.settings import resolve_settings
 from app.cli.main import add_common
 
@@ -15,6 +15,8 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", required=True, help="profile id (e.g. quality, balanced, speed)")
     p.add_argument("--plain", action="store_true", help="exactly the card's command: no panel labels or trace env")
     p.add_argument("--format", choices=["shell", "json"], default="shell")
+    p.add_argument("--explain", action="store_true",
+                   help="print each line with the card's reason for it (\"why each knob\"), or why the panel adds it")
     p.set_defaults(func=run)
 
 
@@ -25,5 +27,8 @@ def run(args: argparse.Namespace) -> int:
     spec = build_run_spec(
         settings.recipe, args.profile, str(settings.data_dir), plain=args.plain, profiles=all_profiles(settings)
     )
-    print(render_json(spec) if args.format == "json" else render_shell(spec))
+    if args.explain:
+        print(render_explained(settings.recipe, spec))
+    else:
+        print(render_json(spec) if args.format == "json" else render_shell(spec))
     return 0

@@ -70,7 +70,7 @@ def preflight_html(report: Any) -> str:
 def _choices(state: AppState) -> list[tuple[str, str]]:
     out = []
     for p in state.engine.profiles():
-        fig = f" — {p.decode.value:g} tok/s, {p.quality_label}" if p.measured and p.decode else " — not measured"
+        fig = f" — {p.decode.shown} tok/s, {p.quality_label}" if p.measured and p.decode else " — not measured"
         out.append((f"#{p.number} {p.title}{fig}" if p.measured else f"{p.title} (custom){fig}", p.id))
     return out
 

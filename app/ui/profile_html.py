@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from html import escape
 
-from app.backend.recipe.schema import Finding, ProfileSpec, Recipe, StudyTable
+from app.backend.recipe.command import NO_REASON, ExplainedLine
+from app.backend.recipe.schema import Finding, ProfileSpec, Recipe, StudyTable, cell_text
 
 
 def _fmt(v: float) -> str:
@@ -27,8 +28,8 @@ def figures(p: ProfileSpec) -> dict[str, str]:
     """The card's figures for one profile, as label → text (what the UI and the browser test read)."""
     if not p.measured:
         return {"decode": "not measured", "quality": "not measured", "delta": "not measured"}
-    decode = f"{p.decode.value:g} {p.decode.unit}" if p.decode else "—"
-    quality = p.quality_label or (f"{p.quality.value:g} {p.quality.unit}" if p.quality else "—")
+    decode = f"{p.decode.shown} {p.decode.unit}" if p.decode else "—"  # the card's form: "75.0", not "75"
+    quality = p.quality_label or (f"{p.quality.shown} {p.quality.unit}" if p.quality else "—")
     return {"decode": decode, "quality": quality, "delta": delta_text(p)}
 
 
@@ -45,6 +46,10 @@ def profile_cards(recipe: Recipe, profiles: list[ProfileSpec], selected: str, fi
         cls = "moet-card selected" if p.id == selected else "moet-card"
         title = f"#{p.number} · {escape(p.title)}" if p.measured else escape(p.title)
         notes = "".join(f"<li>{escape(n)}</li>" for n in p.notes)
+        fig_notes = [(k, fig.note) for k, fig in (("decode", p.decode), ("quality", p.quality), ("Δ vs #1", p.delta_vs_1)) if fig]
+        if fig_notes:
+            notes += '<li class="moet-fignotes">From the card: <ul>' + "".join(
+                f'<li data-fignote="{escape(k)}"><b>{escape(k)}:</b> {escape(n)}</li>' for k, n in fig_notes) + "</ul></li>"
         warn = findings.get(p.id) or []
         if warn:
             notes += f'<li class="moet-notmeasured">{len(warn)} card warning(s) apply — see below</li>'
@@ -73,6 +78,7 @@ def _frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 def speed_quality_chart(recipe: Recipe, profiles: list[ProfileSpec], selected: str) -> str:
     measured = [p for p in profiles if p.measured and p.decode]
     pts = [(p, p.decode.value, p.delta_vs_1.mean if p.delta_vs_1 else 0.0) for p in measured]  # type: ignore[union-attr]
+    shown = {p.id: p.decode.shown for p in measured}  # type: ignore[union-attr]
     if not pts:
         return "<p>No measured profiles in this recipe.</p>"
     w, h, ml, mr, mt, mb = 640, 320, 62, 20, 24, 46
@@ -114,7 +120,7 @@ def speed_quality_chart(recipe: Recipe, profiles: list[ProfileSpec], selected: s
         fill = "#0f766e" if sel else "#ffffff"
         parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="{7 if sel else 5}" fill="{fill}" stroke="#0f766e" stroke-width="2"/>'
                      f'<text x="{sx(x) + 9:.1f}" y="{sy(y) - 8:.1f}" font-size="12" font-weight="{700 if sel else 400}" fill="#0f172a">#{p.number} {escape(p.title)}</text>')
-    desc = "; ".join(f"profile {p.number} {p.title}: {x:g} tok/s, Δ {y:+.2f}" for p, x, y in pts)
+    desc = "; ".join(f"profile {p.number} {p.title}: {shown[p.id]} tok/s, Δ {y:+.2f}" for p, x, y in pts)
     label = f"Speed versus quality of the measured profiles. {desc}."
     customs = [p for p in profiles if not p.measured]
     sim = " SIMULATED engine: the figures are the model card's, not measured here." if recipe.simulated else ""
@@ -128,25 +134,98 @@ def speed_quality_chart(recipe: Recipe, profiles: list[ProfileSpec], selected: s
 
 
 def study_tables(studies: list[StudyTable]) -> str:
+    """Every study with its rows (numbers in the card's text form), note, further statistics and footnotes."""
     out = []
     for s in studies:
         head = "".join(f'<th scope="col">{escape(c)}</th>' for c in s.columns)
         rows = []
         for row in s.rows:
             cells = "".join(
-                f'<td class="num">{v:g}</td>' if isinstance(v, (int, float)) else f"<td>{escape(str(v))}</td>" for v in row
+                f'<td class="num">{escape(cell_text(v))}</td>' if not isinstance(v, str) else f"<td>{escape(v)}</td>" for v in row
             )
             rows.append(f"<tr>{cells}</tr>")
-        note = f"<p>{escape(s.note)}</p>" if s.note else ""
+        paras = ([s.note] if s.note else []) + list(s.details)
+        text = "".join(f"<p>{escape(t)}</p>" for t in paras)
+        text += "".join(f'<p class="moet-footnote">{escape(t)}</p>' for t in s.footnotes)
         out.append(f'<div class="moet-study" data-study="{escape(s.id)}"><table><caption>{escape(s.title)}</caption>'
-                   f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{note}</div>")
+                   f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{text}</div>")
     return "".join(out) or "<p>This recipe has no study tables.</p>"
 
 
-def findings_list(findings: list[Finding], what: str) -> str:
-    if not findings:
+def explained_command(lines: list[ExplainedLine]) -> str:
+    """The equivalent docker run, one row per line, with the card's reason for it beside it."""
+    rows = []
+    for e in lines:
+        if e.source == "card":
+            why = f'<span class="moet-why-card">card:</span> {escape(e.why)}'
+        elif e.source == "panel":
+            why = f'<span class="moet-why-panel">{escape(e.why)}</span>'
+        else:
+            why = f'<span class="moet-notmeasured">{NO_REASON}</span>'
+        rows.append(f'<tr data-why-source="{escape(e.source or "none")}"><td style="{_CELL};width:38%;word-break:break-all">'
+                    f'<code>{escape(e.text)}</code></td><td style="{_CELL}">{why}</td></tr>')
+    return ('<table class="moet-why" id="command-why" style="font-size:13px;border-collapse:collapse;width:100%">'
+            '<caption>Why each line — the card\'s “Why each knob” words, or why the panel adds it</caption>'
+            f'<thead><tr><th scope="col" style="{_CELL}">line</th><th scope="col" style="{_CELL}">why</th></tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+_CELL = "padding:3px 8px;vertical-align:top;line-height:1.35"
+
+
+def _table(caption: str, columns: list[str], rows: list[list[str]], elem: str) -> str:
+    head = "".join(f'<th scope="col">{escape(c)}</th>' for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table id="{elem}"><caption>{escape(caption)}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def card_facts(recipe: Recipe) -> str:
+    """Everything else the recipe carries: model, context/needle table, VRAM budget, pins, requirements,
+    sampling, the single-GPU limit and the card's cache-regeneration recipe (docs/card.md)."""
+    parts: list[str] = []
+    m, e, req = recipe.model, recipe.engine, recipe.requirements
+    if m.params_note:
+        parts.append(f'<p id="card-params"><b>What is quantized:</b> {escape(m.params_note)}</p>')
+    ctx = recipe.context
+    parts.append(_table(ctx.needles_title or "Context (needle-in-a-haystack)", ["length", "result", "note"],
+                        [[n.length, n.result, n.note] for n in ctx.needles], "card-context"))
+    parts.append(f"<p>{escape(ctx.note)}</p>")
+    parts.append(f'<p id="card-vram"><b>VRAM budget:</b> {escape(recipe.vram.note)}</p>')
+    pins = [["model", f"{m.name} @ {m.revision}"], ["engine", f"{e.repo_url} @ {e.commit} ({e.dockerfile} → {e.image})"]]
+    pins += [[k, v] for k, v in recipe.pins.items()]
+    parts.append(_table("Pins", ["what", "value"], pins, "card-pins"))
+    reqs = [["GPU", f"{req.gpu} (sm_{req.compute_capability.replace('.', '')})" if req.compute_capability else req.gpu]]
+    if req.ecc_note:
+        reqs.append(["ECC", req.ecc_note])
+    if req.host_ram_note:
+        reqs.append(["host RAM (cache miss)", req.host_ram_note])
+    if req.multi_gpu_note:
+        reqs.append(["GPUs", req.multi_gpu_note])
+    parts.append(_table("Requirements", ["what", "the card"], reqs, "card-requirements"))
+    s = recipe.sampling
+    parts.append(f'<p id="card-sampling"><b>Sampling:</b> {escape(s.note)} {escape(s.never_zero_note)}</p>')
+    if recipe.regenerate:
+        g = recipe.regenerate
+        parts.append(
+            '<section id="card-regenerate"><h4>Regenerate caches</h4>'
+            f"<p>{escape(g.note)}</p><ul>"
+            f"<li>host RAM: ≥ {g.host_ram_gib:g} GiB (the card's “big-RAM box”)</li>"
+            f"<li>GPUs: TP{g.gpu_count} on one GPU</li>"
+            + (f"<li>time: ~{g.minutes:g} min on {escape(g.measured_on)}</li>" if g.minutes else "")
+            + (f"<li>base pack: a second boot with VLLM_MOE_W2_BASE_CACHE_GB={g.base_cache_gb:g}</li>" if g.base_cache_gb else "")
+            + "</ul><p class=\"moet-notmeasured\">Not built in this version: the panel states the card's recipe and "
+            "does not start that boot (it needs the host above and empty writable cache dirs, and rewrites the caches "
+            "the profiles read). Run it by hand; docs/card.md says how.</p></section>"
+        )
+    return f'<div class="moet-card-facts" id="card-facts">{"".join(parts)}</div>'
+
+
+def findings_list(findings: list[Finding], what: str, risks: list[str] | None = None) -> str:
+    """The card's warnings that apply (the card's words), then the panel's expert-setting risks, if any."""
+    expert = "".join(f'<li class="warn" data-expert-risk="1"><strong>EXPERT</strong> {escape(r)}</li>' for r in risks or [])
+    if not findings and not expert:
         return f'<p class="moet-ok" id="findings-none">No card warnings apply to {escape(what)}.</p>'
-    items = "".join(
+    items = expert + "".join(
         f'<li class="{escape(f.severity)}" data-finding="{escape(f.id)}"><strong>{escape(f.severity.upper())}</strong> '
         f"{escape(f.message)}</li>"
         for f in findings

@@ -10,10 +10,17 @@ import gradio as gr
 
 from app.backend import custom_profiles as cp
 from app.backend.profiles import all_profiles
-from app.backend.recipe.command import CommandError, build_run_spec, render_shell
+from app.backend.recipe.command import CommandError, build_run_spec, explain_lines, render_shell
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.state import AppState
-from app.ui.profile_html import findings_list, profile_cards, speed_quality_chart, study_tables
+from app.ui.profile_html import (
+    card_facts,
+    explained_command,
+    findings_list,
+    profile_cards,
+    speed_quality_chart,
+    study_tables,
+)
 
 TITLE = "Profiles"
 
@@ -36,32 +43,37 @@ class _View:
         profiles = self.profiles()
         return next((p for p in profiles if p.id == pid), self.recipe.recommended_profile)
 
-    def command(self, pid: str, plain: bool) -> str:
+    def command(self, pid: str, plain: bool) -> tuple[str, str]:
+        """The copyable shell text and the same lines beside the card's reason for each."""
         try:
             spec = build_run_spec(self.recipe, pid, str(self.state.settings.data_dir), plain=plain, profiles=self.profiles())
         except (KeyError, CommandError) as exc:
-            return f"# cannot build the command: {exc}"
+            return f"# cannot build the command: {exc}", ""
         head = "# SIMULATED engine image (demo mode)\n" if self.recipe.simulated else ""
-        return head + render_shell(spec)
+        return head + render_shell(spec), explained_command(explain_lines(self.recipe, spec))
 
-    def select(self, pid: str, plain: bool) -> tuple[str, str, str, str]:
+    def select(self, pid: str, plain: bool) -> tuple[str, str, str, str, str]:
         profiles = self.profiles()
         p = self._find(pid)
         findings = {q.id: cp.findings_for(self.recipe, q) for q in profiles}
+        text, why = self.command(p.id, plain)
         return (
             profile_cards(self.recipe, profiles, p.id, findings),
             speed_quality_chart(self.recipe, profiles, p.id),
-            self.command(p.id, plain),
-            findings_list(findings[p.id], f"{p.title}"),
+            text,
+            findings_list(findings[p.id], f"{p.title}", cp.expert_risks(p)),
+            why,
         )
 
     def load_form(self, base_id: str) -> list[Any]:
         f = cp.form_from_profile(self.recipe, self._find(base_id))
-        return [f.policy, f.promo_hyst, f.delta_promote, f.delta_gb, f.gate, f.max_model_len, f.enforce_eager, f.speculative, ""]
+        return [f.policy, f.promo_hyst, f.delta_promote, f.delta_gb, f.gate, f.max_model_len, f.enforce_eager, f.speculative,
+                "", f.max_num_seqs, f.expert]
 
     def _form(self, *vals: Any) -> cp.EditorForm:
-        policy, hyst, promote, gb, gate, mml, eager, spec, extra = vals
-        return cp.EditorForm(policy or "", hyst or "", promote or "", gb or "", bool(gate), mml or "", bool(eager), spec or "", extra or "")
+        policy, hyst, promote, gb, gate, mml, eager, spec, extra, seqs, expert = vals
+        return cp.EditorForm(policy or "", hyst or "", promote or "", gb or "", bool(gate), mml or "", bool(eager), spec or "",
+                             extra or "", seqs or "", bool(expert))
 
     def check(self, base_id: str, name: str, *vals: Any) -> tuple[str, str]:
         try:
@@ -69,7 +81,8 @@ class _View:
         except cp.CustomProfileError as exc:
             return "", f"⚠️ {escape(str(exc))}"
         found = cp.findings_for(self.recipe, preview)
-        return findings_list(found, "this custom profile"), f"Changes vs the card's base command: `{preview.scheduler_setting}`. Not measured."
+        return (findings_list(found, "this custom profile", cp.expert_risks(preview)),
+                f"Changes vs the card's base command: `{preview.scheduler_setting}`. Not measured.")
 
     def save(self, base_id: str, name: str, plain: bool, *vals: Any) -> list[Any]:
         taken = {p.id for p in self.profiles()}
@@ -82,7 +95,8 @@ class _View:
         found = cp.findings_for(self.recipe, profile)
         msg = (f"Saved custom profile **{escape(profile.title)}** (`{profile.id}`) to `{path}`. "
                "It is not measured: no figures are shown for it.")
-        return [gr.update(choices=choices, value=profile.id), gr.update(choices=choices), findings_list(found, profile.title), msg]
+        return [gr.update(choices=choices, value=profile.id), gr.update(choices=choices),
+                findings_list(found, profile.title, cp.expert_risks(profile)), msg]
 
     def delete(self, pid: str) -> list[Any]:
         p = self._find(pid)
@@ -98,7 +112,7 @@ def render(state: AppState, shell: Any) -> None:
     recipe = view.recipe
     profiles = view.profiles()
     rec = recipe.recommended_profile.id
-    cards0, chart0, cmd0, find0 = view.select(rec, False)
+    cards0, chart0, cmd0, find0, why0 = view.select(rec, False)
     report = cp.load_custom_profiles_report(state.settings)
 
     intro = f"**{recipe.title}** — figures, notes and warnings are the model card's own words."
@@ -120,8 +134,13 @@ def render(state: AppState, shell: Any) -> None:
             # select-all, screen readers and the browser tests; the copy button is Gradio's own.
             command = gr.Textbox(cmd0, label="Equivalent docker run", interactive=False, buttons=["copy"], lines=16,
                                  max_lines=40, elem_id="profile-command", elem_classes=["moet-code"])
-    with gr.Accordion("Studies behind the figures", open=False, elem_id="studies"):
+    with gr.Accordion("Why each line of the command (the card's “Why each knob”)", open=True, elem_id="command-why-box"):
+        why = gr.HTML(why0, elem_id="command-why-html")
+    with gr.Accordion("Studies behind the figures (full statistics)", open=False, elem_id="studies"):
         gr.HTML(study_tables(recipe.studies), elem_id="study-tables")
+    with gr.Accordion("The card's context limits, VRAM budget, pins, requirements and cache regeneration", open=False,
+                      elem_id="card-facts-box"):
+        gr.HTML(card_facts(recipe), elem_id="card-facts-html")
 
     with gr.Accordion("Custom profile: clone, edit knobs, see the card's warnings, save", open=False, elem_id="custom-editor"):
         gr.Markdown("A custom profile changes the card's knobs; it is saved in the data dir and shown as **not measured**.")
@@ -129,17 +148,26 @@ def render(state: AppState, shell: Any) -> None:
             base = gr.Dropdown(_choices(profiles), value=rec, label="Clone from", elem_id="custom-base")
             name = gr.Textbox(label="New profile name", placeholder="e.g. balanced long-context", elem_id="custom-name")
         f0 = view.load_form(rec)
+        reason = recipe.why.get  # the card's "why each knob" line, shown under each knob
         with gr.Row():
-            policy = gr.Radio(["freq", "need"], value=f0[0], label="VLLM_MOE_W2_DELTA_POLICY", elem_id="knob-policy")
-            hyst = gr.Textbox(f0[1], label="VLLM_MOE_W2_PROMO_HYST (blank = unset)", elem_id="knob-hyst")
-            promote = gr.Textbox(f0[2], label="VLLM_MOE_W2_DELTA_PROMOTE (blank = unset)", elem_id="knob-promote")
-            pool = gr.Textbox(f0[3], label="VLLM_MOE_W2_DELTA_GB (FP4 pool GiB)", elem_id="knob-pool")
+            policy = gr.Radio(["freq", "need"], value=f0[0], label="VLLM_MOE_W2_DELTA_POLICY", elem_id="knob-policy",
+                              info=reason(cp.POLICY_ENV))
+            hyst = gr.Textbox(f0[1], label="VLLM_MOE_W2_PROMO_HYST (blank = unset)", elem_id="knob-hyst", info=reason(cp.HYST_ENV))
+            promote = gr.Textbox(f0[2], label="VLLM_MOE_W2_DELTA_PROMOTE (blank = unset)", elem_id="knob-promote",
+                                 info=reason(cp.PROMOTE_ENV))
+            pool = gr.Textbox(f0[3], label="VLLM_MOE_W2_DELTA_GB (FP4 pool GiB)", elem_id="knob-pool", info=reason(cp.POOL_ENV))
         with gr.Row():
-            gate = gr.Checkbox(f0[4], label="VLLM_MOE_W2_GATE=1 (confidence gate)", elem_id="knob-gate")
-            mml = gr.Textbox(f0[5], label="--max-model-len", elem_id="knob-max-len")
-            eager = gr.Checkbox(f0[6], label="--enforce-eager (no CUDA graphs)", elem_id="knob-eager")
-            spec = gr.Textbox(f0[7], label="--speculative-config (blank = off)", elem_id="knob-spec")
+            gate = gr.Checkbox(f0[4], label="VLLM_MOE_W2_GATE=1 (confidence gate)", elem_id="knob-gate", info=reason(cp.GATE_ENV))
+            mml = gr.Textbox(f0[5], label="--max-model-len", elem_id="knob-max-len", info=reason("--max-model-len"))
+            seqs = gr.Textbox(f0[9], label="--max-num-seqs", elem_id="knob-max-seqs", info=reason("--max-num-seqs"))
+        with gr.Row():
+            eager = gr.Checkbox(f0[6], label="--enforce-eager (no CUDA graphs)", elem_id="knob-eager", info=reason("--enforce-eager"))
+            spec = gr.Textbox(f0[7], label="--speculative-config (blank = off)", elem_id="knob-spec",
+                              info=reason("--speculative-config"))
         extra = gr.Textbox("", lines=2, label="Other env changes, one per line: NAME=value, or -NAME to unset", elem_id="knob-extra")
+        expert = gr.Checkbox(f0[10], label="Expert: allow engine switches that open the engine to its clients or load code "
+                             "(VLLM_SERVER_DEV_MODE, VLLM_ALLOW_INSECURE_SERIALIZATION, …); each one is warned about",
+                             elem_id="knob-expert")
         with gr.Row():
             check_btn = gr.Button("Check warnings", elem_id="custom-check")
             save_btn = gr.Button("Save custom profile", variant="primary", elem_id="custom-save")
@@ -147,8 +175,8 @@ def render(state: AppState, shell: Any) -> None:
         custom_findings = gr.HTML("", elem_id="custom-findings")
         status = gr.Markdown("", elem_id="custom-status")
 
-    knobs = [policy, hyst, promote, pool, gate, mml, eager, spec, extra]
-    show = dict(fn=view.select, inputs=[selector, plain], outputs=[cards, chart, command, findings], show_progress="hidden")
+    knobs = [policy, hyst, promote, pool, gate, mml, eager, spec, extra, seqs, expert]
+    show = dict(fn=view.select, inputs=[selector, plain], outputs=[cards, chart, command, findings, why], show_progress="hidden")
     selector.change(**show)
     plain.change(**show)
     base.change(view.load_form, inputs=[base], outputs=knobs, show_progress="hidden")

@@ -135,3 +135,97 @@ def test_tampered_custom_profile_files_are_skipped_with_a_reason(settings) -> No
     assert [p.id for p in report.profiles] == ["ok"]
     assert len(report.problems) == 5, report.problems
     assert not cp.delete_custom_profile(settings, "../../etc/passwd")
+
+
+# --- issue 13 item 4: inputs bounded and typed ---------------------------------------------------
+
+def _extra(extra: str, *, expert: bool = False, **changes: str):
+    base = RECIPE.profile("quality")
+    form = cp.EditorForm(**{**cp.form_from_profile(RECIPE, base).__dict__, "extra_env": extra, "expert": expert, **changes})
+    return cp.profile_from_form(RECIPE, base, "x", form, set())
+
+
+def test_a_one_megabyte_value_is_refused_with_its_size() -> None:
+    with pytest.raises(cp.CustomProfileError, match=r"env VLLM_MOE_W2_NOTE: value is 1,048,576 characters; the limit is 1,024"):
+        _extra("VLLM_MOE_W2_NOTE=" + "a" * 2**20)
+    with pytest.raises(cp.CustomProfileError, match=r"--speculative-config: value is 1,048,576 characters"):
+        _extra("", speculative="{" + "a" * (2**20 - 1))
+    with pytest.raises(cp.CustomProfileError, match="limit is 80"):
+        cp.profile_from_form(RECIPE, RECIPE.profile("quality"), "n" * 81, cp.form_from_profile(RECIPE, RECIPE.profile("quality")), set())
+    assert _extra("VLLM_MOE_W2_NOTE=" + "a" * 1024).env_add["VLLM_MOE_W2_NOTE"] == "a" * 1024
+
+
+@pytest.mark.parametrize("char", ["\u009b", "\u202e", "\u2066", "\u200b", "\u2028", "\u2029", "\u0085", "\ufeff", "\ue000"])
+def test_unicode_control_and_format_characters_are_refused_by_name(char: str) -> None:
+    with pytest.raises(cp.CustomProfileError, match=f"U\\+{ord(char):04X}"):
+        _extra(f"VLLM_MOE_W2_NOTE=a{char}b")
+    with pytest.raises(cp.CustomProfileError, match=f"U\\+{ord(char):04X}"):
+        _extra("", speculative=f'{{"method":"ngram"{char}}}')
+    with pytest.raises(cp.CustomProfileError, match=f"U\\+{ord(char):04X}"):
+        cp.profile_from_form(RECIPE, RECIPE.profile("quality"), f"name{char}x", cp.form_from_profile(RECIPE, RECIPE.profile("quality")), set())
+    with pytest.raises(ValidationError, match=f"U\\+{ord(char):04X}"):
+        RECIPE.serve.model_validate({**RECIPE.serve.model_dump(), "env": {"VLLM_MOE_W2_DELTA_GB": f"7{char}"}})
+
+
+def test_printable_unicode_is_still_accepted() -> None:
+    assert _extra("VLLM_MOE_W2_NOTE=naïve — ≈ ⭐ 日本").env_add["VLLM_MOE_W2_NOTE"] == "naïve — ≈ ⭐ 日本"
+
+
+@pytest.mark.parametrize("digits", ["²", "٢٥٦", "１２", "2²", "²⁵⁶", "12\u0663"])
+def test_numeric_args_and_env_take_ascii_digits_only(digits: str) -> None:
+    assert digits.isdigit()  # what the old check accepted
+    with pytest.raises(cp.CustomProfileError, match="ASCII digits"):
+        _extra("", max_model_len=digits)
+    with pytest.raises(cp.CustomProfileError, match="ASCII digits"):
+        _extra("", max_num_seqs=digits)
+    with pytest.raises(cp.CustomProfileError, match="ASCII digits"):
+        _extra("", delta_gb=digits)
+
+
+def test_long_ids_sharing_a_prefix_get_different_container_names() -> None:
+    from app.backend.recipe.command import managed_container_name
+    from app.backend.recipe.schema import CONTAINER_NAME_RE
+
+    recipe = RECIPE.model_copy(update={"id": "a-long-recipe-identifier-for-names"})
+    a = ProfileSpec(id="x" * 40 + "-one", number=100, title="a", summary="a", scheduler_setting="a", measured=False)
+    b = a.model_copy(update={"id": "x" * 40 + "-two"})
+    na, nb = managed_container_name(recipe, a), managed_container_name(recipe, b)
+    assert na != nb and len(na) <= 63 and len(nb) <= 63
+    assert CONTAINER_NAME_RE.fullmatch(na) and CONTAINER_NAME_RE.fullmatch(nb)
+    assert managed_container_name(RECIPE, RECIPE.profile("quality")) == "moet-simulated-quality"  # short names unchanged
+
+
+@pytest.mark.parametrize("name", sorted(cp.EXPERT_ENV))
+def test_expert_env_needs_the_expert_option_and_names_the_risk(name: str) -> None:
+    with pytest.raises(cp.CustomProfileError, match=f"env {name} is an expert setting: it .*Tick the expert option"):
+        _extra(f"{name}=1")
+    p = _extra(f"{name}=1", expert=True)
+    assert p.expert and p.env_add == {name: "1"}
+    risks = cp.expert_risks(p)
+    assert risks == [f"{name} {cp.EXPERT_ENV[name]}."]
+
+
+def test_dev_mode_and_insecure_serialization_are_on_the_expert_list() -> None:
+    assert {"VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_INSECURE_SERIALIZATION"} <= set(cp.EXPERT_ENV)
+
+
+def test_a_hand_edited_file_cannot_set_an_expert_env_without_the_flag(settings) -> None:
+    p = _extra("VLLM_SERVER_DEV_MODE=1", expert=True)
+    path = cp.save_custom_profile(settings, p)
+    assert [q.id for q in cp.load_custom_profiles(settings)] == ["x"]
+    path.write_text(path.read_text().replace("expert = true", "expert = false"))
+    report = cp.load_custom_profiles_report(settings)
+    assert report.profiles == [] and "expert setting" in report.problems[0]
+
+
+def test_deep_or_huge_custom_profile_files_are_skipped_with_a_reason(settings) -> None:
+    folder = cp.profiles_dir(settings)
+    folder.mkdir(parents=True)
+    (folder / "deep.toml").write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    (folder / "deeptable.toml").write_text("x = " + "{a = " * 3000 + "1" + "}" * 3000 + "\n")
+    (folder / "huge.toml").write_text('id = "huge"\nsummary = "' + "a" * 100_000 + '"\n')
+    report = cp.load_custom_profiles_report(settings)
+    assert report.profiles == []
+    by_file = {pr.split(":")[0]: pr for pr in report.problems}
+    assert "nested more than" in by_file["skipped deep.toml"] and "nested more than" in by_file["skipped deeptable.toml"]
+    assert "over 65,536 bytes" in by_file["skipped huge.toml"]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
+from tests.conftest import ARTIFACTS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 RECIPE = load_recipe(SIMULATED_RECIPE)
 EXPECTED = {
     "quality": {"decode": "48.9 tok/s", "quality": "12.27 / 30", "delta": "— (reference)"},
-    "balanced": {"decode": "75 tok/s", "quality": "10.90 / 30", "delta": "−1.37 /30 (90% CI [−2.48, −0.26])"},
+    "balanced": {"decode": "75.0 tok/s", "quality": "10.90 / 30", "delta": "−1.37 /30 (90% CI [−2.48, −0.26])"},
     "speed": {"decode": "83.2 tok/s", "quality": "≈ half of #1", "delta": "−7.20 /30 (90% CI [−11.06, −3.34])"},
 }
 
@@ -46,6 +47,23 @@ def test_profiles_view_shows_each_profile_and_its_command(panel, browser) -> Non
     page.wait_for_function("() => !document.querySelector('#profile-command textarea').value.includes('moet-panel.profile=')")
     assert "VLLM_MOE_W2_DELTA_TRACE" not in page.locator("#profile-command textarea").input_value()
     assert page.locator("#profile-command button[aria-label*='opy' i], #profile-command button[title*='opy' i]").count() >= 1
+    why = page.locator("#command-why tr[data-why-source=card]")
+    assert why.count() >= 8 and "VLLM_MOE_W2=1 — the 2-bit routed-expert path" in page.locator("#command-why").inner_text()
+    assert "P(true effect is a real loss) ≈ 0.97" in page.locator('.moet-card[data-profile="balanced"]').inner_text()
+    page.get_by_label("Plain: exactly the card's command", exact=False).uncheck()
+    page.get_by_label("#2 quality / speed", exact=True).check()
+    page.locator('.moet-card.selected[data-profile="balanced"]').wait_for()
+    page.wait_for_function("() => document.querySelector('#command-why').innerText.includes('PROMO_HYST')")
+    ARTIFACTS.mkdir(exist_ok=True)
+    # docs/profiles.png: cards with the card's notes, the command, and the first reasons beside its lines
+    last = page.locator("#command-why tbody tr").nth(14).bounding_box()
+    assert last is not None
+    page.screenshot(path=str(ARTIFACTS / "profiles.png"), full_page=True,
+                    clip={"x": 0, "y": 0, "width": 1280, "height": last["y"] + last["height"] + 8})
+    page.screenshot(path=str(ARTIFACTS / "profiles-full.png"), full_page=True)
+    page.locator("#card-facts-box").get_by_text("The card's context limits").click()
+    page.locator("#card-regenerate").wait_for()
+    assert "does not start that boot" in page.locator("#card-regenerate").inner_text()
     page.locator("#studies").get_by_text("Studies behind the figures").click()
     page.locator(".moet-study table").first.wait_for()  # the accordion draws its content after the click
     assert page.locator(".moet-study table").count() == len(RECIPE.studies)

@@ -2,7 +2,8 @@
 
 The rules are ordered: the most specific root cause wins (vLLM prints the root cause *above* a long
 API-server traceback, engine.md §2.10, so the whole tail is searched, not just the last line).
-Texts of the fixes come from the model card (shared/seed/model-card.txt) and engine.md §2.6.
+Texts of the fixes come from the model card (docs/model-card.txt; quotes in “ ” are its exact words, checked by
+tests/test_card_wording.py) and engine.md §2.6.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from typing import Iterable
 
 from app.backend.engine.types import Diagnosis
 
-CARD_ECC = "Turn ECC off (sudo nvidia-smi -e 0 + reboot); Server-Edition cards ship with it on and it costs ~6 GiB."
+CARD_ECC = "“Turn ECC off (sudo nvidia-smi -e 0 + reboot). Server-Edition cards ship with it enabled; it costs ~6 GiB”."
 CARD_NO_RECOVERY = (
-    "FP4 recovery is mandatory: serving with no recovery scored worst on 6 of 6 rungs (4.96/30 at 85.4 tok/s). "
-    "It does not degrade gracefully, it decoheres."
+    "The card: “FP4 recovery is mandatory (this one is solid). Serving with no recovery scored worst on 6 of 6 rungs” "
+    "(“no FP4 recovery at all” measured 4.96/30 at 85.4 tok/s); “It does not degrade gracefully, it decoheres”."
 )
 CARD_PIN = (
-    "Without the ckpt-id pin the cache silently MISSES, the engine re-stages the whole checkpoint (~51 GiB host RAM) "
-    "and small hosts (< ~64 GB RAM) get OOM-killed with no moe_w2 log line to explain it."
+    "The card: “Without the pin the cache silently MISSES, the engine re-stages the whole checkpoint (~51 GiB host RAM) "
+    "and small hosts get OOM-killed with no moe_w2 log line to explain it” (small: “less than ~64 GB of RAM”)."
 )
 
 
@@ -54,9 +55,10 @@ TEXT_RULES: tuple[_Rule, ...] = (
     ),
     _Rule(
         "model_runner_v2", "Model Runner V2 incompatibility",
-        "The 2-bit expert path and Model Runner V2 are mutually exclusive; speculative decoding (DSpark) forces V2.",
-        "Remove --speculative-config (DSpark k=1/2/3 fails at engine init). N-gram spec decode does boot, if you "
-        "want to experiment.",
+        "The card: “The 2-bit expert path and Model Runner V2 are mutually exclusive, so the 0731 checkpoint's DSpark "
+        "blocks cannot be used here regardless of the dspark_* config keys.”",
+        "Remove --speculative-config (the card: “DSpark (k=1/2/3) fails at engine init”). “N-gram spec decode does "
+        "boot, if you want to experiment.”",
         _rx(r"Model Runner V2", r"not integrated with Model Runner V2"),
     ),
     _Rule(
@@ -81,10 +83,11 @@ TEXT_RULES: tuple[_Rule, ...] = (
     ),
     _Rule(
         "cuda_oom_at_load", "CUDA out of memory at load",
-        "The GPU ran out of memory while loading (planes + FP4 pool + KV need ~93.8 GiB of 96).",
-        "Free the GPU (other processes), " + CARD_ECC + " Keep PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and "
+        "The GPU ran out of memory while loading (the card: “VRAM at 256K: ~93.8 GiB of 96”).",
+        "Free the GPU (other processes). " + CARD_ECC + " Keep PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and "
         "--kv-cache-memory-bytes 2147483648 from the card (util-based KV sizing overcommits and OOMs at load); "
-        "do not enlarge VLLM_MOE_W2_DELTA_GB beyond 7 (10 GiB does not fit at 256K).",
+        "keep VLLM_MOE_W2_DELTA_GB at the card's 7 (the card: “768 slots (9 GiB) measured no better (routing has a long "
+        "tail), and 10 GiB does not fit at 256K”).",
         _rx(r"CUDA out of memory", r"torch\.OutOfMemoryError", r"OutOfMemoryError: CUDA",
             r"No available memory for the cache blocks", r"KV cache is needed, which is larger than the available"),
     ),
@@ -163,7 +166,7 @@ def _host_oom(cache_miss: bool) -> Diagnosis:
     return Diagnosis(
         "host_oom_kill", "Host out of memory — engine OOM-killed", why,
         "Pin the checkpoint identity (VLLM_MOE_W2_CKPT_ID from the cache's meta.json) so the planes cache hits; "
-        "" + CARD_PIN + " Otherwise add host RAM (≥ 64 GB) or stop other memory users.",
+        "" + CARD_PIN + " Otherwise add host RAM or stop other memory users.",
     )
 
 

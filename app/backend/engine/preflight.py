@@ -129,7 +129,12 @@ def _gpu_items(inp: PreflightInputs) -> list[PreflightItem]:
         return [PreflightItem("gpu", "GPU model, VRAM, compute capability", "fail", why or "no GPU found",
                               "Install the NVIDIA driver; check `nvidia-smi`.")]
     gpu = samples[0]
-    return [_gpu_model(inp, gpu), _ecc(inp, gpu), _gpu_memory(inp, gpu)]
+    items = [_gpu_model(inp, gpu), _ecc(inp, gpu), _gpu_memory(inp, gpu)]
+    if len(samples) > 1 and req.multi_gpu_note:  # the card's single-GPU limit, shown only where it matters
+        items.append(PreflightItem("gpu_count", "Single-GPU artifacts", "pass",
+                                   f"{len(samples)} GPUs visible; the recipe serves on one ({inp.recipe.serve.gpus or 'all'})",
+                                   "The card: " + req.multi_gpu_note))
+    return items
 
 
 def _gpu_model(inp: PreflightInputs, gpu: GpuSample) -> PreflightItem:
@@ -184,7 +189,9 @@ def _host_ram(inp: PreflightInputs) -> PreflightItem:
     title = "Host RAM"
     detail = f"{total:.0f} GB total"
     if req.host_ram_gb and total < req.host_ram_gb * 0.95:
-        return PreflightItem("host_ram", title, "warn", detail + f" (recipe: {req.host_ram_gb:g} GB)",
+        # Not a serving requirement: the card's ~64 GB is where a planes-cache MISS (re-staging) OOM-kills the host.
+        return PreflightItem("host_ram", title, "warn", detail + f" — below the card's ~{req.host_ram_gb:g} GB, a planes-cache "
+                             "miss would OOM-kill this host; a cache hit (the recipe pins VLLM_MOE_W2_CKPT_ID) needs no staging",
                              req.host_ram_note or "Add RAM or stop memory-hungry processes.")
     return PreflightItem("host_ram", title, "pass", detail)
 

@@ -15,6 +15,8 @@ from pathlib import PurePosixPath
 
 from app.backend.recipe.schema import ENV_NAME_RE, ProfileSpec, Recipe, _no_control
 
+NO_REASON = "the card gives no reason for this line"
+
 LABEL_PREFIX = "moet-panel"
 TRACE_ENV = "VLLM_MOE_W2_DELTA_TRACE"
 SIM_DECODE_ENV = "MOET_SIM_DECODE_TOK_S"
@@ -142,8 +144,17 @@ def config_hash(spec: RunSpec) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+CONTAINER_NAME_MAX = 63
+
+
 def managed_container_name(recipe: Recipe, profile: ProfileSpec) -> str:
-    return f"moet-{recipe.id}-{profile.id}"[:63]
+    """`moet-<recipe>-<profile>`; a name over 63 characters keeps a prefix plus a hash of the whole name,
+    so two long profile ids that share a prefix never map to the same container."""
+    full = f"moet-{recipe.id}-{profile.id}"
+    if len(full) <= CONTAINER_NAME_MAX:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:10]
+    return f"{full[: CONTAINER_NAME_MAX - len(digest) - 1].rstrip('-_.')}-{digest}"
 
 
 def build_run_spec(
@@ -242,3 +253,66 @@ def render_json(spec: RunSpec) -> str:
     payload["argv"] = spec.argv()
     payload["additions"] = [{"option": o, "why": w} for o, w in spec.additions]
     return json.dumps(payload, indent=2)
+
+
+@dataclass(frozen=True)
+class ExplainedLine:
+    """One line of the card-style command with its reason: the card's "why each knob" line, or the panel's."""
+
+    text: str  # the line as render_shell prints it (without the trailing backslash)
+    why: str  # the reason, or "" where the card gives none
+    source: str  # "card", "panel" or "" (no reason given)
+
+
+def _arg_chunks(args: list[str]) -> list[tuple[str, str]]:
+    """(flag, shell text) for each engine argument with its value, as render_shell groups them."""
+    out: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args):
+        if args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out.append((args[i], f"{args[i]} {shlex.quote(args[i + 1])}"))
+            i += 2
+        else:
+            out.append((args[i], shlex.quote(args[i])))
+            i += 1
+    return out
+
+
+def explain_lines(recipe: Recipe, spec: RunSpec) -> list[ExplainedLine]:
+    """Every line of `render_shell(spec)` beside its reason (issue 16: every knob's reason at hand)."""
+    panel = {opt.split("=", 1)[0].removeprefix("-e ").strip(): why for opt, why in spec.additions if opt.startswith("-e ")}
+    named = [why for opt, why in spec.additions if opt.startswith("--name ")]
+    head = " ".join(shlex.quote(x) for x in spec.head())
+    out = [ExplainedLine(head, f"added by moet-panel (--name): {named[0]}", "panel") if named else ExplainedLine(head, "", "")]
+    for flag, value in spec.option_pairs():
+        text = f"{flag} {shlex.quote(value)}"
+        if flag == "-e":
+            name = value.split("=", 1)[0]
+            if name in panel:
+                out.append(ExplainedLine(text, f"added by moet-panel: {panel[name]}", "panel"))
+            elif name in recipe.why:
+                out.append(ExplainedLine(text, recipe.why[name], "card"))
+            else:
+                out.append(ExplainedLine(text, "", ""))
+        elif flag == "--label":
+            out.append(ExplainedLine(text, "added by moet-panel: ownership labels: the panel finds and adopts only its own containers", "panel"))
+        else:
+            out.append(ExplainedLine(text, "", ""))
+    out.append(ExplainedLine(shlex.quote(spec.image), "", ""))
+    for flag, text in _arg_chunks(list(spec.args)):
+        why = recipe.why.get(flag, "")
+        out.append(ExplainedLine(text, why, "card" if why else ""))
+    return out
+
+
+def render_explained(recipe: Recipe, spec: RunSpec) -> str:
+    """The command one line at a time, each followed by its reason (for reading; copy the plain output to run)."""
+    lines = [
+        "# Why each line: the card's own words (docs/model-card.txt), or why moet-panel adds it.",
+        "# For reading only: the reasons break the line continuation; run `moet-panel command` without --explain.",
+    ]
+    for e in explain_lines(recipe, spec):
+        lines.append(e.text if e.text.startswith("docker ") else f"  {e.text}")
+        why = e.why if e.source == "panel" else (f"card: {e.why}" if e.why else f"({NO_REASON})")
+        lines.append(f"      ↳ {why}")
+    return "\n".join(lines)

@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from app.backend.recipe.schema import Recipe
+from app.backend.recipe.toml_bounded import MAX_TOML_BYTES, TomlLimitError, loads_bounded
 
 ASSETS_DIR = Path(__file__).resolve().parents[3] / "assets"
 RECIPES_DIR = ASSETS_DIR / "recipes"
@@ -82,11 +83,15 @@ def load_recipe(file: Path | str) -> Recipe:
     """
     path = Path(file)
     try:
+        if path.stat().st_size > MAX_TOML_BYTES:
+            raise RecipeError(path, [RecipeIssue("(size)", f"refused: file is over {MAX_TOML_BYTES:,} bytes")])
         raw = path.read_bytes()
     except OSError as exc:
         raise RecipeError(path, [RecipeIssue("(file)", f"cannot read: {exc.strerror or exc}")]) from None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = loads_bounded(raw.decode("utf-8"))
+    except TomlLimitError as exc:
+        raise RecipeError(path, [RecipeIssue("(size)", f"refused: {exc}")]) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise RecipeError(path, [RecipeIssue("(syntax)", f"not valid TOML: {exc}")]) from None
     return parse_recipe(data, path)

@@ -10,6 +10,7 @@ never through a shell, and may not contain control characters.
 from __future__ import annotations
 
 import re
+import unicodedata
 from pathlib import PurePosixPath
 from typing import Literal
 
@@ -21,12 +22,27 @@ ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
 IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?$")
 CONTAINER_NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 SIZE_RE = re.compile(r"^[0-9]+[bkmg]?$")
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# Unicode categories refused in anything that reaches `docker run`: controls (C0, DEL, C1 such as U+009B
+# CSI), format characters (U+202E RIGHT-TO-LEFT OVERRIDE, zero-width joiners), line/paragraph separators,
+# surrogates, private-use and unassigned code points. Each can hide or reorder text in a terminal or page.
+REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def control_char(value: str) -> str | None:
+    """The first refused character of `value`, as 'U+XXXX (NAME)', or None."""
+    for ch in value:
+        if unicodedata.category(ch) in REFUSED_CATEGORIES:
+            return f"U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')})"
+    return None
 
 
 def _no_control(value: str, what: str) -> str:
-    if _CONTROL_RE.search(value):
-        raise ValueError(f"{what} must be a single line without control characters (newline, tab, NUL)")
+    bad = control_char(value)
+    if bad:
+        raise ValueError(
+            f"{what} must be a single line without control or format characters (newline, tab, NUL, "
+            f"bidi overrides); found {bad}"
+        )
     return value
 
 
@@ -34,12 +50,58 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _number_in(text: str) -> float | None:
+    """The number a card figure states: '~76' → 76, '~25' → 25, '−1.37' → -1.37, '148–190' → None."""
+    t = text.strip().lstrip("~≈").rstrip("*%").replace("−", "-").replace(",", "")
+    try:
+        return float(t)
+    except ValueError:
+        return None
+
+
 class Figure(Strict):
     """A measured number with the card's own words for it."""
 
     value: float
+    text: str = Field("", description="the figure as the card prints it ('75.0', '~76'); empty = derive from value")
     unit: str = ""
-    note: str = Field(description="the card's wording, cited verbatim or nearly so")
+    note: str = Field(description="the card's wording, cited verbatim")
+
+    @model_validator(mode="after")
+    def _text_states_value(self) -> "Figure":
+        if self.text and _number_in(self.text) != self.value:
+            raise ValueError(f"text {self.text!r} does not state value {self.value}")
+        return self
+
+    @property
+    def shown(self) -> str:
+        """The card's form of the figure (decimals and '~' kept); `{value:g}` only when the recipe has no text."""
+        return self.text or f"{self.value:g}"
+
+
+class CardNumber(Strict):
+    """A study-table number with the card's text form beside it ('11.00', '~76', '~25')."""
+
+    value: float
+    text: str
+
+    @model_validator(mode="after")
+    def _text_states_value(self) -> "CardNumber":
+        if _number_in(self.text) != self.value:
+            raise ValueError(f"text {self.text!r} does not state value {self.value}")
+        return self
+
+
+Cell = CardNumber | str | float | int
+
+
+def cell_text(cell: Cell) -> str:
+    """What a view prints for a study cell: the card's text form when the recipe keeps one."""
+    if isinstance(cell, CardNumber):
+        return cell.text
+    if isinstance(cell, (int, float)) and not isinstance(cell, bool):
+        return f"{cell:g}"
+    return str(cell)
 
 
 class DeltaCI(Strict):
@@ -216,6 +278,7 @@ class ProfileSpec(Strict):
     args_set: dict[str, str] = {}
     args_remove: list[str] = []
     based_on: str = ""  # custom profiles: the profile this one was cloned from
+    expert: bool = False  # custom profiles: the user ticked the expert option (dangerous engine env allowed)
 
     @field_validator("args_set")
     @classmethod
@@ -259,8 +322,10 @@ class StudyTable(Strict):
     id: str
     title: str
     columns: list[str]
-    rows: list[list[str | float | int]]
+    rows: list[list[Cell]]
     note: str = ""
+    details: list[str] = []  # the card's further statistics for this study, verbatim
+    footnotes: list[str] = []  # the card's footnotes to cells marked '*', verbatim
 
     @model_validator(mode="after")
     def _widths(self) -> "StudyTable":
@@ -289,6 +354,7 @@ class ContextSpec(Strict):
     fails_at_tokens: int
     note: str
     needles: list[NeedleResult] = []
+    needles_title: str = ""  # the card's heading of the needle table (it names the depths)
 
 
 class VramSpec(Strict):
@@ -304,23 +370,123 @@ class Requirements(Strict):
     ecc: Literal["off", "any"] = "any"
     ecc_cost_gib: float = 0
     ecc_note: str = ""
-    host_ram_gb: float = 0
+    host_ram_gb: float = Field(0, description="below this, a planes-cache MISS (re-staging) OOM-kills the host")
     host_ram_note: str = ""
     gpu_count: int = Field(1, ge=0)
+    multi_gpu_note: str = ""  # shown in preflight when more than one GPU is visible
+
+
+class RegenerateSpec(Strict):
+    """The card's recipe for rebuilding the caches; the panel states it and does not run it (docs/card.md)."""
+
+    note: str
+    host_ram_gib: float
+    gpu_count: int = 1
+    base_cache_gb: float = 0
+    minutes: float = 0
+    measured_on: str = ""
 
 
 FindingKind = Literal["env_equals", "env_present", "arg_present", "arg_value_above"]
 
 
+class Condition(Strict):
+    """One test on a profile's effective command: an env variable or an engine argument, and what must hold.
+
+    Exactly one of `env` / `arg`, and exactly one of: `equals`, `absent` (true: not in the command; false: in
+    it), `above` / `below` (numeric value; a non-number does not match), `matches` (regular expression,
+    case-insensitive, searched in the value). `negate` inverts the result (e.g. "not equals 1").
+    """
+
+    env: str = ""
+    arg: str = ""
+    equals: str | None = None
+    absent: bool | None = None
+    above: float | None = None
+    below: float | None = None
+    matches: str | None = None
+    negate: bool = False
+
+    @model_validator(mode="after")
+    def _one_test(self) -> "Condition":
+        if bool(self.env) == bool(self.arg):
+            raise ValueError("a condition names exactly one of env or arg")
+        tests = [t for t in (self.equals, self.absent, self.above, self.below, self.matches) if t is not None]
+        if len(tests) != 1:
+            raise ValueError("a condition has exactly one of equals, absent, above, below, matches")
+        if self.matches is not None:
+            try:
+                re.compile(self.matches)
+            except re.error as exc:
+                raise ValueError(f"matches: not a regular expression: {exc}") from None
+        return self
+
+    def holds(self, env: dict[str, str], argv: list[str]) -> bool:
+        if self.env:
+            present, value = self.env in env, env.get(self.env)
+        else:
+            present = self.arg in argv
+            i = argv.index(self.arg) if present else -1
+            value = argv[i + 1] if present and i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
+        if self.absent is not None:
+            hit = present != self.absent
+        elif self.equals is not None:
+            hit = value == self.equals
+        elif self.matches is not None:
+            hit = value is not None and re.search(self.matches, value, re.I) is not None
+        else:
+            number = _number_in(value) if value is not None else None
+            if number is None:
+                hit = False
+            elif self.above is not None:
+                hit = number > self.above
+            else:
+                hit = number < (self.below if self.below is not None else 0)
+        return hit != self.negate
+
+
 class Finding(Strict):
-    """A measured warning from the card, matched against a (custom) profile's command."""
+    """A measured warning from the card, matched against a (custom) profile's command.
+
+    It applies when every condition of `when` holds and, if `when_any` is given, at least one of those.
+    The older one-test form (`kind` + `key` + `value`) is still read. `message` is the card's own words:
+    passages separated by " … " are each verbatim in the card (tests/test_card_wording.py).
+    """
 
     id: str
-    kind: FindingKind
-    key: str
+    kind: FindingKind | None = None
+    key: str = ""
     value: str = ""
+    when: list[Condition] = []
+    when_any: list[Condition] = []
     severity: Literal["info", "warn", "error"] = "warn"
     message: str
+
+    @model_validator(mode="after")
+    def _has_condition(self) -> "Finding":
+        if self.kind is None and not (self.when or self.when_any):
+            raise ValueError(f"finding {self.id!r} needs conditions (when / when_any) or kind + key")
+        if self.kind is not None and not self.key:
+            raise ValueError(f"finding {self.id!r}: kind needs a key")
+        return self
+
+    def conditions(self) -> list[Condition]:
+        """`when`, with the older kind/key/value form translated to the same conditions."""
+        legacy: list[Condition] = []
+        if self.kind == "env_equals":
+            legacy = [Condition(env=self.key, equals=self.value)]
+        elif self.kind == "env_present":
+            legacy = [Condition(env=self.key, absent=False)]
+        elif self.kind == "arg_present":
+            legacy = [Condition(arg=self.key, absent=False)]
+        elif self.kind == "arg_value_above":
+            legacy = [Condition(arg=self.key, above=float(self.value))]
+        return legacy + list(self.when)
+
+    def applies(self, env: dict[str, str], argv: list[str]) -> bool:
+        if not all(c.holds(env, argv) for c in self.conditions()):
+            return False
+        return not self.when_any or any(c.holds(env, argv) for c in self.when_any)
 
 
 class Recipe(Strict):
@@ -343,6 +509,10 @@ class Recipe(Strict):
     studies: list[StudyTable] = []
     findings: list[Finding] = []
     pins: dict[str, str] = {}
+    # The card's "why each knob" line for an env name or an engine flag (verbatim), keyed by that name.
+    why: dict[str, str] = {}
+    regenerate: RegenerateSpec | None = None
+    card_file: str = Field("", description="the model card text shipped in the repo, relative to the repo root")
 
     @model_validator(mode="after")
     def _coherent(self) -> "Recipe":

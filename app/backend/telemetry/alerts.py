@@ -32,7 +32,11 @@ VRAM_FULL_FRACTION = 0.98
 HOST_RAM_LOW_FRACTION = 0.05
 HOST_RAM_LOW_BYTES = 4 * 2**30
 TRACE_OFF_AFTER_S = 90.0
-NO_RECOVERY_SCORE = "the card measured 4.96/30 for this (vs ~11–12/30 with the pool), at 85.4 tok/s: fast and broken"
+# Quotes in “ ” are the card's exact words (docs/model-card.txt; tests/test_card_wording.py checks them).
+NO_RECOVERY_SCORE = (
+    "the card's Study 1 measured “no FP4 recovery at all” at 4.96/30 and 85.4 tok/s, against 11.00/30 for “broad FP4 "
+    "coverage (freq pool), gate off”: “fast and broken”"
+)
 TRACE_HOW = (
     "Start the engine with VLLM_MOE_W2_DELTA_TRACE=1 (the panel adds it to every start it makes; an engine "
     "started by hand or with `moet-panel command --plain` has it off). Trace knobs are read once at import: "
@@ -174,7 +178,8 @@ def host_ram_low(i: AlertInputs) -> Alert | None:
         return Alert(
             "host_ram_low", "warning", "Host RAM low",
             f"{h.ram_available / 2**30:.1f} GiB available of {h.ram_total / 2**30:.1f} GiB. A planes-cache miss "
-            "re-stages the checkpoint (~51 GiB host RAM) and small hosts get OOM-killed with no log line.",
+            "is what the card warns of: “the engine re-stages the whole checkpoint (~51 GiB host RAM) and small hosts get "
+            "OOM-killed with no moe_w2 log line to explain it”.",
             "Pin VLLM_MOE_W2_CKPT_ID (the recipe does) and close memory-hungry processes.",
         )
     return None
@@ -189,7 +194,7 @@ def trace_off(i: AlertInputs) -> Alert | None:
     return Alert(
         "trace_off", "warning", "No pool trace: coverage unknown",
         f"The engine served tokens for {i.traffic_seen_s:.0f} s but printed no `[delta] tick` line, so the panel "
-        "cannot show whether the FP4 pool works (the card: 'Check the [delta] tick line is present').",
+        "cannot show whether the FP4 pool works (the card: “Check the [delta] tick line is present”).",
         TRACE_HOW,
     )
 
