@@ -36,7 +36,7 @@ ARG_WHITELIST: dict[str, bool] = {
     "--speculative-config": True,
 }
 _NUMERIC_ARGS = frozenset({"--max-model-len", "--max-num-seqs"})
-# Bounds on what a user types (docs/ui-and-safety.md): Linux refuses one argv string over 128 KiB
+# Bounds on what a user types (docs/card.md, "Custom profiles: what is refused"): Linux refuses one argv string over 128 KiB
 # ("argument list too long") only when the container starts; refuse far earlier, at the editor.
 MAX_VALUE_CHARS = 1024
 MAX_NAME_CHARS = 80
