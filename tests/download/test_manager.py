@@ -68,7 +68,8 @@ def test_stalled_means_open_requests_and_no_bytes():
     now[0] = 4.5
     snap = board.snapshot()[0]
     assert snap.stalled and snap.rate_bps == 0.0
-    board.add("a", wire_bytes=10, fetched_bytes=10)
+    board.add_wire("a", 10)
+    board.add_fetched("a", 10)
     assert not board.snapshot()[0].stalled
     board.flight("a", -1)
     now[0] = 20.0
