@@ -192,7 +192,7 @@ class DownloadManager:
         except DownloadError as exc:
             return exc.message
         self._board = ProgressBoard()
-        self._message = f"partial data removed ({freed / (1 << 20):.1f} MiB freed)"
+        self._message = f"partial data removed ({freed / GiB:.2f} GiB freed)"
         return self._message
 
     # ---- token -----------------------------------------------------------------------------------
