@@ -213,7 +213,8 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
     LINK = Link(sc.link_cap) if sc.link_cap else None
     hub = SimHub(rate_cap_bps=sc.conn_cap)
     hub.add_repo(REPO, {p.name: p for parts in arts.values() for p in parts})
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("HF_TOKEN", None)
     python = os.environ.get("BENCH_PYTHON", str(ROOT / ".venv/bin/python"))
     with hub.start():
