@@ -203,13 +203,17 @@ class Scenario:
     link_cap: float | None
     card: list[Run] = field(default_factory=list)
     panel: list[Run] = field(default_factory=list)
+    panel1: list[Run] = field(default_factory=list)  # the panel with one artifact at a time (as before)
+    connections: int = 8
     fetch_limit: float = 0.0
     fetch_how: str = ""
 
 
 def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: int, panel_args: list[str],
-                 expect: dict[str, tuple[int, int, int]], connections: int, card_runs_capped: int) -> None:
+                 expect: dict[str, tuple[int, int, int]], conns: int, card_runs_capped: int,
+                 sequential: bool) -> None:
     global LINK
+    sc.connections = conns
     LINK = Link(sc.link_cap) if sc.link_cap else None
     hub = SimHub(rate_cap_bps=sc.conn_cap)
     hub.add_repo(REPO, {p.name: p for parts in arts.values() for p in parts})
@@ -225,14 +229,16 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
             r, _ = timed(["bash", "-c", FETCH_ONLY, "fetch", hub.endpoint, REPO, *names], env)
             sc.fetch_limit, sc.fetch_how = r.wall, "one curl stream of every part"
         else:
-            rate = min(x for x in (sc.link_cap, (sc.conn_cap or 0) * connections or None) if x)
+            rate = min(x for x in (sc.link_cap, (sc.conn_cap or 0) * conns or None) if x)
             sc.fetch_limit = total / rate
             sc.fetch_how = f"{total / GiB:.2f} GiB ÷ {rate / MB:.0f} MB/s"
         print(f"  fetch limit {sc.fetch_limit:6.2f} s  ({sc.fetch_how})", flush=True)
         for i in range(runs):
-            kinds = ("card", "panel") if i % 2 == 0 else ("panel", "card")
+            kinds: tuple[str, ...] = ("card", "panel") if i % 2 == 0 else ("panel", "card")
             if sc.conn_cap and i >= card_runs_capped:  # the card on one capped connection: its time is known
                 kinds = ("panel",)
+            if sequential and not sc.conn_cap:
+                kinds += ("panel1",)
             for kind in kinds:
                 dest = work / f"dest-{kind}"
                 shutil.rmtree(dest, ignore_errors=True)
@@ -242,16 +248,18 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                 else:
                     cmd = [python, "-m", "app.cli.main", "download", "--recipe",
                            str(work / "bench-recipe.toml"), "--dest", str(dest), "--endpoint", hub.endpoint,
-                           "--connections", str(connections), *panel_args]
+                           "--connections", str(conns), *panel_args]
+                    if kind == "panel1":
+                        cmd += ["--artifact-jobs", "1"]
                     cmd = ["bash", "-c", '"$@" && sync', "panel", *cmd]
                 r, err = timed(cmd, env)
-                if kind == "panel":
+                if kind != "card":
                     m = re.search(r"peak staging disk: .*?\((\d+) bytes\)", err)
                     r.staging = int(m.group(1)) if m else -1
                 verdict = check_trees(dest, expect) if r.rc == 0 else "FAILED"
-                (sc.card if kind == "card" else sc.panel).append(r)
-                print(f"  run {i + 1} {kind:<5} {r.wall:7.2f} s  cpu {r.cpu:6.1f} s  rss {r.rss_kib / 1024:6.1f} MiB"
-                      f"{f'  staging peak {r.staging / GiB:.2f} GiB' if kind == 'panel' else ''}  tree {verdict}",
+                {"card": sc.card, "panel": sc.panel, "panel1": sc.panel1}[kind].append(r)
+                print(f"  run {i + 1} {kind:<6} {r.wall:7.2f} s  cpu {r.cpu:6.1f} s  rss {r.rss_kib / 1024:6.1f} MiB"
+                      f"{f'  staging peak {r.staging / GiB:.2f} GiB' if kind != 'card' else ''}  tree {verdict}",
                       flush=True)
                 shutil.rmtree(dest, ignore_errors=True)
     LINK = None
@@ -315,6 +323,10 @@ def main() -> int:
     ap.add_argument("--link-gbps", type=float, default=1.0, help="total link cap of the third scenario, GB/s (default 1)")
     ap.add_argument("--card-runs-capped", type=int, metavar="N",
                     help="card runs in the capped scenarios (default --runs; one capped connection is slow)")
+    ap.add_argument("--capped-connections", type=int, metavar="N",
+                    help="panel --connections in the capped scenarios (default --connections)")
+    ap.add_argument("--also-sequential", action="store_true",
+                    help="unthrottled: also run the panel one artifact at a time (--artifact-jobs 1)")
     ap.add_argument("--connections", type=int, default=8, help="panel --connections (default 8)")
     ap.add_argument("--data", choices=["weights", "compressible"], default="weights",
                     help="'weights' (default) = like the cache's files: planes/FP4 packs near-random, scales "
@@ -342,14 +354,15 @@ def main() -> int:
     for sc in scenarios:
         if args.only and sc.name not in args.only:
             continue
-        run_scenario(sc, arts, work, args.runs, args.panel_arg, expect, args.connections,
-                     args.card_runs_capped if args.card_runs_capped is not None else args.runs)
+        conns = args.capped_connections if sc.conn_cap and args.capped_connections else args.connections
+        run_scenario(sc, arts, work, args.runs, args.panel_arg, expect, conns,
+                     args.card_runs_capped if args.card_runs_capped is not None else args.runs, args.also_sequential)
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     print(f"\n{os.cpu_count()} CPUs, {compressed(arts) / GiB:.2f} GiB compressed, {args.data} data; medians of "
           f"{args.runs} interleaved runs, each to `sync`")
-    print("| scenario | card (3 in sequence) | panel (all three) | limit (binding stage) | panel/card | panel/limit |"
-          " card CPU | panel CPU | panel peak RSS | panel peak staging |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| scenario | connections | card (3 in sequence) | panel (all three) | limit (binding stage) | panel/card |"
+          " panel/limit | card CPU | panel CPU | panel peak RSS | panel peak staging | panel, one artifact at a time |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for sc in scenarios:
         if not sc.panel:
             continue
@@ -359,10 +372,11 @@ def main() -> int:
         limit = stage[binding]
         cpu_c = statistics.median(r.cpu for r in sc.card)
         cpu_p = statistics.median(r.cpu for r in sc.panel)
-        print(f"| {sc.name} | {card:.2f} s | {panel:.2f} s | {limit:.2f} s ({binding}) | {card / panel:.2f}× | "
+        seq = f"{statistics.median(r.wall for r in sc.panel1):.2f} s" if sc.panel1 else "—"
+        print(f"| {sc.name} | {sc.connections} | {card:.2f} s | {panel:.2f} s | {limit:.2f} s ({binding}) | {card / panel:.2f}× | "
               f"{panel / limit:.2f}× | {cpu_c:.1f} s ({100 * cpu_c / card:.0f}%) | {cpu_p:.1f} s "
               f"({100 * cpu_p / panel:.0f}%) | {max(r.rss_kib for r in sc.panel) / 1024:.0f} MiB | "
-              f"{max(r.staging for r in sc.panel) / GiB:.2f} GiB |")
+              f"{max(r.staging for r in sc.panel) / GiB:.2f} GiB | {seq} |")
     print("stage limits: " + "; ".join(f"{k} {v[0]:.2f} s" for k, v in limits.items())
           + "; fetch " + ", ".join(f"{sc.name} {sc.fetch_limit:.2f} s" for sc in scenarios if sc.panel))
     return 0

@@ -42,6 +42,7 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--staging-gib", type=float, metavar="GIB",
                    help="cap on staging disk (default: auto, up to the whole compressed artifact while free disk allows)")
     p.add_argument("--segment-mib", type=int, metavar="MIB", help=argparse.SUPPRESS)
+    p.add_argument("--artifact-jobs", type=int, metavar="N", help=argparse.SUPPRESS)  # bench: default from the cores
     p.add_argument("--stall-timeout", type=float, metavar="S", help="seconds without a byte before a connection is retried (default 30)")
     p.set_defaults(func=run)
 
@@ -54,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     extra: dict = {}
     if args.segment_mib:
         extra["segment_size"] = args.segment_mib * MiB
+    if args.artifact_jobs:
+        extra["artifact_jobs"] = args.artifact_jobs
     if args.staging_gib:
         extra["staging_max"] = int(args.staging_gib * (1 << 30))
     if args.stall_timeout:
