@@ -166,7 +166,7 @@ def test_cancel_marks_every_artifact_cancelled_and_resume_completes(settings, th
     try:
         deadline = time.monotonic() + 30
         while not (len(board.ids()) == 3 and all(a.verified_bytes for a in board.snapshot())):
-            assert time.monotonic() < deadline and worker.is_alive(), "never got all three under way"
+            assert time.monotonic() < deadline and worker.is_alive(), ("never got all three under way", outcome)
             time.sleep(0.05)
         stop.request(cancel=True)
         worker.join(30)

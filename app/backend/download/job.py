@@ -93,8 +93,12 @@ class RunGroup:
     own artifact.
     """
 
-    def __init__(self, connections: int, user_stop: threading.Event) -> None:
+    def __init__(self, connections: int, user_stop: threading.Event, jobs: int = 1) -> None:
         self.budget = ConnectionBudget(connections)
+        # Each fetch worker holds a libcurl handle and 2 MiB of buffers (ranged.py), so artifacts running
+        # side by side do not each get `connections` of them: twice their even share, which leaves the
+        # budget room to shift slots to the artifact whose extractor waits.
+        self.workers_per_artifact = min(connections, max(2, -(-2 * connections // max(jobs, 1))))
         self.user_stop = user_stop
         self.stop = threading.Event()
         self.space_error: SpaceError | None = None
@@ -196,7 +200,7 @@ class ArtifactRun:
             self.board.event(Notice(pid, message=resumed))
         self._apply(Began(resumed))
         threads = [threading.Thread(target=self._worker, name=f"fetch-{i}", daemon=True)
-                   for i in range(self.cfg.connections)]
+                   for i in range(self.group.workers_per_artifact)]
         threads += [threading.Thread(target=self._verifier, name="verify", daemon=True),
                     threading.Thread(target=self._durability, name="fsync", daemon=True)]
         for t in threads:

@@ -97,7 +97,7 @@ def _journal_for(cfg: DownloadConfig, prepared: Prepared, plan: ArtifactPlan, st
 
 def _run_all(cfg: DownloadConfig, prepared: Prepared, todo: list[tuple[ArtifactPlan, ArtifactJournal]],
              store: JournalStore, board: ProgressBoard, stop: threading.Event, jobs: int) -> None:
-    group = RunGroup(cfg.connections, stop)
+    group = RunGroup(cfg.connections, stop, jobs)
     watcher = threading.Thread(target=group.watch_user, name="download-stop", daemon=True)
     watcher.start()
     errors: list[BaseException] = []
