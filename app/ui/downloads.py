@@ -77,8 +77,9 @@ def _row(a: ArtifactProgress) -> str:
              if a.state.active else "")
     eta = fmt_eta(a.eta_s) if a.state.active else "—"  # paused, cancelled, failed, queued: no ETA
     skipped = f" · {a.skipped_files} already complete" if a.skipped_files else ""
+    size = f"{fmt_bytes(a.verified_bytes)} / {fmt_bytes(a.total_bytes)}" if a.total_bytes else "not listed yet (Check repo)"
     return (f"<tr><td><b>{html.escape(a.id)}</b>{part}</td><td>{_badge(a)}{why}</td><td>{_bar(a)}</td>"
-            f'<td class="num">{fmt_bytes(a.verified_bytes)} / {fmt_bytes(a.total_bytes)}<div class="why">'
+            f'<td class="num">{size}<div class="why">'
             f"{a.parts_verified}/{a.parts_total} parts verified · {fmt_bytes(a.wire_bytes)} on the wire</div></td>"
             f'<td class="num">{a.extracted_files} files<div class="why">{fmt_bytes(a.extracted_bytes)} written'
             f"{skipped}</div></td>"

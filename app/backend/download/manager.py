@@ -232,9 +232,14 @@ class DownloadManager:
             binding=overall.binding)
 
     def _list_once(self) -> None:
-        """Before the first Start, list the repo once in the background so rows show the listed sizes."""
+        """Before the first Start, list the repo once in the background so rows show the listed sizes.
+
+        Not in demo mode without an endpoint: there the listing would first build the demo artifact
+        (tar | zstd) on every panel start; the rows say "not listed yet" until Start or Check repo.
+        """
+        demo_hub = self._endpoint is None and self.settings.recipe.simulated
         with self._lock:
-            if self._rows or self._lister is not None or self._thread is not None:
+            if demo_hub or self._rows or self._lister is not None or self._thread is not None:
                 return
             self._lister = threading.Thread(target=self._list_quietly, name="downloads-list", daemon=True)
             self._lister.start()
