@@ -1,30 +1,41 @@
-"""Benchmark: the card's bash pipeline vs `moet-panel download`, same local hub, same artifact.
+"""Physical-limit benchmark: the card's three pipelines in sequence vs `moet-panel download` of all
+three artifacts vs the stage limits, on one local Hub-like server (docs/downloads.md, "Measured").
 
-One invocation: build a several-GiB artifact with the real CLIs (GNU tar --sparse | zstd | split),
-serve it from the SIMULATED hub, then run card and panel alternately (>= 3 runs each) into disk,
-unthrottled and with every connection capped at 50 MB/s; print medians, ratios, panel peak RSS.
-Run via `bench/download` (see --help). Figures are printed, never asserted.
+One invocation builds three artifacts in the card's proportions (model : planescache : store ≈
+156 : 202 : 339 extracted, weight-like data) with the real CLIs (GNU tar --sparse | zstd | split),
+serves them from the SIMULATED hub and, per scenario (unthrottled; 50 MB/s per connection; 50 MB/s
+per connection + a 1 GB/s link), runs card and panel interleaved, each timed to `sync`. The limit
+is the largest stage limit, each measured or computed here: fetch only (one curl stream of every
+part, or compressed bytes ÷ the link/connection caps), the slowest artifact's `zstd -d` alone,
+`dd` of the extracted physical bytes to the same disk, and sha256 of every part (one thread per
+artifact, as the panel). Figures are printed, never asserted. Run via `bench/download` (--help).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from app.backend.simhub import server as simhub_server  # noqa: E402
 from app.backend.simhub.artifacts import TreeSpec, build_artifact, generate_tree  # noqa: E402
 from app.backend.simhub.server import SimHub  # noqa: E402
 
 REPO = "moet-panel/simulated-cache"
-PREFIX = "planescache.tar.zst.part."
+SHARES = {"model": 156, "planescache": 202, "store": 339}  # extracted GiB on the card
 MB = 1_000_000
 MiB = 1 << 20
 GiB = 1 << 30
@@ -39,128 +50,335 @@ fetch() {
     curl -sfL --retry 5 "$EP/$REPO/resolve/main/$p"
   done
 }
+fetch model       | zstd -d -T4 | tar -x --sparse
 fetch planescache | zstd -d -T4 | tar -x --sparse
-sync  # both pipelines are timed until the tree is on disk
+fetch store       | zstd -d -T4 | tar -x --sparse
+sync  # every pipeline is timed until the tree is on disk
+"""
+
+FETCH_ONLY = r"""
+set -euo pipefail
+EP="$1"; REPO="$2"; shift 2
+for p in "$@"; do curl -sfL "$EP/$REPO/resolve/main/$p"; done > /dev/null
 """
 
 
-def build(work: Path, gib: float, part_mib: int, data: str) -> list[Path]:
+# ---- data ---------------------------------------------------------------------------------------
+def build(work: Path, gib: float, part_mib: int, data: str) -> dict[str, list[Path]]:
+    """Three artifacts whose extracted sizes follow SHARES; cached under work/."""
     marker = work / f".built-{gib}-{part_mib}-{data}"
     repo = work / "repo"
+    arts = {a: sorted(repo.glob(f"{a}.tar.zst.part.*")) for a in SHARES}
     if marker.exists():
-        return sorted(repo.glob(PREFIX + "*"))
+        return arts
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     t = time.monotonic()
-    per_file = 128 * MiB
-    layers = max(1, int(gib * GiB / per_file / 6))
-    generate_tree(work / "src", TreeSpec(top="planescache", layers=layers, file_size=per_file,
-                                         sparse_size=1 * GiB, sparse_extents=8, ckpt_id="bench", seed=3,
-                                         weights_like=(data == "weights")))
-    parts = build_artifact(work / "src", "planescache", repo, PREFIX, part_mib * MiB)
-    shutil.rmtree(work / "src")
+    per_file = 32 * MiB if gib < 8 else 128 * MiB
+    total_share = sum(SHARES.values())
+    for i, (art, share) in enumerate(SHARES.items()):
+        layers = max(1, round(gib * GiB * share / total_share / per_file / 6))
+        generate_tree(work / "src", TreeSpec(top=art, layers=layers, file_size=per_file,
+                                             sparse_size=(1 * GiB if art == "store" else 0), sparse_extents=8,
+                                             ckpt_id="bench" if art == "planescache" else None, seed=3 + i,
+                                             weights_like=(data == "weights")))
+        build_artifact(work / "src", art, repo, f"{art}.tar.zst.part.", part_mib * MiB)
+        shutil.rmtree(work / "src" / art)
     marker.touch()
-    print(f"built {len(parts)} parts, {sum(p.stat().st_size for p in parts) / GiB:.2f} GiB compressed, "
-          f"{layers * 6 * per_file / GiB:.2f} GiB extracted (+1 GiB sparse) in {time.monotonic() - t:.0f} s", flush=True)
-    return parts
+    arts = {a: sorted(repo.glob(f"{a}.tar.zst.part.*")) for a in SHARES}
+    print(f"built {sum(len(p) for p in arts.values())} parts, {compressed(arts) / GiB:.2f} GiB compressed, "
+          f"in {time.monotonic() - t:.0f} s", flush=True)
+    return arts
 
 
-def timed(cmd: list[str], env: dict | None = None) -> tuple[float, int, int]:
-    """(seconds, exit code, peak RSS KiB of that one child process)."""
+def compressed(arts: dict[str, list[Path]]) -> int:
+    return sum(p.stat().st_size for parts in arts.values() for p in parts)
+
+
+def reference(work: Path, arts: dict[str, list[Path]]) -> dict[str, tuple[int, int, int]]:
+    """Per artifact: (files, apparent bytes, physical bytes) of a reference `tar -x --sparse`."""
+    ref = work / "ref-count"
+    if not ref.exists():
+        probe = work / "probe"
+        lines = []
+        for art, parts in arts.items():
+            shutil.rmtree(probe, ignore_errors=True)
+            probe.mkdir()
+            subprocess.run(f"cat {' '.join(map(str, parts))} | zstd -dq | tar -x --sparse -C {probe}", shell=True,
+                           check=True, executable="/bin/bash")
+            files = [f for f in (probe / art).rglob("*") if f.is_file()]
+            lines.append(f"{art} {len(files)} {sum(f.stat().st_size for f in files)} "
+                         f"{sum(f.stat().st_blocks * 512 for f in files)}")
+        shutil.rmtree(probe, ignore_errors=True)
+        ref.write_text("\n".join(lines))
+    out = {}
+    for line in ref.read_text().splitlines():
+        art, n, size, phys = line.split()
+        out[art] = (int(n), int(size), int(phys))
+    return out
+
+
+def check_trees(dest: Path, expect: dict[str, tuple[int, int, int]]) -> str:
+    bad = []
+    for art, (n, size, _) in expect.items():
+        files = [f for f in (dest / art).rglob("*") if f.is_file()]
+        if len(files) != n or sum(f.stat().st_size for f in files) != size:
+            bad.append(f"{art}: {len(files)} files, {sum(f.stat().st_size for f in files)} bytes")
+    return "ok" if not bad else "MISMATCH " + "; ".join(bad)
+
+
+# ---- a link cap on the local hub (bench only) ----------------------------------------------------
+class Link:
+    """One shared pacing clock: every body chunk of every connection books its time on the link."""
+
+    def __init__(self, bps: float) -> None:
+        self.bps, self.lock, self.t = bps, threading.Lock(), time.monotonic()
+
+    def take(self, n: int) -> None:
+        with self.lock:
+            now = time.monotonic()
+            start = max(self.t, now)
+            self.t = start + n / self.bps
+        if start > now:
+            time.sleep(start - now)
+
+
+LINK: Link | None = None
+_ORIGINAL_SEND_BODY = simhub_server._HubHandler._send_body  # noqa: SLF001
+
+
+def _send_body_with_link(self, f, start: int, length: int, fault) -> None:  # type: ignore[no-untyped-def]
+    """simhub's paced body (per-connection cap), each 64 KiB also booked on the shared link."""
+    if LINK is None or fault is not None:
+        return _ORIGINAL_SEND_BODY(self, f, start, length, fault)
+    cap = self.hub.rate_cap_bps
+    with open(f.local, "rb") as fh:
+        fh.seek(start)
+        sent, t0 = 0, time.monotonic()
+        while sent < length:
+            data = fh.read(min(64 * 1024, length - sent))
+            if not data:
+                break
+            LINK.take(len(data))
+            self.wfile.write(data)
+            sent += len(data)
+            if cap:
+                delay = sent / cap - (time.monotonic() - t0)
+                if delay > 0:
+                    time.sleep(delay)
+        self._add_bytes(f.path, sent)
+        self.wfile.flush()
+
+
+simhub_server._HubHandler._send_body = _send_body_with_link  # noqa: SLF001
+
+
+# ---- timing -------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    wall: float
+    rc: int
+    cpu: float  # user + sys of the whole process tree
+    rss_kib: int
+    staging: int = 0  # panel only: the peak staging it reported
+
+
+def timed(cmd: list[str], env: dict | None = None) -> tuple[Run, str]:
     subprocess.run(["sync"], check=False)
     t = time.monotonic()
     p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = p.stderr.read().decode(errors="replace") if p.stderr else ""
     _, status, usage = os.wait4(p.pid, 0)
     elapsed = time.monotonic() - t
-    p.returncode = os.waitstatus_to_exitcode(status)
-    err = p.stderr.read().decode(errors="replace") if p.stderr else ""
-    if p.returncode != 0:
-        print(f"  ! {cmd[0]} exited {p.returncode}: {err.strip()[-400:]}", flush=True)
-    return elapsed, p.returncode, usage.ru_maxrss
+    rc = os.waitstatus_to_exitcode(status)
+    if rc != 0:
+        print(f"  ! {cmd[0]} exited {rc}: {err.strip()[-400:]}", flush=True)
+    return Run(elapsed, rc, usage.ru_utime + usage.ru_stime, usage.ru_maxrss), err
 
 
-def check_tree(dest: Path, expected_files: int, expected_bytes: int) -> str:
-    files = [f for f in (dest / "planescache").rglob("*") if f.is_file()]
-    total = sum(f.stat().st_size for f in files)
-    ok = len(files) == expected_files and total == expected_bytes
-    return "ok" if ok else f"MISMATCH ({len(files)} files, {total} bytes)"
+@dataclass
+class Scenario:
+    name: str
+    conn_cap: float | None
+    link_cap: float | None
+    card: list[Run] = field(default_factory=list)
+    panel: list[Run] = field(default_factory=list)
+    panel1: list[Run] = field(default_factory=list)  # the panel with one artifact at a time (as before)
+    connections: int = 8
+    fetch_limit: float = 0.0
+    fetch_how: str = ""
 
 
-def scenario(name: str, hub: SimHub, work: Path, runs: int, connections: int | None,
-             expect: tuple[int, int], extra: list[str]) -> tuple[float, float, int]:
-    card_t, panel_t, rss = [], [], 0
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: int, panel_args: list[str],
+                 expect: dict[str, tuple[int, int, int]], conns: int, card_runs_capped: int,
+                 sequential: bool) -> None:
+    global LINK
+    sc.connections = conns
+    LINK = Link(sc.link_cap) if sc.link_cap else None
+    hub = SimHub(rate_cap_bps=sc.conn_cap)
+    hub.add_repo(REPO, {p.name: p for parts in arts.values() for p in parts})
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("HF_TOKEN", None)
-    for i in range(runs):
-        for kind in ("card", "panel"):
-            dest = work / f"dest-{kind}"
-            shutil.rmtree(dest, ignore_errors=True)
-            dest.mkdir()
-            if kind == "card":
-                cmd = ["bash", "-c", CARD, "card", hub.endpoint, REPO, str(dest)]
-            else:
-                cmd = [str(ROOT / ".venv/bin/python"), "-m", "app.cli.main", "download", "planescache",
-                       "--recipe", str(ROOT / "assets/recipes/simulated.toml"), "--dest", str(dest),
-                       "--endpoint", hub.endpoint]
-                if connections:
-                    cmd += ["--connections", str(connections)]
-                cmd = ["bash", "-c", '"$@" && sync', "panel", *cmd + extra]
-            secs, rc, maxrss = timed(cmd, env)
-            verdict = check_tree(dest, *expect) if rc == 0 else "FAILED"
-            (card_t if kind == "card" else panel_t).append(secs)
-            if kind == "panel":
-                rss = max(rss, maxrss)
-            print(f"  {name:<11} run {i + 1} {kind:<5} {secs:7.2f} s  tree {verdict}", flush=True)
-            shutil.rmtree(dest, ignore_errors=True)
-    return statistics.median(card_t), statistics.median(panel_t), rss
+    python = os.environ.get("BENCH_PYTHON", str(ROOT / ".venv/bin/python"))
+    with hub.start():
+        print(f"== {sc.name}", flush=True)
+        total = compressed(arts)
+        if sc.conn_cap is None and sc.link_cap is None:
+            names = [p.name for parts in arts.values() for p in parts]
+            r, _ = timed(["bash", "-c", FETCH_ONLY, "fetch", hub.endpoint, REPO, *names], env)
+            sc.fetch_limit, sc.fetch_how = r.wall, "one curl stream of every part"
+        else:
+            rate = min(x for x in (sc.link_cap, (sc.conn_cap or 0) * conns or None) if x)
+            sc.fetch_limit = total / rate
+            sc.fetch_how = f"{total / GiB:.2f} GiB ÷ {rate / MB:.0f} MB/s"
+        print(f"  fetch limit {sc.fetch_limit:6.2f} s  ({sc.fetch_how})", flush=True)
+        for i in range(runs):
+            kinds: tuple[str, ...] = ("card", "panel") if i % 2 == 0 else ("panel", "card")
+            if sc.conn_cap and i >= card_runs_capped:  # the card on one capped connection: its time is known
+                kinds = ("panel",)
+            if sequential and not sc.conn_cap:
+                kinds += ("panel1",)
+            for kind in kinds:
+                dest = work / f"dest-{kind}"
+                shutil.rmtree(dest, ignore_errors=True)
+                dest.mkdir()
+                if kind == "card":
+                    cmd = ["bash", "-c", CARD, "card", hub.endpoint, REPO, str(dest)]
+                else:
+                    cmd = [python, "-m", "app.cli.main", "download", "--recipe",
+                           str(work / "bench-recipe.toml"), "--dest", str(dest), "--endpoint", hub.endpoint,
+                           "--connections", str(conns), *panel_args]
+                    if kind == "panel1":
+                        cmd += ["--artifact-jobs", "1"]
+                    cmd = ["bash", "-c", '"$@" && sync', "panel", *cmd]
+                r, err = timed(cmd, env)
+                if kind != "card":
+                    m = re.search(r"peak staging disk: .*?\((\d+) bytes\)", err)
+                    r.staging = int(m.group(1)) if m else -1
+                verdict = check_trees(dest, expect) if r.rc == 0 else "FAILED"
+                {"card": sc.card, "panel": sc.panel, "panel1": sc.panel1}[kind].append(r)
+                print(f"  run {i + 1} {kind:<6} {r.wall:7.2f} s  cpu {r.cpu:6.1f} s  rss {r.rss_kib / 1024:6.1f} MiB"
+                      f"{f'  staging peak {r.staging / GiB:.2f} GiB' if kind != 'card' else ''}  tree {verdict}",
+                      flush=True)
+                shutil.rmtree(dest, ignore_errors=True)
+    LINK = None
+
+
+# ---- stage limits (no network) ------------------------------------------------------------------
+def stage_limits(arts: dict[str, list[Path]], work: Path, expect: dict[str, tuple[int, int, int]],
+                 rounds: int) -> dict[str, tuple[float, str]]:
+    out: dict[str, tuple[float, str]] = {}
+    decode = {}
+    for art, parts in arts.items():
+        best = min(_sh(f"cat {' '.join(map(str, parts))} | zstd -dq -T4 > /dev/null") for _ in range(rounds))
+        decode[art] = best
+    slowest = max(decode, key=lambda a: decode[a])
+    out["decode"] = (decode[slowest], f"zstd -d of {slowest} alone ("
+                     + ", ".join(f"{a} {t:.2f} s" for a, t in decode.items()) + ")")
+    phys = sum(p for _, _, p in expect.values())
+    ddfile = work / "dd.bin"
+    dd = min(_sh(f"dd if=/dev/zero of={ddfile} bs=4M count={max(phys // (4 * MiB), 1)} conv=fsync status=none")
+             for _ in range(rounds))
+    ddfile.unlink(missing_ok=True)
+    out["disk"] = (dd, f"dd of {phys / GiB:.2f} GiB physical, fsync")
+
+    def digest(parts: list[Path]) -> None:
+        for p in parts:
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                while chunk := f.read(8 * MiB):
+                    h.update(chunk)
+
+    t = time.monotonic()
+    with ThreadPoolExecutor(len(arts)) as pool:
+        list(pool.map(digest, arts.values()))
+    out["hash"] = (time.monotonic() - t, f"sha256 of {compressed(arts) / GiB:.2f} GiB, one thread per artifact")
+    return out
+
+
+def _sh(script: str) -> float:
+    subprocess.run(["sync"], check=False)
+    t = time.monotonic()
+    subprocess.run(script, shell=True, check=True, executable="/bin/bash")
+    return time.monotonic() - t
+
+
+def write_recipe(work: Path) -> None:
+    """The simulated recipe with the three artifacts (sizes tiny, so the preflight uses the real ones)."""
+    text = (ROOT / "assets/recipes/simulated.toml").read_text()
+    head, _, rest = text.partition("[[artifacts]]")
+    tail = rest[rest.index("\n[engine]"):]
+    arts = "".join(f'[[artifacts]]\nid = "{a}"\nprefix = "{a}.tar.zst.part."\nyields = "{a}"\n'
+                   f'extracted_gib = 0.01\ncontents = "bench"\nrequired_for_serving = false\n\n' for a in SHARES)
+    (work / "bench-recipe.toml").write_text(head + arts + tail.lstrip("\n"))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gib", type=float, default=3.0, help="extracted size of the data files (default 3)")
+    ap.add_argument("--gib", type=float, default=3.0, help="extracted data of the three artifacts together (default 3)")
     ap.add_argument("--part-mib", type=int, default=128, help="part size (default 128 MiB)")
-    ap.add_argument("--runs", type=int, default=3, help="runs of each pipeline per scenario (default 3)")
+    ap.add_argument("--runs", type=int, default=2, help="runs of each pipeline per scenario, interleaved (default 2)")
     ap.add_argument("--cap-mbps", type=float, default=50, help="per-connection cap, MB/s (default 50)")
-    ap.add_argument("--connections", type=int, help="panel --connections (default: the panel's default)")
-    ap.add_argument("--data", choices=["weights", "compressible"], default="compressible",
-                    help="file contents: 'weights' = like the cache's files (planes/FP4 packs near-random, "
-                         "scales compressible; zstd decodes fast, tar's writes bound the card), "
-                         "'compressible' = every byte 4 bits of entropy (~2:1; both pipelines wait on "
-                         "the same single-threaded zstd decode)")
-    ap.add_argument("--work", default="/var/tmp/moet-panel-bench", help="work dir (artifact is cached here)")
+    ap.add_argument("--link-gbps", type=float, default=1.0, help="total link cap of the third scenario, GB/s (default 1)")
+    ap.add_argument("--card-runs-capped", type=int, metavar="N",
+                    help="card runs in the capped scenarios (default --runs; one capped connection is slow)")
+    ap.add_argument("--capped-connections", type=int, metavar="N",
+                    help="panel --connections in the capped scenarios (default --connections)")
+    ap.add_argument("--also-sequential", action="store_true",
+                    help="unthrottled: also run the panel one artifact at a time (--artifact-jobs 1)")
+    ap.add_argument("--connections", type=int, default=8, help="panel --connections (default 8)")
+    ap.add_argument("--data", choices=["weights", "compressible"], default="weights",
+                    help="'weights' (default) = like the cache's files: planes/FP4 packs near-random, scales "
+                         "compressible; 'compressible' = every byte 4 bits of entropy (~2:1)")
+    ap.add_argument("--work", default="/var/tmp/moet-panel-bench3", help="work dir (artifacts are cached here)")
     ap.add_argument("--panel-arg", action="append", default=[], help="extra argument for moet-panel download")
-    ap.add_argument("--only", choices=["unthrottled", "capped"], help="run one scenario")
+    ap.add_argument("--only", action="append", choices=["unthrottled", "capped", "capped+link"],
+                    help="run only these scenarios")
     args = ap.parse_args()
     work = Path(args.work) / args.data
-    parts = build(work, args.gib, args.part_mib, args.data)
-    ref = work / "ref-count"
-    if not ref.exists():  # count files/bytes once from a reference `tar -x`
-        probe = work / "probe"
-        shutil.rmtree(probe, ignore_errors=True)
-        probe.mkdir()
-        subprocess.run(f"cat {work}/repo/{PREFIX}* | zstd -dq | tar -x --sparse -C {probe}", shell=True, check=True,
-                       executable="/bin/bash")
-        files = [f for f in (probe / "planescache").rglob("*") if f.is_file()]
-        ref.write_text(f"{len(files)} {sum(f.stat().st_size for f in files)}")
-        shutil.rmtree(probe)
-    expect = tuple(int(x) for x in ref.read_text().split())
-    print(f"load average at start: {os.getloadavg()[0]:.1f}", flush=True)
-    print(f"artifact ({args.data} data): {len(parts)} parts, {sum(p.stat().st_size for p in parts) / GiB:.2f} GiB compressed; "
-          f"{os.cpu_count()} CPUs", flush=True)
-    results = {}
-    for name, cap in (("unthrottled", None), ("capped", args.cap_mbps * MB)):
-        if args.only and args.only != name:
+    arts = build(work, args.gib, args.part_mib, args.data)
+    expect = reference(work, arts)
+    write_recipe(work)
+    print(f"load average at start: {os.getloadavg()[0]:.1f}; {os.cpu_count()} CPUs", flush=True)
+    for art, parts in arts.items():
+        n, size, phys = expect[art]
+        print(f"  {art:<12} {len(parts):3d} parts  {sum(p.stat().st_size for p in parts) / GiB:6.2f} GiB compressed  "
+              f"{size / GiB:6.2f} GiB apparent  {phys / GiB:6.2f} GiB physical  {n} files", flush=True)
+    limits = stage_limits(arts, work, expect, rounds=2)
+    for name, (secs, how) in limits.items():
+        print(f"  limit {name:<7} {secs:6.2f} s  ({how})", flush=True)
+    scenarios = [Scenario("unthrottled", None, None),
+                 Scenario("capped", args.cap_mbps * MB, None),
+                 Scenario("capped+link", args.cap_mbps * MB, args.link_gbps * 1000 * MB)]
+    for sc in scenarios:
+        if args.only and sc.name not in args.only:
             continue
-        hub = SimHub(rate_cap_bps=cap)
-        hub.add_repo(REPO, {p.name: p for p in parts})
-        with hub.start():
-            label = name if cap is None else f"{name} ({args.cap_mbps:g} MB/s per connection)"
-            print(f"== {label}", flush=True)
-            results[name] = scenario(name, hub, work, args.runs, args.connections, expect, args.panel_arg)
+        conns = args.capped_connections if sc.conn_cap and args.capped_connections else args.connections
+        run_scenario(sc, arts, work, args.runs, args.panel_arg, expect, conns,
+                     args.card_runs_capped if args.card_runs_capped is not None else args.runs, args.also_sequential)
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
-    print("\nscenario      card median   panel median   panel/card speed   panel peak RSS")
-    for name, (card, panel, rss) in results.items():
-        print(f"{name:<12} {card:9.2f} s   {panel:10.2f} s   {card / panel:12.2f}x       {rss / 1024:7.1f} MiB")
+    print(f"\n{os.cpu_count()} CPUs, {compressed(arts) / GiB:.2f} GiB compressed, {args.data} data; medians of "
+          f"{args.runs} interleaved runs, each to `sync`")
+    print("| scenario | connections | card (3 in sequence) | panel (all three) | limit (binding stage) | panel/card |"
+          " panel/limit | card CPU | panel CPU | panel peak RSS | panel peak staging | panel, one artifact at a time |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for sc in scenarios:
+        if not sc.panel:
+            continue
+        card, panel = statistics.median(r.wall for r in sc.card), statistics.median(r.wall for r in sc.panel)
+        stage = {**{k: v[0] for k, v in limits.items()}, "fetch": sc.fetch_limit}
+        binding = max(stage, key=lambda k: stage[k])
+        limit = stage[binding]
+        cpu_c = statistics.median(r.cpu for r in sc.card)
+        cpu_p = statistics.median(r.cpu for r in sc.panel)
+        seq = f"{statistics.median(r.wall for r in sc.panel1):.2f} s" if sc.panel1 else "—"
+        print(f"| {sc.name} | {sc.connections} | {card:.2f} s | {panel:.2f} s | {limit:.2f} s ({binding}) | {card / panel:.2f}× | "
+              f"{panel / limit:.2f}× | {cpu_c:.1f} s ({100 * cpu_c / card:.0f}%) | {cpu_p:.1f} s "
+              f"({100 * cpu_p / panel:.0f}%) | {max(r.rss_kib for r in sc.panel) / 1024:.0f} MiB | "
+              f"{max(r.staging for r in sc.panel) / GiB:.2f} GiB | {seq} |")
+    print("stage limits: " + "; ".join(f"{k} {v[0]:.2f} s" for k, v in limits.items())
+          + "; fetch " + ", ".join(f"{sc.name} {sc.fetch_limit:.2f} s" for sc in scenarios if sc.panel))
     return 0
 
 

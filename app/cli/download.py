@@ -13,14 +13,16 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from app.backend.download.ckpt import check_ckpt_id
 from app.backend.download.config import make_config
 from app.backend.download.journal import DestLock, clean_partial
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.runner import run_download
-from app.backend.download.types import ArtifactState, DownloadError, LockedError, MiB, SpaceError, Stopped
+from app.backend.download.types import (
+    ArtifactProgress, ArtifactState, DownloadError, GiB, LockedError, MiB, SpaceError, Stopped,
+)
 from app.backend.hf_token import redact
 from app.backend.settings import resolve_settings
 from app.cli.main import add_common
@@ -42,6 +44,7 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--staging-gib", type=float, metavar="GIB",
                    help="cap on staging disk (default: auto, up to the whole compressed artifact while free disk allows)")
     p.add_argument("--segment-mib", type=int, metavar="MIB", help=argparse.SUPPRESS)
+    p.add_argument("--artifact-jobs", type=int, metavar="N", help=argparse.SUPPRESS)  # bench: default from the cores
     p.add_argument("--stall-timeout", type=float, metavar="S", help="seconds without a byte before a connection is retried (default 30)")
     p.set_defaults(func=run)
 
@@ -54,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     extra: dict = {}
     if args.segment_mib:
         extra["segment_size"] = args.segment_mib * MiB
+    if args.artifact_jobs:
+        extra["artifact_jobs"] = args.artifact_jobs
     if args.staging_gib:
         extra["staging_max"] = int(args.staging_gib * (1 << 30))
     if args.stall_timeout:
@@ -88,7 +93,7 @@ def _clean(dest: Path, ids: list[str], err: Console) -> int:
     except LockedError as exc:
         print(f"moet-panel download: {exc}", file=sys.stderr)
         return 4
-    err.print(f"removed partial download data under {dest}: {freed / MiB:.1f} MiB freed")
+    err.print(f"removed partial download data under {dest}: {gib(freed)} freed")
     return 0
 
 
@@ -113,28 +118,64 @@ def _download(cfg, specs, settings, err: Console) -> int:
     return _report(board, outcome["exc"], specs, settings, cfg, err)
 
 
+def gib(n: float) -> str:
+    """Sizes in GiB everywhere, as the card (docs/downloads.md, "Progress")."""
+    return f"{n / GiB:.2f} GiB" if abs(n) >= 0.1 * GiB or n == 0 else f"{n / GiB:.3f} GiB"
+
+
+def eta_text(s: float | None) -> str:
+    if s is None:
+        return "ETA —"
+    s = int(s)
+    return f"ETA {s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"ETA {s // 60}m{s % 60:02d}s"
+
+
+def progress_line(a: ArtifactProgress) -> str:
+    """One artifact: verified / total, verified and extracted rates, the binding limit, ETA, state."""
+    state = "stalled (0 B/s)" if a.stalled else a.state.value
+    bits = [f"{gib(a.verified_bytes)} / {gib(a.total_bytes)} verified"]
+    if a.state.active:
+        bits.append(f"{gib(a.verified_bps)}/s verified · {gib(a.extracted_bps)}/s extracted")
+        if a.binding:
+            bits.append(f"limit: {a.binding.value}")
+        bits.append(eta_text(a.eta_s))
+    if a.extracted_files:
+        bits.append(f"{a.extracted_files} files")
+    return " · ".join([state, *bits])
+
+
 def _show_progress(board: ProgressBoard, worker: threading.Thread, err: Console) -> None:
-    columns = [TextColumn("{task.fields[name]:<12}"), BarColumn(), DownloadColumn(binary_units=True),
-               TransferSpeedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[status]}")]
+    columns = [TextColumn("{task.fields[name]:<12}"), BarColumn(), TextColumn("{task.fields[status]}")]
     tasks: dict[str, TaskID] = {}
     with Progress(*columns, console=err, disable=not err.is_terminal, refresh_per_second=4) as bars:
         while worker.is_alive():
             worker.join(0.5)
-            for a in board.snapshot():
+            arts = board.snapshot()
+            for a in arts:
                 if a.id not in tasks:
                     tasks[a.id] = bars.add_task("", total=a.total_bytes, name=a.id, status="")
-                status = "stalled (0 B/s)" if a.stalled else a.state.value
-                if a.extracted_files:
-                    status += f" · {a.extracted_files} files extracted"
-                bars.update(tasks[a.id], completed=a.fetched_bytes, status=status)
+                bars.update(tasks[a.id], completed=a.verified_bytes, status=progress_line(a))
+            if len(arts) > 1:
+                total = board.overall(arts)
+                if "total" not in tasks:
+                    tasks["total"] = bars.add_task("", total=sum(a.total_bytes for a in arts), name="total", status="")
+                disk = board.disk()
+                bars.update(tasks["total"], completed=sum(a.verified_bytes for a in arts),
+                            status=f"{gib(total.rate_bps)}/s on the wire · {gib(total.extracted_bps)}/s extracted"
+                                   f"{f' · limit: {total.binding.value}' if total.binding else ''} · {eta_text(total.eta_s)}"
+                                   f" · staging {gib(disk.staging_used if disk else 0)}")
 
 
 def _report(board, exc, specs, settings, cfg, err: Console) -> int:
     snaps = {a.id: a for a in board.snapshot()}
     for a in snaps.values():
-        err.print(f"{a.id}: {a.state.value}  {a.verified_bytes / MiB:.1f} MiB verified, "
-                  f"{a.extracted_files} files extracted ({a.skipped_files} already complete)"
+        reused = f", resumed reusing {a.reused_parts} of {a.parts_total} parts" if a.reused_parts else ""
+        err.print(f"{a.id}: {a.state.value}  {gib(a.verified_bytes)} verified, {gib(a.extracted_bytes)} written, "
+                  f"{a.extracted_files} files extracted ({a.skipped_files} already complete){reused}"
                   + (f" — {a.reason}" if a.reason and a.state != ArtifactState.DONE else ""))
+    disk = board.disk()
+    if disk is not None:
+        err.print(f"peak staging disk: {gib(disk.staging_peak)} ({disk.staging_peak} bytes)")
     if exc is not None:
         code = 4 if isinstance(exc, LockedError) else 3 if isinstance(exc, (SpaceError, Stopped)) else 1
         msg = str(exc) if isinstance(exc, DownloadError) else (

@@ -9,7 +9,7 @@ import html
 
 import gradio as gr
 
-from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadSnapshot
+from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadSnapshot, GiB
 from app.backend.state import AppState
 
 TITLE = "Downloads"
@@ -34,11 +34,12 @@ _STYLE = """<style>
 
 
 def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
+    """GiB everywhere, as the card; small amounts keep three decimals rather than reading 0.00."""
+    return f"{n / GiB:.2f} GiB" if abs(n) >= 0.1 * GiB or n == 0 else f"{n / GiB:.3f} GiB"
+
+
+def fmt_rate(bps: float) -> str:
+    return f"{fmt_bytes(bps)}/s" if bps > 0 else "—"
 
 
 def fmt_eta(s: float | None) -> str:
@@ -50,16 +51,16 @@ def fmt_eta(s: float | None) -> str:
 
 def _badge(a: ArtifactProgress) -> str:
     if a.stalled:
-        return '<span class="st stalled">stalled · 0 B/s</span>'
+        return '<span class="st stalled">stalled · 0 GiB/s</span>'
     cls = {ArtifactState.DONE: "done", ArtifactState.FAILED: "failed", ArtifactState.PAUSED: "paused",
-           ArtifactState.QUEUED: "queued"}.get(a.state, "run")
+           ArtifactState.CANCELLED: "paused", ArtifactState.QUEUED: "queued"}.get(a.state, "run")
     return f'<span class="st {cls}">{a.state.value}</span>'
 
 
 def _bar(a: ArtifactProgress) -> str:
     total = max(a.total_bytes, 1)
     fetched, verified = min(a.fetched_bytes / total, 1), min(a.verified_bytes / total, 1)
-    active = a.state in (ArtifactState.DOWNLOADING, ArtifactState.VERIFYING, ArtifactState.EXTRACTING)
+    active = a.state.active
     cls = "track" + (" active" if active else "") + (" stalled" if a.stalled else "")
     label = f"{a.id} progress: {verified * 100:.0f}% verified"
     return (f'<div class="{cls}" role="progressbar" aria-label="{html.escape(label)}" aria-valuemin="0" '
@@ -67,29 +68,41 @@ def _bar(a: ArtifactProgress) -> str:
             f'<div class="verified" style="width:{verified * 100:.1f}%"></div></div>')
 
 
-def artifacts_html(snap: DownloadSnapshot) -> str:
-    rows = []
-    for a in snap.artifacts:
-        rate = "stalled" if a.stalled else (f"{fmt_bytes(a.rate_bps)}/s" if a.rate_bps else "—")
-        why = f'<div class="why">{html.escape(a.reason)}</div>' if a.reason else ""
-        part = f'<div class="why">part {html.escape(a.current_part)}</div>' if a.current_part and a.state != ArtifactState.DONE else ""
-        rows.append(
-            f"<tr><td><b>{html.escape(a.id)}</b>{part}</td><td>{_badge(a)}{why}</td><td>{_bar(a)}</td>"
-            f'<td class="num">{fmt_bytes(a.verified_bytes)} / {fmt_bytes(a.total_bytes)}<div class="why">'
+def _row(a: ArtifactProgress) -> str:
+    rate = "stalled" if a.stalled else fmt_rate(a.rate_bps)
+    why = f'<div class="why">{html.escape(a.reason)}</div>' if a.reason else ""
+    part = f'<div class="why">part {html.escape(a.current_part)}</div>' if a.current_part and a.state.active else ""
+    limit = f'<div class="why">limit: <b>{a.binding.value}</b></div>' if a.binding and a.state.active else ""
+    rates = (f'<div class="why">{fmt_rate(a.verified_bps)} verified · {fmt_rate(a.extracted_bps)} extracted</div>'
+             if a.state.active else "")
+    eta = fmt_eta(a.eta_s) if a.state.active else "—"  # paused, cancelled, failed, queued: no ETA
+    skipped = f" · {a.skipped_files} already complete" if a.skipped_files else ""
+    size = f"{fmt_bytes(a.verified_bytes)} / {fmt_bytes(a.total_bytes)}" if a.total_bytes else "not listed yet (Check repo)"
+    return (f"<tr><td><b>{html.escape(a.id)}</b>{part}</td><td>{_badge(a)}{why}</td><td>{_bar(a)}</td>"
+            f'<td class="num">{size}<div class="why">'
             f"{a.parts_verified}/{a.parts_total} parts verified · {fmt_bytes(a.wire_bytes)} on the wire</div></td>"
             f'<td class="num">{a.extracted_files} files<div class="why">{fmt_bytes(a.extracted_bytes)} written'
-            f'{f" · {a.skipped_files} already complete" if a.skipped_files else ""}</div></td>'
-            f'<td class="num">{rate}</td><td class="num">{fmt_eta(a.eta_s) if a.state != ArtifactState.DONE else "—"}</td></tr>')
+            f"{skipped}</div></td>"
+            f'<td class="num">{rate}{rates}</td><td class="num">{eta}{limit}</td></tr>')
+
+
+def artifacts_html(snap: DownloadSnapshot) -> str:
+    rows = [_row(a) for a in snap.artifacts]
     total, verified = snap.total_bytes, snap.verified_bytes
+    limit = f'<div class="why">limit: <b>{snap.binding.value}</b></div>' if snap.binding and snap.running else ""
+    rates = (f'<div class="why">{fmt_rate(snap.verified_bps)} verified · {fmt_rate(snap.extracted_bps)} extracted</div>'
+             if snap.running else "")
     rows.append(f'<tr><td><b>total</b></td><td></td><td></td><td class="num">{fmt_bytes(verified)} / {fmt_bytes(total)}</td>'
-                f'<td class="num">{sum(a.extracted_files for a in snap.artifacts)} files</td>'
-                f'<td class="num">{fmt_bytes(snap.rate_bps)}/s</td><td class="num">{fmt_eta(snap.eta_s)}</td></tr>')
+                f'<td class="num">{sum(a.extracted_files for a in snap.artifacts)} files<div class="why">'
+                f"{fmt_bytes(sum(a.extracted_bytes for a in snap.artifacts))} written</div></td>"
+                f'<td class="num">{fmt_rate(snap.rate_bps)}{rates}</td>'
+                f'<td class="num">{fmt_eta(snap.eta_s) if snap.running else "—"}{limit}</td></tr>')
     sim = '<span class="sim">SIMULATED</span> ' if snap.simulated else ""
     head = (f'<p>{sim}Source: <code>{html.escape(snap.repo)}</code>'
             f'{f" @ commit <code>{html.escape(snap.commit[:12])}</code>" if snap.commit else ""}'
             f'{" — running" if snap.running else ""}</p>')
     table = ("<table><thead><tr><th>artifact</th><th>state</th><th>progress</th><th>verified</th>"
-             "<th>extracted</th><th>rate</th><th>ETA</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+             "<th>extracted</th><th>rate (wire)</th><th>ETA</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
     return f'{_STYLE}<div class="moet-dl" id="moet-dl-artifacts">{head}{table}</div>'
 
 
@@ -99,9 +112,10 @@ def disk_html(snap: DownloadSnapshot) -> str:
         return ""
     budget = f" · staging budget <b>{fmt_bytes(d.staging_budget)}</b> (adapts to free disk; used {fmt_bytes(d.staging_used)})" \
         if d.staging_budget else ""
+    peak = f" · peak staging <b>{fmt_bytes(d.staging_peak)}</b>" if d.staging_peak else ""
     warn = " — <b>not enough space</b>" if d.free < d.needed else ""
     return (f'<div class="moet-dl"><p>Disk <code>{html.escape(d.path)}</code>: free <b>{fmt_bytes(d.free)}</b> · '
-            f"needed <b>{fmt_bytes(d.needed)}</b>{budget}{warn}</p></div>")
+            f"needed <b>{fmt_bytes(d.needed)}</b>{budget}{peak}{warn}</p></div>")
 
 
 class _View:

@@ -36,6 +36,8 @@ def test_downloads_tab_live_download(browser, artifact, tmp_path):
         page.goto(url)
         page.get_by_role("tab", name="Downloads").click()
         page.wait_for_selector("#dl-start")
+        listed = f"/ {sum(p.stat().st_size for p in artifact.parts) / (1 << 30):.3f} GiB"
+        page.wait_for_function(f"document.querySelector('#dl-table').innerText.includes({listed!r})")  # before Start
         page.locator("#dl-start").click()
         bar = page.locator('#dl-table [role="progressbar"]').first
         deadline = time.monotonic() + 30

@@ -107,3 +107,28 @@ def test_member_data_takes_the_fast_path_even_when_parts_end_mid_block(tmp_path:
     monkeypatch.setattr(extract_mod, "_copy", slow_path)
     extract_stream(OddReads(b"".join(p.read_bytes() for p in artifact.parts)), tmp_path, {}, _hooks())
     assert file_digest_tree(tmp_path) == artifact.reference
+
+
+def test_hard_links_come_from_the_filtered_member(tmp_path: Path, monkeypatch) -> None:
+    """The link is made from the member the data filter returned (issue 12), not from the raw header."""
+    from app.backend.download import extract as extract_mod
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        for name in ("top/a.bin", "top/b.bin"):
+            info = tarfile.TarInfo(name)
+            info.size = len(FILES[name])
+            tf.addfile(info, io.BytesIO(FILES[name]))
+        link = tarfile.TarInfo("top/hl")
+        link.type, link.linkname = tarfile.LNKTYPE, "top/a.bin"
+        tf.addfile(link)
+    real_filter = extract_mod.apply_data_filter
+
+    def retargeting_filter(m: tarfile.TarInfo, dest_real: str) -> tarfile.TarInfo:
+        filtered = real_filter(m, dest_real)
+        return filtered.replace(linkname="top/b.bin", deep=False) if m.islnk() else filtered
+
+    monkeypatch.setattr(extract_mod, "apply_data_filter", retargeting_filter)
+    extract_stream(io.BytesIO(zstandard.ZstdCompressor().compress(out.getvalue())), tmp_path, {}, _hooks())
+    assert os.stat(tmp_path / "top/hl").st_ino == os.stat(tmp_path / "top/b.bin").st_ino
+    assert (tmp_path / "top/hl").read_bytes() == FILES["top/b.bin"]

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from app.backend.download.manager import DownloadManager
 from app.backend.download.progress import ProgressBoard
-from app.backend.download.types import ArtifactProgress, ArtifactState
+from app.backend.download.statemachine import (
+    ArtifactStatus, Began, Completed, IllegalTransition, Paused, restored, transition,
+)
+from app.backend.download.types import ArtifactProgress, ArtifactState, Limit
 
 from .conftest import start_hub
 
@@ -68,8 +73,91 @@ def test_stalled_means_open_requests_and_no_bytes():
     now[0] = 4.5
     snap = board.snapshot()[0]
     assert snap.stalled and snap.rate_bps == 0.0
-    board.add("a", wire_bytes=10, fetched_bytes=10)
+    board.add_wire("a", 10)
+    board.add_fetched("a", 10)
     assert not board.snapshot()[0].stalled
     board.flight("a", -1)
     now[0] = 20.0
     assert not board.snapshot()[0].stalled, "waiting for the extractor is not a stall"
+
+
+def test_rows_before_start_cancel_and_resume_say_what_happened(settings, artifact):
+    from app.ui.downloads import artifacts_html
+
+    hub = start_hub(artifact, rate_cap_bps=150_000)
+    mgr = DownloadManager(settings, endpoint=hub.endpoint, connections=2, segment_size=256 * 1024)
+    compressed = sum(p.stat().st_size for p in artifact.parts)
+    try:
+        # before Start: the listed size, not 0 / 0 (listed once in the background)
+        wait_for(lambda: mgr.snapshot().artifacts[0].total_bytes == compressed, what="the listed size")
+        page = artifacts_html(mgr.snapshot())
+        assert f"/ {compressed / (1 << 30):.3f} GiB" in page and "MiB" not in page
+        mgr.start()
+        wait_for(lambda: mgr.snapshot().artifacts[0].verified_bytes > 0, what="first verified part")
+        assert mgr.cancel().startswith("cancelled")
+        [row] = mgr.snapshot().artifacts
+        assert row.state == ArtifactState.CANCELLED and row.eta_s is None
+        page = artifacts_html(mgr.snapshot())
+        assert ">cancelled<" in page
+        hub.rate_cap_bps = None
+        assert mgr.resume() == "download started"
+        wait_for(lambda: not mgr.running, what="completion")
+        [row] = mgr.snapshot().artifacts
+        assert row.state == ArtifactState.DONE and row.reused_parts >= 1
+        began = [e for e in mgr._board.events if getattr(e, "state", None) == ArtifactState.DOWNLOADING]
+        assert began and f"reuses {row.reused_parts} of {row.parts_total} parts" in began[0].reason
+    finally:
+        mgr.close()
+        hub.stop()
+
+
+def test_a_paused_or_idle_row_has_no_eta():
+    now = [0.0]
+    board = ProgressBoard(clock=lambda: now[0])
+    board.register(ArtifactProgress(id="a", total_bytes=1000))
+    board.apply("a", Began())
+    board.add_wire("a", 100)
+    board.add_fetched("a", 100)
+    now[0] = 1.0
+    board.snapshot()
+    board.add_wire("a", 100)
+    board.add_fetched("a", 100)
+    now[0] = 2.0
+    running = board.snapshot()[0]
+    assert running.eta_s is not None and running.eta_s > 0 and running.binding == Limit.NETWORK
+    board.apply("a", Paused("paused; Resume continues where it stopped"))
+    now[0] = 3.0
+    paused = board.snapshot()[0]
+    assert paused.eta_s is None and paused.rate_bps == 0.0 and paused.binding is None
+
+
+def test_illegal_moves_raise_and_a_killed_run_reads_as_paused():
+    with pytest.raises(IllegalTransition):
+        transition(ArtifactStatus(ArtifactState.DONE), Paused("x"))
+    with pytest.raises(IllegalTransition):
+        transition(ArtifactStatus(ArtifactState.QUEUED), Completed())
+    assert restored(ArtifactState.EXTRACTING, "").state == ArtifactState.PAUSED
+    assert restored(ArtifactState.DONE, "").state == ArtifactState.DONE
+    assert ArtifactState.parse("nonsense") == ArtifactState.QUEUED
+
+
+def test_binding_limit_reads_where_the_extractor_waited():
+    now = [0.0]
+    board = ProgressBoard(clock=lambda: now[0])
+    board.register(ArtifactProgress(id="a", total_bytes=1000))
+    board.apply("a", Began())
+    board.snapshot()
+    board.add_decoded("a", 10)
+    board.waited("a", Limit.DISK, 0.8)  # the decoder waited for the writer most of the second
+    board.waited("a", Limit.DECODE, 0.1)
+    now[0] = 1.0
+    assert board.snapshot()[0].binding == Limit.DISK
+    board.waited("a", Limit.DECODE, 0.9)  # now the writer waits on the decoder
+    now[0] = 2.0
+    board.snapshot()
+    now[0] = 7.5  # the old samples leave the window
+    board.waited("a", Limit.DECODE, 4.0)
+    assert board.snapshot()[0].binding == Limit.DECODE
+    board.waited("a", Limit.HASH, 3.0)
+    now[0] = 12.0
+    assert board.snapshot()[0].binding == Limit.HASH

@@ -20,6 +20,7 @@ import os
 import queue
 import tarfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -27,7 +28,7 @@ from typing import Callable
 import zstandard
 
 from app.backend.download.safety import apply_data_filter, check_member
-from app.backend.download.types import DownloadError, SpaceError, Stopped, UnsafeArchiveError
+from app.backend.download.types import DownloadError, Limit, SpaceError, Stopped, UnsafeArchiveError
 
 COPY_CHUNK = 4 << 20
 WRITE_SLICE = 256 << 10
@@ -43,6 +44,8 @@ class ExtractHooks:
     on_skip: Callable[[str, int], None]
     stop: threading.Event
     reserve_bytes: int = 0
+    # (limit, seconds): the writer waited on the decoder (DECODE) or the decoder on the writer (DISK)
+    on_wait: Callable[[Limit, float], None] = lambda limit, seconds: None
 
 
 def free_bytes(path: Path) -> int:
@@ -55,7 +58,7 @@ def extract_stream(source: io.RawIOBase, dest: Path, done: dict[str, int], hooks
     """Extract a zstd-compressed tar stream into dest. Raises DownloadError subclasses or Stopped."""
     dest.mkdir(parents=True, exist_ok=True)
     dest_real = os.path.realpath(dest)
-    reader = _Decompressor(source, hooks.stop)
+    reader = _Decompressor(source, hooks.stop, hooks.on_wait)
     try:
         with tarfile.open(fileobj=reader, mode="r|", bufsize=TAR_BUFSIZE) as tf:
             for member in tf:
@@ -87,7 +90,9 @@ class _Decompressor(io.RawIOBase):
     Errors travel through the queue.
     """
 
-    def __init__(self, source: io.RawIOBase, stop: threading.Event) -> None:
+    def __init__(self, source: io.RawIOBase, stop: threading.Event,
+                 on_wait: Callable[[Limit, float], None] = lambda limit, seconds: None) -> None:
+        self.on_wait = on_wait
         self.q: queue.Queue = queue.Queue()
         self.free: queue.Queue = queue.Queue()
         for _ in range(QUEUE_CHUNKS):
@@ -115,6 +120,17 @@ class _Decompressor(io.RawIOBase):
             self.q.put(exc)
 
     def _wait(self, q: queue.Queue) -> object:
+        try:
+            return q.get_nowait()
+        except queue.Empty:
+            pass
+        started = time.monotonic()
+        try:
+            return self._wait_blocking(q)
+        finally:  # the decoder waiting for a free buffer: the writer is behind; else the other way round
+            self.on_wait(Limit.DISK if q is self.free else Limit.DECODE, time.monotonic() - started)
+
+    def _wait_blocking(self, q: queue.Queue) -> object:
         while True:
             try:
                 return q.get(timeout=0.2)
@@ -200,7 +216,7 @@ def _extract_member(tf: tarfile.TarFile, m: tarfile.TarInfo, dest_real: str, don
         return
     os.makedirs(os.path.dirname(target), exist_ok=True)
     if m.issym() or m.islnk():
-        _replace_with_link(m, target, dest_real)
+        _replace_with_link(fm, target, dest_real)  # the filtered member: its linkname is the checked one
         hooks.on_file(m.name, 0, target)
         return
     if done.get(m.name) == m.size and not os.path.islink(target) and os.path.isfile(target) \

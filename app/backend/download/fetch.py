@@ -136,6 +136,8 @@ def _one_request(hub: HubClient, getter: RangeGetter, part: PartInfo, pos: list[
                  stop: threading.Event, on_wire: Callable[[int], None], on_useful: Callable[[int], None]) -> None:
     if stop.is_set():
         raise Stopped()
+    if pos[0] >= end:  # every byte arrived before the last attempt ended as a retry (e.g. a late stall flag)
+        return
     res = hub.resolve(part.name)
     skip: list[int | None] = [None]  # bytes to drop before ours; None until the first body chunk
     out = _Staging(getter.body_buffer, fd, pos, on_wire, on_useful)

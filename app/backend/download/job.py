@@ -4,6 +4,12 @@ Threads: `connections` fetch workers take (part, segment) tasks; one verifier ha
 its segments are in; one durability thread fsyncs extracted files before the journal calls them
 done; the caller's thread runs the extractor, which reads only verified parts, in order.
 
+Several artifacts run at once (runner.py), each with its own threads, decoder and writer. They
+share one `ConnectionBudget`: a fetch worker holds one of its N slots per request, and a request
+for the part an extractor is waiting on goes ahead of read-ahead requests, so no decoder starves
+while another artifact fills its staging. State changes go through `statemachine.transition`
+(ProgressBoard.apply) and are journaled by `_apply`, the one place that does both.
+
 Staging budget: parts are admitted (in order) while staged bytes fit the budget, which is recomputed
 from free disk. Extracted parts stay in staging while the budget allows (so a crash costs no
 re-download: extraction restarts from the artifact's first part, skipping files already complete);
@@ -27,20 +33,104 @@ from pathlib import Path
 from app.backend.download.extract import ExtractHooks, extract_stream, free_bytes
 from app.backend.download.fetch import fetch_range
 from app.backend.download.hub import HubClient
-from app.backend.download.journal import (
-    CONSUMED, EVICTED, PENDING, VERIFIED, ArtifactJournal, JournalStore, PartRecord, staging_dir,
-)
+from app.backend.download.journal import ArtifactJournal, JournalStore, PartRecord, staging_dir
 from app.backend.download.plan import staging_budget
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.ranged import RangeGetter
-from app.backend.download.types import (
-    ArtifactPlan, ArtifactState, CorruptPartError, DiskPicture, DownloadConfig, DownloadError, PartInfo,
-    PartRetry, PartVerified, SpaceError, StateChanged, Stopped,
+from app.backend.download.statemachine import (
+    Began, Cancelled, Completed, Event, ExtractingParts, Failed, Paused, VerifyingPart, WaitingForParts,
 )
+from app.backend.download.types import (
+    ArtifactPlan, ArtifactState, CorruptPartError, DownloadConfig, DownloadError, Limit, Notice, PartInfo,
+    PartRetry, PartState, PartVerified, SpaceError, StopSignal, Stopped,
+)
+
+PENDING, VERIFIED, CONSUMED, EVICTED = PartState.PENDING, PartState.VERIFIED, PartState.CONSUMED, PartState.EVICTED
 
 SAVE_EVERY_S = 1.0
 BACKGROUND_NICE = 10
 HASH_SLICE = 8 << 20
+
+
+class ConnectionBudget:
+    """At most `size` ranged requests at once over every artifact; urgent ones are served first.
+
+    Urgent = a segment of the part an extractor is waiting for (or an earlier one): while such a
+    request waits, read-ahead requests of any artifact do not take a freed slot.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._free = size
+        self._urgent_waiting = 0
+        self._cv = threading.Condition()
+
+    def acquire(self, urgent: bool, halt: threading.Event) -> bool:
+        """Take a slot; False when `halt` was set while waiting."""
+        with self._cv:
+            self._urgent_waiting += urgent
+            try:
+                while not (self._free > 0 and (urgent or self._urgent_waiting == 0)):
+                    if halt.is_set():
+                        return False
+                    self._cv.wait(0.2)
+                self._free -= 1
+                return True
+            finally:
+                self._urgent_waiting -= urgent
+
+    def release(self) -> None:
+        with self._cv:
+            self._free += 1
+            self._cv.notify_all()
+
+
+class RunGroup:
+    """What the artifacts running at once share: the connection budget, the disk and a group stop.
+
+    `stop` is set by the user's Pause/Cancel or by a full disk in any artifact (the disk is shared:
+    the others pause too, keeping what they verified); a failure of any other kind stops only its
+    own artifact.
+    """
+
+    def __init__(self, connections: int, user_stop: threading.Event, jobs: int = 1) -> None:
+        self.budget = ConnectionBudget(connections)
+        # Each fetch worker holds a libcurl handle and 2 MiB of buffers (ranged.py), so artifacts running
+        # side by side do not each get `connections` of them: twice their even share, which leaves the
+        # budget room to shift slots to the artifact whose extractor waits.
+        self.workers_per_artifact = min(connections, max(2, -(-2 * connections // max(jobs, 1))))
+        self.user_stop = user_stop
+        self.stop = threading.Event()
+        self.space_error: SpaceError | None = None
+        self._lock = threading.Lock()
+        self._remaining: dict[str, int] = {}
+
+    def disk_full(self, exc: SpaceError) -> None:
+        with self._lock:
+            if self.space_error is None:
+                self.space_error = exc
+        self.stop.set()
+
+    def watch_user(self) -> None:
+        """Mirror the user's stop into the group stop (runs in a thread until the group stops)."""
+        while not self.stop.is_set():
+            if self.user_stop.wait(0.2):
+                self.stop.set()
+
+    def set_remaining(self, art_id: str, remaining: int) -> None:
+        """Extracted bytes an artifact still has to write (0 once it has ended)."""
+        with self._lock:
+            self._remaining[art_id] = remaining
+
+    def remaining(self) -> tuple[int, int]:
+        """(extracted bytes still to write by every running artifact, how many are running)."""
+        with self._lock:
+            running = [r for r in self._remaining.values() if r > 0]
+            return sum(running), max(len(running), 1)
+
+    @property
+    def cancelled(self) -> bool:
+        return isinstance(self.user_stop, StopSignal) and self.user_stop.cancelled
 
 
 @dataclass
@@ -57,9 +147,10 @@ class _Slot:
 
 class ArtifactRun:
     def __init__(self, cfg: DownloadConfig, hub: HubClient, plan: ArtifactPlan, journal: ArtifactJournal,
-                 store: JournalStore, board: ProgressBoard, stop: threading.Event) -> None:
+                 store: JournalStore, board: ProgressBoard, group: RunGroup) -> None:
         self.cfg, self.hub, self.plan, self.j, self.store, self.board = cfg, hub, plan, journal, store, board
-        self.user_stop = stop
+        self.group = group
+        self.user_stop = group.stop  # the user's Pause/Cancel, or a full disk in any artifact
         self.halt = threading.Event()  # user stop OR a fatal error
         self.fatal: BaseException | None = None
         self.cv = threading.Condition()
@@ -72,7 +163,6 @@ class ArtifactRun:
         self.durable_q: queue.Queue = queue.Queue()
         self.next_needed = 0
         self.already_extracted = sum(journal.files_done.values())
-        self.disk = DiskPicture(0, 0, 0)
         self.slots = [self._make_slot(i, p, r) for i, (p, r) in enumerate(zip(plan.parts, journal.parts))]
 
     # ---- setup ---------------------------------------------------------------------------------
@@ -94,13 +184,23 @@ class ArtifactRun:
     def run(self) -> None:
         self.sdir.mkdir(parents=True, exist_ok=True)
         pid = self.plan.id
+        if self.user_stop.is_set():  # stopped while waiting for a slot: never started
+            self._on_error(self.group.space_error or Stopped())
+            raise self.group.space_error or Stopped()
         done_bytes = sum(s.info.size for s in self.slots if s.rec.status == VERIFIED)
         seg_bytes = sum(self._seg_len(s, k) for s in self.slots if s.rec.status == PENDING for k in s.rec.segments_done)
-        self.board.update(pid, fetched_bytes=done_bytes + seg_bytes, verified_bytes=done_bytes,
-                          parts_verified=sum(s.rec.status == VERIFIED for s in self.slots))
-        self._set_state(ArtifactState.DOWNLOADING)
+        reused = sum(bool(s.rec.segments_done) or s.rec.status != PENDING for s in self.slots)
+        self.board.restore_counts(pid, fetched=done_bytes + seg_bytes, verified=done_bytes,
+                                  parts_verified=sum(s.rec.status == VERIFIED for s in self.slots), reused_parts=reused)
+        self.group.set_remaining(pid, max(self.plan.extracted_estimate - self.already_extracted, 1))
+        resumed = ""
+        if reused or self.j.files_done:
+            resumed = (f"resumed: reuses {reused} of {len(self.slots)} parts from the last run"
+                       + (f", {len(self.j.files_done)} files already extracted" if self.j.files_done else ""))
+            self.board.event(Notice(pid, message=resumed))
+        self._apply(Began(resumed))
         threads = [threading.Thread(target=self._worker, name=f"fetch-{i}", daemon=True)
-                   for i in range(self.cfg.connections)]
+                   for i in range(self.group.workers_per_artifact)]
         threads += [threading.Thread(target=self._verifier, name="verify", daemon=True),
                     threading.Thread(target=self._durability, name="fsync", daemon=True)]
         for t in threads:
@@ -126,17 +226,20 @@ class ArtifactRun:
             raise (self.fatal or exc) if not isinstance(exc, (KeyboardInterrupt, SystemExit)) else exc
         finally:
             self.halt.set()
+            self.group.set_remaining(pid, 0)
             for s in self.slots:
                 self._close(s)
             self._save(force=True)
 
     # ---- state / journal -----------------------------------------------------------------------
-    def _set_state(self, state: ArtifactState, reason: str = "") -> None:
-        self.board.update(self.plan.id, state=state, reason=reason)
-        self.board.event(StateChanged(self.plan.id, state=state, reason=reason))
+    def _apply(self, event: Event) -> None:
+        """The state machine's step for this artifact: board (+ its StateChanged event) and journal."""
+        before = self.board.state(self.plan.id)
+        status = self.board.apply(self.plan.id, event)
         with self.jlock:
-            self.j.state, self.j.reason = state.value, reason
-        self._save(force=True)
+            self.j.state, self.j.reason = status.state, status.reason
+        # a move between the three active phases is saved with the next throttled write
+        self._save(force=not (before.active and status.state.active))
 
     def _save(self, force: bool = False) -> None:
         """Throttled journal write. A full disk halts the run (paused) instead of raising here."""
@@ -173,14 +276,20 @@ class ArtifactRun:
             raise Stopped()
 
     def _on_error(self, exc: BaseException) -> None:
-        if isinstance(exc, (Stopped, KeyboardInterrupt)):
-            self._set_state(ArtifactState.PAUSED, "paused; Resume continues where it stopped")
-        elif isinstance(exc, SpaceError):
-            self._set_state(ArtifactState.PAUSED, exc.message)
+        if isinstance(exc, SpaceError):
+            self.group.disk_full(exc)
+            self._apply(Paused(exc.message))
+        elif isinstance(exc, (Stopped, KeyboardInterrupt)):
+            if self.group.space_error is not None:
+                self._apply(Paused(f"paused: {self.group.space_error.message}"))
+            elif self.group.cancelled:
+                self._apply(Cancelled())
+            else:
+                self._apply(Paused("paused; Resume continues where it stopped"))
         elif isinstance(exc, DownloadError):
-            self._set_state(ArtifactState.FAILED, exc.message)
+            self._apply(Failed(exc.message))
         else:
-            self._set_state(ArtifactState.FAILED, f"internal error: {type(exc).__name__}: {exc}")
+            self._apply(Failed(f"internal error: {type(exc).__name__}: {exc}"))
 
     # ---- scheduling ----------------------------------------------------------------------------
     def _seg_len(self, s: _Slot, k: int) -> int:
@@ -190,15 +299,18 @@ class ArtifactRun:
         return sum(s.info.size for s in self.slots if s.admitted or s.rec.status in (VERIFIED, CONSUMED))
 
     def _budget(self) -> int:
-        extracted_now = self.board.snapshot_field(self.plan.id, "extracted_bytes")
+        """This artifact's share of the staging disk: what no running artifact's tree will need, split
+        evenly between the running artifacts, on top of what it has staged already."""
+        extracted_now = self.board.extracted_bytes(self.plan.id)
         remaining = max(self.plan.extracted_estimate - self.already_extracted - extracted_now, 0)
+        self.group.set_remaining(self.plan.id, max(remaining, 1))
+        remaining_all, running = self.group.remaining()
         free = free_bytes(self.sdir)
         on_disk = sum(os.stat(s.path).st_blocks * 512 for s in self.slots if s.path.exists())
         largest = max(p.size for p in self.plan.parts)
-        budget = staging_budget(free, on_disk, remaining, largest, self.plan.compressed, self.cfg)
-        self.disk = DiskPicture(free=free, needed=remaining + largest, staging_budget=budget,
-                                staging_used=on_disk, path=str(self.cfg.dest))
-        self.board.set_disk(self.disk)
+        budget = staging_budget(free, on_disk, remaining_all, largest, self.plan.compressed, self.cfg, share=running)
+        self.board.set_staging(self.plan.id, used=on_disk, budget=budget, free=free, needed=remaining + largest,
+                               path=str(self.cfg.dest))
         return budget
 
     def _schedule(self) -> None:
@@ -259,11 +371,13 @@ class ArtifactRun:
             except queue.Empty:
                 continue
             start = k * self.seg
+            if not self.group.budget.acquire(s.idx <= self.next_needed, self.halt):
+                return
             self.board.flight(pid, +1)
             try:
                 fetch_range(self.hub, getter, s.info, start, start + self._seg_len(s, k), s.fd, self.halt,
-                            on_wire=lambda n: self.board.add(pid, wire_bytes=n),
-                            on_useful=lambda n: self.board.add(pid, fetched_bytes=n),
+                            on_wire=lambda n: self.board.add_wire(pid, n),
+                            on_useful=lambda n: self.board.add_fetched(pid, n),
                             on_retry=lambda why, s=s: self.board.event(PartRetry(pid, part=s.info.name, reason=why)))
             except Stopped:
                 return
@@ -275,6 +389,7 @@ class ArtifactRun:
                 return
             finally:
                 self.board.flight(pid, -1)
+                self.group.budget.release()
             self._segment_done(s, k)
 
     def _segment_done(self, s: _Slot, k: int) -> None:
@@ -320,7 +435,7 @@ class ArtifactRun:
                 s.admitted = False
                 self._close(s)
                 self.cv.notify_all()
-            self.board.add(pid, verified_bytes=s.info.size, parts_verified=1)
+            self.board.add_verified(pid, s.info.size)
             self.board.event(PartVerified(pid, part=s.info.name))
             self._save(force=True)
             return
@@ -336,7 +451,7 @@ class ArtifactRun:
                 f"got {got[:16]}…): the server keeps sending corrupt data; nothing from it was extracted. "
                 "Try again later or another --endpoint")
         self.board.event(PartRetry(pid, part=s.info.name, reason=f"sha256 mismatch; fetching it again ({count})"))
-        self.board.add(pid, fetched_bytes=-s.info.size)
+        self.board.add_fetched(pid, -s.info.size)
         os.ftruncate(s.fd, 0)
         for k in range(s.nseg):
             self.tasks.put((s, k))
@@ -347,11 +462,13 @@ class ArtifactRun:
             self.j.extraction_started = True
         self._save(force=True)
         dest = self.cfg.dest
+        pid = self.plan.id
         hooks = ExtractHooks(
-            on_bytes=lambda n: self.board.add(self.plan.id, extracted_bytes=n),
+            on_bytes=lambda n: self.board.add_extracted(pid, n),
             on_file=lambda name, size, path: self.durable_q.put((name, size, path)),
-            on_skip=lambda name, size: self.board.add(self.plan.id, skipped_files=1),
-            stop=self.halt, reserve_bytes=self.cfg.reserve_bytes)
+            on_skip=lambda name, size: self.board.add_skipped(pid),
+            stop=self.halt, reserve_bytes=self.cfg.reserve_bytes,
+            on_wait=lambda limit, seconds: self.board.waited(pid, limit, seconds))
         chain = _PartChain(self)
         try:
             extract_stream(chain, dest, dict(self.j.files_done), hooks, describe_pos=chain.describe)
@@ -370,23 +487,30 @@ class ArtifactRun:
     def wait_ready(self, idx: int) -> _Slot:
         """Block until part idx is verified (admitting it first). Raises on halt."""
         s = self.slots[idx]
+        pid = self.plan.id
         with self.cv:
             self.next_needed = idx
-            self.board.update(self.plan.id, current_part=s.info.name)
+            self.board.set_current_part(pid, s.info.name)
             self._schedule()
             while s.rec.status not in (VERIFIED, CONSUMED):
                 if self.halt.is_set():
                     self._raise_if_halted()
                     raise Stopped()
                 complete = len(s.rec.segments_done) == s.nseg
-                want = ArtifactState.VERIFYING if complete else ArtifactState.DOWNLOADING
-                if self.board.state(self.plan.id) != want:
-                    self.board.update(self.plan.id, state=want)
+                self._phase(VerifyingPart() if complete else WaitingForParts())
+                started = time.monotonic()
                 self.cv.wait(0.5)
+                self.board.waited(pid, Limit.HASH if complete else Limit.NETWORK, time.monotonic() - started)
                 self._schedule()
-        all_in = all(x.rec.status in (VERIFIED, CONSUMED) for x in self.slots)
-        self.board.update(self.plan.id, state=ArtifactState.EXTRACTING if all_in else ArtifactState.DOWNLOADING)
+        self._phase(ExtractingParts())
         return s
+
+    def _phase(self, event: VerifyingPart | WaitingForParts | ExtractingParts) -> None:
+        """Downloading / verifying / extracting: what the extractor waits for now (caller holds cv)."""
+        want = {VerifyingPart: ArtifactState.VERIFYING, WaitingForParts: ArtifactState.DOWNLOADING,
+                ExtractingParts: ArtifactState.EXTRACTING}[type(event)]
+        if self.board.state(self.plan.id) != want:
+            self._apply(event)
 
     def consumed(self, idx: int) -> None:
         with self.cv:
@@ -418,7 +542,7 @@ class ArtifactRun:
                 continue  # not durable -> not recorded; a rerun rewrites it
             with self.jlock:
                 self.j.files_done[name] = size
-            self.board.add(self.plan.id, extracted_files=1)
+            self.board.add_file(self.plan.id)
             self._save()
 
     def _finish_threads(self, threads: list[threading.Thread]) -> None:
@@ -430,16 +554,19 @@ class ArtifactRun:
 
     def _complete(self) -> None:
         yields = self.cfg.dest / self.plan.yields
+        warning = ""
         if not yields.is_dir():
             msg = f"{self.plan.id} extracted, but it did not produce {yields}/"
             if self.cfg.recipe_repo:
                 raise DownloadError(msg + "; the archive does not match the recipe")
-            self.board.event(StateChanged(self.plan.id, state=ArtifactState.DONE, reason="warning: " + msg))
+            warning = "warning: " + msg
         shutil.rmtree(self.sdir, ignore_errors=True)
         with self.jlock:
             for s in self.j.parts:
                 s.status, s.segments_done = EVICTED, []
-        self._set_state(ArtifactState.DONE)
+        self.board.set_staging(self.plan.id, used=0, budget=0, free=free_bytes(self.cfg.dest), needed=0,
+                               path=str(self.cfg.dest))
+        self._apply(Completed(warning))
 
 
 class _PartChain(io.RawIOBase):
@@ -465,6 +592,7 @@ class _PartChain(io.RawIOBase):
                 self.part.drop_before(self.last)  # the decompressor is done with all before its last read
                 n = left if size < 0 else min(size, left)
                 self.last, self.off = self.off, self.off + n
+                self.run.board.add_decoded(self.run.plan.id, n)
                 return self.part.slice(self.last, self.off)
             self.close_current()
             self.run.consumed(self.idx)

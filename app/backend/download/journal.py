@@ -18,12 +18,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from app.backend.download.types import ArtifactPlan, LockedError, SpaceError
+from app.backend.download.types import ArtifactPlan, ArtifactState, LockedError, PartState, SpaceError
 from app.backend.hf_token import redact
 
-JOURNAL_VERSION = 1
-# part statuses
-PENDING, VERIFIED, CONSUMED, EVICTED = "pending", "verified", "consumed", "evicted"
+JOURNAL_VERSION = 1  # states are stored as their enum values, the same strings as before the enums
 RESERVE_BYTES = 256 * 1024
 
 
@@ -40,7 +38,7 @@ class PartRecord:
     name: str
     size: int
     sha256: str
-    status: str = PENDING
+    status: PartState = PartState.PENDING
     segments_done: list[int] = field(default_factory=list)
     corrupt_count: int = 0
 
@@ -55,7 +53,7 @@ class ArtifactJournal:
     parts: list[PartRecord]
     files_done: dict[str, int] = field(default_factory=dict)  # member name -> size, durable on disk
     extraction_started: bool = False
-    state: str = "queued"
+    state: ArtifactState = ArtifactState.QUEUED
     reason: str = ""
     version: int = JOURNAL_VERSION
     updated: float = 0.0
@@ -84,8 +82,12 @@ class JournalStore:
             return None
         if raw.get("version") != JOURNAL_VERSION:
             return None
-        raw["parts"] = [PartRecord(**p) for p in raw["parts"]]
-        return ArtifactJournal(**raw)
+        try:
+            raw["parts"] = [PartRecord(**{**p, "status": PartState.parse(p.get("status"))}) for p in raw["parts"]]
+            raw["state"] = ArtifactState.parse(raw.get("state"))
+            return ArtifactJournal(**raw)
+        except (TypeError, KeyError, AttributeError):  # a damaged journal: start over, never crash on it
+            return None
 
     def fresh(self, plan: ArtifactPlan, repo: str, commit: str, endpoint: str, segment_size: int) -> ArtifactJournal:
         parts = [PartRecord(p.name, p.size, p.sha256) for p in plan.parts]
@@ -186,7 +188,7 @@ def clean_partial(dest: Path, artifacts: list[str]) -> int:
             freed += sum(f.stat().st_size for f in sdir.rglob("*") if f.is_file())
             shutil.rmtree(sdir, ignore_errors=True)
         j = store.load(art)
-        if j is not None and j.state != "done":
+        if j is not None and j.state != ArtifactState.DONE:
             store.remove(art)
     for f in dest.rglob("*.moet-partial") if dest.exists() else []:
         try:

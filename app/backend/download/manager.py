@@ -19,10 +19,15 @@ from app.backend.download.journal import DestLock, JournalStore, clean_partial
 from app.backend.download.plan import _existing_parent, prepare
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.runner import run_download
+from app.backend.download.statemachine import restored
 from app.backend.download.types import (
-    ArtifactProgress, ArtifactState, DiskPicture, DownloadConfig, DownloadError, DownloadSnapshot, GiB, Stopped,
+    ArtifactProgress, ArtifactState, DiskPicture, DownloadConfig, DownloadError, DownloadSnapshot, GiB, PartState,
+    StopSignal, Stopped,
 )
 from app.backend.settings import Settings
+
+
+CANCELLED = "cancelled; downloaded data is kept (Clean partial data removes it)"
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,8 @@ class DownloadManager:
         self._overrides = overrides
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._lister: threading.Thread | None = None
+        self._stop = StopSignal()
         self._board = ProgressBoard()
         self._rows: list[ArtifactRow] = []
         self._message = ""
@@ -87,19 +93,22 @@ class DownloadManager:
     def refresh(self) -> str:
         """List the repo (network): parts and sizes per artifact. Returns a status line."""
         try:
-            cfg = self._config()
-            prepared = prepare(cfg, list(self.settings.recipe.artifacts))
+            self._message = self._list()
         except DownloadError as exc:
             self._error = exc.message
             return exc.message
+        self._error = ""
+        return self._message
+
+    def _list(self) -> str:
+        cfg = self._config()
+        prepared = prepare(cfg, list(self.settings.recipe.artifacts))
         prepared.hub.close()
         contents = {a.id: a.contents for a in self.settings.recipe.artifacts}
         self._rows = [ArtifactRow(p.id, contents.get(p.id, ""), len(p.parts), p.compressed, p.extracted_estimate)
                       for p in prepared.plans]
         self._commit = prepared.commit
-        self._error = ""
-        self._message = f"listed {sum(r.parts for r in self._rows)} parts at commit {prepared.commit[:12]}"
-        return self._message
+        return f"listed {sum(r.parts for r in self._rows)} parts at commit {prepared.commit[:12]}"
 
     def rows(self) -> list[ArtifactRow]:
         return list(self._rows)
@@ -117,7 +126,7 @@ class DownloadManager:
             ids = artifact_ids or self._selection or [a.id for a in self.settings.recipe.artifacts]
             specs = [self.settings.recipe.artifact(i) for i in ids]
             self._selection = ids
-            self._stop = threading.Event()
+            self._stop = StopSignal()
             self._board = ProgressBoard()
             self._error = ""
             self._message = "starting…"
@@ -126,17 +135,18 @@ class DownloadManager:
             self._thread.start()
             return "download started"
 
-    def _run(self, specs: list, stop: threading.Event, board: ProgressBoard) -> None:
+    def _run(self, specs: list, stop: StopSignal, board: ProgressBoard) -> None:
+        stopped = "paused; Resume continues where it stopped (verified data is kept)"
         try:
             cfg = self._config()
             prepared = run_download(cfg, specs, board, stop, on_prepared=self._on_prepared)
             self._message = f"all {len(specs)} artifact(s) complete and verified"
             del prepared
         except Stopped:
-            self._message = "paused; Resume continues where it stopped (verified data is kept)"
+            self._message = CANCELLED if stop.cancelled else stopped
         except DownloadError as exc:
             if stop.is_set():
-                self._message = "paused; Resume continues where it stopped (verified data is kept)"
+                self._message = CANCELLED if stop.cancelled else stopped
             else:
                 self._error = exc.message
         except Exception as exc:  # never let the thread die silently
@@ -146,22 +156,31 @@ class DownloadManager:
 
     def _on_prepared(self, prepared: Any) -> None:
         self._commit = prepared.commit
+        contents = {a.id: a.contents for a in self.settings.recipe.artifacts}
+        listed = {p.id: ArtifactRow(p.id, contents.get(p.id, ""), len(p.parts), p.compressed, p.extracted_estimate)
+                  for p in prepared.plans}
+        self._rows = [listed.get(r.id, r) for r in self._rows] + [r for i, r in listed.items()
+                                                                  if i not in {x.id for x in self._rows}]
         self._message = f"downloading from commit {prepared.commit[:12]}"
 
-    def pause(self) -> str:
+    def _stop_run(self, *, cancel: bool) -> bool:
         if not self.running:
-            return "nothing is running"
-        self._stop.set()
+            return False
+        self._stop.request(cancel=cancel)
         self._thread.join(timeout=10)  # type: ignore[union-attr]
-        return "paused; verified data is kept"
+        return True
+
+    def pause(self) -> str:
+        return "paused; verified data is kept" if self._stop_run(cancel=False) else "nothing is running"
 
     def resume(self) -> str:
         return self.start(self._selection)
 
     def cancel(self) -> str:
-        msg = self.pause() if self.running else "nothing is running"
-        self._message = "cancelled; downloaded data is kept (Clean partial data removes it)"
-        return msg if msg == "nothing is running" else self._message
+        if not self._stop_run(cancel=True):
+            return "nothing is running"
+        self._message = CANCELLED
+        return self._message
 
     def clean(self) -> str:
         if self.running:
@@ -173,7 +192,7 @@ class DownloadManager:
         except DownloadError as exc:
             return exc.message
         self._board = ProgressBoard()
-        self._message = f"partial data removed ({freed / (1 << 20):.1f} MiB freed)"
+        self._message = f"partial data removed ({freed / GiB:.2f} GiB freed)"
         return self._message
 
     # ---- token -----------------------------------------------------------------------------------
@@ -198,14 +217,40 @@ class DownloadManager:
     def snapshot(self) -> DownloadSnapshot:
         arts = self._board.snapshot()
         if not arts:
+            self._list_once()
             arts = self._idle_rows()
-        rate = sum(a.rate_bps for a in arts)
-        left = sum(max(a.total_bytes - a.fetched_bytes, 0) for a in arts if a.state != ArtifactState.DONE)
+        overall = self._board.overall(arts)
+        disk = self._board.disk()
+        idle = self._idle_disk()
+        if disk is not None and not self.running:  # keep the finished run's staging peak
+            disk = replace(idle, staging_peak=disk.staging_peak)
         return DownloadSnapshot(
             running=self.running, artifacts=arts, message=self._message, error=self._error,
             endpoint=self._endpoint or "", repo=self._repo or self.settings.recipe.hub.repo, commit=self._commit,
-            disk=(self._board.disk() if self.running else None) or self._idle_disk(), simulated=self.simulated, rate_bps=rate,
-            eta_s=(left / rate) if rate > 1 else None)
+            disk=disk or idle, simulated=self.simulated, rate_bps=overall.rate_bps,
+            verified_bps=overall.verified_bps, extracted_bps=overall.extracted_bps, eta_s=overall.eta_s,
+            binding=overall.binding)
+
+    def _list_once(self) -> None:
+        """Before the first Start, list the repo once in the background so rows show the listed sizes.
+
+        Not in demo mode without an endpoint: there the listing would first build the demo artifact
+        (tar | zstd) on every panel start; the rows say "not listed yet" until Start or Check repo.
+        """
+        demo_hub = self._endpoint is None and self.settings.recipe.simulated
+        with self._lock:
+            if demo_hub or self._rows or self._lister is not None or self._thread is not None:
+                return
+            self._lister = threading.Thread(target=self._list_quietly, name="downloads-list", daemon=True)
+            self._lister.start()
+
+    def _list_quietly(self) -> None:
+        try:
+            message = self._list()
+        except DownloadError as exc:  # not an error of anything the user did yet: say it, keep Start usable
+            message = f"could not list the repo yet: {exc.message}"
+        if self._thread is None:  # a Start in the meantime writes its own message
+            self._message = message
 
     def _idle_rows(self) -> list[ArtifactProgress]:
         store = JournalStore(self.settings.data_dir)
@@ -213,13 +258,12 @@ class DownloadManager:
         out = []
         for a in self.settings.recipe.artifacts:
             j = store.load(a.id)
-            state = ArtifactState(j.state) if j and j.state in ArtifactState._value2member_map_ else ArtifactState.QUEUED
-            if state in (ArtifactState.DOWNLOADING, ArtifactState.VERIFYING, ArtifactState.EXTRACTING):
-                state = ArtifactState.PAUSED  # a run that ended without saying so (killed): resumable
+            status = restored(j.state, j.reason) if j else None  # killed mid-run reads as paused
+            state = status.state if status else ArtifactState.QUEUED
             row = sizes.get(a.id)
             total = row.compressed if row else (sum(p.size for p in j.parts) if j else 0)
-            verified = sum(p.size for p in j.parts if p.status != "pending") if j else 0
-            out.append(ArtifactProgress(id=a.id, state=state, reason=j.reason if j else "", total_bytes=total,
+            verified = sum(p.size for p in j.parts if p.status != PartState.PENDING) if j else 0
+            out.append(ArtifactProgress(id=a.id, state=state, reason=status.reason if status else "", total_bytes=total,
                                         verified_bytes=total if state == ArtifactState.DONE else verified,
                                         fetched_bytes=total if state == ArtifactState.DONE else verified,
                                         extracted_files=len(j.files_done) if j else 0,
@@ -231,12 +275,12 @@ class DownloadManager:
         probe = _existing_parent(self.settings.data_dir)
         store = JournalStore(self.settings.data_dir)
         needed = sum(int(a.extracted_gib * GiB) for a in self.settings.recipe.artifacts
-                     if not ((j := store.load(a.id)) and j.state == "done"))
+                     if not ((j := store.load(a.id)) and j.state == ArtifactState.DONE))
         return DiskPicture(free=free_bytes(probe), needed=needed, staging_budget=0, path=str(probe))
 
     def close(self) -> None:
         if self.running:
-            self._stop.set()
+            self._stop.request(cancel=False)
             self._thread.join(timeout=10)  # type: ignore[union-attr]
         if self._demo is not None:
             self._demo.stop()

@@ -9,7 +9,7 @@ from app.backend.download.extract import free_bytes
 from app.backend.download.hub import HubClient, TreeEntry, plain_name
 from app.backend.download.journal import JournalStore
 from app.backend.download.types import (
-    ArtifactPlan, DiskPicture, DownloadConfig, DownloadError, GiB, NotFoundError, PartInfo, SpaceError,
+    ArtifactPlan, ArtifactState, DiskPicture, DownloadConfig, DownloadError, GiB, NotFoundError, PartInfo, SpaceError,
 )
 from app.backend.recipe.schema import ArtifactSpec
 
@@ -54,7 +54,8 @@ def build_plans(entries: list[TreeEntry], specs: list[ArtifactSpec], cfg: Downlo
     return plans
 
 
-def prepare(cfg: DownloadConfig, specs: list[ArtifactSpec], hub: HubClient | None = None) -> Prepared:
+def prepare(cfg: DownloadConfig, specs: list[ArtifactSpec], hub: HubClient | None = None,
+            jobs: int = 1) -> Prepared:
     """List the files and pin the commit in one answer (hub.py), build plans, check the disk."""
     hub = hub or HubClient(cfg)
     try:
@@ -63,7 +64,7 @@ def prepare(cfg: DownloadConfig, specs: list[ArtifactSpec], hub: HubClient | Non
         commit = hub.commit
         assert commit is not None  # list_files raises rather than leave it unset
         hub.resolve(plans[0].parts[0].name, commit, fresh=True)  # fails early: auth, gating, X-Repo-Commit
-        disk = preflight(plans, cfg)
+        disk = preflight(plans, cfg, jobs)
     except BaseException:
         hub.close()
         raise
@@ -74,30 +75,33 @@ def remaining_extract(plan: ArtifactPlan, store: JournalStore) -> int:
     j = store.load(plan.id)
     if j is None:
         return plan.extracted_estimate
-    if j.state == "done":
+    if j.state == ArtifactState.DONE:
         return 0
     return max(plan.extracted_estimate - sum(j.files_done.values()), 0)
 
 
 def staging_budget(free: int, staged: int, remaining: int, largest_part: int, compressed: int,
-                   cfg: DownloadConfig) -> int:
-    """Staging may use what the extracted tree will not need; at least one part, at most cfg.staging_max.
+                   cfg: DownloadConfig, share: int = 1) -> int:
+    """Staging may use what the extracted trees will not need; at least one part, at most cfg.staging_max.
 
     By default it may hold the whole compressed artifact (then a crash never costs a re-download).
+    `remaining` is what every running artifact still extracts; the room left is split `share` ways
+    (one share per running artifact), so artifacts running at once never count the same free bytes.
     """
     cap = cfg.staging_max if cfg.staging_max is not None else compressed
-    room = staged + free - remaining - cfg.reserve_bytes
+    room = staged + (free - remaining - cfg.reserve_bytes) // max(share, 1)
     return max(largest_part, min(cap, room))
 
 
-def preflight(plans: list[ArtifactPlan], cfg: DownloadConfig) -> DiskPicture:
-    """Peak need = remaining extracted size + minimal staging (the largest part). Refuse with numbers."""
+def preflight(plans: list[ArtifactPlan], cfg: DownloadConfig, jobs: int = 1) -> DiskPicture:
+    """Peak need = remaining extracted size + minimal staging (the largest part of each of the `jobs`
+    artifacts that run at once). Refuse with numbers."""
     store = JournalStore(cfg.dest)
     probe = _existing_parent(cfg.dest)
     free = free_bytes(probe)
     remaining = sum(remaining_extract(p, store) for p in plans)
     todo = [p for p in plans if remaining_extract(p, store) > 0] or plans
-    largest = max(max(x.size for x in p.parts) for p in todo)
+    largest = sum(sorted((max(x.size for x in p.parts) for p in todo), reverse=True)[:max(jobs, 1)])
     needed = remaining + largest + cfg.reserve_bytes
     budget = staging_budget(free, 0, remaining, largest, max(p.compressed for p in todo), cfg)
     if free < needed:

@@ -1,17 +1,44 @@
-"""A whole download run: lock the destination, list + pin + preflight, then each artifact in turn."""
+"""A whole download run: lock the destination, list + pin + preflight, then the artifacts side by side.
+
+Each artifact's chain (fetch -> verify -> decompress -> tar -> write) is its own ArtifactRun with its
+own threads; `artifact_jobs` of them run at once, sharing one connection budget (job.RunGroup). The
+number comes from the cores (docs/downloads.md, "Many cores"): one chain keeps about 1.5 cores
+busy (one zstd frame decodes on one core, tar parsing and hashing beside it), so a 2-core box runs
+one artifact at a time, as before, and 4 or more cores run the largest artifacts first, together.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from app.backend.download.job import ArtifactRun
-from app.backend.download.journal import DestLock, JournalStore, staging_dir
+from app.backend.download.job import ArtifactRun, RunGroup
+from app.backend.download.journal import ArtifactJournal, DestLock, JournalStore, staging_dir
 from app.backend.download.plan import Prepared, prepare
 from app.backend.download.progress import ProgressBoard
-from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadConfig, Notice
+from app.backend.download.statemachine import FoundComplete
+from app.backend.download.types import (
+    ArtifactPlan, ArtifactProgress, ArtifactState, DownloadConfig, DownloadError, Notice, SpaceError, Stopped,
+)
 from app.backend.recipe.schema import ArtifactSpec
+
+CORES_PER_ARTIFACT = 2
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def artifact_jobs(cfg: DownloadConfig, artifacts: int) -> int:
+    """How many artifacts run at once: cfg.artifact_jobs, else one per CORES_PER_ARTIFACT cores."""
+    wanted = cfg.artifact_jobs if cfg.artifact_jobs is not None else available_cores() // CORES_PER_ARTIFACT
+    return max(1, min(wanted, artifacts))
 
 
 def register_plans(board: ProgressBoard, prepared: Prepared) -> None:
@@ -25,10 +52,13 @@ def run_download(cfg: DownloadConfig, specs: list[ArtifactSpec], board: Progress
     """Download + verify + extract every artifact in `specs` into cfg.dest.
 
     Raises DownloadError subclasses (LockedError, SpaceError, AuthError, ...) or Stopped; the per-artifact
-    state (done / paused / failed with reason) is on the board and in the journal either way.
+    state (done / paused / cancelled / failed with reason) is on the board and in the journal either way.
+    A failure in one artifact stops only that one; the others run to their end, and the first failure
+    is raised after them (a full disk pauses them all and is raised first).
     """
+    jobs = artifact_jobs(cfg, len(specs))
     with DestLock(cfg.dest):
-        prepared = prepare(cfg, specs)
+        prepared = prepare(cfg, specs, jobs=jobs)
         try:
             register_plans(board, prepared)
             board.set_disk(prepared.disk)
@@ -36,21 +66,63 @@ def run_download(cfg: DownloadConfig, specs: list[ArtifactSpec], board: Progress
                 on_prepared(prepared)
             store = JournalStore(cfg.dest)
             store.ensure_reserve()
-            for plan in prepared.plans:
-                j = store.load(plan.id)
-                if j is not None and j.matches(plan, cfg.repo) and j.state == "done" \
-                        and (cfg.dest / plan.yields).is_dir():
-                    board.update(plan.id, state=ArtifactState.DONE, verified_bytes=plan.compressed,
-                                 fetched_bytes=plan.compressed, parts_verified=len(plan.parts),
-                                 reason="already complete")
-                    continue
-                if j is None or not j.matches(plan, cfg.repo):
-                    if j is not None:  # the repo changed under us: old staging is useless
-                        shutil.rmtree(staging_dir(cfg.dest, plan.id), ignore_errors=True)
-                        board.event(Notice(plan.id, message="the repo's parts changed since the last run; starting over"))
-                    j = store.fresh(plan, cfg.repo, prepared.commit, cfg.endpoint, cfg.segment_size)
-                j.commit, j.endpoint = prepared.commit, cfg.endpoint
-                ArtifactRun(cfg, prepared.hub, plan, j, store, board, stop).run()
+            todo = [(plan, j) for plan in prepared.plans
+                    if (j := _journal_for(cfg, prepared, plan, store, board)) is not None]
+            if jobs > 1:  # the longest chain first: it bounds the whole run
+                todo.sort(key=lambda pj: pj[0].extracted_estimate, reverse=True)
+            _run_all(cfg, prepared, todo, store, board, stop, jobs)
         finally:
             prepared.hub.close()
     return prepared
+
+
+def _journal_for(cfg: DownloadConfig, prepared: Prepared, plan: ArtifactPlan, store: JournalStore,
+                 board: ProgressBoard) -> ArtifactJournal | None:
+    """The journal this run continues, or None when the artifact is already complete."""
+    j = store.load(plan.id)
+    if j is not None and j.matches(plan, cfg.repo) and j.state == ArtifactState.DONE \
+            and (cfg.dest / plan.yields).is_dir():
+        board.restore_counts(plan.id, fetched=plan.compressed, verified=plan.compressed,
+                             parts_verified=len(plan.parts))
+        board.apply(plan.id, FoundComplete())
+        return None
+    if j is None or not j.matches(plan, cfg.repo):
+        if j is not None:  # the repo changed under us: old staging is useless
+            shutil.rmtree(staging_dir(cfg.dest, plan.id), ignore_errors=True)
+            board.event(Notice(plan.id, message="the repo's parts changed since the last run; starting over"))
+        j = store.fresh(plan, cfg.repo, prepared.commit, cfg.endpoint, cfg.segment_size)
+    j.commit, j.endpoint = prepared.commit, cfg.endpoint
+    return j
+
+
+def _run_all(cfg: DownloadConfig, prepared: Prepared, todo: list[tuple[ArtifactPlan, ArtifactJournal]],
+             store: JournalStore, board: ProgressBoard, stop: threading.Event, jobs: int) -> None:
+    group = RunGroup(cfg.connections, stop, jobs)
+    watcher = threading.Thread(target=group.watch_user, name="download-stop", daemon=True)
+    watcher.start()
+    errors: list[BaseException] = []
+    try:
+        runs = [ArtifactRun(cfg, prepared.hub, plan, j, store, board, group) for plan, j in todo]
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="artifact") as pool:
+            futures = [pool.submit(run.run) for run in runs]
+            for future in futures:
+                exc = future.exception()
+                if exc is not None:
+                    errors.append(exc)
+    finally:
+        group.stop.set()  # ends the watcher
+    if errors:
+        raise _first(errors, group)
+
+
+def _first(errors: list[BaseException], group: RunGroup) -> BaseException:
+    """The one error to raise for the run: disk full, then a real failure, then the user's stop."""
+    if group.space_error is not None:
+        return group.space_error
+    for exc in errors:
+        if isinstance(exc, DownloadError) and not isinstance(exc, SpaceError):
+            return exc
+    for exc in errors:
+        if not isinstance(exc, Stopped):
+            return exc
+    return errors[0]

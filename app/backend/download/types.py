@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -14,6 +15,8 @@ MiB = 1 << 20
 
 
 class ArtifactState(str, Enum):
+    """An artifact's state; only `statemachine.transition` moves it (docs/downloads.md, "States")."""
+
     QUEUED = "queued"
     DOWNLOADING = "downloading"
     PAUSED = "paused"
@@ -21,6 +24,44 @@ class ArtifactState(str, Enum):
     EXTRACTING = "extracting"
     DONE = "done"
     FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def active(self) -> bool:
+        return self in (ArtifactState.DOWNLOADING, ArtifactState.VERIFYING, ArtifactState.EXTRACTING)
+
+    @classmethod
+    def parse(cls, value: object) -> "ArtifactState":
+        """A journal's state string; anything unknown (an older or damaged journal) reads as queued."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.QUEUED
+
+
+class PartState(str, Enum):
+    """A staged part's state in the journal: fetched ranges -> sha256 checked -> read by the extractor."""
+
+    PENDING = "pending"  # some or all segments missing, or not hashed yet
+    VERIFIED = "verified"  # sha256 matched; the extractor may read it
+    CONSUMED = "consumed"  # extracted; kept in staging while the budget allows (a crash refetches nothing)
+    EVICTED = "evicted"  # extracted and removed from staging
+
+    @classmethod
+    def parse(cls, value: object) -> "PartState":
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.PENDING
+
+
+class Limit(str, Enum):
+    """The stage that bounds an artifact's progress right now (see progress.py for how it is read)."""
+
+    NETWORK = "network"
+    HASH = "hash"
+    DECODE = "decode"
+    DISK = "disk"
 
 
 @dataclass(frozen=True)
@@ -46,6 +87,7 @@ class DownloadConfig:
     safety_factor: float = 3.0  # extracted ≈ compressed × this, for a repo that is not the recipe's
     recipe_repo: bool = True  # sizes/yields from the recipe apply (False: mirror/other repo)
     simulated: bool = False
+    artifact_jobs: int | None = None  # artifacts fetched + extracted at once; None = from the cores (runner.py)
 
 
 @dataclass(frozen=True)
@@ -76,6 +118,7 @@ class DiskPicture:
     staging_budget: int
     staging_used: int = 0
     path: str = ""
+    staging_peak: int = 0  # most staging bytes on disk at once during this run, all artifacts together
 
 
 @dataclass
@@ -93,10 +136,16 @@ class ArtifactProgress:
     parts_total: int = 0
     parts_verified: int = 0
     current_part: str = ""
-    rate_bps: float = 0.0
+    decoded_bytes: int = 0  # compressed bytes the decompressor has read (extraction progress, exact)
+    rate_bps: float = 0.0  # bytes on the wire per second, moving average
+    verified_bps: float = 0.0
+    extracted_bps: float = 0.0
     eta_s: float | None = None
     stalled: bool = False
+    binding: Limit | None = None  # which stage bounds this artifact now (None: idle)
     estimate: int = 0  # extracted-size estimate
+    reused_parts: int = 0  # parts kept from an earlier run (staged or already extracted)
+    staging_bytes: int = 0  # this artifact's staging on disk now
 
 
 @dataclass
@@ -113,7 +162,10 @@ class DownloadSnapshot:
     disk: DiskPicture | None = None
     simulated: bool = False
     rate_bps: float = 0.0
+    verified_bps: float = 0.0
+    extracted_bps: float = 0.0
     eta_s: float | None = None
+    binding: Limit | None = None  # the binding limit of the artifact that finishes last
     taken_at: float = field(default_factory=time.time)
 
     @property
@@ -200,6 +252,18 @@ class TransientError(Exception):
     def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(redact(message))
         self.retry_after = retry_after
+
+
+class StopSignal(threading.Event):
+    """The user's stop: set by Pause or Cancel; `cancelled` tells the two apart (both keep the data)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled = False
+
+    def request(self, *, cancel: bool) -> None:
+        self.cancelled = self.cancelled or cancel
+        self.set()
 
 
 class Stopped(Exception):

@@ -1,0 +1,326 @@
+"""Three artifacts at once (the card's model / planescache / store) against the SIMULATED hub: every
+tree byte-identical, one artifact's failure keeps the others, kill -9 with all three mid-way, a
+full disk pauses them all, cancel, hostile archive in one of them, the shared connection budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from app.backend.download.job import ConnectionBudget
+from app.backend.download.progress import ProgressBoard
+from app.backend.download.runner import artifact_jobs, run_download
+from app.backend.download.types import (
+    ArtifactState, CorruptPartError, SpaceError, StateChanged, StopSignal, Stopped, UnsafeArchiveError,
+)
+from app.backend.recipe.schema import ArtifactSpec
+from app.backend.simhub.artifacts import (
+    TreeSpec, build_artifact, build_hostile_artifact, file_digest_tree, generate_tree, reference_extract,
+)
+from app.backend.simhub.faults import Fault
+from app.backend.simhub.server import SimHub
+
+from .conftest import PART_SIZE, fast_config
+
+ROOT = Path(__file__).resolve().parents[2]
+REPO = "moet-panel/simulated-cache"
+LAYERS = {"model": 2, "planescache": 3, "store": 4}  # the card's proportions, roughly (156 : 202 : 339)
+
+
+@dataclass(frozen=True)
+class Three:
+    files: dict[str, Path]
+    parts: dict[str, list[Path]]
+    reference: dict[str, dict[str, tuple[str, int]]]  # artifact -> its tree's digests (paths under its top)
+    specs: list[ArtifactSpec]
+
+
+def spec(art: str) -> ArtifactSpec:
+    return ArtifactSpec(id=art, prefix=f"{art}.tar.zst.part.", yields=art, extracted_gib=0.001, contents="test")
+
+
+@pytest.fixture(scope="session")
+def three() -> Iterator[Three]:
+    tmp = Path(tempfile.mkdtemp(prefix="moet-dl-three-"))
+    try:
+        files, parts, reference = {}, {}, {}
+        for i, (art, layers) in enumerate(LAYERS.items()):
+            generate_tree(tmp / "src", TreeSpec(top=art, layers=layers, file_size=256 * 1024,
+                                                sparse_size=(8 << 20) if art == "planescache" else 0,
+                                                ckpt_id="sim-ckpt" if art == "planescache" else None, seed=10 + i))
+            parts[art] = build_artifact(tmp / "src", art, tmp / "repo", f"{art}.tar.zst.part.", PART_SIZE)
+            reference_extract(parts[art], tmp / "ref" / art)
+            reference[art] = file_digest_tree(tmp / "ref" / art)
+            files.update({p.name: p for p in parts[art]})
+        yield Three(files, parts, reference, [spec(a) for a in LAYERS])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def hub_for(three: Three, files: dict[str, Path] | None = None, **kw) -> SimHub:
+    hub = SimHub(**kw)
+    hub.add_repo(REPO, files or three.files)
+    return hub.start()
+
+
+def trees_of(dest: Path, arts: list[str]) -> dict[str, dict[str, tuple[str, int]]]:
+    tree = file_digest_tree(dest)
+    return {art: {k: v for k, v in tree.items() if k == art or k.startswith(art + "/")} for art in arts}
+
+
+def journal(dest: Path, art: str) -> dict | None:
+    try:
+        return json.loads((dest / f".moet-panel/downloads/{art}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def test_three_at_once_each_tree_byte_identical_and_all_three_overlap(settings, three, tmp_path):
+    hub = hub_for(three, rate_cap_bps=2_000_000)
+    dest = tmp_path / "dest"
+    board = ProgressBoard()
+    try:
+        cfg = fast_config(settings, hub.endpoint, dest, artifact_jobs=3, connections=3)
+        run_download(cfg, three.specs, board, threading.Event())
+    finally:
+        hub.stop()
+    snap = {a.id: a for a in board.snapshot()}
+    assert all(a.state == ArtifactState.DONE for a in snap.values()), {a.id: a.reason for a in snap.values()}
+    assert trees_of(dest, list(LAYERS)) == three.reference
+    # all three were under way before the first one finished: they ran side by side
+    changes = [e for e in board.events if isinstance(e, StateChanged)]
+    first_done = next(i for i, e in enumerate(changes) if e.state == ArtifactState.DONE)
+    started = {e.artifact for e in changes[:first_done] if e.state == ArtifactState.DOWNLOADING}
+    assert started == set(LAYERS), started
+    disk = board.disk()
+    assert disk is not None and disk.staging_peak > 0, "peak staging is reported"
+    assert all(a.decoded_bytes == a.total_bytes for a in snap.values()), "every compressed byte went through the decoder"
+
+
+def test_one_artifact_failing_keeps_the_others(settings, three, tmp_path):
+    bad = three.parts["model"][0].name
+    hub = hub_for(three)
+    hub.add_fault(bad, Fault("corrupt", offset=1000, times=-1))
+    dest = tmp_path / "dest"
+    board = ProgressBoard()
+    try:
+        with pytest.raises(CorruptPartError, match=bad):
+            run_download(fast_config(settings, hub.endpoint, dest, artifact_jobs=3, corrupt_refetches=1),
+                         three.specs, board, threading.Event())
+    finally:
+        hub.stop()
+    snap = {a.id: a for a in board.snapshot()}
+    assert snap["model"].state == ArtifactState.FAILED and bad in snap["model"].reason
+    assert snap["planescache"].state == snap["store"].state == ArtifactState.DONE
+    assert journal(dest, "store")["state"] == journal(dest, "planescache")["state"] == "done"
+    ref = trees_of(dest, ["planescache", "store"])
+    assert ref == {k: three.reference[k] for k in ("planescache", "store")}
+
+
+def test_hostile_archive_in_one_artifact_is_refused_the_others_complete(settings, three, tmp_path):
+    hostile = build_hostile_artifact("dotdot", tmp_path / "hostile", "store.tar.zst.part.")
+    files = {k: v for k, v in three.files.items() if not k.startswith("store.")}
+    files.update({p.name: p for p in hostile})
+    hub = hub_for(three, files)
+    dest = tmp_path / "dest"
+    board = ProgressBoard()
+    try:
+        with pytest.raises(UnsafeArchiveError):
+            run_download(fast_config(settings, hub.endpoint, dest, artifact_jobs=3), three.specs, board,
+                         threading.Event())
+    finally:
+        hub.stop()
+    snap = {a.id: a for a in board.snapshot()}
+    assert snap["store"].state == ArtifactState.FAILED and "refused" in snap["store"].reason
+    assert snap["model"].state == snap["planescache"].state == ArtifactState.DONE
+    assert not (tmp_path / "evil.txt").exists() and not (dest.parent / "evil.txt").exists()
+
+
+def test_cancel_marks_every_artifact_cancelled_and_resume_completes(settings, three, tmp_path):
+    hub = hub_for(three, rate_cap_bps=150_000)
+    dest = tmp_path / "dest"
+    board, stop = ProgressBoard(), StopSignal()
+    cfg = fast_config(settings, hub.endpoint, dest, artifact_jobs=3, connections=3)
+    outcome: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            run_download(cfg, three.specs, board, stop)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (len(board.ids()) == 3 and all(a.verified_bytes for a in board.snapshot())):
+            assert time.monotonic() < deadline and worker.is_alive(), ("never got all three under way", outcome)
+            time.sleep(0.05)
+        stop.request(cancel=True)
+        worker.join(30)
+        assert outcome and isinstance(outcome[0], Stopped)
+        for a in board.snapshot():
+            assert a.state == ArtifactState.CANCELLED and a.eta_s is None, (a.id, a.state)
+            assert journal(dest, a.id)["state"] == "cancelled"
+        hub.rate_cap_bps = None
+        board = ProgressBoard()
+        run_download(cfg, three.specs, board, threading.Event())
+        snap = board.snapshot()
+        assert all(a.state == ArtifactState.DONE for a in snap)
+        assert all(a.reused_parts >= 1 and "reuses" in _began_reason(board, a.id) for a in snap)
+        assert trees_of(dest, list(LAYERS)) == three.reference
+    finally:
+        stop.set()
+        worker.join(30)
+        hub.stop()
+
+
+def _began_reason(board: ProgressBoard, art: str) -> str:
+    return next(e.reason for e in board.events if isinstance(e, StateChanged) and e.artifact == art
+                and e.state == ArtifactState.DOWNLOADING)
+
+
+KILLABLE = """
+import json, sys, threading
+from pathlib import Path
+from dataclasses import replace
+from app.backend.download.config import make_config
+from app.backend.download.progress import ProgressBoard
+from app.backend.download.runner import run_download
+from app.backend.recipe import SIMULATED_RECIPE
+from app.backend.recipe.schema import ArtifactSpec
+from app.backend.settings import resolve_settings
+endpoint, dest, specs = sys.argv[1], Path(sys.argv[2]), [ArtifactSpec(**s) for s in json.loads(sys.argv[3])]
+settings = resolve_settings(SIMULATED_RECIPE, dest, demo=True)
+cfg = replace(make_config(settings, endpoint=endpoint, dest=dest), artifact_jobs=3, connections=3,
+              segment_size=128 * 1024, reserve_bytes=0)
+run_download(cfg, specs, ProgressBoard(), threading.Event())
+"""
+
+
+@pytest.mark.slow
+def test_kill_9_with_all_three_mid_way_then_resume(settings, three, tmp_path):
+    dest = tmp_path / "dest"
+    hub = hub_for(three, rate_cap_bps=120_000)
+    try:
+        specs = json.dumps([s.model_dump() for s in three.specs])
+        proc = subprocess.Popen([sys.executable, "-c", KILLABLE, hub.endpoint, str(dest), specs], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+
+        def mid_way(art: str) -> bool:
+            j = journal(dest, art)
+            busy = j and sum(p["status"] in ("verified", "consumed") for p in j["parts"])
+            return bool(j) and 1 <= busy < len(j["parts"])
+
+        while not all(mid_way(a) for a in LAYERS):
+            assert time.monotonic() < deadline, "never had all three mid-way"
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        before = {a: journal(dest, a) for a in LAYERS}
+        verified = [p["name"] for j in before.values() for p in j["parts"] if p["status"] in ("verified", "consumed")]
+        assert all(j["state"] in ("downloading", "verifying", "extracting") for j in before.values())
+        served = {p: hub.stats.cdn_bytes[p] for p in verified}
+        hub.rate_cap_bps = None
+        board = ProgressBoard()
+        run_download(fast_config(settings, hub.endpoint, dest, artifact_jobs=3), three.specs, board, threading.Event())
+        for p in verified:
+            assert hub.stats.cdn_bytes[p] == served[p], f"verified part {p} was downloaded again"
+        assert all(a.state == ArtifactState.DONE for a in board.snapshot())
+        assert trees_of(dest, list(LAYERS)) == three.reference
+        assert not list(dest.rglob("*.moet-partial"))
+    finally:
+        hub.stop()
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full_pauses_all_three_then_resume_completes(settings, three, tmpfs):
+    hub = hub_for(three)
+    dest = tmpfs / "dest"
+    try:
+        board = ProgressBoard()
+        cfg = fast_config(settings, hub.endpoint, dest, artifact_jobs=3)
+        with pytest.raises(SpaceError):
+            run_download(cfg, three.specs, board, threading.Event())
+        for a in board.snapshot():
+            assert a.state in (ArtifactState.PAUSED, ArtifactState.DONE), (a.id, a.state, a.reason)
+            if a.state == ArtifactState.PAUSED:
+                assert "disk full" in a.reason or "not enough disk" in a.reason, a.reason
+                assert a.eta_s is None
+        assert any(a.state == ArtifactState.PAUSED for a in board.snapshot())
+        for art in LAYERS:
+            for name, size in (journal(dest, art) or {"files_done": {}})["files_done"].items():
+                assert (dest / name).stat().st_size == size
+        subprocess.run(["mount", "-o", "remount,size=96m", str(tmpfs)], check=True)
+        board = ProgressBoard()
+        run_download(cfg, three.specs, board, threading.Event())
+        assert all(a.state == ArtifactState.DONE for a in board.snapshot())
+        assert trees_of(dest, list(LAYERS)) == three.reference
+    finally:
+        hub.stop()
+
+
+def test_urgent_requests_take_a_freed_connection_first():
+    budget, halt = ConnectionBudget(1), threading.Event()
+    assert budget.acquire(False, halt)
+    order: list[str] = []
+
+    def take(name: str, urgent: bool) -> None:
+        assert budget.acquire(urgent, halt)
+        order.append(name)
+        budget.release()
+
+    ahead = threading.Thread(target=take, args=("read-ahead", False))
+    ahead.start()
+    urgent = threading.Thread(target=take, args=("urgent", True))
+    urgent.start()
+    deadline = time.monotonic() + 5
+    while budget._urgent_waiting == 0:  # noqa: SLF001 - wait until the urgent request is queued
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    budget.release()
+    ahead.join(5)
+    urgent.join(5)
+    assert order == ["urgent", "read-ahead"]
+    assert budget.acquire(True, halt)  # the one slot is free again
+    halt.set()
+    assert budget.acquire(True, halt) is False, "a halted run stops waiting for a slot"
+
+
+def test_concurrency_follows_the_cores(settings, monkeypatch):
+    from app.backend.download import runner
+
+    cfg = fast_config(settings, "http://127.0.0.1:9", Path("/tmp/x"))
+    monkeypatch.setattr(runner, "available_cores", lambda: 2)
+    assert artifact_jobs(cfg, 3) == 1, "a 2-core box runs one artifact at a time, as before"
+    monkeypatch.setattr(runner, "available_cores", lambda: 16)
+    assert artifact_jobs(cfg, 3) == 3
+    assert artifact_jobs(cfg, 1) == 1
+    from dataclasses import replace
+
+    assert artifact_jobs(replace(cfg, artifact_jobs=2), 3) == 2
