@@ -24,7 +24,7 @@ from app.backend.telemetry.metrics import parse_metrics
 from tests.real_engine.conftest import BOOT_S, Tier
 
 S = EngineState
-pytestmark = [pytest.mark.real_engine, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.real_engine, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 CARD = SamplingParams(1.0, 1.0, 0.05, 64)
 FIGURES: dict[str, float | str] = {}
 
