@@ -46,6 +46,11 @@ def _stdlib_files() -> list[Path]:
     return out
 
 
+# vLLM's CPU worker runs `lscpu -J …` through `/bin/sh` (vllm/utils/cpu_resource_utils.py) to find its cores;
+# without them the worker dies with "No such file or directory: '/bin/sh'".
+TOOLS = (Path("/bin/sh"), Path("/usr/bin/lscpu"))
+
+
 def _venv_extensions(venv: Path) -> list[Path]:
     return sorted(Path(root) / n for root, _, files in os.walk(venv / "lib")
                   for n in files if n.endswith(".so") or ".so." in n)
@@ -54,13 +59,13 @@ def _venv_extensions(venv: Path) -> list[Path]:
 def _host_libs(venv: Path) -> set[Path]:
     """Libraries outside the venv that the interpreter and the venv's extensions link against."""
     stdlib_ext = [p for p in _stdlib_files() if p.suffix == ".so"]
-    libs = _ldd([PYTHON, *stdlib_ext, *_venv_extensions(venv)])
+    libs = _ldd([PYTHON, *(t.resolve() for t in TOOLS), *stdlib_ext, *_venv_extensions(venv)])
     root = str(venv.resolve())
     return {p for p in libs if not str(p.resolve()).startswith(root)}
 
 
 def digest(venv: Path) -> str:
-    h = hashlib.sha256(DOCKERFILE.encode() + str(PYTHON.stat().st_mtime).encode())
+    h = hashlib.sha256(DOCKERFILE.encode() + str(PYTHON.stat().st_mtime).encode() + repr(TOOLS).encode())
     h.update(((venv / ".complete").read_bytes() if (venv / ".complete").exists() else b"") + str(venv).encode())
     return h.hexdigest()[:24]
 
@@ -83,6 +88,8 @@ def ensure_image(client: Any, venv: Path) -> str:
             link = tarfile.TarInfo("usr/bin/python3")
             link.type, link.linkname = tarfile.SYMTYPE, "python3.11"
             tar.addfile(link)
+            for tool in TOOLS:
+                _add_file(tar, tool, str(tool), 0o755)
             for lib in sorted(_host_libs(venv)):
                 _add_file(tar, lib, str(lib), 0o755)
             for path in _stdlib_files():
