@@ -9,6 +9,7 @@ Containers carry the test label and this run's recipe id; teardown removes exact
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -35,9 +36,14 @@ pytestmark = [pytest.mark.real_engine, pytest.mark.docker, pytest.mark.slow]
 
 
 def vllm_venv() -> Path:
+    """MOET_PANEL_VLLM_VENV, else the path scripts/bootstrap.sh derives from the lock's hash."""
     raw = os.environ.get("MOET_PANEL_VLLM_VENV", "")
-    venv = Path(raw) if raw else None
-    if venv is None or not (venv / ".complete").is_file():
+    if not raw:
+        digest = hashlib.sha256((ROOT / "requirements-vllm.lock").read_bytes()).hexdigest()[:16]
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        raw = str(cache / "moet-panel" / f"vllm-venv-{digest}")
+    venv = Path(raw)
+    if not (venv / ".complete").is_file():
         pytest.fail("the vLLM virtualenv is not installed: run the suite through ./run-tests.sh (scripts/bootstrap.sh "
                     "test builds it once, cached in ~/.cache/moet-panel) or set MOET_PANEL_VLLM_VENV", pytrace=False)
     return venv
