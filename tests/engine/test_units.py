@@ -20,9 +20,8 @@ from app.backend.settings import Settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader
 from app.backend.telemetry.gpu_types import GpuProcess, GpuSample
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "engine-logs"
-if not FIXTURES.is_dir():
-    FIXTURES = Path("/work/shared/fixtures/engine-logs")
+# The genuine engine logs live in the repo (copied from the project's shared fixtures; see their README).
+FIXTURES = Path(__file__).resolve().parents[1] / "telemetry" / "fixtures" / "engine-logs"
 GIB = 1 << 30
 
 
@@ -36,16 +35,12 @@ def _feed(lines: list[str]) -> BootTracker:
 
 def test_pool_line_from_genuine_engine_log() -> None:
     path = FIXTURES / "boot_tp1_5.5gib_packstore_trace1_nodump.log"
-    if not path.exists():
-        pytest.skip("shared fixtures not present")
     p = _feed(path.read_text().splitlines()).progress
     assert (p.pool_slots, p.slot_mib) == (469, 12.0)
 
 
 def test_auto_pool_disabled_line_means_zero_slots() -> None:
     path = FIXTURES / "disabled_auto_0slots_trace1_every64.log"
-    if not path.exists():
-        pytest.skip("shared fixtures not present")
     p = _feed(path.read_text().splitlines()).progress
     assert p.pool_slots == 0
     assert "DISABLED" in p.phase
@@ -240,3 +235,9 @@ def test_saved_runs_listed_and_read_without_paths_from_users(tmp_path: Path) -> 
     assert [ln.text for ln in store.read_run(run, ("stderr",))] == ["err line"]
     assert store.read_run("../../etc/passwd") == [] and store.run_path("../x", "stdout") is None
     assert store.run_path(run, "stdout").read_text() == "out line\n"
+
+
+def test_recipe_pool_line_never_overrides_the_env() -> None:
+    env = {"VLLM_MOE_W2": "1", "VLLM_MOE_W2_DELTA_GB": "7"}
+    assert expects_pool(env) is True and expects_pool(env, "from_env") is True
+    assert expects_pool(env, "never") is False

@@ -59,6 +59,14 @@ def test_old_metric_names_accepted() -> None:
     assert 0.01 < s.itl_p50_s <= 0.025
 
 
+def test_untyped_series_are_kept() -> None:
+    # `# TYPE x untyped` and a sample with no TYPE line both parse as prometheus_client's "unknown" type
+    raw = parse_metrics("# TYPE vllm:num_requests_running untyped\nvllm:num_requests_running 3\n"
+                        "vllm:num_requests_waiting{model_name=\"m\"} 4\n", ts=1.0)
+    assert raw.values == {"vllm:num_requests_running": 3.0, "vllm:num_requests_waiting": 4.0}
+    assert derive(raw, None).running == 3.0
+
+
 def test_counter_reset_and_inf_bucket() -> None:
     a = parse_metrics(NEW.format(gen=500.0, prompt=0, t1=0, t2=0), ts=1.0)
     b = parse_metrics(NEW.format(gen=20.0, prompt=0, t1=0, t2=0), ts=2.0)

@@ -343,7 +343,7 @@ class EngineController(LogFollowing):
 
     def _await_ready(self, rt: Runtime, inst: Instance, env: dict[str, str]) -> bool:
         url, name = base_url(self.recipe), self.recipe.model.served_name
-        want_pool = expects_pool(env)
+        want_pool = expects_pool(env, self.recipe.engine.pool_line)
         deadline = time.monotonic() + self.recipe.engine.boot_timeout_s
         pool_deadline: float | None = None
         while not self._closed and not self._cancel.is_set():

@@ -116,7 +116,7 @@ class LogFollowing:
         self._begin_follow(rt, inst, from_start=False, tracker=tracker, backlog=old[-300:])
         prog = tracker.progress
         p = probe(base_url(self.recipe), self.recipe.model.served_name)
-        ready = p.health_ok and p.models_ok and (not expects_pool(inst.env) or (prog.pool_slots or 0) > 0)
+        ready = p.health_ok and p.models_ok and (not expects_pool(inst.env, self.recipe.engine.pool_line) or (prog.pool_slots or 0) > 0)
         self._apply(sm.Adopted(inst.profile_id, inst.id, inst.name, base_url(self.recipe), self.recipe.model.served_name,
                                self.recipe.simulated, ready, prog.phase, prog.pool_slots, prog.slot_mib))
         if len(running) > 1:

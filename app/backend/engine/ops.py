@@ -47,8 +47,11 @@ class ControllerOptions:
     reattach: bool = True
 
 
-def expects_pool(env: dict[str, str]) -> bool:
-    """Does this env ask for an FP4 delta pool (engine.md §1.3)?"""
+def expects_pool(env: dict[str, str], pool_line: str = "from_env") -> bool:
+    """Does this env ask for an FP4 delta pool (engine.md §1.3)? A recipe's `engine.pool_line = "never"`
+    (an engine without the pool, e.g. upstream vLLM) says no whatever the env holds."""
+    if pool_line == "never":
+        return False
     if env.get("VLLM_MOE_W2", "0") != "1" or env.get("VLLM_MOE_W2_DELTA", "1") == "0":
         return False
     raw = env.get("VLLM_MOE_W2_DELTA_GB", "2.0").strip().lower()

@@ -178,6 +178,9 @@ class EngineSource(Strict):
     stop_grace_s: int = Field(90, ge=1, le=600)
     vllm_fork_commit: str = ""
     quantizer_abi: str = ""
+    # Readiness demands the FP4 pool sizing line when the env asks for a pool ("from_env", docs/engine.md);
+    # "never" for engines without one (upstream vLLM: assets/recipes/vllm-cpu-tiny.toml).
+    pool_line: Literal["from_env", "never"] = "from_env"
 
     @field_validator("image")
     @classmethod

@@ -113,7 +113,7 @@ def parse_metrics(text: str, ts: float | None = None) -> RawMetrics:
                 elif s.name.endswith("_sum"):
                     total += s.value
             hists[fam.name] = Histogram(tuple(sorted(buckets.items())), count, total)
-        elif fam.type in ("counter", "gauge", "untyped"):
+        elif fam.type in ("counter", "gauge", "unknown"):  # prometheus_client reports `untyped` as "unknown"
             values[fam.name] = sum(s.value for s in fam.samples if not s.name.endswith("_created"))
     return RawMetrics(ts if ts is not None else time.time(), values, hists)
 

