@@ -20,6 +20,7 @@ class AppState:
     downloads: Any = None  # app.backend.download.manager.DownloadManager
     telemetry: Any = None  # app.backend.telemetry.hub.TelemetryHub
     chat: Any = None  # app.backend.chat.service.ChatService
+    selftest: Any = None  # app.backend.selftest.runner.SelfTestService
     _closers: list[Any] = field(default_factory=list, repr=False)
 
     def on_close(self, fn: Any) -> None:
@@ -71,4 +72,10 @@ def build_app_state(settings: Settings) -> AppState:
     state.telemetry = TelemetryHub(settings, engine=state.engine, engine_provider=lambda: state.engine)
     state.telemetry.start()
     state.on_close(state.telemetry.close)
+
+    # self-test (owner: selftest helper): measures the serving profile; never starts/stops the engine.
+    from app.backend.selftest.runner import SelfTestService
+
+    state.selftest = SelfTestService(settings, state.engine, frame_fn=state.telemetry.latest)
+    state.on_close(state.selftest.cancel)
     return state

@@ -37,6 +37,7 @@ TABS = [
     "app.ui.engine",
     "app.ui.logs",
     "app.ui.telemetry",
+    "app.ui.selftest",
     "app.ui.chat",  # keep last
 ]
 

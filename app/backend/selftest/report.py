@@ -38,7 +38,7 @@ def likely_causes(r: SelfTestResult) -> list[str]:
         out.append(f"GPU clocks held down ({', '.join(hot)})")
     if t.pcie_below_max:
         out.append(f"PCIe link below its maximum ({t.pcie})")
-    if t.churn_per_s is not None and t.churn_per_s > 100:
+    if t.churn_per_s is not None and t.churn_per_s > 2000:  # healthy freq <= ~800/s; the trap ~4800/s (alerts.py)
         out.append(f"pool churn {t.churn_per_s:.0f} slots/s (the card's trap saturates PCIe)")
     return out
 

@@ -54,3 +54,17 @@ def stale_reason(result: SelfTestResult, image_id: str, recipe_hash: str) -> str
     if recipe_hash and result.recipe_hash != recipe_hash:
         why.append("the profile's command changed since")
     return "; ".join(why)
+
+
+def export_file(state_dir: Path, result: SelfTestResult, fmt: str) -> Path:
+    """Write the result as Markdown ('md') or JSON ('json') under <state>/exports/ for download."""
+    from app.backend.selftest.report import to_json_text, to_markdown
+
+    if fmt not in ("md", "json"):
+        raise ValueError(f"export format must be md or json, got {fmt!r}")
+    out = Path(state_dir) / "exports"
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = result.date[:19].replace(":", "").replace("-", "")
+    path = out / f"selftest-{_SAFE.sub('_', result.profile_id)}-{stamp}.{fmt}"
+    path.write_text(to_markdown(result) if fmt == "md" else to_json_text(result), encoding="utf-8")
+    return path
