@@ -21,6 +21,7 @@ class AppState:
     telemetry: Any = None  # app.backend.telemetry.hub.TelemetryHub
     chat: Any = None  # app.backend.chat.service.ChatService
     selftest: Any = None  # app.backend.selftest.runner.SelfTestService
+    abtest: Any = None  # app.backend.abtest.runner.ABRunService
     _closers: list[Any] = field(default_factory=list, repr=False)
 
     def on_close(self, fn: Any) -> None:
@@ -77,5 +78,12 @@ def build_app_state(settings: Settings) -> AppState:
     from app.backend.selftest.runner import SelfTestService
 
     state.selftest = SelfTestService(settings, state.engine, frame_fn=state.telemetry.latest)
+    from app.backend.selftest.drift import DriftWatch, baseline_from
+
+    state.telemetry.drift = DriftWatch(baseline_from(state.selftest.store, state.engine.profiles))
     state.on_close(state.selftest.cancel)
+    from app.backend.abtest.runner import ABRunService
+
+    state.abtest = ABRunService(settings, state.engine)
+    state.on_close(state.abtest.cancel)  # finished answers stay journalled; resume continues
     return state
