@@ -38,6 +38,7 @@ TABS = [
     "app.ui.logs",
     "app.ui.telemetry",
     "app.ui.selftest",
+    "app.ui.compare",
     "app.ui.chat",  # keep last
 ]
 

@@ -13,7 +13,8 @@ import gradio as gr
 
 from app.backend.selftest.needle import parse_lengths
 from app.backend.selftest.report import card_line, to_markdown, verdict
-from app.backend.selftest.runner import JobState, SelfTestPlan
+from app.backend.selftest.runner import JobState
+from app.backend.selftest.types import SelfTestPlan
 from app.backend.selftest.store import export_file, stale_reason
 from app.backend.state import AppState
 
