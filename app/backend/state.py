@@ -20,6 +20,8 @@ class AppState:
     downloads: Any = None  # app.backend.download.manager.DownloadManager
     telemetry: Any = None  # app.backend.telemetry.hub.TelemetryHub
     chat: Any = None  # app.backend.chat.service.ChatService
+    selftest: Any = None  # app.backend.selftest.runner.SelfTestService
+    abtest: Any = None  # app.backend.abtest.runner.ABRunService
     _closers: list[Any] = field(default_factory=list, repr=False)
 
     def on_close(self, fn: Any) -> None:
@@ -71,4 +73,17 @@ def build_app_state(settings: Settings) -> AppState:
     state.telemetry = TelemetryHub(settings, engine=state.engine, engine_provider=lambda: state.engine)
     state.telemetry.start()
     state.on_close(state.telemetry.close)
+
+    # self-test (owner: selftest helper): measures the serving profile; never starts/stops the engine.
+    from app.backend.selftest.runner import SelfTestService
+
+    state.selftest = SelfTestService(settings, state.engine, frame_fn=state.telemetry.latest)
+    from app.backend.selftest.drift import DriftWatch, baseline_from
+
+    state.telemetry.drift = DriftWatch(baseline_from(state.selftest.store, state.engine.profiles))
+    state.on_close(state.selftest.cancel)
+    from app.backend.abtest.runner import ABRunService
+
+    state.abtest = ABRunService(settings, state.engine)
+    state.on_close(state.abtest.cancel)  # finished answers stay journalled; resume continues
     return state

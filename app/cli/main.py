@@ -20,6 +20,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("app.cli.trace", "read the engine's FP4 pool trace ([delta] tick lines)"),
     "chat": ("app.cli.chat", "stream one answer from the engine (or any OpenAI-compatible server)"),
     "simulate-engine": ("app.cli.simulate", "run the SIMULATED engine (no GPU) or build its Docker image"),
+    "selftest": ("app.cli.selftest", "measure the running profile against the card (decode, TTFT, needles)"),
+    "abtest": ("app.cli.abtest", "blind A/B of two profiles on your own prompts (journalled, resumable)"),
 }
 
 

@@ -32,6 +32,8 @@ TABS = [
     "app.ui.engine",
     "app.ui.logs",
     "app.ui.telemetry",
+    "app.ui.selftest",
+    "app.ui.compare",
     "app.ui.chat",  # keep last
 ]
 

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from . import textgen
+from . import quality, textgen
 from .config import REASONING_MODES
 
 
@@ -24,7 +24,7 @@ class ApiError(Exception):
 
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "max_completion_tokens",
-                 "repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos", "stop", "n")
+                 "repetition_penalty", "presence_penalty", "frequency_penalty", "ignore_eos", "stop", "n", "min_tokens")
 
 
 @dataclass
@@ -44,6 +44,7 @@ class GenRequest:
     params: dict[str, Any] = field(default_factory=dict)
     request_id: str = ""
     created: int = 0
+    min_tokens: int = 0  # vLLM's min_tokens: EOS is suppressed before this many tokens
 
 
 def _content_text(content: Any) -> str:
@@ -71,14 +72,14 @@ def parse_request(kind: str, body: Any, served_name: str, model_path: str, max_m
     model = body.get("model") or served_name
     if model not in (served_name, model_path):
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-    for key, lo, hi in (("temperature", 0, 2), ("top_p", 0, 1), ("min_p", 0, 1), ("max_tokens", 1, None)):
+    for key, lo, hi in (("temperature", 0, 2), ("top_p", 0, 1), ("min_p", 0, 1), ("max_tokens", 1, None),
+                        ("min_tokens", 0, None)):
         _number(body, key, lo, hi)
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "messages must be a non-empty list", param="messages")
-        text = "\n".join(_content_text(m.get("content")) for m in messages if isinstance(m, dict))
-        prompt_tokens = textgen.count_prompt_tokens(text) + 4 * len(messages)
+        text, prompt_tokens = chat_prompt(messages)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list):
@@ -108,24 +109,70 @@ def parse_request(kind: str, body: Any, served_name: str, model_path: str, max_m
         kind=kind, model=model, stream=bool(body.get("stream")), include_usage=bool(stream_opts.get("include_usage")),
         prompt_text=text, prompt_tokens=prompt_tokens, max_tokens=max_tokens, ignore_eos=bool(body.get("ignore_eos")),
         thinking=thinking, reasoning_mode=mode, params=params, request_id=prefix + uuid.uuid4().hex,
-        created=int(time.time()),
+        created=int(time.time()), min_tokens=int(body.get("min_tokens") or 0),
     )
 
 
-def token_source(req: GenRequest, seed: int) -> tuple[textgen.Plan, Iterator[tuple[str, str]]]:
-    """Deterministic (kind, text) tokens: reasoning first (~20-40%), then the answer."""
+def chat_prompt(messages: list[Any]) -> tuple[str, int]:
+    """The prompt text of chat messages and its token count (the same count /tokenize answers)."""
+    text = "\n".join(_content_text(m.get("content")) for m in messages if isinstance(m, dict))
+    return text, textgen.count_prompt_tokens(text) + 4 * len(messages)
+
+
+def tokenize(body: Any, max_model_len: int) -> dict[str, Any]:
+    """vLLM's POST /tokenize: {"prompt": str} or {"messages": [...]} -> count, max_model_len, tokens."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    if isinstance(body.get("messages"), list) and body["messages"]:
+        _, count = chat_prompt(body["messages"])
+    elif isinstance(body.get("prompt"), str):
+        count = textgen.count_prompt_tokens(body["prompt"])
+    else:
+        raise ApiError(400, "give either prompt (a string) or messages (a non-empty list)", param="prompt")
+    return {"count": count, "max_model_len": max_model_len, "tokens": [(i * 7919) % 128000 for i in range(count)],
+            "token_strs": None}
+
+
+def token_source(req: GenRequest, seed: int, tier: int = 0,
+                 needle_ok: int = quality.DEFAULT_NEEDLE_MAX_TOKENS) -> tuple[textgen.Plan, Iterator[tuple[str, str]]]:
+    """Deterministic (kind, text) tokens: reasoning first (~20-40%), then the answer.
+
+    The base answer does not depend on the profile; `tier` (quality.quality_tier) may break it off
+    early, and a needle prompt is answered with its code (quality.needle_answer)."""
     key = json.dumps([req.kind, req.prompt_text, req.params.get("seed"), req.params.get("temperature")])
     rng = textgen.request_rng(seed, key)
     plan = textgen.make_plan(rng, req.thinking)
+    found = quality.needle_answer(req.prompt_text, req.prompt_tokens, needle_ok)
+    if found is not None:
+        words = found.split()
+        plan = textgen.Plan(natural_tokens=len(words), reasoning_tokens=0)
+        return plan, _needle_gen(words, rng)
+    cut = quality.broken_length(textgen.request_rng(seed, key + f"\x00tier{tier}"), tier, plan.natural_tokens)
+    tail = quality.DECOHERENCE.split()
+    if cut is not None:
+        cut = max(cut, plan.reasoning_tokens + len(tail) + 1)
+        plan = textgen.Plan(natural_tokens=cut, reasoning_tokens=plan.reasoning_tokens)
 
     def gen() -> Iterator[tuple[str, str]]:
         reasoning = textgen.reasoning_tokens(rng)
         for _ in range(plan.reasoning_tokens):
             yield "reasoning", next(reasoning)
-        for tok in textgen.answer_tokens(rng):
+        answer = textgen.answer_tokens(rng)
+        if cut is not None:
+            for _ in range(cut - plan.reasoning_tokens - len(tail)):
+                yield "content", next(answer)
+            for w in tail:
+                yield "content", " " + w
+        for tok in answer:
             yield "content", tok
 
     return plan, gen()
+
+
+def _needle_gen(words: list[str], rng: Any) -> Iterator[tuple[str, str]]:
+    for i, w in enumerate(words):
+        yield "content", w if i == 0 else " " + w
+    yield from (("content", t) for t in textgen.answer_tokens(rng, "\n\n"))
 
 
 def usage(prompt: int, completion: int) -> dict[str, int]:

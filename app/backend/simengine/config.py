@@ -18,6 +18,7 @@ FAIL_MODES = (
     "host_oom",
 )
 FAIL_ALIASES = {"health_without_pool": "pool_disabled"}  # the brief's name for the same symptom
+SELFTEST_ENV = ("MOET_SIM_NEEDLE_MAX_TOKENS", "MOET_SIM_DEGRADE", "MOET_SIM_DEGRADE_AFTER_S")  # quality.py
 REASONING_MODES = ("reasoning", "reasoning_content", "think_tags", "none")
 # The ckpt id the simulated planes cache was "built" with (the simulated recipe pins this value);
 # any other VLLM_MOE_W2_CKPT_ID (or none) is a planes-cache MISS, as on the real engine.
@@ -137,5 +138,6 @@ def config_from_env_and_args(argv: Sequence[str], environ: Mapping[str, str]) ->
     cfg.reasoning_mode = environ.get("MOET_SIM_REASONING_MODE", cfg.reasoning_mode).strip() or cfg.reasoning_mode
     cfg.expected_ckpt_id = environ.get("MOET_SIM_EXPECTED_CKPT_ID", cfg.expected_ckpt_id).strip()
     cfg.env = {k: v for k, v in environ.items() if k.startswith("VLLM_MOE_W2") or k == "VLLM_LOGGING_PREFIX"}
+    cfg.env.update({k: environ[k] for k in SELFTEST_ENV if k in environ})  # read by quality.py
     cfg.__post_init__()  # re-validate after the updates
     return cfg

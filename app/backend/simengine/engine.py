@@ -96,6 +96,12 @@ class EngineCore:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
 
+    def set_decode_rate(self, decode_tok_s: float) -> None:
+        """Change the step rate from the next step on (the SIMULATED degraded mode, quality.py)."""
+        with self._cond:
+            self._interval = 1.0 / max(0.1, decode_tok_s)
+            self._cond.notify_all()
+
     def load(self) -> tuple[int, int]:
         with self._cond:
             return len(self._running), len(self._waiting)

@@ -106,6 +106,9 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         kinds = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
         body = self._read_body()
+        if path == "/tokenize":
+            self._tokenize(body)
+            return
         if path not in kinds:
             self._json(404 if path not in ("/health", "/v1/models") else 405, {"detail": "Not Found"})
             return
@@ -121,6 +124,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(err)
             return
         self._generate(req)
+
+    def _tokenize(self, body: Any) -> None:
+        if self._loading():
+            return
+        try:
+            self._json(200, api.tokenize(body, self.sim.config.max_model_len))
+        except api.ApiError as err:
+            self._error(err)
 
     def _read_body(self) -> Any:
         length = int(self.headers.get("content-length") or 0)
@@ -143,10 +154,11 @@ class _Handler(BaseHTTPRequestHandler):
     # --- generation ---------------------------------------------------------------------------------
 
     def _generate(self, req: api.GenRequest) -> None:
-        plan, source = api.token_source(req, self.sim.config.seed)
+        plan, source = api.token_source(req, self.sim.config.seed, self.sim.quality_tier, self.sim.needle_max_tokens)
         limit = req.max_tokens or max(1, self.sim.config.max_model_len - req.prompt_tokens)
         sim_req = SimRequest(request_id=req.request_id, prompt_tokens=req.prompt_tokens, limit=limit,
-                             natural=plan.natural_tokens, ignore_eos=req.ignore_eos, source=source)
+                             natural=max(plan.natural_tokens, req.min_tokens), ignore_eos=req.ignore_eos,
+                             source=source)
         self.sim.record_request(dict(req.params))
         self.sim.submit(sim_req)
         aborted = False

@@ -21,6 +21,7 @@ from .engine import EngineCore, SimRequest
 from .handler import make_handler
 from .logsink import LogSink, LogTarget
 from .metrics import Metrics
+from .quality import degrade, needle_max_tokens, quality_tier
 
 
 @dataclass
@@ -66,6 +67,8 @@ class SimEngineServer:
         self._threads: list[threading.Thread] = []
         self._first_request_id = ""
         self.started_at = time.time()
+        self.quality_tier = quality_tier(config)
+        self.needle_max_tokens = needle_max_tokens(config)
 
     # --- public API -------------------------------------------------------------------------------
 
@@ -178,6 +181,16 @@ class SimEngineServer:
             return
         self.engine.start()
         self.state = "ready"
+        if (slow := degrade(self.config)) is not None:
+            self._spawn(lambda: self._degrade_after(*slow), "sim-degrade")
+
+    def _degrade_after(self, factor: float, after_s: float) -> None:
+        if self._stop.wait(after_s):
+            return
+        rate = self.config.decode_tok_s * factor
+        self.engine.set_decode_rate(rate)
+        self.log.api("sim_degrade.py:1", f"SIMULATED degraded mode: decode slowed to {rate:.1f} tok/s "
+                     f"({factor:g} x {self.config.decode_tok_s:g}), as a throttling or slow-link box would", "WARNING")
 
     def _stats_logger(self) -> None:
         """vLLM's periodic `Engine 000: Avg prompt throughput ...` line, while there is (or just was) traffic."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterable, Literal
+from typing import Any, Iterable, Literal
 
 from app.backend.engine.types import EngineSnapshot, EngineState, LogLine
 from app.backend.telemetry.gpu_types import GpuSample
@@ -65,6 +65,7 @@ class AlertInputs:
     policy: str = ""  # VLLM_MOE_W2_DELTA_POLICY of the active profile
     ecc_required_off: bool = False
     ecc_note: str = ""
+    drift: Any = None  # app.backend.selftest.drift.DriftReading (decode_drift below)
 
 
 def pool_absent(i: AlertInputs) -> Alert | None:
@@ -199,7 +200,28 @@ def trace_off(i: AlertInputs) -> Alert | None:
     )
 
 
-RULES = (pool_absent, zero_coverage, churn_trap, vram_full, ecc_on, throttling, host_ram_low, trace_off)
+def decode_drift(i: AlertInputs) -> Alert | None:
+    """Live single-stream decode below the profile's baseline for a sustained window (selftest/drift.py)."""
+    d = i.drift
+    if d is None or not d.drifting:
+        return None
+    causes = [f"GPU {g.index} clocks held down ({', '.join(g.throttle_reasons)})" for g in i.gpus
+              if set(g.throttle_reasons) & (THERMAL | POWER)]
+    if i.trace is not None and any((r.replacements_per_s or 0) >= 2000 for r in i.trace.ranks):
+        causes.append("FP4 pool churn (thousands of slot swaps/s load the PCIe link)")
+    if i.host is not None and i.host.swap_total and i.host.swap_used / i.host.swap_total > 0.25:
+        causes.append(f"host swap in use ({i.host.swap_used / 2**30:.1f} GiB)")
+    cause = "; ".join(causes) or "none visible in the telemetry (check the PCIe link in the self-test, other GPU work)"
+    return Alert(
+        "decode_drift", "warning", f"Decode {d.live_tok_s:.1f} tok/s, below {d.baseline_tok_s:.1f}",
+        f"For {d.below_s:.0f} s one stream has decoded at {d.live_tok_s:.1f} tok/s, "
+        f"{1 - d.live_tok_s / d.baseline_tok_s:.0%} below the baseline of profile {d.profile_id} "
+        f"({d.baseline_source}). Likely cause: {cause}.",
+        "Run the self-test (Self-test tab) to see clocks, throttle reasons and the PCIe link during a load.",
+    )
+
+
+RULES = (pool_absent, zero_coverage, churn_trap, vram_full, ecc_on, throttling, host_ram_low, trace_off, decode_drift)
 ORDER = MappingProxyType({"critical": 0, "warning": 1, "info": 2})
 
 

@@ -107,6 +107,7 @@ class TelemetryHub:
         self._parser = TraceParser()
         self._logq: deque[LogLine] = deque(maxlen=LOG_QUEUE_MAX)
         self._latest = TelemetryFrame()
+        self.drift: Any = None  # app.backend.selftest.drift.DriftWatch, set by build_app_state
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -302,6 +303,9 @@ class TelemetryHub:
             policy=self._policy(snap.profile_id if snap else None),
             ecc_required_off=bool(req is not None and getattr(req, "ecc", "any") == "off"),
             ecc_note=getattr(req, "ecc_note", "") if req is not None else "",
+            drift=self.drift.update(time.time(), snap.profile_id if snap else None,
+                                    metrics.decode_tok_s if metrics else None, metrics.running if metrics else None)
+            if self.drift is not None and live else None,
         )
         return alert_rules.evaluate(inputs)
 

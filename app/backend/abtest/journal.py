@@ -1,0 +1,176 @@
+"""The A/B run's journal: one JSONL file per run under <state>/abtest/, appended and fsynced line by
+line, so a panel restart resumes where it stopped (every finished generation and grade is kept; a
+half-written last line from a crash is ignored). Records:
+
+  {"type": "header", ...ABSpec}            first line
+  {"type": "gen", side, prompt_id, seed, text, tokens, tok_s, wall_s, finish}
+  {"type": "grade", prompt_id, seed, diff, pick, left, right, note}   (the latest grade of a cell wins)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import secrets
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Side = Literal["A", "B"]
+_SAFE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class ABSpec:
+    run_id: str
+    profile_a: str
+    profile_b: str
+    prompts: tuple[Prompt, ...]
+    seeds: tuple[int, ...]
+    max_tokens: int
+    created: str
+
+    def __post_init__(self) -> None:
+        if self.profile_a == self.profile_b:
+            raise ValueError("pick two different profiles for A and B")
+        if not self.prompts:
+            raise ValueError("no prompts: paste some, import a JSONL file, or pick from chat history")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("give one or more distinct seeds (the card: only extra seeds add real information)")
+        if self.max_tokens < 16:
+            raise ValueError(f"max tokens must be at least 16, got {self.max_tokens}")
+
+    @property
+    def cells(self) -> list[tuple[str, int]]:
+        return [(p.id, s) for s in self.seeds for p in self.prompts]
+
+
+@dataclass(frozen=True)
+class Generation:
+    side: Side
+    prompt_id: str
+    seed: int
+    text: str
+    tokens: int
+    tok_s: float | None
+    wall_s: float
+    finish: str
+
+
+@dataclass(frozen=True)
+class Grade:
+    prompt_id: str
+    seed: int
+    diff: float  # score(B) - score(A), or +1/0/-1 for a pick
+    pick: str = ""  # "left" | "right" | "tie" (what the grader saw), "" for scores
+    left: float | None = None
+    right: float | None = None
+    note: str = ""
+
+
+@dataclass
+class RunState:
+    spec: ABSpec
+    gens: dict[tuple[Side, str, int], Generation] = field(default_factory=dict)
+    grades: dict[tuple[str, int], Grade] = field(default_factory=dict)
+
+    def missing(self, side: Side) -> list[tuple[str, int]]:
+        return [c for c in self.spec.cells if (side, *c) not in self.gens]
+
+    @property
+    def generated(self) -> int:
+        return len(self.gens)
+
+    @property
+    def total(self) -> int:
+        return 2 * len(self.spec.cells)
+
+
+def new_spec(profile_a: str, profile_b: str, prompts: list[str], seeds: list[int], max_tokens: int) -> ABSpec:
+    now = dt.datetime.now(dt.timezone.utc)
+    run_id = now.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
+    ps = tuple(Prompt(f"p{i + 1}", t.strip()) for i, t in enumerate(prompts) if t.strip())
+    return ABSpec(run_id, profile_a, profile_b, ps, tuple(seeds), max_tokens, now.isoformat(timespec="seconds"))
+
+
+def parse_prompts_jsonl(text: str) -> list[str]:
+    """Lines of {"prompt": "..."} (or a bare JSON string); a bad line is an error naming its number."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise ValueError(f"line {n} is not JSON: {line[:60]!r}") from None
+        value = obj.get("prompt") if isinstance(obj, dict) else obj
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f'line {n}: expected {{"prompt": "..."}} or a JSON string')
+        out.append(value)
+    return out
+
+
+def parse_pasted(text: str) -> list[str]:
+    """Pasted prompts: separated by a line holding only '---' (a prompt may span lines)."""
+    return [p.strip() for p in re.split(r"(?m)^---\s*$", text or "") if p.strip()]
+
+
+class Journal:
+    def __init__(self, state_dir: Path):
+        self.root = Path(state_dir) / "abtest"
+
+    def path(self, run_id: str) -> Path:
+        if not _SAFE.match(run_id):
+            raise ValueError(f"not a run id: {run_id!r}")
+        return self.root / f"{run_id}.jsonl"
+
+    def create(self, spec: ABSpec) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        header = {"type": "header", **asdict(spec)}
+        with open(self.path(spec.run_id), "x", encoding="utf-8") as fh:
+            fh.write(json.dumps(header) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def append(self, run_id: str, record: Generation | Grade) -> None:
+        kind = "gen" if isinstance(record, Generation) else "grade"
+        with open(self.path(run_id), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"type": kind, **asdict(record)}) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def load(self, run_id: str) -> RunState:
+        path = self.path(run_id)
+        if not path.exists():
+            raise KeyError(f"no A/B run {run_id!r} (known: {', '.join(self.runs()) or 'none'})")
+        state: RunState | None = None
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec: dict[str, Any] = json.loads(line)
+            except ValueError:
+                continue  # a torn last line after a crash
+            kind = rec.pop("type", "")
+            if kind == "header":
+                rec["prompts"] = tuple(Prompt(**p) for p in rec["prompts"])
+                rec["seeds"] = tuple(rec["seeds"])
+                state = RunState(ABSpec(**rec))
+            elif state is not None and kind == "gen":
+                g = Generation(**rec)
+                state.gens[(g.side, g.prompt_id, g.seed)] = g
+            elif state is not None and kind == "grade":
+                gr = Grade(**rec)
+                state.grades[(gr.prompt_id, gr.seed)] = gr
+        if state is None:
+            raise ValueError(f"A/B journal {path} has no header line")
+        return state
+
+    def runs(self) -> list[str]:
+        return sorted((p.stem for p in self.root.glob("*.jsonl")), reverse=True) if self.root.is_dir() else []

@@ -1,0 +1,134 @@
+"""ABRunService: generates every prompt × seed on A, switches the engine, then on B (one GPU:
+sequential), journalling each answer; `resume(run_id)` continues a run after a panel restart.
+
+The engine is switched only through the controller's public API (`switch`, `snapshot`, `wait_for`).
+Answers are never truncated (the card's methodology note: clipping flipped a result): max_tokens is
+the user's, and an answer that hits it is marked `length` so the grader can see it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from app.backend.abtest.journal import ABSpec, Generation, Journal, RunState, Side
+from app.backend.selftest.probe import Cancelled, EngineProbe
+from app.backend.selftest.runner import JobState
+
+SWITCH_TIMEOUT_S = 3600.0
+
+
+@dataclass(frozen=True)
+class ABProgress:
+    state: JobState = JobState.IDLE
+    run_id: str = ""
+    done: int = 0
+    total: int = 0
+    eta_s: float | None = None
+    step: str = ""
+    message: str = ""
+
+
+class ABRunService:
+    def __init__(self, settings: Any, engine: Any, probe_factory: Callable[[str], EngineProbe] | None = None):
+        self.settings = settings
+        self.engine = engine
+        self.journal = Journal(settings.ensure_state_dir())
+        self._probe_factory = probe_factory or (lambda url: EngineProbe(url, settings.recipe.model.served_name,
+                                                                        settings.recipe.sampling))
+        self._lock = threading.Lock()
+        self._progress = ABProgress()
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def progress(self) -> ABProgress:
+        with self._lock:
+            return self._progress
+
+    def _set(self, p: ABProgress) -> None:
+        with self._lock:
+            self._progress = p
+
+    def start(self, spec: ABSpec) -> ABProgress:
+        known = {p.id for p in self.engine.profiles()}
+        for pid in (spec.profile_a, spec.profile_b):
+            if pid not in known:
+                raise ValueError(f"unknown profile {pid!r} (known: {', '.join(sorted(known))})")
+        if self.progress().state is JobState.RUNNING:
+            raise ValueError("an A/B run is already running: wait for it or cancel it")
+        self.journal.create(spec)
+        return self.resume(spec.run_id)
+
+    def resume(self, run_id: str) -> ABProgress:
+        if self.progress().state is JobState.RUNNING:
+            raise ValueError("an A/B run is already running: wait for it or cancel it")
+        st = self.journal.load(run_id)
+        self._cancel.clear()
+        self._set(ABProgress(JobState.RUNNING, run_id, st.generated, st.total, step="starting", message="running"))
+        self._thread = threading.Thread(target=self._run, args=(st,), name="abtest", daemon=True)
+        self._thread.start()
+        return self.progress()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def wait(self, timeout: float) -> ABProgress:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.progress()
+
+    def _run(self, st: RunState) -> None:
+        t0, made = time.monotonic(), 0
+        try:
+            for side, profile in (("A", st.spec.profile_a), ("B", st.spec.profile_b)):
+                todo = st.missing(side)  # type: ignore[arg-type]
+                if not todo:
+                    continue
+                self._ensure_profile(profile)
+                probe = self._probe_factory(self.engine.snapshot().base_url)
+                try:
+                    for pid, seed in todo:
+                        if self._cancel.is_set():
+                            raise Cancelled()
+                        self._set(replace(self.progress(), step=f"{side} = {profile}: {pid} seed {seed}"))
+                        g = self._generate(probe, st, side, pid, seed)  # type: ignore[arg-type]
+                        self.journal.append(st.spec.run_id, g)
+                        st.gens[(g.side, pid, seed)] = g
+                        made += 1
+                        per = (time.monotonic() - t0) / made
+                        self._set(replace(self.progress(), done=st.generated, eta_s=per * (st.total - st.generated)))
+                finally:
+                    probe.close()
+            self._set(replace(self.progress(), state=JobState.DONE, step="done", eta_s=0.0,
+                              message="all answers generated: grade them blind"))
+        except Cancelled:
+            self._set(replace(self.progress(), state=JobState.CANCELLED,
+                              message="cancelled: finished answers are kept; resume to continue"))
+        except Exception as exc:  # engine gone, switch failed: the journal keeps what was done
+            self._set(replace(self.progress(), state=JobState.FAILED,
+                              message=f"stopped at {self.progress().step}: {exc} — resume to continue"))
+
+    def _ensure_profile(self, profile: str) -> None:
+        snap = self.engine.snapshot()
+        if snap.is_ready and snap.profile_id == profile:
+            return
+        self._set(replace(self.progress(), step=f"switching the engine to {profile}"))
+        ticket = self.engine.switch(profile)
+        if not ticket.accepted:
+            raise RuntimeError(ticket.message)
+        while not ticket.wait(0.5):
+            if self._cancel.is_set():
+                raise Cancelled()
+        snap = self.engine.wait_for(lambda s: s.is_ready or s.state.value == "failed", SWITCH_TIMEOUT_S)
+        if not (snap.is_ready and snap.profile_id == profile):
+            raise RuntimeError(f"the switch to {profile} did not reach ready ({snap.state.value}: {snap.message})")
+
+    def _generate(self, probe: EngineProbe, st: RunState, side: Side, pid: str, seed: int) -> Generation:
+        text = next(p.text for p in st.spec.prompts if p.id == pid)
+        t0 = time.monotonic()
+        t = probe.generate([{"role": "user", "content": text}], st.spec.max_tokens, seed=seed, cancel=self._cancel)
+        return Generation(side, pid, seed, t.text, t.completion_tokens,
+                          round(t.decode_tok_s, 3) if t.decode_tok_s else None, round(time.monotonic() - t0, 3),
+                          t.finish_reason)

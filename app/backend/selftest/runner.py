@@ -1,0 +1,318 @@
+"""SelfTestService: runs one self-test plan at a time as a cancellable background job.
+
+States: idle -> running -> done | cancelled | failed (one writer: the job thread; readers get
+immutable `SelfTestProgress` snapshots). The self-test never starts, stops or switches the engine:
+it refuses unless the engine is READY on the profile asked for (docs/selftest.md).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+import threading
+import time
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any, Callable
+
+from app.backend.recipe.command import config_hash
+from app.backend.selftest.needle import DEPTHS, build_needle
+from app.backend.selftest.pcie import read_links
+from app.backend.selftest.probe import Cancelled, EngineProbe
+from app.backend.selftest.store import ResultsStore
+from app.backend.selftest.types import (
+    DecodeRun, NeedleOutcome, SelfTestPlan, SelfTestResult, TelemetrySummary, TtftPoint,
+)
+
+ASSUMED_PREFILL_TOK_S = 6000.0  # for the estimate only, before a TTFT point is measured
+DECODE_PROMPT = [{"role": "user", "content": "Write a long, detailed explanation of how a lock-free multi-producer "
+                                             "multi-consumer queue works, with code."}]
+
+
+class JobState(str, Enum):
+    IDLE = "idle"
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class SelfTestProgress:
+    state: JobState = JobState.IDLE
+    profile_id: str = ""
+    step: str = ""
+    fraction: float = 0.0
+    estimate_s: float = 0.0
+    elapsed_s: float = 0.0
+    message: str = ""
+    result: SelfTestResult | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str  # decode | ttft | needle
+    label: str
+    arg: Any
+    expect_s: float
+
+
+def max_model_len(args: list[str], default: int) -> int:
+    if "--max-model-len" in args:
+        raw = args[args.index("--max-model-len") + 1].lower()
+        mult = {"k": 1024, "m": 1024 * 1024}.get(raw[-1:], 1)
+        return int(float(raw[:-1] if mult > 1 else raw) * mult)
+    return default
+
+
+def plan_steps(plan: SelfTestPlan, decode_tok_s: float, ctx: int) -> list[Step]:
+    """The steps of a plan with their expected seconds (the estimate shown before it starts)."""
+    steps = [Step("decode", f"decode run {i + 1}/{plan.runs}", i, plan.decode_tokens / decode_tok_s + 1)
+             for i in range(plan.runs)]
+    steps += [Step("ttft", f"TTFT at {n} tokens", n, n / ASSUMED_PREFILL_TOK_S + 0.5)
+              for n in plan.ttft_lengths if n < ctx]
+    for n in plan.needle_lengths:
+        for d in DEPTHS:
+            steps.append(Step("needle", f"needle {n // 1024}K @ {d:g}", (n, d),
+                              n / ASSUMED_PREFILL_TOK_S + plan.needle_answer_tokens / decode_tok_s + 1))
+    return steps
+
+
+class SelfTestService:
+    """Owned by AppState; `engine` is the EngineController (public methods only), `frame_fn` the
+    telemetry hub's latest frame (or None)."""
+
+    def __init__(self, settings: Any, engine: Any, frame_fn: Callable[[], Any] | None = None,
+                 probe_factory: Callable[[str], EngineProbe] | None = None):
+        self.settings = settings
+        self.engine = engine
+        self.frame_fn = frame_fn or (lambda: None)
+        self.store = ResultsStore(settings.ensure_state_dir())
+        self._probe_factory = probe_factory or self._default_probe
+        self._lock = threading.Lock()
+        self._progress = SelfTestProgress()
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- public API -----------------------------------------------------------------------------------
+    def progress(self) -> SelfTestProgress:
+        with self._lock:
+            return self._progress
+
+    def identity(self, profile_id: str) -> tuple[str, str]:
+        """(engine image id, recipe hash) of a profile now: the store's key besides profile and date."""
+        try:
+            spec = self.engine.run_spec(profile_id)
+            recipe_hash, image = config_hash(spec), spec.image
+        except (KeyError, ValueError):
+            return "", ""
+        snap = self.engine.snapshot()
+        try:
+            rt = self.engine.runtime
+            inst = rt.get(snap.container_id) if rt is not None and snap.container_id else None
+            if inst is not None and inst.image and snap.profile_id == profile_id:
+                image = inst.image
+        except Exception:  # the runtime is optional here: the tag is a fine fallback key
+            pass
+        return image, recipe_hash
+
+    def estimate_s(self, plan: SelfTestPlan) -> float:
+        return sum(s.expect_s for s in plan_steps(plan, self._card_rate(plan.profile_id) or 50.0,
+                                                  self._ctx(plan.profile_id)))
+
+    def check(self, profile_id: str) -> str:
+        """'' when a self-test of this profile can run now, else what to do first."""
+        snap = self.engine.snapshot()
+        if not snap.is_ready:
+            return f"the engine is {snap.state.value}: start profile {profile_id} first (the self-test never starts it)"
+        if snap.profile_id != profile_id:
+            return (f"the engine serves profile {snap.profile_id}, not {profile_id}: switch to {profile_id} first "
+                    "(the self-test never switches or restarts the engine)")
+        if self.engine.busy() is not None:
+            return "the engine is busy with a start/stop/switch: wait for it"
+        return ""
+
+    def start(self, plan: SelfTestPlan) -> SelfTestProgress:
+        """Start in the background; a refusal comes back as a FAILED progress with the reason."""
+        with self._lock:
+            if self._progress.state is JobState.RUNNING:
+                return replace(self._progress, message="a self-test is already running: wait or cancel it")
+        if why := self.check(plan.profile_id):
+            return SelfTestProgress(JobState.FAILED, plan.profile_id, message=f"refused: {why}")
+        self._cancel.clear()
+        self._set(SelfTestProgress(JobState.RUNNING, plan.profile_id, "starting", 0.0, self.estimate_s(plan),
+                                   message="running"))
+        self._thread = threading.Thread(target=self._run, args=(plan,), name="selftest", daemon=True)
+        self._thread.start()
+        return self.progress()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def wait(self, timeout: float) -> SelfTestProgress:
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+        return self.progress()
+
+    def run_blocking(self, plan: SelfTestPlan, on_progress: Callable[[SelfTestProgress], None] | None = None,
+                     poll_s: float = 0.5) -> SelfTestProgress:
+        """For the CLI: start, report progress until finished (Ctrl-C cancels)."""
+        p = self.start(plan)
+        if p.state is not JobState.RUNNING:
+            return p
+        try:
+            while (p := self.wait(poll_s)).state is JobState.RUNNING:
+                if on_progress:
+                    on_progress(p)
+        except KeyboardInterrupt:
+            self.cancel()
+            p = self.wait(60)
+        return p
+
+    # --- the job --------------------------------------------------------------------------------------
+    def _set(self, p: SelfTestProgress) -> None:
+        with self._lock:
+            self._progress = p
+
+    def _card_rate(self, profile_id: str) -> float | None:
+        for p in self.engine.profiles():
+            if p.id == profile_id and p.decode is not None:
+                return float(p.decode.value)
+        return None
+
+    def _ctx(self, profile_id: str) -> int:
+        try:
+            return max_model_len(list(self.engine.run_spec(profile_id).args), 262144)
+        except (KeyError, ValueError):
+            return 262144
+
+    def _default_probe(self, base_url: str) -> EngineProbe:
+        r = self.settings.recipe
+        return EngineProbe(base_url, r.model.served_name, r.sampling)
+
+    def _run(self, plan: SelfTestPlan) -> None:
+        t0 = time.monotonic()
+        card = self._card_rate(plan.profile_id)
+        ctx = self._ctx(plan.profile_id)
+        steps = plan_steps(plan, card or 50.0, ctx)
+        total = sum(s.expect_s for s in steps) or 1.0
+        image, rhash = self.identity(plan.profile_id)
+        result = SelfTestResult(plan.profile_id, image, rhash, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                                bool(self.settings.recipe.simulated), card, plan=_plan_dict(plan))
+        watch = _TelemetryWatch(self.frame_fn)
+        watch.start()
+        probe = self._probe_factory(self.engine.snapshot().base_url)
+        done_s = 0.0
+        try:
+            for step in steps:
+                if self._cancel.is_set():
+                    raise Cancelled()
+                if (why := self.check(plan.profile_id)):
+                    raise RuntimeError(f"stopped: {why}")
+                self._set(replace(self.progress(), step=step.label, fraction=done_s / total,
+                                  elapsed_s=time.monotonic() - t0))
+                self._do(step, plan, probe, result, ctx)
+                done_s += step.expect_s
+            result.wall_s = time.monotonic() - t0
+            result.telemetry = watch.stop()
+            self.store.save(result)
+            self._set(replace(self.progress(), state=JobState.DONE, step="done", fraction=1.0,
+                              elapsed_s=result.wall_s, message="done", result=result))
+        except Cancelled:
+            watch.stop()
+            self._set(replace(self.progress(), state=JobState.CANCELLED, message="cancelled: nothing was saved"))
+        except Exception as exc:  # the engine went away, a bad answer...: say so, keep the panel up
+            watch.stop()
+            self._set(replace(self.progress(), state=JobState.FAILED, message=f"failed at {self.progress().step}: {exc}"))
+        finally:
+            probe.close()
+
+    def _do(self, step: Step, plan: SelfTestPlan, probe: EngineProbe, result: SelfTestResult, ctx: int) -> None:
+        if step.kind == "decode":
+            before, t_start = probe.generation_tokens_total(), time.monotonic()
+            t = probe.generate(DECODE_PROMPT, plan.decode_tokens, min_tokens=plan.decode_tokens, ignore_eos=True,
+                               seed=step.arg, cancel=self._cancel)
+            after, wall = probe.generation_tokens_total(), time.monotonic() - t_start
+            m = (after - before - 1) / (wall - t.ttft_s) if before is not None and after is not None and wall > t.ttft_s else None
+            if t.decode_tok_s is None:
+                raise RuntimeError(f"the decode run produced {t.completion_tokens} tokens: too few to time")
+            result.decode.append(DecodeRun(round(t.decode_tok_s, 3), t.completion_tokens, round(t.ttft_s, 3),
+                                           round(m, 3) if m is not None else None))
+        elif step.kind == "ttft":
+            msgs = [{"role": "user", "content": "word " * int(step.arg / 1.3) + "\nSay hi."}]
+            t = probe.generate(msgs, 1, thinking=False, cancel=self._cancel)
+            result.ttft.append(TtftPoint(t.prompt_tokens or probe.tokenize(msgs), round(t.ttft_s, 3)))
+        else:
+            length, depth = step.arg
+            target = min(length, ctx - plan.needle_answer_tokens - 8)
+            if length > ctx:
+                result.needles.append(NeedleOutcome(length, depth, 0, "", False, "",
+                                                    skipped=f"past this profile's --max-model-len {ctx}"))
+                return
+            np_ = build_needle(probe.tokenize, target, depth, salt=result.date)
+            t = probe.generate(np_.messages, plan.needle_answer_tokens, thinking=False, cancel=self._cancel)
+            result.needles.append(NeedleOutcome(length, depth, np_.tokens, np_.code, np_.code in t.text, t.text[:200]))
+
+
+def _plan_dict(plan: SelfTestPlan) -> dict[str, Any]:
+    return {"runs": plan.runs, "decode_tokens": plan.decode_tokens, "ttft_lengths": list(plan.ttft_lengths),
+            "needle_lengths": list(plan.needle_lengths)}
+
+
+class _TelemetryWatch:
+    """Samples the telemetry hub's latest frame once a second while the self-test runs."""
+
+    def __init__(self, frame_fn: Callable[[], Any]):
+        self._frame_fn = frame_fn
+        self._stop = threading.Event()
+        self._sum = TelemetrySummary()
+        self._thread = threading.Thread(target=self._loop, name="selftest-telemetry", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> TelemetrySummary:
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join(5)
+            links = read_links()
+            if links:
+                self._sum.pcie = "; ".join(x.text() for x in links)
+                self._sum.pcie_below_max = any(x.below_max for x in links)
+        return self._sum
+
+    def _loop(self) -> None:
+        churn: list[float] = []
+        while True:
+            try:
+                self._take(self._frame_fn(), churn)
+            except Exception:  # telemetry is best-effort during a self-test
+                pass
+            if self._stop.wait(1.0):
+                break
+        if churn:
+            self._sum.churn_per_s = round(statistics.median(churn), 1)
+
+    def _take(self, f: Any, churn: list[float]) -> None:
+        if f is None:
+            return
+        s = self._sum
+        if f.gpus:
+            used, total = f.vram_used_gib, f.vram_total_gib
+            s.vram_peak_gib = max(s.vram_peak_gib or 0.0, round(used, 2))
+            s.vram_total_gib = round(total, 2)
+            clocks = [g.sm_clock_mhz for g in f.gpus if g.sm_clock_mhz]
+            if clocks:
+                s.sm_clock_min_mhz = min([s.sm_clock_min_mhz or clocks[0]] + clocks)
+                s.sm_clock_max_mhz = max([s.sm_clock_max_mhz or 0] + clocks)
+            for g in f.gpus:
+                s.throttle_reasons = sorted(set(s.throttle_reasons) | set(g.throttle_reasons))
+            if f.gpu_simulated:
+                s.gpu_note = "SIMULATED GPU (demo mode): not a real card"
+        elif f.gpu_error:
+            s.gpu_note = f.gpu_error
+        if f.coverage_pct is not None:
+            s.coverage_pct = round(f.coverage_pct, 1)
+        if f.churn_per_s is not None:
+            churn.append(f.churn_per_s)

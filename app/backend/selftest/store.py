@@ -1,0 +1,70 @@
+"""Self-test results on disk: one JSON file per run under <state>/selftest/, keyed by profile, engine
+image id, recipe hash and date (the issue's key), so a changed image or recipe shows as stale."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from app.backend.selftest.types import SelfTestResult
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class ResultsStore:
+    def __init__(self, state_dir: Path):
+        self.root = Path(state_dir) / "selftest"
+
+    def save(self, result: SelfTestResult) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        stamp = result.date.replace(":", "").replace("-", "")
+        name = f"{_SAFE.sub('_', result.profile_id)}--{result.recipe_hash}--{stamp}.json"
+        path = self.root / name
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(result.to_json(), fh, indent=1)
+        os.replace(tmp, path)  # atomic: a crash never leaves half a result
+        return path
+
+    def all(self, profile_id: str | None = None) -> list[SelfTestResult]:
+        """Newest first; unreadable files are skipped (a stored result never breaks the panel)."""
+        out = []
+        for p in self.root.glob("*.json") if self.root.is_dir() else []:
+            try:
+                r = SelfTestResult.from_json(json.loads(p.read_text(encoding="utf-8")))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if profile_id is None or r.profile_id == profile_id:
+                out.append(r)
+        return sorted(out, key=lambda r: r.date, reverse=True)
+
+    def latest(self, profile_id: str) -> SelfTestResult | None:
+        found = self.all(profile_id)
+        return found[0] if found else None
+
+
+def stale_reason(result: SelfTestResult, image_id: str, recipe_hash: str) -> str:
+    """Why a stored result no longer describes this box's setup ('' when it still does)."""
+    why = []
+    if image_id and result.image_id and image_id != result.image_id:
+        why.append(f"the engine image changed ({result.image_id[:19]} → {image_id[:19]})")
+    if recipe_hash and result.recipe_hash != recipe_hash:
+        why.append("the profile's command changed since")
+    return "; ".join(why)
+
+
+def export_file(state_dir: Path, result: SelfTestResult, fmt: str) -> Path:
+    """Write the result as Markdown ('md') or JSON ('json') under <state>/exports/ for download."""
+    from app.backend.selftest.report import to_json_text, to_markdown
+
+    if fmt not in ("md", "json"):
+        raise ValueError(f"export format must be md or json, got {fmt!r}")
+    out = Path(state_dir) / "exports"
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = result.date[:19].replace(":", "").replace("-", "")
+    path = out / f"selftest-{_SAFE.sub('_', result.profile_id)}-{stamp}.{fmt}"
+    path.write_text(to_markdown(result) if fmt == "md" else to_json_text(result), encoding="utf-8")
+    return path

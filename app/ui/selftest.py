@@ -1,0 +1,134 @@
+"""Self-test tab: measure the serving profile on this box, beside the card's figures (docs/selftest.md).
+
+Thin: everything comes from `state.selftest` (SelfTestService) and `state.engine.snapshot()`; the tab
+never starts or switches the engine — it tells the user to, on the Engine tab.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import gradio as gr
+
+from app.backend.selftest.needle import parse_lengths
+from app.backend.selftest.report import card_line, to_markdown, verdict
+from app.backend.selftest.runner import JobState
+from app.backend.selftest.types import SelfTestPlan
+from app.backend.selftest.store import export_file, stale_reason
+from app.backend.state import AppState
+
+TITLE = "Self-test"
+
+
+def _profile_ids(state: AppState) -> list[str]:
+    return [p.id for p in state.engine.profiles()]
+
+
+def figures_html(state: AppState) -> str:
+    """One row per profile: the card's decode figure beside this box's latest self-test."""
+    svc = state.selftest
+    rows = []
+    for p in state.engine.profiles():
+        r = svc.store.latest(p.id)
+        card = f"{p.decode.value:g} tok/s" if p.decode is not None else "—"
+        if r is None:
+            box, note = "not measured yet", ""
+        else:
+            box = html.escape(card_line(r))
+            stale = stale_reason(r, *svc.identity(p.id))
+            note = html.escape(verdict(r)) + (f' <b class="st-stale">— {html.escape(stale)}: run it again</b>'
+                                              if stale else "")
+        rows.append(f'<tr data-profile="{html.escape(p.id)}"><td>{p.number} · {html.escape(p.title)}</td>'
+                    f"<td>{card}</td><td>{box}</td><td>{note}</td></tr>")
+    return ('<table class="moet-table" id="st-figures-table"><thead><tr><th>profile</th><th>card decode</th>'
+            "<th>this box</th><th>verdict</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _plan(profile: str, runs: float, tokens: float, needles: str) -> SelfTestPlan:
+    return SelfTestPlan(profile, runs=int(runs), decode_tokens=int(tokens),
+                        needle_lengths=tuple(parse_lengths(needles or "")))
+
+
+def status_html(state: AppState, profile: str, runs: float, tokens: float, needles: str) -> str:
+    p = state.selftest.progress()
+    if p.state is JobState.RUNNING:
+        pct = int(p.fraction * 100)
+        return (f'<div id="st-progress" data-state="running"><progress max="100" value="{pct}"></progress> '
+                f"{pct}% · {html.escape(p.step)} · {p.elapsed_s:.0f} s of about {p.estimate_s:.0f} s</div>")
+    try:
+        est = state.selftest.estimate_s(_plan(profile, runs, tokens, needles))
+    except ValueError as exc:
+        return f'<div id="st-progress" data-state="invalid" role="alert">{html.escape(str(exc))}</div>'
+    why = state.selftest.check(profile)
+    last = f"<br>last run: {html.escape(p.message)}" if p.state is not JobState.IDLE and p.profile_id == profile else ""
+    ready = (f"ready to run: about {est / 60:.1f} min" if not why else f"cannot run now: {html.escape(why)}")
+    return f'<div id="st-progress" data-state="{p.state.value}">{ready}{last}</div>'
+
+
+def result_md(state: AppState, profile: str) -> str:
+    r = state.selftest.store.latest(profile)
+    return to_markdown(r) if r is not None else f"No self-test of profile `{profile}` yet."
+
+
+def exports(state: AppState, profile: str) -> tuple[str | None, str | None]:
+    """The latest result of a profile written as Markdown and JSON files (what the export buttons serve)."""
+    r = state.selftest.store.latest(profile)
+    if r is None:
+        return None, None
+    return (str(export_file(state.settings.state_dir, r, "md")), str(export_file(state.settings.state_dir, r, "json")))
+
+
+def render(state: AppState, shell: Any) -> None:
+    if state.selftest is None or state.engine is None:
+        gr.Markdown("The self-test is not available in this build.")
+        return
+    gr.Markdown("Does **this box** reach the card's figures? The self-test streams long single-stream answers "
+                "with the card's sampling (decode tok/s after the first token), times the first token at a few "
+                "prompt lengths, and hides a code in 64K/256K prompts at depths 0.05/0.50/0.95 (counted in the "
+                "engine's own tokens). It uses the engine as it runs: start the profile first on the Engine tab.")
+    figures = gr.HTML(figures_html(state), elem_id="st-figures")
+    ids = _profile_ids(state)
+    snap = state.engine.snapshot()
+    with gr.Row():
+        profile = gr.Dropdown(ids, value=snap.profile_id if snap.profile_id in ids else ids[0], label="Profile",
+                              elem_id="st-profile")
+        runs = gr.Number(3, label="Decode runs", precision=0, minimum=1, maximum=20, elem_id="st-runs")
+        tokens = gr.Number(2000, label="Tokens per run", precision=0, minimum=16, elem_id="st-tokens")
+        needles = gr.Textbox("64k,256k", label="Needle lengths", elem_id="st-needles")
+    inputs = [profile, runs, tokens, needles]
+    status = gr.HTML(status_html(state, profile.value, 3, 2000, "64k,256k"), elem_id="st-status")
+    with gr.Row():
+        run = gr.Button("Run self-test", variant="primary", elem_id="st-run")
+        cancel = gr.Button("Cancel", elem_id="st-cancel")
+        md0, json0 = exports(state, profile.value)
+        dl_md = gr.DownloadButton("Export Markdown", md0, elem_id="st-export-md")
+        dl_json = gr.DownloadButton("Export JSON", json0, elem_id="st-export-json")
+    result = gr.Markdown(result_md(state, profile.value), elem_id="st-result")
+    quick = {"show_progress": "hidden", "concurrency_limit": None}
+
+    def start(pid: str, n: float, t: float, nd: str) -> str:
+        try:
+            state.selftest.start(_plan(pid, n, t, nd))
+        except ValueError as exc:
+            return f'<div id="st-progress" data-state="invalid" role="alert">{html.escape(str(exc))}</div>'
+        return status_html(state, pid, n, t, nd)
+
+    run.click(start, inputs, [status], **quick)
+    cancel.click(lambda *a: (state.selftest.cancel(), status_html(state, *a))[1], inputs, [status], **quick)
+    for ev in (runs.change, tokens.change, needles.change):
+        ev(lambda *a: status_html(state, *a), inputs, [status], **quick)
+    profile.change(lambda *a: (status_html(state, *a), result_md(state, a[0]), *exports(state, a[0])), inputs,
+                   [status, result, dl_md, dl_json], **quick)
+    seen = gr.State(JobState.IDLE.value)  # per browser session: the job state its page last drew
+
+    def tick(pid: str, n: float, t: float, nd: str, last: str):
+        now = state.selftest.progress().state
+        finished = last == JobState.RUNNING.value and now is not JobState.RUNNING
+        if not finished:
+            return status_html(state, pid, n, t, nd), gr.skip(), gr.skip(), gr.skip(), gr.skip(), now.value
+        return (status_html(state, pid, n, t, nd), figures_html(state), result_md(state, pid),
+                *exports(state, pid), now.value)
+
+    shell.timer.tick(tick, inputs + [seen], [status, figures, result, dl_md, dl_json, seen], show_progress="hidden",
+                     concurrency_limit=None, trigger_mode="once")
