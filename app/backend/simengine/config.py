@@ -16,6 +16,8 @@ FAIL_MODES = (
     "slow_boot",
     "cache_miss",
     "host_oom",
+    "hang_mid_generation",  # stops producing tokens mid-answer while /health stays 200 (a wedged vLLM)
+    "boot_guard",  # the load-time guard refuses the configuration (engine.md §2.6), exit 1
 )
 FAIL_ALIASES = {"health_without_pool": "pool_disabled"}  # the brief's name for the same symptom
 REASONING_MODES = ("reasoning", "reasoning_content", "think_tags", "none")
