@@ -20,6 +20,7 @@ class AppState:
     downloads: Any = None  # app.backend.download.manager.DownloadManager
     telemetry: Any = None  # app.backend.telemetry.hub.TelemetryHub
     chat: Any = None  # app.backend.chat.service.ChatService
+    gpu: Any = None  # app.backend.telemetry.gpu_types.GpuReader: the one reader, shared by engine and telemetry
     _closers: list[Any] = field(default_factory=list, repr=False)
 
     def on_close(self, fn: Any) -> None:
@@ -49,9 +50,12 @@ def build_app_state(settings: Settings) -> AppState:
 
     # engine (owner: engine helper): picks Docker (or the SIMULATED process runtime), reattaches to a
     # running panel engine; its closer stops the panel's threads, never the engine container.
-    from app.backend.engine.factory import make_engine_controller
+    # One GPU reader for the whole app (engine preflight/release wait, telemetry): made here, injected.
+    from app.backend.engine.factory import default_gpu_reader, make_engine_controller
 
-    state.engine = make_engine_controller(settings)
+    ref: list[Any] = []
+    state.gpu = default_gpu_reader(settings, ref)
+    state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref)
     state.on_close(state.engine.close)
 
     # chat (owner: chat helper). The snapshot is read lazily: the engine controller may be added after.
@@ -68,7 +72,7 @@ def build_app_state(settings: Settings) -> AppState:
     # (here or on the first tick after state.engine is set).
     from app.backend.telemetry.hub import TelemetryHub
 
-    state.telemetry = TelemetryHub(settings, engine=state.engine, engine_provider=lambda: state.engine)
+    state.telemetry = TelemetryHub(settings, engine=state.engine, gpu_reader=state.gpu, engine_provider=lambda: state.engine)
     state.telemetry.start()
     state.on_close(state.telemetry.close)
     return state

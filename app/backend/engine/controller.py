@@ -539,6 +539,21 @@ class EngineController(LogFollowing):
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def _restart_stalled(self, profile_id: str) -> None:
+        """restart_on_stall: same profile; the stalled run's log files stay on disk, its diagnosis stays shown."""
+        stalled = self.snapshot().diagnosis
+
+        def op(t: Ticket) -> None:
+            if not self._stop_and_release(f"restarting {profile_id}: the engine stalled"):
+                self._finish(t, False)
+                return
+            ok = self._boot(profile_id, frozenset())
+            if ok and stalled is not None:
+                self._apply(sm.Noted(f"restarted {profile_id} after a stall (previous run: {stalled.title})", stalled))
+            self._finish(t, ok)
+
+        self._submit("restart", profile_id, op)
+
     def _reconcile_now(self) -> None:
         """Inside an operation: read Docker first, so a start/switch acts on the truth, not on belief."""
         self._reconcile(own_op=True)
