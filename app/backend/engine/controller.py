@@ -209,21 +209,29 @@ class EngineController(LogFollowing):
         with self._lock:
             busy = self._busy
             if busy is not None and busy.action != "stop":
+                have_lock = False
+                if busy.action not in MUTATING:  # only watching (adopt): the engine may be another writer's
+                    try:
+                        self.oplock.acquire(self.options.actor, "stop")
+                        have_lock = True
+                    except LockHeld as exc:
+                        return self._refused("stop", None, str(exc))
                 self._cancel.set()
                 self._wake.set()
                 ticket = Ticket(next(self._ids), "stop", None, True, f"cancelling the {busy.action}, then stopping")
-                threading.Thread(target=self._stop_after, args=(busy, ticket), daemon=True).start()
+                threading.Thread(target=self._stop_after, args=(busy, ticket, have_lock), daemon=True).start()
                 return ticket
         return self._submit("stop", None, self._op_stop)
 
-    def _stop_after(self, busy: Ticket, ticket: Ticket) -> None:
+    def _stop_after(self, busy: Ticket, ticket: Ticket, have_lock: bool = False) -> None:
         busy.wait()
         with self._lock:
             while self._busy is not None:  # another op slipped in; wait for it too
                 self._changed.wait(0.5)
             self._busy = ticket
         try:
-            self.oplock.acquire(self.options.actor, "stop")
+            if not have_lock:
+                self.oplock.acquire(self.options.actor, "stop")
         except LockHeld as exc:  # another process took over between the cancelled op and this stop
             ticket.ok, ticket.message = False, str(exc)
             with self._lock:

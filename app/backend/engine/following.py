@@ -175,6 +175,11 @@ class LogFollowing:
         if snap.state in LIVE_STATES or snap.state is S.STOPPING:
             cid = snap.container_id
         elif snap.state is S.FAILED and snap.container_id:
+            if not any(i.id == snap.container_id and i.status != "removing" for i in mine):
+                with self._lock:  # the failed run's container was removed: nothing is there; keep why it failed
+                    if self._busy is None or own_op:
+                        self._apply(sm.Vanished(f"{snap.container_name or 'the engine container'} was removed "
+                                                "(the last diagnosis is kept below)", snap.diagnosis))
             return  # already explained
         else:
             exited = sorted((i for i in mine if not i.running), key=lambda i: i.finished_at or i.started_at)
