@@ -19,7 +19,7 @@ from app.backend.recipe import SIMULATED_RECIPE
 from tests.engine.conftest import TEST_LABEL, panel_containers, wait_until
 
 S = EngineState
-CONVERGE_S = 2.5  # the 2 s, plus one poll of slack on a loaded 2-core box
+CONVERGE_S = 3.0  # the 2 s plus slack for a loaded shared 2-core box; bench/engine_soak measures the real p95
 REPO = Path(__file__).resolve().parents[2]
 
 
