@@ -82,7 +82,10 @@ class LogFollowing:
         self.logs.append(LogLine(text=text, stream=stream, container_id=cid))
         with self._lock:
             # Boot regexes only while booting: after ready a line cannot change the boot picture.
-            if token != self._run_token or self._snap.state is not S.STARTING or not self._tracker.feed(text):
+            if token != self._run_token or self._snap.state not in (S.PREFLIGHT, S.STARTING) \
+                    or not self._tracker.feed(text):
+                return
+            if self._snap.state is not S.STARTING:  # first lines before BootBegan: tracked, shown next line
                 return
             p = self._tracker.progress
             msg = cache_miss_warning() if p.cache_miss else ""
