@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.backend.telemetry.gpu_types import GpuReader
 
 
 @dataclass(frozen=True)
@@ -23,21 +27,26 @@ class HostProbe:
         return "; ".join(reasons)
 
 
-def probe_gpu() -> tuple[bool, str]:
-    try:
-        import pynvml
+def probe_gpu(reader: "GpuReader | None" = None) -> tuple[bool, str]:
+    """Through the panel's one GPU reader class (telemetry/nvml.py), not a second NVML client. A reader passed
+    in is only read; one made here (serve's probe runs before the AppState exists) is closed again."""
+    from app.backend.telemetry.nvml import NvmlGpuReader
 
-        pynvml.nvmlInit()
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-            if count < 1:
-                return False, "NVML reports 0 GPUs"
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-            return True, f"{count} GPU(s), GPU 0: {name if isinstance(name, str) else name.decode()}"
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError ...
+    own = reader is None
+    r = reader if reader is not None else NvmlGpuReader()
+    try:
+        if not r.available:
+            return False, f"NVML unavailable: {r.error}"
+        gpus = r.read()
+        if not gpus:
+            return False, "NVML reports 0 GPUs"
+        return True, f"{len(gpus)} GPU(s), GPU 0: {gpus[0].name}"
+    except Exception as exc:  # NVMLError_DriverNotLoaded and friends
         return False, f"NVML unavailable: {exc.__class__.__name__}: {exc}".rstrip(": ")
+    finally:
+        closer = getattr(r, "close", None)
+        if own and closer is not None:
+            closer()
 
 
 def probe_docker(timeout_s: float = 3.0) -> tuple[bool, str]:
@@ -58,3 +67,13 @@ def probe_host() -> HostProbe:
     gpu_ok, gpu_detail = probe_gpu()
     docker_ok, docker_detail = probe_docker()
     return HostProbe(gpu_ok, gpu_detail, docker_ok, docker_detail)
+
+
+DEMO_REQUESTED = "requested (--demo / MOET_PANEL_DEMO=1)"
+
+
+def detect_demo(requested: bool, probe: HostProbe | None = None) -> str:
+    """Why demo mode is on ('' = off): asked for, or no usable GPU/Docker here. Serve and the CLI both use it."""
+    if requested:
+        return DEMO_REQUESTED
+    return (probe or probe_host()).demo_reason

@@ -49,6 +49,12 @@ class Settings:
         return self.state_dir
 
 
+def demo_data_dir() -> Path:
+    """The per-user demo data dir (never the real /data/ds4): one data dir for demo mode, panel and CLI alike."""
+    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "moet-panel" / "demo"
+
+
 def resolve_settings(recipe: str | Path | None = None, data_dir: str | Path | None = None, demo: bool = False,
                      demo_reason: str = "") -> Settings:
     """Combine CLI flags, environment and recipe defaults (flags win over env, env over defaults).
@@ -61,7 +67,7 @@ def resolve_settings(recipe: str | Path | None = None, data_dir: str | Path | No
     default = SIMULATED_RECIPE if demo else DEFAULT_RECIPE
     recipe_path = Path(recipe or os.environ.get(ENV_RECIPE) or default).expanduser().resolve()
     loaded = load_recipe(recipe_path)
-    raw_dir = str(data_dir or os.environ.get(ENV_DATA_DIR) or loaded.default_data_dir)
+    raw_dir = str(data_dir or os.environ.get(ENV_DATA_DIR) or (demo_data_dir() if demo else loaded.default_data_dir))
     resolved = Path(validate_data_dir(str(Path(raw_dir).expanduser().absolute())))
     return Settings(recipe_path=recipe_path, recipe=loaded, data_dir=resolved, demo=demo or loaded.simulated,
                     demo_reason=demo_reason)

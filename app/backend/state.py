@@ -22,6 +22,7 @@ class AppState:
     chat: Any = None  # app.backend.chat.service.ChatService
     selftest: Any = None  # app.backend.selftest.runner.SelfTestService
     abtest: Any = None  # app.backend.abtest.runner.ABRunService
+    gpu: Any = None  # app.backend.telemetry.gpu_types.GpuReader: the one reader, shared by engine and telemetry
     _closers: list[Any] = field(default_factory=list, repr=False)
 
     def on_close(self, fn: Any) -> None:
@@ -51,9 +52,12 @@ def build_app_state(settings: Settings) -> AppState:
 
     # engine (owner: engine helper): picks Docker (or the SIMULATED process runtime), reattaches to a
     # running panel engine; its closer stops the panel's threads, never the engine container.
-    from app.backend.engine.factory import make_engine_controller
+    # One GPU reader for the whole app (engine preflight/release wait, telemetry): made here, injected.
+    from app.backend.engine.factory import default_gpu_reader, make_engine_controller
 
-    state.engine = make_engine_controller(settings)
+    ref: list[Any] = []
+    state.gpu = default_gpu_reader(settings, ref)
+    state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref)
     state.on_close(state.engine.close)
 
     # chat (owner: chat helper). The snapshot is read lazily: the engine controller may be added after.
@@ -70,11 +74,11 @@ def build_app_state(settings: Settings) -> AppState:
     # (here or on the first tick after state.engine is set).
     from app.backend.telemetry.hub import TelemetryHub
 
-    state.telemetry = TelemetryHub(settings, engine=state.engine, engine_provider=lambda: state.engine)
+    state.telemetry = TelemetryHub(settings, engine=state.engine, gpu_reader=state.gpu, engine_provider=lambda: state.engine)
     state.telemetry.start()
     state.on_close(state.telemetry.close)
 
-    # self-test (owner: selftest helper): measures the serving profile; never starts/stops the engine.
+    # self-test: measures the serving profile; never starts/stops the engine.
     from app.backend.selftest.runner import SelfTestService
 
     state.selftest = SelfTestService(settings, state.engine, frame_fn=state.telemetry.latest)

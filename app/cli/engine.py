@@ -1,13 +1,16 @@
 """`moet-panel engine status|preflight|start|stop|switch|logs|build-image`.
 
-Exit codes: 0 success; 1 the operation failed (diagnosis printed); 2 refused / bad input;
-3 Docker unreachable.
+Exit codes: 0 success; 1 the operation failed (diagnosis printed); 2 refused / bad input (including the
+engine lock held by another panel or CLI, named in the message); 3 Docker unreachable.
+`engine status` answers with the engine's state (docs/engine.md, "engine status"): 0 ready, 1 failed,
+3 Docker unreachable, 4 stopped, 5 starting / stopping (in transition), 6 stalled.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -18,12 +21,16 @@ from app.backend.settings import resolve_settings
 from app.cli.main import add_common
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_STOPPED, EXIT_TRANSITION, EXIT_STALLED = 4, 5, 6
+STATUS_EXIT = {"ready": EXIT_OK, "failed": EXIT_FAILED, "stopped": EXIT_STOPPED, "starting": EXIT_TRANSITION,
+               "preflight": EXIT_TRANSITION, "stopping": EXIT_TRANSITION, "stalled": EXIT_STALLED}
 
 
 def register(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser("engine", help="control the serving engine (Docker container)")
     add_common(p)
-    p.add_argument("--demo", action="store_true", help="simulated recipe (demo mode)")
+    p.add_argument("--demo", action="store_true", help="simulated recipe (demo mode); like --recipe/--data-dir/--json, "
+                   "accepted at any level")
     es = p.add_subparsers(dest="engine_cmd", metavar="ACTION", required=True)
     st = es.add_parser("status", help="state, profile, boot phase, last diagnosis, alerts")
     st.add_argument("--json", action="store_true")
@@ -54,13 +61,17 @@ def register(subs: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = resolve_settings(args.recipe, args.data_dir, demo=getattr(args, "demo", False))
+    from app.backend.hostprobe import detect_demo  # the same rule as `serve`
+    from app.backend.settings import ENV_DEMO
+
+    reason = detect_demo(bool(getattr(args, "demo", False)) or os.environ.get(ENV_DEMO) == "1")
+    settings = resolve_settings(args.recipe, args.data_dir, demo=bool(reason), demo_reason=reason)
     if args.engine_cmd == "build-image":
         return _build_image(args, settings)
     from app.backend.engine.controller import ControllerOptions
     from app.backend.engine.factory import make_engine_controller
 
-    opts = ControllerOptions(auto_rollback=not getattr(args, "no_rollback", False))
+    opts = ControllerOptions(auto_rollback=not getattr(args, "no_rollback", False), actor="CLI")
     ctl = make_engine_controller(settings, options=opts)
     try:
         return {
@@ -78,10 +89,13 @@ def _snap_dict(snap) -> dict:
 
 
 def _status(args, ctl) -> int:
-    snap = ctl.snapshot()
+    snap = ctl.snapshot()  # the controller read Docker on construction: this is what Docker shows
     alerts = _alerts(ctl, snap)
+    holder = ctl.lock_holder()
+    code = EXIT_UNREACHABLE if ctl.runtime is None else STATUS_EXIT.get(snap.state.value, EXIT_FAILED)
     if args.json:
-        print(json.dumps({"engine": _snap_dict(snap), "runtime": _runtime_text(ctl), "alerts": alerts}, indent=2))
+        print(json.dumps({"engine": _snap_dict(snap), "runtime": _runtime_text(ctl), "alerts": alerts,
+                          "lock": asdict(holder) if holder else None, "exit_code": code}, indent=2))
     else:
         label = " (SIMULATED)" if snap.simulated else ""
         print(f"engine: {snap.state.value}{label}  profile: {snap.profile_id or '-'}  phase: {snap.phase or '-'}")
@@ -92,12 +106,12 @@ def _status(args, ctl) -> int:
             print(f"FP4 pool: {snap.pool_slots} slots x {snap.slot_mib} MiB")
         if snap.message:
             print(f"note: {snap.message}")
+        if holder is not None:
+            print(f"lock: held by {holder.describe()}")
         _print_diag(snap.diagnosis)
         for a in alerts:
             print(f"[{a['severity']}] {a['title']}: {a['meaning']} -> {a['action']}")
-    if ctl.runtime is None:
-        return EXIT_UNREACHABLE
-    return EXIT_FAILED if snap.state.value == "failed" else EXIT_OK
+    return code
 
 
 def _alerts(ctl, snap) -> list[dict]:

@@ -26,9 +26,42 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
-    """--recipe/--data-dir, accepted by every subcommand (env: MOET_PANEL_RECIPE / MOET_PANEL_DATA_DIR)."""
+    """--recipe/--data-dir, accepted by every subcommand at any level (env: MOET_PANEL_RECIPE / MOET_PANEL_DATA_DIR);
+    main() lifts them (and --demo/--json) out of argv, these entries are for --help."""
     parser.add_argument("--recipe", metavar="FILE", help="recipe TOML (env MOET_PANEL_RECIPE)")
     parser.add_argument("--data-dir", metavar="DIR", help="data dir (env MOET_PANEL_DATA_DIR; default from recipe)")
+
+
+# Accepted at any level (`moet-panel engine start --profile quality --demo` == `moet-panel --demo engine start
+# ...`): lifted out of argv before argparse sees it, then set on the parsed namespace (README "Command line").
+GLOBAL_VALUE_OPTIONS = {"--recipe": "recipe", "--data-dir": "data_dir"}
+GLOBAL_SWITCHES = {"--demo": "demo", "--json": "json"}
+
+
+def hoist_global_options(argv: list[str]) -> tuple[list[str], dict[str, object]]:
+    """Remove --recipe/--data-dir/--demo/--json from anywhere in argv (until `--`); return (rest, values)."""
+    rest: list[str] = []
+    found: dict[str, object] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            rest += argv[i:]
+            break
+        name, eq, val = a.partition("=")
+        if name in GLOBAL_VALUE_OPTIONS:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise SystemExit(f"moet-panel: {name} needs a value")
+                val = argv[i + 1]
+                i += 1
+            found[GLOBAL_VALUE_OPTIONS[name]] = val
+        elif a in GLOBAL_SWITCHES:
+            found[GLOBAL_SWITCHES[a]] = True
+        else:
+            rest.append(a)
+        i += 1
+    return rest, found
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -45,9 +78,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    argv, hoisted = hoist_global_options(list(argv))
     chosen = next((a for a in argv if not a.startswith("-")), "")
     parser = build_parser(only=chosen if chosen in SUBCOMMANDS else "")
     args = parser.parse_args(argv)
+    for key in ("recipe", "data_dir", "demo", "json"):
+        if key in hoisted or not hasattr(args, key):
+            setattr(args, key, hoisted.get(key, None if key in ("recipe", "data_dir") else False))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

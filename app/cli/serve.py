@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.backend.auth import AuthError, BindingError, add_user, check_binding, default_auth_path, load_users, make_checker
-from app.backend.settings import ENV_AUTH_FILE, ENV_DATA_DIR, ENV_DEMO, ENV_RECIPE, Settings, resolve_settings
+from app.backend.settings import ENV_AUTH_FILE, ENV_DATA_DIR, ENV_DEMO, ENV_RECIPE, Settings, demo_data_dir, resolve_settings
 from app.backend.webgate import ENV_ALLOWED_HOSTS, parse_allowed_hosts
 from app.cli.main import add_common
 
@@ -38,12 +38,6 @@ def register(subs: argparse._SubParsersAction) -> None:
                         f"repeatable; env {ENV_ALLOWED_HOSTS}=a,b. Loopback names are always allowed")
     p.add_argument("--add-user", metavar="NAME", help="add/replace a user in the auth file (password from prompt or stdin) and exit")
     p.set_defaults(func=run)
-
-
-def demo_data_dir() -> Path:
-    """Per-user demo data dir, never the real /data/ds4."""
-    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return base / "moet-panel" / "demo"
 
 
 @dataclass(frozen=True)
@@ -79,15 +73,9 @@ def plan(args: argparse.Namespace, probe: object | None = None) -> Plan:
                                                       *(getattr(args, "allowed_host", None) or [])]))
     except ValueError as exc:
         raise BindingError(str(exc)) from None
-    demo_reason = ""
-    if args.demo or os.environ.get(ENV_DEMO) == "1":
-        demo_reason = "requested (--demo / MOET_PANEL_DEMO=1)"
-    else:
-        if probe is None:
-            from app.backend.hostprobe import probe_host
+    from app.backend.hostprobe import detect_demo  # one rule for serve and every CLI subcommand
 
-            probe = probe_host()
-        demo_reason = probe.demo_reason  # type: ignore[attr-defined]
+    demo_reason = detect_demo(args.demo or os.environ.get(ENV_DEMO) == "1", probe)
     demo = bool(demo_reason)
     data_dir = args.data_dir or os.environ.get(ENV_DATA_DIR) or (str(demo_data_dir()) if demo else None)
     recipe = args.recipe or os.environ.get(ENV_RECIPE)  # demo without a recipe → simulated.toml

@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState
+from app.backend.engine.types import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState
 from app.backend.recipe.command import render_shell
 from app.backend.state import AppState
 
@@ -21,6 +21,7 @@ LOG_LINES = 300
 COLORS = {
     EngineState.READY: "#166534", EngineState.STARTING: "#92400e", EngineState.PREFLIGHT: "#92400e",
     EngineState.STOPPING: "#92400e", EngineState.FAILED: "#b91c1c", EngineState.STOPPED: "#475569",
+    EngineState.STALLED: "#b91c1c",
 }
 MARK = {"pass": ("✔", "#166534"), "warn": ("▲", "#92400e"), "fail": ("✖", "#b91c1c")}
 
@@ -44,6 +45,16 @@ def status_html(snap: EngineSnapshot, runtime: str, busy: str) -> str:
         f"<i>{escape(busy)}</i>" if busy else "",
     ]
     return '<div id="engine-status-box" role="status" aria-live="polite">' + "<br>".join(r for r in rows if r) + "</div>"
+
+
+def controls(snap: EngineSnapshot) -> tuple[bool, bool]:
+    """(Start can act, Switch can act): no Start over a live engine, no Switch with nothing to switch from."""
+    return snap.state not in LIVE_STATES, snap.state is not EngineState.STOPPED
+
+
+def view_key(snap: EngineSnapshot) -> str:
+    """What, when it changes, resets the selector and the action line (docs/engine.md, 'The UI follows')."""
+    return f"{snap.state.value}|{snap.profile_id or ''}|{snap.container_id}"
 
 
 def diagnosis_html(d: Diagnosis | None) -> str:
@@ -105,9 +116,10 @@ def render(state: AppState, shell: Any) -> None:
     status = gr.HTML(status_html(snap, _runtime(state), ""), elem_id="engine-status")
     with gr.Row():
         profile = gr.Radio(_choices(state), value=initial, label="Profile", elem_id="engine-profile")
+    can_start, can_switch = controls(snap)
     with gr.Row():
-        start_btn = gr.Button("Start", variant="primary", elem_id="engine-start")
-        switch_btn = gr.Button("Switch to selected profile", elem_id="engine-switch")
+        start_btn = gr.Button("Start", variant="primary", elem_id="engine-start", interactive=can_start)
+        switch_btn = gr.Button("Switch to selected profile", elem_id="engine-switch", interactive=can_switch)
         stop_btn = gr.Button("Stop", variant="stop", elem_id="engine-stop")
         pre_btn = gr.Button("Run preflight", elem_id="engine-preflight-run")
     action = gr.Markdown("", elem_id="engine-action")
@@ -117,7 +129,7 @@ def render(state: AppState, shell: Any) -> None:
         checklist = gr.HTML("<p>Run preflight to check Docker, GPU, ECC, memory, disk, artifacts, the ckpt pin, "
                             "the image and the port.</p>", elem_id="engine-preflight")
         overrides = gr.CheckboxGroup([], label="Start anyway despite these failing items (explicit override)",
-                                     elem_id="engine-overrides")
+                                     elem_id="engine-overrides", visible=False)  # shown only with failing items
     with gr.Accordion("Equivalent command (what the panel runs)", open=False):
         command = gr.Code(_command(state, initial), language="shell", elem_id="engine-command")
     gr.Markdown("**Last diagnosis**")
@@ -140,7 +152,8 @@ def render(state: AppState, shell: Any) -> None:
         report = ctl.preflight(pid, frozenset(over or ()))
         failing = [i.id for i in report.items if i.status == "fail"]
         # Open the checklist: a result hidden in a closed accordion looks like nothing happened.
-        return (preflight_html(report), gr.CheckboxGroup(choices=failing, value=[o for o in over or [] if o in failing]),
+        return (preflight_html(report), gr.CheckboxGroup(choices=failing, value=[o for o in over or [] if o in failing],
+                                                         visible=bool(failing)),
                 gr.Accordion(open=True))
 
     def _select(pid: str):
@@ -154,14 +167,27 @@ def render(state: AppState, shell: Any) -> None:
     profile.change(_select, [profile], [cards, command], **quick)
     download.click(lambda s, n: str(ctl.export_logs(s, n or "")), [stream, needle], [download], **quick)
 
-    def _tick(s: str, n: str):
+    seen = gr.State("")  # per browser tab: the view_key last drawn ('' after a reload)
+
+    def _tick(s: str, n: str, last: str):
         snap = ctl.snapshot()
         busy = ctl.busy()
         busy_text = f"{busy.action} {busy.profile_id or ''} in progress…" if busy else ""
-        return status_html(snap, _runtime(state), busy_text), diagnosis_html(snap.diagnosis), _logs(state, s, n or "")
+        holder = ctl.lock_holder()
+        if holder is not None and busy is None:
+            busy_text = f"the engine is being changed by {holder.describe()}"
+        head = (status_html(snap, _runtime(state), busy_text), diagnosis_html(snap.diagnosis), _logs(state, s, n or ""))
+        key = view_key(snap)
+        if key == last:
+            return (*head, gr.skip(), gr.skip(), gr.skip(), gr.skip(), last)
+        # The truth moved (or the page was reloaded): the selector shows what serves, stale action lines go,
+        # buttons that cannot act are disabled.
+        can_start, can_switch = controls(snap)
+        radio = gr.Radio(value=snap.profile_id) if snap.profile_id and snap.state is not EngineState.STOPPED else gr.skip()
+        return (*head, radio, "", gr.Button(interactive=can_start), gr.Button(interactive=can_switch), key)
 
-    shell.timer.tick(_tick, [stream, needle], [status, diag, logbox], show_progress="hidden",
-                     concurrency_limit=None, trigger_mode="once")
+    shell.timer.tick(_tick, [stream, needle, seen], [status, diag, logbox, profile, action, start_btn, switch_btn, seen],
+                     show_progress="hidden", concurrency_limit=None, trigger_mode="once")
     needle.submit(lambda s, n: _logs(state, s, n or ""), [stream, needle], [logbox], **quick)
     stream.change(lambda s, n: _logs(state, s, n or ""), [stream, needle], [logbox], **quick)
 

@@ -20,6 +20,7 @@ STATE_COLOURS = MappingProxyType({
     EngineState.STOPPING: "#d69e2e",
     EngineState.FAILED: "#e53e3e",
     EngineState.STOPPED: "#718096",
+    EngineState.STALLED: "#e53e3e",
 })
 SEV_COLOURS = MappingProxyType({"critical": "#e53e3e", "warning": "#d69e2e", "info": "#3182ce"})
 CELL = "display:flex;flex-direction:column;gap:2px;min-width:120px"

@@ -68,3 +68,37 @@ def test_start_then_switch_in_engine_tab(engine_panel, browser) -> None:
     assert all("delta tier" in ln for ln in text.splitlines())
     page.screenshot(path=str(ARTIFACTS / "logs-tab.png"), full_page=True)
     assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors
+
+
+def test_reload_radio_follows_the_serving_profile_and_logs_follow_and_filter(engine_panel, browser) -> None:
+    """Issue 11: after a reload the selector names what serves; the Logs view hides the panel's own probe
+    lines by default (toggle shows them) and stays pinned to the newest line while following."""
+    url, state = engine_panel
+    t = state.engine.start("balanced")  # as if started before this page (or from the CLI)
+    assert t.wait(60) and t.ok, t.message
+    page = browser.new_page(1280, 1000)
+    page.set_default_timeout(60_000)  # a loaded shared CI box: clicks wait for Gradio's re-render
+    page.goto(url)
+    page.get_by_role("tab", name="Engine").click()
+    page.wait_for_selector('[data-testid="engine-state"][data-state="ready"][data-profile="balanced"]', timeout=20_000)
+    page.wait_for_function("() => { const r = document.querySelector('#engine-profile input:checked');"
+                           " return r && r.value === 'balanced'; }", timeout=10_000)
+    assert page.locator("#engine-start").is_disabled()  # nothing to start over a ready engine
+    assert not page.locator("#engine-overrides").is_visible()  # no failing item, no "Start anyway"
+    page.reload(wait_until="networkidle")
+    page.get_by_role("tab", name="Engine").click()
+    page.wait_for_function("() => { const r = document.querySelector('#engine-profile input:checked');"
+                           " return r && r.value === 'balanced'; }", timeout=10_000)
+
+    page.get_by_role("tab", name="Logs").click()
+    page.wait_for_function("document.querySelector('#logs-text textarea').value.includes('Application startup')")
+    # the panel polls /health and /metrics every second: those access lines exist in the tail ...
+    assert any('"GET /health' in ln.text or '"GET /metrics' in ln.text for ln in state.engine.recent_logs(5000))
+    text = page.input_value("#logs-text textarea")
+    assert '"GET /metrics' not in text and '"GET /health' not in text  # ... and are hidden by default
+    page.locator("#logs-probes input").check()
+    page.wait_for_function("document.querySelector('#logs-text textarea').value.includes('GET /')", timeout=15_000)
+    # follow live: pinned to the bottom as lines arrive
+    page.wait_for_function("() => { const ta = document.querySelector('#logs-text textarea');"
+                           " return ta.scrollHeight > ta.clientHeight &&"
+                           " ta.scrollHeight - ta.scrollTop - ta.clientHeight < 30; }", timeout=20_000)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from app.backend.engine.loglines import pool_sizing
+
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 # vLLM prefix (engine.md §2.0): optional "(proc pid=N) ", level, timestamp, [file:line]
 PREFIX_RE = re.compile(
@@ -18,10 +20,6 @@ PREFIX_RE = re.compile(
 )
 LAYERS_DEFAULT = 43  # DS4-Flash main-stack MoE layers (engine.md §1.1)
 
-TIER_RE = re.compile(r"moe_w2 delta tier: (?P<slots>\d+) slots x (?P<mib>[\d.]+) MiB")
-TIER_AUTO_RE = re.compile(r"moe_w2 delta tier AUTO: (?P<slots>\d+) slots x (?P<mib>[\d.]+) MiB")
-TIER_AUTO_DISABLED_RE = re.compile(r"moe_w2 delta tier AUTO: .*pool disabled \(0 slots")
-TIER_DEFERRED_RE = re.compile(r"moe_w2 delta tier: auto-sizing deferred")
 FROM_CACHE_RE = re.compile(r"moe_w2: layer (?P<layer>\d+) planes from cache")
 BUILT_RE = re.compile(r"moe_w2: layer (?P<layer>\d+) planes built")
 CACHE_MISMATCH_RE = re.compile(r"moe_w2 planes cache: (metadata mismatch|read failed|MISS layer)")
@@ -86,16 +84,12 @@ class BootTracker:
 
 def _advance(p: BootProgress, msg: str) -> BootProgress:
     p = replace(p, lines_seen=p.lines_seen + 1)
-    if m := TIER_AUTO_RE.search(msg):
-        slots = int(m["slots"])
-        return replace(p, pool_slots=slots, slot_mib=float(m["mib"]), pool_deferred=False, phase=_pool_phase(slots))
-    if TIER_AUTO_DISABLED_RE.search(msg):
-        return replace(p, pool_slots=0, pool_deferred=False, phase="pool DISABLED (0 slots)")
-    if TIER_DEFERRED_RE.search(msg):
-        return replace(p, pool_deferred=True, phase="pool sizing deferred until after KV cache")
-    if m := TIER_RE.search(msg):
-        slots = int(m["slots"])
-        return replace(p, pool_slots=slots, slot_mib=float(m["mib"]), phase=_pool_phase(slots))
+    if (ps := pool_sizing(msg)) is not None:  # the one sizing parser, shared with telemetry/trace.py
+        if ps.deferred:
+            return replace(p, pool_deferred=True, phase="pool sizing deferred until after KV cache")
+        slots = ps.slots or 0
+        return replace(p, pool_slots=slots, slot_mib=ps.slot_mib if slots else p.slot_mib, pool_deferred=False,
+                       phase=_pool_phase(slots))
     if m := FROM_CACHE_RE.search(msg):
         n = p.layers_from_cache + 1
         return replace(p, layers_from_cache=n, phase=f"planes from cache {n}/{p.n_layers}")

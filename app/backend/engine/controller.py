@@ -2,14 +2,17 @@
 
 Threading model: every lifecycle operation (start, stop, switch, adopt) runs in ONE worker thread at
 a time (single-flight; a second request while one runs is refused with a message and a refused
-`Ticket`). Log followers run in their own threads and only feed the boot tracker / log store. All
-state changes go through `_apply()` -> `statemachine.transition()` under one lock; readers get
-immutable `EngineSnapshot`s. Closing the controller stops its threads, never the engine.
+`Ticket`). Mutating operations also hold the cross-process engine lock (`oplock.EngineLock`): a second
+panel or a CLI refuses, naming the holder. Log followers, the Docker event watch and the reconcile run
+in their own threads (following.py); outside an operation of this process the snapshot is what Docker
+shows. All state changes go through `_apply()` -> `statemachine.transition()` under one lock; readers
+get immutable `EngineSnapshot`s. Closing the controller stops its threads, never the engine.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from pathlib import Path
@@ -18,22 +21,26 @@ from typing import Callable
 from app.backend.engine import diagnosis as diag_mod
 from app.backend.engine import statemachine as sm
 from app.backend.engine.bootlog import BootTracker
+from app.backend.engine.exits import explain_exit, is_failure
 from app.backend.engine.following import LogFollowing
 from app.backend.engine.gpurelease import wait_gpu_release
+from app.backend.engine.liveness import LivenessTracker
 from app.backend.engine.logstore import LogStore
 from app.backend.engine.ops import ControllerOptions, Ticket, expects_pool
+from app.backend.engine.oplock import EngineLock, Holder, LockHeld
 from app.backend.engine.preflight import PreflightInputs, PreflightReport, run_preflight
 from app.backend.engine.readiness import base_url, port_in_use, probe
 from app.backend.engine.runtime import (
     MANAGED_LABEL, RECIPE_LABEL, Instance, LogFollow, Runtime, RuntimeOpError, RuntimeUnavailable,
 )
-from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState, LogLine
+from app.backend.engine.types import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, LogLine
 from app.backend.recipe.command import RunSpec, build_run_spec
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.settings import Settings
 from app.backend.telemetry.gpu_types import GpuReader
 
 S = EngineState
+MUTATING = frozenset({"start", "stop", "switch", "restart"})  # "adopt" only watches: no lock
 
 
 class EngineController(LogFollowing):
@@ -77,8 +84,18 @@ class EngineController(LogFollowing):
         self._expected_exit: set[str] = set()
         self._pids_cache: tuple[float, str, set[int]] = (0.0, "", set())
         self.logs = LogStore(settings.state_dir / "engine-logs")
+        self.oplock = EngineLock(settings.state_dir)
+        self._explained: set[str] = set()
+        self._adopted_once = False
+        self._kick = threading.Event()  # wakes the reconcile (a Docker event, a log stream end)
+        self._wake_watch = threading.Event()
+        self._events_stream: object | None = None
+        self._threads: list[threading.Thread] = []
+        self._watch_error = ""
+        self._liveness = LivenessTracker(self._stall_after())
         if self.options.reattach:
-            self._reattach()
+            self._reconcile()
+            self._start_watch()
 
     # == public API ===========================================================================
     def snapshot(self) -> EngineSnapshot:
@@ -117,6 +134,15 @@ class EngineController(LogFollowing):
         with self._lock:
             return self._busy
 
+    def lock_holder(self) -> Holder | None:
+        """Who holds the engine lock now (this or another process), None when free. Read-only."""
+        return self.oplock.holder()
+
+    def refresh(self) -> EngineSnapshot:
+        """Re-read Docker now (the watch does this on every event and every resync_s)."""
+        self._reconcile()
+        return self.snapshot()
+
     @property
     def runtime(self) -> Runtime | None:
         return self._get_runtime()
@@ -136,7 +162,7 @@ class EngineController(LogFollowing):
     def container_pids(self) -> set[int]:
         snap = self.snapshot()
         rt = self._runtime
-        if not snap.container_id or rt is None or snap.state not in (S.STARTING, S.READY, S.STOPPING):
+        if not snap.container_id or rt is None or snap.state not in LIVE_STATES | {S.STOPPING}:
             return set()
         ts, cid, pids = self._pids_cache
         if cid == snap.container_id and time.monotonic() - ts < 2.0:
@@ -156,16 +182,24 @@ class EngineController(LogFollowing):
         inputs = PreflightInputs(
             recipe=self.recipe, env=spec.env_dict, data_dir=self.settings.data_dir, runtime=rt,
             runtime_error=self._runtime_error, gpu_reader=self._gpu,
-            engine_running=snap.state in (S.STARTING, S.READY), engine_pids=self.container_pids(),
+            engine_running=snap.state in LIVE_STATES or self._panel_engine_running(rt),
+            engine_pids=self.container_pids(),
             artifact_status=self._artifact_status,
         )
         return run_preflight(inputs, frozenset(overrides))
+
+    def _panel_engine_running(self, rt: Runtime | None) -> bool:
+        """A container with this panel's labels runs (whoever started it): the port holder is ours."""
+        try:
+            return rt is not None and any(i.running for i in rt.list({MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id}))
+        except (RuntimeUnavailable, RuntimeOpError):
+            return False
 
     def start(self, profile_id: str, overrides: tuple[str, ...] | frozenset[str] = ()) -> Ticket:
         if (bad := self._unknown(profile_id)) is not None:
             return bad
         snap = self.snapshot()
-        if snap.state in (S.READY, S.STARTING) and self.busy() is None:
+        if snap.state in LIVE_STATES and self.busy() is None:
             return self._refused("start", profile_id, f"refused: an engine is already {snap.state.value} (profile "
                                  f"{snap.profile_id}); use switch to change profile")
         return self._submit("start", profile_id, lambda t: self._op_start(t, profile_id, frozenset(overrides)))
@@ -175,19 +209,35 @@ class EngineController(LogFollowing):
         with self._lock:
             busy = self._busy
             if busy is not None and busy.action != "stop":
+                have_lock = False
+                if busy.action not in MUTATING:  # only watching (adopt): the engine may be another writer's
+                    try:
+                        self.oplock.acquire(self.options.actor, "stop")
+                        have_lock = True
+                    except LockHeld as exc:
+                        return self._refused("stop", None, str(exc))
                 self._cancel.set()
                 self._wake.set()
                 ticket = Ticket(next(self._ids), "stop", None, True, f"cancelling the {busy.action}, then stopping")
-                threading.Thread(target=self._stop_after, args=(busy, ticket), daemon=True).start()
+                threading.Thread(target=self._stop_after, args=(busy, ticket, have_lock), daemon=True).start()
                 return ticket
         return self._submit("stop", None, self._op_stop)
 
-    def _stop_after(self, busy: Ticket, ticket: Ticket) -> None:
+    def _stop_after(self, busy: Ticket, ticket: Ticket, have_lock: bool = False) -> None:
         busy.wait()
         with self._lock:
             while self._busy is not None:  # another op slipped in; wait for it too
                 self._changed.wait(0.5)
             self._busy = ticket
+        try:
+            if not have_lock:
+                self.oplock.acquire(self.options.actor, "stop")
+        except LockHeld as exc:  # another process took over between the cancelled op and this stop
+            ticket.ok, ticket.message = False, str(exc)
+            with self._lock:
+                self._busy = None
+            ticket._done.set()
+            return
         self._run_op(ticket, self._op_stop)
 
     def switch(self, profile_id: str, overrides: tuple[str, ...] | frozenset[str] = ()) -> Ticket:
@@ -211,7 +261,18 @@ class EngineController(LogFollowing):
         """Stop the panel's threads. The engine keeps running (it outlives the panel)."""
         self._closed = True
         self._wake.set()
+        self._kick.set()
+        self._wake_watch.set()
+        with self._lock:
+            stream = self._events_stream
+        if stream is not None:
+            try:
+                stream.close()  # type: ignore[attr-defined]
+            except Exception:  # already closed
+                pass
         self._end_follow()
+        for t in self._threads:
+            t.join(timeout=3)
 
     # == operations (worker thread) ===========================================================
     def _submit(self, action: str, profile_id: str | None, fn: Callable[[Ticket], None]) -> Ticket:
@@ -222,6 +283,14 @@ class EngineController(LogFollowing):
                 b = self._busy
                 what = f"{b.action} to {b.profile_id}" if b.profile_id else b.action
                 return self._refused(action, profile_id, f"refused: a {what} is already in progress — wait for it to finish")
+            if action in MUTATING:
+                try:
+                    self.oplock.acquire(self.options.actor, action, profile_id or "")
+                except LockHeld as exc:
+                    return self._refused(action, profile_id, str(exc))
+                except OSError as exc:
+                    return self._refused(action, profile_id, f"refused: cannot take the engine lock {self.oplock.path} "
+                                                             f"({exc.strerror or exc}); is the data dir writable?")
             ticket = Ticket(next(self._ids), action, profile_id, True, f"{action} accepted")
             self._busy = ticket
         threading.Thread(target=self._run_op, args=(ticket, fn), name=f"engine-{action}", daemon=True).start()
@@ -239,14 +308,18 @@ class EngineController(LogFollowing):
             ticket.ok, ticket.diagnosis, ticket.message = False, d, f"{ticket.action} failed: {exc}"
         finally:
             ticket.finished = time.time()
+            if ticket.action in MUTATING:
+                self.oplock.release()
             with self._lock:
                 self._busy = None
                 self._changed.notify_all()
+            self._kick.set()  # re-read Docker now that this process's belief no longer wins
             ticket._done.set()
 
     def _op_start(self, ticket: Ticket, profile_id: str, overrides: frozenset[str]) -> None:
+        self._reconcile_now()
         snap = self.snapshot()
-        if snap.state in (S.READY, S.STARTING):
+        if snap.state in LIVE_STATES:
             ticket.ok = False
             ticket.message = (f"refused: an engine is already {snap.state.value} (profile {snap.profile_id}); "
                               "use switch to change profile")
@@ -254,10 +327,11 @@ class EngineController(LogFollowing):
         self._finish(ticket, self._boot(profile_id, overrides))
 
     def _op_stop(self, ticket: Ticket) -> None:
-        self._stop_engine("stopped by user")
+        self._stop_engine("stopped by user" if self.options.actor == "panel" else f"stopped by {self.options.actor}")
         ticket.ok, ticket.message = True, "engine stopped"
 
     def _op_switch(self, ticket: Ticket, profile_id: str, overrides: frozenset[str]) -> None:
+        self._reconcile_now()
         snap = self.snapshot()
         if snap.state is S.READY and snap.profile_id == profile_id:
             ticket.ok, ticket.message = True, f"already serving {profile_id}"
@@ -374,8 +448,14 @@ class EngineController(LogFollowing):
     def _fail_exited(self, cur: Instance | None) -> bool:
         lines = [ln.text for ln in self.logs.recent(400)]
         code = cur.exit_code if cur else None
-        d = diag_mod.classify(code, bool(cur and cur.oom_killed), lines, cache_miss=self._tracker.progress.cache_miss)
-        self._fail(d, f"engine exited (code {code}): {d.title}")
+        d = explain_exit(cur, lines, cache_miss=self._tracker.progress.cache_miss)
+        if cur is not None:
+            self._explained.add(cur.id)
+        if is_failure(d):
+            self._fail(d, f"engine exited (code {code}): {d.title}")
+        else:
+            self._end_follow()
+            self._apply(sm.Vanished(f"engine {d.title}" + (f" (exit code {code})" if code is not None else ""), d))
         return False
 
     def _fail_and_stop(self, rt: Runtime, inst: Instance, hint: str) -> bool:
@@ -442,7 +522,49 @@ class EngineController(LogFollowing):
             return self._snap
 
     def _fail(self, d: Diagnosis, message: str) -> None:
-        self._apply(sm.Failed(d, message))
+        snap = self._apply(sm.Failed(d, message))
+        if snap.container_id:  # a run this panel judged (pool not loaded, boot timeout): any process reads it
+            self._record_failure_file(snap.container_id, d)
+
+    def _failure_path(self, cid: str) -> Path:
+        return self.settings.state_dir / "engine-exits" / f"{cid[:64]}.json"
+
+    def _record_failure_file(self, cid: str, d: Diagnosis) -> None:
+        try:
+            path = self._failure_path(cid)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"reason": d.reason, "title": d.title, "explanation": d.explanation,
+                                        "fix": d.fix, "evidence": list(d.evidence)}), encoding="utf-8")
+            for old in sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime)[:-20]:
+                old.unlink(missing_ok=True)
+        except OSError:
+            pass  # unwritable data dir: the live panel still shows it
+
+    def _recorded_failure(self, cid: str) -> Diagnosis | None:
+        try:
+            raw = json.loads(self._failure_path(cid).read_text(encoding="utf-8"))
+            return Diagnosis(raw["reason"], raw["title"], raw["explanation"], raw["fix"], tuple(raw["evidence"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _restart_stalled(self, profile_id: str) -> None:
+        """restart_on_stall: same profile; the stalled run's log files stay on disk, its diagnosis stays shown."""
+        stalled = self.snapshot().diagnosis
+
+        def op(t: Ticket) -> None:
+            if not self._stop_and_release(f"restarting {profile_id}: the engine stalled"):
+                self._finish(t, False)
+                return
+            ok = self._boot(profile_id, frozenset())
+            if ok and stalled is not None:
+                self._apply(sm.Noted(f"restarted {profile_id} after a stall (previous run: {stalled.title})", stalled))
+            self._finish(t, ok)
+
+        self._submit("restart", profile_id, op)
+
+    def _reconcile_now(self) -> None:
+        """Inside an operation: read Docker first, so a start/switch acts on the truth, not on belief."""
+        self._reconcile(own_op=True)
 
     def _runtime_failure(self, exc: BaseException) -> Diagnosis:
         if isinstance(exc, RuntimeUnavailable):

@@ -147,6 +147,12 @@ class DockerRuntime:
             return None
         return _instance(raw)
 
+    def events(self, labels: dict[str, str]) -> Any:
+        """Docker's event stream for containers with these labels (docker-py CancellableStream; close() ends
+        it). Used by the controller's watch to see outside starts/stops/kills within a second."""
+        flt = {"type": "container", "label": [f"{k}={v}" for k, v in labels.items()]}
+        return self._api(self.client.events, decode=True, filters=flt)
+
     def list(self, labels: dict[str, str], include_stopped: bool = True) -> list[Instance]:
         flt = {"label": [f"{k}={v}" for k, v in labels.items()]}
         rows = self._api(self.client.api.containers, all=include_stopped, filters=flt)
@@ -298,4 +304,7 @@ def _instance(raw: dict[str, Any]) -> Instance:
         oom_killed=bool(state.get("OOMKilled")),
         started_at=state.get("StartedAt", ""),
         image=config.get("Image", ""),
+        error=state.get("Error", "") or "",
+        finished_at="" if status == "running" or (state.get("FinishedAt") or "").startswith("0001") else
+        state.get("FinishedAt", ""),
     )

@@ -8,12 +8,14 @@ and the next operation retries Docker).
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 from app.backend.engine.controller import ControllerOptions, EngineController
 from app.backend.engine.docker_runtime import DockerRuntime
 from app.backend.engine.process_runtime import ProcessRuntime
 from app.backend.engine.runtime import Runtime, RuntimeUnavailable
+from app.backend.engine.types import EngineSnapshot
 from app.backend.settings import Settings
 from app.backend.telemetry.gpu_types import GpuReader
 
@@ -25,7 +27,9 @@ def select_runtime(settings: Settings, *, allow_process: bool = True) -> tuple[R
         docker_rt.check()
         return docker_rt, ""
     except RuntimeUnavailable as exc:
-        if settings.recipe.simulated and allow_process:
+        # An explicit DOCKER_HOST names the daemon the user wants: report it unreachable, never swap in the
+        # process runtime behind their back (docs/engine.md, "Runtimes").
+        if settings.recipe.simulated and allow_process and not os.environ.get("DOCKER_HOST"):
             return ProcessRuntime(settings.state_dir), f"{exc} — SIMULATED engine runs as a local process instead"
         return None, str(exc)
 
@@ -39,13 +43,25 @@ def ensure_sim_image(rt: Runtime) -> None:
     ensure_image(rt.client)
 
 
-def artifact_status_fn(settings: Settings) -> Callable[[str], str | None] | None:
-    """The download helper's per-artifact status, when its module exposes one."""
-    try:
-        from app.backend.download import artifact_status  # type: ignore[attr-defined]
-    except (ImportError, AttributeError):
+def journal_artifact_status(settings: Settings, art_id: str) -> str | None:
+    """The download journal's word on one artifact (read-only): "complete", a partial state with what to do,
+    or None when no download was ever journaled here (preflight then looks at the directory)."""
+    from app.backend.download.journal import JournalStore
+
+    j = JournalStore(settings.data_dir).load(art_id)
+    if j is None:
         return None
-    return lambda art_id: artifact_status(settings, art_id)
+    if j.state == "done":
+        return "complete"
+    if j.extraction_started:
+        return f"half-extracted ({len(j.files_done)} files; download {j.state}) — resume the download"
+    verified = sum(1 for p in j.parts if p.status != "pending")
+    return f"incomplete ({verified}/{len(j.parts)} parts verified; download {j.state}) — resume the download"
+
+
+def artifact_status_fn(settings: Settings) -> Callable[[str], str | None]:
+    """Preflight's artifact item reads the download journals (issue 12 item 4)."""
+    return lambda art_id: journal_artifact_status(settings, art_id)
 
 
 def default_gpu_reader(settings: Settings, controller_ref: list[EngineController]) -> GpuReader | None:
@@ -54,8 +70,8 @@ def default_gpu_reader(settings: Settings, controller_ref: list[EngineController
     except ImportError:
         return None
 
-    def snap():  # late-bound: the controller does not exist yet while the reader is made
-        return controller_ref[0].snapshot()
+    def snap() -> EngineSnapshot:  # late-bound: the controller does not exist yet while the reader is made
+        return controller_ref[0].snapshot() if controller_ref else EngineSnapshot()
 
     def pids() -> set[int]:
         return controller_ref[0].container_pids() if controller_ref else set()
@@ -64,10 +80,13 @@ def default_gpu_reader(settings: Settings, controller_ref: list[EngineController
 
 
 def make_engine_controller(settings: Settings, gpu_reader: GpuReader | None = None,
-                           options: ControllerOptions | None = None) -> EngineController:
+                           options: ControllerOptions | None = None,
+                           ref: list[EngineController] | None = None) -> EngineController:
+    """The controller with its collaborators. `gpu_reader`: the app's one reader (build_app_state makes it
+    with `default_gpu_reader(settings, ref)` and passes the same `ref`); without one a reader is made here."""
     from app.backend.profiles import all_profiles
 
-    ref: list[EngineController] = []
+    ref = ref if ref is not None else []
     reader = gpu_reader if gpu_reader is not None else default_gpu_reader(settings, ref)
     ctl = EngineController(
         settings,

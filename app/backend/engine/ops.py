@@ -44,7 +44,12 @@ class ControllerOptions:
     gpu_release_bytes: int = 2 * GIB  # serverctl's threshold: < 2048 MiB used before the next boot
     extra_env: dict[str, str] = field(default_factory=dict)
     extra_labels: dict[str, str] = field(default_factory=dict)
-    reattach: bool = True
+    reattach: bool = True  # False: no adoption and no Docker watch at all (unit tests of one operation)
+    actor: str = "panel"  # who this process is in the engine lock ("panel" or "CLI")
+    resync_s: float = 2.0  # full re-read of the panel's containers, the safety net under Docker events
+    liveness_poll_s: float = 1.0  # /metrics read for the stall check while ready
+    stall_after_s: float | None = None  # None = the recipe's engine.stall_after_s
+    restart_on_stall: bool | None = None  # None = the recipe's engine.restart_on_stall
 
 
 def expects_pool(env: dict[str, str], pool_line: str = "from_env") -> bool:

@@ -223,6 +223,9 @@ def _artifacts(inp: PreflightInputs) -> list[PreflightItem]:
             out.append(PreflightItem(item_id, title, "pass", detail))
         elif not art.required_for_serving:
             out.append(PreflightItem(item_id, title, "pass", detail + " (not required for serving)"))
+        elif status:  # the journal knows a download began here: resume it, verified parts are kept
+            out.append(PreflightItem(item_id, title, "fail", detail,
+                                     f"Resume the download: `moet-panel download {art.id}` (or Downloads tab → Resume)."))
         else:
             out.append(PreflightItem(item_id, title, "fail", detail, f"Download it: `moet-panel download {art.id}`."))
     return out

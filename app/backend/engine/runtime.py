@@ -48,6 +48,8 @@ class Instance:
     oom_killed: bool = False
     started_at: str = ""
     image: str = ""
+    error: str = ""  # Docker's State.Error (e.g. an OCI runtime failure)
+    finished_at: str = ""  # ISO time the run ended ('' while running)
 
     @property
     def running(self) -> bool:

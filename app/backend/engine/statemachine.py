@@ -4,7 +4,9 @@
        ▲                            │                      │   ▲ BootProgressed              │
        │                            └──────Failed──────────┼───┴─────────────▶ failed ◀───────┤
        └──────Stopped◀── stopping ◀──StopBegan─────────────┴──────────────────────────────────┘
-    Adopted (panel restart): stopped/failed ──▶ starting | ready
+    Adopted (panel restart, or a container started/replaced outside this process) ──▶ starting | ready
+    Vanished (the container stopped/was removed outside this process's operation) ──▶ stopped
+    ready ──Stalled──▶ stalled ──Unstalled──▶ ready   (liveness after ready, docs/engine.md)
 
 `transition()` is the ONLY place a snapshot's state changes; illegal moves raise, so a bug shows up
 as an error instead of a badge that lies.
@@ -65,6 +67,7 @@ class Adopted:
     phase: str
     pool_slots: int | None = None
     slot_mib: float | None = None
+    message: str = "reattached to the running engine"
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,25 @@ class StopBegan:
 
 @dataclass(frozen=True)
 class Stopped:
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Vanished:
+    """Observed from Docker: the engine is gone and nothing failed (e.g. stopped outside the panel)."""
+
+    message: str
+    diagnosis: Diagnosis | None = None
+
+
+@dataclass(frozen=True)
+class Stalled:
+    diagnosis: Diagnosis
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Unstalled:
     message: str = ""
 
 
@@ -91,17 +113,21 @@ class Noted:
     diagnosis: Diagnosis | None = None
 
 
-Event = Union[PreflightBegan, BootBegan, BootProgressed, BecameReady, Adopted, StopBegan, Stopped, Failed, Noted]
+Event = Union[PreflightBegan, BootBegan, BootProgressed, BecameReady, Adopted, StopBegan, Stopped, Failed, Noted,
+              Vanished, Stalled, Unstalled]
 
 ALLOWED: dict[type, frozenset[EngineState]] = {
     PreflightBegan: frozenset({S.STOPPED, S.FAILED}),
     BootBegan: frozenset({S.PREFLIGHT, S.STOPPED, S.FAILED}),
     BootProgressed: frozenset({S.STARTING}),
     BecameReady: frozenset({S.STARTING}),
-    Adopted: frozenset({S.STOPPED, S.FAILED}),
-    StopBegan: frozenset({S.PREFLIGHT, S.STARTING, S.READY, S.FAILED}),
+    Adopted: frozenset({S.STOPPED, S.FAILED, S.STARTING, S.READY, S.STALLED}),
+    StopBegan: frozenset({S.PREFLIGHT, S.STARTING, S.READY, S.STALLED, S.FAILED}),
     Stopped: frozenset({S.STOPPING, S.FAILED, S.PREFLIGHT}),
-    Failed: frozenset({S.STOPPED, S.PREFLIGHT, S.STARTING, S.READY, S.STOPPING, S.FAILED}),
+    Failed: frozenset({S.STOPPED, S.PREFLIGHT, S.STARTING, S.READY, S.STALLED, S.STOPPING, S.FAILED}),
+    Vanished: frozenset({S.STARTING, S.READY, S.STALLED, S.STOPPING, S.FAILED, S.STOPPED}),
+    Stalled: frozenset({S.READY}),
+    Unstalled: frozenset({S.STALLED}),
     Noted: frozenset(S),
 }
 
@@ -133,7 +159,7 @@ def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
             container_id=event.container_id, container_name=event.container_name, base_url=event.base_url,
             served_name=event.served_name, simulated=event.simulated, phase="ready" if event.ready else event.phase,
             pool_slots=event.pool_slots, slot_mib=event.slot_mib, diagnosis=None, since=now,
-            message="reattached to the running engine", last_ready_profile=event.profile_id if event.ready else snap.last_ready_profile,
+            message=event.message, last_ready_profile=event.profile_id if event.ready else snap.last_ready_profile,
         )
     if isinstance(event, StopBegan):
         return replace(snap, state=S.STOPPING, phase="stopping", message=event.message, since=now)
@@ -143,6 +169,14 @@ def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
     if isinstance(event, Failed):
         return replace(snap, state=S.FAILED, phase="", diagnosis=event.diagnosis,
                        message=event.message or event.diagnosis.title, since=now)
+    if isinstance(event, Vanished):
+        return replace(snap, state=S.STOPPED, phase="", container_id="", container_name="", base_url="",
+                       pool_slots=None, slot_mib=None, message=event.message, diagnosis=event.diagnosis, since=now)
+    if isinstance(event, Stalled):
+        return replace(snap, state=S.STALLED, phase="stalled", diagnosis=event.diagnosis,
+                       message=event.message or event.diagnosis.title, since=now)
+    if isinstance(event, Unstalled):
+        return replace(snap, state=S.READY, phase="ready", diagnosis=None, message=event.message, since=now)
     if isinstance(event, Noted):
         return replace(snap, message=event.message, diagnosis=event.diagnosis or snap.diagnosis)
     raise IllegalTransition(f"unknown event {event!r}")

@@ -15,6 +15,11 @@ class EngineState(str, Enum):
     READY = "ready"
     STOPPING = "stopping"
     FAILED = "failed"
+    STALLED = "stalled"  # ready, but requests run and no token moved for stall_after_s (docs/engine.md)
+
+
+# An engine container exists and is meant to serve (the states a start must refuse, a stop must act on).
+LIVE_STATES = frozenset({EngineState.STARTING, EngineState.READY, EngineState.STALLED})
 
 
 @dataclass(frozen=True)

@@ -176,6 +176,10 @@ class EngineSource(Strict):
     build_env: dict[str, str] = {}
     boot_timeout_s: int = Field(2400, ge=10, le=6 * 3600)
     stop_grace_s: int = Field(90, ge=1, le=600)
+    # Liveness after ready (docs/engine.md "Liveness"): requests running and no prompt/generation token
+    # counted for this long = stalled. 90 s > a full 262144-token prefill at the card's ~6000 tok/s (~44 s), x2.
+    stall_after_s: float = Field(90.0, ge=1, le=3600)
+    restart_on_stall: bool = False  # restart on the same profile when stalled (old logs/diagnosis kept)
     vllm_fork_commit: str = ""
     quantizer_abi: str = ""
     # Readiness demands the FP4 pool sizing line when the env asks for a pool ("from_env", docs/engine.md);

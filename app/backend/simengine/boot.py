@@ -142,6 +142,10 @@ class BootSequence:
             self._wait_until(0.1 + 0.6 * layer / N_LAYERS)
             if self.cfg.fail == "host_oom" and layer == 18:
                 raise SimExit(137, "host OOM while building planes (SIGKILL)")
+            if self.cfg.fail == "boot_guard" and layer == 2:
+                log.engine("moe_w2_delta.py:301", "RuntimeError: VLLM_MOE_W2_GATE=1 but no FP4 delta tier is "
+                           "configured (VLLM_MOE_W2_DELTA_GB=0); refusing to serve", "ERROR")
+                raise SimExit(1, "boot guard refused the configuration")
             if self.cfg.fail == "oom_at_load" and layer == 31:
                 self._oom_traceback()
                 raise SimExit(1, "CUDA out of memory at load")

@@ -66,6 +66,7 @@ class EngineCore:
         self._dead_msg = ""
         self._thread = threading.Thread(target=self._loop, name="sim-engine-core", daemon=True)
         self.steps = 0
+        self.hung = False  # MOET_SIM_FAIL=hang_mid_generation: wedged, emits nothing more
 
     def start(self) -> None:
         self._thread.start()
@@ -177,7 +178,7 @@ class EngineCore:
             self._publish_load()
 
     def _emit(self, req: SimRequest, now: float) -> int:
-        if self._stop:
+        if self._stop or self.hung:
             return 0
         kind, text = next(req.source)
         req.out.put(("tok", kind, text))

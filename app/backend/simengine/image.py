@@ -132,25 +132,32 @@ def image_is_current(client: Any, tag: str = IMAGE_TAG) -> bool:
     return (image.labels or {}).get(HASH_LABEL) == source_digest()
 
 
+def content_tag() -> str:
+    """A tag naming this exact source (`moet-panel/sim-engine:src-<hash>`): tests that need a feature of this
+    checkout's simulated engine use it, so a concurrent rebuild of the shared `:1` tag from another checkout
+    cannot swap the image under them."""
+    return f"{IMAGE_TAG.rsplit(':', 1)[0]}:src-{source_digest()}"
+
+
 def ensure_image(client: Any = None, rebuild: bool = False,
-                 progress: Callable[[str], None] | None = None) -> str:
-    """Build `moet-panel/sim-engine:1` unless an image with the same source hash exists. Returns the tag."""
+                 progress: Callable[[str], None] | None = None, tag: str = IMAGE_TAG) -> str:
+    """Build `tag` (default `moet-panel/sim-engine:1`) unless it exists with the same source hash. Returns it."""
     import docker
 
     client = client or docker.from_env()
-    if not rebuild and image_is_current(client):
-        return IMAGE_TAG
+    if not rebuild and image_is_current(client, tag):
+        return tag
     digest = source_digest()
     with tempfile.TemporaryDirectory(prefix="moet-sim-image-") as tmp:
         build_rootfs(Path(tmp) / "rootfs.tar")
         (Path(tmp) / "Dockerfile").write_text(DOCKERFILE.format(hash_label=HASH_LABEL, digest=digest))
-        events = client.api.build(path=tmp, tag=IMAGE_TAG, rm=True, forcerm=True, pull=False, decode=True)
+        events = client.api.build(path=tmp, tag=tag, rm=True, forcerm=True, pull=False, decode=True)
         for ev in events:  # docker-py's low-level build never raises: errors arrive as events
             if "error" in ev:
                 detail = (ev.get("errorDetail") or {}).get("message") or ev["error"]
-                raise ImageBuildError(f"docker build of {IMAGE_TAG} failed: {detail.strip()}")
+                raise ImageBuildError(f"docker build of {tag} failed: {detail.strip()}")
             if progress and ev.get("stream", "").strip():
                 progress(ev["stream"].rstrip())
-    if not image_is_current(client):
-        raise ImageBuildError(f"docker build reported success but {IMAGE_TAG} is missing or has a stale label")
-    return IMAGE_TAG
+    if not image_is_current(client, tag):
+        raise ImageBuildError(f"docker build reported success but {tag} is missing or has a stale label")
+    return tag

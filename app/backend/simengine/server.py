@@ -214,6 +214,9 @@ class SimEngineServer:
         if (self.config.fail == "crash_mid_generation" and req.request_id == self._first_request_id
                 and req.produced >= self.config.crash_after_tokens):
             self._crash()
+        if (self.config.fail == "hang_mid_generation" and req.request_id == self._first_request_id
+                and req.produced >= self.config.crash_after_tokens):
+            self.engine.hung = True  # requests stay running, no more tokens, /health still 200
 
     def _crash(self) -> None:
         self.log.engine("core.py:933", "EngineCore encountered a fatal error.", "ERROR")

@@ -25,21 +25,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from app.backend.engine.loglines import pool_sizing
+
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 SUMMARY_RE = re.compile(
     r"tick (?P<tick>\d+): (?P<fp4>FP4 )?(?P<cached>\d+)/(?P<slots>\d+) slots, covering (?P<cov>\d+)/(?P<total>\d+)"
     r" experts \((?P<cov_pct>[\d.]+)%\); hit-rate (?P<hit_tok>[\d.]+)% tokens / (?P<hit_exp>[\d.]+)% experts;"
     r" window \+(?P<win_p>\d+)/-(?P<win_e>\d+), cumulative \+(?P<cum_p>\d+)/-(?P<cum_e>\d+)\s*$"
 )
-TIER_RE = re.compile(r"^moe_w2 delta tier: (?P<slots>\d+) slots x (?P<mib>[\d.]+) MiB \((?P<gib>[\d.]+) GiB pool\)")
-AUTO_RE = re.compile(
-    r"^moe_w2 delta tier AUTO: (?P<slots>\d+) slots x (?P<mib>[\d.]+) MiB \((?P<gib>[\d.]+) GiB pool; "
-    r"(?P<free>[\d.]+) GiB was free after KV, reserve (?P<reserve>[\d.]+) GiB\)"
-)
-AUTO_OFF_RE = re.compile(
-    r"^moe_w2 delta tier AUTO: (?P<free>[\d.]+) GiB free after KV < reserve (?P<reserve>[\d.]+) GiB -> pool disabled"
-)
-DEFERRED_RE = re.compile(r"^moe_w2 delta tier: auto-sizing deferred .*\(slot (?P<mib>[\d.]+) MiB, reserve (?P<reserve>[\d.]+) GiB\)")
 TRACE_ON_RE = re.compile(r"^moe_w2 delta trace ON: level (?P<level>\d+), every (?P<every>\d+) ticks")
 NEED_RE = re.compile(
     r"low-conf routing top1%/5%/10% = (\d+)/(\d+)/(\d+)\s+\|\s+all routing top1%/5%/10% = (\d+)/(\d+)/(\d+)"
@@ -415,18 +408,20 @@ class TraceParser:
                 st.trace_level, st.trace_every = int(m.group("level")), int(m.group("every"))
                 self.trace_on = True
             return
-        if m := AUTO_RE.match(msg):
-            st.sizing = PoolSizing(int(m.group("slots")), float(m.group("mib")), float(m.group("gib")), auto=True,
-                                   free_after_kv_gib=float(m.group("free")), reserve_gib=float(m.group("reserve")))
-        elif m := AUTO_OFF_RE.match(msg):
+        ps = pool_sizing(msg)  # the one sizing parser, shared with engine/bootlog.py
+        if ps is None:
+            return
+        if ps.deferred:
+            st.sizing = PoolSizing(None, ps.slot_mib, None, auto=True, deferred=True, reserve_gib=ps.reserve_gib)
+        elif ps.slots == 0 and ps.auto:
             mib = st.sizing.slot_mib if st.sizing else None
-            st.sizing = PoolSizing(0, mib, 0.0, auto=True, free_after_kv_gib=float(m.group("free")),
-                                   reserve_gib=float(m.group("reserve")))
-        elif m := DEFERRED_RE.match(msg):
-            st.sizing = PoolSizing(None, float(m.group("mib")), None, auto=True, deferred=True,
-                                   reserve_gib=float(m.group("reserve")))
-        elif m := TIER_RE.match(msg):
-            st.sizing = PoolSizing(int(m.group("slots")), float(m.group("mib")), float(m.group("gib")))
+            st.sizing = PoolSizing(0, mib, 0.0, auto=True, free_after_kv_gib=ps.free_after_kv_gib,
+                                   reserve_gib=ps.reserve_gib)
+        elif ps.auto:
+            st.sizing = PoolSizing(ps.slots, ps.slot_mib, ps.pool_gib, auto=True, free_after_kv_gib=ps.free_after_kv_gib,
+                                   reserve_gib=ps.reserve_gib)
+        else:
+            st.sizing = PoolSizing(ps.slots, ps.slot_mib, ps.pool_gib)
 
     # -- output ------------------------------------------------------------------------------
     def rank_states(self) -> dict[str, RankState]:

@@ -1,0 +1,66 @@
+"""The one classifier of engine log lines that more than one consumer reads (issue 11 item 7).
+
+The FP4 pool sizing lines (engine.md §2.4) drive both the boot tracker (`engine/bootlog.py`: is the pool
+loaded, what the badge says) and the pool telemetry (`telemetry/trace.py`: the pool panel). One parser
+here means one pool-slot value everywhere. The panel's own probe requests in the engine's access log are
+recognised here too (the Logs views hide them by default; the files keep every line).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_TIER = re.compile(r"moe_w2 delta tier: (?P<slots>\d+) slots x (?P<mib>[\d.]+) MiB(?: \((?P<gib>[\d.]+) GiB pool\))?")
+_AUTO = re.compile(
+    r"moe_w2 delta tier AUTO: (?P<slots>\d+) slots x (?P<mib>[\d.]+) MiB(?: \((?P<gib>[\d.]+) GiB pool; "
+    r"(?P<free>[\d.]+) GiB was free after KV, reserve (?P<reserve>[\d.]+) GiB\))?"
+)
+_AUTO_OFF = re.compile(
+    r"moe_w2 delta tier AUTO: (?:(?P<free>[\d.]+) GiB free after KV < reserve (?P<reserve>[\d.]+) GiB -> )?"
+    r".*pool disabled"
+)
+_DEFERRED = re.compile(r"moe_w2 delta tier: auto-sizing deferred(?: .*\(slot (?P<mib>[\d.]+) MiB, reserve "
+                       r"(?P<reserve>[\d.]+) GiB\))?")
+
+
+@dataclass(frozen=True)
+class PoolSizingLine:
+    """What one sizing line says. slots: None = sizing deferred until after the KV cache; 0 = disabled."""
+
+    slots: int | None
+    slot_mib: float | None = None
+    pool_gib: float | None = None
+    auto: bool = False
+    deferred: bool = False
+    free_after_kv_gib: float | None = None
+    reserve_gib: float | None = None
+
+
+def _f(v: str | None) -> float | None:
+    return float(v) if v is not None else None
+
+
+def pool_sizing(msg: str) -> PoolSizingLine | None:
+    """Parse a pool sizing line (the message part, prefix removed); None for any other line."""
+    if "delta tier" not in msg:
+        return None
+    if m := _AUTO.search(msg):
+        return PoolSizingLine(int(m["slots"]), float(m["mib"]), _f(m["gib"]), True, False, _f(m["free"]),
+                              _f(m["reserve"]))
+    if m := _AUTO_OFF.search(msg):
+        return PoolSizingLine(0, None, 0.0, True, False, _f(m["free"]), _f(m["reserve"]))
+    if m := _DEFERRED.search(msg):
+        return PoolSizingLine(None, _f(m["mib"]), None, True, True, None, _f(m["reserve"]))
+    if m := _TIER.search(msg):
+        return PoolSizingLine(int(m["slots"]), float(m["mib"]), _f(m["gib"]))
+    return None
+
+
+# uvicorn access lines for the panel's own polling: GET /metrics, /health, /v1/models from a loopback address
+# (the panel reaches the engine on 127.0.0.1 with host networking; engine.md §3.1).
+_PROBE = re.compile(r'(?:127\.\d+\.\d+\.\d+|\[?::1\]?|localhost):\d+ - "GET /(?:metrics|health|v1/models)[/? "]')
+
+
+def is_panel_probe(text: str) -> bool:
+    return '"GET /' in text and bool(_PROBE.search(text))
