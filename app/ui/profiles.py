@@ -138,7 +138,7 @@ def render(state: AppState, shell: Any) -> None:
         why = gr.HTML(why0, elem_id="command-why-html")
     with gr.Accordion("Studies behind the figures (full statistics)", open=False, elem_id="studies"):
         gr.HTML(study_tables(recipe.studies), elem_id="study-tables")
-    with gr.Accordion("The card's context limits, VRAM budget, pins, requirements and cache regeneration", open=False,
+    with gr.Accordion("Card facts: context, VRAM, pins, requirements, regeneration", open=False,
                       elem_id="card-facts-box"):
         gr.HTML(card_facts(recipe), elem_id="card-facts-html")
 

@@ -85,7 +85,8 @@ def test_reload_radio_follows_the_serving_profile_and_logs_follow_and_filter(eng
                            " return r && r.value === 'balanced'; }", timeout=10_000)
     assert page.locator("#engine-start").is_disabled()  # nothing to start over a ready engine
     assert not page.locator("#engine-overrides").is_visible()  # no failing item, no "Start anyway"
-    page.reload(wait_until="networkidle")
+    page.reload()  # not "networkidle": the page timer and the queue stream never leave the network idle
+    page.wait_for_selector("#main-tabs")
     page.get_by_role("tab", name="Engine").click()
     page.wait_for_function("() => { const r = document.querySelector('#engine-profile input:checked');"
                            " return r && r.value === 'balanced'; }", timeout=10_000)

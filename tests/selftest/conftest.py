@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from tests.engine.conftest import docker_client, make_controller, sim_settings, wait_until  # noqa: F401
 
 # Fast but faithful: decode at the card's rate, prefill fast enough that a 256K needle takes ~1 s.
@@ -13,6 +15,11 @@ def start_ready(ctl, profile_id: str = "quality", timeout: float = 90):
     assert ticket.accepted, ticket.message
     snap = ctl.wait_for(lambda s: s.is_ready or s.state.value == "failed", timeout)
     assert snap.is_ready, f"engine not ready: {snap.state} {snap.message}"
+    # the start operation itself ends a moment after the state turns ready; the self-test refuses until then
+    deadline = time.monotonic() + 10
+    while ctl.busy() is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ctl.busy() is None, f"engine still busy: {ctl.busy()}"
     return snap
 
 

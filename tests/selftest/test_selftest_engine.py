@@ -83,6 +83,7 @@ def test_needles_past_the_validated_context_are_missed(make_controller, sim_sett
     start_ready(ctl, "wide")
     svc = SelfTestService(sim_settings, ctl)
     p = svc.start(SelfTestPlan("wide", runs=1, decode_tokens=32, ttft_lengths=(), needle_lengths=(294912,)))
+    assert p.state is JobState.RUNNING, p.message
     p = svc.wait(120)
     assert p.state is JobState.DONE, p.message
     assert [n.found for n in p.result.needles] == [False, False, False]
