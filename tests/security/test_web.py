@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import stat
+import time
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -304,9 +305,12 @@ def test_state_dir_is_0700_and_chat_history_0600(tmp_path: Path) -> None:
     try:
         assert stat.S_IMODE(state.stat().st_mode) == 0o700
         p.state.chat.new_conversation("mode check")
-        for name in ("chat.sqlite", "chat.sqlite-wal"):
+        deadline = time.monotonic() + 30  # the telemetry hub opens its database on its own thread
+        while not (state / "telemetry.sqlite").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for name in ("chat.sqlite", "chat.sqlite-wal", "telemetry.sqlite", "telemetry.sqlite-wal"):
             f = state / name
-            if name == "chat.sqlite" or f.exists():
+            if not name.endswith("-wal") or f.exists():
                 assert stat.S_IMODE(f.stat().st_mode) == 0o600, name
     finally:
         close_panel(p)

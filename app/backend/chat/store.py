@@ -7,7 +7,6 @@ Writes happen at turn boundaries and at slow checkpoints, never per token. WAL m
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import threading
 import time
@@ -16,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from app.backend.chat.models import Conversation, ConversationSummary, Message, MessageStats
+from app.backend.filemode import create_private
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -51,10 +51,7 @@ class ChatStore:
     def __init__(self, path: Path):
         self.path = path
         try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            # 0600 before SQLite opens it: SQLite gives its -wal/-shm files the database's own mode.
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-            os.chmod(path, 0o600)
+            create_private(path)
             self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             # WAL + NORMAL: no fsync per commit (a send stays fast); a power cut may lose the last

@@ -14,6 +14,8 @@ from collections import deque
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from app.backend.filemode import create_private
+
 
 @dataclass(frozen=True, slots=True)
 class TimelinePoint:
@@ -86,7 +88,7 @@ class TimelineDB:
 
     def __init__(self, path: str | Path, retention_s: float = 7 * 86400) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        create_private(self.path)
         self._retention = retention_s
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False)
