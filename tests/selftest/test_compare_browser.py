@@ -25,8 +25,9 @@ def test_blind_ab_grade_and_reveal(demo_state: AppState, browser: Any) -> None: 
         page.get_by_role("tab", name="Compare").click()
         page.dispatch_event("#ab-start", "click")  # no prompts yet: a clear error, nothing started
         page.wait_for_function("() => document.querySelector('#ab-status')?.innerText.includes('no prompts')")
-        page.locator("#ab-b input").fill("speed")
-        page.keyboard.press("Enter")
+        page.locator("#ab-b input").click()  # pick B from the list: a typed value raced the Start click
+        page.get_by_role("option", name="speed", exact=True).click()
+        page.wait_for_function("() => document.querySelector('#ab-b input')?.value === 'speed'")
         page.fill("#ab-prompts textarea", "Implement a lock-free MPMC queue.\n---\nExplain Raft joint consensus.")
         page.fill("#ab-seeds textarea, #ab-seeds input", "1,2")
         page.fill("#ab-max input", "800")

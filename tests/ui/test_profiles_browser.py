@@ -61,7 +61,7 @@ def test_profiles_view_shows_each_profile_and_its_command(panel, browser) -> Non
     page.screenshot(path=str(ARTIFACTS / "profiles.png"), full_page=True,
                     clip={"x": 0, "y": 0, "width": 1280, "height": last["y"] + last["height"] + 8})
     page.screenshot(path=str(ARTIFACTS / "profiles-full.png"), full_page=True)
-    page.locator("#card-facts-box").get_by_text("The card's context limits").click()
+    page.locator("#card-facts-box").get_by_text("Card facts: context").click()
     page.locator("#card-regenerate").wait_for()
     assert "does not start that boot" in page.locator("#card-regenerate").inner_text()
     page.locator("#studies").get_by_text("Studies behind the figures").click()
