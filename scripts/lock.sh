@@ -20,7 +20,7 @@ common=(--generate-hashes --python-version 3.11 --python-platform x86_64-unknown
         --custom-compile-command "scripts/lock.sh")
 [ "${1:-}" = "--upgrade" ] && common+=(--upgrade)
 # Build backend and pip itself are pinned too, so an editable install needs nothing unpinned.
-tooling="$(mktemp)"; printf 'pip\nsetuptools>=77\nwheel\n' > "$tooling"
+tooling=scripts/lock-tooling.in  # a fixed path: the locks' "via" comments name it
 "$UV" pip compile pyproject.toml "$tooling" --extra test "${common[@]}" -o requirements-test.lock
 # The panel's own lock is the test lock minus the test extras: the same versions, never a second resolve.
 "$UV" pip compile pyproject.toml "$tooling" -c requirements-test.lock "${common[@]}" -o requirements.lock
@@ -28,5 +28,4 @@ tooling="$(mktemp)"; printf 'pip\nsetuptools>=77\nwheel\n' > "$tooling"
 # (plus CUDA libraries that stay unused on CPU), so the override keeps the tier PyPI-only.
 "$UV" pip compile tests/real_engine/requirements-vllm.in --override tests/real_engine/overrides-vllm.txt \
   "${common[@]}" -o requirements-vllm.lock
-rm -f "$tooling"
 echo "locks refreshed: requirements.lock requirements-test.lock requirements-vllm.lock"
