@@ -14,24 +14,6 @@ from app.backend.state import AppState
 
 TITLE = "Downloads"
 
-_STYLE = """<style>
-.moet-dl table{border-collapse:collapse;width:100%;font-size:.9rem}
-.moet-dl th,.moet-dl td{padding:6px 8px;border-bottom:1px solid var(--border-color-primary);text-align:left;vertical-align:top}
-.moet-dl td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-.moet-dl .track{position:relative;height:16px;border-radius:8px;background:var(--neutral-200,#e5e7eb);overflow:hidden;min-width:160px}
-.moet-dl .fetched{position:absolute;left:0;top:0;bottom:0;background:#93c5fd}
-.moet-dl .verified{position:absolute;left:0;top:0;bottom:0;background:#2563eb}
-.moet-dl .active .verified,.moet-dl .active .fetched{background-image:linear-gradient(45deg,rgba(255,255,255,.28) 25%,transparent 25%,transparent 50%,rgba(255,255,255,.28) 50%,rgba(255,255,255,.28) 75%,transparent 75%);background-size:20px 20px;animation:moetdl 1s linear infinite}
-.moet-dl .stalled .verified{background-color:#d97706}
-@keyframes moetdl{from{background-position:0 0}to{background-position:20px 0}}
-.moet-dl .st{font-weight:700;border-radius:6px;padding:1px 6px;font-size:.78rem}
-.moet-dl .st.done{background:#dcfce7;color:#166534}.moet-dl .st.failed{background:#fee2e2;color:#991b1b}
-.moet-dl .st.paused{background:#fef3c7;color:#92400e}.moet-dl .st.stalled{background:#fde68a;color:#78350f}
-.moet-dl .st.run{background:#dbeafe;color:#1e3a8a}.moet-dl .st.queued{background:#f1f5f9;color:#334155}
-.moet-dl .why{font-size:.8rem;color:var(--body-text-color-subdued)}
-.moet-dl .sim{display:inline-block;background:#fff4d6;color:#5c4400;border:1px solid #e8c66a;border-radius:6px;padding:0 6px;font-size:.75rem;font-weight:700}
-</style>"""
-
 
 def fmt_bytes(n: float) -> str:
     """GiB everywhere, as the card; small amounts keep three decimals rather than reading 0.00."""
@@ -97,13 +79,13 @@ def artifacts_html(snap: DownloadSnapshot) -> str:
                 f"{fmt_bytes(sum(a.extracted_bytes for a in snap.artifacts))} written</div></td>"
                 f'<td class="num">{fmt_rate(snap.rate_bps)}{rates}</td>'
                 f'<td class="num">{fmt_eta(snap.eta_s) if snap.running else "—"}{limit}</td></tr>')
-    sim = '<span class="sim">SIMULATED</span> ' if snap.simulated else ""
+    sim = '<span class="moet-sim-tag">SIMULATED</span> ' if snap.simulated else ""
     head = (f'<p>{sim}Source: <code>{html.escape(snap.repo)}</code>'
             f'{f" @ commit <code>{html.escape(snap.commit[:12])}</code>" if snap.commit else ""}'
             f'{" — running" if snap.running else ""}</p>')
     table = ("<table><thead><tr><th>artifact</th><th>state</th><th>progress</th><th>verified</th>"
              "<th>extracted</th><th>rate (wire)</th><th>ETA</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
-    return f'{_STYLE}<div class="moet-dl" id="moet-dl-artifacts">{head}{table}</div>'
+    return f'<div class="moet-dl" id="moet-dl-artifacts">{head}{table}</div>'
 
 
 def disk_html(snap: DownloadSnapshot) -> str:

@@ -28,6 +28,10 @@ def _n(v: Any, fmt: str = "{:.1f}", unit: str = "") -> str:
     return "N/A" if v is None else fmt.format(v) + unit
 
 
+def _mib_s(bytes_per_s: float | None) -> str:
+    return _n(None if bytes_per_s is None else bytes_per_s / 2**20)
+
+
 def _frame(pts: list, spec: Any) -> pd.DataFrame:
     df = pd.DataFrame(rows(pts, spec, now=time.time()), columns=["time", "series", "value", "profile"])
     df["time"] = pd.to_datetime(df["time"].astype(float), unit="s")
@@ -68,7 +72,8 @@ def details_html(frame: Any) -> str:
             f"power {_n(g.power_w, '{:.0f}')}/{_n(g.power_limit_w, '{:.0f}', ' W')} · {_n(g.temperature_c, '{:.0f}', ' °C')} · "
             f"SM {_n(g.sm_clock_mhz, '{}')} / mem {_n(g.mem_clock_mhz, '{}', ' MHz')} · throttle "
             f"{_e(', '.join(g.throttle_reasons) or 'none')} · PCIe tx/rx {_n(g.pcie_tx_kbs, '{:.0f}')}/"
-            f"{_n(g.pcie_rx_kbs, '{:.0f}', ' KB/s')} · ECC {'N/A' if g.ecc_current is None else ('on' if g.ecc_current else 'off')}<br>processes: {procs}"
+            f"{_n(g.pcie_rx_kbs, '{:.0f}', ' KB/s')} · ECC {'N/A' if g.ecc_current is None else ('on' if g.ecc_current else 'off')}"
+            f"<br>processes: {procs}"
         )
     t = frame.trace
     p = t.primary
@@ -100,8 +105,8 @@ def details_html(frame: Any) -> str:
             f"<b>Host</b>: CPU {_n(h.cpu_pct, '{:.0f}', '%')} · RAM {_n(h.ram_used_pct, '{:.0f}', '%')} of "
             f"{h.ram_total / GIB:.0f} GiB · swap {h.swap_used / GIB:.1f}/{h.swap_total / GIB:.1f} GiB · data-dir disk free "
             f"{_n(h.disk_free / GIB if h.disk_free is not None else None, '{:.0f}', ' GiB')} · disk r/w "
-            f"{_n(h.disk_read_bps and h.disk_read_bps / 2**20, '{:.1f}')}/{_n(h.disk_write_bps and h.disk_write_bps / 2**20, '{:.1f}', ' MiB/s')}"
-            f" · net rx/tx {_n(h.net_rx_bps and h.net_rx_bps / 2**20, '{:.1f}')}/{_n(h.net_tx_bps and h.net_tx_bps / 2**20, '{:.1f}', ' MiB/s')}")
+            f"{_mib_s(h.disk_read_bps)}/{_mib_s(h.disk_write_bps)} MiB/s"
+            f" · net rx/tx {_mib_s(h.net_rx_bps)}/{_mib_s(h.net_tx_bps)} MiB/s")
     return '<div id="telemetry-details" style="font-size:13px;line-height:1.6">' + "<br>".join(parts) + "</div>"
 
 

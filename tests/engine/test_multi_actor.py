@@ -71,11 +71,11 @@ def test_two_panels_and_outside_actors_converge_on_docker(make_controller, docke
     r = cli(recipe_file, st.data_dir, "engine", "stop")
     assert r.returncode == 0, r.stdout + r.stderr
     for ctl in (a, b):
-        wait_until(lambda: ctl.snapshot().state is S.STOPPED, CONVERGE_S, "stopped seen by every panel")
+        wait_until(lambda ctl=ctl: ctl.snapshot().state is S.STOPPED, CONVERGE_S, "stopped seen by every panel")
     r = cli(recipe_file, st.data_dir, "engine", "start", "--profile", "speed", "--demo")  # option after the action
     assert r.returncode == 0, r.stdout + r.stderr
     for ctl in (a, b):
-        wait_until(lambda: ctl.snapshot().state is S.READY and ctl.snapshot().profile_id == "speed", CONVERGE_S,
+        wait_until(lambda ctl=ctl: ctl.snapshot().state is S.READY and ctl.snapshot().profile_id == "speed", CONVERGE_S,
                    "speed adopted")
     assert len(panel_containers(docker_client, st.recipe.id)) == 1
     # The port preflight knows the holder is the panel's own container, whoever started it.
@@ -85,7 +85,7 @@ def test_two_panels_and_outside_actors_converge_on_docker(make_controller, docke
     # docker stop from outside: a neutral stop, not a red failure.
     docker_client.containers.get(a.snapshot().container_id).stop(timeout=5)
     for ctl in (a, b):
-        wait_until(lambda: ctl.snapshot().state is S.STOPPED, CONVERGE_S, "outside docker stop")
+        wait_until(lambda ctl=ctl: ctl.snapshot().state is S.STOPPED, CONVERGE_S, "outside docker stop")
         assert ctl.snapshot().diagnosis is not None and ctl.snapshot().diagnosis.reason == "stopped_outside_panel"
 
     # docker kill: both panels show killed (SIGKILL, exit 137) with the host-OOM how-to.
@@ -93,7 +93,7 @@ def test_two_panels_and_outside_actors_converge_on_docker(make_controller, docke
     wait_until(lambda: a.snapshot().state is S.READY, CONVERGE_S, "A adopts B's start")
     docker_client.containers.get(b.snapshot().container_id).kill()
     for ctl in (a, b):
-        wait_until(lambda: ctl.snapshot().state is S.FAILED, CONVERGE_S, "outside docker kill")
+        wait_until(lambda ctl=ctl: ctl.snapshot().state is S.FAILED, CONVERGE_S, "outside docker kill")
         d = ctl.snapshot().diagnosis
         assert d is not None and d.title == "killed (SIGKILL, exit 137)" and "journalctl -k" in d.fix
 
@@ -102,11 +102,11 @@ def test_two_panels_and_outside_actors_converge_on_docker(make_controller, docke
     assert r.returncode == 0, r.stdout + r.stderr
     new_id = panel_containers(docker_client, st.recipe.id)[0].id
     for ctl in (a, b):
-        wait_until(lambda: ctl.snapshot().container_id == new_id and ctl.snapshot().state is S.READY, CONVERGE_S,
+        wait_until(lambda ctl=ctl: ctl.snapshot().container_id == new_id and ctl.snapshot().state is S.READY, CONVERGE_S,
                    "replacement adopted")
     docker_client.containers.get(new_id).remove(force=True)
     for ctl in (a, b):
-        wait_until(lambda: ctl.snapshot().state is S.STOPPED, CONVERGE_S, "rm -f seen")
+        wait_until(lambda ctl=ctl: ctl.snapshot().state is S.STOPPED, CONVERGE_S, "rm -f seen")
     assert not panel_containers(docker_client, st.recipe.id, running_only=False)
 
 
@@ -237,7 +237,7 @@ def test_stalled_engine_is_seen_with_evidence(make_controller, docker_client, si
             pass
 
     threading.Thread(target=ask, daemon=True).start()
-    wait_until(lambda: ctl.snapshot().state is S.STALLED, 20, "stalled")
+    wait_until(lambda ctl=ctl: ctl.snapshot().state is S.STALLED, 20, "stalled")
     assert httpx.get(f"{url}/health", timeout=5).status_code == 200  # /health still says fine
     d = ctl.snapshot().diagnosis
     assert d is not None and d.reason == "stalled" and any("running requests: 1" in e for e in d.evidence)
@@ -264,7 +264,7 @@ def test_stalled_engine_restarts_on_the_same_profile_when_asked(make_controller,
             pass
 
     threading.Thread(target=ask, daemon=True).start()
-    wait_until(lambda: ctl.snapshot().state is S.READY and ctl.snapshot().container_id not in ("", first), 60,
+    wait_until(lambda ctl=ctl: ctl.snapshot().state is S.READY and ctl.snapshot().container_id not in ("", first), 60,
                "restarted")
     snap = ctl.snapshot()
     assert snap.profile_id == "balanced" and snap.diagnosis is not None and snap.diagnosis.reason == "stalled"
