@@ -10,7 +10,9 @@ import html
 import gradio as gr
 
 from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadSnapshot, GiB
+from app.backend.download.manager import DownloadManager
 from app.backend.state import AppState
+from app.ui.shell import QUICK, Shell
 
 TITLE = "Downloads"
 
@@ -100,29 +102,21 @@ def disk_html(snap: DownloadSnapshot) -> str:
             f"needed <b>{fmt_bytes(d.needed)}</b>{budget}{peak}{warn}</p></div>")
 
 
-class _View:
-    def __init__(self, state: AppState) -> None:
-        self.dl = state.downloads
-
-    def tick(self) -> tuple[str, str, str, str]:
-        snap = self.dl.snapshot()
-        ck = self.dl.ckpt_check()
-        ck_html = (f'<div class="moet-dl"><p>ckpt-id check (planescache meta.json vs recipe pin): '
-                   f'<span class="st {"done" if ck.status == "match" else "failed" if ck.status == "mismatch" else "queued"}">'
-                   f"{ck.status.replace('_', ' ')}</span> {html.escape(ck.message)}</p></div>")
-        status = f"**Error:** {snap.error}" if snap.error else (snap.message or "Idle.")
-        return artifacts_html(snap), disk_html(snap), ck_html, status
-
-    def save_token(self, token: str) -> tuple[str, str]:
-        return "", self.dl.save_token(token or "")
+def _tick(dl: DownloadManager) -> tuple[str, str, str, str]:
+    snap = dl.snapshot()
+    ck = dl.ckpt_check()
+    ck_html = (f'<div class="moet-dl"><p>ckpt-id check (planescache meta.json vs recipe pin): '
+               f'<span class="st {"done" if ck.status == "match" else "failed" if ck.status == "mismatch" else "queued"}">'
+               f"{ck.status.replace('_', ' ')}</span> {html.escape(ck.message)}</p></div>")
+    status = f"**Error:** {snap.error}" if snap.error else (snap.message or "Idle.")
+    return artifacts_html(snap), disk_html(snap), ck_html, status
 
 
-def render(state: AppState, shell) -> None:
-    if state.downloads is None:
-        gr.Markdown("Downloads are not available in this build.")
-        return
-    view = _View(state)
+def render(state: AppState, shell: Shell) -> None:
     dl = state.downloads
+    if dl is None:
+        gr.Markdown("Downloads are not available: this panel runs without a download manager.")
+        return
     gr.Markdown(f"Resumable, verified downloads of the recipe's artifacts from **{html.escape(dl.source)}**. "
                 "Every part is checked against the Hub's sha256 before extraction.")
     with gr.Row():
@@ -144,6 +138,6 @@ def render(state: AppState, shell) -> None:
     outs = [table, disk, ckpt, status]
     for btn, fn in ((start, lambda: dl.start()), (pause, dl.pause), (resume, dl.resume), (cancel, dl.cancel),
                     (refresh, dl.refresh), (clean, dl.clean)):
-        btn.click(fn, outputs=status, concurrency_limit=None, api_visibility="private").then(view.tick, outputs=outs)
-    save.click(view.save_token, inputs=token, outputs=[token, token_msg], api_visibility="private")
-    shell.timer.tick(view.tick, outputs=outs, concurrency_limit=None, show_progress="hidden", api_visibility="private")
+        btn.click(fn, outputs=status, concurrency_limit=None, api_visibility="private").then(lambda: _tick(dl), outputs=outs)
+    save.click(lambda t: ("", dl.save_token(t or "")), inputs=token, outputs=[token, token_msg], api_visibility="private")
+    shell.timer.tick(lambda: _tick(dl), outputs=outs, api_visibility="private", **QUICK)
