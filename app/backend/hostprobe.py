@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from app.backend import env
+
 if TYPE_CHECKING:
     from app.backend.telemetry.gpu_types import GpuReader
 
@@ -69,11 +71,12 @@ def probe_host() -> HostProbe:
     return HostProbe(gpu_ok, gpu_detail, docker_ok, docker_detail)
 
 
-DEMO_REQUESTED = "requested (--demo / MOET_PANEL_DEMO=1)"
+DEMO_REQUESTED = f"requested (--demo / {env.DEMO}=1)"
 
 
 def detect_demo(requested: bool, probe: HostProbe | None = None) -> str:
-    """Why demo mode is on ('' = off): asked for, or no usable GPU/Docker here. Serve and the CLI both use it."""
-    if requested:
+    """Why demo mode is on ('' = off): asked for (the flag or the environment), or no usable GPU/Docker here.
+    Serve and the CLI both use it."""
+    if requested or env.demo_requested():
         return DEMO_REQUESTED
     return (probe or probe_host()).demo_reason

@@ -53,7 +53,6 @@ def build_app_state(settings: Settings) -> AppState:
     from app.backend.abtest.runner import ABRunService
     from app.backend.chat.service import ChatService
     from app.backend.download.manager import DownloadManager
-    from app.backend.engine.controller import EngineController
     from app.backend.engine.factory import default_gpu_reader, make_engine_controller
     from app.backend.selftest.drift import DriftWatch, baseline_from
     from app.backend.selftest.runner import SelfTestService

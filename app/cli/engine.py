@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
 import time
@@ -62,9 +61,8 @@ def register(subs: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from app.backend.hostprobe import detect_demo  # the same rule as `serve`
-    from app.backend.settings import ENV_DEMO
 
-    reason = detect_demo(bool(getattr(args, "demo", False)) or os.environ.get(ENV_DEMO) == "1")
+    reason = detect_demo(bool(getattr(args, "demo", False)))
     settings = resolve_settings(args.recipe, args.data_dir, demo=bool(reason), demo_reason=reason)
     if args.engine_cmd == "build-image":
         return _build_image(args, settings)

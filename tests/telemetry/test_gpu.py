@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from app.backend.engine.types import EngineSnapshot, EngineState
-from app.backend.telemetry.gpu import ENV_GPU, NoGpuReader, make_gpu_reader
+from app.backend.env import GPU as ENV_GPU
+from app.backend.telemetry.gpu import NoGpuReader, make_gpu_reader
 from app.backend.telemetry.gpu_sim import FakeGpuReader, SimulatedGpuReader, sample_from_dict
 from app.backend.telemetry.nvml import NO_LIBRARY, NvmlGpuReader, decode_throttle
 

@@ -9,13 +9,13 @@ its own line buffer; a missing image is reported, never pulled (there is no regi
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
 import docker
 import requests
 
+from app.backend import env
 from app.backend.engine.runtime import (
     Instance,
     LineSink,
@@ -31,7 +31,7 @@ _TRANSPORT_ERRORS = (requests.exceptions.RequestException, ConnectionError, OSEr
 
 
 def docker_host() -> str:
-    return os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
+    return env.docker_host() or DEFAULT_SOCKET
 
 
 def unreachable_message(why: object) -> str:

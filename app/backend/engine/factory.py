@@ -8,9 +8,9 @@ and the next operation retries Docker).
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
+from app.backend import env
 from app.backend.engine.controller import ControllerOptions, EngineController
 from app.backend.engine.docker_runtime import DockerRuntime
 from app.backend.engine.process_runtime import ProcessRuntime
@@ -29,7 +29,7 @@ def select_runtime(settings: Settings, *, allow_process: bool = True) -> tuple[R
     except RuntimeUnavailable as exc:
         # An explicit DOCKER_HOST names the daemon the user wants: report it unreachable, never swap in the
         # process runtime behind their back (docs/engine.md, "Runtimes").
-        if settings.recipe.simulated and allow_process and not os.environ.get("DOCKER_HOST"):
+        if settings.recipe.simulated and allow_process and not env.docker_host():
             return ProcessRuntime(settings.state_dir), f"{exc} — SIMULATED engine runs as a local process instead"
         return None, str(exc)
 

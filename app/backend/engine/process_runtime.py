@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from app.backend import env
 from app.backend.engine.runtime import Instance, LineSink, LineSplitter, RuntimeOpError, Stream
 from app.backend.recipe.command import RunSpec
 
@@ -126,12 +127,12 @@ class ProcessRuntime:
             self.remove(existing.id)
         ident = f"{spec.name}-{int(time.time() * 1000)}"
         out_path, err_path = self._dir / f"{ident}.stdout", self._dir / f"{ident}.stderr"
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TZ")}
-        env.update(spec.env_dict)
-        env["PYTHONUNBUFFERED"] = "1"
+        child_env = env.inherited(("PATH", "HOME", "LANG", "TZ"))
+        child_env.update(spec.env_dict)
+        child_env["PYTHONUNBUFFERED"] = "1"
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
-                [self._python, "-m", SIM_MODULE, *spec.args], cwd=REPO_ROOT, env=env,
+                [self._python, "-m", SIM_MODULE, *spec.args], cwd=REPO_ROOT, env=child_env,
                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
             )
         with self._lock:
