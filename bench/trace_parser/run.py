@@ -4,7 +4,7 @@
 
 Prints the incremental parser (chunked `feed`, as `trace summarize` reads files, and per-line
 `feed_line`, as the hub drains engine log lines) next to a naive baseline run in the same process:
-strip ANSI, match engine.md §2.0's prefix regex, then try each §2.11 regex in turn. Target ≥ 200k lines/s.
+strip ANSI, match the vLLM prefix regex, then try one regex per line kind (docs/simengine.md) in turn. Target ≥ 200k lines/s.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def bench(lines: list[str], title: str) -> None:
 
     results = []
     for name, fn in (("parser, chunked feed()", chunked), ("parser, feed_line() per line", per_line),
-                     ("naive: prefix regex + §2.11 regexes", lambda: naive(lines))):
+                     ("naive: prefix regex + one regex per line kind", lambda: naive(lines))):
         best = min(timed(fn) for _ in range(3))
         results.append((name, len(lines) / best))
     base = results[-1][1]

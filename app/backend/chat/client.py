@@ -85,7 +85,7 @@ class ChatClient:
 
 class ChatStream:
     """Iterate for events. `abort()` may be called from any thread: it unblocks a pending read and
-    closes the connection, which makes vLLM abort the request (stack.md §5.6)."""
+    closes the connection, which makes vLLM abort the request (docs/chat.md)."""
 
     def __init__(self, sdk: openai.OpenAI, request: ChatRequest):
         self._sdk = sdk
@@ -121,7 +121,7 @@ class ChatStream:
             "stream_options": {"include_usage": True},
             "temperature": s.temperature,
             "top_p": s.top_p,
-            "min_p": s.min_p,  # vLLM sampling extra (stack.md §5.3)
+            "min_p": s.min_p,  # a vLLM extra, not an OpenAI field (docs/chat.md)
             **req.extra_body,
         }
         if s.max_tokens:

@@ -244,7 +244,7 @@ class ChatService:
         """Send the request first, then write history while the engine prefills (TTFT is not spent
         on SQLite). The turn's writes wait until the rows exist."""
         history = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
-        # Prior reasoning is not sent back: it would change the prompt (stack.md §1.3).
+        # Prior reasoning is not sent back: as ordinary assistant text it would change the prompt.
         history += [{"role": m.role, "content": m.content} for m in conv.messages
                     if m.role in ("user", "assistant") and m.content]
         base = MessageStats(profile_id=ep.profile_id, simulated=ep.simulated, model=ep.model,

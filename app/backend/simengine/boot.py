@@ -1,6 +1,6 @@
-"""SIMULATED boot sequence: the engine's load lines in their real formats (engine.md §2.4, §2.10).
+"""SIMULATED boot sequence: the engine's load lines in their real formats (docs/simengine.md, Log output).
 
-The lead's engine controller classifies load phases from these lines, so formats follow the engine
+The engine controller classifies load phases from these lines, so formats follow the engine
 exactly; only the banner line (and figures being synthetic) says SIMULATED.
 """
 

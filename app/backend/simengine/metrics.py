@@ -1,6 +1,6 @@
 """vLLM-named Prometheus metrics (text exposition 0.0.4), stdlib only.
 
-Names and labels follow vLLM 0.33 (`model_name`, `engine`): see stack.md §5.4.
+Names and labels follow vLLM 0.33 (`model_name`, `engine`): docs/simengine.md#http-api lists them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Build real chunked artifacts the way the card's publisher did: GNU `tar --sparse` | `zstd` | `split`.
 
-Also builds the planescache layout of engine.md §1.2 (meta.json + layer files) and hostile archives
+Also builds the engine's planescache layout (meta.json + layer files; docs/simengine.md) and hostile archives
 (path traversal, absolute paths, escaping links, device nodes, setuid) for the extractor's tests.
 """
 
@@ -33,7 +33,7 @@ class TreeSpec:
 
 
 def meta_for(ckpt_id: str) -> dict:
-    """meta.json content in the engine's key order (engine.md §1.2)."""
+    """meta.json content in the engine's key order (docs/simengine.md, Planes cache)."""
     return {"version": 2, "quantizer_abi": QUANTIZER_ABI, "ckpt_id": ckpt_id, "world": 1, "rank": 0,
             "zero_mode": "auto", "fp4_split": False}
 

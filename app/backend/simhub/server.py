@@ -1,6 +1,6 @@
 """A SIMULATED Hugging Face Hub on 127.0.0.1, close enough to the real API to test a downloader.
 
-Endpoints (stack.md §2), checked by the real `huggingface_hub` client in tests/download/test_hub_client.py:
+Endpoints (the Hub's own, docs/downloads.md#the-hub), checked by the real `huggingface_hub` client in tests/download/test_hub_client.py:
   GET /api/models/{owner}/{name}[/revision/{rev}][?blobs=true]  model_info: `sha` + siblings (size, lfs.sha256)
   GET /api/models/{owner}/{name}/tree/{rev}?recursive=true   JSON array, paged with `Link: <..>; rel="next"`
   GET|HEAD /{owner}/{name}/resolve/{rev}/{path}              302 to the CDN with X-Repo-Commit,

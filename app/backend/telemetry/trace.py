@@ -1,4 +1,4 @@
-"""Incremental parser for the engine's FP4 delta-pool trace (engine.md §2).
+"""Incremental parser for the engine's FP4 delta-pool trace (docs/simengine.md#the-formats-the-panel-parses).
 
 Feed it raw chunks (`feed`) or whole lines (`feed_line`); it keeps one `RankState` per TP rank /
 process (`(Worker_TP1 pid=N) ` prefixes are interleaved in one stream) and derives the card's
@@ -49,7 +49,7 @@ HISTORY = 64  # summaries kept per rank for rates and the CLI
 
 @dataclass(slots=True)
 class Summary:
-    """One `[tag] tick N: …` line (engine.md §2.1), with its wall-clock time. Treat as immutable
+    """One `[tag] tick N: …` summary line (its format: docs/simengine.md), with its wall-clock time. Treat as immutable
     (not frozen only because frozen dataclasses are ~3× slower to build on the parser's hot path)."""
 
     tag: str
@@ -71,7 +71,7 @@ class Summary:
 
 @dataclass(frozen=True)
 class PoolSizing:
-    """Boot sizing (engine.md §2.4/2.5): slots and slot size; slots == 0 means no FP4 pool."""
+    """Boot sizing (the `delta tier` line, docs/simengine.md): slots and slot size; slots == 0 means no FP4 pool."""
 
     slots: int | None
     slot_mib: float | None
