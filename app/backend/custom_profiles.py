@@ -9,7 +9,6 @@ the ones the card has findings about.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tempfile
@@ -17,6 +16,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomli_w
 from pydantic import ValidationError
 
 from app.backend.recipe.command import profile_args, profile_env
@@ -240,27 +240,11 @@ def findings_for(recipe: Recipe, profile: ProfileSpec) -> list[Finding]:
 
 # --- persistence -------------------------------------------------------------------------------
 
-def _toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # a JSON string (ASCII, \u escapes) is a valid TOML basic string
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
 def to_toml(profile: ProfileSpec) -> str:
     data = profile.model_dump(exclude_none=True, exclude_defaults=False)
     for k in ("decode", "quality", "delta_vs_1"):
         data.pop(k, None)
-    lines = ["# moet-panel custom profile (not measured). Edit in the panel; validated on load."]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in data.items()]
-    return "\n".join(lines) + "\n"
+    return "# moet-panel custom profile (not measured). Edit in the panel; validated on load.\n" + tomli_w.dumps(data)
 
 
 def save_custom_profile(settings: Settings, profile: ProfileSpec) -> Path:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import shlex
+import tomllib
 from pathlib import Path
 
 import pytest
+import tomli_w
 from pydantic import ValidationError
 
 from app.backend import custom_profiles as cp
@@ -128,16 +130,16 @@ def test_tampered_custom_profile_files_are_skipped_with_a_reason(settings) -> No
     quality = RECIPE.profile("quality")
     good = cp.profile_from_form(RECIPE, quality, "ok", cp.form_from_profile(RECIPE, quality), set())
     cp.save_custom_profile(settings, good)
-    text = (folder / "ok.toml").read_text()
+    saved = tomllib.loads((folder / "ok.toml").read_text())
 
-    def variant(name: str, old: str, new: str) -> None:
-        (folder / f"{name}.toml").write_text(text.replace('id = "ok"', f'id = "{name}"').replace(old, new))
+    def variant(name: str, **changes: object) -> None:  # the saved file, edited by hand
+        (folder / f"{name}.toml").write_text(tomli_w.dumps({**saved, "id": name, **changes}))
 
-    variant("preload", "env_add = {  }", 'env_add = { "LD_PRELOAD" = "/x.so" }')
-    variant("newline", "env_add = {  }", 'env_add = { "VLLM_X" = "a\\n--privileged" }')
-    variant("eager", "args_set = {  }", 'args_set = { "--privileged" = "" }')
-    variant("measured", "measured = false", "measured = true")
-    variant("quality", "", "")  # shadowing a card profile
+    variant("preload", env_add={"LD_PRELOAD": "/x.so"})
+    variant("newline", env_add={"VLLM_X": "a\n--privileged"})
+    variant("eager", args_set={"--privileged": ""})
+    variant("measured", measured=True)
+    variant("quality")  # shadowing a card profile
     report = cp.load_custom_profiles_report(settings)
     assert [p.id for p in report.profiles] == ["ok"]
     assert len(report.problems) == 5, report.problems
