@@ -133,6 +133,10 @@ def test_build_app_state_wires_every_collaborator(monkeypatch, tmp_path: Path) -
         assert ctl._artifact_status is not None and ctl._artifact_status("planescache") is None  # journals read
         assert state.telemetry._engine is ctl  # engine into telemetry
         assert state.chat is not None and state.downloads is not None
+        assert state.chat._snapshot_fn == ctl.snapshot  # chat reads the engine's snapshot
+        assert state.selftest is not None and state.abtest is not None
+        assert state.telemetry.drift is not None  # the self-test's baseline feeds the drift alert
         assert state.gpu.read() is not None  # the shared reader follows the engine's snapshot
     finally:
         state.close()
+    assert state.telemetry._thread is None  # close() stopped the sampler
