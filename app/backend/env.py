@@ -66,8 +66,12 @@ def gpu_mode() -> GpuMode | None:
     raw = (_get(GPU) or "").lower()
     if not raw:
         return None
-    if raw == "nvml" or raw == "simulated" or raw == "none":
-        return raw
+    if raw == "nvml":
+        return "nvml"
+    if raw == "simulated":
+        return "simulated"
+    if raw == "none":
+        return "none"
     raise ValueError(f"{GPU}={raw!r}: expected nvml, simulated or none")
 
 

@@ -105,7 +105,7 @@ class DeltaSim:
 
     def _ceiling(self) -> float:
         """Saturated token hit-rate for this pool size and policy."""
-        base = CARD_HIT_RATE * min(1.55, (max(self.plan.slots, 1) / CARD_POOL_SLOTS) ** 0.4)
+        base = CARD_HIT_RATE * min(1.55, float((max(self.plan.slots, 1) / CARD_POOL_SLOTS) ** 0.4))
         if self.plan.policy == "need":
             return base * 0.55 if self.plan.gate else 0.0
         if self.plan.policy == "freq":

@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from app.backend.simhub.faults import Fault, FaultBook
@@ -57,8 +58,8 @@ class HubRepo:
 class HubStats:
     """Request counters, so tests can prove what was (not) downloaded again."""
 
-    requests: Counter = field(default_factory=Counter)  # (where, path) -> count
-    cdn_bytes: Counter = field(default_factory=Counter)  # path -> body bytes sent
+    requests: Counter[tuple[str, str]] = field(default_factory=Counter)  # (where, path) -> count
+    cdn_bytes: Counter[str] = field(default_factory=Counter)  # path -> body bytes sent
     ranges: list[tuple[str, str]] = field(default_factory=list)  # (path, Range header)
     auth_on_cdn: int = 0  # requests to /cdn/ that carried Authorization (must stay 0)
     auth_headers: list[str] = field(default_factory=list)
@@ -509,7 +510,7 @@ def _blob_id(f: HubFile) -> str:
     return hashlib.sha1(f"blob {f.size}\0{f.sha256}".encode()).hexdigest()
 
 
-def _tree_entries(repo: HubRepo) -> list[dict]:
+def _tree_entries(repo: HubRepo) -> list[dict[str, Any]]:
     dirs: set[str] = set()
     entries = []
     for f in repo.files.values():

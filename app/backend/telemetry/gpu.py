@@ -49,7 +49,8 @@ def make_gpu_reader(
     return NoGpuReader(real.error)
 
 
-def _simulated(settings: Settings | None, snap_fn, pids_fn) -> SimulatedGpuReader:
+def _simulated(settings: Settings | None, snap_fn: Callable[[], EngineSnapshot] | None,
+               pids_fn: Callable[[], set[int]] | None) -> SimulatedGpuReader:
     ready, total, boot = 93.8, 96.0, 4.0
     if settings is not None:
         ready, total = settings.recipe.vram.expected_gib, settings.recipe.vram.total_gib

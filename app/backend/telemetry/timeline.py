@@ -13,6 +13,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from app.backend.filemode import create_private
 
@@ -122,5 +123,5 @@ class TimelineDB:
             self._db.close()
 
 
-def point_dict(p: TimelinePoint) -> dict:
+def point_dict(p: TimelinePoint) -> dict[str, Any]:
     return asdict(p)
