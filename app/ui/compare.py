@@ -100,7 +100,7 @@ def render(state: AppState, shell: Any) -> None:
         show = gr.Button("Reveal", variant="primary", elem_id="ab-reveal-btn")
         dl = gr.DownloadButton("Export reveal (Markdown)", elem_id="ab-export")
     revealed = gr.Markdown("", elem_id="ab-reveal")
-    quick = {"show_progress": "hidden", "concurrency_limit": None}
+    quick: dict[str, Any] = {"show_progress": "hidden", "concurrency_limit": None}
     view_out = [status, head, prompt, left, right]
 
     def views(rid: str | None):

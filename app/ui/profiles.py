@@ -176,7 +176,7 @@ def render(state: AppState, shell: Any) -> None:
         status = gr.Markdown("", elem_id="custom-status")
 
     knobs = [policy, hyst, promote, pool, gate, mml, eager, spec, extra, seqs, expert]
-    show = dict(fn=view.select, inputs=[selector, plain], outputs=[cards, chart, command, findings, why], show_progress="hidden")
+    show: dict[str, Any] = dict(fn=view.select, inputs=[selector, plain], outputs=[cards, chart, command, findings, why], show_progress="hidden")
     selector.change(**show)
     plain.change(**show)
     base.change(view.load_form, inputs=[base], outputs=knobs, show_progress="hidden")

@@ -105,7 +105,7 @@ def render(state: AppState, shell: Any) -> None:
         dl_md = gr.DownloadButton("Export Markdown", md0, elem_id="st-export-md")
         dl_json = gr.DownloadButton("Export JSON", json0, elem_id="st-export-json")
     result = gr.Markdown(result_md(state, profile.value), elem_id="st-result")
-    quick = {"show_progress": "hidden", "concurrency_limit": None}
+    quick: dict[str, Any] = {"show_progress": "hidden", "concurrency_limit": None}
 
     def start(pid: str, n: float, t: float, nd: str) -> str:
         try:

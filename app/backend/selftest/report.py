@@ -11,7 +11,7 @@ import json
 import statistics
 from dataclasses import dataclass
 
-from app.backend.selftest.types import SelfTestResult
+from app.backend.selftest.types import NeedleOutcome, SelfTestResult
 
 CARD_TOLERANCE_TOK_S = 1.0
 
@@ -72,7 +72,7 @@ def card_line(r: SelfTestResult) -> str:
 
 
 def needle_lines(r: SelfTestResult) -> list[str]:
-    by_len: dict[int, list] = {}
+    by_len: dict[int, list[NeedleOutcome]] = {}
     for n in r.needles:
         by_len.setdefault(n.length, []).append(n)
     out = []
