@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,9 @@ from app.backend.abtest.grading import a_is_left, ab_scores, grade_from_pick, gr
 from app.backend.abtest.journal import Generation, Journal, Prompt, RunState, new_spec
 from app.backend.chat.models import Conversation, Message
 from app.backend.chat.store import ChatStore, ChatStoreError
+from app.backend.settings import Settings
+from app.cli.main import main
+from tests.selftest.conftest import recipe_file
 
 # (prompt, seed) -> (score of A, score of B): the hand-computed example of test_score_reveal...
 SCORES = {("p1", 1): (8, 6), ("p2", 1): (5, 6), ("p1", 2): (7, 7), ("p2", 2): (9, 5),
@@ -170,3 +174,39 @@ def test_read_only_store_leaves_a_live_reply_alone(tmp_path: Path) -> None:
         reader.delete(conv.id)
     reader.close()
     panel.close()
+
+
+def test_cli_chat_prompts_rubric_score_grading_and_reveal(sim_settings: Settings, tmp_path: Path, capsys: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI without an engine: pick turns from the chat history, journal a rubric, grade by score, reveal."""
+    common = ["--recipe", str(recipe_file(tmp_path, sim_settings)), "--data-dir", str(sim_settings.data_dir)]
+    state_dir = sim_settings.ensure_state_dir()
+    assert main(["abtest", *common, "chat-prompts"]) == 2
+    assert "no chat history" in capsys.readouterr().err
+    store = ChatStore(state_dir / "chat.sqlite")
+    conv = _conversation(store, "queues", "", [("Implement a lock-free MPMC queue.", "ok"), ("Make it bounded.", "")])
+    store.close()
+    assert main(["abtest", *common, "chat-prompts"]) == 0
+    out = capsys.readouterr().out
+    assert f"{conv.id}  queues" in out and f"--from-chat {conv.id[:8]}:2   Make it bounded." in out
+    assert main(["abtest", *common, "run", "--a", "quality", "--b", "speed"]) == 2
+    assert "give --prompts FILE.jsonl and/or --from-chat" in capsys.readouterr().err
+    assert main(["abtest", *common, "run", "--a", "quality", "--b", "speed", "--from-chat", f"{conv.id}:5"]) == 2
+    assert "has user turns 1..2, not 5" in capsys.readouterr().err
+
+    j, st = _generated_run(state_dir, [1, 2])
+    rid = st.spec.run_id
+    assert main(["abtest", *common, "rubric", rid, "10 = correct, complete, idiomatic"]) == 0
+    answers = iter(["11", "7", "4", "x", "6", "6", "q"])  # out of range and not a number: asked again
+    monkeypatch.setattr("builtins.input", lambda _prompt="": next(answers))
+    assert main(["abtest", *common, "grade", rid, "--scores"]) == 0
+    out = capsys.readouterr().out
+    assert "rubric: 10 = correct, complete, idiomatic" in out and "--- LEFT ---" in out
+    graded = j.load(rid)
+    assert len(graded.grades) == 2 and {(g.left, g.right) for g in graded.grades.values()} == {(7.0, 4.0), (6.0, 6.0)}
+    assert main(["abtest", *common, "reveal", rid, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["scores"]["pairs"] == 2 and data["rubric"] == "10 = correct, complete, idiomatic"
+    assert data["graded"] == 2 and data["summary"]["ties"] == 1
+    assert main(["abtest", *common, "reveal", "20990101T000000-abcdef"]) == 2
+    assert "no A/B run '20990101T000000-abcdef'" in capsys.readouterr().err

@@ -33,11 +33,13 @@ class ChatTurn:
         """The selector of exactly this turn (`CONV:N`); also the Compare tab's choice value."""
         return f"{self.conv_id}:{self.turn}"
 
-    def label(self, width: int = 70) -> str:
+    def short(self, width: int = 70) -> str:
         line = " ".join(self.text.split())
-        short = line if len(line) <= width else line[: width - 1] + "…"
+        return line if len(line) <= width else line[: width - 1] + "…"
+
+    def label(self, width: int = 70) -> str:
         more = f" (+{len(self.context)} earlier)" if self.context else ""
-        return f"{self.conv_title} · turn {self.turn}{more}: {short}"
+        return f"{self.conv_title} · turn {self.turn}{more}: {self.short(width)}"
 
     def to_prompt(self, with_context: bool) -> Prompt:
         return Prompt("", self.text, f"chat {self.conv_id} turn {self.turn}", self.context if with_context else ())
