@@ -30,6 +30,7 @@ class BlindPair:
     left: str
     right: str
     graded: bool
+    context: int = 0  # earlier chat messages sent before the prompt (a turn picked from chat history)
 
 
 def a_is_left(run_id: str, prompt_id: str, seed: int) -> bool:
@@ -38,14 +39,15 @@ def a_is_left(run_id: str, prompt_id: str, seed: int) -> bool:
 
 def blind_pairs(st: RunState) -> list[BlindPair]:
     """Every cell generated on both sides, in prompt × seed order."""
-    texts = {p.id: p.text for p in st.spec.prompts}
+    prompts = {p.id: p for p in st.spec.prompts}
     out: list[BlindPair] = []
     for pid, seed in st.spec.cells:
         a, b = st.gens.get(("A", pid, seed)), st.gens.get(("B", pid, seed))
         if a is None or b is None:
             continue
         left, right = (a.text, b.text) if a_is_left(st.spec.run_id, pid, seed) else (b.text, a.text)
-        out.append(BlindPair(len(out), pid, seed, texts[pid], left, right, (pid, seed) in st.grades))
+        p = prompts[pid]
+        out.append(BlindPair(len(out), pid, seed, p.text, left, right, (pid, seed) in st.grades, len(p.context)))
     return out
 
 
