@@ -331,8 +331,6 @@ def load_custom_profiles(settings: Settings) -> list[ProfileSpec]:
 POLICY_ENV, HYST_ENV, PROMOTE_ENV, POOL_ENV, GATE_ENV = (
     "VLLM_MOE_W2_DELTA_POLICY", "VLLM_MOE_W2_PROMO_HYST", "VLLM_MOE_W2_DELTA_PROMOTE", "VLLM_MOE_W2_DELTA_GB", "VLLM_MOE_W2_GATE",
 )
-_FORM_ENV = (POLICY_ENV, HYST_ENV, PROMOTE_ENV, POOL_ENV, GATE_ENV)
-
 
 @dataclass(frozen=True)
 class EditorForm:

@@ -151,11 +151,6 @@ class ChatService:
             turn = self._turns.get(conv_id)
         return turn if turn is not None and not turn.done.is_set() else None
 
-    def streaming_count(self) -> int:
-        """Replies streaming now, in every conversation."""
-        with self._lock:
-            return sum(1 for t in self._turns.values() if not t.done.is_set())
-
     def send(self, conv_id: str, text: str, sampling: SamplingParams, custom_url: str | None = None,
              extra_body: dict[str, Any] | None = None) -> Turn:
         text = text.strip()
