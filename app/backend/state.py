@@ -7,9 +7,12 @@ Services are created by `build_app_state()` and started/stopped together.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.backend.settings import Settings
+
+if TYPE_CHECKING:
+    from app.backend.telemetry.nvml import NvmlGpuReader
 
 
 @dataclass
@@ -38,8 +41,9 @@ class AppState:
         self._closers.clear()
 
 
-def build_app_state(settings: Settings) -> AppState:
-    """Create every backend service for this settings object."""
+def build_app_state(settings: Settings, nvml_reader: "NvmlGpuReader | None" = None) -> AppState:
+    """Create every backend service for this settings object. `nvml_reader`: the NVML reader `serve`'s host
+    probe already opened, kept as the process's one GPU reader."""
     state = AppState(settings=settings)
     # Services register themselves here as they land (downloads, engine, telemetry, chat).
 
@@ -56,7 +60,7 @@ def build_app_state(settings: Settings) -> AppState:
     from app.backend.engine.factory import default_gpu_reader, make_engine_controller
 
     ref: list[Any] = []
-    state.gpu = default_gpu_reader(settings, ref)
+    state.gpu = default_gpu_reader(settings, ref, nvml_reader=nvml_reader)
     state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref)
     state.on_close(state.engine.close)
 

@@ -16,11 +16,17 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.backend.auth import AuthError, BindingError, add_user, check_binding, default_auth_path, load_users, make_checker
 from app.backend.settings import ENV_AUTH_FILE, ENV_DATA_DIR, ENV_DEMO, ENV_RECIPE, Settings, demo_data_dir, resolve_settings
 from app.backend.webgate import ENV_ALLOWED_HOSTS, parse_allowed_hosts
 from app.cli.main import add_common
+
+if TYPE_CHECKING:
+    from app.backend.hostprobe import HostProbe
+    from app.backend.telemetry.gpu_types import GpuReader
+    from app.backend.telemetry.nvml import NvmlGpuReader
 
 log = logging.getLogger("moet_panel.serve")
 
@@ -59,8 +65,9 @@ def _read_password() -> str:
     return sys.stdin.readline().rstrip("\n")
 
 
-def plan(args: argparse.Namespace, probe: object | None = None) -> Plan:
-    """Resolve everything `serve` needs without starting anything (tested directly)."""
+def plan(args: argparse.Namespace, probe: HostProbe | None = None, gpu_reader: GpuReader | None = None) -> Plan:
+    """Resolve everything `serve` needs without starting anything (tested directly). `gpu_reader`: the
+    process's one NVML reader, probed for the demo decision and then kept by the app state."""
     host = args.host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
     port = args.port or int(os.environ.get("GRADIO_SERVER_PORT") or 7860)
     auth_src = args.auth_file or os.environ.get(ENV_AUTH_FILE)
@@ -75,7 +82,7 @@ def plan(args: argparse.Namespace, probe: object | None = None) -> Plan:
         raise BindingError(str(exc)) from None
     from app.backend.hostprobe import detect_demo  # one rule for serve and every CLI subcommand
 
-    demo_reason = detect_demo(args.demo or os.environ.get(ENV_DEMO) == "1", probe)
+    demo_reason = detect_demo(args.demo or os.environ.get(ENV_DEMO) == "1", probe, gpu_reader)
     demo = bool(demo_reason)
     data_dir = args.data_dir or os.environ.get(ENV_DATA_DIR) or (str(demo_data_dir()) if demo else None)
     recipe = args.recipe or os.environ.get(ENV_RECIPE)  # demo without a recipe → simulated.toml
@@ -120,25 +127,31 @@ def run(args: argparse.Namespace) -> int:
 
     install_log_redaction()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per internal request is noise
+    from app.backend.telemetry.nvml import NvmlGpuReader
+
+    nvml = NvmlGpuReader()  # the process's one NVML client: the host probe reads it, the app state keeps it
     try:
-        p = plan(args)
+        p = plan(args, gpu_reader=nvml)
     except (AuthError, BindingError) as exc:
+        nvml.close()
         print(f"moet-panel: {exc}", file=sys.stderr)
         return 2
-    return _serve(p)
+    return _serve(p, nvml)
 
 
-def _serve(p: Plan) -> int:
+def _serve(p: Plan, nvml: NvmlGpuReader | None = None) -> int:
     from app.backend.state import build_app_state
     from app.ui.app import build_ui, launch
 
     try:
         p.settings.ensure_state_dir()
     except OSError as exc:
+        if nvml is not None:
+            nvml.close()
         print(f"moet-panel: cannot create the panel's state dir {p.settings.state_dir} ({exc.strerror or exc}). "
               "Create the data dir with write access for this user, or pass --data-dir DIR.", file=sys.stderr)
         return 2
-    state = build_app_state(p.settings)
+    state = build_app_state(p.settings, nvml_reader=nvml)
     # Demo downloads: the download service starts the SIMULATED local Hub itself on first use.
     hub_note = "SIMULATED local demo Hub on 127.0.0.1 (started on the first download)" if p.settings.recipe.simulated else None
     auth = make_checker(load_users(p.auth_file)) if p.auth_file else None

@@ -141,7 +141,8 @@ def _gpu_model(inp: PreflightInputs, gpu: GpuSample) -> PreflightItem:
     req = inp.recipe.requirements
     title = "GPU model, VRAM, compute capability"
     cc = f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}" if gpu.compute_capability else "?"
-    detail = f"{gpu.name}, {gpu.memory_total / GIB:.1f} GiB, sm_{cc.replace('.', '')} (recipe: {req.gpu}, sm_{req.compute_capability.replace('.', '')})"
+    want_sm = req.compute_capability.replace(".", "")
+    detail = f"{gpu.name}, {gpu.memory_total / GIB:.1f} GiB, sm_{cc.replace('.', '')} (recipe: {req.gpu}, sm_{want_sm})"
     if gpu.memory_total < req.vram_gb * 1e9 * 0.93:
         return PreflightItem("gpu", title, "fail", detail, f"The recipe needs a {req.vram_gb:g} GB card ({req.gpu}).")
     if req.compute_capability and cc != req.compute_capability:
