@@ -49,6 +49,7 @@ __all__ = ["ControllerOptions", "EngineController", "expects_pool"]
 
 MUTATING = frozenset({"start", "stop", "switch", "restart"})  # "adopt" only watches: no lock
 BOOTING = frozenset({EngineState.PREFLIGHT, EngineState.STARTING})
+ADOPT_PROBE_S = 1.0  # adoption's readiness probe: not ready within this -> shown starting, gated by a watch-only op
 
 
 class EngineController:
@@ -299,6 +300,8 @@ class EngineController:
                 return self._refused(action, profile_id, "refused: the panel is shutting down")
             if self._busy is not None:
                 b = self._busy
+                if action in MUTATING and b.action not in MUTATING and (holder := self.oplock.holder()) is not None:
+                    return self._refused(action, profile_id, str(LockHeld(holder)))  # the writer whose boot we watch
                 what = f"{b.action} to {b.profile_id}" if b.profile_id else b.action
                 return self._refused(action, profile_id, f"refused: a {what} is already in progress — wait for it to finish")
             if action in MUTATING:
@@ -438,21 +441,30 @@ class EngineController:
                 return "image_missing", f"image {spec.image} is not present"
         return None
 
-    def _await_ready(self, rt: Runtime, inst: Instance, env: dict[str, str]) -> bool:
+    def _await_ready(self, rt: Runtime, inst: Instance, env: dict[str, str], *, watch_only: bool = False) -> bool:
+        """Gate on ready. `watch_only` (an adopted engine someone else started): the reconcile keeps running
+        meanwhile and owns what happens when Docker changes — this loop ends as soon as the snapshot stops
+        showing `inst`, and leaves an exit for the reconcile to explain."""
         url, name = base_url(self.recipe), self.recipe.model.served_name
         want_pool = expects_pool(env, self.recipe.engine.pool_line)
         deadline = time.monotonic() + self.recipe.engine.boot_timeout_s
         pool_deadline: float | None = None
-        while not self._closed and not self._cancel.is_set():
+        while not self._closed and not self._cancel.is_set() and self._shows_booting(inst.id):
             cur = rt.get(inst.id)
             if cur is None or not cur.running:
+                if watch_only:
+                    self._kick.set()
+                    return False
                 self._follower.drain()
                 return self._fail_exited(cur)
             p = probe(url, name)
             if p.health_ok and p.models_ok:
                 prog = self._follower.tracker.progress
                 if not want_pool or (prog.pool_slots or 0) > 0:
-                    self._apply(sm.BecameReady(self._ready_message(prog.pool_slots, want_pool)))
+                    with self._lock:
+                        if not self._shows_booting(inst.id):
+                            return False  # the reconcile moved on (replaced / gone) while this probe ran
+                        self._apply(sm.BecameReady(self._ready_message(want_pool)))
                     return True
                 pool_deadline = pool_deadline or time.monotonic() + self.options.pool_line_grace_s
                 if prog.pool_slots == 0 or time.monotonic() > pool_deadline:
@@ -460,9 +472,14 @@ class EngineController:
             if time.monotonic() > deadline:
                 return self._fail_and_stop(rt, inst, "boot_timeout")
             self._wake.wait(self.options.poll_interval_s)
-        return False  # panel closing (engine left as it is) or cancelled by stop (the stop op follows)
+        return False  # panel closing (engine left as it is), cancelled by stop (the stop op follows), or moved on
 
-    def _ready_message(self, slots: int | None, want_pool: bool) -> str:
+    def _shows_booting(self, cid: str) -> bool:
+        """The snapshot still shows this container booting (a preflight before BootBegan counts)."""
+        snap = self._snap
+        return snap.state is EngineState.PREFLIGHT or (snap.state is EngineState.STARTING and snap.container_id == cid)
+
+    def _ready_message(self, want_pool: bool) -> str:
         prog = self._follower.tracker.progress
         if prog.cache_miss:
             return "ready, but the planes cache MISSED during boot: " + diag_mod.cache_miss_warning()
@@ -538,6 +555,12 @@ class EngineController:
                                 poll_s=min(0.5, self.options.poll_interval_s * 2), stop=self._wake, skip=no_gpu)
 
     # == observed state: Docker events + periodic resync -> reconcile (docs/engine.md, "One truth") ==
+    def _writing(self) -> bool:
+        """This process runs a mutating operation: its own belief wins over Docker until it ends. A watch-only
+        op (gating an adopted engine) does not count: the reconcile keeps following Docker."""
+        busy = self._busy
+        return busy is not None and busy.action in MUTATING
+
     def _on_boot_progress(self, cid: str, p: BootProgress) -> None:
         """A followed line moved the boot picture; shown while this run boots (lines before BootBegan are only
         tracked, and shown with the next line)."""
@@ -609,7 +632,7 @@ class EngineController:
         """Make the snapshot say what Docker says (skipped while this process runs an operation, unless that
         operation asks: `own_op`, at the start of a start/switch)."""
         with self._lock:
-            if (self._busy is not None and not own_op) or self._closed:
+            if (self._writing() and not own_op) or self._closed:
                 return
         rt = self._get_runtime()
         if rt is None:
@@ -618,7 +641,7 @@ class EngineController:
             mine = rt.list(self._labels())
         except (RuntimeUnavailable, RuntimeOpError) as exc:
             with self._lock:
-                if (self._busy is None or own_op) and self._snap.state in LIVE_STATES:
+                if (not self._writing() or own_op) and self._snap.state in LIVE_STATES:
                     base = Diagnosis("docker_unreachable", "Docker daemon unreachable", str(exc),
                                      "Is dockerd running (`systemctl status docker`)? Is DOCKER_HOST right?")
                     self._apply(sm.Failed(base, str(exc)))
@@ -636,8 +659,7 @@ class EngineController:
             if snap.state is EngineState.STARTING and not own_op:
                 with self._lock:  # booting and nobody in this process waits for it (adopted inside an op)
                     if self._busy is None:
-                        self._submit("adopt", inst.profile_id,
-                                     lambda t: self._finish(t, self._await_ready(rt, inst, inst.env)))
+                        self._watch_boot(rt, inst)
             return
         self._adopt(rt, inst, len(running), own_op)
 
@@ -649,7 +671,7 @@ class EngineController:
         elif snap.state is EngineState.FAILED and snap.container_id:
             if not any(i.id == snap.container_id and i.status != "removing" for i in mine):
                 with self._lock:  # the failed run's container was removed: nothing is there; keep why it failed
-                    if self._busy is None or own_op:
+                    if not self._writing() or own_op:
                         self._apply(sm.Vanished(f"{snap.container_name or 'the engine container'} was removed "
                                                 "(the last diagnosis is kept below)", snap.diagnosis))
             return  # already explained
@@ -666,7 +688,7 @@ class EngineController:
         tracker = BootTracker()
         lines: list[str] = []
         if inst is not None:
-            self._follower.drain(1.0)
+            self._follower.drain(0.5)  # Docker ends the streams when the container exits: normally at once
             with self._lock:
                 followed = bool(self._snap.container_id == cid and self.logs.recent(1))
             lines = ([ln.text for ln in self.logs.recent(400)] if followed
@@ -675,7 +697,7 @@ class EngineController:
                 tracker.feed(text)
         d = self._recorded_failure(cid) or explain_exit(inst, lines[-400:], cache_miss=tracker.progress.cache_miss)
         with self._lock:
-            if (self._busy is not None and not own_op) or (self._snap.container_id and self._snap.container_id != cid):
+            if (self._writing() and not own_op) or (self._snap.container_id and self._snap.container_id != cid):
                 return  # an operation started meanwhile / already on another container
             if inst is None or inst.id == self._snap.container_id:
                 self._follower.end()
@@ -694,11 +716,11 @@ class EngineController:
         for _, text in old:
             tracker.feed(text)
         prog = tracker.progress
-        p = probe(base_url(self.recipe), self.recipe.model.served_name)
+        p = probe(base_url(self.recipe), self.recipe.model.served_name, read_timeout_s=ADOPT_PROBE_S)
         want_pool = expects_pool(inst.env, self.recipe.engine.pool_line)
         ready = p.health_ok and p.models_ok and (not want_pool or (prog.pool_slots or 0) > 0)
         with self._lock:
-            if (self._busy is not None and not own_op) or self._closed:
+            if (self._writing() and not own_op) or self._closed:
                 return
             first = self._snap.state is EngineState.STOPPED and not self._snap.container_id and not self._adopted_once
             self._adopted_once = True
@@ -712,8 +734,12 @@ class EngineController:
                 self._apply(sm.Noted(f"adopted {inst.name}; {n_running - 1} other panel engine(s) are also "
                                      "running — stop them (never started twice by this panel)"))
             if not ready and not own_op:
-                self._submit("adopt", inst.profile_id,
-                             lambda t: self._finish(t, self._await_ready(rt, inst, inst.env)))
+                self._watch_boot(rt, inst)
+
+    def _watch_boot(self, rt: Runtime, inst: Instance) -> None:
+        """An adopted engine still boots: gate it on ready in a watch-only op (no lock: another writer's run)."""
+        self._submit("adopt", inst.profile_id,
+                     lambda t: self._finish(t, self._await_ready(rt, inst, inst.env, watch_only=True)))
 
     # -- liveness after ready (docs/engine.md, "Liveness") ---------------------------------------
     def _check_liveness(self) -> None:
