@@ -21,7 +21,6 @@ from app.backend.engine.types import EngineSnapshot, EngineState
 from app.backend.recipe import SIMULATED_RECIPE
 from tests.engine.conftest import TEST_LABEL, panel_containers, wait_until
 
-S = EngineState
 CONVERGE_S = 2.0  # every observer shows Docker's truth within 2 s (issue 11); bench/engine_soak measures the p95
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,18 +71,18 @@ def test_two_panels_and_outside_actors_converge_on_docker(make_controller, docke
                                                           recipe_file) -> None:
     st = _settings_with_image(sim_settings, sim_image)
     a, b = make_controller(st), make_controller(st)
-    assert a.start("balanced").wait(60) and a.snapshot().state is S.READY
+    assert a.start("balanced").wait(60) and a.snapshot().state is EngineState.READY
     # B adopts A's engine with the profile from its labels; nobody starts a second one.
-    converge((b,), lambda s: s.state is S.READY and s.profile_id == "balanced", "B adopts")
+    converge((b,), lambda s: s.state is EngineState.READY and s.profile_id == "balanced", "B adopts")
     assert len(panel_containers(docker_client, st.recipe.id)) == 1
 
     # The CLI (another process) stops and starts another profile: both panels follow.
     r = cli(recipe_file, st.data_dir, "engine", "stop")
     assert r.returncode == 0, r.stdout + r.stderr
-    converge((a, b), lambda s: s.state is S.STOPPED, "stopped seen by every panel")
+    converge((a, b), lambda s: s.state is EngineState.STOPPED, "stopped seen by every panel")
     r = cli(recipe_file, st.data_dir, "engine", "start", "--profile", "speed", "--demo")  # option after the action
     assert r.returncode == 0, r.stdout + r.stderr
-    converge((a, b), lambda s: s.state is S.READY and s.profile_id == "speed", "speed adopted")
+    converge((a, b), lambda s: s.state is EngineState.READY and s.profile_id == "speed", "speed adopted")
     assert len(panel_containers(docker_client, st.recipe.id)) == 1
     # The port preflight knows the holder is the panel's own container, whoever started it.
     port = next(i for i in a.preflight("speed").items if i.id == "port")
@@ -91,15 +90,15 @@ def test_two_panels_and_outside_actors_converge_on_docker(make_controller, docke
 
     # docker stop from outside: a neutral stop, not a red failure.
     docker_client.containers.get(a.snapshot().container_id).stop(timeout=5)
-    converge((a, b), lambda s: s.state is S.STOPPED, "outside docker stop")
+    converge((a, b), lambda s: s.state is EngineState.STOPPED, "outside docker stop")
     for ctl in (a, b):
         assert ctl.snapshot().diagnosis is not None and ctl.snapshot().diagnosis.reason == "stopped_outside_panel"
 
     # docker kill: both panels show killed (SIGKILL, exit 137) with the host-OOM how-to.
-    assert b.start("balanced").wait(60) and b.snapshot().state is S.READY
-    converge((a,), lambda s: s.state is S.READY, "A adopts B's start")
+    assert b.start("balanced").wait(60) and b.snapshot().state is EngineState.READY
+    converge((a,), lambda s: s.state is EngineState.READY, "A adopts B's start")
     docker_client.containers.get(b.snapshot().container_id).kill()
-    converge((a, b), lambda s: s.state is S.FAILED, "outside docker kill")
+    converge((a, b), lambda s: s.state is EngineState.FAILED, "outside docker kill")
     for ctl in (a, b):
         d = ctl.snapshot().diagnosis
         assert d is not None and d.title == "killed (SIGKILL, exit 137)" and "journalctl -k" in d.fix
@@ -108,9 +107,9 @@ def test_two_panels_and_outside_actors_converge_on_docker(make_controller, docke
     r = cli(recipe_file, st.data_dir, "--demo", "engine", "start", "--profile", "quality")
     assert r.returncode == 0, r.stdout + r.stderr
     new_id = panel_containers(docker_client, st.recipe.id)[0].id
-    converge((a, b), lambda s: s.container_id == new_id and s.state is S.READY, "replacement adopted")
+    converge((a, b), lambda s: s.container_id == new_id and s.state is EngineState.READY, "replacement adopted")
     docker_client.containers.get(new_id).remove(force=True)
-    converge((a, b), lambda s: s.state is S.STOPPED, "rm -f seen")
+    converge((a, b), lambda s: s.state is EngineState.STOPPED, "rm -f seen")
     assert not panel_containers(docker_client, st.recipe.id, running_only=False)
 
 
@@ -131,7 +130,7 @@ def test_second_writer_is_refused_naming_the_holder(make_controller, docker_clie
     assert r.returncode in (0, 5), r.stdout + r.stderr
     assert json.loads(r.stdout)["lock"]["operation"] == "start"
     # the refused writers did not disturb the running operation: still booting, one container
-    assert not t.done and a.snapshot().state is S.STARTING and b.snapshot().state is S.STARTING
+    assert not t.done and a.snapshot().state is EngineState.STARTING and b.snapshot().state is EngineState.STARTING
     assert len(panel_containers(docker_client, st.recipe.id)) == 1
     stop = a.stop()  # the holder itself may stop its own boot
     assert stop.wait(60) and stop.ok, stop.message
@@ -229,7 +228,7 @@ def test_stalled_engine_is_seen_with_evidence(make_controller, docker_client, si
     st = _settings_with_image(sim_settings, sim_image)
     ctl = make_controller(st, extra_env={"MOET_SIM_FAIL": "hang_mid_generation"}, stall_after_s=2.0,
                           liveness_poll_s=0.25)
-    assert ctl.start("quality").wait(60) and ctl.snapshot().state is S.READY
+    assert ctl.start("quality").wait(60) and ctl.snapshot().state is EngineState.READY
     url = ctl.snapshot().base_url
 
     def ask() -> None:
@@ -241,12 +240,12 @@ def test_stalled_engine_is_seen_with_evidence(make_controller, docker_client, si
             pass
 
     threading.Thread(target=ask, daemon=True).start()
-    wait_until(lambda: ctl.snapshot().state is S.STALLED, 20, "stalled")
+    wait_until(lambda: ctl.snapshot().state is EngineState.STALLED, 20, "stalled")
     assert httpx.get(f"{url}/health", timeout=5).status_code == 200  # /health still says fine
     d = ctl.snapshot().diagnosis
     assert d is not None and d.reason == "stalled" and any("running requests: 1" in e for e in d.evidence)
     stop = ctl.stop()
-    assert stop.wait(30) and stop.ok and ctl.snapshot().state is S.STOPPED
+    assert stop.wait(30) and stop.ok and ctl.snapshot().state is EngineState.STOPPED
 
 
 def test_stalled_engine_restarts_on_the_same_profile_when_asked(make_controller, sim_settings, sim_image) -> None:
@@ -269,7 +268,7 @@ def test_stalled_engine_restarts_on_the_same_profile_when_asked(make_controller,
             pass
 
     threading.Thread(target=ask, daemon=True).start()
-    wait_until(lambda: ctl.snapshot().state is S.READY and ctl.snapshot().container_id not in ("", first), 60,
+    wait_until(lambda: ctl.snapshot().state is EngineState.READY and ctl.snapshot().container_id not in ("", first), 60,
                "restarted")
     snap = ctl.snapshot()
     assert snap.profile_id == "balanced" and snap.diagnosis is not None and snap.diagnosis.reason == "stalled"

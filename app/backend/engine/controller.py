@@ -16,7 +16,6 @@ changes go through `_apply()` -> `statemachine.transition()` under one lock; rea
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 import time
 from dataclasses import replace
@@ -29,10 +28,10 @@ from app.backend.engine import diagnosis as diag_mod
 from app.backend.engine import statemachine as sm
 from app.backend.engine.bootlog import BootProgress, BootTracker
 from app.backend.engine.diagnosis import cache_miss_warning
-from app.backend.engine.exits import explain_exit, is_failure
+from app.backend.engine.exits import ExitRecords, explain_exit, is_failure
 from app.backend.engine.following import LogFollower
 from app.backend.engine.gpurelease import wait_gpu_release
-from app.backend.engine.liveness import LivenessTracker, progress_from_metrics
+from app.backend.engine.liveness import LivenessTracker, progress_from_metrics, stall_diagnosis
 from app.backend.engine.logstore import LogStore
 from app.backend.engine.ops import ControllerOptions, Ticket, expects_pool
 from app.backend.engine.oplock import EngineLock, Holder, LockHeld
@@ -92,6 +91,7 @@ class EngineController:
         self._follower = LogFollower(self.logs, booting=lambda: self._snap.state in BOOTING,
                                      on_boot_progress=self._on_boot_progress, on_ended=self._on_streams_ended)
         self.oplock = EngineLock(settings.state_dir)
+        self._exit_records = ExitRecords(settings.state_dir)
         self._explained: set[str] = set()  # exited containers already explained (never twice)
         self._adopted_once = False
         self._kick = threading.Event()  # wakes the reconcile (a Docker event, a log stream end)
@@ -202,7 +202,7 @@ class EngineController:
     def _panel_engine_running(self, rt: Runtime | None) -> bool:
         """A container with this panel's labels runs (whoever started it): the port holder is ours."""
         try:
-            return rt is not None and any(i.running for i in rt.list({MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id}))
+            return rt is not None and any(i.running for i in rt.list(self._labels()))
         except (RuntimeUnavailable, RuntimeOpError):
             return False
 
@@ -427,7 +427,7 @@ class EngineController:
         holder = rt.get(spec.name)
         if holder is not None and not holder.managed:
             return "name_conflict", f"container name {spec.name} is held by a container this panel did not create"
-        for inst in rt.list({MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id}):
+        for inst in rt.list(self._labels()):
             if inst.running:
                 return "port_in_use", f"panel engine {inst.name} is still running; stop it first"
             rt.remove(inst.id)
@@ -517,7 +517,7 @@ class EngineController:
             if snap.state is not EngineState.STOPPED:
                 self._fail(self._runtime_failure(RuntimeUnavailable(self._runtime_error)), self._runtime_error)
             return True
-        mine = rt.list({MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id})
+        mine = rt.list(self._labels())
         targets = [i for i in mine if i.running]
         leftovers = [i for i in mine if not i.running]  # e.g. the failed run kept for inspection
         if snap.state is EngineState.STOPPED and not targets:
@@ -695,7 +695,7 @@ class EngineController:
                      else [t for _, t in rt.read_logs(cid, max_lines=20000)])
             for text in lines:
                 tracker.feed(text)
-        d = self._recorded_failure(cid) or explain_exit(inst, lines[-400:], cache_miss=tracker.progress.cache_miss)
+        d = self._exit_records.read(cid) or explain_exit(inst, lines[-400:], cache_miss=tracker.progress.cache_miss)
         with self._lock:
             if (self._writing() and not own_op) or (self._snap.container_id and self._snap.container_id != cid):
                 return  # an operation started meanwhile / already on another container
@@ -757,7 +757,8 @@ class EngineController:
             if self._busy is not None or self._snap.container_id != snap.container_id:
                 return
             if verdict.stalled and self._snap.state is EngineState.READY:
-                d = self._stall_diagnosis(verdict.running, verdict.idle_s)
+                tail = tuple(ln.text for ln in self.logs.recent(5))
+                d = stall_diagnosis(verdict.running, verdict.idle_s, self._stall_after(), tail)
                 self._apply(sm.Stalled(d, f"stalled: {int(verdict.running)} request(s) running, no token for "
                                           f"{verdict.idle_s:.0f} s"))
                 restart = self._restart_on_stall()
@@ -768,19 +769,6 @@ class EngineController:
                 return
         if restart and snap.profile_id:
             self._restart_stalled(snap.profile_id)
-
-    def _stall_diagnosis(self, running: float, idle_s: float) -> Diagnosis:
-        tail = tuple(ln.text for ln in self.logs.recent(5))
-        return Diagnosis(
-            "stalled", "stalled: requests running, no tokens",
-            f"{int(running)} request(s) are running but vllm:generation_tokens_total (and prompt tokens) have not moved "
-            f"for {idle_s:.0f} s (limit {self._stall_after():.0f} s) while /health still answers 200 — the engine is "
-            "wedged (a known vLLM failure mode).",
-            "Restart the engine on the same profile (Engine tab: Stop, then Start; or set engine.restart_on_stall = "
-            "true in the recipe to do it automatically). Keep the Logs view: the last lines before the stall are the "
-            "evidence to report.",
-            (f"running requests: {int(running)}", f"seconds since the last token: {idle_s:.0f}") + tail,
-        )
 
     def _stall_after(self) -> float:
         v = self.options.stall_after_s
@@ -800,28 +788,7 @@ class EngineController:
     def _fail(self, d: Diagnosis, message: str) -> None:
         snap = self._apply(sm.Failed(d, message))
         if snap.container_id:  # a run this panel judged (pool not loaded, boot timeout): any process reads it
-            self._record_failure_file(snap.container_id, d)
-
-    def _failure_path(self, cid: str) -> Path:
-        return self.settings.state_dir / "engine-exits" / f"{cid[:64]}.json"
-
-    def _record_failure_file(self, cid: str, d: Diagnosis) -> None:
-        try:
-            path = self._failure_path(cid)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"reason": d.reason, "title": d.title, "explanation": d.explanation,
-                                        "fix": d.fix, "evidence": list(d.evidence)}), encoding="utf-8")
-            for old in sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime)[:-20]:
-                old.unlink(missing_ok=True)
-        except OSError:
-            pass  # unwritable data dir: the live panel still shows it
-
-    def _recorded_failure(self, cid: str) -> Diagnosis | None:
-        try:
-            raw = json.loads(self._failure_path(cid).read_text(encoding="utf-8"))
-            return Diagnosis(raw["reason"], raw["title"], raw["explanation"], raw["fix"], tuple(raw["evidence"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+            self._exit_records.record(snap.container_id, d)
 
     def _restart_stalled(self, profile_id: str) -> None:
         """restart_on_stall: same profile; the stalled run's log files stay on disk, its diagnosis stays shown."""

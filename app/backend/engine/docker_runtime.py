@@ -1,4 +1,4 @@
-"""Docker implementation of the engine runtime (docker-py 7; stack.md §3).
+"""Docker implementation of the engine runtime (docker-py 7; docs/engine.md, "Engine facts").
 
 Pitfalls handled here: the client comes from the environment (DOCKER_HOST works); a dead daemon
 raises DockerException at construction but `requests` exceptions later (both -> RuntimeUnavailable);

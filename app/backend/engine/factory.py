@@ -64,7 +64,7 @@ def journal_artifact_status(settings: Settings, art_id: str) -> str | None:
 
 
 def artifact_status_fn(settings: Settings) -> Callable[[str], str | None]:
-    """Preflight's artifact item reads the download journals (issue 12 item 4)."""
+    """Preflight's artifact item reads the download journals (docs/engine.md, "Preflight")."""
     return lambda art_id: journal_artifact_status(settings, art_id)
 
 

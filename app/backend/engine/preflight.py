@@ -233,7 +233,7 @@ def _artifacts(inp: PreflightInputs) -> list[PreflightItem]:
 
 
 def cache_meta_ids(data_dir: Path, recipe: Recipe) -> list[tuple[str, str]]:
-    """(meta.json path, ckpt_id) for every TP1 planes-cache subtree (engine.md §1.2)."""
+    """(meta.json path, ckpt_id) for every TP1 planes-cache subtree (docs/engine.md, "Engine facts": planes cache identity)."""
     roots = [data_dir / a.yields for a in recipe.artifacts if a.id == "planescache"] or [data_dir / "planescache"]
     out = []
     for root in roots:
