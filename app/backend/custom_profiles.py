@@ -45,7 +45,8 @@ MAX_PROFILE_FILE_BYTES = 64 * 1024
 # Engine switches that open the engine to its clients or load code: never set by accident. A custom
 # profile may set them only with the editor's expert option ticked; each warning names the risk.
 EXPERT_ENV: dict[str, str] = {
-    "VLLM_SERVER_DEV_MODE": "exposes vLLM's development endpoints (reset caches, sleep/wake, collective RPC) to anyone who can reach the engine port",
+    "VLLM_SERVER_DEV_MODE": ("exposes vLLM's development endpoints (reset caches, sleep/wake, collective RPC) to anyone who can "
+                             "reach the engine port"),
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "lets the engine unpickle messages: a crafted message runs arbitrary code inside the container",
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "lets any API client load LoRA adapters from paths or repos at runtime",
     "VLLM_PLUGINS": "loads the named Python plugins (code) into the engine at start",
@@ -221,7 +222,8 @@ def make_custom_profile(
         raise CustomProfileError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
 
 
-def _describe(env_add: dict[str, str], env_replace: dict[str, str], env_remove: list[str], args_set: dict[str, str], args_remove: list[str]) -> str:
+def _describe(env_add: dict[str, str], env_replace: dict[str, str], env_remove: list[str], args_set: dict[str, str],
+              args_remove: list[str]) -> str:
     parts = [f"{k}={v}" for k, v in {**env_replace, **env_add}.items()]
     parts += [f"unset {k}" for k in env_remove]
     parts += [f"{k} {v}".strip() for k, v in args_set.items()]

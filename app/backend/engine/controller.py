@@ -32,6 +32,7 @@ from app.backend.engine.exits import ExitRecords, explain_exit, is_failure
 from app.backend.engine.following import LogFollower
 from app.backend.engine.gpurelease import wait_gpu_release
 from app.backend.engine.liveness import LivenessTracker, progress_from_metrics, stall_diagnosis
+from app.backend.engine.loglines import EVERY_LINE, LogFilter
 from app.backend.engine.logstore import LogStore
 from app.backend.engine.ops import ControllerOptions, Ticket, expects_pool
 from app.backend.engine.oplock import EngineLock, Holder, LockHeld
@@ -126,10 +127,9 @@ class EngineController:
     def recent_logs(self, n: int = 250) -> list[LogLine]:
         return self.logs.recent(n)
 
-    def export_logs(self, stream: str = "both", needle: str = "") -> Path:
-        """Write the in-memory tail (filtered) to a file for download; returns its path."""
-        lines = [ln for ln in self.logs.recent(100000)
-                 if (stream == "both" or ln.stream == stream) and needle.lower() in ln.text.lower()]
+    def export_logs(self, view: LogFilter = EVERY_LINE) -> Path:
+        """Write the in-memory tail, as the view filters it, to a file for download; returns its path."""
+        lines = view.apply(self.logs.recent(100000))
         out_dir = self.settings.state_dir / "exports"
         out_dir.mkdir(parents=True, exist_ok=True)
         snap = self.snapshot()

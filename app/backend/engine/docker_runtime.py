@@ -141,6 +141,13 @@ class DockerRuntime:
         except docker.errors.NotFound:
             return False
 
+    def image_id(self, image: str) -> str:
+        # a rebuilt image keeps its tag but not its id: the self-test keys its results by the id
+        try:
+            return str(self._api(self.client.api.inspect_image, image).get("Id", ""))
+        except docker.errors.NotFound:
+            return ""
+
     # -- instances ---------------------------------------------------------------------------
     def get(self, name_or_id: str) -> Instance | None:
         try:

@@ -9,7 +9,11 @@ recognised here too (the Logs views hide them by default; the files keep every l
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
+
+from app.backend.engine.types import LogLine
 
 _TIER = re.compile(r"moe_w2 delta tier: (?P<slots>\d+) slots x (?P<mib>[\d.]+) MiB(?: \((?P<gib>[\d.]+) GiB pool\))?")
 _AUTO = re.compile(
@@ -64,3 +68,25 @@ _PROBE = re.compile(r'(?:127\.\d+\.\d+\.\d+|\[?::1\]?|localhost):\d+ - "GET /(?:
 
 def is_panel_probe(text: str) -> bool:
     return '"GET /' in text and bool(_PROBE.search(text))
+
+
+StreamChoice = Literal["both", "stdout", "stderr"]
+
+
+@dataclass(frozen=True)
+class LogFilter:
+    """What a log view keeps: one stream or both, lines containing `needle` (any case), and the panel's own
+    probe requests only when asked. The Engine tab's tail, the Logs tab and the log download all use it."""
+
+    stream: StreamChoice = "both"
+    needle: str = ""
+    probes: bool = False
+
+    def apply(self, lines: Iterable[LogLine]) -> list[LogLine]:
+        needle = self.needle.lower()
+        return [ln for ln in lines
+                if (self.stream == "both" or ln.stream == self.stream) and needle in ln.text.lower()
+                and (self.probes or not is_panel_probe(ln.text))]
+
+
+EVERY_LINE = LogFilter(probes=True)

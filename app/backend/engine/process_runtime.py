@@ -61,6 +61,9 @@ class ProcessRuntime:
     def image_present(self, image: str) -> bool:
         return True  # the simulated engine is this package; there is no image
 
+    def image_id(self, image: str) -> str:
+        return ""  # no image: the self-test falls back to the name
+
     # -- registry --------------------------------------------------------------------------
     def _record_path(self, ident: str) -> Path:
         return self._dir / f"{ident}.json"

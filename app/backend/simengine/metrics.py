@@ -117,7 +117,7 @@ def _counter(name: str, help_: str, lb: str, v: float):
 def _hist(name: str, help_: str, lb: str, h: _Hist):
     yield f"# HELP {name} {help_}\n# TYPE {name} histogram\n"
     cum = 0
-    for edge, c in zip(h.buckets, h.counts):
+    for edge, c in zip(h.buckets, h.counts, strict=True):
         cum += c
         yield f'{name}_bucket{{{lb},le="{edge}"}} {float(cum)}\n'
     yield f'{name}_bucket{{{lb},le="+Inf"}} {float(h.n)}\n'

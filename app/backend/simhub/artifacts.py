@@ -110,7 +110,7 @@ def _pipeline(cmds: list[list[str]], cwd: Path | None = None) -> None:
         prev = p.stdout
         procs.append(p)
     errors = []
-    for cmd, p in zip(cmds, procs):
+    for cmd, p in zip(cmds, procs, strict=True):
         _, err = p.communicate()
         if p.returncode != 0:
             errors.append(f"{cmd[0]} exited {p.returncode}: {err.decode(errors='replace').strip()}")

@@ -81,7 +81,7 @@ class HostSampler:
 def _rates(cur: tuple[int, int] | None, prev: tuple[int, int] | None, dt: float) -> list[float | None]:
     if cur is None or prev is None:
         return [None, None]
-    return [max(c - p, 0) / dt for c, p in zip(cur, prev)]
+    return [max(c - p, 0) / dt for c, p in zip(cur, prev, strict=True)]
 
 
 def _safe(fn):

@@ -35,7 +35,7 @@ class Histogram:
         if older is None or older.count > self.count or len(older.buckets) != len(self.buckets):
             return self
         return Histogram(
-            tuple((le, c - oc) for (le, c), (_, oc) in zip(self.buckets, older.buckets)),
+            tuple((le, c - oc) for (le, c), (_, oc) in zip(self.buckets, older.buckets, strict=True)),
             self.count - older.count,
             self.total - older.total,
         )

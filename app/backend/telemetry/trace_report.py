@@ -71,7 +71,9 @@ def summarize_parser(parser: TraceParser, seen: dict[str, list[Summary]]) -> dic
 
 def _sizing_text(sz) -> str:
     if sz.disabled:
-        return f"pool DISABLED (0 slots){' — auto: %.2f GiB free after KV < reserve %s GiB' % (sz.free_after_kv_gib, sz.reserve_gib) if sz.free_after_kv_gib is not None else ''}"
+        why = (f" — auto: {sz.free_after_kv_gib:.2f} GiB free after KV < reserve {sz.reserve_gib} GiB"
+               if sz.free_after_kv_gib is not None else "")
+        return f"pool DISABLED (0 slots){why}"
     if sz.deferred:
         return f"auto-sizing deferred (slot {sz.slot_mib} MiB)"
     return f"{sz.slots} slots x {sz.slot_mib} MiB ({sz.pool_gib} GiB pool){' [auto]' if sz.auto else ''}"
