@@ -716,9 +716,12 @@ class EngineController:
         for _, text in old:
             tracker.feed(text)
         prog = tracker.progress
-        p = probe(base_url(self.recipe), self.recipe.model.served_name, read_timeout_s=ADOPT_PROBE_S)
+        # Probe only an engine whose log says its API is up: one still booting is shown starting at once (the
+        # watch-only op gates it), never held back by a probe of a busy new process.
+        p = probe(base_url(self.recipe), self.recipe.model.served_name, read_timeout_s=ADOPT_PROBE_S) \
+            if prog.api_up else None
         want_pool = expects_pool(inst.env, self.recipe.engine.pool_line)
-        ready = p.health_ok and p.models_ok and (not want_pool or (prog.pool_slots or 0) > 0)
+        ready = p is not None and p.health_ok and p.models_ok and (not want_pool or (prog.pool_slots or 0) > 0)
         with self._lock:
             if (self._writing() and not own_op) or self._closed:
                 return
