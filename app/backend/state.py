@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # types only: the service packages import settings, never thi
     from app.backend.selftest.runner import SelfTestService
     from app.backend.telemetry.gpu_types import GpuReader
     from app.backend.telemetry.hub import TelemetryHub
+    from app.backend.telemetry.nvml import NvmlGpuReader
 
 
 @dataclass
@@ -48,8 +49,9 @@ class AppState:
         self._closers.clear()
 
 
-def build_app_state(settings: Settings) -> AppState:
-    """Create every backend service for this settings object."""
+def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None) -> AppState:
+    """Create every backend service for this settings object. `nvml_reader`: the NVML reader `serve`'s host
+    probe already opened, kept as the process's one GPU reader."""
     from app.backend.abtest.runner import ABRunService
     from app.backend.chat.service import ChatService
     from app.backend.download.manager import DownloadManager
@@ -68,7 +70,7 @@ def build_app_state(settings: Settings) -> AppState:
     # its closer stops the panel's threads, never the engine container. One GPU reader for the whole app
     # (engine preflight and release wait, telemetry): made here, injected into both.
     ref: list[EngineController] = []
-    state.gpu = default_gpu_reader(settings, ref)
+    state.gpu = default_gpu_reader(settings, ref, nvml_reader=nvml_reader)
     engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref)
     state.on_close(engine.close)
 

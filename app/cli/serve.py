@@ -15,6 +15,7 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.backend.auth import AuthError, BindingError, add_user, check_binding, default_auth_path, load_users, make_checker
 from app.backend import env
@@ -22,6 +23,10 @@ from app.backend.hostprobe import HostProbe, detect_demo
 from app.backend.settings import Settings, resolve_settings
 from app.backend.webgate import parse_allowed_hosts
 from app.cli.main import add_common
+
+if TYPE_CHECKING:
+    from app.backend.telemetry.gpu_types import GpuReader
+    from app.backend.telemetry.nvml import NvmlGpuReader
 
 log = logging.getLogger("moet_panel.serve")
 
@@ -60,8 +65,9 @@ def _read_password() -> str:
     return sys.stdin.readline().rstrip("\n")
 
 
-def plan(args: argparse.Namespace, probe: HostProbe | None = None) -> Plan:
-    """Resolve everything `serve` needs without starting anything (tested directly)."""
+def plan(args: argparse.Namespace, probe: HostProbe | None = None, gpu_reader: GpuReader | None = None) -> Plan:
+    """Resolve everything `serve` needs without starting anything (tested directly). `gpu_reader`: the
+    process's one NVML reader, probed for the demo decision and then kept by the app state."""
     host = args.host or env.server_name() or "127.0.0.1"
     port = args.port or env.server_port() or 7860
     auth_src = args.auth_file or env.auth_file()
@@ -73,7 +79,7 @@ def plan(args: argparse.Namespace, probe: HostProbe | None = None) -> Plan:
         allowed_hosts = parse_allowed_hosts(",".join([env.allowed_hosts(), *(getattr(args, "allowed_host", None) or [])]))
     except ValueError as exc:
         raise BindingError(str(exc)) from None
-    demo_reason = detect_demo(args.demo, probe)  # one rule for serve and every CLI subcommand
+    demo_reason = detect_demo(args.demo, probe, gpu_reader)  # one rule for serve and every CLI subcommand
     # demo without a recipe → simulated.toml and the per-user demo data dir (resolve_settings)
     settings = resolve_settings(args.recipe, args.data_dir, demo=bool(demo_reason), demo_reason=demo_reason)
     return Plan(settings=settings, demo_reason=demo_reason, host=host, port=port, auth_file=auth_file,
@@ -116,25 +122,31 @@ def run(args: argparse.Namespace) -> int:
 
     install_log_redaction()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per internal request is noise
+    from app.backend.telemetry.nvml import NvmlGpuReader
+
+    nvml = NvmlGpuReader()  # the process's one NVML client: the host probe reads it, the app state keeps it
     try:
-        p = plan(args)
+        p = plan(args, gpu_reader=nvml)
     except (AuthError, BindingError) as exc:
+        nvml.close()
         print(f"moet-panel: {exc}", file=sys.stderr)
         return 2
-    return _serve(p)
+    return _serve(p, nvml)
 
 
-def _serve(p: Plan) -> int:
+def _serve(p: Plan, nvml: NvmlGpuReader | None = None) -> int:
     from app.backend.state import build_app_state
     from app.ui.app import build_ui, launch
 
     try:
         p.settings.ensure_state_dir()
     except OSError as exc:
+        if nvml is not None:
+            nvml.close()
         print(f"moet-panel: cannot create the panel's state dir {p.settings.state_dir} ({exc.strerror or exc}). "
               "Create the data dir with write access for this user, or pass --data-dir DIR.", file=sys.stderr)
         return 2
-    state = build_app_state(p.settings)
+    state = build_app_state(p.settings, nvml_reader=nvml)
     # Demo downloads: the download service starts the SIMULATED local Hub itself on first use.
     hub_note = "SIMULATED local demo Hub on 127.0.0.1 (started on the first download)" if p.settings.recipe.simulated else None
     auth = make_checker(load_users(p.auth_file)) if p.auth_file else None

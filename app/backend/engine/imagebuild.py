@@ -1,7 +1,7 @@
 """Build the engine image from a local checkout of the engine source (`moet-panel engine build-image`).
 
 Two builders, same events: the card builds with DOCKER_BUILDKIT=1, which docker-py cannot speak
-(classic builder API only, stack.md §3.5), so BuildKit builds shell out to `docker build` (argument
+(classic builder API only; docs/engine.md "Engine facts"), so BuildKit builds shell out to `docker build` (argument
 list, no shell) with `--progress=plain`; otherwise docker-py's low-level build streams JSON events —
 which never raise on failure, so every event is checked for "error".
 """

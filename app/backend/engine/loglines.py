@@ -1,6 +1,6 @@
-"""The one classifier of engine log lines that more than one consumer reads (issue 11 item 7).
+"""The one classifier of engine log lines that more than one consumer reads (docs/engine.md, "Logs").
 
-The FP4 pool sizing lines (engine.md §2.4) drive both the boot tracker (`engine/bootlog.py`: is the pool
+The FP4 pool sizing lines (docs/engine.md, "Engine facts") drive both the boot tracker (`engine/bootlog.py`: is the pool
 loaded, what the badge says) and the pool telemetry (`telemetry/trace.py`: the pool panel). One parser
 here means one pool-slot value everywhere. The panel's own probe requests in the engine's access log are
 recognised here too (the Logs views hide them by default; the files keep every line).
@@ -62,7 +62,7 @@ def pool_sizing(msg: str) -> PoolSizingLine | None:
 
 
 # uvicorn access lines for the panel's own polling: GET /metrics, /health, /v1/models from a loopback address
-# (the panel reaches the engine on 127.0.0.1 with host networking; engine.md §3.1).
+# (the panel reaches the engine on 127.0.0.1 with host networking; docs/engine.md "Engine facts").
 _PROBE = re.compile(r'(?:127\.\d+\.\d+\.\d+|\[?::1\]?|localhost):\d+ - "GET /(?:metrics|health|v1/models)[/? "]')
 
 

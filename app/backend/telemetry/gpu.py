@@ -32,16 +32,26 @@ def make_gpu_reader(
     engine_snapshot_fn: Callable[[], EngineSnapshot] | None = None,
     engine_pids_fn: Callable[[], set[int]] | None = None,
     mode: GpuMode | None = None,
+    nvml_reader: NvmlGpuReader | None = None,
 ) -> GpuReader:
-    """Real NVML if available, else SIMULATED in demo mode, else NoGpuReader (see module doc)."""
+    """Real NVML if available, else SIMULATED in demo mode, else NoGpuReader (see module doc).
+
+    `nvml_reader`: the NVML reader this process already opened (serve's host probe) — reused, so the
+    process opens NVML once; closed here when the choice is not NVML."""
     mode = mode or env.gpu_mode()
     demo = bool(settings and settings.demo)
+    if mode in ("none", "simulated") and nvml_reader is not None:
+        nvml_reader.close()
     if mode == "none":
         return NoGpuReader(f"GPU reading disabled ({env.GPU}=none)")
     if mode == "simulated":
         return _simulated(settings, engine_snapshot_fn, engine_pids_fn)
     name_fn = _engine_name_fn(engine_snapshot_fn)
-    real = NvmlGpuReader(engine_pids_fn=engine_pids_fn, engine_name_fn=name_fn)
+    if nvml_reader is not None:
+        real = nvml_reader
+        real.engine_pids_fn, real.engine_name_fn = engine_pids_fn, name_fn
+    else:
+        real = NvmlGpuReader(engine_pids_fn=engine_pids_fn, engine_name_fn=name_fn)
     if real.available or mode == "nvml":
         return real
     if demo:
