@@ -211,6 +211,7 @@ def test_impossible_engine_argument_quotes_vllms_error(make_tier) -> None:
     assert ticket.ok is False and snap.state is S.FAILED
     d = snap.diagnosis
     assert d is not None
-    evidence = "\n".join(d.evidence)
-    _report("bad-argument diagnosis", f"{d.reason}: {d.title} | {evidence[-300:]}")
-    assert "max_model_len" in evidence and "4096" in evidence and "2048" in evidence, d
+    _report("bad-argument diagnosis", f"{d.reason}: {d.title} | {' | '.join(d.evidence)[:300]}")
+    assert d.reason == "engine_argument_refused", d
+    assert any(e.startswith("Value error, User-specified max_model_len (4096) is greater than the derived max_model_len "
+                            "(max_position_embeddings=2048") for e in d.evidence), d

@@ -55,3 +55,17 @@ def test_a_whole_real_cpu_boot_walks_the_phases_in_order() -> None:
 def test_a_kill_after_a_real_boot_is_diagnosed_killed() -> None:
     d = diagnosis.classify(137, False, _lines("vllm-0.32.0-cpu-boot.log"))
     assert d.reason == "killed", d
+
+
+def test_an_argument_vllm_refuses_is_diagnosed_with_its_own_words() -> None:
+    # --max-model-len 4096 on a 2048-position model: pydantic's ValidationError in the API server, exit 1
+    d = diagnosis.classify(1, False, _lines("vllm-0.32.0-cpu-max-model-len-refused.log"))
+    assert d.reason == "engine_argument_refused", d
+    assert d.evidence[0] == "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig"
+    assert d.evidence[1].startswith("Value error, User-specified max_model_len (4096) is greater than the derived "
+                                    "max_model_len (max_position_embeddings=2048.0"), d.evidence
+
+
+def test_argparse_refusals_are_argument_refusals_too() -> None:
+    line = "api_server.py: error: argument --max-num-seqs: invalid int value: 'many'"
+    assert diagnosis.classify(2, False, ["usage: api_server.py [-h]", line]).reason == "engine_argument_refused"
