@@ -11,7 +11,6 @@ head_dim is 64 because vLLM's CPU attention kernel refuses 16.
 
 from __future__ import annotations
 
-import itertools
 import json
 import struct
 from dataclasses import dataclass
