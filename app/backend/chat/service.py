@@ -298,13 +298,14 @@ class ChatService:
     def _diagnose(self, err: StreamError, ep: Endpoint) -> str:
         """The error text kept on a failed reply: what broke, plus the controller's diagnosis."""
         text = err.message[:1].upper() + err.message[1:] + "."
-        snap = self._snapshot_fn() if self._snapshot_fn is not None else None
-        if ep.source != "engine" or snap is None:
+        snapshot_fn = self._snapshot_fn
+        snap = snapshot_fn() if snapshot_fn is not None else None
+        if ep.source != "engine" or snap is None or snapshot_fn is None:
             return f"{text} Check the engine (`moet-panel engine status`)."
         deadline = time.monotonic() + DIAGNOSIS_WAIT_S
         while snap.diagnosis is None and snap.is_ready and time.monotonic() < deadline:
             time.sleep(0.1)  # the controller notices a dead engine within its own poll interval
-            snap = self._snapshot_fn() or snap
+            snap = snapshot_fn() or snap
         if snap.diagnosis is not None:
             d = snap.diagnosis
             return f"{text} Diagnosis: {d.title} — {d.explanation} Fix: {d.fix}"

@@ -9,9 +9,10 @@ its own line buffer; a missing image is reported, never pulled (there is no regi
 
 from __future__ import annotations
 
+import builtins
 import os
 import threading
-from typing import Any
+from typing import Any, Literal
 
 import docker
 import requests
@@ -89,7 +90,7 @@ class _Follow:
 
 
 class DockerRuntime:
-    kind = "docker"
+    kind: Literal["docker", "process"] = "docker"  # the Runtime protocol's type (runtime.py)
 
     def __init__(self, client: docker.DockerClient | None = None, timeout: int = 30) -> None:
         self._client = client
@@ -257,7 +258,7 @@ class DockerRuntime:
         finally:
             sink(stream, None)
 
-    def read_logs(self, ident: str, *, max_lines: int = 50000) -> list[tuple[Stream, str]]:
+    def read_logs(self, ident: str, *, max_lines: int = 50000) -> builtins.list[tuple[Stream, str]]:  # `list` is a method here
         out: list[tuple[Stream, str]] = []
         for stream in ("stdout", "stderr"):
             splitter = LineSplitter()
