@@ -11,10 +11,10 @@ head_dim is 64 because vLLM's CPU attention kernel refuses 16.
 
 from __future__ import annotations
 
-import itertools
 import json
 import struct
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +62,7 @@ def _successors(tok: Tokenizer, reasoning: list[int], answer: list[int]) -> dict
     """token -> next token. Each token must appear once in the chain (its successor is unique)."""
     seq = [tok.token_to_id("<think>"), *reasoning, tok.token_to_id("</think>"), *answer, tok.token_to_id("</s>")]
     nxt: dict[int, int] = {}
-    for a, b in itertools.pairwise(seq):
+    for a, b in pairwise(seq):
         if nxt.setdefault(a, b) != b:
             raise ValueError(f"token {tok.id_to_token(a)!r} would need two successors; pick distinct words")
     return nxt
