@@ -165,11 +165,11 @@ def render(state: AppState, shell: Any) -> None:
     if report.problems:
         gr.Markdown("⚠️ " + "  \n".join(report.problems), elem_id="custom-profile-problems")
     selector = gr.Radio(_choices(profiles), value=rec, label="Profile", elem_id="profile-select")
-    cards = gr.HTML(cards0, elem_id="profile-cards-html")
-    with gr.Row(elem_id="profile-selftest-row"):
+    with gr.Row(elem_id="profile-selftest-row"):  # the selected profile's self-test, right above its card
         label0, variant0 = view.selftest_label(rec)
-        st_btn = gr.Button(label0, variant=variant0, elem_id="profile-selftest-run", size="sm", scale=0, min_width=280)
+        st_btn = gr.Button(label0, variant=variant0, elem_id="profile-selftest-run", scale=0, min_width=380)
         st_msg = gr.Markdown("", elem_id="profile-selftest-msg")
+    cards = gr.HTML(cards0, elem_id="profile-cards-html")
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=300):
             chart = gr.HTML(chart0, elem_id="profile-chart")

@@ -119,6 +119,11 @@ def render(state: AppState, shell: Any) -> None:
     profile.change(lambda *a: (status_html(state, *a), result_md(state, a[0]), *exports(state, a[0])), inputs,
                    [status, result, dl_md, dl_json], **quick)
     seen = gr.State(JobState.IDLE.value)  # per browser session: the job state its page last drew
+    if getattr(shell, "tabs", None) is not None:  # opened again: the image or a profile may have changed meanwhile
+        def on_tab(evt: gr.SelectData) -> Any:
+            return figures_html(state) if evt.value == TITLE else gr.skip()
+
+        shell.tabs.select(on_tab, None, [figures], **quick)
 
     def tick(pid: str, n: float, t: float, nd: str, last: str) -> tuple[Any, ...]:
         p = state.selftest.progress()
