@@ -10,27 +10,11 @@ import html
 import gradio as gr
 
 from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadSnapshot, GiB
+from app.backend.download.manager import DownloadManager
 from app.backend.state import AppState
+from app.ui.shell import QUICK, Shell
 
 TITLE = "Downloads"
-
-_STYLE = """<style>
-.moet-dl table{border-collapse:collapse;width:100%;font-size:.9rem}
-.moet-dl th,.moet-dl td{padding:6px 8px;border-bottom:1px solid var(--border-color-primary);text-align:left;vertical-align:top}
-.moet-dl td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-.moet-dl .track{position:relative;height:16px;border-radius:8px;background:var(--neutral-200,#e5e7eb);overflow:hidden;min-width:160px}
-.moet-dl .fetched{position:absolute;left:0;top:0;bottom:0;background:#93c5fd}
-.moet-dl .verified{position:absolute;left:0;top:0;bottom:0;background:#2563eb}
-.moet-dl .active .verified,.moet-dl .active .fetched{background-image:linear-gradient(45deg,rgba(255,255,255,.28) 25%,transparent 25%,transparent 50%,rgba(255,255,255,.28) 50%,rgba(255,255,255,.28) 75%,transparent 75%);background-size:20px 20px;animation:moetdl 1s linear infinite}
-.moet-dl .stalled .verified{background-color:#d97706}
-@keyframes moetdl{from{background-position:0 0}to{background-position:20px 0}}
-.moet-dl .st{font-weight:700;border-radius:6px;padding:1px 6px;font-size:.78rem}
-.moet-dl .st.done{background:#dcfce7;color:#166534}.moet-dl .st.failed{background:#fee2e2;color:#991b1b}
-.moet-dl .st.paused{background:#fef3c7;color:#92400e}.moet-dl .st.stalled{background:#fde68a;color:#78350f}
-.moet-dl .st.run{background:#dbeafe;color:#1e3a8a}.moet-dl .st.queued{background:#f1f5f9;color:#334155}
-.moet-dl .why{font-size:.8rem;color:var(--body-text-color-subdued)}
-.moet-dl .sim{display:inline-block;background:#fff4d6;color:#5c4400;border:1px solid #e8c66a;border-radius:6px;padding:0 6px;font-size:.75rem;font-weight:700}
-</style>"""
 
 
 def fmt_bytes(n: float) -> str:
@@ -97,13 +81,13 @@ def artifacts_html(snap: DownloadSnapshot) -> str:
                 f"{fmt_bytes(sum(a.extracted_bytes for a in snap.artifacts))} written</div></td>"
                 f'<td class="num">{fmt_rate(snap.rate_bps)}{rates}</td>'
                 f'<td class="num">{fmt_eta(snap.eta_s) if snap.running else "—"}{limit}</td></tr>')
-    sim = '<span class="sim">SIMULATED</span> ' if snap.simulated else ""
+    sim = '<span class="moet-sim-tag">SIMULATED</span> ' if snap.simulated else ""
     head = (f'<p>{sim}Source: <code>{html.escape(snap.repo)}</code>'
             f'{f" @ commit <code>{html.escape(snap.commit[:12])}</code>" if snap.commit else ""}'
             f'{" — running" if snap.running else ""}</p>')
     table = ("<table><thead><tr><th>artifact</th><th>state</th><th>progress</th><th>verified</th>"
              "<th>extracted</th><th>rate (wire)</th><th>ETA</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
-    return f'{_STYLE}<div class="moet-dl" id="moet-dl-artifacts">{head}{table}</div>'
+    return f'<div class="moet-dl" id="moet-dl-artifacts">{head}{table}</div>'
 
 
 def disk_html(snap: DownloadSnapshot) -> str:
@@ -118,29 +102,21 @@ def disk_html(snap: DownloadSnapshot) -> str:
             f"needed <b>{fmt_bytes(d.needed)}</b>{budget}{peak}{warn}</p></div>")
 
 
-class _View:
-    def __init__(self, state: AppState) -> None:
-        self.dl = state.downloads
-
-    def tick(self) -> tuple[str, str, str, str]:
-        snap = self.dl.snapshot()
-        ck = self.dl.ckpt_check()
-        ck_html = (f'<div class="moet-dl"><p>ckpt-id check (planescache meta.json vs recipe pin): '
-                   f'<span class="st {"done" if ck.status == "match" else "failed" if ck.status == "mismatch" else "queued"}">'
-                   f"{ck.status.replace('_', ' ')}</span> {html.escape(ck.message)}</p></div>")
-        status = f"**Error:** {snap.error}" if snap.error else (snap.message or "Idle.")
-        return artifacts_html(snap), disk_html(snap), ck_html, status
-
-    def save_token(self, token: str) -> tuple[str, str]:
-        return "", self.dl.save_token(token or "")
+def _tick(dl: DownloadManager) -> tuple[str, str, str, str]:
+    snap = dl.snapshot()
+    ck = dl.ckpt_check()
+    ck_html = (f'<div class="moet-dl"><p>ckpt-id check (planescache meta.json vs recipe pin): '
+               f'<span class="st {"done" if ck.status == "match" else "failed" if ck.status == "mismatch" else "queued"}">'
+               f"{ck.status.replace('_', ' ')}</span> {html.escape(ck.message)}</p></div>")
+    status = f"**Error:** {snap.error}" if snap.error else (snap.message or "Idle.")
+    return artifacts_html(snap), disk_html(snap), ck_html, status
 
 
-def render(state: AppState, shell) -> None:
-    if state.downloads is None:
-        gr.Markdown("Downloads are not available in this build.")
-        return
-    view = _View(state)
+def render(state: AppState, shell: Shell) -> None:
     dl = state.downloads
+    if dl is None:
+        gr.Markdown("Downloads are not available: this panel runs without a download manager.")
+        return
     gr.Markdown(f"Resumable, verified downloads of the recipe's artifacts from **{html.escape(dl.source)}**. "
                 "Every part is checked against the Hub's sha256 before extraction.")
     with gr.Row():
@@ -162,6 +138,6 @@ def render(state: AppState, shell) -> None:
     outs = [table, disk, ckpt, status]
     for btn, fn in ((start, lambda: dl.start()), (pause, dl.pause), (resume, dl.resume), (cancel, dl.cancel),
                     (refresh, dl.refresh), (clean, dl.clean)):
-        btn.click(fn, outputs=status, concurrency_limit=None, api_visibility="private").then(view.tick, outputs=outs)
-    save.click(view.save_token, inputs=token, outputs=[token, token_msg], api_visibility="private")
-    shell.timer.tick(view.tick, outputs=outs, concurrency_limit=None, show_progress="hidden", api_visibility="private")
+        btn.click(fn, outputs=status, concurrency_limit=None, api_visibility="private").then(lambda: _tick(dl), outputs=outs)
+    save.click(lambda t: ("", dl.save_token(t or "")), inputs=token, outputs=[token, token_msg], api_visibility="private")
+    shell.timer.tick(lambda: _tick(dl), outputs=outs, api_visibility="private", **QUICK)

@@ -10,7 +10,7 @@ import gradio as gr
 
 from app.backend import custom_profiles as cp
 from app.backend.profiles import all_profiles
-from app.backend.recipe.command import CommandError, build_run_spec, explain_lines, render_shell
+from app.backend.recipe.command import CommandError, explain_lines, render_shell
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.selftest.report import Standing
 from app.backend.selftest.runner import JobState
@@ -47,8 +47,11 @@ class _View:
 
     def command(self, pid: str, plain: bool) -> tuple[str, str]:
         """The copyable shell text and the same lines beside the card's reason for each."""
-        try:
-            spec = build_run_spec(self.recipe, pid, str(self.state.settings.data_dir), plain=plain, profiles=self.profiles())
+        engine = self.state.engine
+        if engine is None:
+            return "# engine control is not available in this build: no command to show", ""
+        try:  # the engine's own spec: exactly what Start runs (panel settings included)
+            spec = engine.run_spec(pid, plain=plain)
         except (KeyError, CommandError) as exc:
             return f"# cannot build the command: {exc}", ""
         head = "# SIMULATED engine image (demo mode)\n" if self.recipe.simulated else ""

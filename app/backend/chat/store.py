@@ -10,7 +10,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -164,7 +164,7 @@ class ChatStore:
                 (msg.content, msg.reasoning, msg.reasoning_s, msg.status, msg.error, _stats_json(msg), msg.id),
             )
 
-    def delete_messages(self, ids: list[int]) -> None:
+    def delete_messages(self, ids: Sequence[int]) -> None:  # `list` here is the method below
         if not ids:
             return
         with self._tx() as db:
@@ -182,4 +182,6 @@ def _insert_message(db: sqlite3.Connection, conv_id: str, msg: Message) -> int:
         (conv_id, msg.role, msg.content, msg.reasoning, msg.reasoning_s, msg.status, msg.error, _stats_json(msg),
          msg.created),
     )
-    return int(cur.lastrowid)
+    if cur.lastrowid is None:
+        raise sqlite3.Error("INSERT stored no row")
+    return cur.lastrowid

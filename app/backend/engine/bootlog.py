@@ -1,4 +1,4 @@
-"""Boot-phase tracking from engine log lines (engine.md §2.4, §2.10).
+"""Boot-phase tracking from engine log lines (docs/engine.md, "Engine facts": boot lines, pool sizing, readiness).
 
 `BootTracker.feed(text)` is fed every line of one engine run; it keeps the human boot phase, the
 pool sizing (slots, MiB per slot), planes-cache hits/misses and whether the API is up. Pure and
@@ -13,12 +13,12 @@ from dataclasses import dataclass, field, replace
 from app.backend.engine.loglines import pool_sizing
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
-# vLLM prefix (engine.md §2.0): optional "(proc pid=N) ", level, timestamp, [file:line]
+# vLLM prefix (docs/engine.md, "Engine facts"): optional "(proc pid=N) ", level, timestamp, [file:line]
 PREFIX_RE = re.compile(
     r"^(?:\((?P<proc>[^) ]+) pid=(?P<pid>\d+)\) )?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
     r"\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]+\] )?(?P<msg>.*)$"
 )
-LAYERS_DEFAULT = 43  # DS4-Flash main-stack MoE layers (engine.md §1.1)
+LAYERS_DEFAULT = 43  # DS4-Flash main-stack MoE layers (docs/engine.md, "Engine facts")
 
 FROM_CACHE_RE = re.compile(r"moe_w2: layer (?P<layer>\d+) planes from cache")
 BUILT_RE = re.compile(r"moe_w2: layer (?P<layer>\d+) planes built")

@@ -1,9 +1,9 @@
 """Classify an engine failure from (exit code, OOMKilled, log tail) — a pure function.
 
 The rules are ordered: the most specific root cause wins (vLLM prints the root cause *above* a long
-API-server traceback, engine.md §2.10, so the whole tail is searched, not just the last line).
+API-server traceback, docs/engine.md "Engine facts", so the whole tail is searched, not just the last line).
 Texts of the fixes come from the model card (docs/model-card.txt; quotes in “ ” are its exact words, checked by
-tests/test_card_wording.py) and engine.md §2.6.
+tests/test_card_wording.py) and the boot-guard texts in docs/engine.md ("Engine facts").
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ TEXT_RULES: tuple[_Rule, ...] = (
     ),
     _Rule(
         "boot_guard", "Boot guard refused the configuration",
-        "vLLM-Moet's load-time guard found the profile's settings incoherent and refused to serve (engine.md §2.6).",
+        "vLLM-Moet's load-time guard found the profile's settings incoherent and refused to serve.",
         "Read the quoted guard message: it names the setting to change (e.g. raise VLLM_MOE_W2_DELTA_GB, disable "
         "the gate, or set the FORCE_* consent valve the card uses). Re-check custom profile env against the card.",
         _rx(

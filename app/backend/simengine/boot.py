@@ -1,6 +1,6 @@
-"""SIMULATED boot sequence: the engine's load lines in their real formats (engine.md §2.4, §2.10).
+"""SIMULATED boot sequence: the engine's load lines in their real formats (docs/simengine.md, Log output).
 
-The lead's engine controller classifies load phases from these lines, so formats follow the engine
+The engine controller classifies load phases from these lines, so formats follow the engine
 exactly; only the banner line (and figures being synthetic) says SIMULATED.
 """
 
@@ -196,7 +196,7 @@ OOM_TRACEBACK = """Traceback (most recent call last):
     self.model = model_loader.load_model(
   File "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/layers/quantization/utils/moe_w2_cubit.py", line 1779, in build_layer_planes
     planes = torch.empty((E, N, K // 4), dtype=torch.uint8, device=dev)
-torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.69 GiB. GPU 0 has a total capacity of 94.97 GiB of which 812.06 MiB is free. Including non-PyTorch memory, this process has 94.16 GiB memory in use. Of the allocated memory 92.91 GiB is allocated by PyTorch, and 611.38 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"""
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.69 GiB. GPU 0 has a total capacity of 94.97 GiB of which 812.06 MiB is free. Including non-PyTorch memory, this process has 94.16 GiB memory in use. Of the allocated memory 92.91 GiB is allocated by PyTorch, and 611.38 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"""  # noqa: E501 (verbatim engine output)
 
 API_INIT_FAILED = """Traceback (most recent call last):
   File "/usr/local/bin/vllm", line 10, in <module>
