@@ -15,6 +15,7 @@ from app.backend.recipe.schema import ProfileSpec
 from app.backend.selftest.report import Standing
 from app.backend.selftest.runner import JobState
 from app.backend.state import AppState
+from app.ui.shell import Shell
 from app.ui.profile_html import (
     card_facts,
     explained_command,
@@ -153,7 +154,7 @@ class _View:
         return [gr.update(choices=choices, value=rec), gr.update(choices=choices), f"Deleted custom profile `{pid}`."]
 
 
-def render(state: AppState, shell: Any) -> None:
+def render(state: AppState, shell: Shell) -> None:
     view = _View(state)
     recipe = view.recipe
     profiles = view.profiles()
@@ -232,7 +233,7 @@ def render(state: AppState, shell: Any) -> None:
     # this box's self-test beside the card's figures: the button follows the selection; the cards are
     # redrawn when the tab is opened again (a self-test may have finished meanwhile)
     selector.change(view.selftest_button, inputs=[selector], outputs=[st_btn], show_progress="hidden")
-    if getattr(shell, "tabs", None) is not None:
+    if shell.tabs is not None:
         st_btn.click(view.run_selftest, inputs=[selector], outputs=[shell.tabs, st_msg], show_progress="hidden")
 
         def on_tab(pid: str, evt: gr.SelectData) -> tuple[Any, Any]:

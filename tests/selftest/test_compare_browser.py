@@ -29,14 +29,16 @@ def _set_slider(page: Any, elem: str, value: float) -> None:
 
 def test_blind_ab_from_chat_history_graded_by_pick_and_score(demo_state: AppState, browser: Any) -> None:
     state = demo_state
+    engine, abtest = state.engine, state.abtest
+    assert engine is not None and abtest is not None
     store = ChatStore(state.settings.state_dir / DB_NAME)  # a conversation the user had before
     conv = Conversation(title="raft review", system_prompt="You review distributed-systems designs.",
                         messages=[Message("user", "Explain Raft joint consensus."), Message("assistant", "Joint consensus is...")])
     store.create(conv)
     store.close()
     with serving(state) as panel:
-        assert state.engine.start("quality").accepted
-        assert state.engine.wait_for(lambda s: s.is_ready, 90).is_ready
+        assert engine.start("quality").accepted
+        assert engine.wait_for(lambda s: s.is_ready, 90).is_ready
         page = browser.new_page(1280, 1100)
         page.set_default_timeout(90_000)  # the test box is shared by several engineers' suites
         page.goto(panel.url)
@@ -60,9 +62,9 @@ def test_blind_ab_from_chat_history_graded_by_pick_and_score(demo_state: AppStat
         page.dispatch_event("#ab-start", "click")
         page.wait_for_selector("#ab-progress[data-state=running]")
         page.wait_for_selector("#ab-pair-head[data-left='4']", timeout=120_000)
-        assert state.engine.snapshot().profile_id == "speed"  # switched for B through the controller
-        rid = state.abtest.journal.runs()[0]
-        spec = state.abtest.journal.load(rid).spec
+        assert engine.snapshot().profile_id == "speed"  # switched for B through the controller
+        rid = abtest.journal.runs()[0]
+        spec = abtest.journal.load(rid).spec
         assert [p.text for p in spec.prompts] == ["Implement a lock-free MPMC queue.", "Explain Raft joint consensus."]
         assert spec.prompts[1].source == f"chat {conv.id} turn 1"
         assert spec.prompts[1].context == (("system", "You review distributed-systems designs."),)
@@ -91,8 +93,8 @@ def test_blind_ab_from_chat_history_graded_by_pick_and_score(demo_state: AppStat
                 page.dispatch_event("#ab-score-save", "click")
             page.wait_for_selector(f"#ab-pair-head[data-left='{left}']", timeout=60_000)
             if n == 0:
-                assert state.abtest.journal.load(rid).rubric == RUBRIC
-        st = state.abtest.journal.load(rid)
+                assert abtest.journal.load(rid).rubric == RUBRIC
+        st = abtest.journal.load(rid)
         scored = [g for g in st.grades.values() if g.left is not None]
         assert len(st.grades) == 4 and sorted((g.left, g.right) for g in scored) == [(6.5, 7.0), (8.0, 3.0)]
         assert any(g.note == "both fine" for g in scored)

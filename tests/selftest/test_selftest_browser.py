@@ -17,6 +17,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.docker, pytest.
 
 def test_selftest_tab_runs_cancels_shows_card_beside_box(demo_state: AppState, browser: Any) -> None:
     state = demo_state
+    engine, selftest = state.engine, state.selftest
+    assert engine is not None and selftest is not None
     with serving(state) as panel:
         page = browser.new_page(1280, 1000)
         page.set_default_timeout(90_000)  # the test box is shared by several engineers' suites
@@ -25,8 +27,8 @@ def test_selftest_tab_runs_cancels_shows_card_beside_box(demo_state: AppState, b
         assert card.inner_text() == "this box: not self-tested yet"
         page.get_by_role("tab", name="Self-test").click()
         page.wait_for_function("() => document.querySelector('#st-status')?.innerText.includes('start profile quality first')")
-        assert state.engine.start("quality").accepted
-        assert state.engine.wait_for(lambda s: s.is_ready, 90).is_ready
+        assert engine.start("quality").accepted
+        assert engine.wait_for(lambda s: s.is_ready, 90).is_ready
         page.wait_for_function("() => document.querySelector('#st-status')?.innerText.includes('ready to run')")
         # cancel: a long run, cancelled from the page, saves nothing and leaves the engine up
         page.fill("#st-needles textarea, #st-needles input", "")
@@ -35,7 +37,7 @@ def test_selftest_tab_runs_cancels_shows_card_beside_box(demo_state: AppState, b
         page.wait_for_selector("#st-progress[data-state=running] progress")
         page.click("#st-cancel")
         page.wait_for_function("() => document.querySelector('#st-status')?.innerText.includes('cancelled')")
-        assert state.selftest.store.latest("quality") is None and state.engine.snapshot().is_ready
+        assert selftest.store.latest("quality") is None and engine.snapshot().is_ready
         # a real (short) run with needles: progress, then the result beside the card's figure
         page.fill("#st-tokens input", "100")
         page.fill("#st-runs input", "2")
@@ -55,7 +57,7 @@ def test_selftest_tab_runs_cancels_shows_card_beside_box(demo_state: AppState, b
         browser.snap(page, "selftest-result", docs="selftest-result")
 
         # the Profiles card shows the same line beside the card's own figure
-        first = state.selftest.store.latest("quality")
+        first = selftest.store.latest("quality")
         assert first is not None
         page.get_by_role("tab", name="Profiles").click()  # opening the tab redraws the cards
         page.wait_for_function("() => document.querySelector('.moet-card[data-profile=quality] .moet-selftest')"
@@ -68,7 +70,7 @@ def test_selftest_tab_runs_cancels_shows_card_beside_box(demo_state: AppState, b
         assert "again" in page.inner_text("#profile-selftest-run")
 
         # the engine image is rebuilt (a new content id under the same tag): the card says so and offers a re-run
-        path = next(state.selftest.store.root.glob("quality--*.json"))
+        path = next(selftest.store.root.glob("quality--*.json"))
         data = json.loads(path.read_text())
         data["image_id"] = "sha256:" + "0" * 64
         path.write_text(json.dumps(data))
@@ -89,10 +91,10 @@ def test_selftest_tab_runs_cancels_shows_card_beside_box(demo_state: AppState, b
                                "?.innerText.includes('as the card') && !document.querySelector("
                                "'#st-figures tr[data-profile=quality]').innerText.includes('run it again')",
                                timeout=120_000)
-        again = state.selftest.store.latest("quality")
+        again = selftest.store.latest("quality")
         assert again is not None and again.date > first.date and len(again.decode) == 2
         assert again.plan == first.plan and again.image_id == first.image_id
-        assert state.engine.snapshot().is_ready and state.engine.snapshot().profile_id == "quality"  # left alone
+        assert engine.snapshot().is_ready and engine.snapshot().profile_id == "quality"  # left alone
         page.get_by_role("tab", name="Profiles").click()
         page.wait_for_function("() => document.querySelector('.moet-card[data-profile=quality] .moet-selftest')"
                                "?.dataset.state === 'current'")
@@ -101,9 +103,11 @@ def test_selftest_tab_runs_cancels_shows_card_beside_box(demo_state: AppState, b
 
 def test_run_again_refuses_while_the_engine_serves_another_profile(demo_state: AppState, browser: Any) -> None:
     state = demo_state
+    engine, selftest = state.engine, state.selftest
+    assert engine is not None and selftest is not None
     with serving(state) as panel:
-        assert state.engine.start("balanced").accepted
-        assert state.engine.wait_for(lambda s: s.is_ready, 90).is_ready
+        assert engine.start("balanced").accepted
+        assert engine.wait_for(lambda s: s.is_ready, 90).is_ready
         page = browser.new_page(1280, 800)
         page.set_default_timeout(90_000)
         page.goto(panel.url)
@@ -111,5 +115,5 @@ def test_run_again_refuses_while_the_engine_serves_another_profile(demo_state: A
         page.click("#profile-selftest-run")
         page.wait_for_function("() => document.querySelector('#profile-selftest-msg')?.innerText.includes('switch to quality first')")
         assert "never switches or restarts the engine" in page.inner_text("#profile-selftest-msg")
-        assert state.engine.snapshot().profile_id == "balanced" and state.selftest.store.latest("quality") is None
+        assert engine.snapshot().profile_id == "balanced" and selftest.store.latest("quality") is None
     assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors
