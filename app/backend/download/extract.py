@@ -14,6 +14,8 @@ stream must reach tar's end-of-archive block, and a member cut short is a tarfil
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import io
 import os
@@ -21,7 +23,7 @@ import queue
 import tarfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -35,6 +37,46 @@ WRITE_SLICE = 256 << 10
 READ_SIZE = 4 << 20  # compressed bytes per read of the mapped parts: few GIL round trips for the decompressor
 TAR_BUFSIZE = 512  # tarfile reads only headers itself (no read-ahead), so data can bypass it
 QUEUE_CHUNKS = 4  # decompressed buffers ahead of the writer: at most 16 MiB
+WRITEBACK_EVERY = 8 << 20  # start the disk's writeback of a file after this many bytes written to it
+SYNC_FILE_RANGE_WRITE = 2
+
+
+class Writeback:
+    """Starts the kernel's writeback of a file's dirty pages as they are written, without waiting.
+
+    Measured on the 16-core host (128 GiB RAM): the kernel starts writing dirty pages only past
+    10 % of RAM or after 30 s, so every extracted byte stayed in the page cache until the final fsync
+    and the disk sat idle while the decoder ran, then worked alone at the end. `sync_file_range(
+    SYNC_FILE_RANGE_WRITE)` every WRITEBACK_EVERY bytes keeps the disk busy beside the decoder; the
+    durability thread's fsync then only waits for the tail. A no-op where libc lacks the call.
+    """
+
+    def __init__(self) -> None:
+        self._call = _sync_file_range()
+        self._pending: dict[int, int] = {}
+
+    def wrote(self, fd: int, n: int) -> None:
+        if self._call is None:
+            return
+        pending = self._pending.get(fd, 0) + n
+        if pending >= WRITEBACK_EVERY:
+            self._call(fd, 0, 0, SYNC_FILE_RANGE_WRITE)  # offset 0, length 0: every dirty page of the file
+            pending = 0
+        self._pending[fd] = pending
+
+    def closed(self, fd: int) -> None:
+        self._pending.pop(fd, None)
+
+
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        call = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return call  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -46,6 +88,7 @@ class ExtractHooks:
     reserve_bytes: int = 0
     # (limit, seconds): the writer waited on the decoder (DECODE) or the decoder on the writer (DISK)
     on_wait: Callable[[Limit, float], None] = lambda limit, seconds: None
+    writeback: Writeback = field(default_factory=Writeback)
 
 
 def free_bytes(path: Path) -> int:
@@ -199,6 +242,7 @@ class _Decompressor(io.RawIOBase):
             self.delivered += len(view)
             hooks.on_bytes(len(view))
             _write_all(fd, view)
+            hooks.writeback.wrote(fd, len(view))
             if hooks.stop.is_set():
                 raise Stopped()
 
@@ -270,15 +314,18 @@ def _write_regular(tf: tarfile.TarFile, m: tarfile.TarInfo, mode: int, target: s
         os.ftruncate(fd, m.size)
         os.fchmod(fd, mode & 0o7777)
     except OSError as exc:
+        hooks.writeback.closed(fd)
         os.close(fd)
         os.unlink(tmp)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise SpaceError(f"disk full while writing {m.name} under {parent}; free some space, then Resume") from None
         raise
     except BaseException:
+        hooks.writeback.closed(fd)
         os.close(fd)
         os.unlink(tmp)
         raise
+    hooks.writeback.closed(fd)
     os.close(fd)
     os.utime(tmp, (m.mtime, m.mtime))
     os.replace(tmp, target)
@@ -291,6 +338,7 @@ def _copy(src: io.RawIOBase, fd: int, length: int, name: str, hooks: ExtractHook
         if not buf:
             raise tarfile.ReadError(f"unexpected end of data in {name}")
         _write_all(fd, memoryview(buf))
+        hooks.writeback.wrote(fd, len(buf))
         left -= len(buf)
         hooks.on_bytes(len(buf))
         if hooks.stop.is_set():

@@ -20,8 +20,10 @@ import pycurl
 
 from app.backend.download.types import DownloadError, Stopped
 
-BUFFER_SIZE = 1 << 20  # libcurl's receive buffer; it still calls back with at most 16 KiB (CURL_MAX_WRITE_SIZE)
-BODY_BUFFER = 1 << 20
+# Per fetch worker (up to 16 per artifact at 24 connections), so they bound peak RSS: libcurl's
+# receive buffer (it calls back with at most 16 KiB anyway) and our staging buffer.
+BUFFER_SIZE = 256 << 10
+BODY_BUFFER = 512 << 10
 USER_AGENT = "moet-panel/0.1"
 
 
