@@ -181,7 +181,7 @@ def _send_body_with_link(self, f, start: int, length: int, fault) -> None:  # ty
         self.wfile.flush()
 
 
-simhub_server._HubHandler._send_body = _send_body_with_link  # noqa: SLF001
+simhub_server._HubHandler._send_body = _send_body_with_link  # type: ignore[method-assign]  # noqa: SLF001
 
 
 # ---- timing -------------------------------------------------------------------------------------
@@ -332,7 +332,7 @@ def run_single(art: str, arts: dict[str, list[Path]], work: Path, runs: int, pan
                  "--endpoint", hub.endpoint, "--connections", str(conns), *panel_args]
         plan: list[tuple[str, list[str]]] = []
         for i in range(runs):
-            pair = [("card", []), ("panel", [])]
+            pair: list[tuple[str, list[str]]] = [("card", []), ("panel", [])]
             plan += pair if i % 2 == 0 else pair[::-1]
         if profile is not None:
             profile.mkdir(parents=True, exist_ok=True)

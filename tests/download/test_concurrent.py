@@ -220,9 +220,11 @@ def test_kill_9_with_all_three_mid_way_then_resume(settings, three, tmp_path):
         deadline = time.monotonic() + 60
 
         def mid_way(art: str) -> bool:
-            j = journal(dest, art)
-            busy = j and sum(p["status"] in ("verified", "consumed") for p in j["parts"])
-            return bool(j) and 1 <= busy < len(j["parts"])
+            state = journal(dest, art)
+            if not state:
+                return False
+            busy = sum(p["status"] in ("verified", "consumed") for p in state["parts"])
+            return 1 <= busy < len(state["parts"])
 
         while not all(mid_way(a) for a in LAYERS):
             assert time.monotonic() < deadline, "never had all three mid-way"

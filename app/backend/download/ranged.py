@@ -115,9 +115,10 @@ def restrict_protocols(c: pycurl.Curl) -> None:
 
     CURLOPT_PROTOCOLS_STR (libcurl >= 7.85) where pycurl exposes it, else the older bitmask options.
     """
-    if hasattr(pycurl, "PROTOCOLS_STR"):
-        c.setopt(pycurl.PROTOCOLS_STR, "http,https")
-        c.setopt(pycurl.REDIR_PROTOCOLS_STR, "http,https")
+    protocols, redirects = getattr(pycurl, "PROTOCOLS_STR", None), getattr(pycurl, "REDIR_PROTOCOLS_STR", None)
+    if protocols is not None and redirects is not None:
+        c.setopt(protocols, "http,https")
+        c.setopt(redirects, "http,https")
     else:
         c.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
         c.setopt(pycurl.REDIR_PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
