@@ -49,11 +49,12 @@ SYNC_FILE_RANGE_WRITE = 2
 class Writeback:
     """Starts the kernel's writeback of a file's dirty pages as they are written, without waiting.
 
-    Measured on the 16-core host (128 GiB RAM): the kernel starts writing dirty pages only past
-    10 % of RAM or after 30 s, so every extracted byte stayed in the page cache until the final fsync
-    and the disk sat idle while the decoder ran, then worked alone at the end. `sync_file_range(
-    SYNC_FILE_RANGE_WRITE)` every WRITEBACK_EVERY bytes keeps the disk busy beside the decoder; the
-    durability thread's fsync then only waits for the tail. A no-op where libc lacks the call.
+    Seen on the 16-core host (128 GiB RAM): the kernel starts writing dirty pages only past
+    dirty_background_ratio (10 % of RAM) or after 30 s, so the card's `curl | zstd | tar` kept all
+    4.3 GiB it extracted dirty until its final sync, and the disk worked alone at the end.
+    `sync_file_range(SYNC_FILE_RANGE_WRITE)` every WRITEBACK_EVERY bytes keeps the disk busy beside
+    the decoder; the durability threads' fsync of a finished file then waits only for its tail
+    (docs/downloads.md, "Three artifacts at once"). A no-op where libc lacks the call.
     """
 
     def __init__(self) -> None:
