@@ -41,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -375,7 +376,7 @@ def long_answer(args: argparse.Namespace, drv: BrowserDriver, engine_url: str, m
     prompt = "Write the full design document."
     result: dict[str, Any] = {}
     th = threading.Thread(target=lambda: result.update(zip(("ttft", "thinking", "answer", "tokens", "first"),
-                                                           direct(engine_url, model, prompt, args.tokens))))
+                                                           direct(engine_url, model, prompt, args.tokens), strict=True)))
     drv.new_chat(args.tokens)
     idle0, t_idle = cpu_s(panel_proc), time.perf_counter()
     time.sleep(5.0)  # measuring the idle page (its 1 s timer) as a baseline, not synchronisation
@@ -407,7 +408,7 @@ def long_answer(args: argparse.Namespace, drv: BrowserDriver, engine_url: str, m
           f"stored reply identical to the direct stream: {identical})   [target 0]")
     print(f"  panel process CPU: {100 * (cpu1 - cpu0) / wall:.1f} % of one core   [target ≤ 25 %]  "
           f"(idle page baseline {idle:.1f} %; browser main thread {100 * (task1 - task0) / wall:.1f} %)")
-    windows = [(b[0], b[1] - a[1], b[2] - a[2]) for a, b in zip(marks, marks[1:]) if b[0] - a[0] <= 1200]
+    windows = [(b[0], b[1] - a[1], b[2] - a[2]) for a, b in pairwise(marks) if b[0] - a[0] <= 1200]
     if os.environ.get("BENCH_DEBUG"):
         print("marks", marks)
     if len(windows) >= 3:

@@ -131,7 +131,8 @@ def test_managed_command_adds_only_labels_name_and_trace(profile: str) -> None:
 
 def test_simulated_recipe_adds_sim_decode_speed_with_a_comment() -> None:
     text = cli_inproc("--profile", "balanced", "--recipe", str(SIMULATED_RECIPE), "--data-dir", "/tmp/moet-demo")
-    plain = parse_docker_run(cli_inproc("--profile", "balanced", "--recipe", str(SIMULATED_RECIPE), "--plain", "--data-dir", "/tmp/moet-demo"))
+    plain = parse_docker_run(cli_inproc("--profile", "balanced", "--recipe", str(SIMULATED_RECIPE), "--plain",
+                                        "--data-dir", "/tmp/moet-demo"))
     got = parse_docker_run(text)
     added = {k: v for k, v in got["env"].items() if k not in plain["env"]}
     assert added == {"VLLM_MOE_W2_DELTA_TRACE": "1", "MOET_SIM_DECODE_TOK_S": "75"}

@@ -65,10 +65,14 @@ def _bad(tmp_path: Path, old: str, new: str) -> RecipeError:
             id="remove-missing-base",
         ),
         pytest.param('id = "speed"', 'id = "balanced"', "profiles", "duplicate profile id", id="duplicate-id"),
-        pytest.param("mounts = []", 'mounts = [{ source = "../etc", target = "/x" }]', "serve.mounts[0].source", "relative path", id="mount-traversal"),
-        pytest.param("mounts = []", 'mounts = [{ source = "m", target = "/x/../../etc" }]', "serve.mounts[0].target", "without '..'", id="mount-target-traversal"),
-        pytest.param('image = "moet-panel/sim-engine:1"', 'image = "x --privileged"', "engine.image", "image reference", id="image-shell-text"),
-        pytest.param("[[profiles]]\nid = \"speed\"", "[[profiles]]\nid = \"speed\"\nargs_set = { \"--privileged\" = \"\", \"--port\" = \"1\" }", "profiles[2].args_set", "fixed by the recipe", id="pinned-arg"),
+        pytest.param("mounts = []", 'mounts = [{ source = "../etc", target = "/x" }]', "serve.mounts[0].source",
+                     "relative path", id="mount-traversal"),
+        pytest.param("mounts = []", 'mounts = [{ source = "m", target = "/x/../../etc" }]', "serve.mounts[0].target",
+                     "without '..'", id="mount-target-traversal"),
+        pytest.param('image = "moet-panel/sim-engine:1"', 'image = "x --privileged"', "engine.image", "image reference",
+                     id="image-shell-text"),
+        pytest.param('[[profiles]]\nid = "speed"', '[[profiles]]\nid = "speed"\nargs_set = { "--privileged" = "", "--port" = "1" }',
+                     "profiles[2].args_set", "fixed by the recipe", id="pinned-arg"),
     ],
 )
 def test_bad_recipe_names_field_and_expectation(tmp_path: Path, old: str, new: str, field: str, expect: str) -> None:

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.backend import env
+
 SCRYPT_N, SCRYPT_R, SCRYPT_P, DKLEN = 2**14, 8, 1, 32
 USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 MIN_PASSWORD = 8
@@ -36,7 +38,7 @@ class BindingError(ValueError):
 
 
 def default_auth_path() -> Path:
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    base = env.config_home()
     return base / "moet-panel" / "auth"
 
 

@@ -9,7 +9,6 @@ the ones the card has findings about.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tempfile
@@ -17,6 +16,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomli_w
 from pydantic import ValidationError
 
 from app.backend.recipe.command import profile_args, profile_env
@@ -45,7 +45,8 @@ MAX_PROFILE_FILE_BYTES = 64 * 1024
 # Engine switches that open the engine to its clients or load code: never set by accident. A custom
 # profile may set them only with the editor's expert option ticked; each warning names the risk.
 EXPERT_ENV: dict[str, str] = {
-    "VLLM_SERVER_DEV_MODE": "exposes vLLM's development endpoints (reset caches, sleep/wake, collective RPC) to anyone who can reach the engine port",
+    "VLLM_SERVER_DEV_MODE": ("exposes vLLM's development endpoints (reset caches, sleep/wake, collective RPC) to anyone who can "
+                             "reach the engine port"),
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "lets the engine unpickle messages: a crafted message runs arbitrary code inside the container",
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "lets any API client load LoRA adapters from paths or repos at runtime",
     "VLLM_PLUGINS": "loads the named Python plugins (code) into the engine at start",
@@ -221,7 +222,8 @@ def make_custom_profile(
         raise CustomProfileError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
 
 
-def _describe(env_add: dict[str, str], env_replace: dict[str, str], env_remove: list[str], args_set: dict[str, str], args_remove: list[str]) -> str:
+def _describe(env_add: dict[str, str], env_replace: dict[str, str], env_remove: list[str], args_set: dict[str, str],
+              args_remove: list[str]) -> str:
     parts = [f"{k}={v}" for k, v in {**env_replace, **env_add}.items()]
     parts += [f"unset {k}" for k in env_remove]
     parts += [f"{k} {v}".strip() for k, v in args_set.items()]
@@ -238,27 +240,11 @@ def findings_for(recipe: Recipe, profile: ProfileSpec) -> list[Finding]:
 
 # --- persistence -------------------------------------------------------------------------------
 
-def _toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # a JSON string (ASCII, \u escapes) is a valid TOML basic string
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
 def to_toml(profile: ProfileSpec) -> str:
     data = profile.model_dump(exclude_none=True, exclude_defaults=False)
     for k in ("decode", "quality", "delta_vs_1"):
         data.pop(k, None)
-    lines = ["# moet-panel custom profile (not measured). Edit in the panel; validated on load."]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in data.items()]
-    return "\n".join(lines) + "\n"
+    return "# moet-panel custom profile (not measured). Edit in the panel; validated on load.\n" + tomli_w.dumps(data)
 
 
 def save_custom_profile(settings: Settings, profile: ProfileSpec) -> Path:
@@ -345,8 +331,6 @@ def load_custom_profiles(settings: Settings) -> list[ProfileSpec]:
 POLICY_ENV, HYST_ENV, PROMOTE_ENV, POOL_ENV, GATE_ENV = (
     "VLLM_MOE_W2_DELTA_POLICY", "VLLM_MOE_W2_PROMO_HYST", "VLLM_MOE_W2_DELTA_PROMOTE", "VLLM_MOE_W2_DELTA_GB", "VLLM_MOE_W2_GATE",
 )
-_FORM_ENV = (POLICY_ENV, HYST_ENV, PROMOTE_ENV, POOL_ENV, GATE_ENV)
-
 
 @dataclass(frozen=True)
 class EditorForm:

@@ -15,6 +15,8 @@ import re
 import threading
 from pathlib import Path
 
+from app.backend import env
+
 REDACTED = "hf_***"
 # Anything shaped like a Hugging Face user token, even one this process never loaded.
 _TOKEN_SHAPE = re.compile(r"hf_[A-Za-z0-9]{6,}")
@@ -44,7 +46,7 @@ KNOWN = _KnownTokens()
 
 def panel_token_path() -> Path:
     """Where `save_token` writes: under ~/.config/moet-panel/ (never inside the repo or data dir)."""
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    base = env.config_home()
     return base / "moet-panel" / "hf_token"
 
 
@@ -80,8 +82,7 @@ def resolve_token(explicit: str | None = None, token_file: str | Path | None = N
     candidates = [
         lambda: (explicit or "").strip() or None,
         lambda: _flag_file(token_file),
-        lambda: os.environ.get("HF_TOKEN", "").strip() or None,
-        lambda: os.environ.get("HUGGING_FACE_HUB_TOKEN", "").strip() or None,
+        env.hf_token,
         lambda: _read(panel_token_path()),
         _library_token,
     ]

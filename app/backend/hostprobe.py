@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from app.backend import env
+
 if TYPE_CHECKING:
     from app.backend.telemetry.gpu_types import GpuReader
 
@@ -29,7 +31,8 @@ class HostProbe:
 
 def probe_gpu(reader: "GpuReader | None" = None) -> tuple[bool, str]:
     """Through the panel's one GPU reader class (telemetry/nvml.py), not a second NVML client. A reader passed
-    in is only read; one made here (serve's probe runs before the AppState exists) is closed again."""
+    in is only read (serve and the CLI pass the process's one NVML reader, which the app state then keeps);
+    one made here is closed again."""
     from app.backend.telemetry.nvml import NvmlGpuReader
 
     own = reader is None
@@ -63,17 +66,18 @@ def probe_docker(timeout_s: float = 3.0) -> tuple[bool, str]:
         return False, f"{exc.__class__.__name__}: {str(exc)[:160]}"
 
 
-def probe_host() -> HostProbe:
-    gpu_ok, gpu_detail = probe_gpu()
+def probe_host(gpu_reader: "GpuReader | None" = None) -> HostProbe:
+    gpu_ok, gpu_detail = probe_gpu(gpu_reader)
     docker_ok, docker_detail = probe_docker()
     return HostProbe(gpu_ok, gpu_detail, docker_ok, docker_detail)
 
 
-DEMO_REQUESTED = "requested (--demo / MOET_PANEL_DEMO=1)"
+DEMO_REQUESTED = f"requested (--demo / {env.DEMO}=1)"
 
 
-def detect_demo(requested: bool, probe: HostProbe | None = None) -> str:
-    """Why demo mode is on ('' = off): asked for, or no usable GPU/Docker here. Serve and the CLI both use it."""
-    if requested:
+def detect_demo(requested: bool, probe: HostProbe | None = None, gpu_reader: "GpuReader | None" = None) -> str:
+    """Why demo mode is on ('' = off): asked for (the flag or the environment), or no usable GPU/Docker here. Serve and the CLI both use it;
+    `gpu_reader` is the process's one NVML reader (probed here, kept by the engine and telemetry)."""
+    if requested or env.demo_requested():
         return DEMO_REQUESTED
-    return (probe or probe_host()).demo_reason
+    return (probe or probe_host(gpu_reader)).demo_reason

@@ -8,19 +8,8 @@ not) and adds a filter to existing handlers for exception text. Redaction itself
 from __future__ import annotations
 
 import logging
-import re
 
-try:
-    from app.backend.hf_token import redact as _redact_token
-except ModuleNotFoundError:  # download part not present: fall back to the token shape alone
-    _SHAPE = re.compile(r"hf_[A-Za-z0-9]{6,}")
-
-    def _redact_token(text: str) -> str:
-        return _SHAPE.sub("hf_***", text) if text else text
-
-
-def redact(text: str) -> str:
-    return _redact_token(text)
+from app.backend.hf_token import redact
 
 
 class RedactingFilter(logging.Filter):

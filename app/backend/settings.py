@@ -1,29 +1,15 @@
-"""Panel settings. Every MOET_PANEL_* environment variable is named here (one table, one place to look).
-
-| variable | meaning | default |
-|---|---|---|
-| MOET_PANEL_RECIPE | recipe TOML file | assets/recipes/ds4-flash-0731-sm120.toml (demo: simulated.toml) |
-| MOET_PANEL_DATA_DIR | data dir: artifacts + the panel's own state (`.moet-panel/`) | the recipe's default_data_dir |
-| MOET_PANEL_DEMO | `1` forces demo mode (simulated engine) | auto: on when no usable GPU/Docker |
-| MOET_PANEL_AUTH_FILE | credentials file for the web UI (see README) | unset |
-| MOET_PANEL_ALLOWED_HOSTS | extra Host names the web gate serves (reverse proxy), comma-separated; read by cli/serve.py (app/backend/webgate.py) | unset: loopback names only |
-| MOET_PANEL_GPU | `nvml` / `simulated` / `none`: force the GPU reader | auto: NVML, else SIMULATED in demo mode |
-"""
+"""Panel settings: the recipe, the data dir and demo mode, from CLI flags, the environment (app/backend/env.py)
+and the recipe's defaults."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.backend import env
 from app.backend.recipe import DEFAULT_RECIPE, SIMULATED_RECIPE, Recipe, load_recipe
 from app.backend.recipe.command import validate_data_dir
 
-ENV_RECIPE = "MOET_PANEL_RECIPE"
-ENV_DATA_DIR = "MOET_PANEL_DATA_DIR"
-ENV_DEMO = "MOET_PANEL_DEMO"
-ENV_AUTH_FILE = "MOET_PANEL_AUTH_FILE"
-ENV_GPU = "MOET_PANEL_GPU"  # read by app.backend.telemetry.gpu when it picks a reader
 STATE_SUBDIR = ".moet-panel"
 
 
@@ -51,8 +37,7 @@ class Settings:
 
 def demo_data_dir() -> Path:
     """The per-user demo data dir (never the real /data/ds4): one data dir for demo mode, panel and CLI alike."""
-    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return base / "moet-panel" / "demo"
+    return env.data_home() / "moet-panel" / "demo"
 
 
 def resolve_settings(recipe: str | Path | None = None, data_dir: str | Path | None = None, demo: bool = False,
@@ -63,11 +48,11 @@ def resolve_settings(recipe: str | Path | None = None, data_dir: str | Path | No
         RecipeError: the recipe file is missing or invalid.
         CommandError: the data dir is not a safe absolute path.
     """
-    demo = demo or os.environ.get(ENV_DEMO, "") == "1"
+    demo = demo or env.demo_requested()
     default = SIMULATED_RECIPE if demo else DEFAULT_RECIPE
-    recipe_path = Path(recipe or os.environ.get(ENV_RECIPE) or default).expanduser().resolve()
+    recipe_path = Path(recipe or env.recipe() or default).expanduser().resolve()
     loaded = load_recipe(recipe_path)
-    raw_dir = str(data_dir or os.environ.get(ENV_DATA_DIR) or (demo_data_dir() if demo else loaded.default_data_dir))
+    raw_dir = str(data_dir or env.data_dir() or (demo_data_dir() if demo else loaded.default_data_dir))
     resolved = Path(validate_data_dir(str(Path(raw_dir).expanduser().absolute())))
     return Settings(recipe_path=recipe_path, recipe=loaded, data_dir=resolved, demo=demo or loaded.simulated,
                     demo_reason=demo_reason)

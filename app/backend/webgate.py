@@ -34,13 +34,14 @@ from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import urlsplit
 
+from app.backend import env
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-ENV_ALLOWED_HOSTS = "MOET_PANEL_ALLOWED_HOSTS"  # comma-separated; the CLI's --allowed-host adds to it
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 FORWARDING_HEADERS = (b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto", b"forwarded", b"x-real-ip")
 UPLOAD_PATHS = ("/gradio_api/upload",)
@@ -233,7 +234,7 @@ class WebGate:
         if not p.host_allowed(host):
             return 421, (f"moet-panel answers only to {', '.join(p.served_names())}, not to the host name "
                          f"{host or '(none)'!r}. If you reach it through a reverse proxy or another name, start it "
-                         f"with --allowed-host NAME (env {ENV_ALLOWED_HOSTS}); see README, Safety."), []
+                         f"with --allowed-host NAME (env {env.ALLOWED_HOSTS}); see README, Safety."), []
         if not p.behind_proxy and any(h in headers for h in FORWARDING_HEADERS):
             return 400, ("moet-panel is not configured behind a reverse proxy, so it refuses forwarding headers "
                          "(X-Forwarded-For, Forwarded, ...): they would let any local process pose as another "

@@ -1,8 +1,11 @@
 """`moet-panel abtest`: your own blind A/B of two profiles (docs/selftest.md, "Blind A/B").
 
-  abtest run --a quality --b balanced --prompts FILE.jsonl --seeds 42,43 [--max-tokens N]
+  abtest run --a quality --b balanced (--prompts FILE.jsonl | --from-chat CONV[:N,...] ...) --seeds 42,43
+             [--chat-context] [--rubric TEXT] [--max-tokens N]
+  abtest chat-prompts          list the chat history's conversations and user turns (for --from-chat)
   abtest resume RUN_ID         continue after a cancel or a panel restart (the journal keeps answers)
-  abtest grade RUN_ID          blind grading in the terminal: l / r / t per pair (names hidden)
+  abtest grade RUN_ID [--scores]   blind grading in the terminal: l / r / t per pair, or 0–10 per side
+  abtest rubric RUN_ID TEXT    set the rubric shown beside every pair (journalled)
   abtest reveal RUN_ID [--json]
   abtest list
 """
@@ -10,10 +13,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from app.backend.settings import resolve_settings
 from app.cli.main import add_common
@@ -26,19 +28,31 @@ def register(subs: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="generate every prompt x seed on A, switch, then on B")
     r.add_argument("--a", required=True, dest="profile_a", help="profile A (e.g. quality)")
     r.add_argument("--b", required=True, dest="profile_b", help="profile B (e.g. balanced)")
-    r.add_argument("--prompts", required=True, metavar="FILE", help='JSONL: one {"prompt": "..."} per line')
+    r.add_argument("--prompts", metavar="FILE", help='JSONL: one {"prompt": "..."} per line')
+    r.add_argument("--from-chat", action="append", default=[], metavar="CONV[:N,...]",
+                   help="user turns from the chat history: a conversation id (or a unique prefix) = all its user "
+                        "turns, CONV:2,4 = its 2nd and 4th; repeatable; `abtest chat-prompts` lists them")
+    r.add_argument("--chat-context", action="store_true",
+                   help="send each chat turn after its conversation's system prompt and earlier turns")
+    r.add_argument("--rubric", default="", help="what a 10 and a 0 mean (shown beside every pair when grading)")
     r.add_argument("--seeds", default="42,43,44", help="comma-separated seeds (default 42,43,44)")
     r.add_argument("--max-tokens", type=int, default=8192, help="per answer; answers are never clipped after")
-    for name, helptext in (("resume", "continue a run"), ("grade", "grade a run blind"), ("reveal", "show the result")):
+    for name, helptext in (("resume", "continue a run"), ("grade", "grade a run blind"), ("reveal", "show the result"),
+                           ("rubric", "set the rubric shown beside every pair")):
         q = sub.add_parser(name, help=helptext)
         q.add_argument("run_id")
         if name == "reveal":
             q.add_argument("--json", action="store_true")
+        if name == "grade":
+            q.add_argument("--scores", action="store_true", help="score each side 0–10 instead of picking")
+        if name == "rubric":
+            q.add_argument("text")
     sub.add_parser("list", help="list A/B runs")
+    sub.add_parser("chat-prompts", help="list the chat history's user turns (selectors for --from-chat)")
     p.set_defaults(func=run)
 
 
-def _services(settings):
+def _services(settings: Any) -> tuple[Any, Any]:
     from app.backend.abtest.runner import ABRunService
     from app.backend.engine.factory import make_engine_controller
 
@@ -46,7 +60,7 @@ def _services(settings):
     return ctl, ABRunService(settings, ctl)
 
 
-def _follow(svc) -> int:
+def _follow(svc: Any) -> int:
     from app.backend.selftest.runner import JobState
 
     last = ""
@@ -63,9 +77,73 @@ def _follow(svc) -> int:
     return 0 if p.state is JobState.DONE else (130 if p.state is JobState.CANCELLED else 1)
 
 
+def _chat_history(settings: Any) -> Any:
+    """The panel's chat history opened read-only: safe beside a running panel."""
+    from app.backend.abtest.chat_prompts import history_of_store
+    from app.backend.chat.service import DB_NAME
+    from app.backend.chat.store import ChatStore, ChatStoreError
+
+    try:
+        return history_of_store(ChatStore(settings.state_dir / DB_NAME, read_only=True))
+    except ChatStoreError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def _prompts(args: argparse.Namespace, settings: Any) -> list[Any]:
+    from app.backend.abtest.chat_prompts import pick_turns
+    from app.backend.abtest.journal import parse_prompts_jsonl
+
+    if not args.prompts and not args.from_chat:
+        raise ValueError("give --prompts FILE.jsonl and/or --from-chat CONV[:N,...] (abtest chat-prompts lists them)")
+    out: list[Any] = []
+    if args.prompts:
+        out += parse_prompts_jsonl(Path(args.prompts).read_text(encoding="utf-8"))
+    if args.from_chat:
+        out += [t.to_prompt(args.chat_context) for t in pick_turns(_chat_history(settings), args.from_chat)]
+    return out
+
+
+def _ask_score(side: str) -> float | None:
+    while True:
+        raw = input(f"score {side} 0–10 (q = quit)? ").strip().lower()
+        if raw.startswith("q"):
+            return None
+        try:
+            v = float(raw)
+        except ValueError:
+            continue
+        if 0 <= v <= 10:
+            return v
+
+
+def _grade(journal: Any, st: Any, scores: bool) -> int:
+    from app.backend.abtest.grading import blind_pairs, grade_from_pick, grade_from_scores
+
+    if st.rubric:
+        print(f"rubric: {st.rubric}")
+    for bp in [b for b in blind_pairs(st) if not b.graded]:
+        print(f"\n=== pair {bp.index + 1} (prompt {bp.prompt_id}, seed {bp.seed}) ===\n{bp.prompt}\n"
+              f"\n--- LEFT ---\n{bp.left}\n\n--- RIGHT ---\n{bp.right}\n")
+        if scores:
+            left = _ask_score("LEFT")
+            right = _ask_score("RIGHT") if left is not None else None
+            if left is None or right is None:
+                break
+            journal.append(st.spec.run_id, grade_from_scores(st, bp.prompt_id, bp.seed, left, right))
+            continue
+        ans = ""
+        while ans not in ("l", "r", "t", "q"):
+            ans = input("better: l(eft) / r(ight) / t(ie) / q(uit)? ").strip().lower()[:1]
+        if ans == "q":
+            break
+        pick = {"l": "left", "r": "right", "t": "tie"}[ans]
+        journal.append(st.spec.run_id, grade_from_pick(st, bp.prompt_id, bp.seed, pick))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    from app.backend.abtest.grading import blind_pairs, grade_from_pick, reveal, reveal_markdown
-    from app.backend.abtest.journal import Journal, new_spec, parse_prompts_jsonl
+    from app.backend.abtest.grading import reveal, reveal_json, reveal_markdown
+    from app.backend.abtest.journal import Journal, new_spec
 
     settings = resolve_settings(args.recipe, args.data_dir)
     journal = Journal(settings.ensure_state_dir())
@@ -76,11 +154,18 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{rid}  A={st.spec.profile_a} B={st.spec.profile_b}  {st.generated}/{st.total} answers, "
                       f"{len(st.grades)}/{len(st.spec.cells)} graded")
             return 0
+        if args.ab_cmd == "chat-prompts":
+            history = _chat_history(settings)
+            for conv in history.conversations():
+                print(f"{conv.id}  {conv.title}")
+                for t in history.turns(conv.id):
+                    print(f"  --from-chat {conv.id[:8]}:{t.turn}   {t.short(60)}")
+            return 0
         if args.ab_cmd in ("run", "resume"):
             if args.ab_cmd == "run":
-                prompts = parse_prompts_jsonl(Path(args.prompts).read_text(encoding="utf-8"))
                 seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-                spec = new_spec(args.profile_a, args.profile_b, prompts, seeds, args.max_tokens)
+                spec = new_spec(args.profile_a, args.profile_b, _prompts(args, settings), seeds, args.max_tokens,
+                                rubric=args.rubric)
             ctl, svc = _services(settings)
             try:
                 p = svc.start(spec) if args.ab_cmd == "run" else svc.resume(args.run_id)
@@ -88,22 +173,15 @@ def run(args: argparse.Namespace) -> int:
                 return _follow(svc)
             finally:
                 ctl.close()
+        if args.ab_cmd == "rubric":
+            journal.set_rubric(args.run_id, args.text)
+            return 0
         st = journal.load(args.run_id)
         if args.ab_cmd == "grade":
-            for bp in [b for b in blind_pairs(st) if not b.graded]:
-                print(f"\n=== pair {bp.index + 1} (prompt {bp.prompt_id}, seed {bp.seed}) ===\n{bp.prompt}\n"
-                      f"\n--- LEFT ---\n{bp.left}\n\n--- RIGHT ---\n{bp.right}\n")
-                ans = ""
-                while ans not in ("l", "r", "t", "q"):
-                    ans = input("better: l(eft) / r(ight) / t(ie) / q(uit)? ").strip().lower()[:1]
-                if ans == "q":
-                    break
-                pick = {"l": "left", "r": "right", "t": "tie"}[ans]
-                journal.append(st.spec.run_id, grade_from_pick(st, bp.prompt_id, bp.seed, pick))
-            return 0
+            return _grade(journal, st, args.scores)
         rv = reveal(st)
-        print(json.dumps(asdict(rv), indent=2) if args.json else reveal_markdown(rv))
+        print(reveal_json(rv) if args.json else reveal_markdown(rv))
         return 0
-    except (ValueError, OSError) as exc:
-        print(f"moet-panel: {exc}", file=sys.stderr)
+    except (ValueError, OSError, KeyError) as exc:
+        print(f"moet-panel: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}", file=sys.stderr)
         return 2

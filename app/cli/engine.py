@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-from app.backend.settings import resolve_settings
+from app.backend.engine.controller import EngineController
+from app.backend.engine.factory import default_gpu_reader, make_engine_controller
+from app.backend.engine.imagebuild import BuildEvent, ImageBuildRefused, build_image, check_source
+from app.backend.engine.ops import ControllerOptions, Ticket
+from app.backend.engine.types import Diagnosis, EngineSnapshot, LogLine
+from app.backend.hostprobe import detect_demo
+from app.backend.settings import Settings, resolve_settings
+from app.backend.telemetry.alerts import status_alerts
+from app.backend.telemetry.nvml import NvmlGpuReader
 from app.cli.main import add_common
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -37,7 +45,9 @@ def register(subs: argparse._SubParsersAction) -> None:
     pf = es.add_parser("preflight", help="checklist before starting (exit 1 when an item fails)")
     pf.add_argument("--profile")
     pf.add_argument("--json", action="store_true")
-    for name, helptext in (("start", "start a profile and wait until ready"), ("switch", "switch profile (stop, wait for GPU memory, start, gate on ready; rolls back on failure)")):
+    actions = (("start", "start a profile and wait until ready"),
+               ("switch", "switch profile (stop, wait for GPU memory, start, gate on ready; rolls back on failure)"))
+    for name, helptext in actions:
         sp = es.add_parser(name, help=helptext)
         sp.add_argument("--profile", required=True)
         sp.add_argument("--override", action="append", default=[], metavar="ITEM",
@@ -61,18 +71,16 @@ def register(subs: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.backend.hostprobe import detect_demo  # the same rule as `serve`
-    from app.backend.settings import ENV_DEMO
-
-    reason = detect_demo(bool(getattr(args, "demo", False)) or os.environ.get(ENV_DEMO) == "1")
+    nvml = NvmlGpuReader()  # this process's one NVML client: the demo probe reads it, the controller keeps it
+    reason = detect_demo(bool(getattr(args, "demo", False)), gpu_reader=nvml)
     settings = resolve_settings(args.recipe, args.data_dir, demo=bool(reason), demo_reason=reason)
     if args.engine_cmd == "build-image":
+        nvml.close()
         return _build_image(args, settings)
-    from app.backend.engine.controller import ControllerOptions
-    from app.backend.engine.factory import make_engine_controller
-
     opts = ControllerOptions(auto_rollback=not getattr(args, "no_rollback", False), actor="CLI")
-    ctl = make_engine_controller(settings, options=opts)
+    ref: list[EngineController] = []
+    reader = default_gpu_reader(settings, ref, nvml_reader=nvml)
+    ctl = make_engine_controller(settings, gpu_reader=reader, options=opts, ref=ref)
     try:
         return {
             "status": _status, "preflight": _preflight, "start": _start, "switch": _start, "stop": _stop,
@@ -82,13 +90,13 @@ def run(args: argparse.Namespace) -> int:
         ctl.close()  # the panel's threads only; the engine keeps running
 
 
-def _snap_dict(snap) -> dict:
+def _snap_dict(snap: EngineSnapshot) -> dict[str, Any]:
     d = asdict(snap)
     d["state"] = snap.state.value
     return d
 
 
-def _status(args, ctl) -> int:
+def _status(args: argparse.Namespace, ctl: EngineController) -> int:
     snap = ctl.snapshot()  # the controller read Docker on construction: this is what Docker shows
     alerts = _alerts(ctl, snap)
     holder = ctl.lock_holder()
@@ -114,11 +122,7 @@ def _status(args, ctl) -> int:
     return code
 
 
-def _alerts(ctl, snap) -> list[dict]:
-    try:
-        from app.backend.telemetry.alerts import status_alerts
-    except ImportError:
-        return []
+def _alerts(ctl: EngineController, snap: EngineSnapshot) -> list[dict[str, Any]]:
     try:
         return [asdict(a) for a in status_alerts(ctl.settings, snap, ctl.recent_logs(2000))]
     except Exception as exc:  # alerts are advisory; status must still print
@@ -126,12 +130,12 @@ def _alerts(ctl, snap) -> list[dict]:
                  "action": "", "evidence": ""}]
 
 
-def _runtime_text(ctl) -> str:
+def _runtime_text(ctl: EngineController) -> str:
     rt = ctl.runtime
     return rt.describe() if rt is not None else (ctl.runtime_error or "no runtime")
 
 
-def _preflight(args, ctl) -> int:
+def _preflight(args: argparse.Namespace, ctl: EngineController) -> int:
     report = ctl.preflight(args.profile)
     if args.json:
         print(json.dumps({"ok": report.ok, "items": [asdict(i) for i in report.items]}, indent=2))
@@ -145,7 +149,7 @@ def _preflight(args, ctl) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def _start(args, ctl) -> int:
+def _start(args: argparse.Namespace, ctl: EngineController) -> int:
     op = ctl.start if args.engine_cmd == "start" else ctl.switch
     ticket = op(args.profile, tuple(args.override))
     if not ticket.accepted:
@@ -166,7 +170,7 @@ def _start(args, ctl) -> int:
     return _report(args, ctl, ticket)
 
 
-def _stop(args, ctl) -> int:
+def _stop(args: argparse.Namespace, ctl: EngineController) -> int:
     ticket = ctl.stop()
     if not ticket.accepted:
         print(ticket.message, file=sys.stderr)
@@ -175,7 +179,7 @@ def _stop(args, ctl) -> int:
     return _report(args, ctl, ticket)
 
 
-def _report(args, ctl, ticket) -> int:
+def _report(args: argparse.Namespace, ctl: EngineController, ticket: Ticket) -> int:
     snap = ctl.snapshot()
     if args.json:
         print(json.dumps({"ok": ticket.ok, "message": ticket.message, "engine": _snap_dict(snap)}, indent=2))
@@ -188,7 +192,7 @@ def _report(args, ctl, ticket) -> int:
     return EXIT_OK if ticket.ok else EXIT_FAILED
 
 
-def _print_diag(d) -> None:
+def _print_diag(d: Diagnosis | None) -> None:
     if d is None:
         return
     print(f"diagnosis: {d.title}\n  why: {d.explanation}\n  fix: {d.fix}")
@@ -196,7 +200,7 @@ def _print_diag(d) -> None:
         print(f"  log: {e}")
 
 
-def _logs(args, ctl) -> int:
+def _logs(args: argparse.Namespace, ctl: EngineController) -> int:
     want = {"both": ("stdout", "stderr")}.get(args.stream, (args.stream,))
     lines = [ln for ln in ctl.recent_logs(100000) if ln.stream in want]
     if not lines and not ctl.snapshot().container_id:
@@ -206,8 +210,12 @@ def _logs(args, ctl) -> int:
     if not args.follow:
         return EXIT_OK
     done = threading.Event()
-    unsubscribe = ctl.add_log_listener(
-        lambda ln: ln.stream in want and print(ln.text if args.stream != "both" else f"{ln.stream[3:]} | {ln.text}", flush=True))
+
+    def show(ln: LogLine) -> None:
+        if ln.stream in want:
+            print(ln.text if args.stream != "both" else f"{ln.stream[3:]} | {ln.text}", flush=True)
+
+    unsubscribe = ctl.add_log_listener(show)
     try:
         while not done.wait(0.5):
             if ctl.snapshot().state.value in ("stopped", "failed"):
@@ -218,7 +226,7 @@ def _logs(args, ctl) -> int:
     return EXIT_OK
 
 
-def _persisted_logs(ctl, args, want) -> int:
+def _persisted_logs(ctl: EngineController, args: argparse.Namespace, want: tuple[str, ...]) -> int:
     files = sorted(ctl.logs.directory.glob("*.log"), key=lambda p: p.stat().st_mtime)
     if not files:
         print("no engine is running and no engine log has been saved yet", file=sys.stderr)
@@ -233,9 +241,7 @@ def _persisted_logs(ctl, args, want) -> int:
     return EXIT_OK
 
 
-def _build_image(args, settings) -> int:
-    from app.backend.engine.imagebuild import ImageBuildRefused, build_image, check_source
-
+def _build_image(args: argparse.Namespace, settings: Settings) -> int:
     eng = settings.recipe.engine
     dockerfile = args.dockerfile or eng.dockerfile
     try:
@@ -245,7 +251,7 @@ def _build_image(args, settings) -> int:
         print(f"moet-panel: {exc}", file=sys.stderr)
         return EXIT_REFUSED
 
-    def show(ev) -> None:
+    def show(ev: BuildEvent) -> None:
         prefix = f"[step {ev.step[0]}/{ev.step[1]}] " if ev.step else ""
         print(prefix + ev.line, file=sys.stderr if ev.error else sys.stdout, flush=True)
 

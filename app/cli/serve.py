@@ -11,16 +11,22 @@ from __future__ import annotations
 import argparse
 import getpass
 import logging
-import os
 import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.backend.auth import AuthError, BindingError, add_user, check_binding, default_auth_path, load_users, make_checker
-from app.backend.settings import ENV_AUTH_FILE, ENV_DATA_DIR, ENV_DEMO, ENV_RECIPE, Settings, demo_data_dir, resolve_settings
-from app.backend.webgate import ENV_ALLOWED_HOSTS, parse_allowed_hosts
+from app.backend import env
+from app.backend.hostprobe import HostProbe, detect_demo
+from app.backend.settings import Settings, resolve_settings
+from app.backend.webgate import parse_allowed_hosts
 from app.cli.main import add_common
+
+if TYPE_CHECKING:
+    from app.backend.telemetry.gpu_types import GpuReader
+    from app.backend.telemetry.nvml import NvmlGpuReader
 
 log = logging.getLogger("moet_panel.serve")
 
@@ -32,10 +38,10 @@ def register(subs: argparse._SubParsersAction) -> None:
                    "Anything but loopback requires --auth-file")
     p.add_argument("--port", type=int, default=None, help="listen port (default 7860; env GRADIO_SERVER_PORT)")
     p.add_argument("--demo", action="store_true", help="force demo mode: simulated engine, GPU and Hub (env MOET_PANEL_DEMO=1)")
-    p.add_argument("--auth-file", metavar="FILE", help=f"web UI credentials (env {ENV_AUTH_FILE}); create with --add-user")
+    p.add_argument("--auth-file", metavar="FILE", help=f"web UI credentials (env {env.AUTH_FILE}); create with --add-user")
     p.add_argument("--allowed-host", metavar="NAME", action="append", default=[],
                    help="also answer to this Host name (a reverse proxy's public name, NAME or NAME:PORT); "
-                        f"repeatable; env {ENV_ALLOWED_HOSTS}=a,b. Loopback names are always allowed")
+                        f"repeatable; env {env.ALLOWED_HOSTS}=a,b. Loopback names are always allowed")
     p.add_argument("--add-user", metavar="NAME", help="add/replace a user in the auth file (password from prompt or stdin) and exit")
     p.set_defaults(func=run)
 
@@ -59,27 +65,23 @@ def _read_password() -> str:
     return sys.stdin.readline().rstrip("\n")
 
 
-def plan(args: argparse.Namespace, probe: object | None = None) -> Plan:
-    """Resolve everything `serve` needs without starting anything (tested directly)."""
-    host = args.host or os.environ.get("GRADIO_SERVER_NAME") or "127.0.0.1"
-    port = args.port or int(os.environ.get("GRADIO_SERVER_PORT") or 7860)
-    auth_src = args.auth_file or os.environ.get(ENV_AUTH_FILE)
+def plan(args: argparse.Namespace, probe: HostProbe | None = None, gpu_reader: GpuReader | None = None) -> Plan:
+    """Resolve everything `serve` needs without starting anything (tested directly). `gpu_reader`: the
+    process's one NVML reader, probed for the demo decision and then kept by the app state."""
+    host = args.host or env.server_name() or "127.0.0.1"
+    port = args.port or env.server_port() or 7860
+    auth_src = args.auth_file or env.auth_file()
     auth_file = Path(auth_src).expanduser() if auth_src else None
     if auth_file is not None:
         load_users(auth_file)  # fail early with the file's problem
     check_binding(host, auth_file is not None)
     try:
-        allowed_hosts = parse_allowed_hosts(",".join([os.environ.get(ENV_ALLOWED_HOSTS, ""),
-                                                      *(getattr(args, "allowed_host", None) or [])]))
+        allowed_hosts = parse_allowed_hosts(",".join([env.allowed_hosts(), *(getattr(args, "allowed_host", None) or [])]))
     except ValueError as exc:
         raise BindingError(str(exc)) from None
-    from app.backend.hostprobe import detect_demo  # one rule for serve and every CLI subcommand
-
-    demo_reason = detect_demo(args.demo or os.environ.get(ENV_DEMO) == "1", probe)
-    demo = bool(demo_reason)
-    data_dir = args.data_dir or os.environ.get(ENV_DATA_DIR) or (str(demo_data_dir()) if demo else None)
-    recipe = args.recipe or os.environ.get(ENV_RECIPE)  # demo without a recipe → simulated.toml
-    settings = resolve_settings(recipe, data_dir, demo=demo, demo_reason=demo_reason)
+    demo_reason = detect_demo(args.demo, probe, gpu_reader)  # one rule for serve and every CLI subcommand
+    # demo without a recipe → simulated.toml and the per-user demo data dir (resolve_settings)
+    settings = resolve_settings(args.recipe, args.data_dir, demo=bool(demo_reason), demo_reason=demo_reason)
     return Plan(settings=settings, demo_reason=demo_reason, host=host, port=port, auth_file=auth_file,
                 allowed_hosts=allowed_hosts)
 
@@ -105,7 +107,7 @@ def banner(p: Plan, url: str, hub_note: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.add_user:
-        path = Path(args.auth_file or os.environ.get(ENV_AUTH_FILE) or default_auth_path()).expanduser()
+        path = Path(args.auth_file or env.auth_file() or default_auth_path()).expanduser()
         try:
             add_user(path, args.add_user, _read_password())
         except AuthError as exc:
@@ -113,32 +115,38 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"user {args.add_user!r} saved in {path} (mode 0600). Start with: moet-panel serve --auth-file {path}")
         return 0
-    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    env.set_default("GRADIO_ANALYTICS_ENABLED", "False")
+    env.set_default("HF_HUB_DISABLE_TELEMETRY", "1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from app.backend.redact import install_log_redaction
 
     install_log_redaction()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per internal request is noise
+    from app.backend.telemetry.nvml import NvmlGpuReader
+
+    nvml = NvmlGpuReader()  # the process's one NVML client: the host probe reads it, the app state keeps it
     try:
-        p = plan(args)
+        p = plan(args, gpu_reader=nvml)
     except (AuthError, BindingError) as exc:
+        nvml.close()
         print(f"moet-panel: {exc}", file=sys.stderr)
         return 2
-    return _serve(p)
+    return _serve(p, nvml)
 
 
-def _serve(p: Plan) -> int:
+def _serve(p: Plan, nvml: NvmlGpuReader | None = None) -> int:
     from app.backend.state import build_app_state
     from app.ui.app import build_ui, launch
 
     try:
         p.settings.ensure_state_dir()
     except OSError as exc:
+        if nvml is not None:
+            nvml.close()
         print(f"moet-panel: cannot create the panel's state dir {p.settings.state_dir} ({exc.strerror or exc}). "
               "Create the data dir with write access for this user, or pass --data-dir DIR.", file=sys.stderr)
         return 2
-    state = build_app_state(p.settings)
+    state = build_app_state(p.settings, nvml_reader=nvml)
     # Demo downloads: the download service starts the SIMULATED local Hub itself on first use.
     hub_note = "SIMULATED local demo Hub on 127.0.0.1 (started on the first download)" if p.settings.recipe.simulated else None
     auth = make_checker(load_users(p.auth_file)) if p.auth_file else None

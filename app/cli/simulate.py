@@ -9,11 +9,11 @@ recipe's engine args. Variables already set in this shell (MOET_SIM_*, VLLM_MOE_
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
 
+from app.backend import env
 from app.backend.recipe.command import build_run_spec
 from app.backend.settings import resolve_settings
 from app.backend.simengine import FAIL_MODES, SimEngineServer, config_from_env_and_args
@@ -37,7 +37,7 @@ def register(subs: argparse._SubParsersAction) -> None:
 
 
 def _resolve(args: argparse.Namespace):
-    recipe = args.recipe or os.environ.get("MOET_PANEL_RECIPE")
+    recipe = args.recipe or env.recipe()
     if recipe is None:
         from app.backend.recipe import SIMULATED_RECIPE
 
@@ -51,18 +51,18 @@ def engine_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, s
     recipe = settings.recipe
     profile_id = args.profile or next((p.id for p in recipe.profiles if p.recommended), recipe.profiles[0].id)
     spec = build_run_spec(recipe, profile_id, str(settings.data_dir))
-    env = dict(spec.env)
-    env.update({k: v for k, v in os.environ.items() if k.startswith(OVERRIDE_PREFIXES)})
+    sim_env = dict(spec.env)
+    sim_env.update(env.inherited(prefixes=OVERRIDE_PREFIXES))
     if args.decode_tok_s:
-        env["MOET_SIM_DECODE_TOK_S"] = str(args.decode_tok_s)
+        sim_env["MOET_SIM_DECODE_TOK_S"] = str(args.decode_tok_s)
     if args.boot_s is not None:
-        env["MOET_SIM_BOOT_S"] = str(args.boot_s)
+        sim_env["MOET_SIM_BOOT_S"] = str(args.boot_s)
     if args.fail:
-        env["MOET_SIM_FAIL"] = args.fail
+        sim_env["MOET_SIM_FAIL"] = args.fail
     argv = list(spec.args)
     if args.port is not None:
         argv += ["--port", str(args.port)]  # last one wins, as with vLLM's argparse
-    return argv, env
+    return argv, sim_env
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,8 +1,8 @@
 """Build the Gradio Blocks app: header strip + one tab per capability.
 
 Each tab module in TABS exposes:
-    TITLE: str                                  # tab label
-    def render(state: AppState, shell: Shell) -> None   # called inside `with gr.Tab(TITLE)`
+    TITLE: str                                          # tab label
+    def render(state: AppState, shell: Shell) -> None   # called inside `with gr.Tab(TITLE)` (app.ui.shell)
 Tab modules only call backend services on `state`; they never talk to Docker/NVML/HTTP directly.
 """
 
@@ -12,7 +12,6 @@ import html
 import importlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +19,14 @@ import gradio as gr
 
 from app.backend.state import AppState
 from app.backend.webgate import GatePolicy, WebGate
+from app.ui import header
+from app.ui.shell import Shell
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 CSS_PATH = ASSETS / "css" / "panel.css"
 AUTH_MESSAGE = "moet-panel controls Docker on this machine: sign in to continue."
 
-# Tab modules in display order. A module is listed only once its capability has landed.
+# Tab modules in display order.
 TABS = [
     "app.ui.profiles",
     "app.ui.downloads",
@@ -38,23 +39,9 @@ TABS = [
 ]
 
 
-@dataclass
-class Shell:
-    """Page-wide pieces shared by tabs."""
-
-    timer: gr.Timer  # 1 s page timer; tick handlers only read backend caches
-    tabs: gr.Tabs | None = None  # set once the Tabs exist (the header is built above them)
-
-
 def build_ui(state: AppState) -> gr.Blocks:
     with gr.Blocks(title="moet-panel") as demo:
         timer = gr.Timer(1.0)
-        try:
-            header = importlib.import_module("app.ui.header")
-        except ModuleNotFoundError as exc:
-            if exc.name != "app.ui.header":
-                raise
-            header = None
         if state.settings.recipe.simulated or state.settings.demo:
             why = state.settings.demo_reason
             gr.HTML(
@@ -65,8 +52,7 @@ def build_ui(state: AppState) -> gr.Blocks:
             )
         # The header strip sits above the tabs; it needs the shared timer but not the Tabs object.
         shell = Shell(timer=timer)
-        if header is not None:
-            header.render(state, shell)
+        header.render(state, shell)
         with gr.Tabs(elem_id="main-tabs") as tabs:
             shell.tabs = tabs
             for name in TABS:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import html
 import logging
-from dataclasses import dataclass
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict
 
 import gradio as gr
 from gradio.context import Context
@@ -25,10 +25,17 @@ from app.backend.chat.service import ChatError, ChatService
 from app.backend.chat.stats import format_stats
 from app.backend.chat.turn import TurnView
 from app.backend.state import AppState
+from app.ui.shell import Shell
 
 TITLE = "Chat"
 log = logging.getLogger("moet_panel.chat")
 STREAM_CONCURRENCY = "chat-stream"  # own queue: a long answer never blocks the page timer or other tabs
+
+
+class StreamEvent(TypedDict):
+    concurrency_id: str
+    concurrency_limit: int
+    show_progress: Literal["hidden"]
 
 # ---- rendering (pure functions: Conversation / TurnView -> Chatbot message dicts) -------------------
 
@@ -122,57 +129,78 @@ def endpoint_line(chat: ChatService, custom_url: str) -> tuple[bool, str]:
 
 
 @dataclass
+class Sidebar:
+    """The conversation list and what acts on whole conversations."""
+
+    convs: gr.Radio
+    new_btn: gr.Button
+    delete_btn: gr.Button
+    rename_box: gr.Textbox
+    export_json_btn: gr.Button
+    export_md_btn: gr.Button
+    export_file: gr.File
+    import_btn: gr.UploadButton
+
+
+@dataclass
+class Thread:
+    """The open conversation: readiness banner, messages, composer and turn buttons."""
+
+    banner: gr.Markdown
+    engine_btn: gr.Button
+    bot: gr.Chatbot
+    box: gr.Textbox
+    send_btn: gr.Button
+    stop_btn: gr.Button
+    regen_btn: gr.Button
+    edit_btn: gr.Button
+    clear_btn: gr.Button
+    edit_hint: gr.Markdown
+
+
+@dataclass
+class Tuning:
+    """Sampling, system prompt, endpoint override and the API snippets they produce."""
+
+    temp: gr.Slider
+    top_p: gr.Slider
+    min_p: gr.Slider
+    max_tokens: gr.Number
+    temp_warn: gr.Markdown
+    system: gr.Textbox
+    custom_url: gr.Textbox
+    curl_code: gr.Code
+    py_code: gr.Code
+
+    @property
+    def sampling_inputs(self) -> list[gr.Slider | gr.Number]:
+        return [self.temp, self.top_p, self.min_p, self.max_tokens]
+
+
+@dataclass
 class ChatView:
     """The tab's components and per-page state, handed to the wiring functions."""
 
-    conv_id: Any
-    editing: Any
-    ready_state: Any
-    convs: Any
-    new_btn: Any
-    delete_btn: Any
-    rename_box: Any
-    export_json_btn: Any
-    export_md_btn: Any
-    export_file: Any
-    import_btn: Any
-    banner: Any
-    engine_btn: Any
-    bot: Any
-    box: Any
-    send_btn: Any
-    stop_btn: Any
-    regen_btn: Any
-    edit_btn: Any
-    clear_btn: Any
-    edit_hint: Any
-    temp: Any
-    top_p: Any
-    min_p: Any
-    max_tokens: Any
-    temp_warn: Any
-    system: Any
-    custom_url: Any
-    curl_code: Any
-    py_code: Any
+    conv_id: gr.State
+    editing: gr.State
+    ready_state: gr.State
+    side: Sidebar
+    thread: Thread
+    tune: Tuning
 
     @property
-    def sampling_inputs(self) -> list[Any]:
-        return [self.temp, self.top_p, self.min_p, self.max_tokens]
-
-    @property
-    def conv_targets(self) -> list[Any]:
-        return [self.conv_id, self.convs, self.bot, self.system, self.editing, self.edit_hint]
+    def conv_targets(self) -> list[gr.components.Component]:
+        return [self.conv_id, self.side.convs, self.thread.bot, self.tune.system, self.editing, self.thread.edit_hint]
 
 
 def sampling_of(t: float, p: float, m: float, n: float | None) -> SamplingParams:
     return SamplingParams(float(t), float(p), float(m), int(n) if n else None)
 
 
-def render(state: AppState, shell: Any) -> None:
-    chat: ChatService = state.chat
+def render(state: AppState, shell: Shell) -> None:
+    chat = state.chat
     if chat is None:
-        gr.Markdown("Chat is not available in this build.")
+        gr.Markdown("Chat is not available: this panel runs without a chat service.")
         return
     v = _layout(chat)
     _wire_conversations(chat, v)
@@ -181,60 +209,72 @@ def render(state: AppState, shell: Any) -> None:
 
 
 def _layout(chat: ChatService) -> ChatView:
-    d = chat.default_sampling()
     conv_id = gr.State("")
     editing = gr.State(False)
     ready_state = gr.State(None)
-
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=230):
-            convs = gr.Radio(label="Conversations", choices=[], elem_id="chat-convs")
-            with gr.Row():
-                new_btn = gr.Button("New chat", size="sm", elem_id="chat-new")
-                delete_btn = gr.Button("Delete", size="sm", variant="stop", elem_id="chat-delete")
-            rename_box = gr.Textbox(label="Rename", placeholder="new title, Enter to save", elem_id="chat-rename")
-            with gr.Row():
-                export_json_btn = gr.Button("Export JSON", size="sm", elem_id="chat-export-json")
-                export_md_btn = gr.Button("Export Markdown", size="sm", elem_id="chat-export-md")
-            export_file = gr.File(label="Download", visible=False, interactive=False, elem_id="chat-export-file")
-            import_btn = gr.UploadButton("Import JSON", file_types=[".json"], size="sm", elem_id="chat-import")
+            side = _sidebar()
         with gr.Column(scale=4):
-            with gr.Row():
-                banner = gr.Markdown("", elem_id="chat-banner")
-                engine_btn = gr.Button("Open Engine tab", size="sm", visible=False, scale=0, elem_id="chat-goto-engine")
-            bot = gr.Chatbot(
-                show_label=False, height=560, latex_delimiters=[], buttons=["copy"], feedback_options=None,
-                elem_id="chat-bot",
-                placeholder="Ask the model something. Its thinking appears collapsed above the answer.",
-            )
-            with gr.Row():
-                box = gr.Textbox(show_label=False, placeholder="Message (Enter to send, Shift+Enter for a new line)",
-                                 lines=1, max_lines=12, scale=6, elem_id="chat-input")  # lines=1: Enter sends
-                send_btn = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send")
-                stop_btn = gr.Button("Stop", variant="stop", scale=1, elem_id="chat-stop")
-            with gr.Row():
-                regen_btn = gr.Button("Regenerate", size="sm", elem_id="chat-regen")
-                edit_btn = gr.Button("Edit last message", size="sm", elem_id="chat-edit")
-                clear_btn = gr.Button("Clear conversation", size="sm", elem_id="chat-clear")
-            edit_hint = gr.Markdown("", elem_id="chat-edit-hint")
-            with gr.Accordion("Sampling and system prompt", open=False, elem_id="chat-sampling"):
-                gr.Markdown(f"Defaults from the model card: *{html.escape(chat.sampling_note)}*")
-                with gr.Row():
-                    temp = gr.Slider(0, 2, value=d.temperature, step=0.05, label="temperature", elem_id="chat-temp")
-                    top_p = gr.Slider(0.01, 1, value=d.top_p, step=0.01, label="top_p", elem_id="chat-top-p")
-                    min_p = gr.Slider(0, 1, value=d.min_p, step=0.01, label="min_p", elem_id="chat-min-p")
-                    max_tokens = gr.Number(value=d.max_tokens, precision=0, minimum=1, label="max tokens",
-                                           elem_id="chat-max-tokens")
-                temp_warn = gr.Markdown("", elem_id="chat-temp-warning")
-                system = gr.Textbox(label="System prompt (this conversation)", lines=2, elem_id="chat-system")
-                custom_url = gr.Textbox(label="Endpoint override (blank = the panel's engine)",
-                                        placeholder="http://127.0.0.1:8000", elem_id="chat-endpoint")
-            with gr.Accordion("API snippets (current endpoint and sampling)", open=False):
-                curl_code = gr.Code(language="shell", label="curl", interactive=False, elem_id="chat-curl")
-                py_code = gr.Code(language="python", label="Python (openai)", interactive=False, elem_id="chat-python")
+            thread = _thread()
+            tune = _tuning(chat)
+    return ChatView(conv_id, editing, ready_state, side, thread, tune)
 
-    made = locals()  # every component above, by the names ChatView declares
-    return ChatView(**{name: made[name] for name in ChatView.__dataclass_fields__})
+
+def _sidebar() -> Sidebar:
+    convs = gr.Radio(label="Conversations", choices=[], elem_id="chat-convs")
+    with gr.Row():
+        new_btn = gr.Button("New chat", size="sm", elem_id="chat-new")
+        delete_btn = gr.Button("Delete", size="sm", variant="stop", elem_id="chat-delete")
+    rename_box = gr.Textbox(label="Rename", placeholder="new title, Enter to save", elem_id="chat-rename")
+    with gr.Row():
+        export_json_btn = gr.Button("Export JSON", size="sm", elem_id="chat-export-json")
+        export_md_btn = gr.Button("Export Markdown", size="sm", elem_id="chat-export-md")
+    export_file = gr.File(label="Download", visible=False, interactive=False, elem_id="chat-export-file")
+    import_btn = gr.UploadButton("Import JSON", file_types=[".json"], size="sm", elem_id="chat-import")
+    return Sidebar(convs, new_btn, delete_btn, rename_box, export_json_btn, export_md_btn, export_file, import_btn)
+
+
+def _thread() -> Thread:
+    with gr.Row():
+        banner = gr.Markdown("", elem_id="chat-banner")
+        engine_btn = gr.Button("Open Engine tab", size="sm", visible=False, scale=0, elem_id="chat-goto-engine")
+    bot = gr.Chatbot(
+        show_label=False, height=560, latex_delimiters=[], buttons=["copy"], feedback_options=None,
+        elem_id="chat-bot",
+        placeholder="Ask the model something. Its thinking appears collapsed above the answer.",
+    )
+    with gr.Row():
+        box = gr.Textbox(show_label=False, placeholder="Message (Enter to send, Shift+Enter for a new line)",
+                         lines=1, max_lines=12, scale=6, elem_id="chat-input")  # lines=1: Enter sends
+        send_btn = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send")
+        stop_btn = gr.Button("Stop", variant="stop", scale=1, elem_id="chat-stop")
+    with gr.Row():
+        regen_btn = gr.Button("Regenerate", size="sm", elem_id="chat-regen")
+        edit_btn = gr.Button("Edit last message", size="sm", elem_id="chat-edit")
+        clear_btn = gr.Button("Clear conversation", size="sm", elem_id="chat-clear")
+    edit_hint = gr.Markdown("", elem_id="chat-edit-hint")
+    return Thread(banner, engine_btn, bot, box, send_btn, stop_btn, regen_btn, edit_btn, clear_btn, edit_hint)
+
+
+def _tuning(chat: ChatService) -> Tuning:
+    d = chat.default_sampling()
+    with gr.Accordion("Sampling and system prompt", open=False, elem_id="chat-sampling"):
+        gr.Markdown(f"Defaults from the model card: *{html.escape(chat.sampling_note)}*")
+        with gr.Row():
+            temp = gr.Slider(0, 2, value=d.temperature, step=0.05, label="temperature", elem_id="chat-temp")
+            top_p = gr.Slider(0.01, 1, value=d.top_p, step=0.01, label="top_p", elem_id="chat-top-p")
+            min_p = gr.Slider(0, 1, value=d.min_p, step=0.01, label="min_p", elem_id="chat-min-p")
+            max_tokens = gr.Number(value=d.max_tokens, precision=0, minimum=1, label="max tokens",
+                                   elem_id="chat-max-tokens")
+        temp_warn = gr.Markdown("", elem_id="chat-temp-warning")
+        system = gr.Textbox(label="System prompt (this conversation)", lines=2, elem_id="chat-system")
+        custom_url = gr.Textbox(label="Endpoint override (blank = the panel's engine)",
+                                placeholder="http://127.0.0.1:8000", elem_id="chat-endpoint")
+    with gr.Accordion("API snippets (current endpoint and sampling)", open=False):
+        curl_code = gr.Code(language="shell", label="curl", interactive=False, elem_id="chat-curl")
+        py_code = gr.Code(language="python", label="Python (openai)", interactive=False, elem_id="chat-python")
+    return Tuning(temp, top_p, min_p, max_tokens, temp_warn, system, custom_url, curl_code, py_code)
 
 
 def _full_view(chat: ChatService, cid: str) -> list[dict[str, Any]]:
@@ -312,21 +352,21 @@ def _wire_conversations(chat: ChatService, v: ChatView) -> None:
             raise gr.Error(f"Import failed: {exc}") from None
 
     confirm = gr.Checkbox(visible=False)
-    v.convs.input(on_select, [v.convs], conv_targets, api_name="chat_select")
-    v.new_btn.click(on_new, None, conv_targets, api_name="chat_new")
-    v.rename_box.submit(on_rename, [v.conv_id, v.rename_box], [v.convs, v.rename_box], api_name="chat_rename")
-    v.delete_btn.click(on_delete, [v.conv_id, confirm], conv_targets, api_name="chat_delete",
-                     js="(c, x) => [c, confirm('Delete this conversation and its history?')]")
-    v.clear_btn.click(on_clear, [v.conv_id, confirm], conv_targets, api_name="chat_clear",
-                    js="(c, x) => [c, confirm('Remove every message of this conversation?')]")
-    v.system.blur(on_system, [v.conv_id, v.system], None)
-    v.export_json_btn.click(lambda c: on_export(c, "json"), [v.conv_id], [v.export_file], api_name="chat_export_json")
-    v.export_md_btn.click(lambda c: on_export(c, "md"), [v.conv_id], [v.export_file], api_name="chat_export_md")
-    v.import_btn.upload(on_import, [v.import_btn], conv_targets, api_name="chat_import")
+    v.side.convs.input(on_select, [v.side.convs], conv_targets, api_name="chat_select")
+    v.side.new_btn.click(on_new, None, conv_targets, api_name="chat_new")
+    v.side.rename_box.submit(on_rename, [v.conv_id, v.side.rename_box], [v.side.convs, v.side.rename_box], api_name="chat_rename")
+    v.side.delete_btn.click(on_delete, [v.conv_id, confirm], conv_targets, api_name="chat_delete",
+                            js="(c, x) => [c, confirm('Delete this conversation and its history?')]")
+    v.thread.clear_btn.click(on_clear, [v.conv_id, confirm], conv_targets, api_name="chat_clear",
+                             js="(c, x) => [c, confirm('Remove every message of this conversation?')]")
+    v.tune.system.blur(on_system, [v.conv_id, v.tune.system], None)
+    v.side.export_json_btn.click(lambda c: on_export(c, "json"), [v.conv_id], [v.side.export_file], api_name="chat_export_json")
+    v.side.export_md_btn.click(lambda c: on_export(c, "md"), [v.conv_id], [v.side.export_file], api_name="chat_export_md")
+    v.side.import_btn.upload(on_import, [v.side.import_btn], conv_targets, api_name="chat_import")
 
 
 def _wire_replies(chat: ChatService, v: ChatView) -> None:
-    sampling_inputs = v.sampling_inputs
+    sampling_inputs = v.tune.sampling_inputs
     # ---- sending and streaming ------------------------------------------------------------------
     def stream_turn(cid: str, turn: Any) -> Iterator[list[dict[str, Any]]]:
         """Chatbot values for a streaming reply; closing this generator (Stop) stops the reply."""
@@ -371,20 +411,20 @@ def _wire_replies(chat: ChatService, v: ChatView) -> None:
         chat.stop(cid)
         return _full_view(chat, cid)
 
-    send_inputs = [v.conv_id, v.box, v.editing, v.system, v.custom_url, *sampling_inputs]
-    send_outputs = [v.box, v.bot, v.editing, v.edit_hint, v.convs]
-    stream_kw: dict[str, Any] = dict(concurrency_id=STREAM_CONCURRENCY, concurrency_limit=chat.max_streams,
-                                     show_progress="hidden")
-    streams = [
-        v.box.submit(on_send, send_inputs, send_outputs, api_name="chat_send", **stream_kw),
-        v.send_btn.click(on_send, send_inputs, send_outputs, api_name=False, **stream_kw),
-        v.regen_btn.click(on_regen, [v.conv_id, v.custom_url, *sampling_inputs], [v.bot], api_name="chat_regenerate",
-                        **stream_kw),
+    send_inputs = [v.conv_id, v.thread.box, v.editing, v.tune.system, v.tune.custom_url, *sampling_inputs]
+    send_outputs = [v.thread.box, v.thread.bot, v.editing, v.thread.edit_hint, v.side.convs]
+    stream_kw = StreamEvent(concurrency_id=STREAM_CONCURRENCY, concurrency_limit=chat.max_streams,
+                            show_progress="hidden")
+    streams: list[dict[str, Any]] = [  # Gradio's `cancels` is typed as dicts; a Dependency is one
+        v.thread.box.submit(on_send, send_inputs, send_outputs, api_name="chat_send", **stream_kw),
+        v.thread.send_btn.click(on_send, send_inputs, send_outputs, api_visibility="private", **stream_kw),
+        v.thread.regen_btn.click(on_regen, [v.conv_id, v.tune.custom_url, *sampling_inputs], [v.thread.bot],
+                                 api_name="chat_regenerate", **stream_kw),
     ]
-    v.stop_btn.click(on_stop, [v.conv_id], [v.bot], cancels=streams, api_name="chat_stop", concurrency_limit=None,
-                   show_progress="hidden")
+    v.thread.stop_btn.click(on_stop, [v.conv_id], [v.thread.bot], cancels=streams, api_name="chat_stop",
+                            concurrency_limit=None, show_progress="hidden")
     # Leaving the conversation ends its live view (and, through `finally`, the reply).
-    for trigger in (v.convs.input, v.new_btn.click):
+    for trigger in (v.side.convs.input, v.side.new_btn.click):
         trigger(None, None, None, cancels=streams, queue=False)
 
     def on_edit(cid: str, is_edit: bool) -> tuple[Any, ...]:
@@ -396,12 +436,12 @@ def _wire_replies(chat: ChatService, v: ChatView) -> None:
         return text, True, "**Editing your last message** — **Send** replaces it and regenerates the answer. " \
                            "Click *Edit last message* again to cancel."
 
-    v.edit_btn.click(on_edit, [v.conv_id, v.editing], [v.box, v.editing, v.edit_hint], api_name="chat_edit")
+    v.thread.edit_btn.click(on_edit, [v.conv_id, v.editing], [v.thread.box, v.editing, v.thread.edit_hint], api_name="chat_edit")
 
 
-def _wire_settings(chat: ChatService, v: ChatView, shell: Any) -> None:
+def _wire_settings(chat: ChatService, v: ChatView, shell: Shell) -> None:
     root = Context.root_block
-    sampling_inputs = v.sampling_inputs
+    sampling_inputs = v.tune.sampling_inputs
     # ---- sampling warning, snippets, readiness --------------------------------------------------
     def on_sampling(t: float, p: float, m: float, n: float | None, sys_prompt: str, url: str) -> tuple[str, str, str]:
         sampling, sys_prompt = sampling_of(t, p, m, n), sys_prompt or ""
@@ -409,12 +449,13 @@ def _wire_settings(chat: ChatService, v: ChatView, shell: Any) -> None:
         curl, py = chat.snippets(sampling, sys_prompt, custom_url=url or None)
         return warn, curl, py
 
-    sampling_args = [*sampling_inputs, v.system, v.custom_url]
-    for comp in (*sampling_inputs, v.system, v.custom_url):
-        comp.change(on_sampling, sampling_args, [v.temp_warn, v.curl_code, v.py_code], show_progress="hidden",
-                    trigger_mode="always_last", api_name=False)
+    sampling_args = [*sampling_inputs, v.tune.system, v.tune.custom_url]
+    snippet_outputs = [v.tune.temp_warn, v.tune.curl_code, v.tune.py_code]
+    for comp in (*sampling_inputs, v.tune.system, v.tune.custom_url):
+        comp.change(on_sampling, sampling_args, snippet_outputs, show_progress="hidden", trigger_mode="always_last",
+                    api_visibility="private")
     if root is not None:
-        root.load(on_sampling, sampling_args, [v.temp_warn, v.curl_code, v.py_code], api_name=False)
+        root.load(on_sampling, sampling_args, snippet_outputs, api_visibility="private")
 
     def on_tick(url: str, last: Any) -> tuple[Any, ...]:
         ready, line = endpoint_line(chat, url)
@@ -423,13 +464,13 @@ def _wire_settings(chat: ChatService, v: ChatView, shell: Any) -> None:
         return (line, gr.Button(visible=not ready), gr.Textbox(interactive=ready), gr.Button(interactive=ready),
                 gr.Button(interactive=ready), (ready, line))
 
-    tick_outputs = [v.banner, v.engine_btn, v.box, v.send_btn, v.regen_btn, v.ready_state]
-    shell.timer.tick(on_tick, [v.custom_url, v.ready_state], tick_outputs, concurrency_id="chat-ready",
-                     concurrency_limit=None, show_progress="hidden", api_name=False)
+    t = v.thread
+    tick_outputs = [t.banner, t.engine_btn, t.box, t.send_btn, t.regen_btn, v.ready_state]
+    shell.timer.tick(on_tick, [v.tune.custom_url, v.ready_state], tick_outputs, concurrency_id="chat-ready",
+                     concurrency_limit=None, show_progress="hidden", api_visibility="private")
     # The endpoint changed (engine started, profile switched): so do the snippets.
-    v.ready_state.change(on_sampling, sampling_args, [v.temp_warn, v.curl_code, v.py_code], show_progress="hidden",
-                       api_name=False)
+    v.ready_state.change(on_sampling, sampling_args, snippet_outputs, show_progress="hidden", api_visibility="private")
     if root is not None:
-        root.load(on_tick, [v.custom_url, v.ready_state], tick_outputs, api_name=False)
-    v.engine_btn.click(lambda: gr.Tabs(selected="engine"), None, shell.tabs, api_name=False)
+        root.load(on_tick, [v.tune.custom_url, v.ready_state], tick_outputs, api_visibility="private")
+    v.thread.engine_btn.click(lambda: gr.Tabs(selected="engine"), None, shell.tabs, api_visibility="private")
 

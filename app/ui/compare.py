@@ -1,7 +1,8 @@
 """Compare tab: your own blind A/B of two profiles (docs/selftest.md, "Blind A/B").
 
 Thin: runs, journal and grading live in `state.abtest` (ABRunService) and app.backend.abtest; this tab
-shows pairs with the sides shuffled and the profile names hidden until the reveal.
+shows pairs with the sides shuffled and the profile names hidden until the reveal. Prompts come from
+the paste box, a JSONL file, or user turns picked from the chat history (`state.chat`).
 """
 
 from __future__ import annotations
@@ -12,16 +13,31 @@ from typing import Any
 
 import gradio as gr
 
-from app.backend.abtest.grading import blind_pairs, grade_from_pick, reveal, reveal_markdown
-from app.backend.abtest.journal import new_spec, parse_pasted, parse_prompts_jsonl
+from app.backend.abtest.chat_prompts import ChatHistory, history_of_service, pick_turns
+from app.backend.abtest.grading import (
+    blind_pairs,
+    grade_from_pick,
+    grade_from_scores,
+    reveal,
+    reveal_json,
+    reveal_markdown,
+)
+from app.backend.abtest.journal import Prompt, new_spec, parse_pasted, parse_prompts_jsonl
 from app.backend.selftest.runner import JobState
 from app.backend.state import AppState
 
 TITLE = "Compare"
+MODE_PICK = "Pick: left / right / tie"
+MODE_SCORE = "Score each side 0–10"
 
 
 def _runs(state: AppState) -> list[str]:
-    return state.abtest.journal.runs()
+    runs: list[str] = state.abtest.journal.runs()
+    return runs
+
+
+def _invalid(msg: str) -> str:
+    return f'<div id="ab-progress" data-state="invalid" role="alert">{html.escape(msg)}</div>'
 
 
 def progress_html(state: AppState, run_id: str | None) -> str:
@@ -36,35 +52,54 @@ def progress_html(state: AppState, run_id: str | None) -> str:
     try:
         st = state.abtest.journal.load(run_id)
     except (KeyError, ValueError) as exc:
-        return f'<div id="ab-progress" data-state="invalid" role="alert">{html.escape(str(exc))}</div>'
+        return _invalid(str(exc))
     msg = f" · {html.escape(p.message)}" if p.run_id == run_id and p.message else ""
     return (f'<div id="ab-progress" data-state="{p.state.value if p.run_id == run_id else "idle"}">run {run_id}: '
             f"{st.generated}/{st.total} answers, {len(st.grades)}/{len(st.spec.cells)} pairs graded{msg}</div>")
 
 
-def pair_view(state: AppState, run_id: str | None) -> tuple[str, str, str, str]:
-    """(heading, prompt, left, right) of the first ungraded pair."""
+def pair_view(state: AppState, run_id: str | None) -> tuple[str, str, str, str, str]:
+    """(heading, prompt, left, right, rubric) of the first ungraded pair."""
     if not run_id:
-        return "", "", "", ""
+        return "", "", "", "", ""
     try:
         st = state.abtest.journal.load(run_id)
     except (KeyError, ValueError):
-        return "", "", "", ""
+        return "", "", "", "", ""
     pairs = blind_pairs(st)
     todo = [b for b in pairs if not b.graded]
     if not todo:
         done = "All pairs graded: reveal below." if pairs else "No pair has both answers yet."
-        return f'<div id="ab-pair-head" data-left="0">{done}</div>', "", "", ""
+        return f'<div id="ab-pair-head" data-left="0">{done}</div>', "", "", "", st.rubric
     b = todo[0]
+    ctx = f" · sent after {b.context} earlier message{'s' if b.context != 1 else ''} of its chat" if b.context else ""
     head = (f'<div id="ab-pair-head" data-left="{len(todo)}" data-prompt="{b.prompt_id}" data-seed="{b.seed}">'
-            f"Pair {b.index + 1} of {len(pairs)} · {len(todo)} to grade · seed {b.seed} — which answer is better?</div>")
-    return head, b.prompt, b.left, b.right
+            f"Pair {b.index + 1} of {len(pairs)} · {len(todo)} to grade · seed {b.seed}{ctx} — which answer is better?</div>")
+    return head, b.prompt, b.left, b.right, st.rubric
+
+
+def chat_choices(history: ChatHistory | None) -> list[tuple[str, str]]:
+    if history is None:
+        return []
+    return [(f"{c.title} · {c.message_count} messages", c.id) for c in history.conversations()]
+
+
+def turn_choices(history: ChatHistory | None, conv_ids: list[str] | None) -> list[tuple[str, str]]:
+    if history is None:
+        return []
+    return [(t.label(), t.key) for cid in conv_ids or [] for t in history.turns(cid)]
+
+
+def _keep(value: list[str] | None, choices: list[tuple[str, str]]) -> list[str]:
+    known = {v for _, v in choices}
+    return [v for v in value or [] if v in known]
 
 
 def render(state: AppState, shell: Any) -> None:
     if state.abtest is None or state.engine is None:
         gr.Markdown("The A/B comparison is not available in this build.")
         return
+    history = history_of_service(state.chat) if state.chat is not None else None
     gr.Markdown("Is the faster profile's quality cost visible on **your** work? Give prompts and seeds; the panel "
                 "answers each prompt × seed on A, switches the engine, answers them on B, then shows you the pairs "
                 "**blind** (sides shuffled, names hidden). The card: only extra seeds add real information.")
@@ -77,6 +112,16 @@ def render(state: AppState, shell: Any) -> None:
     with gr.Row():
         pasted = gr.Textbox(lines=4, label="Prompts (separate with a line holding only ---)", elem_id="ab-prompts")
         upload = gr.File(label="or import JSONL ({\"prompt\": ...} per line)", file_types=[".jsonl"], elem_id="ab-jsonl")
+    with gr.Accordion("Prompts from chat history", open=False, elem_id="ab-chat-box"):
+        convs0 = chat_choices(history)
+        with gr.Row():
+            chat_convs = gr.Dropdown(convs0, value=[], multiselect=True, label="Conversations", elem_id="ab-chat-convs",
+                                     scale=4)
+            chat_refresh = gr.Button("Refresh list", elem_id="ab-chat-refresh", scale=1, min_width=120)
+        chat_turns = gr.CheckboxGroup([], value=[], label="Their user turns: tick the ones to use as prompts",
+                                      elem_id="ab-chat-turns")
+        chat_ctx = gr.Checkbox(True, label="Send each turn after its conversation so far (system prompt and earlier "
+                               "turns, the same on A and B); off = the turn alone", elem_id="ab-chat-context")
     runs = _runs(state)
     with gr.Row():
         start = gr.Button("Start A/B run", variant="primary", elem_id="ab-start")
@@ -88,83 +133,146 @@ def render(state: AppState, shell: Any) -> None:
     v = pair_view(state, runs[0] if runs else None)
     head = gr.HTML(v[0], elem_id="ab-head")
     prompt = gr.Textbox(v[1], label="Prompt", interactive=False, lines=2, elem_id="ab-prompt")
-    with gr.Row():
-        left = gr.Textbox(v[2], label="Left", interactive=False, lines=12, max_lines=30, elem_id="ab-left")
-        right = gr.Textbox(v[3], label="Right", interactive=False, lines=12, max_lines=30, elem_id="ab-right")
-    note = gr.Textbox(label="Rubric note (optional)", elem_id="ab-note")
-    with gr.Row():
+    with gr.Row(equal_height=False):
+        left = gr.Textbox(v[2], label="Left", interactive=False, lines=12, max_lines=30, elem_id="ab-left", scale=2,
+                          min_width=260)
+        right = gr.Textbox(v[3], label="Right", interactive=False, lines=12, max_lines=30, elem_id="ab-right", scale=2,
+                           min_width=260)
+        with gr.Column(scale=1, min_width=220):
+            rubric = gr.Textbox(v[4], label="Rubric (optional, for the whole run)", lines=6, elem_id="ab-rubric",
+                                placeholder="e.g. 10 = correct, complete, compiles; 5 = right idea, bugs; 0 = wrong")
+            rubric_save = gr.Button("Save rubric", size="sm", elem_id="ab-rubric-save")
+    mode = gr.Radio([MODE_PICK, MODE_SCORE], value=MODE_PICK, label="Grade by", elem_id="ab-mode")
+    note = gr.Textbox(label="Note on this pair (optional)", elem_id="ab-note")
+    with gr.Row(visible=True) as pick_row:
         b_left = gr.Button("Left is better", elem_id="ab-pick-left")
         b_tie = gr.Button("Tie", elem_id="ab-pick-tie")
         b_right = gr.Button("Right is better", elem_id="ab-pick-right")
+    with gr.Row(visible=False) as score_row:
+        s_left = gr.Slider(0, 10, value=5, step=0.5, label="Left score", elem_id="ab-score-left")
+        s_right = gr.Slider(0, 10, value=5, step=0.5, label="Right score", elem_id="ab-score-right")
+        s_save = gr.Button("Save scores", variant="primary", elem_id="ab-score-save")
     with gr.Row():
         show = gr.Button("Reveal", variant="primary", elem_id="ab-reveal-btn")
         dl = gr.DownloadButton("Export reveal (Markdown)", elem_id="ab-export")
+        dl_json = gr.DownloadButton("Export reveal (JSON)", elem_id="ab-export-json")
     revealed = gr.Markdown("", elem_id="ab-reveal")
-    quick = {"show_progress": "hidden", "concurrency_limit": None}
-    view_out = [status, head, prompt, left, right]
+    quick: dict[str, Any] = {"show_progress": "hidden", "concurrency_limit": None}
+    view_out = [status, head, prompt, left, right, rubric]
+    # after a grade: the next pair, the note cleared and the sliders back to the middle (no anchoring on
+    # the last pair's scores); the rubric box is left as typed
+    grade_out = [status, head, prompt, left, right, note, s_left, s_right]
 
-    def views(rid: str | None):
+    def views(rid: str | None) -> tuple[str, str, str, str, str, str]:
         return (progress_html(state, rid), *pair_view(state, rid))
 
-    def begin(a: str, b: str, text: str, file: str | None, sd: str, mt: float):
+    def refresh_convs(selected: list[str] | None) -> Any:
+        choices = chat_choices(history)
+        return gr.Dropdown(choices=choices, value=_keep(selected, choices))
+
+    def show_turns(conv_ids: list[str] | None, ticked: list[str] | None) -> Any:
+        choices = turn_choices(history, conv_ids)
+        return gr.CheckboxGroup(choices=choices, value=_keep(ticked, choices))
+
+    def begin(a: str, b: str, text: str, file: str | None, sd: str, mt: float, keys: list[str] | None,
+              with_ctx: bool) -> tuple[Any, ...]:
         try:
-            prompts = parse_pasted(text)
+            prompts: list[str | Prompt] = list(parse_pasted(text))
             if file:
                 prompts += parse_prompts_jsonl(Path(file).read_text(encoding="utf-8"))
+            if keys and history is not None:
+                prompts += [t.to_prompt(bool(with_ctx)) for t in pick_turns(history, list(keys))]
             seed_list = [int(s) for s in (sd or "").replace(" ", "").split(",") if s]
             spec = new_spec(a, b, prompts, seed_list, int(mt or 0))
             state.abtest.start(spec)
         except ValueError as exc:
-            msg = f'<div id="ab-progress" data-state="invalid" role="alert">{html.escape(str(exc))}</div>'
-            return gr.skip(), msg, gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return gr.skip(), _invalid(str(exc)), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         return gr.Dropdown(choices=_runs(state), value=spec.run_id), *views(spec.run_id)
 
-    def do_resume(rid: str | None):
+    def do_resume(rid: str | None) -> str:
         try:
             if rid:
                 state.abtest.resume(rid)
         except (ValueError, KeyError) as exc:
-            return f'<div id="ab-progress" data-state="invalid" role="alert">{html.escape(str(exc))}</div>'
+            return _invalid(str(exc))
         return progress_html(state, rid)
 
-    def pick(which: str, rid: str | None, text: str):
-        if rid:
-            st = state.abtest.journal.load(rid)
-            todo = [b for b in blind_pairs(st) if not b.graded]
-            if todo:
-                g = grade_from_pick(st, todo[0].prompt_id, todo[0].seed, which, text or "")
-                state.abtest.journal.append(rid, g)
-        return (*views(rid), "")
-
-    def do_reveal(rid: str | None):
+    def first_todo(rid: str | None) -> tuple[Any, Any] | None:
         if not rid:
-            return "Pick a run first.", None
+            return None
+        st = state.abtest.journal.load(rid)
+        todo = [b for b in blind_pairs(st) if not b.graded]
+        return (st, todo[0]) if todo else None
+
+    def next_pair(rid: str | None) -> tuple[Any, ...]:
+        return (progress_html(state, rid), *pair_view(state, rid)[:4], "", 5, 5)
+
+    def pick(which: str, rid: str | None, text: str) -> tuple[Any, ...]:
+        if (found := first_todo(rid)) is not None and rid:
+            st, bp = found
+            state.abtest.journal.append(rid, grade_from_pick(st, bp.prompt_id, bp.seed, which, text or ""))
+        return next_pair(rid)
+
+    def score(rid: str | None, lv: float, rv: float, text: str) -> tuple[Any, ...]:
+        if (found := first_todo(rid)) is not None and rid:
+            st, bp = found
+            try:
+                g = grade_from_scores(st, bp.prompt_id, bp.seed, float(lv), float(rv), text or "")
+            except ValueError as exc:
+                return (_invalid(str(exc)), *(gr.skip() for _ in range(7)))
+            state.abtest.journal.append(rid, g)
+        return next_pair(rid)
+
+    def save_rubric(rid: str | None, text: str) -> str:
+        if not rid:
+            return _invalid("pick a run first: the rubric belongs to a run")
+        state.abtest.journal.set_rubric(rid, text or "")
+        return progress_html(state, rid)
+
+    def do_reveal(rid: str | None) -> tuple[str, str | None, str | None]:
+        if not rid:
+            return "Pick a run first.", None, None
         try:
-            md = reveal_markdown(reveal(state.abtest.journal.load(rid)))
+            r = reveal(state.abtest.journal.load(rid))
         except ValueError as exc:
-            return f"**{exc}**", None
+            return f"**{exc}**", None, None
+        md = reveal_markdown(r)
         out = Path(state.settings.state_dir) / "exports"
         out.mkdir(parents=True, exist_ok=True)
-        path = out / f"abtest-{rid}.md"
-        path.write_text(md, encoding="utf-8")
-        return md, str(path)
+        path_md, path_json = out / f"abtest-{rid}.md", out / f"abtest-{rid}.json"
+        path_md.write_text(md, encoding="utf-8")
+        path_json.write_text(reveal_json(r), encoding="utf-8")
+        return md, str(path_md), str(path_json)
 
-    start.click(begin, [pa, pb, pasted, upload, seeds, max_tokens], [run_sel, *view_out], **quick)
+    def set_mode(m: str) -> tuple[Any, Any]:
+        return gr.Row(visible=m == MODE_PICK), gr.Row(visible=m == MODE_SCORE)
+
+    chat_refresh.click(refresh_convs, [chat_convs], [chat_convs], **quick)
+    chat_convs.change(show_turns, [chat_convs, chat_turns], [chat_turns], **quick)
+    if shell is not None and getattr(shell, "tabs", None) is not None:
+        def on_tab(selected: list[str] | None, evt: gr.SelectData) -> Any:
+            return refresh_convs(selected) if evt.value == TITLE else gr.skip()
+
+        shell.tabs.select(on_tab, [chat_convs], [chat_convs], **quick)
+    start.click(begin, [pa, pb, pasted, upload, seeds, max_tokens, chat_turns, chat_ctx], [run_sel, *view_out], **quick)
     cancel.click(lambda rid: (state.abtest.cancel(), progress_html(state, rid))[1], [run_sel], [status], **quick)
     resume.click(do_resume, [run_sel], [status], **quick)
     run_sel.change(lambda rid: (*views(rid), ""), [run_sel], [*view_out, revealed], **quick)
     for btn, which in ((b_left, "left"), (b_tie, "tie"), (b_right, "right")):
-        btn.click(lambda rid, text, w=which: pick(w, rid, text), [run_sel, note], [*view_out, note], **quick)
-    show.click(do_reveal, [run_sel], [revealed, dl], **quick)
+        btn.click(lambda rid, text, w=which: pick(w, rid, text), [run_sel, note], grade_out, **quick)
+    s_save.click(score, [run_sel, s_left, s_right, note], grade_out, **quick)
+    rubric_save.click(save_rubric, [run_sel, rubric], [status], **quick)
+    mode.change(set_mode, [mode], [pick_row, score_row], **quick)
+    show.click(do_reveal, [run_sel], [revealed, dl, dl_json], **quick)
     seen = gr.State(JobState.IDLE.value)
 
-    def tick(rid: str | None, last: str):
+    def tick(rid: str | None, last: str) -> tuple[Any, ...]:
         now = state.abtest.progress().state
         if now is JobState.RUNNING:
-            return progress_html(state, rid), gr.skip(), gr.skip(), gr.skip(), gr.skip(), now.value
+            return progress_html(state, rid), *(gr.skip() for _ in range(5)), now.value
         if last == JobState.RUNNING.value:  # just finished: the pairs are ready to grade
             return (*views(rid), now.value)
-        return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), now.value
+        return (*(gr.skip() for _ in range(6)), now.value)
 
     shell.timer.tick(tick, [run_sel, seen], [*view_out, seen], show_progress="hidden", concurrency_limit=None,
                      trigger_mode="once")

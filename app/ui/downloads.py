@@ -9,44 +9,17 @@ import html
 
 import gradio as gr
 
-from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadSnapshot, GiB
+from app.backend.download.manager import DownloadManager
+from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadSnapshot
 from app.backend.state import AppState
+from app.backend.units import duration_text, gib_text
+from app.ui.shell import QUICK, Shell
 
 TITLE = "Downloads"
 
-_STYLE = """<style>
-.moet-dl table{border-collapse:collapse;width:100%;font-size:.9rem}
-.moet-dl th,.moet-dl td{padding:6px 8px;border-bottom:1px solid var(--border-color-primary);text-align:left;vertical-align:top}
-.moet-dl td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-.moet-dl .track{position:relative;height:16px;border-radius:8px;background:var(--neutral-200,#e5e7eb);overflow:hidden;min-width:160px}
-.moet-dl .fetched{position:absolute;left:0;top:0;bottom:0;background:#93c5fd}
-.moet-dl .verified{position:absolute;left:0;top:0;bottom:0;background:#2563eb}
-.moet-dl .active .verified,.moet-dl .active .fetched{background-image:linear-gradient(45deg,rgba(255,255,255,.28) 25%,transparent 25%,transparent 50%,rgba(255,255,255,.28) 50%,rgba(255,255,255,.28) 75%,transparent 75%);background-size:20px 20px;animation:moetdl 1s linear infinite}
-.moet-dl .stalled .verified{background-color:#d97706}
-@keyframes moetdl{from{background-position:0 0}to{background-position:20px 0}}
-.moet-dl .st{font-weight:700;border-radius:6px;padding:1px 6px;font-size:.78rem}
-.moet-dl .st.done{background:#dcfce7;color:#166534}.moet-dl .st.failed{background:#fee2e2;color:#991b1b}
-.moet-dl .st.paused{background:#fef3c7;color:#92400e}.moet-dl .st.stalled{background:#fde68a;color:#78350f}
-.moet-dl .st.run{background:#dbeafe;color:#1e3a8a}.moet-dl .st.queued{background:#f1f5f9;color:#334155}
-.moet-dl .why{font-size:.8rem;color:var(--body-text-color-subdued)}
-.moet-dl .sim{display:inline-block;background:#fff4d6;color:#5c4400;border:1px solid #e8c66a;border-radius:6px;padding:0 6px;font-size:.75rem;font-weight:700}
-</style>"""
-
-
-def fmt_bytes(n: float) -> str:
-    """GiB everywhere, as the card; small amounts keep three decimals rather than reading 0.00."""
-    return f"{n / GiB:.2f} GiB" if abs(n) >= 0.1 * GiB or n == 0 else f"{n / GiB:.3f} GiB"
-
 
 def fmt_rate(bps: float) -> str:
-    return f"{fmt_bytes(bps)}/s" if bps > 0 else "—"
-
-
-def fmt_eta(s: float | None) -> str:
-    if s is None:
-        return "—"
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+    return f"{gib_text(bps)}/s" if bps > 0 else "—"
 
 
 def _badge(a: ArtifactProgress) -> str:
@@ -75,13 +48,13 @@ def _row(a: ArtifactProgress) -> str:
     limit = f'<div class="why">limit: <b>{a.binding.value}</b></div>' if a.binding and a.state.active else ""
     rates = (f'<div class="why">{fmt_rate(a.verified_bps)} verified · {fmt_rate(a.extracted_bps)} extracted</div>'
              if a.state.active else "")
-    eta = fmt_eta(a.eta_s) if a.state.active else "—"  # paused, cancelled, failed, queued: no ETA
+    eta = duration_text(a.eta_s) if a.state.active else "—"  # paused, cancelled, failed, queued: no ETA
     skipped = f" · {a.skipped_files} already complete" if a.skipped_files else ""
-    size = f"{fmt_bytes(a.verified_bytes)} / {fmt_bytes(a.total_bytes)}" if a.total_bytes else "not listed yet (Check repo)"
+    size = f"{gib_text(a.verified_bytes)} / {gib_text(a.total_bytes)}" if a.total_bytes else "not listed yet (Check repo)"
     return (f"<tr><td><b>{html.escape(a.id)}</b>{part}</td><td>{_badge(a)}{why}</td><td>{_bar(a)}</td>"
             f'<td class="num">{size}<div class="why">'
-            f"{a.parts_verified}/{a.parts_total} parts verified · {fmt_bytes(a.wire_bytes)} on the wire</div></td>"
-            f'<td class="num">{a.extracted_files} files<div class="why">{fmt_bytes(a.extracted_bytes)} written'
+            f"{a.parts_verified}/{a.parts_total} parts verified · {gib_text(a.wire_bytes)} on the wire</div></td>"
+            f'<td class="num">{a.extracted_files} files<div class="why">{gib_text(a.extracted_bytes)} written'
             f"{skipped}</div></td>"
             f'<td class="num">{rate}{rates}</td><td class="num">{eta}{limit}</td></tr>')
 
@@ -92,55 +65,47 @@ def artifacts_html(snap: DownloadSnapshot) -> str:
     limit = f'<div class="why">limit: <b>{snap.binding.value}</b></div>' if snap.binding and snap.running else ""
     rates = (f'<div class="why">{fmt_rate(snap.verified_bps)} verified · {fmt_rate(snap.extracted_bps)} extracted</div>'
              if snap.running else "")
-    rows.append(f'<tr><td><b>total</b></td><td></td><td></td><td class="num">{fmt_bytes(verified)} / {fmt_bytes(total)}</td>'
+    rows.append(f'<tr><td><b>total</b></td><td></td><td></td><td class="num">{gib_text(verified)} / {gib_text(total)}</td>'
                 f'<td class="num">{sum(a.extracted_files for a in snap.artifacts)} files<div class="why">'
-                f"{fmt_bytes(sum(a.extracted_bytes for a in snap.artifacts))} written</div></td>"
+                f"{gib_text(sum(a.extracted_bytes for a in snap.artifacts))} written</div></td>"
                 f'<td class="num">{fmt_rate(snap.rate_bps)}{rates}</td>'
-                f'<td class="num">{fmt_eta(snap.eta_s) if snap.running else "—"}{limit}</td></tr>')
-    sim = '<span class="sim">SIMULATED</span> ' if snap.simulated else ""
+                f'<td class="num">{duration_text(snap.eta_s) if snap.running else "—"}{limit}</td></tr>')
+    sim = '<span class="moet-sim-tag">SIMULATED</span> ' if snap.simulated else ""
     head = (f'<p>{sim}Source: <code>{html.escape(snap.repo)}</code>'
             f'{f" @ commit <code>{html.escape(snap.commit[:12])}</code>" if snap.commit else ""}'
             f'{" — running" if snap.running else ""}</p>')
     table = ("<table><thead><tr><th>artifact</th><th>state</th><th>progress</th><th>verified</th>"
              "<th>extracted</th><th>rate (wire)</th><th>ETA</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
-    return f'{_STYLE}<div class="moet-dl" id="moet-dl-artifacts">{head}{table}</div>'
+    return f'<div class="moet-dl" id="moet-dl-artifacts">{head}{table}</div>'
 
 
 def disk_html(snap: DownloadSnapshot) -> str:
     d = snap.disk
     if d is None:
         return ""
-    budget = f" · staging budget <b>{fmt_bytes(d.staging_budget)}</b> (adapts to free disk; used {fmt_bytes(d.staging_used)})" \
+    budget = f" · staging budget <b>{gib_text(d.staging_budget)}</b> (adapts to free disk; used {gib_text(d.staging_used)})" \
         if d.staging_budget else ""
-    peak = f" · peak staging <b>{fmt_bytes(d.staging_peak)}</b>" if d.staging_peak else ""
+    peak = f" · peak staging <b>{gib_text(d.staging_peak)}</b>" if d.staging_peak else ""
     warn = " — <b>not enough space</b>" if d.free < d.needed else ""
-    return (f'<div class="moet-dl"><p>Disk <code>{html.escape(d.path)}</code>: free <b>{fmt_bytes(d.free)}</b> · '
-            f"needed <b>{fmt_bytes(d.needed)}</b>{budget}{peak}{warn}</p></div>")
+    return (f'<div class="moet-dl"><p>Disk <code>{html.escape(d.path)}</code>: free <b>{gib_text(d.free)}</b> · '
+            f"needed <b>{gib_text(d.needed)}</b>{budget}{peak}{warn}</p></div>")
 
 
-class _View:
-    def __init__(self, state: AppState) -> None:
-        self.dl = state.downloads
-
-    def tick(self) -> tuple[str, str, str, str]:
-        snap = self.dl.snapshot()
-        ck = self.dl.ckpt_check()
-        ck_html = (f'<div class="moet-dl"><p>ckpt-id check (planescache meta.json vs recipe pin): '
-                   f'<span class="st {"done" if ck.status == "match" else "failed" if ck.status == "mismatch" else "queued"}">'
-                   f"{ck.status.replace('_', ' ')}</span> {html.escape(ck.message)}</p></div>")
-        status = f"**Error:** {snap.error}" if snap.error else (snap.message or "Idle.")
-        return artifacts_html(snap), disk_html(snap), ck_html, status
-
-    def save_token(self, token: str) -> tuple[str, str]:
-        return "", self.dl.save_token(token or "")
+def _tick(dl: DownloadManager) -> tuple[str, str, str, str]:
+    snap = dl.snapshot()
+    ck = dl.ckpt_check()
+    ck_html = (f'<div class="moet-dl"><p>ckpt-id check (planescache meta.json vs recipe pin): '
+               f'<span class="st {"done" if ck.status == "match" else "failed" if ck.status == "mismatch" else "queued"}">'
+               f"{ck.status.replace('_', ' ')}</span> {html.escape(ck.message)}</p></div>")
+    status = f"**Error:** {snap.error}" if snap.error else (snap.message or "Idle.")
+    return artifacts_html(snap), disk_html(snap), ck_html, status
 
 
-def render(state: AppState, shell) -> None:
-    if state.downloads is None:
-        gr.Markdown("Downloads are not available in this build.")
-        return
-    view = _View(state)
+def render(state: AppState, shell: Shell) -> None:
     dl = state.downloads
+    if dl is None:
+        gr.Markdown("Downloads are not available: this panel runs without a download manager.")
+        return
     gr.Markdown(f"Resumable, verified downloads of the recipe's artifacts from **{html.escape(dl.source)}**. "
                 "Every part is checked against the Hub's sha256 before extraction.")
     with gr.Row():
@@ -162,6 +127,6 @@ def render(state: AppState, shell) -> None:
     outs = [table, disk, ckpt, status]
     for btn, fn in ((start, lambda: dl.start()), (pause, dl.pause), (resume, dl.resume), (cancel, dl.cancel),
                     (refresh, dl.refresh), (clean, dl.clean)):
-        btn.click(fn, outputs=status, concurrency_limit=None, api_visibility="private").then(view.tick, outputs=outs)
-    save.click(view.save_token, inputs=token, outputs=[token, token_msg], api_visibility="private")
-    shell.timer.tick(view.tick, outputs=outs, concurrency_limit=None, show_progress="hidden", api_visibility="private")
+        btn.click(fn, outputs=status, concurrency_limit=None, api_visibility="private").then(lambda: _tick(dl), outputs=outs)
+    save.click(lambda t: ("", dl.save_token(t or "")), inputs=token, outputs=[token, token_msg], api_visibility="private")
+    shell.timer.tick(lambda: _tick(dl), outputs=outs, api_visibility="private", **QUICK)

@@ -12,22 +12,25 @@ from typing import Any
 
 import gradio as gr
 
+from app.backend.engine.controller import EngineController
+from app.backend.engine.loglines import LogFilter, StreamChoice
+from app.backend.engine.ops import Ticket
+from app.backend.engine.preflight import PreflightReport
 from app.backend.engine.types import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState
 from app.backend.recipe.command import render_shell
 from app.backend.state import AppState
+from app.ui.logs import STREAMS, log_text
+from app.ui.profile_html import profile_cards
+from app.ui.shell import QUICK, Shell
+from app.ui.theme import BAD, BUSY, GOOD, STATE_COLOURS
 
 TITLE = "Engine"
 LOG_LINES = 300
-COLORS = {
-    EngineState.READY: "#166534", EngineState.STARTING: "#92400e", EngineState.PREFLIGHT: "#92400e",
-    EngineState.STOPPING: "#92400e", EngineState.FAILED: "#b91c1c", EngineState.STOPPED: "#475569",
-    EngineState.STALLED: "#b91c1c",
-}
-MARK = {"pass": ("✔", "#166534"), "warn": ("▲", "#92400e"), "fail": ("✖", "#b91c1c")}
+MARK = {"pass": ("✔", GOOD), "warn": ("▲", BUSY), "fail": ("✖", BAD)}
 
 
 def status_html(snap: EngineSnapshot, runtime: str, busy: str) -> str:
-    color = COLORS[snap.state]
+    color = STATE_COLOURS[snap.state]
     sim = ' <span class="moet-sim-tag">SIMULATED</span>' if snap.simulated else ""
     phase = "" if snap.state is EngineState.READY or not snap.phase else f" · {escape(snap.phase)}"
     pool = ""
@@ -66,7 +69,7 @@ def diagnosis_html(d: Diagnosis | None) -> str:
             f"<p><b>Fix:</b> {escape(d.fix)}</p>" + (f"<ul>{evidence}</ul>" if evidence else "") + "</div>")
 
 
-def preflight_html(report: Any) -> str:
+def preflight_html(report: PreflightReport) -> str:
     rows = []
     for i in report.items:
         mark, color = MARK[i.status]
@@ -78,44 +81,39 @@ def preflight_html(report: Any) -> str:
             + "".join(rows) + "</table></div>")
 
 
-def _choices(state: AppState) -> list[tuple[str, str]]:
+def _choices(ctl: EngineController) -> list[tuple[str, str]]:
     out = []
-    for p in state.engine.profiles():
+    for p in ctl.profiles():
         fig = f" — {p.decode.shown} tok/s, {p.quality_label}" if p.measured and p.decode else " — not measured"
         out.append((f"#{p.number} {p.title}{fig}" if p.measured else f"{p.title} (custom){fig}", p.id))
     return out
 
 
-def _command(state: AppState, profile_id: str) -> str:
+def _command(ctl: EngineController, profile_id: str) -> str:
     try:
-        return render_shell(state.engine.run_spec(profile_id))
+        return render_shell(ctl.run_spec(profile_id))
     except (KeyError, ValueError) as exc:
         return f"# cannot build the command: {exc}"
 
 
-def _cards(state: AppState, profile_id: str) -> str:
-    from app.ui.profile_html import profile_cards
-
-    return profile_cards(state.settings.recipe, state.engine.profiles(), profile_id, {})
+def _cards(state: AppState, ctl: EngineController, profile_id: str) -> str:
+    return profile_cards(state.settings.recipe, ctl.profiles(), profile_id, {})
 
 
-def _logs(state: AppState, stream: str, needle: str) -> str:
-    lines = [ln for ln in state.engine.recent_logs(5000)
-             if (stream == "both" or ln.stream == stream) and needle.lower() in ln.text.lower()]
-    tag = stream == "both"
-    return "\n".join((f"{ln.stream[3:]} | " if tag else "") + ln.text for ln in lines[-LOG_LINES:])
+def _logs(ctl: EngineController, stream: StreamChoice, needle: str | None) -> str:
+    return log_text(ctl.recent_logs(5000), LogFilter(stream, needle or ""), LOG_LINES)
 
 
-def render(state: AppState, shell: Any) -> None:
+def render(state: AppState, shell: Shell) -> None:
     ctl = state.engine
     if ctl is None:
-        gr.Markdown("Engine control is not available in this build.")
+        gr.Markdown("Engine control is not available: this panel runs without an engine controller.")
         return
     snap = ctl.snapshot()
     initial = snap.profile_id or state.settings.recipe.recommended_profile.id
-    status = gr.HTML(status_html(snap, _runtime(state), ""), elem_id="engine-status")
+    status = gr.HTML(status_html(snap, ctl.describe_runtime(), ""), elem_id="engine-status")
     with gr.Row():
-        profile = gr.Radio(_choices(state), value=initial, label="Profile", elem_id="engine-profile")
+        profile = gr.Radio(_choices(ctl), value=initial, label="Profile", elem_id="engine-profile")
     can_start, can_switch = controls(snap)
     with gr.Row():
         start_btn = gr.Button("Start", variant="primary", elem_id="engine-start", interactive=can_start)
@@ -124,22 +122,22 @@ def render(state: AppState, shell: Any) -> None:
         pre_btn = gr.Button("Run preflight", elem_id="engine-preflight-run")
     action = gr.Markdown("", elem_id="engine-action")
     with gr.Accordion("Profile cards (the card's figures)", open=False):
-        cards = gr.HTML(_cards(state, initial), elem_id="engine-cards")
+        cards = gr.HTML(_cards(state, ctl, initial), elem_id="engine-cards")
     with gr.Accordion("Preflight checklist", open=False, elem_id="engine-preflight-box") as pre_box:
         checklist = gr.HTML("<p>Run preflight to check Docker, GPU, ECC, memory, disk, artifacts, the ckpt pin, "
                             "the image and the port.</p>", elem_id="engine-preflight")
         overrides = gr.CheckboxGroup([], label="Start anyway despite these failing items (explicit override)",
                                      elem_id="engine-overrides", visible=False)  # shown only with failing items
     with gr.Accordion("Equivalent command (what the panel runs)", open=False):
-        command = gr.Code(_command(state, initial), language="shell", elem_id="engine-command")
+        command = gr.Code(_command(ctl, initial), language="shell", elem_id="engine-command")
     gr.Markdown("**Last diagnosis**")
     diag = gr.HTML(diagnosis_html(snap.diagnosis), elem_id="engine-diagnosis-box")
     with gr.Accordion("Engine log (live tail)", open=True):
         with gr.Row():
             needle = gr.Textbox(label="Filter", placeholder="e.g. delta tier, ERROR, planes", elem_id="engine-log-filter")
-            stream = gr.Radio(["both", "stdout", "stderr"], value="both", label="Stream", elem_id="engine-log-stream")
+            stream = gr.Radio(STREAMS, value="both", label="Stream", elem_id="engine-log-stream")
             download = gr.DownloadButton("Download log", elem_id="engine-log-download")
-        logbox = gr.Textbox(_logs(state, "both", ""), lines=14, max_lines=14, label="Log", interactive=False,
+        logbox = gr.Textbox(_logs(ctl, "both", ""), lines=14, max_lines=14, label="Log", interactive=False,
                             autoscroll=True, elem_id="engine-log", elem_classes=["moet-code"])
 
     def _start(pid: str, over: list[str]) -> str:
@@ -148,7 +146,7 @@ def render(state: AppState, shell: Any) -> None:
     def _switch(pid: str, over: list[str]) -> str:
         return _ticket_text(ctl.switch(pid, tuple(over or ())))
 
-    def _preflight(pid: str, over: list[str]):
+    def _preflight(pid: str, over: list[str]) -> tuple[str, Any, Any]:
         report = ctl.preflight(pid, frozenset(over or ()))
         failing = [i.id for i in report.items if i.status == "fail"]
         # Open the checklist: a result hidden in a closed accordion looks like nothing happened.
@@ -156,27 +154,26 @@ def render(state: AppState, shell: Any) -> None:
                                                          visible=bool(failing)),
                 gr.Accordion(open=True))
 
-    def _select(pid: str):
-        return _cards(state, pid), _command(state, pid)
+    def _select(pid: str) -> tuple[str, str]:
+        return _cards(state, ctl, pid), _command(ctl, pid)
 
-    quick = {"show_progress": "hidden", "concurrency_limit": None}
-    start_btn.click(_start, [profile, overrides], [action], api_name="engine_start", **quick)
-    switch_btn.click(_switch, [profile, overrides], [action], api_name="engine_switch", **quick)
-    stop_btn.click(lambda: _ticket_text(ctl.stop()), None, [action], api_name="engine_stop", **quick)
+    start_btn.click(_start, [profile, overrides], [action], api_name="engine_start", **QUICK)
+    switch_btn.click(_switch, [profile, overrides], [action], api_name="engine_switch", **QUICK)
+    stop_btn.click(lambda: _ticket_text(ctl.stop()), None, [action], api_name="engine_stop", **QUICK)
     pre_btn.click(_preflight, [profile, overrides], [checklist, overrides, pre_box], api_name="engine_preflight")
-    profile.change(_select, [profile], [cards, command], **quick)
-    download.click(lambda s, n: str(ctl.export_logs(s, n or "")), [stream, needle], [download], **quick)
+    profile.change(_select, [profile], [cards, command], **QUICK)
+    download.click(lambda s, n: str(ctl.export_logs(LogFilter(s, n or ""))), [stream, needle], [download], **QUICK)
 
     seen = gr.State("")  # per browser tab: the view_key last drawn ('' after a reload)
 
-    def _tick(s: str, n: str, last: str):
+    def _tick(s: StreamChoice, n: str | None, last: str) -> tuple[Any, ...]:
         snap = ctl.snapshot()
         busy = ctl.busy()
         busy_text = f"{busy.action} {busy.profile_id or ''} in progress…" if busy else ""
         holder = ctl.lock_holder()
         if holder is not None and busy is None:
             busy_text = f"the engine is being changed by {holder.describe()}"
-        head = (status_html(snap, _runtime(state), busy_text), diagnosis_html(snap.diagnosis), _logs(state, s, n or ""))
+        head = (status_html(snap, ctl.describe_runtime(), busy_text), diagnosis_html(snap.diagnosis), _logs(ctl, s, n))
         key = view_key(snap)
         if key == last:
             return (*head, gr.skip(), gr.skip(), gr.skip(), gr.skip(), last)
@@ -187,14 +184,10 @@ def render(state: AppState, shell: Any) -> None:
         return (*head, radio, "", gr.Button(interactive=can_start), gr.Button(interactive=can_switch), key)
 
     shell.timer.tick(_tick, [stream, needle, seen], [status, diag, logbox, profile, action, start_btn, switch_btn, seen],
-                     show_progress="hidden", concurrency_limit=None, trigger_mode="once")
-    needle.submit(lambda s, n: _logs(state, s, n or ""), [stream, needle], [logbox], **quick)
-    stream.change(lambda s, n: _logs(state, s, n or ""), [stream, needle], [logbox], **quick)
+                     trigger_mode="once", **QUICK)
+    needle.submit(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
+    stream.change(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
 
 
-def _ticket_text(t: Any) -> str:
+def _ticket_text(t: Ticket) -> str:
     return ("✔ " if t.accepted else "✖ ") + escape(t.message)
-
-
-def _runtime(state: AppState) -> str:
-    return state.engine.describe_runtime()

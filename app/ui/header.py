@@ -5,24 +5,15 @@ the shared 1 s page timer re-renders it."""
 from __future__ import annotations
 
 import html
-from types import MappingProxyType
 from typing import Any
 
 import gradio as gr
 
 from app.backend.engine.types import EngineSnapshot, EngineState
 from app.backend.state import AppState
-
-STATE_COLOURS = MappingProxyType({
-    EngineState.READY: "#1f9d55",
-    EngineState.STARTING: "#d69e2e",
-    EngineState.PREFLIGHT: "#d69e2e",
-    EngineState.STOPPING: "#d69e2e",
-    EngineState.FAILED: "#e53e3e",
-    EngineState.STOPPED: "#718096",
-    EngineState.STALLED: "#e53e3e",
-})
-SEV_COLOURS = MappingProxyType({"critical": "#e53e3e", "warning": "#d69e2e", "info": "#3182ce"})
+from app.backend.telemetry.hub import TelemetryFrame
+from app.ui.shell import QUICK, Shell
+from app.ui.theme import BAD, GOOD, INFO, SEVERITY_COLOURS, STATE_COLOURS
 CELL = "display:flex;flex-direction:column;gap:2px;min-width:120px"
 LABEL = "font-size:11px;text-transform:uppercase;letter-spacing:.04em;opacity:.7"
 VALUE = "font-size:16px;font-weight:600;font-variant-numeric:tabular-nums"
@@ -41,14 +32,14 @@ def _profile_label(state: AppState, profile_id: str | None) -> str:
     return profile_id
 
 
-def _vram_cell(frame: Any) -> str:
+def _vram_cell(frame: TelemetryFrame | None) -> str:
     if frame is None or not frame.gpus:
         why = frame.gpu_error if frame is not None and frame.gpu_error else "sampling…"
         return (f'<div style="{CELL}" data-testid="hdr-vram"><span style="{LABEL}">VRAM</span>'
                 f'<span style="font-size:13px" data-vram="na">{_e(why)}</span></div>')
     used, total = frame.vram_used_gib or 0.0, frame.vram_total_gib or 0.0
     pct = 100.0 * used / total if total else 0.0
-    colour = "#e53e3e" if pct > 98 else "#3182ce"  # the card itself runs at 97.7%: only >98% is a warning
+    colour = BAD if pct > 98 else INFO  # the card itself runs at 97.7%: only >98% is a warning
     sim = (' <span style="background:#805ad5;color:#fff;border-radius:3px;padding:0 4px;font-size:10px">SIMULATED</span>'
            if frame.gpu_simulated else "")
     return (
@@ -60,10 +51,10 @@ def _vram_cell(frame: Any) -> str:
     )
 
 
-def header_html(state: AppState, snap: EngineSnapshot | None, frame: Any) -> str:
+def header_html(state: AppState, snap: EngineSnapshot | None, frame: TelemetryFrame | None) -> str:
     """Pure formatting (tested without a browser)."""
     snap = snap or EngineSnapshot()
-    colour = STATE_COLOURS.get(snap.state, "#718096")
+    colour = STATE_COLOURS[snap.state]
     sim = " (SIMULATED)" if snap.simulated else ""
     phase = f" · {_e(snap.phase)}" if snap.phase and snap.state is not EngineState.READY else ""
     engine = (
@@ -77,21 +68,20 @@ def header_html(state: AppState, snap: EngineSnapshot | None, frame: Any) -> str
     decode = (f'<div style="{CELL}" data-testid="hdr-decode" data-decode="{tok_s}"><span style="{LABEL}">Decode</span>'
               f'<span style="{VALUE}">{tok_s} tok/s</span></div>')
     cov = frame.coverage_pct if frame is not None else None
-    pool_note = ""
     if frame is not None and frame.trace.pool_disabled:
         cov_s, pool_note = "0", "pool absent"
+    elif frame is None or cov is None:
+        cov_s, pool_note = "—", "no trace tick yet"
     else:
-        cov_s = "—" if cov is None else f"{cov:.1f}"
-        pool_note = "routings served at FP4" if cov is not None else "no trace tick yet"
-        if cov is not None and frame.pool_idle_s is not None:
-            pool_note = "last measured (engine idle)"
+        cov_s = f"{cov:.1f}"
+        pool_note = "last measured (engine idle)" if frame.pool_idle_s is not None else "routings served at FP4"
     coverage = (f'<div style="{CELL};min-width:170px" data-testid="hdr-coverage" data-coverage="{cov_s}" '
                 f'title="Share of token→expert routings served at native FP4 (the card: ~57%)">'
                 f'<span style="{LABEL}">Pool coverage</span><span style="{VALUE}">{cov_s}%</span>'
                 f'<span style="font-size:11px;opacity:.7">{pool_note}</span></div>')
     alerts = frame.alerts if frame is not None else ()
     worst = alerts[0].severity if alerts else ""
-    a_col = SEV_COLOURS.get(worst, "#1f9d55")
+    a_col = SEVERITY_COLOURS.get(worst, GOOD)
     titles = "; ".join(a.title for a in alerts) or "no alerts"
     alert = (f'<div style="{CELL}" data-testid="hdr-alerts" data-alerts="{len(alerts)}" title="{_e(titles)}">'
              f'<span style="{LABEL}">Alerts</span><span style="{VALUE};color:{a_col}">{len(alerts)}'
@@ -107,8 +97,7 @@ def _tick(state: AppState) -> str:
     return header_html(state, snap, frame)
 
 
-def render(state: AppState, shell: Any) -> None:
+def render(state: AppState, shell: Shell) -> None:
     """Called by app.ui.app above the tabs; re-rendered on the shared page timer."""
     strip = gr.HTML(_tick(state), elem_id="moet-header")
-    shell.timer.tick(lambda: _tick(state), outputs=[strip], show_progress="hidden",
-                     concurrency_limit=None, trigger_mode="once")
+    shell.timer.tick(lambda: _tick(state), outputs=[strip], trigger_mode="once", **QUICK)

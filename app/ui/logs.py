@@ -1,25 +1,37 @@
 """Logs tab: the running engine's live log, or any saved run; filter, stream (stdout/stderr), download.
 
-Thin: lines come from `state.engine` (in-memory tail) and `state.engine.logs` (saved runs); downloads are
-files the backend writes or already keeps.
+Thin: lines come from `state.engine` (in-memory tail) and `state.engine.logs` (saved runs), filtered by
+the backend's one `LogFilter`; downloads are files the backend writes or already keeps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import gradio as gr
 
-from app.backend.engine.loglines import is_panel_probe
+from app.backend.engine.controller import EngineController
+from app.backend.engine.loglines import LogFilter, StreamChoice
+from app.backend.engine.types import LogLine
 from app.backend.state import AppState
+from app.ui.shell import QUICK, Shell
 
 TITLE = "Logs"
 LIVE = "live: current engine"
 SHOW = 1000
+STREAMS: list[StreamChoice] = ["both", "stdout", "stderr"]
 
 
-def _sources(state: AppState) -> list[str]:
-    return [LIVE] + state.engine.logs.runs()
+def log_text(lines: Iterable[LogLine], view: LogFilter, show: int) -> str:
+    """The last `show` lines the view keeps, each tagged with its stream (out/err) when both are shown."""
+    kept = view.apply(lines)[-show:]
+    tag = view.stream == "both"
+    return "\n".join((f"{ln.stream[3:]} | " if tag else "") + ln.text for ln in kept)
+
+
+def _sources(ctl: EngineController) -> list[str]:
+    return [LIVE] + ctl.logs.runs()
 
 
 # Follow live = pinned to the newest line until the user scrolls up (then left where they are, until they scroll
@@ -38,35 +50,32 @@ FOLLOW_JS = """(follow) => {
 }"""
 
 
-def _lines(state: AppState, source: str, stream: str, needle: str, probes: bool = False) -> str:
-    streams = ("stdout", "stderr") if stream == "both" else (stream,)
+def _lines(ctl: EngineController, source: str, view: LogFilter) -> str:
     if source == LIVE:
-        lines = [ln for ln in state.engine.recent_logs(100000) if ln.stream in streams]
+        lines = ctl.recent_logs(100000)
     else:
-        lines = state.engine.logs.read_run(source, streams)
-    needle = (needle or "").lower()
-    keep = [ln for ln in lines if needle in ln.text.lower() and (probes or not is_panel_probe(ln.text))]
-    tag = stream == "both"
-    text = "\n".join((f"{ln.stream[3:]} | " if tag else "") + ln.text for ln in keep[-SHOW:])
-    return text or "(no lines" + (f" matching {needle!r})" if needle else ")")
+        lines = ctl.logs.read_run(source, ("stdout", "stderr") if view.stream == "both" else (view.stream,))
+    text = log_text(lines, view, SHOW)
+    return text or "(no lines" + (f" matching {view.needle!r})" if view.needle else ")")
 
 
-def _download(state: AppState, source: str, stream: str, needle: str) -> str | None:
+def _download(ctl: EngineController, source: str, view: LogFilter) -> str | None:
     if source == LIVE:
-        return str(state.engine.export_logs(stream, needle or ""))
-    path = state.engine.logs.run_path(source, "stderr" if stream == "stderr" else "stdout")
+        return str(ctl.export_logs(view))
+    path = ctl.logs.run_path(source, "stderr" if view.stream == "stderr" else "stdout")
     return str(path) if path else None
 
 
-def render(state: AppState, shell: Any) -> None:
-    if state.engine is None:
-        gr.Markdown("Engine logs are not available in this build.")
+def render(state: AppState, shell: Shell) -> None:
+    ctl = state.engine
+    if ctl is None:
+        gr.Markdown("Engine logs are not available: this panel runs without an engine controller.")
         return
     gr.Markdown("Engine output, stdout and stderr kept apart. Saved runs live in the data dir "
                 "(`.moet-panel/engine-logs/`, 20 MiB per file, last 10 runs).")
     with gr.Row():
-        source = gr.Dropdown(_sources(state), value=LIVE, label="Run", elem_id="logs-source")
-        stream = gr.Radio(["both", "stdout", "stderr"], value="both", label="Stream", elem_id="logs-stream")
+        source = gr.Dropdown(_sources(ctl), value=LIVE, label="Run", elem_id="logs-source")
+        stream = gr.Radio(STREAMS, value="both", label="Stream", elem_id="logs-stream")
         needle = gr.Textbox(label="Filter", placeholder="text to keep, e.g. ERROR or delta tier", elem_id="logs-filter")
     with gr.Row():
         refresh = gr.Button("Refresh run list", elem_id="logs-refresh")
@@ -74,20 +83,23 @@ def render(state: AppState, shell: Any) -> None:
         probes = gr.Checkbox(False, label="Show the panel's own probes (/metrics, /health, /v1/models)",
                              elem_id="logs-probes")
         download = gr.DownloadButton("Download", elem_id="logs-download")
-    box = gr.Textbox(_lines(state, LIVE, "both", ""), lines=24, max_lines=24, label="Log", interactive=False,
+    box = gr.Textbox(_lines(ctl, LIVE, LogFilter()), lines=24, max_lines=24, label="Log", interactive=False,
                      autoscroll=True, elem_id="logs-text", elem_classes=["moet-code"])
-    quick = {"show_progress": "hidden", "concurrency_limit": None}
     inputs = [source, stream, needle, probes]
+
+    def show(src: str, st: StreamChoice, text: str | None, pr: bool) -> str:
+        return _lines(ctl, src, LogFilter(st, text or "", pr))
+
     for ev in (source.change, stream.change, needle.submit, probes.change):
-        ev(lambda s, st, n, pr: _lines(state, s, st, n, pr), inputs, [box], **quick)
+        ev(show, inputs, [box], **QUICK)
     box.change(None, [follow], None, js=FOLLOW_JS)
-    refresh.click(lambda: gr.Dropdown(choices=_sources(state)), None, [source], **quick)
-    download.click(lambda s, st, n, _pr: _download(state, s, st, n), inputs, [download], **quick)
+    refresh.click(lambda: gr.Dropdown(choices=_sources(ctl)), None, [source], **QUICK)
+    download.click(lambda src, st, text, pr: _download(ctl, src, LogFilter(st, text or "", pr)), inputs, [download],
+                   **QUICK)
 
-    def tick(s: str, st: str, n: str, pr: bool, on: bool):
-        if not on or s != LIVE:
+    def tick(src: str, st: StreamChoice, text: str | None, pr: bool, on: bool) -> Any:
+        if not on or src != LIVE:
             return gr.skip()
-        return _lines(state, s, st, n, pr)
+        return show(src, st, text, pr)
 
-    shell.timer.tick(tick, inputs + [follow], [box], show_progress="hidden", concurrency_limit=None,
-                     trigger_mode="once")
+    shell.timer.tick(tick, inputs + [follow], [box], trigger_mode="once", **QUICK)

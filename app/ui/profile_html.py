@@ -7,10 +7,12 @@ screen readers (role="img" + a text description), and nothing extra to install o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from html import escape
 
 from app.backend.recipe.command import NO_REASON, ExplainedLine
 from app.backend.recipe.schema import Finding, ProfileSpec, Recipe, StudyTable, cell_text
+from app.backend.selftest.report import Standing
 
 
 def _fmt(v: float) -> str:
@@ -33,7 +35,20 @@ def figures(p: ProfileSpec) -> dict[str, str]:
     return {"decode": decode, "quality": quality, "delta": delta_text(p)}
 
 
-def profile_cards(recipe: Recipe, profiles: list[ProfileSpec], selected: str, findings: dict[str, list[Finding]]) -> str:
+def selftest_line(pid: str, st: Standing | None) -> str:
+    """This box's latest self-test under a card's figures (docs/selftest.md): the card line, or that it never ran;
+    when the engine image or the profile's command changed since, says so."""
+    if st is None:
+        return (f'<div class="moet-selftest" data-selftest="{escape(pid)}" data-state="none">'
+                "this box: not self-tested yet</div>")
+    stale = (f'<br><b class="st-stale">{escape(st.stale)}: run it again</b>' if st.stale else "")
+    return (f'<div class="moet-selftest" data-selftest="{escape(pid)}" data-state="{"stale" if st.stale else "current"}">'
+            f'<span class="moet-selftest-line">{escape(st.line)}</span> — {escape(st.verdict)}{stale}</div>')
+
+
+def profile_cards(recipe: Recipe, profiles: list[ProfileSpec], selected: str, findings: dict[str, list[Finding]],
+                  standings: Mapping[str, Standing | None] | None = None) -> str:
+    """`standings`: this box's self-test per profile id, shown under the card's figures (omitted: not shown)."""
     sim = ' <span class="moet-sim-tag">SIMULATED</span>' if recipe.simulated else ""
     cards = []
     for p in profiles:
@@ -64,7 +79,9 @@ def profile_cards(recipe: Recipe, profiles: list[ProfileSpec], selected: str, fi
             f'<dt>decode</dt><dd data-fig="decode"{value_cls}>{escape(f["decode"])}</dd>'
             f'<dt>quality</dt><dd data-fig="quality"{value_cls}>{escape(f["quality"])}</dd>'
             f'<dt>Δ vs #1</dt><dd data-fig="delta"{value_cls}>{escape(f["delta"])}</dd>'
-            f"</dl><ul>{notes}</ul></article>"
+            f"</dl>"
+            + (selftest_line(p.id, standings.get(p.id)) if standings is not None else "")
+            + f"<ul>{notes}</ul></article>"
         )
     return f'<div class="moet-cards" id="profile-cards">{"".join(cards)}</div>'
 
@@ -104,8 +121,10 @@ def speed_quality_chart(recipe: Recipe, profiles: list[ProfileSpec], selected: s
                      f'<text x="{ml - 7}" y="{sy(t) + 4:.1f}" text-anchor="end" font-size="11" fill="#475569">{t:+d}</text>')
     parts.append(f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{h - mb}" stroke="#64748b"/>'
                  f'<line x1="{ml}" y1="{h - mb}" x2="{w - mr}" y2="{h - mb}" stroke="#64748b"/>')
-    parts.append(f'<text x="{(ml + w - mr) / 2}" y="{h - 8}" text-anchor="middle" font-size="12" fill="#334155">decode tok/s (single stream, 256K context)</text>'
-                 f'<text transform="translate(14 {(mt + h - mb) / 2}) rotate(-90)" text-anchor="middle" font-size="12" fill="#334155">quality Δ vs profile 1 (/30, 90% CI)</text>')
+    parts.append(f'<text x="{(ml + w - mr) / 2}" y="{h - 8}" text-anchor="middle" font-size="12" fill="#334155">'
+                 "decode tok/s (single stream, 256K context)</text>"
+                 f'<text transform="translate(14 {(mt + h - mb) / 2}) rotate(-90)" text-anchor="middle" font-size="12" '
+                 'fill="#334155">quality Δ vs profile 1 (/30, 90% CI)</text>')
     front = _frontier([(x, y) for _, x, y in pts])
     if len(front) > 1:
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in front)
@@ -113,13 +132,15 @@ def speed_quality_chart(recipe: Recipe, profiles: list[ProfileSpec], selected: s
     for p, x, y in pts:
         if p.delta_vs_1:
             lo, hi = p.delta_vs_1.ci90
-            parts.append(f'<line x1="{sx(x):.1f}" y1="{sy(lo):.1f}" x2="{sx(x):.1f}" y2="{sy(hi):.1f}" stroke="#334155" stroke-width="1.5"/>'
+            parts.append(f'<line x1="{sx(x):.1f}" y1="{sy(lo):.1f}" x2="{sx(x):.1f}" y2="{sy(hi):.1f}" stroke="#334155" '
+                         'stroke-width="1.5"/>'
                          f'<line x1="{sx(x) - 5:.1f}" y1="{sy(lo):.1f}" x2="{sx(x) + 5:.1f}" y2="{sy(lo):.1f}" stroke="#334155"/>'
                          f'<line x1="{sx(x) - 5:.1f}" y1="{sy(hi):.1f}" x2="{sx(x) + 5:.1f}" y2="{sy(hi):.1f}" stroke="#334155"/>')
         sel = p.id == selected
         fill = "#0f766e" if sel else "#ffffff"
         parts.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="{7 if sel else 5}" fill="{fill}" stroke="#0f766e" stroke-width="2"/>'
-                     f'<text x="{sx(x) + 9:.1f}" y="{sy(y) - 8:.1f}" font-size="12" font-weight="{700 if sel else 400}" fill="#0f172a">#{p.number} {escape(p.title)}</text>')
+                     f'<text x="{sx(x) + 9:.1f}" y="{sy(y) - 8:.1f}" font-size="12" font-weight="{700 if sel else 400}" '
+                     f'fill="#0f172a">#{p.number} {escape(p.title)}</text>')
     desc = "; ".join(f"profile {p.number} {p.title}: {shown[p.id]} tok/s, Δ {y:+.2f}" for p, x, y in pts)
     label = f"Speed versus quality of the measured profiles. {desc}."
     customs = [p for p in profiles if not p.measured]

@@ -4,14 +4,16 @@ the studies behind the numbers, and the custom-profile editor (clone → edit kn
 from __future__ import annotations
 
 from html import escape
-from typing import Any
+from typing import Any, Literal
 
 import gradio as gr
 
 from app.backend import custom_profiles as cp
 from app.backend.profiles import all_profiles
-from app.backend.recipe.command import CommandError, build_run_spec, explain_lines, render_shell
+from app.backend.recipe.command import CommandError, explain_lines, render_shell
 from app.backend.recipe.schema import ProfileSpec
+from app.backend.selftest.report import Standing
+from app.backend.selftest.runner import JobState
 from app.backend.state import AppState
 from app.ui.profile_html import (
     card_facts,
@@ -45,12 +47,56 @@ class _View:
 
     def command(self, pid: str, plain: bool) -> tuple[str, str]:
         """The copyable shell text and the same lines beside the card's reason for each."""
-        try:
-            spec = build_run_spec(self.recipe, pid, str(self.state.settings.data_dir), plain=plain, profiles=self.profiles())
+        engine = self.state.engine
+        if engine is None:
+            return "# engine control is not available in this build: no command to show", ""
+        try:  # the engine's own spec: exactly what Start runs (panel settings included)
+            spec = engine.run_spec(pid, plain=plain)
         except (KeyError, CommandError) as exc:
             return f"# cannot build the command: {exc}", ""
         head = "# SIMULATED engine image (demo mode)\n" if self.recipe.simulated else ""
         return head + render_shell(spec), explained_command(explain_lines(self.recipe, spec))
+
+    def standings(self, profiles: list[ProfileSpec]) -> dict[str, Standing | None] | None:
+        """This box's latest self-test of each profile (None: no self-test service in this build)."""
+        svc = self.state.selftest
+        return {q.id: svc.standing(q.id) for q in profiles} if svc is not None else None
+
+    def cards(self, pid: str) -> str:
+        profiles = self.profiles()
+        findings = {q.id: cp.findings_for(self.recipe, q) for q in profiles}
+        return profile_cards(self.recipe, profiles, self._find(pid).id, findings, self.standings(profiles))
+
+    def selftest_label(self, pid: str) -> tuple[str, Literal["primary", "secondary"]]:
+        """'Run it again' for the selected profile; the primary action when its stored result is stale."""
+        svc = self.state.selftest
+        p = self._find(pid)
+        st = svc.standing(p.id) if svc is not None else None
+        if st is None:
+            return f"Self-test {p.title} on this box", "secondary"
+        if st.stale:
+            return f"Run the self-test of {p.title} again: its setup changed", "primary"
+        return f"Run the self-test of {p.title} again", "secondary"
+
+    def selftest_button(self, pid: str) -> Any:
+        label, variant = self.selftest_label(pid)
+        return gr.Button(label, variant=variant)
+
+    def run_selftest(self, pid: str) -> tuple[Any, str]:
+        """Start the self-test of this profile (the same plan as its last result) and go to the Self-test tab.
+        It runs on the engine as it is: refused, with what to do first, unless the engine serves this profile
+        (the self-test never starts, switches or restarts it)."""
+        svc = self.state.selftest
+        if svc is None:
+            return gr.skip(), "The self-test is not available in this build."
+        p = self._find(pid)
+        plan = svc.rerun_plan(p.id)
+        prog = svc.start(plan)
+        if prog.state is JobState.RUNNING:
+            return (gr.Tabs(selected="selftest"),
+                    f"Self-test of **{escape(p.title)}** started ({plan.runs} decode run(s) of {plan.decode_tokens} tokens, "
+                    f"about {svc.estimate_s(plan) / 60:.1f} min): follow it on the Self-test tab.")
+        return gr.skip(), f"⚠️ {escape(prog.message)}"
 
     def select(self, pid: str, plain: bool) -> tuple[str, str, str, str, str]:
         profiles = self.profiles()
@@ -58,7 +104,7 @@ class _View:
         findings = {q.id: cp.findings_for(self.recipe, q) for q in profiles}
         text, why = self.command(p.id, plain)
         return (
-            profile_cards(self.recipe, profiles, p.id, findings),
+            self.cards(p.id),
             speed_quality_chart(self.recipe, profiles, p.id),
             text,
             findings_list(findings[p.id], f"{p.title}", cp.expert_risks(p)),
@@ -123,6 +169,10 @@ def render(state: AppState, shell: Any) -> None:
         gr.Markdown("⚠️ " + "  \n".join(report.problems), elem_id="custom-profile-problems")
     selector = gr.Radio(_choices(profiles), value=rec, label="Profile", elem_id="profile-select")
     cards = gr.HTML(cards0, elem_id="profile-cards-html")
+    with gr.Row(elem_id="profile-selftest-row"):
+        label0, variant0 = view.selftest_label(rec)
+        st_btn = gr.Button(label0, variant=variant0, elem_id="profile-selftest-run", size="sm", scale=0, min_width=280)
+        st_msg = gr.Markdown("", elem_id="profile-selftest-msg")
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=300):
             chart = gr.HTML(chart0, elem_id="profile-chart")
@@ -176,8 +226,21 @@ def render(state: AppState, shell: Any) -> None:
         status = gr.Markdown("", elem_id="custom-status")
 
     knobs = [policy, hyst, promote, pool, gate, mml, eager, spec, extra, seqs, expert]
-    show = dict(fn=view.select, inputs=[selector, plain], outputs=[cards, chart, command, findings, why], show_progress="hidden")
+    show: dict[str, Any] = dict(fn=view.select, inputs=[selector, plain], outputs=[cards, chart, command, findings, why],
+                                show_progress="hidden")
     selector.change(**show)
+    # this box's self-test beside the card's figures: the button follows the selection; the cards are
+    # redrawn when the tab is opened again (a self-test may have finished meanwhile)
+    selector.change(view.selftest_button, inputs=[selector], outputs=[st_btn], show_progress="hidden")
+    if getattr(shell, "tabs", None) is not None:
+        st_btn.click(view.run_selftest, inputs=[selector], outputs=[shell.tabs, st_msg], show_progress="hidden")
+
+        def on_tab(pid: str, evt: gr.SelectData) -> tuple[Any, Any]:
+            if evt.value != TITLE:
+                return gr.skip(), gr.skip()
+            return view.cards(pid), view.selftest_button(pid)
+
+        shell.tabs.select(on_tab, inputs=[selector], outputs=[cards, st_btn], show_progress="hidden")
     plain.change(**show)
     base.change(view.load_form, inputs=[base], outputs=knobs, show_progress="hidden")
     check_btn.click(view.check, inputs=[base, name, *knobs], outputs=[custom_findings, status])

@@ -12,10 +12,10 @@ from typing import Any
 import gradio as gr
 
 from app.backend.selftest.needle import parse_lengths
-from app.backend.selftest.report import card_line, to_markdown, verdict
+from app.backend.selftest.report import to_markdown
 from app.backend.selftest.runner import JobState
+from app.backend.selftest.store import export_file
 from app.backend.selftest.types import SelfTestPlan
-from app.backend.selftest.store import export_file, stale_reason
 from app.backend.state import AppState
 
 TITLE = "Self-test"
@@ -27,18 +27,16 @@ def _profile_ids(state: AppState) -> list[str]:
 
 def figures_html(state: AppState) -> str:
     """One row per profile: the card's decode figure beside this box's latest self-test."""
-    svc = state.selftest
     rows = []
     for p in state.engine.profiles():
-        r = svc.store.latest(p.id)
+        st = state.selftest.standing(p.id)
         card = f"{p.decode.value:g} tok/s" if p.decode is not None else "—"
-        if r is None:
+        if st is None:
             box, note = "not measured yet", ""
         else:
-            box = html.escape(card_line(r))
-            stale = stale_reason(r, *svc.identity(p.id))
-            note = html.escape(verdict(r)) + (f' <b class="st-stale">— {html.escape(stale)}: run it again</b>'
-                                              if stale else "")
+            box = html.escape(st.line)
+            note = html.escape(st.verdict) + (f' <b class="st-stale">— {html.escape(st.stale)}: run it again</b>'
+                                              if st.stale else "")
         rows.append(f'<tr data-profile="{html.escape(p.id)}"><td>{p.number} · {html.escape(p.title)}</td>'
                     f"<td>{card}</td><td>{box}</td><td>{note}</td></tr>")
     return ('<table class="moet-table" id="st-figures-table"><thead><tr><th>profile</th><th>card decode</th>'
@@ -105,7 +103,7 @@ def render(state: AppState, shell: Any) -> None:
         dl_md = gr.DownloadButton("Export Markdown", md0, elem_id="st-export-md")
         dl_json = gr.DownloadButton("Export JSON", json0, elem_id="st-export-json")
     result = gr.Markdown(result_md(state, profile.value), elem_id="st-result")
-    quick = {"show_progress": "hidden", "concurrency_limit": None}
+    quick: dict[str, Any] = {"show_progress": "hidden", "concurrency_limit": None}
 
     def start(pid: str, n: float, t: float, nd: str) -> str:
         try:
@@ -122,13 +120,17 @@ def render(state: AppState, shell: Any) -> None:
                    [status, result, dl_md, dl_json], **quick)
     seen = gr.State(JobState.IDLE.value)  # per browser session: the job state its page last drew
 
-    def tick(pid: str, n: float, t: float, nd: str, last: str):
-        now = state.selftest.progress().state
+    def tick(pid: str, n: float, t: float, nd: str, last: str) -> tuple[Any, ...]:
+        p = state.selftest.progress()
+        now = p.state
+        # a run started elsewhere (the Profiles card's "run it again", the CLI) for another profile: follow it
+        follow = gr.Dropdown(value=p.profile_id) if now is JobState.RUNNING and p.profile_id in ids and p.profile_id != pid \
+            else gr.skip()
         finished = last == JobState.RUNNING.value and now is not JobState.RUNNING
         if not finished:
-            return status_html(state, pid, n, t, nd), gr.skip(), gr.skip(), gr.skip(), gr.skip(), now.value
-        return (status_html(state, pid, n, t, nd), figures_html(state), result_md(state, pid),
+            return status_html(state, pid, n, t, nd), follow, gr.skip(), gr.skip(), gr.skip(), gr.skip(), now.value
+        return (status_html(state, pid, n, t, nd), follow, figures_html(state), result_md(state, pid),
                 *exports(state, pid), now.value)
 
-    shell.timer.tick(tick, inputs + [seen], [status, figures, result, dl_md, dl_json, seen], show_progress="hidden",
-                     concurrency_limit=None, trigger_mode="once")
+    shell.timer.tick(tick, inputs + [seen], [status, profile, figures, result, dl_md, dl_json, seen],
+                     show_progress="hidden", concurrency_limit=None, trigger_mode="once")

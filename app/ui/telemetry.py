@@ -5,7 +5,6 @@ Only reads `state.telemetry` caches; the shared page timer drives it."""
 from __future__ import annotations
 
 import html
-from types import MappingProxyType
 import time
 from typing import Any
 
@@ -13,11 +12,15 @@ import gradio as gr
 import pandas as pd
 
 from app.backend.state import AppState
-from app.backend.telemetry.plotdata import PLOTS, PLOTS_PER_ROW, WINDOWS, rows, thin
+from app.backend.telemetry.alerts import Alert
+from app.backend.telemetry.hub import TelemetryFrame, TelemetryHub
+from app.backend.telemetry.plotdata import PLOTS, PLOTS_PER_ROW, WINDOWS, PlotSpec, rows, thin
+from app.backend.telemetry.timeline import TimelinePoint
+from app.backend.units import GiB
+from app.ui.shell import QUICK, Shell
+from app.ui.theme import SEVERITY_COLOURS
 
 TITLE = "Telemetry"
-GIB = 2**30
-SEV = MappingProxyType({"critical": "#e53e3e", "warning": "#d69e2e", "info": "#3182ce"})
 
 
 def _e(x: Any) -> str:
@@ -28,23 +31,27 @@ def _n(v: Any, fmt: str = "{:.1f}", unit: str = "") -> str:
     return "N/A" if v is None else fmt.format(v) + unit
 
 
-def _frame(pts: list, spec: Any) -> pd.DataFrame:
+def _mib_s(bytes_per_s: float | None) -> str:
+    return _n(None if bytes_per_s is None else bytes_per_s / 2**20)
+
+
+def _frame(pts: list[TimelinePoint], spec: PlotSpec) -> pd.DataFrame:
     df = pd.DataFrame(rows(pts, spec, now=time.time()), columns=["time", "series", "value", "profile"])
     df["time"] = pd.to_datetime(df["time"].astype(float), unit="s")
     df["value"] = df["value"].astype(float)  # never let an odd frame turn the y axis nominal
     return df
 
 
-def frames(state: AppState, window: str) -> list[pd.DataFrame]:
-    pts = thin(state.telemetry.series(WINDOWS.get(window, 900)))
+def frames(hub: TelemetryHub, window: str) -> list[pd.DataFrame]:
+    pts = thin(hub.series(WINDOWS.get(window, 900)))
     return [_frame(pts, spec) for spec in PLOTS]
 
 
-def alerts_html(alerts: tuple) -> str:
+def alerts_html(alerts: tuple[Alert, ...]) -> str:
     if not alerts:
         return '<div id="telemetry-alerts" data-alerts="0">No alerts.</div>'
     items = "".join(
-        f'<li data-alert="{_e(a.id)}" style="margin-bottom:8px"><b style="color:{SEV[a.severity]}">'
+        f'<li data-alert="{_e(a.id)}" style="margin-bottom:8px"><b style="color:{SEVERITY_COLOURS[a.severity]}">'
         f"[{_e(a.severity)}] {_e(a.title)}</b><br><span><b>What it means:</b> {_e(a.meaning)}</span><br>"
         f"<span><b>What to do:</b> {_e(a.action)}</span>"
         + (f'<br><code style="font-size:11px">{_e(a.evidence)}</code>' if a.evidence else "") + "</li>"
@@ -53,22 +60,23 @@ def alerts_html(alerts: tuple) -> str:
     return f'<div id="telemetry-alerts" data-alerts="{len(alerts)}"><ul style="padding-left:18px">{items}</ul></div>'
 
 
-def details_html(frame: Any) -> str:
+def details_html(frame: TelemetryFrame) -> str:
     parts = []
     if not frame.gpus:
         parts.append(f"<b>GPU:</b> {_e(frame.gpu_error or 'sampling…')}")
     for g in frame.gpus:
         sim = " <b>SIMULATED</b>" if g.simulated and "SIMULATED" not in g.name else ""
         procs = ", ".join(
-            f"{p.pid} {_e(p.name or '?')} {_n(p.used_bytes / GIB if p.used_bytes is not None else None, '{:.1f}', ' GiB')}"
+            f"{p.pid} {_e(p.name or '?')} {_n(p.used_bytes / GiB if p.used_bytes is not None else None, '{:.1f}', ' GiB')}"
             + (f" [{_e(p.container)}]" if p.container else "") for p in g.processes) or "none"
         parts.append(
-            f"<b>GPU {g.index}: {_e(g.name)}</b>{sim} — VRAM used {g.memory_used / GIB:.2f} + reserved "
-            f"{g.memory_reserved / GIB:.2f} of {g.memory_total / GIB:.1f} GiB · util {_n(g.util_gpu, '{:.0f}', '%')} · "
+            f"<b>GPU {g.index}: {_e(g.name)}</b>{sim} — VRAM used {g.memory_used / GiB:.2f} + reserved "
+            f"{g.memory_reserved / GiB:.2f} of {g.memory_total / GiB:.1f} GiB · util {_n(g.util_gpu, '{:.0f}', '%')} · "
             f"power {_n(g.power_w, '{:.0f}')}/{_n(g.power_limit_w, '{:.0f}', ' W')} · {_n(g.temperature_c, '{:.0f}', ' °C')} · "
             f"SM {_n(g.sm_clock_mhz, '{}')} / mem {_n(g.mem_clock_mhz, '{}', ' MHz')} · throttle "
             f"{_e(', '.join(g.throttle_reasons) or 'none')} · PCIe tx/rx {_n(g.pcie_tx_kbs, '{:.0f}')}/"
-            f"{_n(g.pcie_rx_kbs, '{:.0f}', ' KB/s')} · ECC {'N/A' if g.ecc_current is None else ('on' if g.ecc_current else 'off')}<br>processes: {procs}"
+            f"{_n(g.pcie_rx_kbs, '{:.0f}', ' KB/s')} · ECC {'N/A' if g.ecc_current is None else ('on' if g.ecc_current else 'off')}"
+            f"<br>processes: {procs}"
         )
     t = frame.trace
     p = t.primary
@@ -98,15 +106,16 @@ def details_html(frame: Any) -> str:
     if h is not None:
         parts.append(
             f"<b>Host</b>: CPU {_n(h.cpu_pct, '{:.0f}', '%')} · RAM {_n(h.ram_used_pct, '{:.0f}', '%')} of "
-            f"{h.ram_total / GIB:.0f} GiB · swap {h.swap_used / GIB:.1f}/{h.swap_total / GIB:.1f} GiB · data-dir disk free "
-            f"{_n(h.disk_free / GIB if h.disk_free is not None else None, '{:.0f}', ' GiB')} · disk r/w "
-            f"{_n(h.disk_read_bps and h.disk_read_bps / 2**20, '{:.1f}')}/{_n(h.disk_write_bps and h.disk_write_bps / 2**20, '{:.1f}', ' MiB/s')}"
-            f" · net rx/tx {_n(h.net_rx_bps and h.net_rx_bps / 2**20, '{:.1f}')}/{_n(h.net_tx_bps and h.net_tx_bps / 2**20, '{:.1f}', ' MiB/s')}")
+            f"{h.ram_total / GiB:.0f} GiB · swap {h.swap_used / GiB:.1f}/{h.swap_total / GiB:.1f} GiB · data-dir disk free "
+            f"{_n(h.disk_free / GiB if h.disk_free is not None else None, '{:.0f}', ' GiB')} · disk r/w "
+            f"{_mib_s(h.disk_read_bps)}/{_mib_s(h.disk_write_bps)} MiB/s"
+            f" · net rx/tx {_mib_s(h.net_rx_bps)}/{_mib_s(h.net_tx_bps)} MiB/s")
     return '<div id="telemetry-details" style="font-size:13px;line-height:1.6">' + "<br>".join(parts) + "</div>"
 
 
-def render(state: AppState, shell: Any) -> None:
-    if state.telemetry is None:
+def render(state: AppState, shell: Shell) -> None:
+    hub = state.telemetry
+    if hub is None:
         gr.Markdown("Telemetry is not running.")
         return
     with gr.Row():
@@ -119,17 +128,17 @@ def render(state: AppState, shell: Any) -> None:
             for spec in PLOTS[start:start + PLOTS_PER_ROW]:
                 plots.append(_plot(spec))
 
-    def tick(win: str):
-        f = state.telemetry.latest()
-        return [alerts_html(f.alerts), details_html(f), *frames(state, win)]
+    def tick(win: str) -> list[Any]:
+        f = hub.latest()
+        return [alerts_html(f.alerts), details_html(f), *frames(hub, win)]
 
     outs = [alerts, details, *plots]
     # Six re-drawn plots a second are not free (server DataFrames, browser Vega renders): this tab has
     # its own timer, running only while the tab is selected. The header uses the shared page timer.
     live = gr.Timer(1.0, active=False)
-    live.tick(tick, inputs=[window], outputs=outs, show_progress="hidden", concurrency_limit=None, trigger_mode="once")
+    live.tick(tick, inputs=[window], outputs=outs, trigger_mode="once", **QUICK)
     window.change(tick, inputs=[window], outputs=outs, show_progress="hidden")
-    if getattr(shell, "tabs", None) is not None:
+    if shell.tabs is not None:
         shell.tabs.select(_on_tab, outputs=[live], show_progress="hidden")
     else:  # no tab container (tests / embedding): always live
         live.active = True
@@ -143,11 +152,11 @@ PALETTE = ("#3182ce", "#dd6b20", "#38a169", "#805ad5")
 PALETTE_NAMES = ("blue", "orange", "green", "purple")
 
 
-def _colours(spec) -> dict[str, str]:
+def _colours(spec: PlotSpec) -> dict[str, str]:
     return {label: PALETTE[i % len(PALETTE)] for i, (_, label) in enumerate(spec.series)}
 
 
-def _label(spec) -> str:
+def _label(spec: PlotSpec) -> str:
     """Title, unit and — with more than one series — which colour is which (Vega's legend does not fit
     a chart this narrow)."""
     if len(spec.series) == 1:
@@ -156,7 +165,7 @@ def _label(spec) -> str:
     return f"{spec.title}, {spec.y_title} ({key})"
 
 
-def _plot(spec) -> gr.LinePlot:
+def _plot(spec: PlotSpec) -> gr.LinePlot:
     return gr.LinePlot(
         None,  # filled by the first timer tick
         # Gradio 6.31's LinePlot fixes its colour domain when it builds the chart: every frame carries a

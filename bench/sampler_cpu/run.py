@@ -6,7 +6,7 @@ Runs, side by side in one process: (a) an idle baseline (the process doing nothi
 thread at 1 Hz — GPU reader (real NVML when present), psutil host sampler, trace parser drain,
 alerts, timeline + SQLite history — and, when NVML is available, (c) a naive sampler that
 re-initialises NVML and reads every field including PCIe throughput on every tick (the pattern
-stack.md §4 warns against). CPU = process CPU time (all threads) ÷ wall time.
+nvitop avoids: NVML init once, PCIe counters block ~20 ms each). CPU = process CPU time (all threads) ÷ wall time.
 """
 
 from __future__ import annotations

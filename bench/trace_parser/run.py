@@ -4,7 +4,7 @@
 
 Prints the incremental parser (chunked `feed`, as `trace summarize` reads files, and per-line
 `feed_line`, as the hub drains engine log lines) next to a naive baseline run in the same process:
-strip ANSI, match engine.md §2.0's prefix regex, then try each §2.11 regex in turn. Target ≥ 200k lines/s.
+strip ANSI, match the vLLM prefix regex, then try one regex per line kind (docs/simengine.md) in turn. Target ≥ 200k lines/s.
 """
 
 from __future__ import annotations
@@ -25,12 +25,15 @@ PREFIX = re.compile(r"^(?:\((?P<proc>[^) ]+) pid=(?P<pid>\d+)\) )?(?P<lvl>DEBUG|
                     r"(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) \[(?P<src>[^\]:]+):(?P<srcline>\d+)\] (?P<msg>.*)$")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 NAIVE = [re.compile(p) for p in (
-    r"^\[(?P<tag>[a-z0-9]+)\] tick (?P<tick>\d+): (?:FP4 )?(?P<cached>\d+)/(?P<slots>\d+) slots, covering (?P<cov>\d+)/(?P<total>\d+) experts \((?P<cov_pct>[\d.]+)%\); hit-rate (?P<hit_tok>[\d.]+)% tokens / (?P<hit_exp>[\d.]+)% experts; window \+(?P<win_p>\d+)/-(?P<win_e>\d+), cumulative \+(?P<cum_p>\d+)/-(?P<cum_e>\d+)$",
+    r"^\[(?P<tag>[a-z0-9]+)\] tick (?P<tick>\d+): (?:FP4 )?(?P<cached>\d+)/(?P<slots>\d+) slots, covering "
+    r"(?P<cov>\d+)/(?P<total>\d+) experts \((?P<cov_pct>[\d.]+)%\); hit-rate (?P<hit_tok>[\d.]+)% tokens / "
+    r"(?P<hit_exp>[\d.]+)% experts; window \+(?P<win_p>\d+)/-(?P<win_e>\d+), cumulative \+(?P<cum_p>\d+)/-(?P<cum_e>\d+)$",
     r"^\[(?P<tag>[a-z0-9]+)\] (?:FP4 )?experts per layer: (?P<pairs>(?:L\d+:\d+ ?)+)$",
     r"^\[(?P<tag>[a-z0-9]+)\] promote L(?P<layer>\d+)\s+E(?P<expert>\d+)\s+slot (?P<slot>\d+)\s+\(tick (?P<tick>\d+)\)$",
     r"^\[(?P<tag>[a-z0-9]+)\] evict\s+L(?P<layer>\d+)\s+E(?P<expert>\d+)\s+slot (?P<slot>\d+)\s+\(cold (?P<cold>\d+) ticks\)$",
     r"^\[(?P<tag>[a-z0-9]+)\] force-promote (?P<n>\d+) experts \(gate\)$",
-    r"^\[need\] low-conf routing top1%/5%/10% = (\d+)/(\d+)/(\d+)\s+\|\s+all routing top1%/5%/10% = (\d+)/(\d+)/(\d+)\s+\|\s+experts need>0: (\d+)/(\d+)$",
+    r"^\[need\] low-conf routing top1%/5%/10% = (\d+)/(\d+)/(\d+)\s+\|\s+all routing top1%/5%/10% = (\d+)/(\d+)/(\d+)"
+    r"\s+\|\s+experts need>0: (\d+)/(\d+)$",
     r"^\[(?P<tag>[a-z0-9]+)\] pack store: (?P<reads>\d+) row reads, (?P<gib>[\d.]+) GiB total$",
     r"^moe_w2 delta tier: (?P<slots>\d+) slots x (?P<mib>[\d.]+) MiB \((?P<gib>[\d.]+) GiB pool\)$",
     r"^\[gate\] (?P<kind>fire|audit): (?P<signal>\w+) worst=(?P<worst>[-\d.]+) (?:<=|>)\s+tau=(?P<tau>[-\d.]+) \(step (?P<step>\d+)\)$",
@@ -97,7 +100,7 @@ def bench(lines: list[str], title: str) -> None:
 
     results = []
     for name, fn in (("parser, chunked feed()", chunked), ("parser, feed_line() per line", per_line),
-                     ("naive: prefix regex + §2.11 regexes", lambda: naive(lines))):
+                     ("naive: prefix regex + one regex per line kind", lambda: naive(lines))):
         best = min(timed(fn) for _ in range(3))
         results.append((name, len(lines) / best))
     base = results[-1][1]

@@ -44,12 +44,12 @@ def fail_profile(recipe: Recipe, mode: str, pid: str | None = None) -> ProfileSp
 
 
 def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll `pred` every 50 ms until it holds; it is always asked at least once (a spent deadline too)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
+    while not pred():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.2f}s waiting for {what}")
         time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="session")

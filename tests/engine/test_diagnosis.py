@@ -18,10 +18,13 @@ TRACEBACK_TAIL = [
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
-        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 94.97 GiB", "cuda_oom_at_load"),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of "
+         "94.97 GiB", "cuda_oom_at_load"),
         ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`", "cuda_oom_at_load"),
-        ("ValueError: moe_w2 RESIDENT planes do not fit: 43 MoE layers x 1.69 GiB = 72.6 GiB of 2-bit planes vs ~70.1 GiB", "boot_guard"),
-        ("ValueError: VLLM_MOE_W2_GATE=1 but no FP4 delta tier exists (VLLM_MOE_W2_DELTA_GB unset/0) — the gate cannot recover precision.", "boot_guard"),
+        ("ValueError: moe_w2 RESIDENT planes do not fit: 43 MoE layers x 1.69 GiB = 72.6 GiB of 2-bit planes vs "
+         "~70.1 GiB", "boot_guard"),
+        ("ValueError: VLLM_MOE_W2_GATE=1 but no FP4 delta tier exists (VLLM_MOE_W2_DELTA_GB unset/0) — the gate "
+         "cannot recover precision.", "boot_guard"),
         ("ValueError: moe_w2 FP4 need-pool is below the FIRE FLOOR: 100 slots < 1204", "boot_guard"),
         ("ValueError: VLLM_MOE_W2 is not integrated with Model Runner V2 (mandatory base replay and gate hooks)", "model_runner_v2"),
         ("ERROR: [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use", "port_in_use"),
@@ -75,8 +78,9 @@ def test_unknown_exit_keeps_the_tail_as_evidence() -> None:
 
 
 def test_hint_pool_not_loaded_carries_the_card_warning() -> None:
-    d = classify(None, False, ["moe_w2 delta tier AUTO: 2.37 GiB free after KV < reserve 3.0 GiB -> pool disabled (0 slots, pure 2-bit; host store released)"],
-                 hint="pool_not_loaded")
+    line = ("moe_w2 delta tier AUTO: 2.37 GiB free after KV < reserve 3.0 GiB -> pool disabled (0 slots, pure 2-bit; "
+            "host store released)")
+    d = classify(None, False, [line], hint="pool_not_loaded")
     assert d.reason == "pool_not_loaded"
     assert d.title == "failed: pool not loaded"
     assert "4.96/30" in d.explanation and "decoheres" in d.explanation

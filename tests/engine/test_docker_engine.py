@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import threading
 
@@ -202,3 +203,44 @@ def test_reattach_while_booting_adopts_and_gates_on_ready(make_controller, docke
     snap = second.wait_for(lambda s: s.state is EngineState.READY, 30)
     assert snap.state is EngineState.READY and snap.profile_id == "speed" and snap.pool_slots
     assert len(panel_containers(docker_client, sim_settings.recipe.id)) == 1
+
+
+def _parse_docker_run(text: str) -> dict[str, object]:
+    """The shown `docker run` (comment lines skipped) -> its parts, as a user's shell would split it."""
+    argv = shlex.split("\n".join(ln for ln in text.splitlines() if not ln.startswith("#")).replace("\\\n", " "))
+    assert argv[:3] == ["docker", "run", "-d"], argv[:3]
+    parts: dict[str, list[str]] = {"--label": [], "-v": [], "-e": []}
+    single: dict[str, str] = {}
+    i = 3
+    while argv[i].startswith("-"):
+        flag, value = argv[i], argv[i + 1]
+        if flag in parts:
+            parts[flag].append(value)
+        else:
+            single[flag] = value
+        i += 2
+    return {"single": single, "labels": dict(v.split("=", 1) for v in parts["--label"]), "mounts": parts["-v"],
+            "env": set(parts["-e"]), "image": argv[i], "args": argv[i + 1:]}
+
+
+def test_profiles_tab_shows_exactly_what_start_runs(make_controller, docker_client, sim_settings) -> None:
+    """The Profiles tab's "equivalent docker run" is the controller's one spec, panel settings (extra_env)
+    included: it matches the started container's config field by field."""
+    from app.backend.state import AppState
+    from app.ui.profiles import _View
+
+    ctl = make_controller(extra_env={"MOET_SIM_SHOWN_MARK": "panel-setting"})
+    shown, _ = _View(AppState(settings=sim_settings, engine=ctl)).command("balanced", False)
+    cmd = _parse_docker_run(shown)
+    _ready(ctl, "balanced")
+    c = docker_client.containers.get(ctl.snapshot().container_id)
+    config, host = c.attrs["Config"], c.attrs["HostConfig"]
+    image_config = docker_client.images.get(config["Image"]).attrs["Config"]
+
+    assert "MOET_SIM_SHOWN_MARK=panel-setting" in cmd["env"]  # the Engine tab's extra_env is shown too
+    assert cmd["single"]["--name"] == c.name
+    assert cmd["image"] == config["Image"] and cmd["args"] == config["Cmd"]
+    assert set(config["Env"]) == cmd["env"] | set(image_config.get("Env") or [])
+    assert config["Labels"] == {**(image_config.get("Labels") or {}), **cmd["labels"], "moet-panel.test": "1"}
+    assert sorted(host.get("Binds") or []) == sorted(cmd["mounts"])
+    assert host["NetworkMode"] == cmd["single"].get("--network", "default")

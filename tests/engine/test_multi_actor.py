@@ -9,17 +9,19 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
+from app.backend.engine.controller import EngineController
 from app.backend.engine.oplock import EngineLock, LockHeld
-from app.backend.engine.types import EngineState
+from app.backend.engine.types import EngineSnapshot, EngineState
 from app.backend.recipe import SIMULATED_RECIPE
 from tests.engine.conftest import TEST_LABEL, panel_containers, wait_until
 
-S = EngineState
-CONVERGE_S = 3.0  # the issue's 2 s plus slack for a loaded shared 2-core box; bench/engine_soak measures the real p95
+CONVERGE_S = 2.0  # every observer shows Docker's truth within 2 s (issue 11); bench/engine_soak measures the p95
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -51,6 +53,13 @@ def cli(recipe_file: Path, data_dir: Path, *args: str, timeout: float = 90) -> s
                           cwd=REPO)
 
 
+def converge(panels: tuple[EngineController, ...], pred: Callable[[EngineSnapshot], bool], what: str) -> None:
+    """Each panel shows `pred` within CONVERGE_S of the outside change (one deadline for all of them)."""
+    deadline = time.monotonic() + CONVERGE_S
+    for ctl in panels:
+        wait_until(lambda c=ctl: pred(c.snapshot()), max(0.0, deadline - time.monotonic()), what)
+
+
 def _settings_with_image(sim_settings, image: str):
     from dataclasses import replace
 
@@ -62,21 +71,18 @@ def test_two_panels_and_outside_actors_converge_on_docker(make_controller, docke
                                                           recipe_file) -> None:
     st = _settings_with_image(sim_settings, sim_image)
     a, b = make_controller(st), make_controller(st)
-    assert a.start("balanced").wait(60) and a.snapshot().state is S.READY
+    assert a.start("balanced").wait(60) and a.snapshot().state is EngineState.READY
     # B adopts A's engine with the profile from its labels; nobody starts a second one.
-    wait_until(lambda: b.snapshot().state is S.READY and b.snapshot().profile_id == "balanced", CONVERGE_S, "B adopts")
+    converge((b,), lambda s: s.state is EngineState.READY and s.profile_id == "balanced", "B adopts")
     assert len(panel_containers(docker_client, st.recipe.id)) == 1
 
     # The CLI (another process) stops and starts another profile: both panels follow.
     r = cli(recipe_file, st.data_dir, "engine", "stop")
     assert r.returncode == 0, r.stdout + r.stderr
-    for ctl in (a, b):
-        wait_until(lambda: ctl.snapshot().state is S.STOPPED, CONVERGE_S, "stopped seen by every panel")
+    converge((a, b), lambda s: s.state is EngineState.STOPPED, "stopped seen by every panel")
     r = cli(recipe_file, st.data_dir, "engine", "start", "--profile", "speed", "--demo")  # option after the action
     assert r.returncode == 0, r.stdout + r.stderr
-    for ctl in (a, b):
-        wait_until(lambda: ctl.snapshot().state is S.READY and ctl.snapshot().profile_id == "speed", CONVERGE_S,
-                   "speed adopted")
+    converge((a, b), lambda s: s.state is EngineState.READY and s.profile_id == "speed", "speed adopted")
     assert len(panel_containers(docker_client, st.recipe.id)) == 1
     # The port preflight knows the holder is the panel's own container, whoever started it.
     port = next(i for i in a.preflight("speed").items if i.id == "port")
@@ -84,16 +90,16 @@ def test_two_panels_and_outside_actors_converge_on_docker(make_controller, docke
 
     # docker stop from outside: a neutral stop, not a red failure.
     docker_client.containers.get(a.snapshot().container_id).stop(timeout=5)
+    converge((a, b), lambda s: s.state is EngineState.STOPPED, "outside docker stop")
     for ctl in (a, b):
-        wait_until(lambda: ctl.snapshot().state is S.STOPPED, CONVERGE_S, "outside docker stop")
         assert ctl.snapshot().diagnosis is not None and ctl.snapshot().diagnosis.reason == "stopped_outside_panel"
 
     # docker kill: both panels show killed (SIGKILL, exit 137) with the host-OOM how-to.
-    assert b.start("balanced").wait(60) and b.snapshot().state is S.READY
-    wait_until(lambda: a.snapshot().state is S.READY, CONVERGE_S, "A adopts B's start")
+    assert b.start("balanced").wait(60) and b.snapshot().state is EngineState.READY
+    converge((a,), lambda s: s.state is EngineState.READY, "A adopts B's start")
     docker_client.containers.get(b.snapshot().container_id).kill()
+    converge((a, b), lambda s: s.state is EngineState.FAILED, "outside docker kill")
     for ctl in (a, b):
-        wait_until(lambda: ctl.snapshot().state is S.FAILED, CONVERGE_S, "outside docker kill")
         d = ctl.snapshot().diagnosis
         assert d is not None and d.title == "killed (SIGKILL, exit 137)" and "journalctl -k" in d.fix
 
@@ -101,12 +107,9 @@ def test_two_panels_and_outside_actors_converge_on_docker(make_controller, docke
     r = cli(recipe_file, st.data_dir, "--demo", "engine", "start", "--profile", "quality")
     assert r.returncode == 0, r.stdout + r.stderr
     new_id = panel_containers(docker_client, st.recipe.id)[0].id
-    for ctl in (a, b):
-        wait_until(lambda: ctl.snapshot().container_id == new_id and ctl.snapshot().state is S.READY, CONVERGE_S,
-                   "replacement adopted")
+    converge((a, b), lambda s: s.container_id == new_id and s.state is EngineState.READY, "replacement adopted")
     docker_client.containers.get(new_id).remove(force=True)
-    for ctl in (a, b):
-        wait_until(lambda: ctl.snapshot().state is S.STOPPED, CONVERGE_S, "rm -f seen")
+    converge((a, b), lambda s: s.state is EngineState.STOPPED, "rm -f seen")
     assert not panel_containers(docker_client, st.recipe.id, running_only=False)
 
 
@@ -127,7 +130,7 @@ def test_second_writer_is_refused_naming_the_holder(make_controller, docker_clie
     assert r.returncode in (0, 5), r.stdout + r.stderr
     assert json.loads(r.stdout)["lock"]["operation"] == "start"
     # the refused writers did not disturb the running operation: still booting, one container
-    assert not t.done and a.snapshot().state is S.STARTING and b.snapshot().state is S.STARTING
+    assert not t.done and a.snapshot().state is EngineState.STARTING and b.snapshot().state is EngineState.STARTING
     assert len(panel_containers(docker_client, st.recipe.id)) == 1
     stop = a.stop()  # the holder itself may stop its own boot
     assert stop.wait(60) and stop.ok, stop.message
@@ -225,7 +228,7 @@ def test_stalled_engine_is_seen_with_evidence(make_controller, docker_client, si
     st = _settings_with_image(sim_settings, sim_image)
     ctl = make_controller(st, extra_env={"MOET_SIM_FAIL": "hang_mid_generation"}, stall_after_s=2.0,
                           liveness_poll_s=0.25)
-    assert ctl.start("quality").wait(60) and ctl.snapshot().state is S.READY
+    assert ctl.start("quality").wait(60) and ctl.snapshot().state is EngineState.READY
     url = ctl.snapshot().base_url
 
     def ask() -> None:
@@ -237,12 +240,12 @@ def test_stalled_engine_is_seen_with_evidence(make_controller, docker_client, si
             pass
 
     threading.Thread(target=ask, daemon=True).start()
-    wait_until(lambda: ctl.snapshot().state is S.STALLED, 20, "stalled")
+    wait_until(lambda: ctl.snapshot().state is EngineState.STALLED, 20, "stalled")
     assert httpx.get(f"{url}/health", timeout=5).status_code == 200  # /health still says fine
     d = ctl.snapshot().diagnosis
     assert d is not None and d.reason == "stalled" and any("running requests: 1" in e for e in d.evidence)
     stop = ctl.stop()
-    assert stop.wait(30) and stop.ok and ctl.snapshot().state is S.STOPPED
+    assert stop.wait(30) and stop.ok and ctl.snapshot().state is EngineState.STOPPED
 
 
 def test_stalled_engine_restarts_on_the_same_profile_when_asked(make_controller, sim_settings, sim_image) -> None:
@@ -256,6 +259,7 @@ def test_stalled_engine_restarts_on_the_same_profile_when_asked(make_controller,
     assert ctl.start("balanced").wait(60)
     first = ctl.snapshot().container_id
     url = ctl.snapshot().base_url
+
     def ask() -> None:
         try:
             httpx.post(f"{url}/v1/completions", timeout=30, json={
@@ -264,7 +268,7 @@ def test_stalled_engine_restarts_on_the_same_profile_when_asked(make_controller,
             pass
 
     threading.Thread(target=ask, daemon=True).start()
-    wait_until(lambda: ctl.snapshot().state is S.READY and ctl.snapshot().container_id not in ("", first), 60,
+    wait_until(lambda: ctl.snapshot().state is EngineState.READY and ctl.snapshot().container_id not in ("", first), 60,
                "restarted")
     snap = ctl.snapshot()
     assert snap.profile_id == "balanced" and snap.diagnosis is not None and snap.diagnosis.reason == "stalled"

@@ -133,6 +133,51 @@ def test_build_app_state_wires_every_collaborator(monkeypatch, tmp_path: Path) -
         assert ctl._artifact_status is not None and ctl._artifact_status("planescache") is None  # journals read
         assert state.telemetry._engine is ctl  # engine into telemetry
         assert state.chat is not None and state.downloads is not None
+        assert state.chat._snapshot_fn == ctl.snapshot  # chat reads the engine's snapshot
+        assert state.selftest is not None and state.abtest is not None
+        assert state.telemetry.drift is not None  # the self-test's baseline feeds the drift alert
         assert state.gpu.read() is not None  # the shared reader follows the engine's snapshot
+    finally:
+        state.close()
+    assert state.telemetry._thread is None  # close() stopped the sampler
+
+
+def test_serve_opens_nvml_once_and_the_app_state_keeps_that_reader(monkeypatch, tmp_path: Path) -> None:
+    """`serve`'s host probe and the running panel share one NVML reader: opened once in `run`, probed for the
+    demo decision, then handed to build_app_state (engine preflight/release wait and telemetry read it)."""
+    import argparse
+
+    from app.backend import hostprobe
+    from app.backend.recipe import SIMULATED_RECIPE
+    from app.backend.state import build_app_state
+    from app.backend.telemetry import nvml as nvml_mod
+    from app.cli import serve
+    from tests.telemetry.test_gpu import FakeNvml
+
+    fake = FakeNvml()
+    opened: list[object] = []
+    real_init = nvml_mod.NvmlGpuReader.__init__
+
+    def counting_init(self, *args, **kwargs) -> None:  # every NVML open in this process, whoever makes it
+        kwargs.setdefault("nvml", fake)
+        real_init(self, *args, **kwargs)
+        opened.append(self)
+
+    monkeypatch.setattr(nvml_mod.NvmlGpuReader, "__init__", counting_init)
+    monkeypatch.setattr(hostprobe, "probe_docker", lambda timeout_s=3.0: (True, "Docker (test)"))
+    for name in ("MOET_PANEL_GPU", "MOET_PANEL_DEMO", "MOET_PANEL_DATA_DIR", "MOET_PANEL_RECIPE"):
+        monkeypatch.delenv(name, raising=False)
+    handed: list[tuple[serve.Plan, object]] = []
+    monkeypatch.setattr(serve, "_serve", lambda p, nvml: handed.append((p, nvml)) or 0)
+    args = argparse.Namespace(host=None, port=None, demo=False, auth_file=None, add_user=None, allowed_host=[],
+                              recipe=str(SIMULATED_RECIPE), data_dir=str(tmp_path / "d"))
+    assert serve.run(args) == 0
+    [(p, reader)] = handed
+    assert p.demo_reason == ""  # the probe read the (fake) GPU through that reader
+    assert opened == [reader] and fake.calls["nvmlInit"] == 1
+    state = build_app_state(p.settings, nvml_reader=reader)  # type: ignore[arg-type]
+    try:
+        assert opened == [reader] and fake.calls["nvmlInit"] == 1  # nothing opened NVML a second time
+        assert state.gpu is reader and state.engine._gpu is reader and state.telemetry.gpu_reader is reader
     finally:
         state.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,7 @@ def _successors(tok: Tokenizer, reasoning: list[int], answer: list[int]) -> dict
     """token -> next token. Each token must appear once in the chain (its successor is unique)."""
     seq = [tok.token_to_id("<think>"), *reasoning, tok.token_to_id("</think>"), *answer, tok.token_to_id("</s>")]
     nxt: dict[int, int] = {}
-    for a, b in zip(seq, seq[1:]):
+    for a, b in pairwise(seq):
         if nxt.setdefault(a, b) != b:
             raise ValueError(f"token {tok.id_to_token(a)!r} would need two successors; pick distinct words")
     return nxt

@@ -57,7 +57,8 @@ FINDING_CASES: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "alloc-conf-removed": ({"extra_env": "-PYTORCH_CUDA_ALLOC_CONF"},
                            {"extra_env": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,garbage_collection_threshold:0.8"}),
     "breakable-cudagraph": ({"extra_env": "-VLLM_USE_BREAKABLE_CUDAGRAPH"}, {"extra_env": "VLLM_USE_BREAKABLE_CUDAGRAPH=0"}),
-    "estimate-cudagraphs": ({"extra_env": "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1"}, {"extra_env": "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0"}),
+    "estimate-cudagraphs": ({"extra_env": "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1"},
+                            {"extra_env": "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0"}),
 }
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import shlex
+import tomllib
 from pathlib import Path
 
 import pytest
+import tomli_w
 from pydantic import ValidationError
 
 from app.backend import custom_profiles as cp
@@ -36,7 +38,8 @@ def test_hostile_env_value_is_one_argv_element_and_round_trips_through_the_shell
     assert f"VLLM_MOE_W2_DELTA_GB={value}" in docker
     assert docker[docker.index(f"VLLM_MOE_W2_DELTA_GB={value}") - 1] == "-e"
     assert "--privileged" not in docker and "/:/host" not in docker
-    expected_len = 3 + 2 + 2 * (len(spec.labels) + len(spec.mounts) + len(spec.env)) + 2 * bool(spec.network) + 2 * bool(spec.gpus) + 2 * bool(spec.ipc) + 2 * bool(spec.shm_size)
+    expected_len = (3 + 2 + 2 * (len(spec.labels) + len(spec.mounts) + len(spec.env))
+                    + 2 * (bool(spec.network) + bool(spec.gpus) + bool(spec.ipc) + bool(spec.shm_size)))
     assert len(docker) == expected_len
     text = render_shell(spec)
     body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#")).replace("\\\n", " ")
@@ -90,7 +93,8 @@ def settings(tmp_path: Path):
 @pytest.mark.parametrize("value", HOSTILE)
 def test_custom_profile_hostile_values_stay_single_elements(settings, value: str) -> None:
     base = RECIPE.profile("balanced")
-    form = cp.EditorForm(**{**cp.form_from_profile(RECIPE, base).__dict__, "extra_env": f"VLLM_MOE_W2_NOTE={value}", "speculative": '{"method":"ngram"} ' + value})
+    form = cp.EditorForm(**{**cp.form_from_profile(RECIPE, base).__dict__, "extra_env": f"VLLM_MOE_W2_NOTE={value}",
+                            "speculative": '{"method":"ngram"} ' + value})
     profile = cp.profile_from_form(RECIPE, base, "hostile", form, set())
     cp.save_custom_profile(settings, profile)
     loaded = cp.load_custom_profiles(settings)
@@ -123,14 +127,19 @@ def test_custom_profile_env_rules(extra: str, match: str) -> None:
 def test_tampered_custom_profile_files_are_skipped_with_a_reason(settings) -> None:
     folder = cp.profiles_dir(settings)
     folder.mkdir(parents=True)
-    good = cp.profile_from_form(RECIPE, RECIPE.profile("quality"), "ok", cp.form_from_profile(RECIPE, RECIPE.profile("quality")), set())
+    quality = RECIPE.profile("quality")
+    good = cp.profile_from_form(RECIPE, quality, "ok", cp.form_from_profile(RECIPE, quality), set())
     cp.save_custom_profile(settings, good)
-    text = (folder / "ok.toml").read_text()
-    (folder / "preload.toml").write_text(text.replace('id = "ok"', 'id = "preload"').replace("env_add = {  }", 'env_add = { "LD_PRELOAD" = "/x.so" }'))
-    (folder / "newline.toml").write_text(text.replace('id = "ok"', 'id = "newline"').replace("env_add = {  }", 'env_add = { "VLLM_X" = "a\\n--privileged" }'))
-    (folder / "eager.toml").write_text(text.replace('id = "ok"', 'id = "eager"').replace("args_set = {  }", 'args_set = { "--privileged" = "" }'))
-    (folder / "measured.toml").write_text(text.replace('id = "ok"', 'id = "measured"').replace("measured = false", "measured = true"))
-    (folder / "quality.toml").write_text(text.replace('id = "ok"', 'id = "quality"'))  # shadowing a card profile
+    saved = tomllib.loads((folder / "ok.toml").read_text())
+
+    def variant(name: str, **changes: object) -> None:  # the saved file, edited by hand
+        (folder / f"{name}.toml").write_text(tomli_w.dumps({**saved, "id": name, **changes}))
+
+    variant("preload", env_add={"LD_PRELOAD": "/x.so"})
+    variant("newline", env_add={"VLLM_X": "a\n--privileged"})
+    variant("eager", args_set={"--privileged": ""})
+    variant("measured", measured=True)
+    variant("quality")  # shadowing a card profile
     report = cp.load_custom_profiles_report(settings)
     assert [p.id for p in report.profiles] == ["ok"]
     assert len(report.problems) == 5, report.problems
@@ -162,7 +171,8 @@ def test_unicode_control_and_format_characters_are_refused_by_name(char: str) ->
     with pytest.raises(cp.CustomProfileError, match=f"U\\+{ord(char):04X}"):
         _extra("", speculative=f'{{"method":"ngram"{char}}}')
     with pytest.raises(cp.CustomProfileError, match=f"U\\+{ord(char):04X}"):
-        cp.profile_from_form(RECIPE, RECIPE.profile("quality"), f"name{char}x", cp.form_from_profile(RECIPE, RECIPE.profile("quality")), set())
+        quality = RECIPE.profile("quality")
+        cp.profile_from_form(RECIPE, quality, f"name{char}x", cp.form_from_profile(RECIPE, quality), set())
     with pytest.raises(ValidationError, match=f"U\\+{ord(char):04X}"):
         RECIPE.serve.model_validate({**RECIPE.serve.model_dump(), "env": {"VLLM_MOE_W2_DELTA_GB": f"7{char}"}})
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from app.backend.abtest.journal import Journal
+from app.backend.chat.models import Conversation, Message
+from app.backend.chat.store import ChatStore
 from app.backend.settings import resolve_settings
 from app.cli.main import main
 from tests.selftest.conftest import FAST_ENV, recipe_file, start_ready
@@ -36,15 +39,23 @@ def test_abtest_cli_run_grade_reveal(make_controller, sim_settings, tmp_path, ca
     settings = resolve_settings(path, sim_settings.data_dir)
     common = ["--recipe", str(path), "--data-dir", str(sim_settings.data_dir)]
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"prompt": "Implement an SSA register allocator."}\n{"prompt": "Explain Raft joint consensus."}\n')
+    prompts.write_text('{"prompt": "Implement an SSA register allocator."}\n')
+    store = ChatStore(settings.ensure_state_dir() / "chat.sqlite")  # one prompt comes from the chat history
+    conv = Conversation(title="raft", system_prompt="You are a distributed-systems reviewer.",
+                        messages=[Message("user", "Explain Raft joint consensus."), Message("assistant", "...")])
+    store.create(conv)
+    store.close()
     assert main(["abtest", *common, "run", "--a", "quality", "--b", "quality", "--prompts", str(prompts)]) == 2
     assert "two different profiles" in capsys.readouterr().err
     start_ready(make_controller(settings=settings, extra_env=FAST_ENV), "quality")
     rc = main(["abtest", *common, "run", "--a", "quality", "--b", "speed", "--prompts", str(prompts),
-               "--seeds", "1,2", "--max-tokens", "800"])
+               "--from-chat", f"{conv.id[:8]}:1", "--chat-context", "--seeds", "1,2", "--max-tokens", "800"])
     err = capsys.readouterr().err
     assert rc == 0, err
     run_id = err.split("A/B run ", 1)[1].split(":", 1)[0]
+    spec = Journal(settings.state_dir).load(run_id).spec
+    assert spec.prompts[1].source == f"chat {conv.id} turn 1"
+    assert spec.prompts[1].messages()[0] == {"role": "system", "content": "You are a distributed-systems reviewer."}
     answers = iter(["x", "l", "r", "t", "l"])  # one bad key first: asked again
     monkeypatch.setattr("builtins.input", lambda _prompt="": next(answers))
     assert main(["abtest", *common, "grade", run_id]) == 0

@@ -11,7 +11,6 @@ from app.backend.telemetry.alerts import AlertInputs, decode_drift, evaluate
 from app.backend.telemetry.gpu_types import GpuSample
 from app.backend.telemetry.metrics import MetricsScraper
 from tests.selftest.test_sim_selftest_support import post
-from tests.simengine.conftest import make_sim  # noqa: F401  (fixture)
 
 
 def _watch_during_stream(sim, watch: DriftWatch, seconds: float) -> list[DriftReading | None]:
@@ -50,12 +49,17 @@ def test_healthy_engine_raises_none(make_sim) -> None:
     assert [r for r in _watch_during_stream(sim, watch, 4.0) if r is not None] == []
 
 
+def _reading(r: DriftReading | None) -> DriftReading:
+    assert r is not None
+    return r
+
+
 def test_short_dips_and_idle_reset_the_window() -> None:
     w = DriftWatch(lambda pid: (50.0, "the card"), window_s=30)
     assert w.update(0, "quality", 30.0, 1) is not None
-    assert not w.update(10, "quality", 30.0, 1).drifting
+    assert not _reading(w.update(10, "quality", 30.0, 1)).drifting
     assert w.update(20, "quality", 49.0, 1) is None  # back to normal: the window restarts
-    assert w.update(25, "quality", 30.0, 1).below_s == 0
+    assert _reading(w.update(25, "quality", 30.0, 1)).below_s == 0
     assert w.update(40, "quality", 30.0, 2) is None  # two streams: not a single-stream figure
     assert decode_drift(AlertInputs(drift=w.update(50, "quality", 30.0, 1))) is None
-    assert w.update(81, "quality", 30.0, 1).drifting
+    assert _reading(w.update(81, "quality", 30.0, 1)).drifting

@@ -85,7 +85,7 @@ def test_needles_past_the_validated_context_are_missed(make_controller, sim_sett
     p = svc.start(SelfTestPlan("wide", runs=1, decode_tokens=32, ttft_lengths=(), needle_lengths=(294912,)))
     assert p.state is JobState.RUNNING, p.message
     p = svc.wait(120)
-    assert p.state is JobState.DONE, p.message
+    assert p.state is JobState.DONE and p.result is not None, p.message
     assert [n.found for n in p.result.needles] == [False, False, False]
     assert needle_lines(p.result) == ["288K: 0/3 depths (0.05 ✗, 0.5 ✗, 0.95 ✗)"]
 

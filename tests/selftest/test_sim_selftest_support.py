@@ -8,7 +8,7 @@ import urllib.request
 from typing import Any
 
 from app.backend.simengine.quality import DECOHERENCE, MISSED_ANSWER
-from tests.simengine.conftest import make_sim, poll  # noqa: F401  (fixture)
+from tests.simengine.conftest import poll
 
 
 def post(url: str, body: dict[str, Any], timeout: float = 60) -> dict[str, Any]:

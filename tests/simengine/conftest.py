@@ -17,7 +17,7 @@ PREFIX_RE = re.compile(
     r"^(?:\((?P<proc>[^) ]+) pid=(?P<pid>\d+)\) )?(?P<lvl>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
     r"(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) \[(?P<src>[^\]:]+):(?P<srcline>\d+)\] (?P<msg>.*)$"
 )
-# engine.md §2.11, verbatim
+# the summary line's format (docs/simengine.md), as a reader outside the panel would match it
 SUMMARY_RE = re.compile(
     r"^\[(?P<tag>[a-z0-9]+)\] tick (?P<tick>\d+): (?:FP4 )?(?P<cached>\d+)/(?P<slots>\d+) slots, covering "
     r"(?P<cov>\d+)/(?P<total>\d+) experts \((?P<cov_pct>[\d.]+)%\); hit-rate (?P<hit_tok>[\d.]+)% tokens / "

@@ -1,4 +1,4 @@
-"""Boot lines and `[delta]` trace lines in the engine's exact formats (engine.md §2)."""
+"""Boot lines and `[delta]` trace lines in the engine's exact formats (docs/simengine.md, Log output)."""
 
 from __future__ import annotations
 

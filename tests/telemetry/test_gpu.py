@@ -5,36 +5,20 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import pynvml
 import pytest
 
 from app.backend.engine.types import EngineSnapshot, EngineState
-from app.backend.telemetry.gpu import ENV_GPU, NoGpuReader, make_gpu_reader
+from app.backend.env import GPU as ENV_GPU
+from app.backend.telemetry.gpu import NoGpuReader, make_gpu_reader
 from app.backend.telemetry.gpu_sim import FakeGpuReader, SimulatedGpuReader, sample_from_dict
 from app.backend.telemetry.nvml import NO_LIBRARY, NvmlGpuReader, decode_throttle
 
 GIB = 2**30
 
 
-class NVMLError_NotSupported(Exception):
-    pass
-
-
-class NVMLError_FunctionNotFound(Exception):
-    pass
-
-
-class NVMLError_LibraryNotFound(Exception):
-    pass
-
-
-class NVMLError_GpuIsLost(Exception):
-    pass
-
-
 class FakeNvml:
     """Just enough of pynvml: two H200-like GPUs, with call counting and injectable failures."""
-
-    nvmlMemory_v2 = 0x2000028
 
     def __init__(self, init_error: Exception | None = None) -> None:
         self.init_error = init_error
@@ -76,7 +60,7 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, h, version=None):
         self._c("mem")
-        if version == self.nvmlMemory_v2:
+        if version == pynvml.nvmlMemory_v2:
             return SimpleNamespace(total=150_754_820_096, used=2_796_355_584, reserved=644_939_776, free=0)
         return SimpleNamespace(total=150_754_820_096, used=3_441_295_360, free=0)
 
@@ -94,7 +78,7 @@ class FakeNvml:
         return 39
 
     def nvmlDeviceGetClockInfo(self, h, clk):
-        return {1: 1980, 2: 3201}[clk]
+        return {pynvml.NVML_CLOCK_SM: 1980, pynvml.NVML_CLOCK_MEM: 3201}[clk]
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h):
         self._c("nvmlDeviceGetCurrentClocksEventReasons")
@@ -102,7 +86,7 @@ class FakeNvml:
 
     def nvmlDeviceGetPcieThroughput(self, h, counter):
         self._c("pcie")
-        return 1048 if counter == 0 else 2096
+        return 1048 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 2096
 
     def nvmlDeviceGetEccMode(self, h):
         self._c("ecc")
@@ -143,8 +127,8 @@ def test_nvml_pcie_and_ecc_on_their_own_cadence() -> None:
 
 def test_nvml_errors_become_na_and_missing_functions_are_not_retried() -> None:
     nv = FakeNvml()
-    nv.fail["nvmlDeviceGetPowerUsage"] = NVMLError_NotSupported("Not Supported")
-    nv.fail["nvmlDeviceGetCurrentClocksEventReasons"] = NVMLError_FunctionNotFound("Function Not Found")
+    nv.fail["nvmlDeviceGetPowerUsage"] = pynvml.NVMLError_NotSupported("Not Supported")
+    nv.fail["nvmlDeviceGetCurrentClocksEventReasons"] = pynvml.NVMLError_FunctionNotFound("Function Not Found")
     nv.throttle = 0x40
     r = NvmlGpuReader(nvml=nv)
     g = r.read()[0]
@@ -158,7 +142,7 @@ def test_nvml_errors_become_na_and_missing_functions_are_not_retried() -> None:
 
 def test_nvml_transient_error_is_retried_and_never_raises() -> None:
     nv = FakeNvml()
-    nv.fail["mem"] = NVMLError_GpuIsLost("GPU is lost")
+    nv.fail["mem"] = pynvml.NVMLError_GpuIsLost("GPU is lost")
     r = NvmlGpuReader(nvml=nv)
     g = r.read()[0]
     assert (g.memory_total, g.memory_used) == (0, 0)
@@ -169,13 +153,13 @@ def test_nvml_transient_error_is_retried_and_never_raises() -> None:
 def test_nvml_memory_v1_fallback_when_v2_unsupported() -> None:
     nv = FakeNvml()
     orig = nv.nvmlDeviceGetMemoryInfo
-    nv.nvmlDeviceGetMemoryInfo = lambda h, version=None: (_ for _ in ()).throw(NVMLError_NotSupported()) if version else orig(h)
+    nv.nvmlDeviceGetMemoryInfo = lambda h, version=None: (_ for _ in ()).throw(pynvml.NVMLError_NotSupported()) if version else orig(h)
     g = NvmlGpuReader(nvml=nv).read()[0]
     assert (g.memory_used, g.memory_reserved) == (3_441_295_360, 0)
 
 
 def test_no_driver_is_a_clear_state() -> None:
-    r = NvmlGpuReader(nvml=FakeNvml(init_error=NVMLError_LibraryNotFound("NVML Shared Library Not Found")))
+    r = NvmlGpuReader(nvml=FakeNvml(init_error=pynvml.NVMLError_LibraryNotFound("NVML Shared Library Not Found")))
     assert not r.available and r.error == NO_LIBRARY == "no NVIDIA GPU (libnvidia-ml.so not found)"
     assert r.read() == []
 

@@ -31,7 +31,7 @@ def test_every_fixture_parses_with_counts_and_invariant(name: str) -> None:
     assert p.summaries == text.count("] tick ")  # every summary line recognised, none invented
     for rank, sums in seen.items():
         for s in sums:
-            # engine.md §2.1: filled slots = cached = cumulative promoted − cumulative evicted
+            # the summary format (docs/simengine.md): filled slots = cached = cumulative promoted − cumulative evicted
             assert s.cached == s.cum_promoted - s.cum_evicted, (rank, s)
             assert s.cached == s.covered and 0 <= s.hit_tokens_pct <= 100
             assert s.ts is not None

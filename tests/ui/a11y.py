@@ -10,7 +10,8 @@ from typing import Any
 
 _UNLABELLED_JS = r"""
 () => {
-  const sel = 'input:not([type=hidden]), textarea, select, button, [role=button], [role=radio], [role=checkbox], [role=tab], [role=combobox], [role=slider], [contenteditable=true]';
+  const sel = 'input:not([type=hidden]), textarea, select, button, [role=button], [role=radio], [role=checkbox], '
+    + '[role=tab], [role=combobox], [role=slider], [contenteditable=true]';
   const visible = el => { const r = el.getBoundingClientRect(); const s = getComputedStyle(el);
     return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none'; };
   const name = el => {
@@ -27,8 +28,10 @@ _UNLABELLED_JS = r"""
     if (el.tagName === 'INPUT' && ['button','submit'].includes(el.type) && t(el.value)) return t(el.value);
     return '';
   };
+  const classes = el => el.className && typeof el.className === 'string'
+    ? '.' + el.className.split(/\s+/).slice(0,2).join('.') : '';
   return [...document.querySelectorAll(sel)].filter(visible).filter(el => !name(el)).map(el =>
-    `${el.tagName.toLowerCase()}${el.id ? '#' + el.id : ''}${el.className && typeof el.className === 'string' ? '.' + el.className.split(/\s+/).slice(0,2).join('.') : ''} in ${el.closest('[id]')?.id || '?'}`);
+    `${el.tagName.toLowerCase()}${el.id ? '#' + el.id : ''}${classes(el)} in ${el.closest('[id]')?.id || '?'}`);
 }
 """
 

@@ -62,7 +62,8 @@ def test_figures_are_printed_as_the_card_states_them() -> None:
 
 def test_profile_cards_carry_the_figure_notes() -> None:
     html = profile_cards(RECIPE, list(RECIPE.profiles), "quality", {})
-    for note in ("P(true effect is a real loss) ≈ 0.97", "reproducible to ±1 tok/s across seeds", "conservative rung-blocked CI [−2.93, +0.19]"):
+    for note in ("P(true effect is a real loss) ≈ 0.97", "reproducible to ±1 tok/s across seeds",
+                 "conservative rung-blocked CI [−2.93, +0.19]"):
         assert note in html, note
     assert html.count('data-fignote="decode"') == 3
 

@@ -5,6 +5,7 @@ half-written last line from a crash is ignored). Records:
   {"type": "header", ...ABSpec}            first line
   {"type": "gen", side, prompt_id, seed, text, tokens, tok_s, wall_s, finish}
   {"type": "grade", prompt_id, seed, diff, pick, left, right, note}   (the latest grade of a cell wins)
+  {"type": "rubric", text}                 what the grader scores against (the latest wins)
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import re
 import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 Side = Literal["A", "B"]
+Turn = tuple[str, str]  # (role, content) of an earlier chat message sent before the prompt
 _SAFE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -26,6 +28,11 @@ _SAFE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 class Prompt:
     id: str
     text: str
+    source: str = ""  # where it came from: "" (pasted/imported) or "chat <conversation id> turn <n>"
+    context: tuple[Turn, ...] = ()  # a chat turn's system prompt and earlier turns, sent before it
+
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": r, "content": c} for r, c in self.context] + [{"role": "user", "content": self.text}]
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,7 @@ class ABSpec:
     seeds: tuple[int, ...]
     max_tokens: int
     created: str
+    rubric: str = ""  # the rubric at creation; a later "rubric" record replaces it (RunState.rubric)
 
     def __post_init__(self) -> None:
         if self.profile_a == self.profile_b:
@@ -81,6 +89,7 @@ class RunState:
     spec: ABSpec
     gens: dict[tuple[Side, str, int], Generation] = field(default_factory=dict)
     grades: dict[tuple[str, int], Grade] = field(default_factory=dict)
+    rubric: str = ""
 
     def missing(self, side: Side) -> list[tuple[str, int]]:
         return [c for c in self.spec.cells if (side, *c) not in self.gens]
@@ -94,11 +103,22 @@ class RunState:
         return 2 * len(self.spec.cells)
 
 
-def new_spec(profile_a: str, profile_b: str, prompts: list[str], seeds: list[int], max_tokens: int) -> ABSpec:
+def new_spec(profile_a: str, profile_b: str, prompts: Sequence[str | Prompt], seeds: list[int], max_tokens: int,
+             rubric: str = "") -> ABSpec:
+    """Prompts are numbered p1, p2, ... in order; blank ones and exact repeats (same text and context) are dropped."""
     now = dt.datetime.now(dt.timezone.utc)
     run_id = now.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
-    ps = tuple(Prompt(f"p{i + 1}", t.strip()) for i, t in enumerate(prompts) if t.strip())
-    return ABSpec(run_id, profile_a, profile_b, ps, tuple(seeds), max_tokens, now.isoformat(timespec="seconds"))
+    ps: list[Prompt] = []
+    seen: set[tuple[str, tuple[Turn, ...]]] = set()
+    for item in prompts:
+        p = item if isinstance(item, Prompt) else Prompt("", item)
+        text = p.text.strip()
+        if not text or (text, p.context) in seen:
+            continue
+        seen.add((text, p.context))
+        ps.append(Prompt(f"p{len(ps) + 1}", text, p.source, p.context))
+    return ABSpec(run_id, profile_a, profile_b, tuple(ps), tuple(seeds), max_tokens, now.isoformat(timespec="seconds"),
+                  rubric.strip())
 
 
 def parse_prompts_jsonl(text: str) -> list[str]:
@@ -142,8 +162,16 @@ class Journal:
 
     def append(self, run_id: str, record: Generation | Grade) -> None:
         kind = "gen" if isinstance(record, Generation) else "grade"
+        self._write(run_id, {"type": kind, **asdict(record)})
+
+    def set_rubric(self, run_id: str, text: str) -> None:
+        """Journal the rubric the grader scores against (shown beside every pair; the latest wins)."""
+        self.load(run_id)  # a known run only
+        self._write(run_id, {"type": "rubric", "text": text.strip()})
+
+    def _write(self, run_id: str, rec: dict[str, Any]) -> None:
         with open(self.path(run_id), "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"type": kind, **asdict(record)}) + "\n")
+            fh.write(json.dumps(rec) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
 
@@ -159,9 +187,14 @@ class Journal:
                 continue  # a torn last line after a crash
             kind = rec.pop("type", "")
             if kind == "header":
-                rec["prompts"] = tuple(Prompt(**p) for p in rec["prompts"])
+                rec["prompts"] = tuple(Prompt(p["id"], p["text"], p.get("source", ""),
+                                              tuple((str(r), str(c)) for r, c in p.get("context", ())))
+                                       for p in rec["prompts"])
                 rec["seeds"] = tuple(rec["seeds"])
-                state = RunState(ABSpec(**rec))
+                spec = ABSpec(**rec)
+                state = RunState(spec, rubric=spec.rubric)
+            elif state is not None and kind == "rubric":
+                state.rubric = str(rec.get("text", ""))
             elif state is not None and kind == "gen":
                 g = Generation(**rec)
                 state.gens[(g.side, g.prompt_id, g.seed)] = g

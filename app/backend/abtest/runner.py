@@ -82,8 +82,9 @@ class ABRunService:
     def _run(self, st: RunState) -> None:
         t0, made = time.monotonic(), 0
         try:
-            for side, profile in (("A", st.spec.profile_a), ("B", st.spec.profile_b)):
-                todo = st.missing(side)  # type: ignore[arg-type]
+            sides: tuple[tuple[Side, str], ...] = (("A", st.spec.profile_a), ("B", st.spec.profile_b))
+            for side, profile in sides:
+                todo = st.missing(side)
                 if not todo:
                     continue
                 self._ensure_profile(profile)
@@ -93,7 +94,7 @@ class ABRunService:
                         if self._cancel.is_set():
                             raise Cancelled()
                         self._set(replace(self.progress(), step=f"{side} = {profile}: {pid} seed {seed}"))
-                        g = self._generate(probe, st, side, pid, seed)  # type: ignore[arg-type]
+                        g = self._generate(probe, st, side, pid, seed)
                         self.journal.append(st.spec.run_id, g)
                         st.gens[(g.side, pid, seed)] = g
                         made += 1
@@ -126,9 +127,9 @@ class ABRunService:
             raise RuntimeError(f"the switch to {profile} did not reach ready ({snap.state.value}: {snap.message})")
 
     def _generate(self, probe: EngineProbe, st: RunState, side: Side, pid: str, seed: int) -> Generation:
-        text = next(p.text for p in st.spec.prompts if p.id == pid)
+        prompt = next(p for p in st.spec.prompts if p.id == pid)
         t0 = time.monotonic()
-        t = probe.generate([{"role": "user", "content": text}], st.spec.max_tokens, seed=seed, cancel=self._cancel)
+        t = probe.generate(prompt.messages(), st.spec.max_tokens, seed=seed, cancel=self._cancel)
         return Generation(side, pid, seed, t.text, t.completion_tokens,
                           round(t.decode_tok_s, 3) if t.decode_tok_s else None, round(time.monotonic() - t0, 3),
                           t.finish_reason)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import httpx2  # the HTTP client the openai SDK is built on (its errors and responses)
 import openai
 
 from app.backend.chat.events import (
@@ -70,7 +70,7 @@ class ChatClient:
             base_url=api_base(base_url),
             api_key=api_key or API_KEY_NONE,
             max_retries=0,  # a retried stream would duplicate tokens; failures are shown instead
-            timeout=httpx.Timeout(timeouts.read_s, connect=timeouts.connect_s, write=timeouts.write_s, pool=5.0),
+            timeout=httpx2.Timeout(timeouts.read_s, connect=timeouts.connect_s, write=timeouts.write_s, pool=5.0),
         )
 
     def stream(self, request: ChatRequest) -> "ChatStream":
@@ -85,7 +85,7 @@ class ChatClient:
 
 class ChatStream:
     """Iterate for events. `abort()` may be called from any thread: it unblocks a pending read and
-    closes the connection, which makes vLLM abort the request (stack.md §5.6)."""
+    closes the connection, which makes vLLM abort the request (docs/chat.md)."""
 
     def __init__(self, sdk: openai.OpenAI, request: ChatRequest):
         self._sdk = sdk
@@ -121,7 +121,7 @@ class ChatStream:
             "stream_options": {"include_usage": True},
             "temperature": s.temperature,
             "top_p": s.top_p,
-            "min_p": s.min_p,  # vLLM sampling extra (stack.md §5.3)
+            "min_p": s.min_p,  # a vLLM extra, not an OpenAI field (docs/chat.md)
             **req.extra_body,
         }
         if s.max_tokens:
@@ -168,7 +168,7 @@ class ChatStream:
                     finish = str(choice["finish_reason"])
                 if self._aborted.is_set():
                     break
-        except (openai.APIConnectionError, openai.APITimeoutError, openai.APIError, httpx.HTTPError) as exc:
+        except (openai.APIConnectionError, openai.APITimeoutError, openai.APIError, httpx2.HTTPError) as exc:
             if not self._aborted.is_set():
                 kind = "timeout" if isinstance(exc, openai.APITimeoutError) else "broken"
                 yield StreamError(kind, _broken_message(exc), time.monotonic())
@@ -206,7 +206,7 @@ def _delta_events(delta: Any, splitter: ThinkSplitter, now: float) -> Iterator[C
         yield from _split_events(splitter.feed(str(content)), now)
 
 
-def _split_events(parts: list[tuple[str, str]], now: float) -> Iterator[ChatEvent]:
+def _split_events(parts: Sequence[tuple[str, str]], now: float) -> Iterator[ChatEvent]:
     for kind, text in parts:
         if kind == "reclassify":
             yield ReclassifyAsReasoning(now)
@@ -214,7 +214,7 @@ def _split_events(parts: list[tuple[str, str]], now: float) -> Iterator[ChatEven
             yield (ReasoningDelta if kind == "reasoning" else ContentDelta)(text, now)
 
 
-def _shutdown_socket(response: httpx.Response) -> None:
+def _shutdown_socket(response: httpx2.Response) -> None:
     """Wake a thread blocked reading this response: shutdown() interrupts recv(), close() does not."""
     stream = response.extensions.get("network_stream")
     sock = stream.get_extra_info("socket") if stream is not None else None

@@ -7,6 +7,7 @@ import time
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from app.backend.chat.models import Conversation, Message, MessageStats
 from app.backend.chat.stats import format_stats
@@ -98,7 +99,7 @@ class _ConversationIn(_Strict):
     messages: Annotated[list[_MessageIn], Field(max_length=MAX_MESSAGES)] = []
 
 
-def _where(err: dict[str, Any]) -> str:
+def _where(err: ErrorDetails) -> str:
     return ".".join(str(part) for part in err.get("loc", ())) or "conversation"
 
 

@@ -10,7 +10,6 @@ from typing import Any, Literal
 Role = Literal["system", "user", "assistant"]
 # streaming: reply in progress (a crash of the panel leaves it; reloading marks it stopped)
 Status = Literal["complete", "streaming", "stopped", "error"]
-STATUSES = ("complete", "streaming", "stopped", "error")
 DEFAULT_TITLE = "New chat"
 
 

@@ -78,7 +78,9 @@ class ChatService:
 
     def default_sampling(self) -> SamplingParams:
         s = self.recipe.sampling
-        return SamplingParams(s.temperature, s.top_p, s.min_p, DEFAULT_MAX_TOKENS)
+        # never above the context: vLLM refuses max_tokens > max_model_len with a 400 (docs/real-engine.md)
+        return SamplingParams(s.temperature, s.top_p, s.min_p,
+                              min(DEFAULT_MAX_TOKENS, self.recipe.context.validated_max_tokens))
 
     @property
     def sampling_note(self) -> str:
@@ -150,11 +152,6 @@ class ChatService:
         with self._lock:
             turn = self._turns.get(conv_id)
         return turn if turn is not None and not turn.done.is_set() else None
-
-    def streaming_count(self) -> int:
-        """Replies streaming now, in every conversation."""
-        with self._lock:
-            return sum(1 for t in self._turns.values() if not t.done.is_set())
 
     def send(self, conv_id: str, text: str, sampling: SamplingParams, custom_url: str | None = None,
              extra_body: dict[str, Any] | None = None) -> Turn:
@@ -244,7 +241,7 @@ class ChatService:
         """Send the request first, then write history while the engine prefills (TTFT is not spent
         on SQLite). The turn's writes wait until the rows exist."""
         history = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
-        # Prior reasoning is not sent back: it would change the prompt (stack.md §1.3).
+        # Prior reasoning is not sent back: as ordinary assistant text it would change the prompt.
         history += [{"role": m.role, "content": m.content} for m in conv.messages
                     if m.role in ("user", "assistant") and m.content]
         base = MessageStats(profile_id=ep.profile_id, simulated=ep.simulated, model=ep.model,
@@ -296,13 +293,14 @@ class ChatService:
     def _diagnose(self, err: StreamError, ep: Endpoint) -> str:
         """The error text kept on a failed reply: what broke, plus the controller's diagnosis."""
         text = err.message[:1].upper() + err.message[1:] + "."
-        snap = self._snapshot_fn() if self._snapshot_fn is not None else None
-        if ep.source != "engine" or snap is None:
+        snapshot_fn = self._snapshot_fn
+        snap = snapshot_fn() if snapshot_fn is not None else None
+        if ep.source != "engine" or snapshot_fn is None or snap is None:
             return f"{text} Check the engine (`moet-panel engine status`)."
         deadline = time.monotonic() + DIAGNOSIS_WAIT_S
         while snap.diagnosis is None and snap.is_ready and time.monotonic() < deadline:
             time.sleep(0.1)  # the controller notices a dead engine within its own poll interval
-            snap = self._snapshot_fn() or snap
+            snap = snapshot_fn() or snap
         if snap.diagnosis is not None:
             d = snap.diagnosis
             return f"{text} Diagnosis: {d.title} — {d.explanation} Fix: {d.fix}"

@@ -15,9 +15,10 @@ def _messages(system_prompt: str, prompt: str) -> list[dict[str, str]]:
 
 def curl_snippet(base_url: str, model: str, sampling: SamplingParams, system_prompt: str = "",
                  prompt: str = "Hello!") -> str:
+    messages = _messages(system_prompt, prompt)
     body: dict[str, object] = {
         "model": model,
-        "messages": _messages(system_prompt, prompt),
+        "messages": messages,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "min_p": sampling.min_p,
@@ -27,7 +28,7 @@ def curl_snippet(base_url: str, model: str, sampling: SamplingParams, system_pro
     if sampling.max_tokens:
         body["max_tokens"] = sampling.max_tokens
     fields = [f'  "{k}": {json.dumps(v, ensure_ascii=False)}' for k, v in body.items() if k != "messages"]
-    msgs = ",\n".join("    " + json.dumps(m, ensure_ascii=False) for m in body["messages"])  # type: ignore[union-attr]
+    msgs = ",\n".join("    " + json.dumps(m, ensure_ascii=False) for m in messages)
     text = "{\n" + f'  "messages": [\n{msgs}\n  ],\n' + ",\n".join(fields) + "\n}"
     return (
         f"curl -N {shlex.quote(api_base(base_url) + '/chat/completions')} \\\n"

@@ -10,7 +10,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -48,21 +48,30 @@ class ChatStoreError(RuntimeError):
 
 
 class ChatStore:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, read_only: bool = False):
+        """`read_only`: a reader beside a running panel (the A/B CLI picking prompts): no schema writes and
+        no recovery, which would mark the panel's live replies as stopped."""
         self.path = path
         try:
-            create_private(path)
-            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            # WAL + NORMAL: no fsync per commit (a send stays fast); a power cut may lose the last
-            # write, never corrupt the file.
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.executescript(SCHEMA)
+            if read_only:
+                if not path.exists():
+                    raise ChatStoreError(f"no chat history at {path} yet")
+                self._db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False,
+                                           isolation_level=None)
+            else:
+                create_private(path)
+                self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                # WAL + NORMAL: no fsync per commit (a send stays fast); a power cut may lose the last
+                # write, never corrupt the file.
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.execute("PRAGMA foreign_keys=ON")
+                self._db.executescript(SCHEMA)
         except (sqlite3.Error, OSError) as exc:
             raise ChatStoreError(f"cannot open chat history {path}: {exc}") from exc
         self._lock = threading.Lock()
-        self._recover_interrupted()
+        if not read_only:
+            self._recover_interrupted()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -155,7 +164,7 @@ class ChatStore:
                 (msg.content, msg.reasoning, msg.reasoning_s, msg.status, msg.error, _stats_json(msg), msg.id),
             )
 
-    def delete_messages(self, ids: list[int]) -> None:
+    def delete_messages(self, ids: Sequence[int]) -> None:  # `list` here is the method below
         if not ids:
             return
         with self._tx() as db:
@@ -173,4 +182,6 @@ def _insert_message(db: sqlite3.Connection, conv_id: str, msg: Message) -> int:
         (conv_id, msg.role, msg.content, msg.reasoning, msg.reasoning_s, msg.status, msg.error, _stats_json(msg),
          msg.created),
     )
-    return int(cur.lastrowid)
+    if cur.lastrowid is None:
+        raise sqlite3.Error("INSERT stored no row")
+    return cur.lastrowid

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from app.backend import env
 from app.backend.download.types import DownloadConfig
 from app.backend.hf_token import resolve_token
 from app.backend.settings import Settings
@@ -20,7 +20,7 @@ def make_config(settings: Settings, *, dest: Path | None = None, endpoint: str |
     HF_ENDPOINT is honoured only for the real recipe (the SIMULATED recipe's endpoint is local).
     """
     hub = settings.recipe.hub
-    env_endpoint = None if settings.recipe.simulated else os.environ.get("HF_ENDPOINT")
+    env_endpoint = None if settings.recipe.simulated else env.hf_endpoint()
     ep = (endpoint or env_endpoint or hub.endpoint).rstrip("/")
     the_repo = repo or hub.repo
     cfg = DownloadConfig(

@@ -20,7 +20,6 @@ a `HubClient` call (a ContextVar), so other users of huggingface_hub in the proc
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
@@ -41,6 +40,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import hf_raise_for_status
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
+from app.backend import env
 from app.backend.download.ranged import UnsafeUrlError
 from app.backend.download.types import (
     AuthError, DownloadConfig, DownloadError, MiB, NotFoundError, TransientError,
@@ -181,8 +181,7 @@ _INSTALL_LOCK = threading.Lock()
 # ---- errors -----------------------------------------------------------------------------------------
 def offline() -> bool:
     """HF_HUB_OFFLINE as the library reads it at import, or set since (the panel may start first)."""
-    env = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return constants.is_offline_mode() or env.strip().upper() in {"1", "ON", "YES", "TRUE"}
+    return constants.is_offline_mode() or env.hf_offline()
 
 
 def refuse_offline(cfg: DownloadConfig) -> None:

@@ -1,4 +1,4 @@
-"""Boot-phase tracking from engine log lines (engine.md §2.4, §2.10).
+"""Boot-phase tracking from engine log lines (docs/engine.md, "Engine facts": boot lines, pool sizing, readiness).
 
 `BootTracker.feed(text)` is fed every line of one engine run; it keeps the human boot phase, the
 pool sizing (slots, MiB per slot), planes-cache hits/misses and whether the API is up. Pure and
@@ -13,12 +13,12 @@ from dataclasses import dataclass, field, replace
 from app.backend.engine.loglines import pool_sizing
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
-# vLLM prefix (engine.md §2.0): optional "(proc pid=N) ", level, timestamp, [file:line]
+# vLLM prefix (docs/engine.md, "Engine facts"): optional "(proc pid=N) ", level, timestamp, [file:line]
 PREFIX_RE = re.compile(
     r"^(?:\((?P<proc>[^) ]+) pid=(?P<pid>\d+)\) )?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
     r"\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]+\] )?(?P<msg>.*)$"
 )
-LAYERS_DEFAULT = 43  # DS4-Flash main-stack MoE layers (engine.md §1.1)
+LAYERS_DEFAULT = 43  # DS4-Flash main-stack MoE layers (docs/engine.md, "Engine facts")
 
 FROM_CACHE_RE = re.compile(r"moe_w2: layer (?P<layer>\d+) planes from cache")
 BUILT_RE = re.compile(r"moe_w2: layer (?P<layer>\d+) planes built")
@@ -32,12 +32,17 @@ API_UP_RE = re.compile(
 # (pattern, phase label) for the progress lines that carry no numbers; order = boot order.
 PHASE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"checkpoint (?:hash|identity|stat)|pinned snapshot present|hashing", re.I), "checkpoint hashing"),
-    (re.compile(r"Starting to load model|Loading safetensors checkpoint shards|Loading weights"), "loading weights"),
+    # "Loading weights took" is the end of loading, not its start (upstream vLLM on CPU prints no later
+    # "Model loading took" line: docs/real-engine.md#boot-phases)
+    (re.compile(r"Starting to load model|Loading safetensors checkpoint shards|Loading weights(?! took)"),
+     "loading weights"),
     (re.compile(r"Model loading took|Loading weights took"), "weights loaded"),
     (re.compile(r"Available KV cache memory|GPU KV cache size|KV cache (?:memory|size|allocat)"), "KV cache"),
     (re.compile(r"Capturing CUDA graph|Graph capturing|CUDA graph capture", re.I), "CUDA graphs"),
     (re.compile(r"init engine \(profile, create kv cache"), "engine initialised"),
 )
+
+PHASE_RANK = {label: rank for rank, (_, label) in enumerate(PHASE_PATTERNS)}
 
 
 @dataclass(frozen=True)
@@ -106,9 +111,11 @@ def _advance(p: BootProgress, msg: str) -> BootProgress:
         return replace(p, api_up=True, phase="API up")
     if p.api_up:
         return p  # later lines never move the phase backwards
-    for pattern, label in PHASE_PATTERNS:
+    for rank, (pattern, label) in enumerate(PHASE_PATTERNS):
         if pattern.search(msg):
-            return replace(p, phase=label) if p.phase != label else p
+            # never backwards: vLLM's tqdm bar ("Loading safetensors checkpoint shards: 100%", stderr)
+            # arrives after "Loading weights took" (docs/real-engine.md#boot-phases)
+            return replace(p, phase=label) if rank > PHASE_RANK.get(p.phase, -1) else p
     return p
 
 

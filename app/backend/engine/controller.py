@@ -4,46 +4,55 @@ Threading model: every lifecycle operation (start, stop, switch, adopt) runs in 
 a time (single-flight; a second request while one runs is refused with a message and a refused
 `Ticket`). Mutating operations also hold the cross-process engine lock (`oplock.EngineLock`): a second
 panel or a CLI refuses, naming the holder. Log followers, the Docker event watch and the reconcile run
-in their own threads (following.py); outside an operation of this process the snapshot is what Docker
-shows. All state changes go through `_apply()` -> `statemachine.transition()` under one lock; readers
-get immutable `EngineSnapshot`s. Closing the controller stops its threads, never the engine.
+in their own threads; outside an operation of this process the snapshot is what Docker shows
+(docs/engine.md, "One truth"): a watch thread reads Docker's event stream for the panel's labels and a
+reconcile thread re-reads the containers on every event and every `resync_s` (the safety net when an
+event is missed), adopting or explaining whatever anyone else did. The liveness check (a /metrics read
+while ready) runs in a thread of its own, so a slow engine never holds up the reconcile. All state
+changes go through `_apply()` -> `statemachine.transition()` under one lock; readers get immutable
+`EngineSnapshot`s. Closing the controller stops its threads, never the engine.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
+
+import httpx
 
 from app.backend.engine import diagnosis as diag_mod
 from app.backend.engine import statemachine as sm
-from app.backend.engine.bootlog import BootTracker
-from app.backend.engine.exits import explain_exit, is_failure
-from app.backend.engine.following import LogFollowing
+from app.backend.engine.bootlog import BootProgress, BootTracker
+from app.backend.engine.diagnosis import cache_miss_warning
+from app.backend.engine.exits import ExitRecords, explain_exit, is_failure
+from app.backend.engine.following import LogFollower
 from app.backend.engine.gpurelease import wait_gpu_release
-from app.backend.engine.liveness import LivenessTracker
+from app.backend.engine.liveness import LivenessTracker, progress_from_metrics, stall_diagnosis
+from app.backend.engine.loglines import EVERY_LINE, LogFilter
 from app.backend.engine.logstore import LogStore
 from app.backend.engine.ops import ControllerOptions, Ticket, expects_pool
 from app.backend.engine.oplock import EngineLock, Holder, LockHeld
 from app.backend.engine.preflight import PreflightInputs, PreflightReport, run_preflight
 from app.backend.engine.readiness import base_url, port_in_use, probe
-from app.backend.engine.runtime import (
-    MANAGED_LABEL, RECIPE_LABEL, Instance, LogFollow, Runtime, RuntimeOpError, RuntimeUnavailable,
-)
+from app.backend.engine.runtime import MANAGED_LABEL, RECIPE_LABEL, Instance, Runtime, RuntimeOpError, RuntimeUnavailable
 from app.backend.engine.types import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, LogLine
 from app.backend.recipe.command import RunSpec, build_run_spec
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.settings import Settings
 from app.backend.telemetry.gpu_types import GpuReader
 
-S = EngineState
+__all__ = ["ControllerOptions", "EngineController", "expects_pool"]
+
 MUTATING = frozenset({"start", "stop", "switch", "restart"})  # "adopt" only watches: no lock
+BOOTING = frozenset({EngineState.PREFLIGHT, EngineState.STARTING})
+ADOPT_PROBE_S = 1.0  # adoption's readiness probe: not ready within this -> shown starting, gated by a watch-only op
 
 
-class EngineController(LogFollowing):
+class EngineController:
     """Single owner of the engine lifecycle for one recipe (see the module docstring)."""
 
     def __init__(
@@ -77,19 +86,18 @@ class EngineController(LogFollowing):
         self._wake = threading.Event()  # interrupts poll waits (close, cancel)
         self._cancel = threading.Event()  # a stop request cancels the boot in progress
         self._closed = False
-        self._follow: LogFollow | None = None
-        self._run_token = 0
-        self._streams_open = 0
-        self._tracker = BootTracker()
         self._expected_exit: set[str] = set()
         self._pids_cache: tuple[float, str, set[int]] = (0.0, "", set())
         self.logs = LogStore(settings.state_dir / "engine-logs")
+        self._follower = LogFollower(self.logs, booting=lambda: self._snap.state in BOOTING,
+                                     on_boot_progress=self._on_boot_progress, on_ended=self._on_streams_ended)
         self.oplock = EngineLock(settings.state_dir)
-        self._explained: set[str] = set()
+        self._exit_records = ExitRecords(settings.state_dir)
+        self._explained: set[str] = set()  # exited containers already explained (never twice)
         self._adopted_once = False
         self._kick = threading.Event()  # wakes the reconcile (a Docker event, a log stream end)
         self._wake_watch = threading.Event()
-        self._events_stream: object | None = None
+        self._events_stream: Any = None  # docker-py's CancellableStream while the watch reads it
         self._threads: list[threading.Thread] = []
         self._watch_error = ""
         self._liveness = LivenessTracker(self._stall_after())
@@ -119,10 +127,9 @@ class EngineController(LogFollowing):
     def recent_logs(self, n: int = 250) -> list[LogLine]:
         return self.logs.recent(n)
 
-    def export_logs(self, stream: str = "both", needle: str = "") -> Path:
-        """Write the in-memory tail (filtered) to a file for download; returns its path."""
-        lines = [ln for ln in self.logs.recent(100000)
-                 if (stream == "both" or ln.stream == stream) and needle.lower() in ln.text.lower()]
+    def export_logs(self, view: LogFilter = EVERY_LINE) -> Path:
+        """Write the in-memory tail, as the view filters it, to a file for download; returns its path."""
+        lines = view.apply(self.logs.recent(100000))
         out_dir = self.settings.state_dir / "exports"
         out_dir.mkdir(parents=True, exist_ok=True)
         snap = self.snapshot()
@@ -154,15 +161,17 @@ class EngineController(LogFollowing):
     def profiles(self) -> list[ProfileSpec]:
         return self._profiles_fn()
 
-    def run_spec(self, profile_id: str) -> RunSpec:
-        """The exact RunSpec `moet-panel command --profile ID` prints (plus panel settings)."""
-        return build_run_spec(self.recipe, profile_id, str(self.settings.data_dir),
+    def run_spec(self, profile_id: str, *, plain: bool = False) -> RunSpec:
+        """The spec a start of this profile runs, panel settings (`options.extra_env`) included: the one place
+        it is built, so the Engine and Profiles tabs show exactly what Start runs. `plain`: the card's own
+        command (no panel additions), for reading beside the card. KeyError: unknown profile."""
+        return build_run_spec(self.recipe, profile_id, str(self.settings.data_dir), plain=plain,
                               extra_env=self.options.extra_env or None, profiles=self.profiles())
 
     def container_pids(self) -> set[int]:
         snap = self.snapshot()
         rt = self._runtime
-        if not snap.container_id or rt is None or snap.state not in LIVE_STATES | {S.STOPPING}:
+        if not snap.container_id or rt is None or snap.state not in LIVE_STATES | {EngineState.STOPPING}:
             return set()
         ts, cid, pids = self._pids_cache
         if cid == snap.container_id and time.monotonic() - ts < 2.0:
@@ -176,7 +185,9 @@ class EngineController(LogFollowing):
 
     def preflight(self, profile_id: str | None = None, overrides: frozenset[str] | set[str] = frozenset()) -> PreflightReport:
         pid = profile_id or self.snapshot().profile_id or self.recipe.recommended_profile.id
-        spec = self.run_spec(pid)
+        return self._preflight(self.run_spec(pid), frozenset(overrides))
+
+    def _preflight(self, spec: RunSpec, overrides: frozenset[str]) -> PreflightReport:
         rt = self._get_runtime(force=True)
         snap = self.snapshot()
         inputs = PreflightInputs(
@@ -186,23 +197,22 @@ class EngineController(LogFollowing):
             engine_pids=self.container_pids(),
             artifact_status=self._artifact_status,
         )
-        return run_preflight(inputs, frozenset(overrides))
+        return run_preflight(inputs, overrides)
 
     def _panel_engine_running(self, rt: Runtime | None) -> bool:
         """A container with this panel's labels runs (whoever started it): the port holder is ours."""
         try:
-            return rt is not None and any(i.running for i in rt.list({MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id}))
+            return rt is not None and any(i.running for i in rt.list(self._labels()))
         except (RuntimeUnavailable, RuntimeOpError):
             return False
 
     def start(self, profile_id: str, overrides: tuple[str, ...] | frozenset[str] = ()) -> Ticket:
-        if (bad := self._unknown(profile_id)) is not None:
-            return bad
-        snap = self.snapshot()
-        if snap.state in LIVE_STATES and self.busy() is None:
-            return self._refused("start", profile_id, f"refused: an engine is already {snap.state.value} (profile "
-                                 f"{snap.profile_id}); use switch to change profile")
-        return self._submit("start", profile_id, lambda t: self._op_start(t, profile_id, frozenset(overrides)))
+        spec = self._spec_for("start", profile_id)
+        if isinstance(spec, Ticket):
+            return spec
+        if self.busy() is None and (why := self._already_live()):
+            return self._refused("start", profile_id, why)
+        return self._submit("start", profile_id, lambda t: self._op_start(t, profile_id, spec, frozenset(overrides)))
 
     def stop(self) -> Ticket:
         """Stop the engine. While a start/switch is booting, the boot is cancelled first (stop wins)."""
@@ -241,16 +251,25 @@ class EngineController(LogFollowing):
         self._run_op(ticket, self._op_stop)
 
     def switch(self, profile_id: str, overrides: tuple[str, ...] | frozenset[str] = ()) -> Ticket:
-        if (bad := self._unknown(profile_id)) is not None:
-            return bad
-        return self._submit("switch", profile_id, lambda t: self._op_switch(t, profile_id, frozenset(overrides)))
+        spec = self._spec_for("switch", profile_id)
+        if isinstance(spec, Ticket):
+            return spec
+        return self._submit("switch", profile_id, lambda t: self._op_switch(t, profile_id, spec, frozenset(overrides)))
 
-    def _unknown(self, profile_id: str) -> Ticket | None:
+    def _spec_for(self, action: str, profile_id: str) -> RunSpec | Ticket:
+        """The operation's one spec (one profile lookup), or its refusal naming the operation."""
         try:
-            self.run_spec(profile_id)
-            return None
+            return self.run_spec(profile_id)
         except (KeyError, ValueError) as exc:
-            return self._refused("start", profile_id, f"refused: {exc.args[0] if exc.args else exc}")
+            return self._refused(action, profile_id, f"refused: {exc.args[0] if exc.args else exc}")
+
+    def _already_live(self) -> str:
+        """Why a start must be refused now ('' = it may go): an engine already runs (switch changes profile)."""
+        snap = self.snapshot()
+        if snap.state not in LIVE_STATES:
+            return ""
+        return (f"refused: an engine is already {snap.state.value} (profile {snap.profile_id}); "
+                "use switch to change profile")
 
     def _refused(self, action: str, profile_id: str | None, message: str) -> Ticket:
         t = Ticket(next(self._ids), action, profile_id, False, message, ok=False)
@@ -267,10 +286,10 @@ class EngineController(LogFollowing):
             stream = self._events_stream
         if stream is not None:
             try:
-                stream.close()  # type: ignore[attr-defined]
+                stream.close()
             except Exception:  # already closed
                 pass
-        self._end_follow()
+        self._follower.end()
         for t in self._threads:
             t.join(timeout=3)
 
@@ -281,6 +300,8 @@ class EngineController(LogFollowing):
                 return self._refused(action, profile_id, "refused: the panel is shutting down")
             if self._busy is not None:
                 b = self._busy
+                if action in MUTATING and b.action not in MUTATING and (holder := self.oplock.holder()) is not None:
+                    return self._refused(action, profile_id, str(LockHeld(holder)))  # the writer whose boot we watch
                 what = f"{b.action} to {b.profile_id}" if b.profile_id else b.action
                 return self._refused(action, profile_id, f"refused: a {what} is already in progress — wait for it to finish")
             if action in MUTATING:
@@ -316,32 +337,28 @@ class EngineController(LogFollowing):
             self._kick.set()  # re-read Docker now that this process's belief no longer wins
             ticket._done.set()
 
-    def _op_start(self, ticket: Ticket, profile_id: str, overrides: frozenset[str]) -> None:
-        self._reconcile_now()
-        snap = self.snapshot()
-        if snap.state in LIVE_STATES:
-            ticket.ok = False
-            ticket.message = (f"refused: an engine is already {snap.state.value} (profile {snap.profile_id}); "
-                              "use switch to change profile")
+    def _op_start(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> None:
+        self._reconcile_now()  # Docker may show an engine this snapshot did not know of yet
+        if why := self._already_live():
+            ticket.ok, ticket.message = False, why
             return
-        self._finish(ticket, self._boot(profile_id, overrides))
+        self._finish(ticket, self._boot(profile_id, spec, overrides))
 
     def _op_stop(self, ticket: Ticket) -> None:
         self._stop_engine("stopped by user" if self.options.actor == "panel" else f"stopped by {self.options.actor}")
         ticket.ok, ticket.message = True, "engine stopped"
 
-    def _op_switch(self, ticket: Ticket, profile_id: str, overrides: frozenset[str]) -> None:
+    def _op_switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> None:
         self._reconcile_now()
         snap = self.snapshot()
-        if snap.state is S.READY and snap.profile_id == profile_id:
+        if snap.state is EngineState.READY and snap.profile_id == profile_id:
             ticket.ok, ticket.message = True, f"already serving {profile_id}"
             return
-        self.run_spec(profile_id)  # unknown profile -> KeyError before anything is stopped
         rollback_to = snap.last_ready_profile
         if not self._stop_and_release(f"switching to {profile_id}"):
             self._finish(ticket, False)
             return
-        if self._boot(profile_id, overrides):
+        if self._boot(profile_id, spec, overrides):
             self._finish(ticket, True)
             return
         failure = self.snapshot().diagnosis
@@ -352,7 +369,7 @@ class EngineController(LogFollowing):
             self._finish(ticket, False)
             return
         self._stop_and_release(f"rolling back to {rollback_to}")
-        ok = self._boot(rollback_to, frozenset())
+        ok = self._boot_profile(rollback_to)
         title = failure.title if failure else "failed"
         if ok:
             self._apply(sm.Noted(f"switch to {profile_id} failed ({title}); rolled back to {rollback_to}", failure))
@@ -368,11 +385,20 @@ class EngineController(LogFollowing):
                           f"{ticket.action} failed: {snap.diagnosis.title if snap.diagnosis else snap.message}")
 
     # -- boot --------------------------------------------------------------------------------
-    def _boot(self, profile_id: str, overrides: frozenset[str]) -> bool:
-        """Preflight -> prepare -> run -> gate on ready. Leaves the state READY or FAILED."""
-        spec = self.run_spec(profile_id)
+    def _boot_profile(self, profile_id: str) -> bool:
+        """Boot a profile the operation did not ask for (rollback, stall restart) from a spec built now."""
+        try:
+            spec = self.run_spec(profile_id)
+        except (KeyError, ValueError) as exc:  # e.g. the custom profile was deleted meanwhile
+            d = diag_mod.HINTS["preflight_failed"]
+            self._fail(Diagnosis(d.reason, d.title, str(exc), d.fix), f"cannot build {profile_id}: {exc}")
+            return False
+        return self._boot(profile_id, spec, frozenset())
+
+    def _boot(self, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> bool:
+        """Preflight -> prepare -> run -> gate on ready, all on this one spec. Leaves the state READY or FAILED."""
         self._apply(sm.PreflightBegan(profile_id))
-        report = self.preflight(profile_id, overrides)
+        report = self._preflight(spec, overrides)
         if not report.ok:
             bad = tuple(f"{i.title}: {i.detail} — fix: {i.fix}" for i in report.blocking())
             d = diag_mod.HINTS["preflight_failed"]
@@ -391,7 +417,7 @@ class EngineController(LogFollowing):
         except RuntimeOpError as exc:
             self._fail(diag_mod.classify(None, False, [str(exc)], hint=exc.reason), str(exc))
             return False
-        self._begin_follow(rt, inst, from_start=True)
+        self._follower.begin(rt, inst, from_start=True)
         self._apply(sm.BootBegan(profile_id, inst.id, inst.name, base_url(self.recipe),
                                  self.recipe.model.served_name, self.recipe.simulated))
         return self._await_ready(rt, inst, spec.env_dict)
@@ -401,7 +427,7 @@ class EngineController(LogFollowing):
         holder = rt.get(spec.name)
         if holder is not None and not holder.managed:
             return "name_conflict", f"container name {spec.name} is held by a container this panel did not create"
-        for inst in rt.list({MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id}):
+        for inst in rt.list(self._labels()):
             if inst.running:
                 return "port_in_use", f"panel engine {inst.name} is still running; stop it first"
             rt.remove(inst.id)
@@ -415,21 +441,30 @@ class EngineController(LogFollowing):
                 return "image_missing", f"image {spec.image} is not present"
         return None
 
-    def _await_ready(self, rt: Runtime, inst: Instance, env: dict[str, str]) -> bool:
+    def _await_ready(self, rt: Runtime, inst: Instance, env: dict[str, str], *, watch_only: bool = False) -> bool:
+        """Gate on ready. `watch_only` (an adopted engine someone else started): the reconcile keeps running
+        meanwhile and owns what happens when Docker changes — this loop ends as soon as the snapshot stops
+        showing `inst`, and leaves an exit for the reconcile to explain."""
         url, name = base_url(self.recipe), self.recipe.model.served_name
         want_pool = expects_pool(env, self.recipe.engine.pool_line)
         deadline = time.monotonic() + self.recipe.engine.boot_timeout_s
         pool_deadline: float | None = None
-        while not self._closed and not self._cancel.is_set():
+        while not self._closed and not self._cancel.is_set() and self._shows_booting(inst.id):
             cur = rt.get(inst.id)
             if cur is None or not cur.running:
-                self._drain_logs()
+                if watch_only:
+                    self._kick.set()
+                    return False
+                self._follower.drain()
                 return self._fail_exited(cur)
             p = probe(url, name)
             if p.health_ok and p.models_ok:
-                prog = self._tracker.progress
+                prog = self._follower.tracker.progress
                 if not want_pool or (prog.pool_slots or 0) > 0:
-                    self._apply(sm.BecameReady(self._ready_message(prog.pool_slots, want_pool)))
+                    with self._lock:
+                        if not self._shows_booting(inst.id):
+                            return False  # the reconcile moved on (replaced / gone) while this probe ran
+                        self._apply(sm.BecameReady(self._ready_message(want_pool)))
                     return True
                 pool_deadline = pool_deadline or time.monotonic() + self.options.pool_line_grace_s
                 if prog.pool_slots == 0 or time.monotonic() > pool_deadline:
@@ -437,10 +472,15 @@ class EngineController(LogFollowing):
             if time.monotonic() > deadline:
                 return self._fail_and_stop(rt, inst, "boot_timeout")
             self._wake.wait(self.options.poll_interval_s)
-        return False  # panel closing (engine left as it is) or cancelled by stop (the stop op follows)
+        return False  # panel closing (engine left as it is), cancelled by stop (the stop op follows), or moved on
 
-    def _ready_message(self, slots: int | None, want_pool: bool) -> str:
-        prog = self._tracker.progress
+    def _shows_booting(self, cid: str) -> bool:
+        """The snapshot still shows this container booting (a preflight before BootBegan counts)."""
+        snap = self._snap
+        return snap.state is EngineState.PREFLIGHT or (snap.state is EngineState.STARTING and snap.container_id == cid)
+
+    def _ready_message(self, want_pool: bool) -> str:
+        prog = self._follower.tracker.progress
         if prog.cache_miss:
             return "ready, but the planes cache MISSED during boot: " + diag_mod.cache_miss_warning()
         return "" if want_pool else "ready (this profile has no FP4 pool)"
@@ -448,22 +488,22 @@ class EngineController(LogFollowing):
     def _fail_exited(self, cur: Instance | None) -> bool:
         lines = [ln.text for ln in self.logs.recent(400)]
         code = cur.exit_code if cur else None
-        d = explain_exit(cur, lines, cache_miss=self._tracker.progress.cache_miss)
+        d = explain_exit(cur, lines, cache_miss=self._follower.tracker.progress.cache_miss)
         if cur is not None:
             self._explained.add(cur.id)
         if is_failure(d):
             self._fail(d, f"engine exited (code {code}): {d.title}")
         else:
-            self._end_follow()
+            self._follower.end()
             self._apply(sm.Vanished(f"engine {d.title}" + (f" (exit code {code})" if code is not None else ""), d))
         return False
 
     def _fail_and_stop(self, rt: Runtime, inst: Instance, hint: str) -> bool:
         lines = [ln.text for ln in self.logs.recent(400)]
-        d = diag_mod.classify(None, False, lines, hint=hint, cache_miss=self._tracker.progress.cache_miss)
+        d = diag_mod.classify(None, False, lines, hint=hint, cache_miss=self._follower.tracker.progress.cache_miss)
         self._expected_exit.add(inst.id)
         rt.stop(inst.id, self.recipe.engine.stop_grace_s)  # it holds the GPU and must not serve
-        self._drain_logs()
+        self._follower.drain()
         self._fail(d, d.title)
         return False
 
@@ -474,25 +514,25 @@ class EngineController(LogFollowing):
         rt = self._get_runtime(force=True)
         snap = self.snapshot()
         if rt is None:
-            if snap.state is not S.STOPPED:
+            if snap.state is not EngineState.STOPPED:
                 self._fail(self._runtime_failure(RuntimeUnavailable(self._runtime_error)), self._runtime_error)
             return True
-        mine = rt.list({MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id})
+        mine = rt.list(self._labels())
         targets = [i for i in mine if i.running]
         leftovers = [i for i in mine if not i.running]  # e.g. the failed run kept for inspection
-        if snap.state is S.STOPPED and not targets:
+        if snap.state is EngineState.STOPPED and not targets:
             for inst in leftovers:
                 rt.remove(inst.id)
             return True
-        if snap.state is not S.STOPPING:
+        if snap.state is not EngineState.STOPPING:
             self._apply(sm.StopBegan(message))
         stopped = []
         for inst in targets:
             self._expected_exit.add(inst.id)
             final = rt.stop(inst.id, self.recipe.engine.stop_grace_s)
             stopped.append(final or inst)
-        self._drain_logs()
-        self._end_follow()
+        self._follower.drain()
+        self._follower.end()
         for inst in stopped + leftovers:
             rt.remove(inst.id)  # logs are persisted by the panel; exit code already read
         if release_pids is not None:
@@ -514,6 +554,233 @@ class EngineController(LogFollowing):
                                 timeout_s=self.options.gpu_release_timeout_s,
                                 poll_s=min(0.5, self.options.poll_interval_s * 2), stop=self._wake, skip=no_gpu)
 
+    # == observed state: Docker events + periodic resync -> reconcile (docs/engine.md, "One truth") ==
+    def _writing(self) -> bool:
+        """This process runs a mutating operation: its own belief wins over Docker until it ends. A watch-only
+        op (gating an adopted engine) does not count: the reconcile keeps following Docker."""
+        busy = self._busy
+        return busy is not None and busy.action in MUTATING
+
+    def _on_boot_progress(self, cid: str, p: BootProgress) -> None:
+        """A followed line moved the boot picture; shown while this run boots (lines before BootBegan are only
+        tracked, and shown with the next line)."""
+        with self._lock:
+            if self._snap.state is EngineState.STARTING and self._snap.container_id == cid:
+                msg = cache_miss_warning() if p.cache_miss else ""
+                self._apply(sm.BootProgressed(p.phase, p.pool_slots, p.slot_mib, msg))
+
+    def _on_streams_ended(self, cid: str) -> None:
+        """Both log streams ended: the engine probably exited; let the reconcile look at Docker now."""
+        if not self._closed:
+            self._kick.set()
+
+    def _start_watch(self) -> None:
+        loops = ((self._events_loop, "engine-events"), (self._reconcile_loop, "engine-reconcile"),
+                 (self._liveness_loop, "engine-liveness"))
+        for target, name in loops:
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _labels(self) -> dict[str, str]:
+        return {MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id}
+
+    def _events_loop(self) -> None:
+        while not self._closed:
+            rt = self._runtime
+            watch: Callable[[dict[str, str]], Iterator[Any]] | None = getattr(rt, "events", None)
+            if watch is None:  # no runtime yet, or one without events (process runtime): resync only
+                self._wake_watch.wait(1.0)
+                continue
+            try:
+                stream = watch(self._labels())
+                with self._lock:
+                    self._events_stream = stream
+                for _ in stream:
+                    if self._closed:
+                        break
+                    self._kick.set()
+            except Exception:  # daemon restarted / stream cut: the resync covers the gap, retry shortly
+                pass
+            finally:
+                with self._lock:
+                    self._events_stream = None
+            self._wake_watch.wait(1.0)
+
+    def _reconcile_loop(self) -> None:
+        while not self._closed:
+            self._kick.wait(self.options.resync_s)
+            self._kick.clear()
+            if self._closed:
+                return
+            try:
+                self._reconcile()
+            except Exception as exc:  # the watch must survive anything; say why once
+                self._watch_error = f"{type(exc).__name__}: {exc}"
+
+    def _liveness_loop(self) -> None:
+        while not self._closed:
+            self._wake_watch.wait(self.options.liveness_poll_s)
+            if self._closed:
+                return
+            try:
+                self._check_liveness()
+            except Exception as exc:  # like the reconcile: survive, say why
+                self._watch_error = f"{type(exc).__name__}: {exc}"
+
+    def _reconcile(self, own_op: bool = False) -> None:
+        """Make the snapshot say what Docker says (skipped while this process runs an operation, unless that
+        operation asks: `own_op`, at the start of a start/switch)."""
+        with self._lock:
+            if (self._writing() and not own_op) or self._closed:
+                return
+        rt = self._get_runtime()
+        if rt is None:
+            return
+        try:
+            mine = rt.list(self._labels())
+        except (RuntimeUnavailable, RuntimeOpError) as exc:
+            with self._lock:
+                if (not self._writing() or own_op) and self._snap.state in LIVE_STATES:
+                    base = Diagnosis("docker_unreachable", "Docker daemon unreachable", str(exc),
+                                     "Is dockerd running (`systemctl status docker`)? Is DOCKER_HOST right?")
+                    self._apply(sm.Failed(base, str(exc)))
+            return
+        running = sorted((i for i in mine if i.running), key=lambda i: i.started_at)
+        if running:
+            self._reconcile_running(rt, running, own_op)
+        else:
+            self._reconcile_nothing_runs(rt, mine, own_op)
+
+    def _reconcile_running(self, rt: Runtime, running: list[Instance], own_op: bool) -> None:
+        snap = self.snapshot()
+        inst = running[-1]
+        if snap.container_id == inst.id and snap.state in LIVE_STATES | {EngineState.STOPPING}:
+            if snap.state is EngineState.STARTING and not own_op:
+                with self._lock:  # booting and nobody in this process waits for it (adopted inside an op)
+                    if self._busy is None:
+                        self._watch_boot(rt, inst)
+            return
+        self._adopt(rt, inst, len(running), own_op)
+
+    def _reconcile_nothing_runs(self, rt: Runtime, mine: list[Instance], own_op: bool) -> None:
+        """Explain the run the snapshot still shows, or (fresh process) the newest exited run."""
+        snap = self.snapshot()
+        if snap.state in LIVE_STATES or snap.state is EngineState.STOPPING:
+            cid = snap.container_id
+        elif snap.state is EngineState.FAILED and snap.container_id:
+            if not any(i.id == snap.container_id and i.status != "removing" for i in mine):
+                with self._lock:  # the failed run's container was removed: nothing is there; keep why it failed
+                    if not self._writing() or own_op:
+                        self._apply(sm.Vanished(f"{snap.container_name or 'the engine container'} was removed "
+                                                "(the last diagnosis is kept below)", snap.diagnosis))
+            return  # already explained
+        else:
+            exited = sorted((i for i in mine if not i.running), key=lambda i: i.finished_at or i.started_at)
+            if not exited or exited[-1].id in self._explained:
+                return
+            cid = exited[-1].id
+        inst_now = next((i for i in mine if i.id == cid), None)
+        self._explain(rt, inst_now, cid, own_op)
+
+    def _explain(self, rt: Runtime, inst: Instance | None, cid: str, own_op: bool = False) -> None:
+        self._explained.add(cid)
+        tracker = BootTracker()
+        lines: list[str] = []
+        if inst is not None:
+            self._follower.drain(0.5)  # Docker ends the streams when the container exits: normally at once
+            with self._lock:
+                followed = bool(self._snap.container_id == cid and self.logs.recent(1))
+            lines = ([ln.text for ln in self.logs.recent(400)] if followed
+                     else [t for _, t in rt.read_logs(cid, max_lines=20000)])
+            for text in lines:
+                tracker.feed(text)
+        d = self._exit_records.read(cid) or explain_exit(inst, lines[-400:], cache_miss=tracker.progress.cache_miss)
+        with self._lock:
+            if (self._writing() and not own_op) or (self._snap.container_id and self._snap.container_id != cid):
+                return  # an operation started meanwhile / already on another container
+            if inst is None or inst.id == self._snap.container_id:
+                self._follower.end()
+            code = f" (exit code {inst.exit_code})" if inst is not None else ""
+            if is_failure(d):
+                self._apply(sm.Failed(d, f"engine exited{code}: {d.title}"))
+                # keep the id (not a state change): this failed run is what the badge explains
+                self._snap = replace(self._snap, container_id=cid, container_name=inst.name if inst else "")
+            else:
+                self._apply(sm.Vanished(f"engine {d.title}{code}", d))
+
+    def _adopt(self, rt: Runtime, inst: Instance, n_running: int, own_op: bool = False) -> None:
+        """Adopt a running panel engine (started by this panel before a restart, another panel or the CLI)."""
+        tracker = BootTracker()
+        old = rt.read_logs(inst.id, max_lines=20000)
+        for _, text in old:
+            tracker.feed(text)
+        prog = tracker.progress
+        # Probe only an engine whose log says its API is up: one still booting is shown starting at once (the
+        # watch-only op gates it), never held back by a probe of a busy new process.
+        p = probe(base_url(self.recipe), self.recipe.model.served_name, read_timeout_s=ADOPT_PROBE_S) \
+            if prog.api_up else None
+        want_pool = expects_pool(inst.env, self.recipe.engine.pool_line)
+        ready = p is not None and p.health_ok and p.models_ok and (not want_pool or (prog.pool_slots or 0) > 0)
+        with self._lock:
+            if (self._writing() and not own_op) or self._closed:
+                return
+            first = self._snap.state is EngineState.STOPPED and not self._snap.container_id and not self._adopted_once
+            self._adopted_once = True
+            self._follower.begin(rt, inst, from_start=False, tracker=tracker, backlog=old[-300:])
+            note = "reattached to the running engine" if first else f"adopted {inst.name} (started outside this panel)"
+            self._liveness.reset()
+            self._apply(sm.Adopted(inst.profile_id, inst.id, inst.name, base_url(self.recipe),
+                                   self.recipe.model.served_name, self.recipe.simulated, ready, prog.phase,
+                                   prog.pool_slots, prog.slot_mib, note))
+            if n_running > 1:
+                self._apply(sm.Noted(f"adopted {inst.name}; {n_running - 1} other panel engine(s) are also "
+                                     "running — stop them (never started twice by this panel)"))
+            if not ready and not own_op:
+                self._watch_boot(rt, inst)
+
+    def _watch_boot(self, rt: Runtime, inst: Instance) -> None:
+        """An adopted engine still boots: gate it on ready in a watch-only op (no lock: another writer's run)."""
+        self._submit("adopt", inst.profile_id,
+                     lambda t: self._finish(t, self._await_ready(rt, inst, inst.env, watch_only=True)))
+
+    # -- liveness after ready (docs/engine.md, "Liveness") ---------------------------------------
+    def _check_liveness(self) -> None:
+        snap = self.snapshot()
+        if snap.state not in (EngineState.READY, EngineState.STALLED) or not snap.base_url or self._busy is not None:
+            return
+        try:
+            r = httpx.get(f"{snap.base_url}/metrics", timeout=httpx.Timeout(2.0, connect=1.0))
+            if r.status_code != 200:
+                return
+            verdict = self._liveness.feed(progress_from_metrics(r.text, time.monotonic()))
+        except (httpx.HTTPError, ValueError):
+            return
+        with self._lock:
+            if self._busy is not None or self._snap.container_id != snap.container_id:
+                return
+            if verdict.stalled and self._snap.state is EngineState.READY:
+                tail = tuple(ln.text for ln in self.logs.recent(5))
+                d = stall_diagnosis(verdict.running, verdict.idle_s, self._stall_after(), tail)
+                self._apply(sm.Stalled(d, f"stalled: {int(verdict.running)} request(s) running, no token for "
+                                          f"{verdict.idle_s:.0f} s"))
+                restart = self._restart_on_stall()
+            elif not verdict.stalled and self._snap.state is EngineState.STALLED:
+                self._apply(sm.Unstalled("tokens are moving again"))
+                return
+            else:
+                return
+        if restart and snap.profile_id:
+            self._restart_stalled(snap.profile_id)
+
+    def _stall_after(self) -> float:
+        v = self.options.stall_after_s
+        return float(v if v is not None else self.recipe.engine.stall_after_s)
+
+    def _restart_on_stall(self) -> bool:
+        v = self.options.restart_on_stall
+        return bool(v if v is not None else self.recipe.engine.restart_on_stall)
+
     # -- helpers -------------------------------------------------------------------------------
     def _apply(self, event: sm.Event) -> EngineSnapshot:
         with self._lock:
@@ -524,28 +791,7 @@ class EngineController(LogFollowing):
     def _fail(self, d: Diagnosis, message: str) -> None:
         snap = self._apply(sm.Failed(d, message))
         if snap.container_id:  # a run this panel judged (pool not loaded, boot timeout): any process reads it
-            self._record_failure_file(snap.container_id, d)
-
-    def _failure_path(self, cid: str) -> Path:
-        return self.settings.state_dir / "engine-exits" / f"{cid[:64]}.json"
-
-    def _record_failure_file(self, cid: str, d: Diagnosis) -> None:
-        try:
-            path = self._failure_path(cid)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"reason": d.reason, "title": d.title, "explanation": d.explanation,
-                                        "fix": d.fix, "evidence": list(d.evidence)}), encoding="utf-8")
-            for old in sorted(path.parent.glob("*.json"), key=lambda p: p.stat().st_mtime)[:-20]:
-                old.unlink(missing_ok=True)
-        except OSError:
-            pass  # unwritable data dir: the live panel still shows it
-
-    def _recorded_failure(self, cid: str) -> Diagnosis | None:
-        try:
-            raw = json.loads(self._failure_path(cid).read_text(encoding="utf-8"))
-            return Diagnosis(raw["reason"], raw["title"], raw["explanation"], raw["fix"], tuple(raw["evidence"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+            self._exit_records.record(snap.container_id, d)
 
     def _restart_stalled(self, profile_id: str) -> None:
         """restart_on_stall: same profile; the stalled run's log files stay on disk, its diagnosis stays shown."""
@@ -555,7 +801,7 @@ class EngineController(LogFollowing):
             if not self._stop_and_release(f"restarting {profile_id}: the engine stalled"):
                 self._finish(t, False)
                 return
-            ok = self._boot(profile_id, frozenset())
+            ok = self._boot_profile(profile_id)
             if ok and stalled is not None:
                 self._apply(sm.Noted(f"restarted {profile_id} after a stall (previous run: {stalled.title})", stalled))
             self._finish(t, ok)
@@ -586,6 +832,3 @@ class EngineController(LogFollowing):
         rt = self._runtime
         return rt.describe() if rt is not None else (self._runtime_error or "not connected yet")
 
-
-def log_dir(settings: Settings) -> Path:
-    return settings.state_dir / "engine-logs"

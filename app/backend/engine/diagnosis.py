@@ -1,9 +1,9 @@
 """Classify an engine failure from (exit code, OOMKilled, log tail) — a pure function.
 
 The rules are ordered: the most specific root cause wins (vLLM prints the root cause *above* a long
-API-server traceback, engine.md §2.10, so the whole tail is searched, not just the last line).
+API-server traceback, docs/engine.md "Engine facts", so the whole tail is searched, not just the last line).
 Texts of the fixes come from the model card (docs/model-card.txt; quotes in “ ” are its exact words, checked by
-tests/test_card_wording.py) and engine.md §2.6.
+tests/test_card_wording.py) and the boot-guard texts in docs/engine.md ("Engine facts").
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ TEXT_RULES: tuple[_Rule, ...] = (
     ),
     _Rule(
         "boot_guard", "Boot guard refused the configuration",
-        "vLLM-Moet's load-time guard found the profile's settings incoherent and refused to serve (engine.md §2.6).",
+        "vLLM-Moet's load-time guard found the profile's settings incoherent and refused to serve.",
         "Read the quoted guard message: it names the setting to change (e.g. raise VLLM_MOE_W2_DELTA_GB, disable "
         "the gate, or set the FORCE_* consent valve the card uses). Re-check custom profile env against the card.",
         _rx(
@@ -101,6 +101,17 @@ TEXT_RULES: tuple[_Rule, ...] = (
         _rx(r"does not appear to have a file named", r"Can't load the configuration", r"is not a local folder",
             r"No such file or directory: '/model", r"FileNotFoundError", r"model path .* does not exist",
             r"missing model files"),
+    ),
+    _Rule(
+        "engine_argument_refused", "vLLM refused an engine argument",
+        "vLLM checked the engine arguments against the model and the host before loading anything and refused "
+        "them; its own message is quoted below.",
+        "Change the argument the message names in the profile (custom profiles: Engine tab), e.g. keep "
+        "--max-model-len within the model's max_position_embeddings, then start again.",
+        # upstream vLLM 0.32: pydantic's "ValidationError: 1 validation error for ModelConfig" then
+        # "  Value error, <why>"; argparse's "error: argument --x: invalid int value" (docs/real-engine.md)
+        _rx(r"ValidationError: \d+ validation errors? for \w+", r"^\s*Value error, ",
+            r": error: (?:argument --|unrecognized arguments)"),
     ),
 )
 

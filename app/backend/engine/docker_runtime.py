@@ -1,4 +1,4 @@
-"""Docker implementation of the engine runtime (docker-py 7; stack.md §3).
+"""Docker implementation of the engine runtime (docker-py 7; docs/engine.md, "Engine facts").
 
 Pitfalls handled here: the client comes from the environment (DOCKER_HOST works); a dead daemon
 raises DockerException at construction but `requests` exceptions later (both -> RuntimeUnavailable);
@@ -9,13 +9,14 @@ its own line buffer; a missing image is reported, never pulled (there is no regi
 
 from __future__ import annotations
 
-import os
+import builtins
 import threading
-from typing import Any
+from typing import Any, Literal
 
 import docker
 import requests
 
+from app.backend import env
 from app.backend.engine.runtime import (
     Instance,
     LineSink,
@@ -31,7 +32,7 @@ _TRANSPORT_ERRORS = (requests.exceptions.RequestException, ConnectionError, OSEr
 
 
 def docker_host() -> str:
-    return os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
+    return env.docker_host() or DEFAULT_SOCKET
 
 
 def unreachable_message(why: object) -> str:
@@ -89,7 +90,7 @@ class _Follow:
 
 
 class DockerRuntime:
-    kind = "docker"
+    kind: Literal["docker", "process"] = "docker"
 
     def __init__(self, client: docker.DockerClient | None = None, timeout: int = 30) -> None:
         self._client = client
@@ -139,6 +140,13 @@ class DockerRuntime:
         except docker.errors.NotFound:
             return False
 
+    def image_id(self, image: str) -> str:
+        # a rebuilt image keeps its tag but not its id: the self-test keys its results by the id
+        try:
+            return str(self._api(self.client.api.inspect_image, image).get("Id", ""))
+        except docker.errors.NotFound:
+            return ""
+
     # -- instances ---------------------------------------------------------------------------
     def get(self, name_or_id: str) -> Instance | None:
         try:
@@ -153,7 +161,7 @@ class DockerRuntime:
         flt = {"type": "container", "label": [f"{k}={v}" for k, v in labels.items()]}
         return self._api(self.client.events, decode=True, filters=flt)
 
-    def list(self, labels: dict[str, str], include_stopped: bool = True) -> list[Instance]:
+    def list(self, labels: dict[str, str], include_stopped: bool = True) -> builtins.list[Instance]:
         flt = {"label": [f"{k}={v}" for k, v in labels.items()]}
         rows = self._api(self.client.api.containers, all=include_stopped, filters=flt)
         out = [self.get(r["Id"]) for r in rows]
@@ -257,7 +265,7 @@ class DockerRuntime:
         finally:
             sink(stream, None)
 
-    def read_logs(self, ident: str, *, max_lines: int = 50000) -> list[tuple[Stream, str]]:
+    def read_logs(self, ident: str, *, max_lines: int = 50000) -> builtins.list[tuple[Stream, str]]:
         out: list[tuple[Stream, str]] = []
         for stream in ("stdout", "stderr"):
             splitter = LineSplitter()

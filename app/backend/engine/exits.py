@@ -9,6 +9,8 @@ answer. Text rules live in `diagnosis.classify`; this module adds what only the 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Iterable
 
 from app.backend.engine.diagnosis import classify
@@ -75,3 +77,34 @@ def explain_exit(inst: Instance | None, lines: Iterable[str], *, cache_miss: boo
 
 def is_failure(d: Diagnosis) -> bool:
     return d.reason not in NEUTRAL_REASONS
+
+
+class ExitRecords:
+    """Failures the panel itself judged (pool not loaded, boot timeout: Docker's record shows only a stop), kept
+    in `<state_dir>/engine-exits/<container>.json` so a fresh process explains that run the same way."""
+
+    KEEP = 20
+
+    def __init__(self, state_dir: Path) -> None:
+        self.directory = Path(state_dir) / "engine-exits"
+
+    def _path(self, cid: str) -> Path:
+        return self.directory / f"{cid[:64]}.json"
+
+    def record(self, cid: str, d: Diagnosis) -> None:
+        try:
+            path = self._path(cid)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"reason": d.reason, "title": d.title, "explanation": d.explanation,
+                                        "fix": d.fix, "evidence": list(d.evidence)}), encoding="utf-8")
+            for old in sorted(self.directory.glob("*.json"), key=lambda p: p.stat().st_mtime)[:-self.KEEP]:
+                old.unlink(missing_ok=True)
+        except OSError:
+            pass  # unwritable data dir: the live panel still shows it
+
+    def read(self, cid: str) -> Diagnosis | None:
+        try:
+            raw = json.loads(self._path(cid).read_text(encoding="utf-8"))
+            return Diagnosis(raw["reason"], raw["title"], raw["explanation"], raw["fix"], tuple(raw["evidence"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None

@@ -8,16 +8,20 @@ and the next operation retries Docker).
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
-from app.backend.engine.controller import ControllerOptions, EngineController
+from app.backend import env
+from app.backend.engine.controller import EngineController
+from app.backend.engine.ops import ControllerOptions
 from app.backend.engine.docker_runtime import DockerRuntime
 from app.backend.engine.process_runtime import ProcessRuntime
 from app.backend.engine.runtime import Runtime, RuntimeUnavailable
 from app.backend.engine.types import EngineSnapshot
+from app.backend.profiles import all_profiles
 from app.backend.settings import Settings
+from app.backend.telemetry.gpu import make_gpu_reader
 from app.backend.telemetry.gpu_types import GpuReader
+from app.backend.telemetry.nvml import NvmlGpuReader
 
 
 def select_runtime(settings: Settings, *, allow_process: bool = True) -> tuple[Runtime | None, str]:
@@ -29,7 +33,7 @@ def select_runtime(settings: Settings, *, allow_process: bool = True) -> tuple[R
     except RuntimeUnavailable as exc:
         # An explicit DOCKER_HOST names the daemon the user wants: report it unreachable, never swap in the
         # process runtime behind their back (docs/engine.md, "Runtimes").
-        if settings.recipe.simulated and allow_process and not os.environ.get("DOCKER_HOST"):
+        if settings.recipe.simulated and allow_process and not env.docker_host():
             return ProcessRuntime(settings.state_dir), f"{exc} — SIMULATED engine runs as a local process instead"
         return None, str(exc)
 
@@ -60,15 +64,13 @@ def journal_artifact_status(settings: Settings, art_id: str) -> str | None:
 
 
 def artifact_status_fn(settings: Settings) -> Callable[[str], str | None]:
-    """Preflight's artifact item reads the download journals (issue 12 item 4)."""
+    """Preflight's artifact item reads the download journals (docs/engine.md, "Preflight")."""
     return lambda art_id: journal_artifact_status(settings, art_id)
 
 
-def default_gpu_reader(settings: Settings, controller_ref: list[EngineController]) -> GpuReader | None:
-    try:
-        from app.backend.telemetry.gpu import make_gpu_reader
-    except ImportError:
-        return None
+def default_gpu_reader(settings: Settings, controller_ref: list[EngineController],
+                       nvml_reader: NvmlGpuReader | None = None) -> GpuReader:
+    """The app's one GPU reader; `nvml_reader` is the NVML reader the host probe already opened (reused)."""
 
     def snap() -> EngineSnapshot:  # late-bound: the controller does not exist yet while the reader is made
         return controller_ref[0].snapshot() if controller_ref else EngineSnapshot()
@@ -76,7 +78,7 @@ def default_gpu_reader(settings: Settings, controller_ref: list[EngineController
     def pids() -> set[int]:
         return controller_ref[0].container_pids() if controller_ref else set()
 
-    return make_gpu_reader(settings, engine_snapshot_fn=snap, engine_pids_fn=pids)
+    return make_gpu_reader(settings, engine_snapshot_fn=snap, engine_pids_fn=pids, nvml_reader=nvml_reader)
 
 
 def make_engine_controller(settings: Settings, gpu_reader: GpuReader | None = None,
@@ -84,8 +86,6 @@ def make_engine_controller(settings: Settings, gpu_reader: GpuReader | None = No
                            ref: list[EngineController] | None = None) -> EngineController:
     """The controller with its collaborators. `gpu_reader`: the app's one reader (build_app_state makes it
     with `default_gpu_reader(settings, ref)` and passes the same `ref`); without one a reader is made here."""
-    from app.backend.profiles import all_profiles
-
     ref = ref if ref is not None else []
     reader = gpu_reader if gpu_reader is not None else default_gpu_reader(settings, ref)
     ctl = EngineController(

@@ -1,14 +1,13 @@
 """Build the engine image from a local checkout of the engine source (`moet-panel engine build-image`).
 
 Two builders, same events: the card builds with DOCKER_BUILDKIT=1, which docker-py cannot speak
-(classic builder API only, stack.md §3.5), so BuildKit builds shell out to `docker build` (argument
+(classic builder API only; docs/engine.md "Engine facts"), so BuildKit builds shell out to `docker build` (argument
 list, no shell) with `--progress=plain`; otherwise docker-py's low-level build streams JSON events —
 which never raise on failure, so every event is checked for "error".
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from app.backend import env
 from app.backend.engine.docker_runtime import DockerRuntime, unreachable_message
 
 CLASSIC_STEP_RE = re.compile(r"^Step (?P<k>\d+)/(?P<n>\d+) :")
@@ -91,9 +91,9 @@ def _build_cli(source: Path, dockerfile: str, tag: str, build_env: dict[str, str
     if docker_bin is None:
         return BuildResult(False, tag, "BuildKit build needs the docker CLI, which is not on PATH", "buildkit-cli")
     argv = [docker_bin, "build", "--progress=plain", "-f", str(source / dockerfile), "-t", tag, str(source)]
-    env = {**os.environ, **build_env}
+    child_env = {**env.whole(), **build_env}
     on_event(BuildEvent("$ " + " ".join(argv)))
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(argv, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
     assert proc.stdout is not None
     last_error = ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.backend.engine.types import Diagnosis
 from app.backend.telemetry.metrics import GEN_TOKENS, PROMPT_TOKENS, RUNNING, parse_metrics
 
 
@@ -50,3 +51,17 @@ class LivenessTracker:
             return Verdict(False, running, 0.0)
         idle = p.ts - self._moved_at
         return Verdict(idle >= self.stall_after_s, running, idle)
+
+
+def stall_diagnosis(running: float, idle_s: float, limit_s: float, tail: tuple[str, ...]) -> Diagnosis:
+    """The stalled badge's diagnosis: the evidence (running requests, seconds since the last token, last lines)."""
+    return Diagnosis(
+        "stalled", "stalled: requests running, no tokens",
+        f"{int(running)} request(s) are running but vllm:generation_tokens_total (and prompt tokens) have not moved "
+        f"for {idle_s:.0f} s (limit {limit_s:.0f} s) while /health still answers 200 — the engine is "
+        "wedged (a known vLLM failure mode).",
+        "Restart the engine on the same profile (Engine tab: Stop, then Start; or set engine.restart_on_stall = "
+        "true in the recipe to do it automatically). Keep the Logs view: the last lines before the stall are the "
+        "evidence to report.",
+        (f"running requests: {int(running)}", f"seconds since the last token: {idle_s:.0f}") + tail,
+    )

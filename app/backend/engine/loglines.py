@@ -1,6 +1,6 @@
-"""The one classifier of engine log lines that more than one consumer reads (issue 11 item 7).
+"""The one classifier of engine log lines that more than one consumer reads (docs/engine.md, "Logs").
 
-The FP4 pool sizing lines (engine.md §2.4) drive both the boot tracker (`engine/bootlog.py`: is the pool
+The FP4 pool sizing lines (docs/engine.md, "Engine facts") drive both the boot tracker (`engine/bootlog.py`: is the pool
 loaded, what the badge says) and the pool telemetry (`telemetry/trace.py`: the pool panel). One parser
 here means one pool-slot value everywhere. The panel's own probe requests in the engine's access log are
 recognised here too (the Logs views hide them by default; the files keep every line).
@@ -9,7 +9,11 @@ recognised here too (the Logs views hide them by default; the files keep every l
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
+
+from app.backend.engine.types import LogLine
 
 _TIER = re.compile(r"moe_w2 delta tier: (?P<slots>\d+) slots x (?P<mib>[\d.]+) MiB(?: \((?P<gib>[\d.]+) GiB pool\))?")
 _AUTO = re.compile(
@@ -58,9 +62,31 @@ def pool_sizing(msg: str) -> PoolSizingLine | None:
 
 
 # uvicorn access lines for the panel's own polling: GET /metrics, /health, /v1/models from a loopback address
-# (the panel reaches the engine on 127.0.0.1 with host networking; engine.md §3.1).
+# (the panel reaches the engine on 127.0.0.1 with host networking; docs/engine.md "Engine facts").
 _PROBE = re.compile(r'(?:127\.\d+\.\d+\.\d+|\[?::1\]?|localhost):\d+ - "GET /(?:metrics|health|v1/models)[/? "]')
 
 
 def is_panel_probe(text: str) -> bool:
     return '"GET /' in text and bool(_PROBE.search(text))
+
+
+StreamChoice = Literal["both", "stdout", "stderr"]
+
+
+@dataclass(frozen=True)
+class LogFilter:
+    """What a log view keeps: one stream or both, lines containing `needle` (any case), and the panel's own
+    probe requests only when asked. The Engine tab's tail, the Logs tab and the log download all use it."""
+
+    stream: StreamChoice = "both"
+    needle: str = ""
+    probes: bool = False
+
+    def apply(self, lines: Iterable[LogLine]) -> list[LogLine]:
+        needle = self.needle.lower()
+        return [ln for ln in lines
+                if (self.stream == "both" or ln.stream == self.stream) and needle in ln.text.lower()
+                and (self.probes or not is_panel_probe(ln.text))]
+
+
+EVERY_LINE = LogFilter(probes=True)

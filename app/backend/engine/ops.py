@@ -53,7 +53,7 @@ class ControllerOptions:
 
 
 def expects_pool(env: dict[str, str], pool_line: str = "from_env") -> bool:
-    """Does this env ask for an FP4 delta pool (engine.md §1.3)? A recipe's `engine.pool_line = "never"`
+    """Does this env ask for an FP4 delta pool (docs/engine.md, "Engine facts")? A recipe's `engine.pool_line = "never"`
     (an engine without the pool, e.g. upstream vLLM) says no whatever the env holds."""
     if pool_line == "never":
         return False

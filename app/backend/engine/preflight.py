@@ -141,7 +141,8 @@ def _gpu_model(inp: PreflightInputs, gpu: GpuSample) -> PreflightItem:
     req = inp.recipe.requirements
     title = "GPU model, VRAM, compute capability"
     cc = f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}" if gpu.compute_capability else "?"
-    detail = f"{gpu.name}, {gpu.memory_total / GIB:.1f} GiB, sm_{cc.replace('.', '')} (recipe: {req.gpu}, sm_{req.compute_capability.replace('.', '')})"
+    want_sm = req.compute_capability.replace(".", "")
+    detail = f"{gpu.name}, {gpu.memory_total / GIB:.1f} GiB, sm_{cc.replace('.', '')} (recipe: {req.gpu}, sm_{want_sm})"
     if gpu.memory_total < req.vram_gb * 1e9 * 0.93:
         return PreflightItem("gpu", title, "fail", detail, f"The recipe needs a {req.vram_gb:g} GB card ({req.gpu}).")
     if req.compute_capability and cc != req.compute_capability:
@@ -232,7 +233,7 @@ def _artifacts(inp: PreflightInputs) -> list[PreflightItem]:
 
 
 def cache_meta_ids(data_dir: Path, recipe: Recipe) -> list[tuple[str, str]]:
-    """(meta.json path, ckpt_id) for every TP1 planes-cache subtree (engine.md §1.2)."""
+    """(meta.json path, ckpt_id) for every TP1 planes-cache subtree (docs/engine.md, "Engine facts": planes cache identity)."""
     roots = [data_dir / a.yields for a in recipe.artifacts if a.id == "planescache"] or [data_dir / "planescache"]
     out = []
     for root in roots:

@@ -8,6 +8,8 @@ restarted panel re-adopts a running simulated engine instead of starting a secon
 
 from __future__ import annotations
 
+import builtins
+
 import json
 import os
 import signal
@@ -16,11 +18,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any, Literal
 
 import psutil
 
+from app.backend import env
 from app.backend.engine.runtime import Instance, LineSink, LineSplitter, RuntimeOpError, Stream
 from app.backend.recipe.command import RunSpec
+
+Record = dict[str, Any]  # one engine process's registry entry (JSON)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SIM_MODULE = "app.backend.simengine"
@@ -36,7 +42,7 @@ class _FileFollow:
 
 
 class ProcessRuntime:
-    kind = "process"
+    kind: Literal["docker", "process"] = "process"
 
     def __init__(self, state_dir: Path, python: str = sys.executable) -> None:
         self._dir = Path(state_dir) / "engine-procs"
@@ -56,11 +62,14 @@ class ProcessRuntime:
     def image_present(self, image: str) -> bool:
         return True  # the simulated engine is this package; there is no image
 
+    def image_id(self, image: str) -> str:
+        return ""  # no image: the self-test falls back to the name
+
     # -- registry --------------------------------------------------------------------------
     def _record_path(self, ident: str) -> Path:
         return self._dir / f"{ident}.json"
 
-    def _records(self) -> list[dict[str, object]]:
+    def _records(self) -> list[Record]:
         if not self._dir.is_dir():
             return []
         out = []
@@ -71,11 +80,11 @@ class ProcessRuntime:
                 continue
         return out
 
-    def _find(self, name_or_id: str) -> dict[str, object] | None:
+    def _find(self, name_or_id: str) -> Record | None:
         recs = [r for r in self._records() if name_or_id in (r.get("id"), r.get("name"))]
         return recs[-1] if recs else None
 
-    def _status(self, rec: dict[str, object]) -> tuple[str, int | None]:
+    def _status(self, rec: Record) -> tuple[str, int | None]:
         ident = str(rec["id"])
         with self._lock:
             proc = self._procs.get(ident)
@@ -85,20 +94,20 @@ class ProcessRuntime:
                 return "running", None
             return "exited", 128 - code if code < 0 else code  # -9 -> 137, as Docker reports
         if rec.get("exit_code") is not None:
-            return "exited", int(rec["exit_code"])  # type: ignore[arg-type]
+            return "exited", int(rec["exit_code"])
         try:
-            p = psutil.Process(int(rec["pid"]))  # type: ignore[arg-type]
-            if abs(p.create_time() - float(rec["create_time"])) < 1 and p.status() != psutil.STATUS_ZOMBIE:  # type: ignore[arg-type]
+            p = psutil.Process(int(rec["pid"]))
+            if abs(p.create_time() - float(rec["create_time"])) < 1 and p.status() != psutil.STATUS_ZOMBIE:
                 return "running", None
         except (psutil.Error, KeyError, ValueError):
             pass
         return "exited", None  # adopted process gone: exit code unknown
 
-    def _instance(self, rec: dict[str, object]) -> Instance:
+    def _instance(self, rec: Record) -> Instance:
         status, code = self._status(rec)
         return Instance(
-            id=str(rec["id"]), name=str(rec["name"]), status=status, labels=dict(rec.get("labels") or {}),  # type: ignore[arg-type]
-            env=dict(rec.get("env") or {}), exit_code=code, started_at=str(rec.get("started_at", "")),  # type: ignore[arg-type]
+            id=str(rec["id"]), name=str(rec["name"]), status=status, labels=dict(rec.get("labels") or {}),
+            env=dict(rec.get("env") or {}), exit_code=code, started_at=str(rec.get("started_at", "")),
             image="(process)",
         )
 
@@ -106,11 +115,11 @@ class ProcessRuntime:
         rec = self._find(name_or_id)
         return self._instance(rec) if rec else None
 
-    def list(self, labels: dict[str, str], include_stopped: bool = True) -> list[Instance]:
+    def list(self, labels: dict[str, str], include_stopped: bool = True) -> builtins.list[Instance]:
         out = []
         for rec in self._records():
             rl = rec.get("labels") or {}
-            if all(rl.get(k) == v for k, v in labels.items()):  # type: ignore[union-attr]
+            if all(rl.get(k) == v for k, v in labels.items()):
                 inst = self._instance(rec)
                 if include_stopped or inst.running:
                     out.append(inst)
@@ -126,12 +135,12 @@ class ProcessRuntime:
             self.remove(existing.id)
         ident = f"{spec.name}-{int(time.time() * 1000)}"
         out_path, err_path = self._dir / f"{ident}.stdout", self._dir / f"{ident}.stderr"
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TZ")}
-        env.update(spec.env_dict)
-        env["PYTHONUNBUFFERED"] = "1"
+        child_env = env.inherited(("PATH", "HOME", "LANG", "TZ"))
+        child_env.update(spec.env_dict)
+        child_env["PYTHONUNBUFFERED"] = "1"
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
-                [self._python, "-m", SIM_MODULE, *spec.args], cwd=REPO_ROOT, env=env,
+                [self._python, "-m", SIM_MODULE, *spec.args], cwd=REPO_ROOT, env=child_env,
                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True,
             )
         with self._lock:
@@ -145,13 +154,13 @@ class ProcessRuntime:
         self._record_path(ident).write_text(json.dumps(rec))
         return self._instance(rec)
 
-    def _signal(self, rec: dict[str, object], sig: int) -> None:
+    def _signal(self, rec: Record, sig: int) -> None:
         try:
-            os.killpg(int(rec["pid"]), sig)  # type: ignore[arg-type]
+            os.killpg(int(rec["pid"]), sig)
         except (ProcessLookupError, PermissionError):
             pass
 
-    def _remember_exit(self, rec: dict[str, object]) -> None:
+    def _remember_exit(self, rec: Record) -> None:
         status, code = self._status(rec)
         if status == "exited" and code is not None:
             rec["exit_code"] = code
@@ -202,7 +211,7 @@ class ProcessRuntime:
         if rec is None or not self._instance(rec).running:
             return set()
         try:
-            p = psutil.Process(int(rec["pid"]))  # type: ignore[arg-type]
+            p = psutil.Process(int(rec["pid"]))
             return {p.pid, *(c.pid for c in p.children(recursive=True))}
         except psutil.Error:
             return set()
@@ -224,7 +233,7 @@ class ProcessRuntime:
             t.start()
         return follow
 
-    def _tail(self, rec: dict[str, object], stream: Stream, sink: LineSink, follow: _FileFollow,
+    def _tail(self, rec: Record, stream: Stream, sink: LineSink, follow: _FileFollow,
               from_start: bool, tail: int) -> None:
         splitter = LineSplitter()
         try:
@@ -232,18 +241,18 @@ class ProcessRuntime:
                 if not from_start:
                     existing = fh.read().splitlines()  # always consume: following starts at the end
                     lines = existing[-tail:] if tail > 0 else []
-                    for ln in lines:
-                        sink(stream, ln.decode("utf-8", "replace"))
+                    for raw in lines:
+                        sink(stream, raw.decode("utf-8", "replace"))
                 while not follow.stop.is_set():
                     chunk = fh.read(65536)
                     if chunk:
-                        for ln in splitter.feed(chunk):
-                            sink(stream, ln)
+                        for text in splitter.feed(chunk):
+                            sink(stream, text)
                         continue
                     if not self._instance(rec).running:
                         rest = fh.read()
-                        for ln in splitter.feed(rest) + splitter.flush():
-                            sink(stream, ln)
+                        for text in splitter.feed(rest) + splitter.flush():
+                            sink(stream, text)
                         break
                     follow.stop.wait(0.05)
         except OSError:
@@ -251,7 +260,7 @@ class ProcessRuntime:
         finally:
             sink(stream, None)
 
-    def read_logs(self, ident: str, *, max_lines: int = 50000) -> list[tuple[Stream, str]]:
+    def read_logs(self, ident: str, *, max_lines: int = 50000) -> builtins.list[tuple[Stream, str]]:
         rec = self._find(ident)
         out: list[tuple[Stream, str]] = []
         if rec is None:

@@ -1,4 +1,4 @@
-"""HTTP readiness probes (engine.md §3.1): `/health` 200, then `/v1/models` lists the served name.
+"""HTTP readiness probes (docs/engine.md, "States"): `/health` 200, then `/v1/models` lists the served name.
 
 A refused connection just means "still starting" (vLLM binds its port only after loading).
 """
@@ -29,8 +29,10 @@ def base_url(recipe: Recipe) -> str:
     return f"http://{host}:{recipe.serve.port}"
 
 
-def probe(url: str, served_name: str, client: httpx.Client | None = None) -> Probe:
-    timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+def probe(url: str, served_name: str, client: httpx.Client | None = None, read_timeout_s: float = READ_TIMEOUT_S) -> Probe:
+    """One readiness probe. `read_timeout_s`: how long an accepted request may go unanswered (the reconcile's
+    adoption probe uses a short one: a ready engine answers at once, and the watch must not wait on a busy one)."""
+    timeout = httpx.Timeout(read_timeout_s, connect=CONNECT_TIMEOUT_S)
     own = client is None
     c = client or httpx.Client(timeout=timeout)
     try:

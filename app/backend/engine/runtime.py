@@ -7,6 +7,8 @@ with stdout/stderr apart, report exit code / OOMKilled).
 
 from __future__ import annotations
 
+import builtins
+
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol
 
@@ -85,7 +87,11 @@ class Runtime(Protocol):
 
     def image_present(self, image: str) -> bool: ...
 
-    def list(self, labels: dict[str, str], include_stopped: bool = True) -> list[Instance]: ...
+    def image_id(self, image: str) -> str:
+        """The content id (sha256:...) an image name resolves to now; '' when unknown or there is no image."""
+        ...
+
+    def list(self, labels: dict[str, str], include_stopped: bool = True) -> builtins.list[Instance]: ...
 
     def get(self, name_or_id: str) -> Instance | None: ...
 
@@ -107,7 +113,7 @@ class Runtime(Protocol):
         """Follow stdout and stderr (kept apart) in background threads until the engine exits or close()."""
         ...
 
-    def read_logs(self, ident: str, *, max_lines: int = 50000) -> list[tuple[Stream, str]]:
+    def read_logs(self, ident: str, *, max_lines: int = 50000) -> builtins.list[tuple[Stream, str]]:
         """The run's log from the beginning (bounded), stdout then stderr; for re-deriving boot state."""
         ...
 

@@ -20,7 +20,6 @@ from typing import Union
 
 from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState
 
-S = EngineState
 
 
 class IllegalTransition(RuntimeError):
@@ -116,19 +115,23 @@ class Noted:
 Event = Union[PreflightBegan, BootBegan, BootProgressed, BecameReady, Adopted, StopBegan, Stopped, Failed, Noted,
               Vanished, Stalled, Unstalled]
 
+STOPPED, PREFLIGHT, STARTING, READY, STOPPING, FAILED, STALLED = (
+    EngineState.STOPPED, EngineState.PREFLIGHT, EngineState.STARTING, EngineState.READY, EngineState.STOPPING,
+    EngineState.FAILED, EngineState.STALLED,
+)
 ALLOWED: dict[type, frozenset[EngineState]] = {
-    PreflightBegan: frozenset({S.STOPPED, S.FAILED}),
-    BootBegan: frozenset({S.PREFLIGHT, S.STOPPED, S.FAILED}),
-    BootProgressed: frozenset({S.STARTING}),
-    BecameReady: frozenset({S.STARTING}),
-    Adopted: frozenset({S.STOPPED, S.FAILED, S.STARTING, S.READY, S.STALLED}),
-    StopBegan: frozenset({S.PREFLIGHT, S.STARTING, S.READY, S.STALLED, S.FAILED}),
-    Stopped: frozenset({S.STOPPING, S.FAILED, S.PREFLIGHT}),
-    Failed: frozenset({S.STOPPED, S.PREFLIGHT, S.STARTING, S.READY, S.STALLED, S.STOPPING, S.FAILED}),
-    Vanished: frozenset({S.STARTING, S.READY, S.STALLED, S.STOPPING, S.FAILED, S.STOPPED}),
-    Stalled: frozenset({S.READY}),
-    Unstalled: frozenset({S.STALLED}),
-    Noted: frozenset(S),
+    PreflightBegan: frozenset({STOPPED, FAILED}),
+    BootBegan: frozenset({PREFLIGHT, STOPPED, FAILED}),
+    BootProgressed: frozenset({STARTING}),
+    BecameReady: frozenset({STARTING}),
+    Adopted: frozenset({STOPPED, FAILED, STARTING, READY, STALLED}),
+    StopBegan: frozenset({PREFLIGHT, STARTING, READY, STALLED, FAILED}),
+    Stopped: frozenset({STOPPING, FAILED, PREFLIGHT}),
+    Failed: frozenset({STOPPED, PREFLIGHT, STARTING, READY, STALLED, STOPPING, FAILED}),
+    Vanished: frozenset({STARTING, READY, STALLED, STOPPING, FAILED, STOPPED}),
+    Stalled: frozenset({READY}),
+    Unstalled: frozenset({STALLED}),
+    Noted: frozenset(EngineState),
 }
 
 
@@ -138,11 +141,11 @@ def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
         raise IllegalTransition(f"{type(event).__name__} is not allowed in state {snap.state.value}")
     now = time.time()
     if isinstance(event, PreflightBegan):
-        return replace(snap, state=S.PREFLIGHT, profile_id=event.profile_id, phase="preflight checks",
+        return replace(snap, state=EngineState.PREFLIGHT, profile_id=event.profile_id, phase="preflight checks",
                        message="", since=now, diagnosis=None)
     if isinstance(event, BootBegan):
         return replace(
-            snap, state=S.STARTING, profile_id=event.profile_id, container_id=event.container_id,
+            snap, state=EngineState.STARTING, profile_id=event.profile_id, container_id=event.container_id,
             container_name=event.container_name, base_url=event.base_url, served_name=event.served_name,
             simulated=event.simulated, phase="container started", pool_slots=None, slot_mib=None,
             message="", diagnosis=None, since=now,
@@ -151,32 +154,32 @@ def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
         return replace(snap, phase=event.phase, pool_slots=event.pool_slots, slot_mib=event.slot_mib,
                        message=event.message or snap.message)
     if isinstance(event, BecameReady):
-        return replace(snap, state=S.READY, phase="ready", message=event.message, since=now,
+        return replace(snap, state=EngineState.READY, phase="ready", message=event.message, since=now,
                        last_ready_profile=snap.profile_id)
     if isinstance(event, Adopted):
         return replace(
-            snap, state=S.READY if event.ready else S.STARTING, profile_id=event.profile_id,
+            snap, state=EngineState.READY if event.ready else EngineState.STARTING, profile_id=event.profile_id,
             container_id=event.container_id, container_name=event.container_name, base_url=event.base_url,
             served_name=event.served_name, simulated=event.simulated, phase="ready" if event.ready else event.phase,
             pool_slots=event.pool_slots, slot_mib=event.slot_mib, diagnosis=None, since=now,
             message=event.message, last_ready_profile=event.profile_id if event.ready else snap.last_ready_profile,
         )
     if isinstance(event, StopBegan):
-        return replace(snap, state=S.STOPPING, phase="stopping", message=event.message, since=now)
+        return replace(snap, state=EngineState.STOPPING, phase="stopping", message=event.message, since=now)
     if isinstance(event, Stopped):
-        return replace(snap, state=S.STOPPED, phase="", container_id="", container_name="", base_url="",
+        return replace(snap, state=EngineState.STOPPED, phase="", container_id="", container_name="", base_url="",
                        pool_slots=None, slot_mib=None, message=event.message, since=now)
     if isinstance(event, Failed):
-        return replace(snap, state=S.FAILED, phase="", diagnosis=event.diagnosis,
+        return replace(snap, state=EngineState.FAILED, phase="", diagnosis=event.diagnosis,
                        message=event.message or event.diagnosis.title, since=now)
     if isinstance(event, Vanished):
-        return replace(snap, state=S.STOPPED, phase="", container_id="", container_name="", base_url="",
+        return replace(snap, state=EngineState.STOPPED, phase="", container_id="", container_name="", base_url="",
                        pool_slots=None, slot_mib=None, message=event.message, diagnosis=event.diagnosis, since=now)
     if isinstance(event, Stalled):
-        return replace(snap, state=S.STALLED, phase="stalled", diagnosis=event.diagnosis,
+        return replace(snap, state=EngineState.STALLED, phase="stalled", diagnosis=event.diagnosis,
                        message=event.message or event.diagnosis.title, since=now)
     if isinstance(event, Unstalled):
-        return replace(snap, state=S.READY, phase="ready", diagnosis=None, message=event.message, since=now)
+        return replace(snap, state=EngineState.READY, phase="ready", diagnosis=None, message=event.message, since=now)
     if isinstance(event, Noted):
         return replace(snap, message=event.message, diagnosis=event.diagnosis or snap.diagnosis)
     raise IllegalTransition(f"unknown event {event!r}")

@@ -295,7 +295,8 @@ def explain_lines(recipe: Recipe, spec: RunSpec) -> list[ExplainedLine]:
             else:
                 out.append(ExplainedLine(text, "", ""))
         elif flag == "--label":
-            out.append(ExplainedLine(text, "added by moet-panel: ownership labels: the panel finds and adopts only its own containers", "panel"))
+            out.append(ExplainedLine(text, "added by moet-panel: ownership labels: the panel finds and adopts only its own "
+                                            "containers", "panel"))
         else:
             out.append(ExplainedLine(text, "", ""))
     out.append(ExplainedLine(shlex.quote(spec.image), "", ""))

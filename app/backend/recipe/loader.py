@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from app.backend.recipe.schema import Recipe
 from app.backend.recipe.toml_bounded import MAX_TOML_BYTES, TomlLimitError, loads_bounded
@@ -57,7 +58,7 @@ def _expected(err: dict[str, object]) -> str:
 _PATH_PREFIX_RE = re.compile(r"^([A-Za-z_][\w.\[\]-]*): (.+)$", re.S)
 
 
-def _issue(err: dict[str, object]) -> RecipeIssue:
+def _issue(err: ErrorDetails) -> RecipeIssue:
     """One pydantic error as a RecipeIssue; cross-field checks put their path in front of the message."""
     path, message = _field_path(tuple(err["loc"])), _expected(err)  # type: ignore[arg-type]
     if path == "(top level)":

@@ -10,7 +10,11 @@ slow-link causes it is meant to catch cost more than that (docs/selftest.md, "Dr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from app.backend.recipe.schema import ProfileSpec
+    from app.backend.selftest.store import ResultsStore
 
 DRIFT_FRACTION = 0.15
 DRIFT_WINDOW_S = 30.0
@@ -59,7 +63,7 @@ class DriftWatch:
         return DriftReading(profile_id, base[0], base[1], live, ts - self._since, self.window_s)
 
 
-def baseline_from(store, profiles_fn) -> Callable[[str], tuple[float, str] | None]:
+def baseline_from(store: ResultsStore, profiles_fn: Callable[[], list[ProfileSpec]]) -> Callable[[str], tuple[float, str] | None]:
     """This box's latest self-test median, else the card's decode figure."""
     import statistics
 

@@ -49,8 +49,7 @@ class EngineProbe:
         self.model = model
         self.sampling = sampling
         self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=5.0))
-        self._sdk = openai.OpenAI(base_url=self.base_url + "/v1", api_key="EMPTY", max_retries=0,
-                                  timeout=timeout_s, http_client=httpx.Client(timeout=timeout_s))
+        self._sdk = openai.OpenAI(base_url=self.base_url + "/v1", api_key="EMPTY", max_retries=0, timeout=timeout_s)
 
     def close(self) -> None:
         self._http.close()
@@ -87,8 +86,9 @@ class EngineProbe:
         t0 = time.monotonic()
         first = last = 0.0
         usage_tokens, prompt_tokens, finish, parts = 0, 0, "", []
+        sdk_messages: Any = messages  # plain role/content dicts: the SDK's TypedDict union is structural
         stream = self._sdk.chat.completions.create(
-            model=self.model, messages=messages, max_tokens=max_tokens, stream=True, seed=seed,  # type: ignore[arg-type]
+            model=self.model, messages=sdk_messages, max_tokens=max_tokens, stream=True, seed=seed,
             temperature=self.sampling.temperature if self.sampling else None,
             top_p=self.sampling.top_p if self.sampling else None,
             stream_options={"include_usage": True}, extra_body=extra)

@@ -11,7 +11,7 @@ import json
 import statistics
 from dataclasses import dataclass
 
-from app.backend.selftest.types import SelfTestResult
+from app.backend.selftest.types import NeedleOutcome, SelfTestResult
 
 CARD_TOLERANCE_TOK_S = 1.0
 
@@ -71,8 +71,26 @@ def card_line(r: SelfTestResult) -> str:
     return f"{card} · {box} {s.median:.1f} ± {s.spread:.1f}, {s.runs} run{'s' if s.runs != 1 else ''}, {r.date[:10]}"
 
 
+@dataclass(frozen=True)
+class Standing:
+    """What the Profiles cards and the Self-test tab show for a profile: the card line, the verdict, and
+    why the stored result no longer describes this box's setup ('' while it does)."""
+
+    profile_id: str
+    line: str  # "card 48.9 · this box 48.6 ± 0.2, 3 runs, 2026-12-01"
+    verdict: str
+    stale: str
+    date: str
+
+
+def standing_of(r: SelfTestResult, image_id: str, recipe_hash: str) -> Standing:
+    from app.backend.selftest.store import stale_reason
+
+    return Standing(r.profile_id, card_line(r), verdict(r), stale_reason(r, image_id, recipe_hash), r.date)
+
+
 def needle_lines(r: SelfTestResult) -> list[str]:
-    by_len: dict[int, list] = {}
+    by_len: dict[int, list[NeedleOutcome]] = {}
     for n in r.needles:
         by_len.setdefault(n.length, []).append(n)
     out = []

@@ -19,6 +19,7 @@ from app.backend.recipe.command import config_hash
 from app.backend.selftest.needle import DEPTHS, build_needle
 from app.backend.selftest.pcie import read_links
 from app.backend.selftest.probe import Cancelled, EngineProbe
+from app.backend.selftest.report import Standing, standing_of
 from app.backend.selftest.store import ResultsStore
 from app.backend.selftest.types import (
     DecodeRun, NeedleOutcome, SelfTestPlan, SelfTestResult, TelemetrySummary, TtftPoint,
@@ -100,21 +101,35 @@ class SelfTestService:
             return self._progress
 
     def identity(self, profile_id: str) -> tuple[str, str]:
-        """(engine image id, recipe hash) of a profile now: the store's key besides profile and date."""
+        """(engine image id, recipe hash) of a profile now: the store's key besides profile and date.
+
+        The image id is the content id the profile's image name resolves to (an image rebuilt under the
+        same tag is a new engine), else the name when the runtime cannot say (no Docker, the SIMULATED
+        process runtime)."""
         try:
             spec = self.engine.run_spec(profile_id)
             recipe_hash, image = config_hash(spec), spec.image
         except (KeyError, ValueError):
             return "", ""
-        snap = self.engine.snapshot()
         try:
             rt = self.engine.runtime
-            inst = rt.get(snap.container_id) if rt is not None and snap.container_id else None
-            if inst is not None and inst.image and snap.profile_id == profile_id:
-                image = inst.image
-        except Exception:  # the runtime is optional here: the tag is a fine fallback key
-            pass
-        return image, recipe_hash
+            resolved = rt.image_id(image) if rt is not None else ""
+        except Exception:  # Docker unreachable: the name is a fine fallback key
+            resolved = ""
+        return resolved or image, recipe_hash
+
+    def rerun_plan(self, profile_id: str) -> SelfTestPlan:
+        """The plan of this profile's latest result (to measure the same again), else the default plan."""
+        r = self.store.latest(profile_id)
+        try:
+            return SelfTestPlan.from_dict(profile_id, r.plan) if r is not None else SelfTestPlan(profile_id)
+        except (ValueError, TypeError):  # a result written by an older, different plan: start afresh
+            return SelfTestPlan(profile_id)
+
+    def standing(self, profile_id: str) -> Standing | None:
+        """This box's latest result of a profile beside the card, and whether it still applies (None: never run)."""
+        r = self.store.latest(profile_id)
+        return standing_of(r, *self.identity(profile_id)) if r is not None else None
 
     def estimate_s(self, plan: SelfTestPlan) -> float:
         return sum(s.expect_s for s in plan_steps(plan, self._card_rate(plan.profile_id) or 50.0,
@@ -199,7 +214,7 @@ class SelfTestService:
         total = sum(s.expect_s for s in steps) or 1.0
         image, rhash = self.identity(plan.profile_id)
         result = SelfTestResult(plan.profile_id, image, rhash, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                                bool(self.settings.recipe.simulated), card, plan=_plan_dict(plan))
+                                bool(self.settings.recipe.simulated), card, plan=plan.to_dict())
         watch = _TelemetryWatch(self.frame_fn)
         watch.start()
         probe = self._probe_factory(self.engine.snapshot().base_url)
@@ -253,11 +268,6 @@ class SelfTestService:
             np_ = build_needle(probe.tokenize, target, depth, salt=result.date)
             t = probe.generate(np_.messages, plan.needle_answer_tokens, thinking=False, cancel=self._cancel)
             result.needles.append(NeedleOutcome(length, depth, np_.tokens, np_.code, np_.code in t.text, t.text[:200]))
-
-
-def _plan_dict(plan: SelfTestPlan) -> dict[str, Any]:
-    return {"runs": plan.runs, "decode_tokens": plan.decode_tokens, "ttft_lengths": list(plan.ttft_lengths),
-            "needle_lengths": list(plan.needle_lengths)}
 
 
 class _TelemetryWatch:

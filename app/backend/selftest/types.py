@@ -21,6 +21,19 @@ class SelfTestPlan:
         if not 16 <= self.decode_tokens <= 32768:
             raise ValueError(f"decode tokens must be 16..32768, got {self.decode_tokens}")
 
+    def to_dict(self) -> dict[str, Any]:
+        """What a result stores of its plan (SelfTestResult.plan)."""
+        return {"runs": self.runs, "decode_tokens": self.decode_tokens, "ttft_lengths": list(self.ttft_lengths),
+                "needle_lengths": list(self.needle_lengths)}
+
+    @classmethod
+    def from_dict(cls, profile_id: str, d: dict[str, Any]) -> "SelfTestPlan":
+        """The plan of a stored result, to run the same test again (missing keys: the defaults)."""
+        base = cls(profile_id)
+        return cls(profile_id, runs=int(d.get("runs", base.runs)), decode_tokens=int(d.get("decode_tokens", base.decode_tokens)),
+                   ttft_lengths=tuple(int(x) for x in d.get("ttft_lengths", base.ttft_lengths)),
+                   needle_lengths=tuple(int(x) for x in d.get("needle_lengths", base.needle_lengths)))
+
 
 @dataclass(frozen=True)
 class DecodeRun:

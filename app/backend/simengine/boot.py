@@ -1,6 +1,6 @@
-"""SIMULATED boot sequence: the engine's load lines in their real formats (engine.md §2.4, §2.10).
+"""SIMULATED boot sequence: the engine's load lines in their real formats (docs/simengine.md, Log output).
 
-The lead's engine controller classifies load phases from these lines, so formats follow the engine
+The engine controller classifies load phases from these lines, so formats follow the engine
 exactly; only the banner line (and figures being synthetic) says SIMULATED.
 """
 
@@ -77,6 +77,8 @@ class BootSequence:
         self._layers()
         loaded_gib = N_LAYERS * PLANES_PER_LAYER_GIB + 2.83 + (0 if self.plan.auto else self.plan.slots * SLOT_MIB / 1024)
         log.engine("default_loader.py:267", f"Loading weights took {self._elapsed() * 0.8:.2f} seconds")
+        # the loader's tqdm bar ends on stderr just after that line, as real vLLM's does (docs/real-engine.md)
+        log.plain("Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00, 186.38it/s]")
         log.engine("gpu_model_runner.py:2392",
                    f"Model loading took {loaded_gib:.4f} GiB memory and {self._elapsed():.6f} seconds")
         self._wait_until(0.8)
@@ -196,7 +198,7 @@ OOM_TRACEBACK = """Traceback (most recent call last):
     self.model = model_loader.load_model(
   File "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/layers/quantization/utils/moe_w2_cubit.py", line 1779, in build_layer_planes
     planes = torch.empty((E, N, K // 4), dtype=torch.uint8, device=dev)
-torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.69 GiB. GPU 0 has a total capacity of 94.97 GiB of which 812.06 MiB is free. Including non-PyTorch memory, this process has 94.16 GiB memory in use. Of the allocated memory 92.91 GiB is allocated by PyTorch, and 611.38 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"""
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.69 GiB. GPU 0 has a total capacity of 94.97 GiB of which 812.06 MiB is free. Including non-PyTorch memory, this process has 94.16 GiB memory in use. Of the allocated memory 92.91 GiB is allocated by PyTorch, and 611.38 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"""  # noqa: E501 (verbatim engine output)
 
 API_INIT_FAILED = """Traceback (most recent call last):
   File "/usr/local/bin/vllm", line 10, in <module>

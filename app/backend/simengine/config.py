@@ -17,7 +17,7 @@ FAIL_MODES = (
     "cache_miss",
     "host_oom",
     "hang_mid_generation",  # stops producing tokens mid-answer while /health stays 200 (a wedged vLLM)
-    "boot_guard",  # the load-time guard refuses the configuration (engine.md §2.6), exit 1
+    "boot_guard",  # the load-time guard refuses the configuration (docs/simengine.md), exit 1
 )
 FAIL_ALIASES = {"health_without_pool": "pool_disabled"}  # the brief's name for the same symptom
 SELFTEST_ENV = ("MOET_SIM_NEEDLE_MAX_TOKENS", "MOET_SIM_DEGRADE", "MOET_SIM_DEGRADE_AFTER_S")  # quality.py

@@ -1,6 +1,6 @@
 """SIMULATED FP4 delta tier: slot occupancy, promotions/evictions and the engine's `[delta]` trace lines.
 
-A statistical stand-in for `moe_w2_delta.DeltaTier` (engine.md §1.3, §2.1): one manager tick per engine
+A statistical stand-in for `moe_w2_delta.DeltaTier` (its trace format: docs/simengine.md): one manager tick per engine
 step, lazy promotions of up to DELTA_PROMOTE per tick, hit-rates that grow with pool fill and saturate
 near the card's ~57% of token->expert routings for a 7 GiB `freq` pool. Policies:
   freq            fills, then churns close to PROMOTE per tick
@@ -105,7 +105,7 @@ class DeltaSim:
 
     def _ceiling(self) -> float:
         """Saturated token hit-rate for this pool size and policy."""
-        base = CARD_HIT_RATE * min(1.55, (max(self.plan.slots, 1) / CARD_POOL_SLOTS) ** 0.4)
+        base = CARD_HIT_RATE * min(1.55, float((max(self.plan.slots, 1) / CARD_POOL_SLOTS) ** 0.4))
         if self.plan.policy == "need":
             return base * 0.55 if self.plan.gate else 0.0
         if self.plan.policy == "freq":
@@ -222,7 +222,7 @@ class DeltaSim:
         self._last_summary = self.tick
 
     def _dump(self) -> None:
-        """VLLM_MOE_W2_DELTA_DUMP: the precision map as one JSON line, tmp + rename (engine.md §2.3)."""
+        """VLLM_MOE_W2_DELTA_DUMP: the precision map as one JSON line, tmp + rename (docs/simengine.md)."""
         by_layer: dict[str, list[int]] = {}
         for layer, expert in sorted(self._owned):
             by_layer.setdefault(str(layer), []).append(expert)

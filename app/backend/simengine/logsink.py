@@ -34,12 +34,12 @@ class LogSink:
                 stream.write(line + "\n")
                 stream.flush()
             elif hasattr(target, "write"):
-                target.write(line + "\n")  # type: ignore[union-attr]
+                target.write(line + "\n")
                 flush = getattr(target, "flush", None)
                 if flush:
                     flush()
             else:
-                target(line)  # type: ignore[operator]
+                target(line)
 
     def _fmt(self, level: str, src: str, msg: str) -> str:
         return f"{level} {time.strftime('%m-%d %H:%M:%S')} [{src}] {msg}"

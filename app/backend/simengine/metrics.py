@@ -1,12 +1,13 @@
 """vLLM-named Prometheus metrics (text exposition 0.0.4), stdlib only.
 
-Names and labels follow vLLM 0.33 (`model_name`, `engine`): see stack.md §5.4.
+Names and labels follow vLLM 0.33 (`model_name`, `engine`): docs/simengine.md#http-api lists them.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -80,7 +81,7 @@ class Metrics:
         with self._lock:
             return "".join(self._render_locked())
 
-    def _render_locked(self):
+    def _render_locked(self) -> Iterator[str]:
         lb = self._labels
         yield from _gauge("vllm:num_requests_running", "Number of requests in model execution batches.", lb, self.running)
         yield from _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", lb, self.waiting)
@@ -106,18 +107,18 @@ def _esc(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _gauge(name: str, help_: str, lb: str, v: float):
+def _gauge(name: str, help_: str, lb: str, v: float) -> Iterator[str]:
     yield f"# HELP {name} {help_}\n# TYPE {name} gauge\n{name}{{{lb}}} {float(v)}\n"
 
 
-def _counter(name: str, help_: str, lb: str, v: float):
+def _counter(name: str, help_: str, lb: str, v: float) -> Iterator[str]:
     yield f"# HELP {name}_total {help_}\n# TYPE {name}_total counter\n{name}_total{{{lb}}} {float(v)}\n"
 
 
-def _hist(name: str, help_: str, lb: str, h: _Hist):
+def _hist(name: str, help_: str, lb: str, h: _Hist) -> Iterator[str]:
     yield f"# HELP {name} {help_}\n# TYPE {name} histogram\n"
     cum = 0
-    for edge, c in zip(h.buckets, h.counts):
+    for edge, c in zip(h.buckets, h.counts, strict=True):
         cum += c
         yield f'{name}_bucket{{{lb},le="{edge}"}} {float(cum)}\n'
     yield f'{name}_bucket{{{lb},le="+Inf"}} {float(h.n)}\n'

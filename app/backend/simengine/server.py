@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from http.server import ThreadingHTTPServer
+from collections.abc import Callable
 from typing import Any
 
 from .boot import FATAL_TRACEBACK, BootSequence, SimExit, Stopped
@@ -158,7 +159,7 @@ class SimEngineServer:
 
     # --- background work -----------------------------------------------------------------------------
 
-    def _spawn(self, target, name: str) -> None:
+    def _spawn(self, target: Callable[[], object], name: str) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)
         self._threads.append(t)
         t.start()

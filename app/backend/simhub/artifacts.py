@@ -1,6 +1,6 @@
 """Build real chunked artifacts the way the card's publisher did: GNU `tar --sparse` | `zstd` | `split`.
 
-Also builds the planescache layout of engine.md §1.2 (meta.json + layer files) and hostile archives
+Also builds the engine's planescache layout (meta.json + layer files; docs/simengine.md) and hostile archives
 (path traversal, absolute paths, escaping links, device nodes, setuid) for the extractor's tests.
 """
 
@@ -32,13 +32,13 @@ class TreeSpec:
     weights_like: bool = False  # planes/fp files incompressible, scales compressible (see weight_bytes)
 
 
-def meta_for(ckpt_id: str) -> dict:
-    """meta.json content in the engine's key order (engine.md §1.2)."""
+def meta_for(ckpt_id: str) -> dict[str, object]:
+    """meta.json content in the engine's key order (docs/simengine.md, Planes cache)."""
     return {"version": 2, "quantizer_abi": QUANTIZER_ABI, "ckpt_id": ckpt_id, "world": 1, "rank": 0,
             "zero_mode": "auto", "fp4_split": False}
 
 
-def meta_key(meta: dict) -> str:
+def meta_key(meta: dict[str, object]) -> str:
     """First 20 hex of sha256 over the canonical JSON of the meta dict."""
     canon = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(canon).hexdigest()[:20]
@@ -100,7 +100,7 @@ def generate_tree(root: Path, spec: TreeSpec) -> Path:
 
 def _pipeline(cmds: list[list[str]], cwd: Path | None = None) -> None:
     """Run cmd1 | cmd2 | ...; raise with stderr when any stage fails."""
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     prev = None
     for cmd in cmds:
         p = subprocess.Popen(cmd, stdin=prev, stdout=subprocess.PIPE if cmd is not cmds[-1] else None,
@@ -110,7 +110,7 @@ def _pipeline(cmds: list[list[str]], cwd: Path | None = None) -> None:
         prev = p.stdout
         procs.append(p)
     errors = []
-    for cmd, p in zip(cmds, procs):
+    for cmd, p in zip(cmds, procs, strict=True):
         _, err = p.communicate()
         if p.returncode != 0:
             errors.append(f"{cmd[0]} exited {p.returncode}: {err.decode(errors='replace').strip()}")

@@ -1,6 +1,6 @@
 """A SIMULATED Hugging Face Hub on 127.0.0.1, close enough to the real API to test a downloader.
 
-Endpoints (stack.md §2), checked by the real `huggingface_hub` client in tests/download/test_hub_client.py:
+Endpoints (the Hub's own, docs/downloads.md#the-hub), checked by the real `huggingface_hub` client in tests/download/test_hub_client.py:
   GET /api/models/{owner}/{name}[/revision/{rev}][?blobs=true]  model_info: `sha` + siblings (size, lfs.sha256)
   GET /api/models/{owner}/{name}/tree/{rev}?recursive=true   JSON array, paged with `Link: <..>; rel="next"`
   GET|HEAD /{owner}/{name}/resolve/{rev}/{path}              302 to the CDN with X-Repo-Commit,
@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from app.backend.simhub.faults import Fault, FaultBook
@@ -57,8 +58,8 @@ class HubRepo:
 class HubStats:
     """Request counters, so tests can prove what was (not) downloaded again."""
 
-    requests: Counter = field(default_factory=Counter)  # (where, path) -> count
-    cdn_bytes: Counter = field(default_factory=Counter)  # path -> body bytes sent
+    requests: Counter[tuple[str, str]] = field(default_factory=Counter)  # (where, path) -> count
+    cdn_bytes: Counter[str] = field(default_factory=Counter)  # path -> body bytes sent
     ranges: list[tuple[str, str]] = field(default_factory=list)  # (path, Range header)
     auth_on_cdn: int = 0  # requests to /cdn/ that carried Authorization (must stay 0)
     auth_headers: list[str] = field(default_factory=list)
@@ -509,7 +510,7 @@ def _blob_id(f: HubFile) -> str:
     return hashlib.sha1(f"blob {f.size}\0{f.sha256}".encode()).hexdigest()
 
 
-def _tree_entries(repo: HubRepo) -> list[dict]:
+def _tree_entries(repo: HubRepo) -> list[dict[str, Any]]:
     dirs: set[str] = set()
     entries = []
     for f in repo.files.values():

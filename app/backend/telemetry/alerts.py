@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Literal
 
 from app.backend.engine.types import EngineSnapshot, EngineState, LogLine
+from app.backend.settings import Settings
 from app.backend.telemetry.gpu_types import GpuSample
 from app.backend.telemetry.host import HostSample
 from app.backend.telemetry.metrics import MetricsSample
@@ -230,7 +231,7 @@ def evaluate(inputs: AlertInputs) -> list[Alert]:
     return sorted(out, key=lambda a: ORDER[a.severity])
 
 
-def status_alerts(settings, snapshot: EngineSnapshot | None, log_lines: Iterable[LogLine | str],
+def status_alerts(settings: Settings | None, snapshot: EngineSnapshot | None, log_lines: Iterable[LogLine | str],
                   gpus: list[GpuSample] | None = None) -> list[Alert]:
     """Alerts for `moet-panel engine status`, from the engine's recent log lines (and GPU samples).
 
@@ -256,7 +257,7 @@ def status_alerts(settings, snapshot: EngineSnapshot | None, log_lines: Iterable
     return alerts
 
 
-def _inputs_for(settings, snapshot: EngineSnapshot | None, trace: TraceSnapshot, gpus: list[GpuSample]) -> AlertInputs:
+def _inputs_for(settings: Settings | None, snapshot: EngineSnapshot | None, trace: TraceSnapshot, gpus: list[GpuSample]) -> AlertInputs:
     policy, ecc_off, ecc_note = "", False, ""
     if settings is not None:
         req = settings.recipe.requirements
@@ -267,7 +268,7 @@ def _inputs_for(settings, snapshot: EngineSnapshot | None, trace: TraceSnapshot,
                        ecc_required_off=ecc_off, ecc_note=ecc_note)
 
 
-def profile_policy(settings, profile_id: str | None) -> str:
+def profile_policy(settings: Settings, profile_id: str | None) -> str:
     """Effective VLLM_MOE_W2_DELTA_POLICY of a profile ('' when unknown)."""
     from app.backend.profiles import all_profiles  # custom profiles count too
 
@@ -278,6 +279,6 @@ def profile_policy(settings, profile_id: str | None) -> str:
         profiles = list(settings.recipe.profiles)
     for p in profiles:
         if p.id == profile_id:
-            env.update(getattr(p, "env_add", None) or {})
-            env.update(getattr(p, "env_replace", None) or {})
+            env.update(p.env_add)
+            env.update(p.env_replace)
     return str(env.get("VLLM_MOE_W2_DELTA_POLICY", ""))

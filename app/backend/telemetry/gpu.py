@@ -7,17 +7,15 @@ GPU box follow the simulated engine, `none` to keep the panel off NVML entirely)
 
 from __future__ import annotations
 
-import os
-from typing import Callable, Literal
+from typing import Callable
 
 from app.backend.engine.types import EngineSnapshot
-from app.backend.settings import ENV_GPU, Settings
+from app.backend import env
+from app.backend.env import GpuMode
+from app.backend.settings import Settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader, SimulatedGpuReader
 from app.backend.telemetry.gpu_types import GpuReader, GpuSample, ReaderStatus
 from app.backend.telemetry.nvml import NO_LIBRARY, NvmlGpuReader
-
-GpuMode = Literal["nvml", "simulated", "none"]
-
 
 class NoGpuReader(ReaderStatus):
     """The "no GPU" state: available False, a sentence saying why, no samples."""
@@ -29,31 +27,31 @@ class NoGpuReader(ReaderStatus):
         return []
 
 
-def gpu_mode_from_env() -> GpuMode | None:
-    """The MOET_PANEL_GPU override, or None (auto). Bad values raise with the accepted list."""
-    raw = os.environ.get(ENV_GPU, "").strip().lower()
-    if not raw:
-        return None
-    if raw not in ("nvml", "simulated", "none"):
-        raise ValueError(f"{ENV_GPU}={raw!r}: expected nvml, simulated or none")
-    return raw  # type: ignore[return-value]
-
-
 def make_gpu_reader(
     settings: Settings | None,
     engine_snapshot_fn: Callable[[], EngineSnapshot] | None = None,
     engine_pids_fn: Callable[[], set[int]] | None = None,
     mode: GpuMode | None = None,
+    nvml_reader: NvmlGpuReader | None = None,
 ) -> GpuReader:
-    """Real NVML if available, else SIMULATED in demo mode, else NoGpuReader (see module doc)."""
-    mode = mode or gpu_mode_from_env()
+    """Real NVML if available, else SIMULATED in demo mode, else NoGpuReader (see module doc).
+
+    `nvml_reader`: the NVML reader this process already opened (serve's host probe) — reused, so the
+    process opens NVML once; closed here when the choice is not NVML."""
+    mode = mode or env.gpu_mode()
     demo = bool(settings and settings.demo)
+    if mode in ("none", "simulated") and nvml_reader is not None:
+        nvml_reader.close()
     if mode == "none":
-        return NoGpuReader(f"GPU reading disabled ({ENV_GPU}=none)")
+        return NoGpuReader(f"GPU reading disabled ({env.GPU}=none)")
     if mode == "simulated":
         return _simulated(settings, engine_snapshot_fn, engine_pids_fn)
     name_fn = _engine_name_fn(engine_snapshot_fn)
-    real = NvmlGpuReader(engine_pids_fn=engine_pids_fn, engine_name_fn=name_fn)
+    if nvml_reader is not None:
+        real = nvml_reader
+        real.engine_pids_fn, real.engine_name_fn = engine_pids_fn, name_fn
+    else:
+        real = NvmlGpuReader(engine_pids_fn=engine_pids_fn, engine_name_fn=name_fn)
     if real.available or mode == "nvml":
         return real
     if demo:
@@ -61,7 +59,8 @@ def make_gpu_reader(
     return NoGpuReader(real.error)
 
 
-def _simulated(settings: Settings | None, snap_fn, pids_fn) -> SimulatedGpuReader:
+def _simulated(settings: Settings | None, snap_fn: Callable[[], EngineSnapshot] | None,
+               pids_fn: Callable[[], set[int]] | None) -> SimulatedGpuReader:
     ready, total, boot = 93.8, 96.0, 4.0
     if settings is not None:
         ready, total = settings.recipe.vram.expected_gib, settings.recipe.vram.total_gib
@@ -80,4 +79,4 @@ def _engine_name_fn(snap_fn: Callable[[], EngineSnapshot] | None) -> Callable[[]
     return lambda: snap_fn().container_name or "engine"
 
 
-__all__ = ["make_gpu_reader", "NoGpuReader", "NvmlGpuReader", "SimulatedGpuReader", "FakeGpuReader", "ENV_GPU"]
+__all__ = ["make_gpu_reader", "NoGpuReader", "NvmlGpuReader", "SimulatedGpuReader", "FakeGpuReader"]

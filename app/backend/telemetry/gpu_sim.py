@@ -173,7 +173,8 @@ class FakeGpuReader(ReaderStatus):
     def push(self, frame: list[GpuSample] | list[dict[str, Any]]) -> None:
         """Append a frame (tests drive VRAM over time this way)."""
         with self._lock:
-            self._frames.append([g if isinstance(g, GpuSample) else sample_from_dict(g, i) for i, g in enumerate(frame)])
+            samples: list[GpuSample | dict[str, Any]] = list(frame)
+            self._frames.append([g if isinstance(g, GpuSample) else sample_from_dict(g, i) for i, g in enumerate(samples)])
 
     def set_error(self, error: str) -> None:
         self._error = error

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -81,10 +85,10 @@ class HostSampler:
 def _rates(cur: tuple[int, int] | None, prev: tuple[int, int] | None, dt: float) -> list[float | None]:
     if cur is None or prev is None:
         return [None, None]
-    return [max(c - p, 0) / dt for c, p in zip(cur, prev)]
+    return [max(c - p, 0) / dt for c, p in zip(cur, prev, strict=True)]
 
 
-def _safe(fn):
+def _safe(fn: Callable[[], T]) -> T | None:
     """psutil calls that can fail in containers (no /proc/diskstats, …) → None."""
     try:
         return fn()

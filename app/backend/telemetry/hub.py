@@ -13,9 +13,11 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from app.backend.engine.types import EngineSnapshot, EngineState, LogLine
+from app.backend.settings import Settings
 from app.backend.telemetry import alerts as alert_rules
 from app.backend.telemetry.alerts import Alert, AlertInputs
 from app.backend.telemetry.gpu import make_gpu_reader
@@ -26,6 +28,9 @@ from app.backend.telemetry.timeline import Timeline, TimelineDB, TimelinePoint
 from app.backend.telemetry.trace import TraceParser, TraceSnapshot
 
 GIB = 2**30
+if TYPE_CHECKING:
+    from app.backend.selftest.drift import DriftWatch
+
 PERSIST_EVERY = 10  # ticks between SQLite batches
 POOL_IDLE_S = 10.0  # no tick line for this long = no steps = no churn (an idle engine prints no ticks)
 LOG_QUEUE_MAX = 200_000
@@ -80,34 +85,43 @@ class TelemetryFrame:
         return 0.0 if self.pool_idle_s is not None and self.trace.h2d_gib_s is not None else self.trace.h2d_gib_s
 
 
+class EngineFeed(Protocol):
+    """What the hub needs of the engine controller (tests hand in a small fake). An engine that also has
+    `recent_logs(n)` and `container_pids()` gets its boot lines replayed and its GPU processes marked."""
+
+    def snapshot(self) -> EngineSnapshot: ...
+
+    def add_log_listener(self, cb: Callable[[LogLine], None]) -> Callable[[], None]: ...
+
+
 class TelemetryHub:
     """Owns the sampler thread. `sample_once()` runs one tick synchronously (tests, CLI)."""
 
     def __init__(
         self,
-        settings: Any = None,
-        engine: Any = None,
+        settings: Settings | None = None,
+        engine: EngineFeed | None = None,
         gpu_reader: GpuReader | None = None,
         interval_s: float = 1.0,
         persist: bool = True,
         capacity: int = 7200,
         scraper: MetricsScraper | None = None,
         host_sampler: HostSampler | None = None,
-        engine_provider: Any = None,
+        engine_provider: Callable[[], EngineFeed | None] | None = None,
     ) -> None:
         self.settings = settings
         self.interval_s = max(float(interval_s), 0.05)
         self.timeline = Timeline(capacity)
-        self._engine: Any = None
-        self._unsubscribe: Any = None
-        self._engine_provider = engine_provider  # () -> engine|None: attach once it exists
+        self._engine: EngineFeed | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+        self._engine_provider = engine_provider  # attach the engine once it exists
         self._reader = gpu_reader or make_gpu_reader(settings, self._engine_snapshot, self._engine_pids)
         self._scraper = scraper or MetricsScraper(timeout_s=min(1.0, self.interval_s))
         self._host = host_sampler or HostSampler(settings.data_dir if settings is not None else None)
         self._parser = TraceParser()
         self._logq: deque[LogLine] = deque(maxlen=LOG_QUEUE_MAX)
         self._latest = TelemetryFrame()
-        self.drift: Any = None  # app.backend.selftest.drift.DriftWatch, set by build_app_state
+        self.drift: DriftWatch | None = None  # set by build_app_state (the self-test's baseline)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -132,7 +146,7 @@ class TelemetryHub:
     def gpu_reader(self) -> GpuReader:
         return self._reader
 
-    def attach_engine(self, engine: Any) -> None:
+    def attach_engine(self, engine: EngineFeed) -> None:
         """Subscribe to the engine's log lines (and replay its recent ones: boot sizing lines)."""
         if self._unsubscribe is not None:
             self._unsubscribe()
@@ -289,7 +303,8 @@ class TelemetryHub:
         elif metrics is not None and (metrics.decode_tok_s or 0) > 0:
             self._traffic_no_tick_s += self.interval_s
 
-    def _alerts(self, snap, gpus, host, metrics, trace) -> list[Alert]:
+    def _alerts(self, snap: EngineSnapshot | None, gpus: list[GpuSample], host: HostSample | None,
+                metrics: MetricsSample | None, trace: TraceSnapshot) -> list[Alert]:
         live = snap is None or snap.state in (EngineState.STARTING, EngineState.READY)
         s = self.settings
         req = s.recipe.requirements if s is not None else None
@@ -318,10 +333,11 @@ class TelemetryHub:
         return self._policies[profile_id]
 
     def _record(self, f: TelemetryFrame) -> None:
-        self.timeline.append(point_from_frame(f))
+        point = point_from_frame(f)
+        self.timeline.append(point)
         if self._db is None:
             return
-        self._pending.append(self.timeline.latest())
+        self._pending.append(point)
         if len(self._pending) >= PERSIST_EVERY:
             self._flush_db()
 

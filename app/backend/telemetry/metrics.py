@@ -1,4 +1,4 @@
-"""Scrape the engine's Prometheus `/metrics` (stack.md §5.4) and derive rates and latency quantiles.
+"""Scrape the engine's Prometheus `/metrics` (vLLM 0.33 names, docs/telemetry.md) and derive rates and latency quantiles.
 
 Parsing uses prometheus_client's text parser (no regex). Both current and old vLLM names are
 accepted (`kv_cache_usage_perc` / `gpu_cache_usage_perc`, `inter_token_latency_seconds` /
@@ -35,7 +35,7 @@ class Histogram:
         if older is None or older.count > self.count or len(older.buckets) != len(self.buckets):
             return self
         return Histogram(
-            tuple((le, c - oc) for (le, c), (_, oc) in zip(self.buckets, older.buckets)),
+            tuple((le, c - oc) for (le, c), (_, oc) in zip(self.buckets, older.buckets, strict=True)),
             self.count - older.count,
             self.total - older.total,
         )

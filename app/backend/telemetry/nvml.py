@@ -1,11 +1,14 @@
 """Real GPU reader over NVML (nvidia-ml-py, `import pynvml`), sampled the way nvitop does it.
 
 * `nvmlInit` once; handles cached; every call wrapped so an NVML error becomes None ("N/A"),
-  and a function the driver lacks is remembered and not retried (stack.md §4.4).
+  and a function the driver lacks (NVML_ERROR_NOT_SUPPORTED) is remembered and not retried.
 * Fast set every `read()`: memory v2 (used + reserved apart), utilisation, power + limit,
   temperature, SM/memory clocks, throttle reasons, compute processes.
-* PCIe TX/RX block ~20 ms per counter (stack.md §4.2), so they refresh on their own slower cadence;
-  ECC mode is behind a TTL cache. Both are read only from the sampler thread.
+* PCIe TX/RX block ~20 ms per counter (measured on the H200 host; docs/telemetry.md), so they refresh
+  on their own slower cadence; ECC mode is behind a TTL cache. Both are read only from the sampler thread.
+
+`import pynvml` needs no driver (the library is loaded by `nvmlInit`), so its constants and exception
+classes are used directly; the calls go through `self._nv` so tests can hand in a fake module.
 """
 
 from __future__ import annotations
@@ -14,20 +17,24 @@ import threading
 import time
 from typing import Any, Callable
 
+import pynvml
+
 from app.backend.telemetry.gpu_types import GpuProcess, GpuSample, ReaderStatus
 
-# Throttle ("clocks event") reason bits → short names (nvml.h nvmlClocksThrottleReason*).
+# Clocks-event ("throttle") reason bits → short names.
 THROTTLE_BITS: tuple[tuple[int, str], ...] = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal"),
-    (0x40, "hw_thermal"),
-    (0x80, "hw_power_brake"),
-    (0x100, "display_clocks"),
+    (pynvml.nvmlClocksEventReasonGpuIdle, "gpu_idle"),
+    (pynvml.nvmlClocksEventReasonApplicationsClocksSetting, "applications_clocks"),
+    (pynvml.nvmlClocksEventReasonSwPowerCap, "sw_power_cap"),
+    (pynvml.nvmlClocksEventReasonHwSlowdown, "hw_slowdown"),
+    (pynvml.nvmlClocksEventReasonSyncBoost, "sync_boost"),
+    (pynvml.nvmlClocksEventReasonSwThermalSlowdown, "sw_thermal"),
+    (pynvml.nvmlClocksEventReasonHwThermalSlowdown, "hw_thermal"),
+    (pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown, "hw_power_brake"),
+    (pynvml.nvmlClocksEventReasonDisplayClockSetting, "display_clocks"),
 )
+# Errors that mean "this driver will never answer this call": remembered, not retried.
+UNSUPPORTED = (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_NotSupported)
 NO_LIBRARY = "no NVIDIA GPU (libnvidia-ml.so not found)"
 
 
@@ -56,7 +63,7 @@ class NvmlGpuReader(ReaderStatus):
         self._lock = threading.Lock()
         self._missing: set[str] = set()  # functions the driver lacks (not retried)
         self._handles: list[Any] = []
-        self._static: list[dict] = []
+        self._static: list[dict[str, Any]] = []
         self._pcie: dict[int, tuple[float, float | None, float | None]] = {}
         self._ecc: dict[int, tuple[float, bool | None, bool | None]] = {}
         self._proc_names: dict[int, str] = {}
@@ -80,15 +87,10 @@ class NvmlGpuReader(ReaderStatus):
 
     # -- internals ----------------------------------------------------------------------------
     def _init(self) -> None:
+        if self._nv is None:
+            self._nv = pynvml
         try:
-            if self._nv is None:
-                import pynvml
-
-                self._nv = pynvml
             self._nv.nvmlInit()
-        except ImportError:
-            self._error = "no NVIDIA GPU (nvidia-ml-py not installed)"
-            return
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
             self._error = _init_error(exc)
             return
@@ -115,13 +117,10 @@ class NvmlGpuReader(ReaderStatus):
             return None
         try:
             return getattr(self._nv, fn)(*args)
-        except AttributeError:
+        except (AttributeError, *UNSUPPORTED):
             self._missing.add(key)
             return None
-        except Exception as exc:
-            name = type(exc).__name__
-            if "FunctionNotFound" in name or "NotSupported" in name or "LibraryMismatch" in name:
-                self._missing.add(key)
+        except Exception:  # any other NVML error (GPU lost, timeout, ...): N/A now, asked again next time
             return None
 
     def _engine_pids(self) -> set[int]:
@@ -133,8 +132,7 @@ class NvmlGpuReader(ReaderStatus):
             return set()
 
     def _memory(self, h: Any) -> tuple[int, int, int]:
-        v2 = getattr(self._nv, "nvmlMemory_v2", None)
-        mem = self._q("nvmlDeviceGetMemoryInfo", h, v2, key="memory_v2") if v2 is not None else None
+        mem = self._q("nvmlDeviceGetMemoryInfo", h, pynvml.nvmlMemory_v2, key="memory_v2")
         if mem is not None and hasattr(mem, "reserved"):
             return int(mem.total), int(mem.used), int(mem.reserved)
         mem = self._q("nvmlDeviceGetMemoryInfo", h)
@@ -147,9 +145,9 @@ class NvmlGpuReader(ReaderStatus):
         util = self._q("nvmlDeviceGetUtilizationRates", h)
         power = self._q("nvmlDeviceGetPowerUsage", h)
         limit = self._q("nvmlDeviceGetEnforcedPowerLimit", h)
-        temp = self._q("nvmlDeviceGetTemperature", h, 0)  # NVML_TEMPERATURE_GPU
-        sm = self._q("nvmlDeviceGetClockInfo", h, 1, key="clock_sm")  # NVML_CLOCK_SM
-        memclk = self._q("nvmlDeviceGetClockInfo", h, 2, key="clock_mem")  # NVML_CLOCK_MEM
+        temp = self._q("nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU)
+        sm = self._q("nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_SM, key="clock_sm")
+        memclk = self._q("nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_MEM, key="clock_mem")
         mask = self._q("nvmlDeviceGetCurrentClocksEventReasons", h)
         if mask is None:
             mask = self._q("nvmlDeviceGetCurrentClocksThrottleReasons", h)
@@ -183,8 +181,8 @@ class NvmlGpuReader(ReaderStatus):
     def _pcie_cached(self, i: int, h: Any, now: float) -> tuple[float | None, float | None]:
         t, tx, rx = self._pcie.get(i, (0.0, None, None))
         if now - t >= self._pcie_interval:
-            tx = self._q("nvmlDeviceGetPcieThroughput", h, 0, key="pcie_tx")  # TX_BYTES, blocks ~20 ms
-            rx = self._q("nvmlDeviceGetPcieThroughput", h, 1, key="pcie_rx")  # RX_BYTES
+            tx = self._q("nvmlDeviceGetPcieThroughput", h, pynvml.NVML_PCIE_UTIL_TX_BYTES, key="pcie_tx")  # ~20 ms
+            rx = self._q("nvmlDeviceGetPcieThroughput", h, pynvml.NVML_PCIE_UTIL_RX_BYTES, key="pcie_rx")
             tx = float(tx) if tx is not None else None
             rx = float(rx) if rx is not None else None
             self._pcie[i] = (now, tx, rx)
@@ -230,13 +228,12 @@ class NvmlGpuReader(ReaderStatus):
 
 
 def _init_error(exc: Exception) -> str:
-    name = type(exc).__name__
-    if "LibraryNotFound" in name:
+    if isinstance(exc, pynvml.NVMLError_LibraryNotFound):
         return NO_LIBRARY
-    if "DriverNotLoaded" in name:
+    if isinstance(exc, pynvml.NVMLError_DriverNotLoaded):
         return "no NVIDIA GPU (the NVIDIA driver is not loaded)"
-    if "LibRmVersionMismatch" in name:
+    if isinstance(exc, pynvml.NVMLError_LibRmVersionMismatch):
         return "NVIDIA driver/library version mismatch (driver upgraded without reboot?): " + str(exc)
-    if "NoPermission" in name:
+    if isinstance(exc, pynvml.NVMLError_NoPermission):
         return "NVML: no permission to open the GPU device files: " + str(exc)
-    return f"NVML unavailable: {name}: {exc}"
+    return f"NVML unavailable: {type(exc).__name__}: {exc}"

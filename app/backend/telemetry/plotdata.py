@@ -49,10 +49,11 @@ def thin(points: list[TimelinePoint], max_points: int = 300) -> list[TimelinePoi
 def _value(p: TimelinePoint, name: str) -> float | None:
     if name == "ttft_ms":
         return p.ttft_p50_s * 1000 if p.ttft_p50_s is not None else None
-    return getattr(p, name)
+    value = getattr(p, name)
+    return None if value is None else float(value)
 
 
-def rows(points: list[TimelinePoint], spec: PlotSpec, now: float | None = None) -> list[dict]:
+def rows(points: list[TimelinePoint], spec: PlotSpec, now: float | None = None) -> list[dict[str, object]]:
     """[{"time": ts, "series": label, "value": v, "profile": p}, …]; missing values are skipped.
 
     Every series also gets one placeholder row (value None) so the plot's legend/colour domain always
@@ -60,7 +61,7 @@ def rows(points: list[TimelinePoint], spec: PlotSpec, now: float | None = None) 
     series absent at that moment would never be drawn later.
     """
     t0 = points[0].ts if points else (now or 0.0)
-    out: list[dict] = [{"time": t0, "series": label, "value": None, "profile": ""} for _, label in spec.series]
+    out: list[dict[str, object]] = [{"time": t0, "series": label, "value": None, "profile": ""} for _, label in spec.series]
     for p in points:
         for name, label in spec.series:
             v = _value(p, name)

@@ -11,7 +11,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from app.backend.filemode import create_private
@@ -46,9 +46,6 @@ class TimelinePoint:
 
 
 FIELDS = tuple(f.name for f in fields(TimelinePoint))
-SERIES = tuple(n for n in FIELDS if n not in ("ts", "profile", "engine_state"))
-
-
 class Timeline:
     """Thread-safe ring buffer of TimelinePoints, oldest first."""
 
@@ -120,7 +117,3 @@ class TimelineDB:
     def close(self) -> None:
         with self._lock:
             self._db.close()
-
-
-def point_dict(p: TimelinePoint) -> dict:
-    return asdict(p)

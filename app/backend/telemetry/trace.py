@@ -1,4 +1,4 @@
-"""Incremental parser for the engine's FP4 delta-pool trace (engine.md §2).
+"""Incremental parser for the engine's FP4 delta-pool trace (docs/simengine.md#the-formats-the-panel-parses).
 
 Feed it raw chunks (`feed`) or whole lines (`feed_line`); it keeps one `RankState` per TP rank /
 process (`(Worker_TP1 pid=N) ` prefixes are interleaved in one stream) and derives the card's
@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -49,7 +50,7 @@ HISTORY = 64  # summaries kept per rank for rates and the CLI
 
 @dataclass(slots=True)
 class Summary:
-    """One `[tag] tick N: …` line (engine.md §2.1), with its wall-clock time. Treat as immutable
+    """One `[tag] tick N: …` summary line (its format: docs/simengine.md), with its wall-clock time. Treat as immutable
     (not frozen only because frozen dataclasses are ~3× slower to build on the parser's hot path)."""
 
     tag: str
@@ -71,7 +72,7 @@ class Summary:
 
 @dataclass(frozen=True)
 class PoolSizing:
-    """Boot sizing (engine.md §2.4/2.5): slots and slot size; slots == 0 means no FP4 pool."""
+    """Boot sizing (the `delta tier` line, docs/simengine.md): slots and slot size; slots == 0 means no FP4 pool."""
 
     slots: int | None
     slot_mib: float | None
@@ -96,7 +97,7 @@ class RankState:
     trace_every: int | None = None
     summaries: int = 0
     last: Summary | None = None
-    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+    history: deque[Summary] = field(default_factory=lambda: deque(maxlen=HISTORY))
     per_layer_text: str = ""  # raw `L0:14 L1:9 …` payload of the last histogram line (parsed on demand)
     pack_reads: int | None = None
     pack_gib: float | None = None
@@ -126,13 +127,15 @@ class RankState:
         if len(hist) < 2 or hist[-1].ts is None:
             return None, None
         end = hist[-1].ts
+        ref = end
         p = e = 0
         for i in range(len(hist) - 1, 0, -1):
             p += hist[i].win_promoted
             e += hist[i].win_evicted
-            ref = hist[i - 1].ts
-            if ref is None:
+            prev = hist[i - 1].ts
+            if prev is None:
                 return None, None
+            ref = prev
             if end - ref >= RATE_MIN_SPAN_S:
                 break
         span = end - ref
@@ -244,7 +247,7 @@ class TraceParser:
         self.summaries = 0
         self.trace_on: bool | None = None
         self.last_summary_ts: float | None = None
-        self.on_summary = None  # optional callback(rank_key, Summary)
+        self.on_summary: Callable[[str, Summary], None] | None = None  # called with (rank key, summary)
 
     # -- input -------------------------------------------------------------------------------
     def feed(self, chunk: str) -> None:

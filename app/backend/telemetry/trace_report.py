@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Any
 
 from app.backend.telemetry.alerts import AlertInputs, churn_trap, pool_absent, zero_coverage
-from app.backend.telemetry.trace import Summary, TraceParser
+from app.backend.telemetry.trace import PoolSizing, Summary, TraceParser
 
 
-def file_stats(sums: list[Summary], slot_mib: float | None) -> dict:
+def file_stats(sums: list[Summary], slot_mib: float | None) -> dict[str, Any]:
     """Rates over the whole file: Σ window(+p/-e) after the first summary ÷ first→last wall time."""
-    out: dict = {"summaries": len(sums), "span_s": None, "promotions_per_s": None, "evictions_per_s": None,
+    out: dict[str, Any] = {"summaries": len(sums), "span_s": None, "promotions_per_s": None, "evictions_per_s": None,
                  "churn_per_s": None, "h2d_gib_s": None, "coverage_mean_pct": None,
                  "coverage_min_pct": None, "coverage_max_pct": None}
     if sums:
@@ -29,7 +30,7 @@ def file_stats(sums: list[Summary], slot_mib: float | None) -> dict:
     return out
 
 
-def summarize_parser(parser: TraceParser, seen: dict[str, list[Summary]]) -> dict:
+def summarize_parser(parser: TraceParser, seen: dict[str, list[Summary]]) -> dict[str, Any]:
     snap = parser.snapshot()
     states = parser.rank_states()
     ranks = []
@@ -69,9 +70,11 @@ def summarize_parser(parser: TraceParser, seen: dict[str, list[Summary]]) -> dic
     }
 
 
-def _sizing_text(sz) -> str:
+def _sizing_text(sz: PoolSizing) -> str:
     if sz.disabled:
-        return f"pool DISABLED (0 slots){' — auto: %.2f GiB free after KV < reserve %s GiB' % (sz.free_after_kv_gib, sz.reserve_gib) if sz.free_after_kv_gib is not None else ''}"
+        why = (f" — auto: {sz.free_after_kv_gib:.2f} GiB free after KV < reserve {sz.reserve_gib} GiB"
+               if sz.free_after_kv_gib is not None else "")
+        return f"pool DISABLED (0 slots){why}"
     if sz.deferred:
         return f"auto-sizing deferred (slot {sz.slot_mib} MiB)"
     return f"{sz.slots} slots x {sz.slot_mib} MiB ({sz.pool_gib} GiB pool){' [auto]' if sz.auto else ''}"

@@ -1,0 +1,132 @@
+"""Every environment variable the panel reads, read here and nowhere else in app/ (modelled on
+huggingface_hub's `constants.py`: one module of names and typed accessors). docs/configuration.md has
+the table a user reads; tests/test_env.py keeps other modules from reading the environment themselves.
+
+Accessors read at call time, not at import: the CLI, the tests and `serve` may set a variable after
+this module is imported. Flags always win over these (the callers apply them first).
+
+The SIMULATED engine (app/backend/simengine/) is the exception: it is a separate program that runs in
+its own container and reads its own `MOET_SIM_*` variables, as vLLM reads its own (docs/simengine.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+RECIPE = "MOET_PANEL_RECIPE"
+DATA_DIR = "MOET_PANEL_DATA_DIR"
+DEMO = "MOET_PANEL_DEMO"
+AUTH_FILE = "MOET_PANEL_AUTH_FILE"
+ALLOWED_HOSTS = "MOET_PANEL_ALLOWED_HOSTS"
+GPU = "MOET_PANEL_GPU"
+SERVER_NAME = "GRADIO_SERVER_NAME"
+SERVER_PORT = "GRADIO_SERVER_PORT"
+HF_TOKEN = "HF_TOKEN"
+HF_TOKEN_LEGACY = "HUGGING_FACE_HUB_TOKEN"
+HF_ENDPOINT = "HF_ENDPOINT"
+HF_OFFLINE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+DOCKER_HOST = "DOCKER_HOST"
+
+GpuMode = Literal["nvml", "simulated", "none"]
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+def _get(name: str) -> str | None:
+    """The variable's value with surrounding blanks removed; None when unset or blank."""
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def recipe() -> str | None:
+    return _get(RECIPE)
+
+
+def data_dir() -> str | None:
+    return _get(DATA_DIR)
+
+
+def demo_requested() -> bool:
+    return _get(DEMO) == "1"
+
+
+def auth_file() -> str | None:
+    return _get(AUTH_FILE)
+
+
+def allowed_hosts() -> str:
+    """Comma-separated extra Host names for the web gate (app/backend/webgate.py parses them)."""
+    return _get(ALLOWED_HOSTS) or ""
+
+
+def gpu_mode() -> GpuMode | None:
+    """The GPU reader override, or None (auto). A bad value raises with the accepted list."""
+    raw = (_get(GPU) or "").lower()
+    if not raw:
+        return None
+    if raw == "nvml":
+        return "nvml"
+    if raw == "simulated":
+        return "simulated"
+    if raw == "none":
+        return "none"
+    raise ValueError(f"{GPU}={raw!r}: expected nvml, simulated or none")
+
+
+def server_name() -> str | None:
+    return _get(SERVER_NAME)
+
+
+def server_port() -> int | None:
+    raw = _get(SERVER_PORT)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{SERVER_PORT}={raw!r}: expected a port number") from None
+
+
+def hf_token() -> str | None:
+    """The token the environment gives (HF_TOKEN, else the older HUGGING_FACE_HUB_TOKEN)."""
+    return _get(HF_TOKEN) or _get(HF_TOKEN_LEGACY)
+
+
+def hf_endpoint() -> str | None:
+    return _get(HF_ENDPOINT)
+
+
+def hf_offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as huggingface_hub spells true."""
+    return any((_get(name) or "").upper() in _TRUE for name in HF_OFFLINE)
+
+
+def docker_host() -> str | None:
+    """An explicit DOCKER_HOST, or None (the default socket)."""
+    return _get(DOCKER_HOST)
+
+
+def config_home() -> Path:
+    return Path(_get("XDG_CONFIG_HOME") or Path.home() / ".config")
+
+
+def data_home() -> Path:
+    return Path(_get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+
+
+def inherited(names: Iterable[str] = (), prefixes: tuple[str, ...] = ()) -> dict[str, str]:
+    """The variables a child process inherits by name or by prefix (never the whole environment unasked)."""
+    wanted = set(names)
+    return {k: v for k, v in os.environ.items() if k in wanted or (prefixes and k.startswith(prefixes))}
+
+
+def whole() -> dict[str, str]:
+    """A copy of the whole environment, for a child that needs it as the user's shell has it (docker build)."""
+    return dict(os.environ)
+
+
+def set_default(name: str, value: str) -> None:
+    """Set a variable for this process and its children unless the user set it (library opt-outs)."""
+    os.environ.setdefault(name, value)
