@@ -165,6 +165,9 @@ def _report(board, exc, specs, settings, cfg, err: Console) -> int:
         err.print(f"{a.id}: {a.state.value}  {gib_text(a.verified_bytes)} verified, {gib_text(a.extracted_bytes)} written, "
                   f"{a.extracted_files} files extracted ({a.skipped_files} already complete){reused}"
                   + (f" — {a.reason}" if a.reason and a.state != ArtifactState.DONE else ""))
+        waits = board.waits(a.id)
+        if any(waits.values()):
+            err.print(f"{a.id}: the extractor waited " + ", ".join(f"{k.value} {v:.1f} s" for k, v in waits.items()))
     disk = board.disk()
     if disk is not None:
         err.print(f"peak staging disk: {gib_text(disk.staging_peak)} ({disk.staging_peak} bytes)")
