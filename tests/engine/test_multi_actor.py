@@ -121,6 +121,8 @@ def test_second_writer_is_refused_naming_the_holder(make_controller, docker_clie
     t = a.start("quality")
     assert t.accepted
     wait_until(lambda: a.lock_holder() is not None, 5, "A holds the lock")
+    # B watches A's boot (a watch-only step, no lock): its refusal still names the writer, not its own watch
+    wait_until(lambda: b.snapshot().state is EngineState.STARTING and b.busy() is not None, 30, "B watches A's boot")
     refused = b.switch("speed")
     assert not refused.accepted and f"panel pid {os.getpid()}" in refused.message and "start to quality" in refused.message
     r = cli(recipe_file, st.data_dir, "engine", "stop")
