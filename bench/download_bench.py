@@ -56,6 +56,17 @@ fetch store       | zstd -d -T4 | tar -x --sparse
 sync  # every pipeline is timed until the tree is on disk
 """
 
+CARD_ONE = r"""
+set -euo pipefail
+EP="$1"; REPO="$2"; cd "$3"; ART="$4"
+for p in $(curl -sfL "$EP/api/models/$REPO/tree/main?recursive=true" \
+          | python3 -c 'import json,sys;[print(e["path"]) for e in json.load(sys.stdin) if e["type"]=="file"]' \
+          | grep "^$ART" | sort); do
+  curl -sfL --retry 5 "$EP/$REPO/resolve/main/$p"
+done | zstd -d -T4 | tar -x --sparse
+sync
+"""
+
 FETCH_ONLY = r"""
 set -euo pipefail
 EP="$1"; REPO="$2"; shift 2
@@ -170,7 +181,7 @@ def _send_body_with_link(self, f, start: int, length: int, fault) -> None:  # ty
         self.wfile.flush()
 
 
-simhub_server._HubHandler._send_body = _send_body_with_link  # noqa: SLF001
+simhub_server._HubHandler._send_body = _send_body_with_link  # type: ignore[method-assign]  # noqa: SLF001
 
 
 # ---- timing -------------------------------------------------------------------------------------
@@ -181,19 +192,52 @@ class Run:
     cpu: float  # user + sys of the whole process tree
     rss_kib: int
     staging: int = 0  # panel only: the peak staging it reported
+    dirty: list[float] = field(default_factory=list)  # GiB of dirty + writeback pages, every DIRTY_EVERY_S
+
+
+DIRTY_EVERY_S = 0.5
+
+
+def _dirty_gib() -> float:
+    """Page cache not yet on disk (Dirty + Writeback of /proc/meminfo): what the final `sync` still waits for."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    except OSError:
+        return 0.0
+    return sum(int(fields.get(k, "0 kB").split()[0]) for k in ("Dirty", "Writeback")) / (1 << 20)
 
 
 def timed(cmd: list[str], env: dict | None = None) -> tuple[Run, str]:
     subprocess.run(["sync"], check=False)
     t = time.monotonic()
     p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    dirty: list[float] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(DIRTY_EVERY_S):
+            dirty.append(_dirty_gib())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     err = p.stderr.read().decode(errors="replace") if p.stderr else ""
     _, status, usage = os.wait4(p.pid, 0)
     elapsed = time.monotonic() - t
+    done.set()
+    sampler.join()
     rc = os.waitstatus_to_exitcode(status)
     if rc != 0:
         print(f"  ! {cmd[0]} exited {rc}: {err.strip()[-400:]}", flush=True)
-    return Run(elapsed, rc, usage.ru_utime + usage.ru_stime, usage.ru_maxrss), err
+    return Run(elapsed, rc, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, dirty=dirty), err
+
+
+def waits_lines(err: str) -> str:
+    """The panel's own account of where its extractors waited (its last stderr lines)."""
+    return "".join(f"    {line.strip()}\n" for line in err.splitlines() if "extractor waited" in line)
+
+
+def dirty_line(r: Run) -> str:
+    return f"    dirty GiB every {DIRTY_EVERY_S:g} s: " + " ".join(f"{d:.1f}" for d in r.dirty)
 
 
 @dataclass
@@ -217,7 +261,7 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
     LINK = Link(sc.link_cap) if sc.link_cap else None
     hub = SimHub(rate_cap_bps=sc.conn_cap)
     hub.add_repo(REPO, {p.name: p for parts in arts.values() for p in parts})
-    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False",
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "COLUMNS": "200",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("HF_TOKEN", None)
     python = os.environ.get("BENCH_PYTHON", str(ROOT / ".venv/bin/python"))
@@ -261,8 +305,61 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                 print(f"  run {i + 1} {kind:<6} {r.wall:7.2f} s  cpu {r.cpu:6.1f} s  rss {r.rss_kib / 1024:6.1f} MiB"
                       f"{f'  staging peak {r.staging / GiB:.2f} GiB' if kind != 'card' else ''}  tree {verdict}",
                       flush=True)
+                if i == 0:
+                    print(waits_lines(err) + dirty_line(r), flush=True)
                 shutil.rmtree(dest, ignore_errors=True)
     LINK = None
+
+
+def run_single(art: str, arts: dict[str, list[Path]], work: Path, runs: int, panel_args: list[str],
+               expect: dict[str, tuple[int, int, int]], conns: int, profile: Path | None) -> None:
+    """Unthrottled, one artifact: the card's pipeline for it vs the panel downloading only it.
+
+    With `profile`, one more panel run under py-spy per mode (all threads with idle time, and only
+    the thread holding the GIL), written as collapsed stacks for a flame graph.
+    """
+    hub = SimHub()
+    hub.add_repo(REPO, {p.name: p for parts in arts.values() for p in parts})
+    env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "COLUMNS": "200",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env.pop("HF_TOKEN", None)
+    python = os.environ.get("BENCH_PYTHON", str(ROOT / ".venv/bin/python"))
+    only = {art: expect[art]}
+    walls: dict[str, list[Run]] = {"card": [], "panel": []}
+    with hub.start():
+        print(f"== one artifact: {art}", flush=True)
+        panel = [python, "-m", "app.cli.main", "download", art, "--recipe", str(work / "bench-recipe.toml"),
+                 "--endpoint", hub.endpoint, "--connections", str(conns), *panel_args]
+        plan: list[tuple[str, list[str]]] = []
+        for i in range(runs):
+            pair: list[tuple[str, list[str]]] = [("card", []), ("panel", [])]
+            plan += pair if i % 2 == 0 else pair[::-1]
+        if profile is not None:
+            profile.mkdir(parents=True, exist_ok=True)
+            plan += [("py-spy", ["--idle", "--threads", "--native"]), ("py-spy", ["--gil"])]
+        for kind, spy in plan:
+            dest = work / "dest-one"
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir()
+            if kind == "card":
+                cmd = ["bash", "-c", CARD_ONE, "card", hub.endpoint, REPO, str(dest), art]
+            else:
+                cmd = [*panel, "--dest", str(dest)]
+                if kind == "py-spy":
+                    out = profile / f"{art}-{spy[0].strip('-')}.txt"  # type: ignore[operator]
+                    cmd = ["py-spy", "record", "-r", "200", "-f", "raw", "-o", str(out), *spy, "--", *cmd]
+                cmd = ["bash", "-c", '"$@" && sync', "panel", *cmd]
+            r, err = timed(cmd, env)
+            verdict = check_trees(dest, only) if r.rc == 0 else "FAILED"
+            if kind in walls:
+                walls[kind].append(r)
+            print(f"  {kind:<6} {' '.join(spy):<24} {r.wall:7.2f} s  cpu {r.cpu:6.1f} s  "
+                  f"rss {r.rss_kib / 1024:6.1f} MiB  tree {verdict}", flush=True)
+            print(waits_lines(err) + dirty_line(r), flush=True)
+            shutil.rmtree(dest, ignore_errors=True)
+    card, panel_wall = (statistics.median(r.wall for r in walls[k]) for k in ("card", "panel"))
+    print(f"one artifact ({art}): card {card:.2f} s, panel {panel_wall:.2f} s, panel/card {card / panel_wall:.2f}×",
+          flush=True)
 
 
 # ---- stage limits (no network) ------------------------------------------------------------------
@@ -333,8 +430,11 @@ def main() -> int:
                          "compressible; 'compressible' = every byte 4 bits of entropy (~2:1)")
     ap.add_argument("--work", default="/var/tmp/moet-panel-bench3", help="work dir (artifacts are cached here)")
     ap.add_argument("--panel-arg", action="append", default=[], help="extra argument for moet-panel download")
-    ap.add_argument("--only", action="append", choices=["unthrottled", "capped", "capped+link"],
+    ap.add_argument("--only", action="append", choices=["unthrottled", "capped", "capped+link", "none"],
                     help="run only these scenarios")
+    ap.add_argument("--single", metavar="ARTIFACT", help="first: the card's pipeline vs the panel for this "
+                    "artifact alone, unthrottled")
+    ap.add_argument("--profile", metavar="DIR", help="with --single: also profile the panel with py-spy into DIR")
     args = ap.parse_args()
     work = Path(args.work) / args.data
     arts = build(work, args.gib, args.part_mib, args.data)
@@ -348,11 +448,14 @@ def main() -> int:
     limits = stage_limits(arts, work, expect, rounds=2)
     for name, (secs, how) in limits.items():
         print(f"  limit {name:<7} {secs:6.2f} s  ({how})", flush=True)
+    if args.single:
+        run_single(args.single, arts, work, args.runs, args.panel_arg, expect, args.connections,
+                   Path(args.profile) if args.profile else None)
     scenarios = [Scenario("unthrottled", None, None),
                  Scenario("capped", args.cap_mbps * MB, None),
                  Scenario("capped+link", args.cap_mbps * MB, args.link_gbps * 1000 * MB)]
     for sc in scenarios:
-        if args.only and sc.name not in args.only:
+        if args.only is not None and sc.name not in args.only:
             continue
         conns = args.capped_connections if sc.conn_cap and args.capped_connections else args.connections
         run_scenario(sc, arts, work, args.runs, args.panel_arg, expect, conns,

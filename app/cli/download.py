@@ -20,10 +20,11 @@ from app.backend.download.journal import DestLock, clean_partial
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.runner import run_download
 from app.backend.download.types import (
-    ArtifactProgress, ArtifactState, DownloadError, GiB, LockedError, MiB, SpaceError, Stopped,
+    ArtifactProgress, ArtifactState, DownloadError, LockedError, MiB, SpaceError, Stopped,
 )
 from app.backend.hf_token import redact
 from app.backend.settings import resolve_settings
+from app.backend.units import duration_text, gib_text
 from app.cli.main import add_common
 
 
@@ -92,7 +93,7 @@ def _clean(dest: Path, ids: list[str], err: Console) -> int:
     except LockedError as exc:
         print(f"moet-panel download: {exc}", file=sys.stderr)
         return 4
-    err.print(f"removed partial download data under {dest}: {gib(freed)} freed")
+    err.print(f"removed partial download data under {dest}: {gib_text(freed)} freed")
     return 0
 
 
@@ -117,24 +118,16 @@ def _download(cfg, specs, settings, err: Console) -> int:
     return _report(board, outcome["exc"], specs, settings, cfg, err)
 
 
-def gib(n: float) -> str:
-    """Sizes in GiB everywhere, as the card (docs/downloads.md, "Progress")."""
-    return f"{n / GiB:.2f} GiB" if abs(n) >= 0.1 * GiB or n == 0 else f"{n / GiB:.3f} GiB"
-
-
 def eta_text(s: float | None) -> str:
-    if s is None:
-        return "ETA —"
-    s = int(s)
-    return f"ETA {s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"ETA {s // 60}m{s % 60:02d}s"
+    return "ETA " + duration_text(s)
 
 
 def progress_line(a: ArtifactProgress) -> str:
     """One artifact: verified / total, verified and extracted rates, the binding limit, ETA, state."""
     state = "stalled (0 B/s)" if a.stalled else a.state.value
-    bits = [f"{gib(a.verified_bytes)} / {gib(a.total_bytes)} verified"]
+    bits = [f"{gib_text(a.verified_bytes)} / {gib_text(a.total_bytes)} verified"]
     if a.state.active:
-        bits.append(f"{gib(a.verified_bps)}/s verified · {gib(a.extracted_bps)}/s extracted")
+        bits.append(f"{gib_text(a.verified_bps)}/s verified · {gib_text(a.extracted_bps)}/s extracted")
         if a.binding:
             bits.append(f"limit: {a.binding.value}")
         bits.append(eta_text(a.eta_s))
@@ -160,21 +153,24 @@ def _show_progress(board: ProgressBoard, worker: threading.Thread, err: Console)
                     tasks["total"] = bars.add_task("", total=sum(a.total_bytes for a in arts), name="total", status="")
                 disk = board.disk()
                 bars.update(tasks["total"], completed=sum(a.verified_bytes for a in arts),
-                            status=f"{gib(total.rate_bps)}/s on the wire · {gib(total.extracted_bps)}/s extracted"
+                            status=f"{gib_text(total.rate_bps)}/s on the wire · {gib_text(total.extracted_bps)}/s extracted"
                                    f"{f' · limit: {total.binding.value}' if total.binding else ''} · {eta_text(total.eta_s)}"
-                                   f" · staging {gib(disk.staging_used if disk else 0)}")
+                                   f" · staging {gib_text(disk.staging_used if disk else 0)}")
 
 
 def _report(board, exc, specs, settings, cfg, err: Console) -> int:
     snaps = {a.id: a for a in board.snapshot()}
     for a in snaps.values():
         reused = f", resumed reusing {a.reused_parts} of {a.parts_total} parts" if a.reused_parts else ""
-        err.print(f"{a.id}: {a.state.value}  {gib(a.verified_bytes)} verified, {gib(a.extracted_bytes)} written, "
+        err.print(f"{a.id}: {a.state.value}  {gib_text(a.verified_bytes)} verified, {gib_text(a.extracted_bytes)} written, "
                   f"{a.extracted_files} files extracted ({a.skipped_files} already complete){reused}"
                   + (f" — {a.reason}" if a.reason and a.state != ArtifactState.DONE else ""))
+        waits = board.waits(a.id)
+        if any(waits.values()):
+            err.print(f"{a.id}: the extractor waited " + ", ".join(f"{k.value} {v:.1f} s" for k, v in waits.items()))
     disk = board.disk()
     if disk is not None:
-        err.print(f"peak staging disk: {gib(disk.staging_peak)} ({disk.staging_peak} bytes)")
+        err.print(f"peak staging disk: {gib_text(disk.staging_peak)} ({disk.staging_peak} bytes)")
     if exc is not None:
         code = 4 if isinstance(exc, LockedError) else 3 if isinstance(exc, (SpaceError, Stopped)) else 1
         msg = str(exc) if isinstance(exc, DownloadError) else (

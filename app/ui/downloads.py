@@ -9,28 +9,17 @@ import html
 
 import gradio as gr
 
-from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadSnapshot, GiB
 from app.backend.download.manager import DownloadManager
+from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadSnapshot
 from app.backend.state import AppState
+from app.backend.units import duration_text, gib_text
 from app.ui.shell import QUICK, Shell
 
 TITLE = "Downloads"
 
 
-def fmt_bytes(n: float) -> str:
-    """GiB everywhere, as the card; small amounts keep three decimals rather than reading 0.00."""
-    return f"{n / GiB:.2f} GiB" if abs(n) >= 0.1 * GiB or n == 0 else f"{n / GiB:.3f} GiB"
-
-
 def fmt_rate(bps: float) -> str:
-    return f"{fmt_bytes(bps)}/s" if bps > 0 else "—"
-
-
-def fmt_eta(s: float | None) -> str:
-    if s is None:
-        return "—"
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+    return f"{gib_text(bps)}/s" if bps > 0 else "—"
 
 
 def _badge(a: ArtifactProgress) -> str:
@@ -59,13 +48,13 @@ def _row(a: ArtifactProgress) -> str:
     limit = f'<div class="why">limit: <b>{a.binding.value}</b></div>' if a.binding and a.state.active else ""
     rates = (f'<div class="why">{fmt_rate(a.verified_bps)} verified · {fmt_rate(a.extracted_bps)} extracted</div>'
              if a.state.active else "")
-    eta = fmt_eta(a.eta_s) if a.state.active else "—"  # paused, cancelled, failed, queued: no ETA
+    eta = duration_text(a.eta_s) if a.state.active else "—"  # paused, cancelled, failed, queued: no ETA
     skipped = f" · {a.skipped_files} already complete" if a.skipped_files else ""
-    size = f"{fmt_bytes(a.verified_bytes)} / {fmt_bytes(a.total_bytes)}" if a.total_bytes else "not listed yet (Check repo)"
+    size = f"{gib_text(a.verified_bytes)} / {gib_text(a.total_bytes)}" if a.total_bytes else "not listed yet (Check repo)"
     return (f"<tr><td><b>{html.escape(a.id)}</b>{part}</td><td>{_badge(a)}{why}</td><td>{_bar(a)}</td>"
             f'<td class="num">{size}<div class="why">'
-            f"{a.parts_verified}/{a.parts_total} parts verified · {fmt_bytes(a.wire_bytes)} on the wire</div></td>"
-            f'<td class="num">{a.extracted_files} files<div class="why">{fmt_bytes(a.extracted_bytes)} written'
+            f"{a.parts_verified}/{a.parts_total} parts verified · {gib_text(a.wire_bytes)} on the wire</div></td>"
+            f'<td class="num">{a.extracted_files} files<div class="why">{gib_text(a.extracted_bytes)} written'
             f"{skipped}</div></td>"
             f'<td class="num">{rate}{rates}</td><td class="num">{eta}{limit}</td></tr>')
 
@@ -76,11 +65,11 @@ def artifacts_html(snap: DownloadSnapshot) -> str:
     limit = f'<div class="why">limit: <b>{snap.binding.value}</b></div>' if snap.binding and snap.running else ""
     rates = (f'<div class="why">{fmt_rate(snap.verified_bps)} verified · {fmt_rate(snap.extracted_bps)} extracted</div>'
              if snap.running else "")
-    rows.append(f'<tr><td><b>total</b></td><td></td><td></td><td class="num">{fmt_bytes(verified)} / {fmt_bytes(total)}</td>'
+    rows.append(f'<tr><td><b>total</b></td><td></td><td></td><td class="num">{gib_text(verified)} / {gib_text(total)}</td>'
                 f'<td class="num">{sum(a.extracted_files for a in snap.artifacts)} files<div class="why">'
-                f"{fmt_bytes(sum(a.extracted_bytes for a in snap.artifacts))} written</div></td>"
+                f"{gib_text(sum(a.extracted_bytes for a in snap.artifacts))} written</div></td>"
                 f'<td class="num">{fmt_rate(snap.rate_bps)}{rates}</td>'
-                f'<td class="num">{fmt_eta(snap.eta_s) if snap.running else "—"}{limit}</td></tr>')
+                f'<td class="num">{duration_text(snap.eta_s) if snap.running else "—"}{limit}</td></tr>')
     sim = '<span class="moet-sim-tag">SIMULATED</span> ' if snap.simulated else ""
     head = (f'<p>{sim}Source: <code>{html.escape(snap.repo)}</code>'
             f'{f" @ commit <code>{html.escape(snap.commit[:12])}</code>" if snap.commit else ""}'
@@ -94,12 +83,12 @@ def disk_html(snap: DownloadSnapshot) -> str:
     d = snap.disk
     if d is None:
         return ""
-    budget = f" · staging budget <b>{fmt_bytes(d.staging_budget)}</b> (adapts to free disk; used {fmt_bytes(d.staging_used)})" \
+    budget = f" · staging budget <b>{gib_text(d.staging_budget)}</b> (adapts to free disk; used {gib_text(d.staging_used)})" \
         if d.staging_budget else ""
-    peak = f" · peak staging <b>{fmt_bytes(d.staging_peak)}</b>" if d.staging_peak else ""
+    peak = f" · peak staging <b>{gib_text(d.staging_peak)}</b>" if d.staging_peak else ""
     warn = " — <b>not enough space</b>" if d.free < d.needed else ""
-    return (f'<div class="moet-dl"><p>Disk <code>{html.escape(d.path)}</code>: free <b>{fmt_bytes(d.free)}</b> · '
-            f"needed <b>{fmt_bytes(d.needed)}</b>{budget}{peak}{warn}</p></div>")
+    return (f'<div class="moet-dl"><p>Disk <code>{html.escape(d.path)}</code>: free <b>{gib_text(d.free)}</b> · '
+            f"needed <b>{gib_text(d.needed)}</b>{budget}{peak}{warn}</p></div>")
 
 
 def _tick(dl: DownloadManager) -> tuple[str, str, str, str]:

@@ -16,11 +16,11 @@ from app.backend.telemetry.alerts import Alert
 from app.backend.telemetry.hub import TelemetryFrame, TelemetryHub
 from app.backend.telemetry.plotdata import PLOTS, PLOTS_PER_ROW, WINDOWS, PlotSpec, rows, thin
 from app.backend.telemetry.timeline import TimelinePoint
+from app.backend.units import GiB
 from app.ui.shell import QUICK, Shell
 from app.ui.theme import SEVERITY_COLOURS
 
 TITLE = "Telemetry"
-GIB = 2**30
 
 
 def _e(x: Any) -> str:
@@ -67,11 +67,11 @@ def details_html(frame: TelemetryFrame) -> str:
     for g in frame.gpus:
         sim = " <b>SIMULATED</b>" if g.simulated and "SIMULATED" not in g.name else ""
         procs = ", ".join(
-            f"{p.pid} {_e(p.name or '?')} {_n(p.used_bytes / GIB if p.used_bytes is not None else None, '{:.1f}', ' GiB')}"
+            f"{p.pid} {_e(p.name or '?')} {_n(p.used_bytes / GiB if p.used_bytes is not None else None, '{:.1f}', ' GiB')}"
             + (f" [{_e(p.container)}]" if p.container else "") for p in g.processes) or "none"
         parts.append(
-            f"<b>GPU {g.index}: {_e(g.name)}</b>{sim} — VRAM used {g.memory_used / GIB:.2f} + reserved "
-            f"{g.memory_reserved / GIB:.2f} of {g.memory_total / GIB:.1f} GiB · util {_n(g.util_gpu, '{:.0f}', '%')} · "
+            f"<b>GPU {g.index}: {_e(g.name)}</b>{sim} — VRAM used {g.memory_used / GiB:.2f} + reserved "
+            f"{g.memory_reserved / GiB:.2f} of {g.memory_total / GiB:.1f} GiB · util {_n(g.util_gpu, '{:.0f}', '%')} · "
             f"power {_n(g.power_w, '{:.0f}')}/{_n(g.power_limit_w, '{:.0f}', ' W')} · {_n(g.temperature_c, '{:.0f}', ' °C')} · "
             f"SM {_n(g.sm_clock_mhz, '{}')} / mem {_n(g.mem_clock_mhz, '{}', ' MHz')} · throttle "
             f"{_e(', '.join(g.throttle_reasons) or 'none')} · PCIe tx/rx {_n(g.pcie_tx_kbs, '{:.0f}')}/"
@@ -106,8 +106,8 @@ def details_html(frame: TelemetryFrame) -> str:
     if h is not None:
         parts.append(
             f"<b>Host</b>: CPU {_n(h.cpu_pct, '{:.0f}', '%')} · RAM {_n(h.ram_used_pct, '{:.0f}', '%')} of "
-            f"{h.ram_total / GIB:.0f} GiB · swap {h.swap_used / GIB:.1f}/{h.swap_total / GIB:.1f} GiB · data-dir disk free "
-            f"{_n(h.disk_free / GIB if h.disk_free is not None else None, '{:.0f}', ' GiB')} · disk r/w "
+            f"{h.ram_total / GiB:.0f} GiB · swap {h.swap_used / GiB:.1f}/{h.swap_total / GiB:.1f} GiB · data-dir disk free "
+            f"{_n(h.disk_free / GiB if h.disk_free is not None else None, '{:.0f}', ' GiB')} · disk r/w "
             f"{_mib_s(h.disk_read_bps)}/{_mib_s(h.disk_write_bps)} MiB/s"
             f" · net rx/tx {_mib_s(h.net_rx_bps)}/{_mib_s(h.net_tx_bps)} MiB/s")
     return '<div id="telemetry-details" style="font-size:13px;line-height:1.6">' + "<br>".join(parts) + "</div>"

@@ -128,6 +128,13 @@ def test_temperature_zero_warns_with_the_card(service, recipe) -> None:
     assert service.default_sampling().min_p == 0.05
 
 
+def test_default_max_tokens_never_exceeds_the_context(service, recipe) -> None:
+    # vLLM refuses max_tokens > max_model_len (HTTP 400), seen with a 2048-token model (docs/real-engine.md)
+    assert service.default_sampling().max_tokens == 32768  # the card's 256K context leaves the card's figure
+    service.recipe = recipe.model_copy(update={"context": recipe.context.model_copy(update={"validated_max_tokens": 2048})})
+    assert service.default_sampling().max_tokens == 2048
+
+
 def test_history_survives_a_restart(make_service, engine, tmp_path) -> None:
     svc = make_service(engine)
     conv = svc.new_conversation(system_prompt="Be brief.")

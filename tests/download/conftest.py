@@ -6,13 +6,17 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from app.backend.download.config import make_config
+from app.backend.download.progress import ProgressBoard
+from app.backend.download.runner import run_download
 from app.backend.download.types import DownloadConfig
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.settings import Settings, resolve_settings
@@ -74,8 +78,8 @@ def hub(artifact: Artifact) -> Iterator[SimHub]:
 def fast_config(settings: Settings, endpoint: str, dest: Path, **kw) -> DownloadConfig:
     """Small segments, a 0.5 s stall watchdog and millisecond backoff: fault tests stay fast."""
     base = make_config(settings, endpoint=endpoint, dest=dest)
-    defaults = dict(segment_size=128 * 1024, connections=4, stall_s=0.5, backoff_base_s=0.01,
-                    backoff_max_s=0.05, reserve_bytes=0)
+    defaults: dict[str, Any] = dict(segment_size=128 * 1024, connections=4, stall_s=0.5, backoff_base_s=0.01,
+                                    backoff_max_s=0.05, reserve_bytes=0)
     defaults.update(kw)
     return replace(base, **defaults)
 
@@ -103,3 +107,11 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def run(settings: Settings, endpoint: str, dest: Path, board: ProgressBoard | None = None, **kw: Any) -> ProgressBoard:
+    """Download every artifact of the recipe with fast_config; returns the board (raises what the run raises)."""
+    board = board or ProgressBoard()
+    run_download(fast_config(settings, endpoint, dest, **kw), list(settings.recipe.artifacts), board,
+                 threading.Event())
+    return board

@@ -5,7 +5,6 @@ full disk pauses them all, cancel, hostile archive in one of them, the shared co
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -13,7 +12,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,9 +220,11 @@ def test_kill_9_with_all_three_mid_way_then_resume(settings, three, tmp_path):
         deadline = time.monotonic() + 60
 
         def mid_way(art: str) -> bool:
-            j = journal(dest, art)
-            busy = j and sum(p["status"] in ("verified", "consumed") for p in j["parts"])
-            return bool(j) and 1 <= busy < len(j["parts"])
+            state = journal(dest, art)
+            if not state:
+                return False
+            busy = sum(p["status"] in ("verified", "consumed") for p in state["parts"])
+            return 1 <= busy < len(state["parts"])
 
         while not all(mid_way(a) for a in LAYERS):
             assert time.monotonic() < deadline, "never had all three mid-way"
@@ -280,11 +281,11 @@ def test_disk_full_pauses_all_three_then_resume_completes(settings, three, tmpfs
 
 def test_urgent_requests_take_a_freed_connection_first():
     budget, halt = ConnectionBudget(1), threading.Event()
-    assert budget.acquire(False, halt)
+    assert budget.acquire(lambda: False, halt)
     order: list[str] = []
 
     def take(name: str, urgent: bool) -> None:
-        assert budget.acquire(urgent, halt)
+        assert budget.acquire(lambda: urgent, halt)
         order.append(name)
         budget.release()
 
@@ -292,17 +293,42 @@ def test_urgent_requests_take_a_freed_connection_first():
     ahead.start()
     urgent = threading.Thread(target=take, args=("urgent", True))
     urgent.start()
-    deadline = time.monotonic() + 5
-    while budget._urgent_waiting == 0:  # noqa: SLF001 - wait until the urgent request is queued
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: budget._urgent_waiting == 1)  # noqa: SLF001 - the urgent request is queued
     budget.release()
     ahead.join(5)
     urgent.join(5)
     assert order == ["urgent", "read-ahead"]
-    assert budget.acquire(True, halt)  # the one slot is free again
+    assert budget.acquire(lambda: True, halt)  # the one slot is free again
     halt.set()
-    assert budget.acquire(True, halt) is False, "a halted run stops waiting for a slot"
+    assert budget.acquire(lambda: True, halt) is False, "a halted run stops waiting for a slot"
+
+
+def test_a_waiting_read_ahead_request_becomes_urgent_when_its_extractor_reaches_it():
+    budget, halt = ConnectionBudget(1), threading.Event()
+    assert budget.acquire(lambda: False, halt)
+    reached = threading.Event()  # the extractor of the waiting request's artifact reached its part
+    got: list[str] = []
+    waiter = threading.Thread(target=lambda: budget.acquire(reached.is_set, halt) and got.append("it"))
+    waiter.start()
+    other = threading.Thread(target=lambda: budget.acquire(lambda: True, halt) and got.append("other"))
+    other.start()
+    wait_until(lambda: budget._urgent_waiting == 1)  # noqa: SLF001 - only the other one is urgent yet
+    reached.set()
+    budget.poke()
+    wait_until(lambda: budget._urgent_waiting == 2)  # noqa: SLF001 - asked again while it waits
+    budget.release()
+    budget.release()
+    waiter.join(5)
+    other.join(5)
+    assert sorted(got) == ["it", "other"]
+    assert budget._urgent_waiting == 0  # noqa: SLF001
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
 
 
 def test_concurrency_follows_the_cores(settings, monkeypatch):

@@ -3,27 +3,19 @@
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
 
 from app.backend.download.journal import DestLock
 from app.backend.download.progress import ProgressBoard
-from app.backend.download.runner import run_download
 from app.backend.download.types import AuthError, LockedError, NotFoundError, SpaceError, UnsafeArchiveError
 from app.backend.simhub.artifacts import HOSTILE_KINDS, build_hostile_artifact
 from app.backend.simhub.faults import Fault
 from app.backend.simhub.server import SimHub
 
-from .conftest import KNOWN_TOKEN, PREFIX, fast_config, start_hub
+from .conftest import KNOWN_TOKEN, PREFIX, fast_config, run, start_hub
 
-
-def run(settings, endpoint, dest, board=None, **kw):
-    board = board or ProgressBoard()
-    run_download(fast_config(settings, endpoint, dest, **kw), list(settings.recipe.artifacts), board,
-                 threading.Event())
-    return board
 
 
 @pytest.fixture

@@ -122,7 +122,7 @@ def test_hard_links_come_from_the_filtered_member(tmp_path: Path, monkeypatch) -
         link = tarfile.TarInfo("top/hl")
         link.type, link.linkname = tarfile.LNKTYPE, "top/a.bin"
         tf.addfile(link)
-    real_filter = extract_mod.apply_data_filter
+    from app.backend.download.safety import apply_data_filter as real_filter
 
     def retargeting_filter(m: tarfile.TarInfo, dest_real: str) -> tarfile.TarInfo:
         filtered = real_filter(m, dest_real)

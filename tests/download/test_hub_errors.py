@@ -20,17 +20,11 @@ from app.backend.simhub.artifacts import file_digest_tree
 from app.backend.simhub.faults import Fault
 from app.backend.simhub.server import SimHub
 
-from .conftest import KNOWN_TOKEN, PREFIX, fast_config, start_hub
+from .conftest import KNOWN_TOKEN, PREFIX, fast_config, run, start_hub
 
 REPO = "moet-panel/simulated-cache"
 PART1, PART2 = PREFIX + "001", PREFIX + "002"
 
-
-def run(settings, endpoint, dest, board=None, **kw):
-    board = board or ProgressBoard()
-    run_download(fast_config(settings, endpoint, dest, **kw), list(settings.recipe.artifacts), board,
-                 threading.Event())
-    return board
 
 
 @pytest.fixture

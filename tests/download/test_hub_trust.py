@@ -17,26 +17,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pycurl
 import pytest
 
-from app.backend.download.hub import ListingTooLargeError, UnsafeUrlError
-from app.backend.download.progress import ProgressBoard
+from app.backend.download.hub import ListingTooLargeError
+from app.backend.download.ranged import UnsafeUrlError
 from app.backend.download.ranged import RangeGetter, restrict_protocols
-from app.backend.download.runner import run_download
 from app.backend.download.types import DownloadError
 from app.backend.simhub.artifacts import file_digest_tree
 from app.backend.simhub.faults import Fault
 
-from .conftest import KNOWN_TOKEN, PREFIX, fast_config, start_hub
+from .conftest import KNOWN_TOKEN, PREFIX, run, start_hub
 
 REPO = "moet-panel/simulated-cache"
 PART1 = PREFIX + "001"
 pytestmark = pytest.mark.timeout(60)  # "fails fast": a spin on file:///dev/zero or a paging loop ends here
 
-
-def run(settings, endpoint, dest, **kw) -> ProgressBoard:
-    board = ProgressBoard()
-    run_download(fast_config(settings, endpoint, dest, **kw), list(settings.recipe.artifacts), board,
-                 threading.Event())
-    return board
 
 
 @dataclass

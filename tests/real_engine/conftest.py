@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from docker import DockerClient
 
-from app.backend.engine.controller import ControllerOptions, EngineController
+from app.backend.engine.controller import EngineController
 from app.backend.engine.docker_runtime import DockerRuntime
+from app.backend.engine.ops import ControllerOptions
 from app.backend.recipe import load_recipe
 from app.backend.recipe.schema import Recipe
 from app.backend.settings import Settings
@@ -30,6 +32,7 @@ from tests.real_engine import image as image_mod
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "assets" / "recipes" / "vllm-cpu-tiny.toml"
+ARTIFACTS = ROOT / "test-artifacts" / "real-engine"
 BOOT_S = 1600.0  # the recipe's boot_timeout_s (1500) gates the controller; this only bounds the wait
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.docker, pytest.mark.slow]
@@ -41,7 +44,7 @@ def vllm_venv() -> Path:
     if not raw:
         digest = hashlib.sha256((ROOT / "requirements-vllm.lock").read_bytes()).hexdigest()[:16]
         cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        raw = str(cache / "moet-panel" / f"vllm-venv-{digest}")
+        raw = str(cache / "moet-panel" / f"vllm-venv-{digest}-pyc")
     venv = Path(raw)
     if not (venv / ".complete").is_file():
         pytest.fail("the vLLM virtualenv is not installed: run the suite through ./run-tests.sh (scripts/bootstrap.sh "
@@ -53,11 +56,11 @@ def vllm_venv() -> Path:
 class Tier:
     """Everything one test module needs to make controllers for its own recipe id and port."""
 
-    docker: object
+    docker: DockerClient
     settings: Settings
     model: dict[str, object]
     made: list[EngineController] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
+    phases_shown: list[str] = field(default_factory=list)  # the snapshot's phases during the boot, in order
 
     def controller(self, **opts: object) -> EngineController:
         options = ControllerOptions(extra_labels=dict(TEST_LABEL), poll_interval_s=0.5, **opts)  # type: ignore[arg-type]
@@ -70,7 +73,7 @@ class Tier:
         return self.settings.recipe
 
     def containers(self, all_: bool = True) -> list:
-        return self.docker.containers.list(all=all_, filters={  # type: ignore[attr-defined]
+        return self.docker.containers.list(all=all_, filters={
             "label": ["moet-panel.test=1", f"moet-panel.recipe={self.recipe.id}"]})
 
 
@@ -82,6 +85,18 @@ def tiny_recipe(port: int, **args_set: str) -> Recipe:
         args[args.index(flag) + 1] = value
     serve = r.serve.model_copy(update={"port": port, "args": args, "container_name": f"vllm-tiny-{port}"})
     return r.model_copy(update={"id": f"vllmtest-{port}", "serve": serve})
+
+
+def dump_logs(ctl: EngineController, name: str) -> None:
+    """Each controller's engine log, timestamped, into test-artifacts/real-engine/ (git-ignored): the real
+    lines a failed CI run needs, and the source of docs/real-engine.md#boot-phases."""
+    lines = ctl.recent_logs(100000)
+    if not lines:
+        return
+    out = ARTIFACTS / f"{name}.log"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = lines[0].ts
+    out.write_text("".join(f"{ln.ts - t0:8.2f} {ln.stream[3]} {ln.text}\n" for ln in lines), encoding="utf-8")
 
 
 @pytest.fixture(scope="session")
@@ -114,11 +129,13 @@ def vllm_image(real_docker) -> str:
 def make_tier(real_docker, tiny_model, vllm_image, tmp_path_factory) -> Iterator[Callable[..., Tier]]:
     """Factory: a data dir holding links to the venv and the model, settings for a fresh recipe id."""
     tiers: list[Tier] = []
+    cache = tmp_path_factory.mktemp("vllm-cache")  # one vLLM cache for the module's boots (see the recipe)
 
     def make(**args_set: str) -> Tier:
         data = tmp_path_factory.mktemp("vllm-data")
         (data / "vllm-venv").symlink_to(vllm_venv())
         (data / "model").symlink_to(str(tiny_model["path"]))
+        (data / "vllm-cache").symlink_to(cache)
         recipe = tiny_recipe(free_port(), **args_set)
         tier = Tier(real_docker, Settings(recipe_path=RECIPE, recipe=recipe, data_dir=data), tiny_model)
         tiers.append(tier)
@@ -128,7 +145,8 @@ def make_tier(real_docker, tiny_model, vllm_image, tmp_path_factory) -> Iterator
         yield make
     finally:
         for tier in tiers:
-            for ctl in tier.made:
+            for i, ctl in enumerate(tier.made):
+                dump_logs(ctl, f"{tier.recipe.id}-{i}")
                 ctl.close()
             for c in tier.containers():
                 c.remove(force=True)

@@ -117,6 +117,23 @@ def test_bad_min_p_is_400(client):
         client.chat.completions.create(model="deepseek-v4-flash", messages=MSG, extra_body={"min_p": 3})
 
 
+def test_max_tokens_against_the_context_like_vllm_0_32(make_sim):
+    # real vLLM 0.32 (tests/real_engine): max_tokens above max_model_len is a 400; up to it, the reply is cut
+    # to the room the prompt leaves; a prompt beyond the context is a 400 (docs/real-engine.md)
+    sim = make_sim(max_model_len=64)
+    c = openai.OpenAI(base_url=sim.base_url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as exc:
+        c.completions.create(model="deepseek-v4-flash", prompt="hi", max_tokens=65)
+    assert "max_tokens=65 cannot be greater than max_model_len=64" in str(exc.value)
+    resp = c.completions.create(model="deepseek-v4-flash", prompt="one two three", max_tokens=64,
+                                extra_body={"ignore_eos": True})
+    used = resp.usage.prompt_tokens + resp.usage.completion_tokens
+    assert resp.choices[0].finish_reason == "length" and used == 64, resp.usage
+    with pytest.raises(openai.BadRequestError) as exc:
+        c.completions.create(model="deepseek-v4-flash", prompt="word " * 200, max_tokens=4)
+    assert "exceeds model's maximum context length (64)" in str(exc.value)
+
+
 def test_completions_endpoint(client):
     resp = client.completions.create(model="deepseek-v4-flash", prompt="Refactor this function", max_tokens=7,
                                      temperature=0.0, extra_body={"ignore_eos": True})

@@ -78,7 +78,9 @@ class ChatService:
 
     def default_sampling(self) -> SamplingParams:
         s = self.recipe.sampling
-        return SamplingParams(s.temperature, s.top_p, s.min_p, DEFAULT_MAX_TOKENS)
+        # never above the context: vLLM refuses max_tokens > max_model_len with a 400 (docs/real-engine.md)
+        return SamplingParams(s.temperature, s.top_p, s.min_p,
+                              min(DEFAULT_MAX_TOKENS, self.recipe.context.validated_max_tokens))
 
     @property
     def sampling_note(self) -> str:

@@ -1,4 +1,5 @@
-"""After planescache extraction: does its meta.json ckpt_id equal the recipe's pin (engine.md §1.2)?"""
+"""After planescache extraction: does its meta.json ckpt_id equal the recipe's pin
+(`VLLM_MOE_W2_CKPT_ID`; docs/downloads.md, "After planescache")?"""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from app.backend import env
 from app.backend.download.types import DownloadConfig
@@ -13,7 +14,7 @@ from app.backend.settings import Settings
 
 def make_config(settings: Settings, *, dest: Path | None = None, endpoint: str | None = None,
                 repo: str | None = None, revision: str | None = None, connections: int | None = None,
-                token: str | None = None, token_file: str | None = None, **extra: object) -> DownloadConfig:
+                token: str | None = None, token_file: str | None = None, **extra: Any) -> DownloadConfig:
     """Flags win over the environment, the environment over the recipe.
 
     HF_ENDPOINT is honoured only for the real recipe (the SIMULATED recipe's endpoint is local).

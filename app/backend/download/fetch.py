@@ -73,7 +73,8 @@ def fetch_range(hub: HubClient, getter: RangeGetter, part: PartInfo, start: int,
 
 
 class _Staging:
-    """Body bytes -> the part's staging file at their offsets, in writes of up to the worker's buffer (1 MiB).
+    """Body bytes -> the part's staging file at their offsets, in writes of up to the worker's buffer
+    (ranged.BODY_BUFFER).
 
     libcurl hands the body over in 16 KiB pieces; a write and two progress updates for each cost
     more CPU than receiving them. Bytes are flushed when the buffer is full, at least every FLUSH_S

@@ -285,7 +285,8 @@ def make_wait(cfg: DownloadConfig) -> Callable[[Any], float]:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         if isinstance(exc, TransientError) and exc.retry_after is not None:
             return min(exc.retry_after, 300.0)
-        return min(cfg.backoff_max_s, cfg.backoff_base_s * 2 ** (retry_state.attempt_number - 1))
+        attempt: int = retry_state.attempt_number
+        return min(cfg.backoff_max_s, cfg.backoff_base_s * 2.0 ** (attempt - 1))
 
     return wait
 
@@ -395,7 +396,8 @@ class HubClient:
     def list_files(self, revision: str | None = None) -> list[TreeEntry]:
         """Every file at `revision` with its size and LFS sha256; pins `self.commit` to the answer's commit."""
         rev = revision or self.cfg.revision
-        commit, repo_id, entries = self._retrying("the file listing")(self._info, rev)
+        listing: tuple[str, str, list[TreeEntry]] = self._retrying("the file listing")(self._info, rev)
+        commit, repo_id, entries = listing
         if repo_id != self.cfg.repo and self.renamed_from is None:
             log.warning("the Hub redirected %s to %s (renamed repo); following", self.cfg.repo, repo_id)
             self.renamed_from, self.repo = self.cfg.repo, repo_id
@@ -420,7 +422,7 @@ class HubClient:
                 hit = self._locations.get(path)
             if hit and not fresh and time.monotonic() - hit.at < LOCATION_TTL_S:
                 return hit
-            resolved = self._retrying(path)(self._head, path, rev)
+            resolved: Resolved = self._retrying(path)(self._head, path, rev)
             with self._lock:
                 self._locations[path] = resolved
             return resolved

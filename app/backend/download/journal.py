@@ -183,10 +183,10 @@ def clean_partial(dest: Path, artifacts: list[str]) -> int:
     store = JournalStore(dest)
     freed = 0
     for art in artifacts:
-        sdir = staging_dir(dest, art)
-        if sdir.exists():
-            freed += sum(f.stat().st_size for f in sdir.rglob("*") if f.is_file())
-            shutil.rmtree(sdir, ignore_errors=True)
+        staging = staging_dir(dest, art)
+        if staging.exists():
+            freed += sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
+            shutil.rmtree(staging, ignore_errors=True)
         j = store.load(art)
         if j is not None and j.state != ArtifactState.DONE:
             store.remove(art)

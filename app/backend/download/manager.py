@@ -20,6 +20,7 @@ from app.backend.download.plan import _existing_parent, prepare
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.runner import run_download
 from app.backend.download.statemachine import restored
+from app.backend.recipe.schema import ArtifactSpec
 from app.backend.download.types import (
     ArtifactProgress, ArtifactState, DiskPicture, DownloadConfig, DownloadError, DownloadSnapshot, GiB, PartState,
     StopSignal, Stopped,
@@ -80,7 +81,8 @@ class DownloadManager:
                 from app.backend.simhub.demo import start_demo_hub  # demo only
 
                 self._demo = start_demo_hub(self.settings.state_dir / "simhub")
-            return self._demo.endpoint
+            endpoint: str = self._demo.endpoint
+            return endpoint
 
     @property
     def source(self) -> str:
@@ -135,7 +137,7 @@ class DownloadManager:
             self._thread.start()
             return "download started"
 
-    def _run(self, specs: list, stop: StopSignal, board: ProgressBoard) -> None:
+    def _run(self, specs: list[ArtifactSpec], stop: StopSignal, board: ProgressBoard) -> None:
         stopped = "paused; Resume continues where it stopped (verified data is kept)"
         try:
             cfg = self._config()

@@ -152,6 +152,11 @@ class ProgressBoard:
         with self._lock:
             self._track[art_id].waits[limit] += seconds
 
+    def waits(self, art_id: str) -> dict[Limit, float]:
+        """Seconds the extractor's threads waited so far, by limit (the run's summary)."""
+        with self._lock:
+            return dict(self._track[art_id].waits)
+
     def set_current_part(self, art_id: str, name: str) -> None:
         with self._lock:
             self._arts[art_id].current_part = name

@@ -20,8 +20,10 @@ import pycurl
 
 from app.backend.download.types import DownloadError, Stopped
 
-BUFFER_SIZE = 1 << 20  # libcurl's receive buffer; it still calls back with at most 16 KiB (CURL_MAX_WRITE_SIZE)
-BODY_BUFFER = 1 << 20
+# Per fetch worker (up to 16 per artifact at 24 connections), so they bound peak RSS: libcurl's
+# receive buffer (it calls back with at most 16 KiB anyway) and our staging buffer.
+BUFFER_SIZE = 256 << 10
+BODY_BUFFER = 512 << 10
 USER_AGENT = "moet-panel/0.1"
 
 
@@ -113,9 +115,10 @@ def restrict_protocols(c: pycurl.Curl) -> None:
 
     CURLOPT_PROTOCOLS_STR (libcurl >= 7.85) where pycurl exposes it, else the older bitmask options.
     """
-    if hasattr(pycurl, "PROTOCOLS_STR"):
-        c.setopt(pycurl.PROTOCOLS_STR, "http,https")
-        c.setopt(pycurl.REDIR_PROTOCOLS_STR, "http,https")
+    protocols, redirects = getattr(pycurl, "PROTOCOLS_STR", None), getattr(pycurl, "REDIR_PROTOCOLS_STR", None)
+    if protocols is not None and redirects is not None:
+        c.setopt(protocols, "http,https")
+        c.setopt(redirects, "http,https")
     else:
         c.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
         c.setopt(pycurl.REDIR_PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)

@@ -1,7 +1,7 @@
 """Containment check for tar members, complete on its own.
 
 PEP 706's `data` filter is applied too where the interpreter has it, but 3.11 releases before 3.11.4
-lack it and those before 3.11.13 have known bypasses (stack.md §6.3), so this check alone must refuse:
+lack it and those before 3.11.13 have known bypasses (docs/downloads.md, "Safe extraction"), so this check alone must refuse:
 absolute names, `..` components, names whose parent resolves outside the destination (writes through
 an earlier symlink), symlinks/hardlinks pointing outside, device nodes/FIFOs/other special types,
 and setuid/setgid bits.

@@ -32,12 +32,17 @@ API_UP_RE = re.compile(
 # (pattern, phase label) for the progress lines that carry no numbers; order = boot order.
 PHASE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"checkpoint (?:hash|identity|stat)|pinned snapshot present|hashing", re.I), "checkpoint hashing"),
-    (re.compile(r"Starting to load model|Loading safetensors checkpoint shards|Loading weights"), "loading weights"),
+    # "Loading weights took" is the end of loading, not its start (upstream vLLM on CPU prints no later
+    # "Model loading took" line: docs/real-engine.md#boot-phases)
+    (re.compile(r"Starting to load model|Loading safetensors checkpoint shards|Loading weights(?! took)"),
+     "loading weights"),
     (re.compile(r"Model loading took|Loading weights took"), "weights loaded"),
     (re.compile(r"Available KV cache memory|GPU KV cache size|KV cache (?:memory|size|allocat)"), "KV cache"),
     (re.compile(r"Capturing CUDA graph|Graph capturing|CUDA graph capture", re.I), "CUDA graphs"),
     (re.compile(r"init engine \(profile, create kv cache"), "engine initialised"),
 )
+
+PHASE_RANK = {label: rank for rank, (_, label) in enumerate(PHASE_PATTERNS)}
 
 
 @dataclass(frozen=True)
@@ -106,9 +111,11 @@ def _advance(p: BootProgress, msg: str) -> BootProgress:
         return replace(p, api_up=True, phase="API up")
     if p.api_up:
         return p  # later lines never move the phase backwards
-    for pattern, label in PHASE_PATTERNS:
+    for rank, (pattern, label) in enumerate(PHASE_PATTERNS):
         if pattern.search(msg):
-            return replace(p, phase=label) if p.phase != label else p
+            # never backwards: vLLM's tqdm bar ("Loading safetensors checkpoint shards: 100%", stderr)
+            # arrives after "Loading weights took" (docs/real-engine.md#boot-phases)
+            return replace(p, phase=label) if rank > PHASE_RANK.get(p.phase, -1) else p
     return p
 
 

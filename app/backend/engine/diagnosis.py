@@ -102,6 +102,17 @@ TEXT_RULES: tuple[_Rule, ...] = (
             r"No such file or directory: '/model", r"FileNotFoundError", r"model path .* does not exist",
             r"missing model files"),
     ),
+    _Rule(
+        "engine_argument_refused", "vLLM refused an engine argument",
+        "vLLM checked the engine arguments against the model and the host before loading anything and refused "
+        "them; its own message is quoted below.",
+        "Change the argument the message names in the profile (custom profiles: Engine tab), e.g. keep "
+        "--max-model-len within the model's max_position_embeddings, then start again.",
+        # upstream vLLM 0.32: pydantic's "ValidationError: 1 validation error for ModelConfig" then
+        # "  Value error, <why>"; argparse's "error: argument --x: invalid int value" (docs/real-engine.md)
+        _rx(r"ValidationError: \d+ validation errors? for \w+", r"^\s*Value error, ",
+            r": error: (?:argument --|unrecognized arguments)"),
+    ),
 )
 
 KILLED_CODES = (137, -9)

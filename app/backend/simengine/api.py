@@ -90,10 +90,13 @@ def parse_request(kind: str, body: Any, served_name: str, model_path: str, max_m
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     if kind == "completion" and max_tokens is None:
         max_tokens = 16  # vLLM's CompletionRequest default
-    if prompt_tokens + (max_tokens or 0) > max_model_len:
-        raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-                       f"{prompt_tokens + (max_tokens or 0)} tokens ({prompt_tokens} in the messages, "
-                       f"{max_tokens or 0} in the completion). Please reduce the length of the messages or completion.")
+    # vLLM 0.32's checks, seen in the real-engine tier (docs/real-engine.md): max_tokens above the context is
+    # refused, a prompt beyond it too; otherwise max_tokens is cut to what the context leaves (the handler)
+    if max_tokens is not None and max_tokens > max_model_len:
+        raise ApiError(400, f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+                       f"Please request fewer output tokens. (parameter=max_tokens, value={max_tokens}).", param="max_tokens")
+    if prompt_tokens > max_model_len:
+        raise ApiError(400, f"Input length ({prompt_tokens}) exceeds model's maximum context length ({max_model_len}).")
     ctk = body.get("chat_template_kwargs") or {}
     thinking = kind == "chat" and ctk.get("thinking", ctk.get("enable_thinking", True)) is not False
     mode = body.get("sim_reasoning_mode") or default_reasoning

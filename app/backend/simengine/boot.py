@@ -77,6 +77,8 @@ class BootSequence:
         self._layers()
         loaded_gib = N_LAYERS * PLANES_PER_LAYER_GIB + 2.83 + (0 if self.plan.auto else self.plan.slots * SLOT_MIB / 1024)
         log.engine("default_loader.py:267", f"Loading weights took {self._elapsed() * 0.8:.2f} seconds")
+        # the loader's tqdm bar ends on stderr just after that line, as real vLLM's does (docs/real-engine.md)
+        log.plain("Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00, 186.38it/s]")
         log.engine("gpu_model_runner.py:2392",
                    f"Model loading took {loaded_gib:.4f} GiB memory and {self._elapsed():.6f} seconds")
         self._wait_until(0.8)

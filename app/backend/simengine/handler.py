@@ -155,7 +155,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _generate(self, req: api.GenRequest) -> None:
         plan, source = api.token_source(req, self.sim.config.seed, self.sim.quality_tier, self.sim.needle_max_tokens)
-        limit = req.max_tokens or max(1, self.sim.config.max_model_len - req.prompt_tokens)
+        room = max(1, self.sim.config.max_model_len - req.prompt_tokens)  # vLLM cuts max_tokens to the room left
+        limit = min(req.max_tokens, room) if req.max_tokens else room
         sim_req = SimRequest(request_id=req.request_id, prompt_tokens=req.prompt_tokens, limit=limit,
                              natural=max(plan.natural_tokens, req.min_tokens), ignore_eos=req.ignore_eos,
                              source=source)
