@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/bootstrap.sh test
+scripts/lint.sh  # ruff + mypy (strict on app/backend), pyproject.toml
 exec python -m pytest "$@"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -25,6 +26,11 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
+# The explicit step that refreshes the README/docs screenshots (README "Tests"): only with this set to 1
+# does `BrowserSession.snap(..., docs=NAME)` copy its screenshot to docs/NAME.png; a normal run writes
+# only to test-artifacts/ and never changes tracked files.
+DOCS_SCREENSHOTS_ENV = "MOET_PANEL_DOCS_SCREENSHOTS"
+NARROW_WIDTH = 420  # the narrow-window check of every docs screenshot (test-artifacts/<name>-420.png)
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -60,12 +66,38 @@ class BrowserSession:
         self.pages.append(page)
         return page
 
-    def snap(self, page: Any, name: str, full_page: bool = True) -> Path:
-        """Save a step screenshot as a test artifact (test-artifacts/<name>.png)."""
+    def snap(self, page: Any, name: str, full_page: bool = True, docs: str | None = None,
+             clip_to: str | None = None) -> Path:
+        """Save a step screenshot as a test artifact (test-artifacts/<name>.png).
+
+        `docs`: the README/docs image this step illustrates. The page is also shot NARROW_WIDTH px wide
+        (test-artifacts/<name>-420.png, to look at), and docs/<docs>.png is refreshed from the wide shot
+        only when MOET_PANEL_DOCS_SCREENSHOTS=1. `clip_to`: a CSS selector; the shot ends below it."""
         ARTIFACTS.mkdir(exist_ok=True)
         path = ARTIFACTS / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}.png"
-        page.screenshot(path=str(path), full_page=full_page)
+        self._shoot(page, path, full_page, clip_to)
+        if docs is not None:
+            size = page.viewport_size
+            page.set_viewport_size({"width": NARROW_WIDTH, "height": size["height"]})
+            try:
+                self._shoot(page, path.with_name(f"{path.stem}-{NARROW_WIDTH}.png"), full_page, clip_to)
+            finally:
+                page.set_viewport_size(size)
+            if os.environ.get(DOCS_SCREENSHOTS_ENV) == "1":
+                shutil.copyfile(path, ROOT / "docs" / f"{docs}.png")
         return path
+
+    @staticmethod
+    def _shoot(page: Any, path: Path, full_page: bool, clip_to: str | None) -> None:
+        if clip_to is None:
+            page.screenshot(path=str(path), full_page=full_page)
+            return
+        page.locator(clip_to).first.scroll_into_view_if_needed()
+        box = page.evaluate("s => { const r = document.querySelector(s).getBoundingClientRect();"
+                            " return {bottom: r.bottom + window.scrollY, width: document.documentElement.scrollWidth}; }",
+                            clip_to)
+        page.screenshot(path=str(path), full_page=True,
+                        clip={"x": 0, "y": 0, "width": box["width"], "height": box["bottom"] + 12})
 
 
 @pytest.fixture(scope="session")

@@ -23,25 +23,26 @@ from app.backend.abtest.grading import (
     reveal_markdown,
 )
 from app.backend.abtest.journal import Prompt, new_spec, parse_pasted, parse_prompts_jsonl
+from app.backend.abtest.runner import ABRunService
 from app.backend.selftest.runner import JobState
 from app.backend.state import AppState
+from app.ui.shell import QUICK, Shell
 
 TITLE = "Compare"
 MODE_PICK = "Pick: left / right / tie"
 MODE_SCORE = "Score each side 0–10"
 
 
-def _runs(state: AppState) -> list[str]:
-    runs: list[str] = state.abtest.journal.runs()
-    return runs
+def _runs(svc: ABRunService) -> list[str]:
+    return svc.journal.runs()
 
 
 def _invalid(msg: str) -> str:
     return f'<div id="ab-progress" data-state="invalid" role="alert">{html.escape(msg)}</div>'
 
 
-def progress_html(state: AppState, run_id: str | None) -> str:
-    p = state.abtest.progress()
+def progress_html(svc: ABRunService, run_id: str | None) -> str:
+    p = svc.progress()
     if p.state is JobState.RUNNING:
         pct = int(100 * p.done / max(1, p.total))
         eta = f" · about {p.eta_s / 60:.1f} min left" if p.eta_s else ""
@@ -50,7 +51,7 @@ def progress_html(state: AppState, run_id: str | None) -> str:
     if not run_id:
         return '<div id="ab-progress" data-state="idle">No run selected.</div>'
     try:
-        st = state.abtest.journal.load(run_id)
+        st = svc.journal.load(run_id)
     except (KeyError, ValueError) as exc:
         return _invalid(str(exc))
     msg = f" · {html.escape(p.message)}" if p.run_id == run_id and p.message else ""
@@ -58,12 +59,12 @@ def progress_html(state: AppState, run_id: str | None) -> str:
             f"{st.generated}/{st.total} answers, {len(st.grades)}/{len(st.spec.cells)} pairs graded{msg}</div>")
 
 
-def pair_view(state: AppState, run_id: str | None) -> tuple[str, str, str, str, str]:
+def pair_view(svc: ABRunService, run_id: str | None) -> tuple[str, str, str, str, str]:
     """(heading, prompt, left, right, rubric) of the first ungraded pair."""
     if not run_id:
         return "", "", "", "", ""
     try:
-        st = state.abtest.journal.load(run_id)
+        st = svc.journal.load(run_id)
     except (KeyError, ValueError):
         return "", "", "", "", ""
     pairs = blind_pairs(st)
@@ -95,15 +96,16 @@ def _keep(value: list[str] | None, choices: list[tuple[str, str]]) -> list[str]:
     return [v for v in value or [] if v in known]
 
 
-def render(state: AppState, shell: Any) -> None:
+def render(state: AppState, shell: Shell) -> None:
     if state.abtest is None or state.engine is None:
         gr.Markdown("The A/B comparison is not available in this build.")
         return
+    svc, engine = state.abtest, state.engine
     history = history_of_service(state.chat) if state.chat is not None else None
     gr.Markdown("Is the faster profile's quality cost visible on **your** work? Give prompts and seeds; the panel "
                 "answers each prompt × seed on A, switches the engine, answers them on B, then shows you the pairs "
                 "**blind** (sides shuffled, names hidden). The card: only extra seeds add real information.")
-    ids = [p.id for p in state.engine.profiles()]
+    ids = [p.id for p in engine.profiles()]
     with gr.Row():
         pa = gr.Dropdown(ids, value=ids[0], label="Profile A", elem_id="ab-a")
         pb = gr.Dropdown(ids, value=ids[1] if len(ids) > 1 else ids[0], label="Profile B", elem_id="ab-b")
@@ -122,15 +124,15 @@ def render(state: AppState, shell: Any) -> None:
                                       elem_id="ab-chat-turns")
         chat_ctx = gr.Checkbox(True, label="Send each turn after its conversation so far (system prompt and earlier "
                                "turns, the same on A and B); off = the turn alone", elem_id="ab-chat-context")
-    runs = _runs(state)
+    runs = _runs(svc)
     with gr.Row():
         start = gr.Button("Start A/B run", variant="primary", elem_id="ab-start")
         cancel = gr.Button("Cancel", elem_id="ab-cancel")
         run_sel = gr.Dropdown(runs, value=runs[0] if runs else None, label="Run", elem_id="ab-run", allow_custom_value=False)
         resume = gr.Button("Resume run", elem_id="ab-resume")
-    status = gr.HTML(progress_html(state, runs[0] if runs else None), elem_id="ab-status")
+    status = gr.HTML(progress_html(svc, runs[0] if runs else None), elem_id="ab-status")
     gr.Markdown("### Blind grading")
-    v = pair_view(state, runs[0] if runs else None)
+    v = pair_view(svc, runs[0] if runs else None)
     head = gr.HTML(v[0], elem_id="ab-head")
     prompt = gr.Textbox(v[1], label="Prompt", interactive=False, lines=2, elem_id="ab-prompt")
     with gr.Row(equal_height=False):
@@ -157,14 +159,13 @@ def render(state: AppState, shell: Any) -> None:
         dl = gr.DownloadButton("Export reveal (Markdown)", elem_id="ab-export")
         dl_json = gr.DownloadButton("Export reveal (JSON)", elem_id="ab-export-json")
     revealed = gr.Markdown("", elem_id="ab-reveal")
-    quick: dict[str, Any] = {"show_progress": "hidden", "concurrency_limit": None}
     view_out = [status, head, prompt, left, right, rubric]
     # after a grade: the next pair, the note cleared and the sliders back to the middle (no anchoring on
     # the last pair's scores); the rubric box is left as typed
     grade_out = [status, head, prompt, left, right, note, s_left, s_right]
 
     def views(rid: str | None) -> tuple[str, str, str, str, str, str]:
-        return (progress_html(state, rid), *pair_view(state, rid))
+        return (progress_html(svc, rid), *pair_view(svc, rid))
 
     def refresh_convs(selected: list[str] | None) -> Any:
         choices = chat_choices(history)
@@ -184,33 +185,33 @@ def render(state: AppState, shell: Any) -> None:
                 prompts += [t.to_prompt(bool(with_ctx)) for t in pick_turns(history, list(keys))]
             seed_list = [int(s) for s in (sd or "").replace(" ", "").split(",") if s]
             spec = new_spec(a, b, prompts, seed_list, int(mt or 0))
-            state.abtest.start(spec)
+            svc.start(spec)
         except ValueError as exc:
             return gr.skip(), _invalid(str(exc)), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        return gr.Dropdown(choices=_runs(state), value=spec.run_id), *views(spec.run_id)
+        return gr.Dropdown(choices=_runs(svc), value=spec.run_id), *views(spec.run_id)
 
     def do_resume(rid: str | None) -> str:
         try:
             if rid:
-                state.abtest.resume(rid)
+                svc.resume(rid)
         except (ValueError, KeyError) as exc:
             return _invalid(str(exc))
-        return progress_html(state, rid)
+        return progress_html(svc, rid)
 
     def first_todo(rid: str | None) -> tuple[Any, Any] | None:
         if not rid:
             return None
-        st = state.abtest.journal.load(rid)
+        st = svc.journal.load(rid)
         todo = [b for b in blind_pairs(st) if not b.graded]
         return (st, todo[0]) if todo else None
 
     def next_pair(rid: str | None) -> tuple[Any, ...]:
-        return (progress_html(state, rid), *pair_view(state, rid)[:4], "", 5, 5)
+        return (progress_html(svc, rid), *pair_view(svc, rid)[:4], "", 5, 5)
 
     def pick(which: str, rid: str | None, text: str) -> tuple[Any, ...]:
         if (found := first_todo(rid)) is not None and rid:
             st, bp = found
-            state.abtest.journal.append(rid, grade_from_pick(st, bp.prompt_id, bp.seed, which, text or ""))
+            svc.journal.append(rid, grade_from_pick(st, bp.prompt_id, bp.seed, which, text or ""))
         return next_pair(rid)
 
     def score(rid: str | None, lv: float, rv: float, text: str) -> tuple[Any, ...]:
@@ -220,20 +221,20 @@ def render(state: AppState, shell: Any) -> None:
                 g = grade_from_scores(st, bp.prompt_id, bp.seed, float(lv), float(rv), text or "")
             except ValueError as exc:
                 return (_invalid(str(exc)), *(gr.skip() for _ in range(7)))
-            state.abtest.journal.append(rid, g)
+            svc.journal.append(rid, g)
         return next_pair(rid)
 
     def save_rubric(rid: str | None, text: str) -> str:
         if not rid:
             return _invalid("pick a run first: the rubric belongs to a run")
-        state.abtest.journal.set_rubric(rid, text or "")
-        return progress_html(state, rid)
+        svc.journal.set_rubric(rid, text or "")
+        return progress_html(svc, rid)
 
     def do_reveal(rid: str | None) -> tuple[str, str | None, str | None]:
         if not rid:
             return "Pick a run first.", None, None
         try:
-            r = reveal(state.abtest.journal.load(rid))
+            r = reveal(svc.journal.load(rid))
         except ValueError as exc:
             return f"**{exc}**", None, None
         md = reveal_markdown(r)
@@ -247,32 +248,37 @@ def render(state: AppState, shell: Any) -> None:
     def set_mode(m: str) -> tuple[Any, Any]:
         return gr.Row(visible=m == MODE_PICK), gr.Row(visible=m == MODE_SCORE)
 
-    chat_refresh.click(refresh_convs, [chat_convs], [chat_convs], **quick)
-    chat_convs.change(show_turns, [chat_convs, chat_turns], [chat_turns], **quick)
-    if shell is not None and getattr(shell, "tabs", None) is not None:
+    chat_refresh.click(refresh_convs, [chat_convs], [chat_convs], **QUICK)
+    chat_convs.change(show_turns, [chat_convs, chat_turns], [chat_turns], **QUICK)
+    if shell.tabs is not None:
+        tabs = shell.tabs
+
         def on_tab(selected: list[str] | None, evt: gr.SelectData) -> Any:
             return refresh_convs(selected) if evt.value == TITLE else gr.skip()
 
-        shell.tabs.select(on_tab, [chat_convs], [chat_convs], **quick)
-    start.click(begin, [pa, pb, pasted, upload, seeds, max_tokens, chat_turns, chat_ctx], [run_sel, *view_out], **quick)
-    cancel.click(lambda rid: (state.abtest.cancel(), progress_html(state, rid))[1], [run_sel], [status], **quick)
-    resume.click(do_resume, [run_sel], [status], **quick)
-    run_sel.change(lambda rid: (*views(rid), ""), [run_sel], [*view_out, revealed], **quick)
+        tabs.select(on_tab, [chat_convs], [chat_convs], **QUICK)
+    start.click(begin, [pa, pb, pasted, upload, seeds, max_tokens, chat_turns, chat_ctx], [run_sel, *view_out], **QUICK)
+    def do_cancel(rid: str | None) -> str:
+        svc.cancel()
+        return progress_html(svc, rid)
+
+    cancel.click(do_cancel, [run_sel], [status], **QUICK)
+    resume.click(do_resume, [run_sel], [status], **QUICK)
+    run_sel.change(lambda rid: (*views(rid), ""), [run_sel], [*view_out, revealed], **QUICK)
     for btn, which in ((b_left, "left"), (b_tie, "tie"), (b_right, "right")):
-        btn.click(lambda rid, text, w=which: pick(w, rid, text), [run_sel, note], grade_out, **quick)
-    s_save.click(score, [run_sel, s_left, s_right, note], grade_out, **quick)
-    rubric_save.click(save_rubric, [run_sel, rubric], [status], **quick)
-    mode.change(set_mode, [mode], [pick_row, score_row], **quick)
-    show.click(do_reveal, [run_sel], [revealed, dl, dl_json], **quick)
+        btn.click(lambda rid, text, w=which: pick(w, rid, text), [run_sel, note], grade_out, **QUICK)
+    s_save.click(score, [run_sel, s_left, s_right, note], grade_out, **QUICK)
+    rubric_save.click(save_rubric, [run_sel, rubric], [status], **QUICK)
+    mode.change(set_mode, [mode], [pick_row, score_row], **QUICK)
+    show.click(do_reveal, [run_sel], [revealed, dl, dl_json], **QUICK)
     seen = gr.State(JobState.IDLE.value)
 
     def tick(rid: str | None, last: str) -> tuple[Any, ...]:
-        now = state.abtest.progress().state
+        now = svc.progress().state
         if now is JobState.RUNNING:
-            return progress_html(state, rid), *(gr.skip() for _ in range(5)), now.value
+            return progress_html(svc, rid), *(gr.skip() for _ in range(5)), now.value
         if last == JobState.RUNNING.value:  # just finished: the pairs are ready to grade
             return (*views(rid), now.value)
         return (*(gr.skip() for _ in range(6)), now.value)
 
-    shell.timer.tick(tick, [run_sel, seen], [*view_out, seen], show_progress="hidden", concurrency_limit=None,
-                     trigger_mode="once")
+    shell.timer.tick(tick, [run_sel, seen], [*view_out, seen], trigger_mode="once", **QUICK)

@@ -15,6 +15,7 @@ from app.backend.recipe.schema import ProfileSpec
 from app.backend.selftest.report import Standing
 from app.backend.selftest.runner import JobState
 from app.backend.state import AppState
+from app.ui.shell import Shell
 from app.ui.profile_html import (
     card_facts,
     explained_command,
@@ -153,7 +154,7 @@ class _View:
         return [gr.update(choices=choices, value=rec), gr.update(choices=choices), f"Deleted custom profile `{pid}`."]
 
 
-def render(state: AppState, shell: Any) -> None:
+def render(state: AppState, shell: Shell) -> None:
     view = _View(state)
     recipe = view.recipe
     profiles = view.profiles()
@@ -168,11 +169,11 @@ def render(state: AppState, shell: Any) -> None:
     if report.problems:
         gr.Markdown("⚠️ " + "  \n".join(report.problems), elem_id="custom-profile-problems")
     selector = gr.Radio(_choices(profiles), value=rec, label="Profile", elem_id="profile-select")
-    cards = gr.HTML(cards0, elem_id="profile-cards-html")
-    with gr.Row(elem_id="profile-selftest-row"):
+    with gr.Row(elem_id="profile-selftest-row"):  # the selected profile's self-test, right above its card
         label0, variant0 = view.selftest_label(rec)
-        st_btn = gr.Button(label0, variant=variant0, elem_id="profile-selftest-run", size="sm", scale=0, min_width=280)
+        st_btn = gr.Button(label0, variant=variant0, elem_id="profile-selftest-run", scale=0, min_width=380)
         st_msg = gr.Markdown("", elem_id="profile-selftest-msg")
+    cards = gr.HTML(cards0, elem_id="profile-cards-html")
     with gr.Row(equal_height=False):
         with gr.Column(scale=1, min_width=300):
             chart = gr.HTML(chart0, elem_id="profile-chart")
@@ -232,7 +233,7 @@ def render(state: AppState, shell: Any) -> None:
     # this box's self-test beside the card's figures: the button follows the selection; the cards are
     # redrawn when the tab is opened again (a self-test may have finished meanwhile)
     selector.change(view.selftest_button, inputs=[selector], outputs=[st_btn], show_progress="hidden")
-    if getattr(shell, "tabs", None) is not None:
+    if shell.tabs is not None:
         st_btn.click(view.run_selftest, inputs=[selector], outputs=[shell.tabs, st_msg], show_progress="hidden")
 
         def on_tab(pid: str, evt: gr.SelectData) -> tuple[Any, Any]:

@@ -13,23 +13,20 @@ import gradio as gr
 
 from app.backend.selftest.needle import parse_lengths
 from app.backend.selftest.report import to_markdown
-from app.backend.selftest.runner import JobState
+from app.backend.selftest.runner import JobState, SelfTestService
 from app.backend.selftest.store import export_file
 from app.backend.selftest.types import SelfTestPlan
 from app.backend.state import AppState
+from app.ui.shell import QUICK, Shell
 
 TITLE = "Self-test"
 
 
-def _profile_ids(state: AppState) -> list[str]:
-    return [p.id for p in state.engine.profiles()]
-
-
-def figures_html(state: AppState) -> str:
+def figures_html(svc: SelfTestService) -> str:
     """One row per profile: the card's decode figure beside this box's latest self-test."""
     rows = []
-    for p in state.engine.profiles():
-        st = state.selftest.standing(p.id)
+    for p in svc.engine.profiles():
+        st = svc.standing(p.id)
         card = f"{p.decode.value:g} tok/s" if p.decode is not None else "—"
         if st is None:
             box, note = "not measured yet", ""
@@ -48,46 +45,48 @@ def _plan(profile: str, runs: float, tokens: float, needles: str) -> SelfTestPla
                         needle_lengths=tuple(parse_lengths(needles or "")))
 
 
-def status_html(state: AppState, profile: str, runs: float, tokens: float, needles: str) -> str:
-    p = state.selftest.progress()
+def status_html(svc: SelfTestService, profile: str, runs: float, tokens: float, needles: str) -> str:
+    p = svc.progress()
     if p.state is JobState.RUNNING:
         pct = int(p.fraction * 100)
         return (f'<div id="st-progress" data-state="running"><progress max="100" value="{pct}"></progress> '
                 f"{pct}% · {html.escape(p.step)} · {p.elapsed_s:.0f} s of about {p.estimate_s:.0f} s</div>")
     try:
-        est = state.selftest.estimate_s(_plan(profile, runs, tokens, needles))
+        est = svc.estimate_s(_plan(profile, runs, tokens, needles))
     except ValueError as exc:
         return f'<div id="st-progress" data-state="invalid" role="alert">{html.escape(str(exc))}</div>'
-    why = state.selftest.check(profile)
+    why = svc.check(profile)
     last = f"<br>last run: {html.escape(p.message)}" if p.state is not JobState.IDLE and p.profile_id == profile else ""
     ready = (f"ready to run: about {est / 60:.1f} min" if not why else f"cannot run now: {html.escape(why)}")
     return f'<div id="st-progress" data-state="{p.state.value}">{ready}{last}</div>'
 
 
-def result_md(state: AppState, profile: str) -> str:
-    r = state.selftest.store.latest(profile)
+def result_md(svc: SelfTestService, profile: str) -> str:
+    r = svc.store.latest(profile)
     return to_markdown(r) if r is not None else f"No self-test of profile `{profile}` yet."
 
 
-def exports(state: AppState, profile: str) -> tuple[str | None, str | None]:
+def exports(svc: SelfTestService, profile: str) -> tuple[str | None, str | None]:
     """The latest result of a profile written as Markdown and JSON files (what the export buttons serve)."""
-    r = state.selftest.store.latest(profile)
+    r = svc.store.latest(profile)
     if r is None:
         return None, None
-    return (str(export_file(state.settings.state_dir, r, "md")), str(export_file(state.settings.state_dir, r, "json")))
+    state_dir = svc.settings.state_dir
+    return str(export_file(state_dir, r, "md")), str(export_file(state_dir, r, "json"))
 
 
-def render(state: AppState, shell: Any) -> None:
+def render(state: AppState, shell: Shell) -> None:
     if state.selftest is None or state.engine is None:
         gr.Markdown("The self-test is not available in this build.")
         return
+    svc, engine = state.selftest, state.engine
     gr.Markdown("Does **this box** reach the card's figures? The self-test streams long single-stream answers "
                 "with the card's sampling (decode tok/s after the first token), times the first token at a few "
                 "prompt lengths, and hides a code in 64K/256K prompts at depths 0.05/0.50/0.95 (counted in the "
                 "engine's own tokens). It uses the engine as it runs: start the profile first on the Engine tab.")
-    figures = gr.HTML(figures_html(state), elem_id="st-figures")
-    ids = _profile_ids(state)
-    snap = state.engine.snapshot()
+    figures = gr.HTML(figures_html(svc), elem_id="st-figures")
+    ids = [p.id for p in engine.profiles()]
+    snap = engine.snapshot()
     with gr.Row():
         profile = gr.Dropdown(ids, value=snap.profile_id if snap.profile_id in ids else ids[0], label="Profile",
                               elem_id="st-profile")
@@ -95,42 +94,50 @@ def render(state: AppState, shell: Any) -> None:
         tokens = gr.Number(2000, label="Tokens per run", precision=0, minimum=16, elem_id="st-tokens")
         needles = gr.Textbox("64k,256k", label="Needle lengths", elem_id="st-needles")
     inputs = [profile, runs, tokens, needles]
-    status = gr.HTML(status_html(state, profile.value, 3, 2000, "64k,256k"), elem_id="st-status")
+    status = gr.HTML(status_html(svc, profile.value, 3, 2000, "64k,256k"), elem_id="st-status")
     with gr.Row():
         run = gr.Button("Run self-test", variant="primary", elem_id="st-run")
         cancel = gr.Button("Cancel", elem_id="st-cancel")
-        md0, json0 = exports(state, profile.value)
+        md0, json0 = exports(svc, profile.value)
         dl_md = gr.DownloadButton("Export Markdown", md0, elem_id="st-export-md")
         dl_json = gr.DownloadButton("Export JSON", json0, elem_id="st-export-json")
-    result = gr.Markdown(result_md(state, profile.value), elem_id="st-result")
-    quick: dict[str, Any] = {"show_progress": "hidden", "concurrency_limit": None}
+    result = gr.Markdown(result_md(svc, profile.value), elem_id="st-result")
 
     def start(pid: str, n: float, t: float, nd: str) -> str:
         try:
-            state.selftest.start(_plan(pid, n, t, nd))
+            svc.start(_plan(pid, n, t, nd))
         except ValueError as exc:
             return f'<div id="st-progress" data-state="invalid" role="alert">{html.escape(str(exc))}</div>'
-        return status_html(state, pid, n, t, nd)
+        return status_html(svc, pid, n, t, nd)
 
-    run.click(start, inputs, [status], **quick)
-    cancel.click(lambda *a: (state.selftest.cancel(), status_html(state, *a))[1], inputs, [status], **quick)
+    run.click(start, inputs, [status], **QUICK)
+    def do_cancel(pid: str, n: float, t: float, nd: str) -> str:
+        svc.cancel()
+        return status_html(svc, pid, n, t, nd)
+
+    cancel.click(do_cancel, inputs, [status], **QUICK)
     for ev in (runs.change, tokens.change, needles.change):
-        ev(lambda *a: status_html(state, *a), inputs, [status], **quick)
-    profile.change(lambda *a: (status_html(state, *a), result_md(state, a[0]), *exports(state, a[0])), inputs,
-                   [status, result, dl_md, dl_json], **quick)
+        ev(lambda *a: status_html(svc, *a), inputs, [status], **QUICK)
+    profile.change(lambda *a: (status_html(svc, *a), result_md(svc, a[0]), *exports(svc, a[0])), inputs,
+                   [status, result, dl_md, dl_json], **QUICK)
     seen = gr.State(JobState.IDLE.value)  # per browser session: the job state its page last drew
+    if shell.tabs is not None:  # opened again: the image or a profile may have changed meanwhile
+        def on_tab(evt: gr.SelectData) -> Any:
+            return figures_html(svc) if evt.value == TITLE else gr.skip()
+
+        shell.tabs.select(on_tab, None, [figures], **QUICK)
 
     def tick(pid: str, n: float, t: float, nd: str, last: str) -> tuple[Any, ...]:
-        p = state.selftest.progress()
+        p = svc.progress()
         now = p.state
         # a run started elsewhere (the Profiles card's "run it again", the CLI) for another profile: follow it
         follow = gr.Dropdown(value=p.profile_id) if now is JobState.RUNNING and p.profile_id in ids and p.profile_id != pid \
             else gr.skip()
         finished = last == JobState.RUNNING.value and now is not JobState.RUNNING
         if not finished:
-            return status_html(state, pid, n, t, nd), follow, gr.skip(), gr.skip(), gr.skip(), gr.skip(), now.value
-        return (status_html(state, pid, n, t, nd), follow, figures_html(state), result_md(state, pid),
-                *exports(state, pid), now.value)
+            return status_html(svc, pid, n, t, nd), follow, gr.skip(), gr.skip(), gr.skip(), gr.skip(), now.value
+        return (status_html(svc, pid, n, t, nd), follow, figures_html(svc), result_md(svc, pid),
+                *exports(svc, pid), now.value)
 
-    shell.timer.tick(tick, inputs + [seen], [status, profile, figures, result, dl_md, dl_json, seen],
-                     show_progress="hidden", concurrency_limit=None, trigger_mode="once")
+    shell.timer.tick(tick, inputs + [seen], [status, profile, figures, result, dl_md, dl_json, seen], trigger_mode="once",
+                     **QUICK)

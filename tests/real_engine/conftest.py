@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from docker import DockerClient
 
-from app.backend.engine.controller import ControllerOptions, EngineController
+from app.backend.engine.controller import EngineController
 from app.backend.engine.docker_runtime import DockerRuntime
+from app.backend.engine.ops import ControllerOptions
 from app.backend.recipe import load_recipe
 from app.backend.recipe.schema import Recipe
 from app.backend.settings import Settings
@@ -54,7 +56,7 @@ def vllm_venv() -> Path:
 class Tier:
     """Everything one test module needs to make controllers for its own recipe id and port."""
 
-    docker: object
+    docker: DockerClient
     settings: Settings
     model: dict[str, object]
     made: list[EngineController] = field(default_factory=list)
@@ -71,7 +73,7 @@ class Tier:
         return self.settings.recipe
 
     def containers(self, all_: bool = True) -> list:
-        return self.docker.containers.list(all=all_, filters={  # type: ignore[attr-defined]
+        return self.docker.containers.list(all=all_, filters={
             "label": ["moet-panel.test=1", f"moet-panel.recipe={self.recipe.id}"]})
 
 

@@ -19,6 +19,7 @@ from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, Usag
 from app.backend.chat.service import ChatService
 from app.backend.chat.stats import format_stats
 from app.backend.engine.bootlog import BootTracker
+from app.backend.engine.controller import EngineController
 from app.backend.engine.types import EngineState
 from app.backend.telemetry.hub import TelemetryHub
 from app.backend.telemetry.metrics import parse_metrics
@@ -35,7 +36,7 @@ def _report(name: str, value: float | str) -> None:
     print(f"\n[real-engine] {name}: {value if isinstance(value, str) else f'{value:.1f}'}")
 
 
-def _boot(tier: Tier) -> tuple[object, float]:
+def _boot(tier: Tier) -> tuple[EngineController, float]:
     """Start and wait for the end of the boot, noting each phase the panel showed on the way."""
     ctl = tier.controller()
     t0 = time.monotonic()
@@ -53,7 +54,7 @@ def _boot(tier: Tier) -> tuple[object, float]:
 
 
 @pytest.fixture(scope="module")
-def served(make_tier) -> Iterator[tuple[Tier, object]]:
+def served(make_tier) -> Iterator[tuple[Tier, EngineController]]:
     tier = make_tier()
     ctl, took = _boot(tier)
     _report("first boot in this run (start → ready), s", took)
@@ -129,6 +130,7 @@ def test_chat_service_reply_and_stats_line(served, tmp_path) -> None:
     assert msg.status == "complete", msg
     assert msg.reasoning.strip() == tier.model["reasoning_text"] and msg.content.strip() == tier.model["answer_text"]
     st = msg.stats
+    assert st is not None
     assert st.profile_id == "tiny" and not st.simulated and st.model == "tiny-think"
     assert st.completion_tokens == tier.model["completion_tokens"] and not st.tokens_estimated
     assert st.finish_reason == "stop" and st.ttft_s is not None and st.decode_tok_s and st.decode_tok_s > 0

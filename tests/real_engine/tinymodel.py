@@ -18,7 +18,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers  # type: ignore[import-not-found]  # the vLLM venv's, which runs this file
 
 HIDDEN = 256
 HEAD_DIM = 64

@@ -51,6 +51,7 @@ def demo_state(docker_client: Any, sim_settings: Settings, tmp_path: Path) -> It
     settings = resolve_settings(recipe_file(tmp_path, sim_settings), tmp_path / "data", demo=True)
     settings.ensure_state_dir()
     state = build_app_state(settings)
+    assert state.engine is not None
     state.engine.options.extra_labels = dict(TEST_LABEL)
     state.engine.options.extra_env = dict(FAST_ENV)
     try:

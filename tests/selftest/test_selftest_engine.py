@@ -65,7 +65,11 @@ def test_selftest_runs_stores_and_exports(make_controller, sim_settings) -> None
     stored = ResultsStore(sim_settings.state_dir).latest("quality")
     assert stored is not None and stored.decode == r.decode and stored.image_id and stored.recipe_hash
     image, rhash = svc.identity("quality")
+    assert image.startswith("sha256:")  # the image's content id on Docker, not its tag: a rebuild shows
     assert stale_reason(stored, image, rhash) == ""
+    assert svc.rerun_plan("quality") == plan and svc.rerun_plan("balanced") == SelfTestPlan("balanced")
+    st = svc.standing("quality")
+    assert st is not None and st.stale == "" and st.line == card_line(r) and svc.standing("balanced") is None
     assert "image changed" in stale_reason(stored, "sha256:other", rhash)
     md = to_markdown(r)
     assert "| 1 |" in md and "256K: 3/3 depths" in md and "SIMULATED" in md

@@ -157,15 +157,15 @@ def reveal_markdown(r: Reveal) -> str:
         p = r.scores.points
         score_lines = ["", f"## Scores (0–10), {r.scores.pairs} scored pair{'s' if r.scores.pairs != 1 else ''}", "",
                        f"- mean score: A ({r.profile_a}) {r.scores.mean_a:.2f}, B ({r.profile_b}) {r.scores.mean_b:.2f}",
-                       f"- B − A, seed-blocked (primary): {p.seed_blocked.text()} points — {p.verdict}",
-                       f"- pooled over pairs (overstates precision): {p.pooled.text()} points",
+                       f"- B − A in points, seed-blocked (primary): {p.seed_blocked.text()} — {p.verdict}",
+                       f"- pooled over pairs (overstates precision): {p.pooled.text()}",
                        f"- win/tie/loss for B by score: {p.wins}/{p.ties}/{p.losses}"]
         if r.rubric:
             score_lines += [f"- rubric: {' '.join(r.rubric.split())}"]
     return "\n".join([
         f"# Blind A/B: A = {r.profile_a}, B = {r.profile_b}", "",
         f"**{r.headline()}**", "",
-        "## Preference (+1 B better, 0 tie, −1 A better; a scored pair counts by its sign)", "",
+        "## Preference (B better +1, tie 0, A better −1; a scored pair by its sign)", "",
         f"- seed-blocked (primary): {s.seed_blocked.text()} — {s.verdict}",
         f"- pooled over cells (overstates precision): {s.pooled.text()}",
         f"- win/tie/loss for B: {s.wins}/{s.ties}/{s.losses}",
