@@ -15,6 +15,7 @@ import gradio as gr
 from app.backend.engine.controller import EngineController
 from app.backend.engine.loglines import LogFilter, StreamChoice
 from app.backend.engine.ops import Ticket
+from app.backend.engine.oplock import Holder
 from app.backend.engine.preflight import PreflightReport
 from app.backend.engine.types import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState
 from app.backend.recipe.command import render_shell
@@ -169,10 +170,7 @@ def render(state: AppState, shell: Shell) -> None:
     def _tick(s: StreamChoice, n: str | None, last: str) -> tuple[Any, ...]:
         snap = ctl.snapshot()
         busy = ctl.busy()
-        busy_text = f"{busy.action} {busy.profile_id or ''} in progress…" if busy else ""
-        holder = ctl.lock_holder()
-        if holder is not None and busy is None:
-            busy_text = f"the engine is being changed by {holder.describe()}"
+        busy_text = busy_line(busy, ctl.lock_holder())
         head = (status_html(snap, ctl.describe_runtime(), busy_text), diagnosis_html(snap.diagnosis), _logs(ctl, s, n))
         key = view_key(snap)
         if key == last:
@@ -187,6 +185,19 @@ def render(state: AppState, shell: Shell) -> None:
                      trigger_mode="once", **QUICK)
     needle.submit(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
     stream.change(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
+
+
+def busy_line(busy: Ticket | None, holder: Holder | None) -> str:
+    """The Engine tab's line under the badge: this panel's own operation, or who else is changing the engine.
+    An "adopt" only follows a boot someone else started, so the lock holder (when known) is named instead."""
+    watching = busy is not None and busy.action == "adopt"
+    if holder is not None and (busy is None or watching):
+        return f"the engine is being changed by {holder.describe()}"
+    if busy is None:
+        return ""
+    if watching:
+        return f"following a start of {busy.profile_id or 'the engine'} made outside this panel…"
+    return f"{busy.action} {busy.profile_id or ''} in progress…"
 
 
 def _ticket_text(t: Ticket) -> str:
