@@ -134,6 +134,8 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: BrowserSession
     boot_text = "\n".join(phases)
     assert re.search(r"planes from cache|pool|KV|graph|API", boot_text, re.I), boot_text
     assert "quality" in page.locator("#engine-status").inner_text()
+    # The header strip follows on the 1 s page timer: the screenshot shows both saying ready.
+    page.locator('#moet-header [data-testid="hdr-engine"][data-state="ready"]').wait_for()
     browser.snap(page, "journey-03-engine-ready", docs="journey-engine")
 
     # Header strip: VRAM in use (simulated GPU follows the engine).
