@@ -90,13 +90,13 @@ class BrowserSession:
 
     @staticmethod
     def _settle(page: Any) -> None:
-        """After a resize, wait (2 s at most) until the page fits the new width: the charts re-lay out a
+        """After a resize, wait (5 s at most) until the page fits the new width: the charts re-lay out a
         frame or two later. A page that still overflows is shot as it is: that is a defect to see."""
         from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
         try:
             page.wait_for_function("() => document.documentElement.scrollWidth <= window.innerWidth + 1",
-                                   timeout=2_000)
+                                   timeout=5_000)
         except PlaywrightTimeout:
             pass
 
