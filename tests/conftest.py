@@ -80,12 +80,25 @@ class BrowserSession:
             size = page.viewport_size
             page.set_viewport_size({"width": NARROW_WIDTH, "height": size["height"]})
             try:
+                self._settle(page)
                 self._shoot(page, path.with_name(f"{path.stem}-{NARROW_WIDTH}.png"), full_page, clip_to)
             finally:
                 page.set_viewport_size(size)
             if os.environ.get(DOCS_SCREENSHOTS_ENV) == "1":
                 shutil.copyfile(path, ROOT / "docs" / f"{docs}.png")
         return path
+
+    @staticmethod
+    def _settle(page: Any) -> None:
+        """After a resize, wait (2 s at most) until the page fits the new width: the charts re-lay out a
+        frame or two later. A page that still overflows is shot as it is: that is a defect to see."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:
+            page.wait_for_function("() => document.documentElement.scrollWidth <= window.innerWidth + 1",
+                                   timeout=2_000)
+        except PlaywrightTimeout:
+            pass
 
     @staticmethod
     def _shoot(page: Any, path: Path, full_page: bool, clip_to: str | None) -> None:

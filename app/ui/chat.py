@@ -246,7 +246,8 @@ def _thread() -> Thread:
     )
     with gr.Row():
         box = gr.Textbox(show_label=False, placeholder="Message (Enter to send, Shift+Enter for a new line)",
-                         lines=1, max_lines=12, scale=6, elem_id="chat-input")  # lines=1: Enter sends
+                         lines=1, max_lines=12, scale=6, elem_id="chat-input",  # lines=1: Enter sends
+                         min_width=320)  # a 420 px window: the box gets its own line, Send + Stop the next
         send_btn = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send")
         stop_btn = gr.Button("Stop", variant="stop", scale=1, elem_id="chat-stop")
     with gr.Row():

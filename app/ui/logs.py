@@ -74,7 +74,8 @@ def render(state: AppState, shell: Shell) -> None:
     gr.Markdown("Engine output, stdout and stderr kept apart. Saved runs live in the data dir "
                 "(`.moet-panel/engine-logs/`, 20 MiB per file, last 10 runs).")
     with gr.Row():
-        source = gr.Dropdown(_sources(ctl), value=LIVE, label="Run", elem_id="logs-source")
+        # min_width: on a 420 px window the run's name gets its own line instead of being cut off.
+        source = gr.Dropdown(_sources(ctl), value=LIVE, label="Run", elem_id="logs-source", min_width=300)
         stream = gr.Radio(STREAMS, value="both", label="Stream", elem_id="logs-stream")
         needle = gr.Textbox(label="Filter", placeholder="text to keep, e.g. ERROR or delta tier", elem_id="logs-filter")
     with gr.Row():

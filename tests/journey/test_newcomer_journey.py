@@ -5,7 +5,8 @@ small real artifact (GNU tar --sparse | zstd | split):
 open → Downloads (progress moves, completes) → Engine (preflight, start `quality`, boot phases, ready) →
 header strip (VRAM, pool coverage) → Chat (thinking + answer, stats tagged quality) → switch to
 `balanced` (ready again) → Chat (stats tagged balanced) → reload: state, history and the engine remain.
-Accessibility and polish are checked in the same run. Screenshots go to test-artifacts/journey-*.png.
+Accessibility and polish are checked in the same run. Screenshots go to test-artifacts/journey-*.png; the
+four the README shows (docs/journey-*.png) are refreshed only with MOET_PANEL_DOCS_SCREENSHOTS=1 (conftest `snap`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from app.backend.download.manager import DownloadManager
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.settings import resolve_settings
 from app.backend.state import AppState, build_app_state
-from tests.conftest import ARTIFACTS, free_port, serving
+from tests.conftest import BrowserSession, free_port, serving
 from tests.download.conftest import artifact, start_hub  # noqa: F401  (session fixture reused)
 from tests.ui.a11y import horizontal_overflow, unlabelled_controls
 
@@ -38,11 +39,6 @@ def _recipe_on_port(tmp: Path, port: int) -> Path:
     path = tmp / "simulated-journey.toml"
     path.write_text(text)
     return path
-
-
-def _shot(page: Any, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"journey-{name}.png"), full_page=True)
 
 
 def _poll(fn: Any, what: str, timeout: float = 60.0, every_ms: int = 150, page: Any = None) -> Any:
@@ -96,7 +92,7 @@ def _ask(page: Any, prompt: str, profile: str) -> str:
     return stats.last.inner_text()
 
 
-def test_newcomer_journey(journey: tuple[str, AppState], browser: Any) -> None:
+def test_newcomer_journey(journey: tuple[str, AppState], browser: BrowserSession) -> None:
     url, state = journey
     page = browser.new_page(1280, 800)
     page.goto(url)
@@ -104,7 +100,7 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: Any) -> None:
     assert "SIMULATED" in page.locator("#sim-banner").inner_text()
     assert "Why demo mode: no usable NVIDIA GPU" in page.locator("#sim-banner").inner_text()
     assert not unlabelled_controls(page), unlabelled_controls(page)
-    _shot(page, "01-open")
+    browser.snap(page, "journey-01-open")
 
     # Downloads: start, see the progress bar move, complete, ckpt-id pin matches.
     page.get_by_role("tab", name="Downloads").click()
@@ -120,7 +116,7 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: Any) -> None:
     _poll(progressed, "the download to complete", timeout=90, every_ms=100, page=page)
     assert any(0 < v < 100 for v in seen), f"progress never moved between 0 and 100: {sorted(seen)}"
     page.wait_for_function("document.querySelector('#dl-ckpt').innerText.includes('match')")
-    _shot(page, "02-downloaded")
+    browser.snap(page, "journey-02-downloaded", docs="journey-downloaded")
 
     # Engine: preflight, start `quality`, watch boot phases, ready.
     page.get_by_role("tab", name="Engine").click()
@@ -138,7 +134,9 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: Any) -> None:
     boot_text = "\n".join(phases)
     assert re.search(r"planes from cache|pool|KV|graph|API", boot_text, re.I), boot_text
     assert "quality" in page.locator("#engine-status").inner_text()
-    _shot(page, "03-engine-ready")
+    # The header strip follows on the 1 s page timer: the screenshot shows both saying ready.
+    page.locator('#moet-header [data-testid="hdr-engine"][data-state="ready"]').wait_for()
+    browser.snap(page, "journey-03-engine-ready", docs="journey-engine")
 
     # Header strip: VRAM in use (simulated GPU follows the engine).
     header = page.locator("#moet-header")
@@ -147,7 +145,7 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: Any) -> None:
     # Chat on `quality`, then the header shows pool coverage from the tick lines.
     line = _ask(page, "Explain what the FP4 recovery pool does, briefly.", "quality")
     assert re.search(r"profile quality · TTFT \d+\.\d\d s · \d+\.\d tok/s · \d+→\d+ tokens", line), line
-    _shot(page, "04-chat-quality")
+    browser.snap(page, "journey-04-chat-quality")
     _poll(lambda: re.search(r"POOL COVERAGE\s*\d+\.\d%", header.inner_text(), re.I), "pool coverage", page=page)
 
     # Switch to `balanced` from the Engine tab; ready again; chat again.
@@ -161,7 +159,7 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: Any) -> None:
     assert state.engine.snapshot().profile_id == "balanced"
     line = _ask(page, "And what does PROMO_HYST=8 change?", "balanced")
     assert "profile balanced" in line
-    _shot(page, "05-chat-balanced")
+    browser.snap(page, "journey-05-chat-balanced", docs="journey-chat")
 
     # Telemetry tab renders live plots.
     page.get_by_role("tab", name="Telemetry").click()
@@ -170,7 +168,7 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: Any) -> None:
     page.wait_for_function("() => /\\d+ slots/.test(document.querySelector('#telemetry-details')?.innerText || '')")
     _poll(lambda: page.locator("#telemetry-plot-vram canvas, #telemetry-plot-vram svg.marks").count() > 0,
           "the VRAM plot to draw", page=page)
-    _shot(page, "06-telemetry")
+    browser.snap(page, "journey-06-telemetry", docs="journey-telemetry")
 
     # Reload: state, history and the running engine are all still there.
     assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors
@@ -184,7 +182,7 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: Any) -> None:
           "chat history after reload", page=page)
     page.get_by_role("tab", name="Downloads").click()
     _poll(lambda: page.locator("#dl-table .st.done").count() == 1, "downloads state after reload", page=page)
-    _shot(page, "07-after-reload")
+    browser.snap(page, "journey-07-after-reload")
 
     # Polish: no unlabelled controls, no horizontal overflow at 1280×800 and on a narrow window.
     assert not unlabelled_controls(page), unlabelled_controls(page)
@@ -193,5 +191,5 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: Any) -> None:
     narrow.goto(url)
     narrow.wait_for_selector("#moet-header")
     assert horizontal_overflow(narrow)["page"] <= 1, horizontal_overflow(narrow)
-    _shot(narrow, "08-narrow")
+    browser.snap(narrow, "journey-08-narrow")
     assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors

@@ -31,10 +31,10 @@ def test_every_tab_is_labelled_and_fits(shared_panel, browser, size) -> None:
             page.get_by_role("button", name="More tabs").click()
             page.locator("#main-tabs .overflow-dropdown button", has_text=module.TITLE).click()
         page.locator(f"#tab-{tab_id}").wait_for(state="visible")
+        browser.snap(page, f"tab-{tab_id}-{size[0]}")  # every tab at both sizes, to look at (README "Tests")
         missing = unlabelled_controls(page)
         overflow = horizontal_overflow(page)
         if missing or overflow["page"] > 1 or overflow["main"] > 1:
             problems[tab_id] = {"unlabelled": missing, "overflow": overflow}
-    browser.snap(page, f"all-tabs-{size[0]}")
     assert not problems, problems
     assert not browser.console_errors, browser.console_errors

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
-from tests.conftest import ARTIFACTS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -54,13 +53,10 @@ def test_profiles_view_shows_each_profile_and_its_command(panel, browser) -> Non
     page.get_by_label("#2 quality / speed", exact=True).check()
     page.locator('.moet-card.selected[data-profile="balanced"]').wait_for()
     page.wait_for_function("() => document.querySelector('#command-why').innerText.includes('PROMO_HYST')")
-    ARTIFACTS.mkdir(exist_ok=True)
     # docs/profiles.png: cards with the card's notes, the command, and the first reasons beside its lines
-    last = page.locator("#command-why tbody tr").nth(14).bounding_box()
-    assert last is not None
-    page.screenshot(path=str(ARTIFACTS / "profiles.png"), full_page=True,
-                    clip={"x": 0, "y": 0, "width": 1280, "height": last["y"] + last["height"] + 8})
-    page.screenshot(path=str(ARTIFACTS / "profiles-full.png"), full_page=True)
+    assert page.locator("#command-why tbody tr").count() >= 15
+    browser.snap(page, "profiles", docs="profiles", clip_to="#command-why tbody tr:nth-child(15)")
+    browser.snap(page, "profiles-full")
     page.locator("#card-facts-box").get_by_text("Card facts: context").click()
     page.locator("#card-regenerate").wait_for()
     assert "does not start that boot" in page.locator("#card-regenerate").inner_text()
