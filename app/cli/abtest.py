@@ -61,7 +61,7 @@ def _services(settings: Any) -> tuple[Any, Any]:
 
 
 def _follow(svc: Any) -> int:
-    from app.backend.selftest.runner import JobState
+    from app.backend.jobs import JobState
 
     last = ""
     try:

@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
     from app.backend.engine.factory import make_engine_controller
     from app.backend.selftest.needle import parse_lengths
     from app.backend.selftest.report import to_json_text, to_markdown
-    from app.backend.selftest.runner import JobState, SelfTestService
+    from app.backend.jobs import JobState
+    from app.backend.selftest.runner import SelfTestService
     from app.backend.selftest.types import SelfTestPlan
 
     settings = resolve_settings(args.recipe, args.data_dir)

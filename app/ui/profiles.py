@@ -13,7 +13,7 @@ from app.backend.profiles import all_profiles
 from app.backend.recipe.command import CommandError, explain_lines, render_shell
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.selftest.report import Standing
-from app.backend.selftest.runner import JobState
+from app.backend.jobs import JobState
 from app.backend.state import AppState
 from app.ui.shell import Shell
 from app.ui.profile_html import (

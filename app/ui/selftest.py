@@ -13,7 +13,8 @@ import gradio as gr
 
 from app.backend.selftest.needle import parse_lengths
 from app.backend.selftest.report import to_markdown
-from app.backend.selftest.runner import JobState, SelfTestService
+from app.backend.jobs import JobState
+from app.backend.selftest.runner import SelfTestService
 from app.backend.selftest.store import export_file
 from app.backend.selftest.types import SelfTestPlan
 from app.backend.state import AppState

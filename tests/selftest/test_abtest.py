@@ -10,7 +10,7 @@ import pytest
 from app.backend.abtest.grading import a_is_left, blind_pairs, grade_from_pick, grade_from_scores, reveal
 from app.backend.abtest.journal import Generation, Journal, new_spec, parse_pasted, parse_prompts_jsonl
 from app.backend.abtest.runner import ABRunService
-from app.backend.selftest.runner import JobState
+from app.backend.jobs import JobState
 from tests.selftest.conftest import FAST_ENV, start_ready
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from app.backend.selftest.needle import build_needle, parse_lengths
 from app.backend.selftest.probe import EngineProbe
 from app.backend.selftest.report import card_line, needle_lines, to_json_text, to_markdown, verdict
-from app.backend.selftest.runner import JobState, SelfTestService
+from app.backend.jobs import JobState
+from app.backend.selftest.runner import SelfTestService
 from app.backend.selftest.store import ResultsStore, stale_reason
 from app.backend.selftest.types import SelfTestPlan
 from tests.selftest.conftest import FAST_ENV, start_ready

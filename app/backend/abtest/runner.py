@@ -8,16 +8,18 @@ the user's, and an answer that hits it is marked `length` so the grader can see 
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from app.backend.abtest.journal import ABSpec, Generation, Journal, RunState, Side
 from app.backend.selftest.probe import Cancelled, EngineProbe
-from app.backend.selftest.runner import JobState
+from app.backend.jobs import BackgroundJob, JobState
 
 SWITCH_TIMEOUT_S = 3600.0
+
+
+ALREADY_RUNNING = "an A/B run is already running: wait for it or cancel it"
 
 
 @dataclass(frozen=True)
@@ -31,52 +33,32 @@ class ABProgress:
     message: str = ""
 
 
-class ABRunService:
+class ABRunService(BackgroundJob[ABProgress]):
     def __init__(self, settings: Any, engine: Any, probe_factory: Callable[[str], EngineProbe] | None = None):
         self.settings = settings
         self.engine = engine
         self.journal = Journal(settings.ensure_state_dir())
         self._probe_factory = probe_factory or (lambda url: EngineProbe(url, settings.recipe.model.served_name,
                                                                         settings.recipe.sampling))
-        self._lock = threading.Lock()
-        self._progress = ABProgress()
-        self._cancel = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def progress(self) -> ABProgress:
-        with self._lock:
-            return self._progress
-
-    def _set(self, p: ABProgress) -> None:
-        with self._lock:
-            self._progress = p
+        super().__init__(ABProgress(), "abtest")
 
     def start(self, spec: ABSpec) -> ABProgress:
         known = {p.id for p in self.engine.profiles()}
         for pid in (spec.profile_a, spec.profile_b):
             if pid not in known:
                 raise ValueError(f"unknown profile {pid!r} (known: {', '.join(sorted(known))})")
-        if self.progress().state is JobState.RUNNING:
-            raise ValueError("an A/B run is already running: wait for it or cancel it")
+        if self.running():
+            raise ValueError(ALREADY_RUNNING)
         self.journal.create(spec)
         return self.resume(spec.run_id)
 
     def resume(self, run_id: str) -> ABProgress:
-        if self.progress().state is JobState.RUNNING:
-            raise ValueError("an A/B run is already running: wait for it or cancel it")
+        if self.running():
+            raise ValueError(ALREADY_RUNNING)
         st = self.journal.load(run_id)
-        self._cancel.clear()
-        self._set(ABProgress(JobState.RUNNING, run_id, st.generated, st.total, step="starting", message="running"))
-        self._thread = threading.Thread(target=self._run, args=(st,), name="abtest", daemon=True)
-        self._thread.start()
-        return self.progress()
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    def wait(self, timeout: float) -> ABProgress:
-        if self._thread is not None:
-            self._thread.join(timeout)
+        first = ABProgress(JobState.RUNNING, run_id, st.generated, st.total, step="starting", message="running")
+        if not self._launch(first, lambda: self._run(st)):
+            raise ValueError(ALREADY_RUNNING)
         return self.progress()
 
     def _run(self, st: RunState) -> None:

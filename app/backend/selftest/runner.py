@@ -12,9 +12,9 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, replace
-from enum import Enum
 from typing import Any, Callable
 
+from app.backend.jobs import BackgroundJob, JobState
 from app.backend.recipe.command import config_hash
 from app.backend.selftest.needle import DEPTHS, build_needle
 from app.backend.selftest.pcie import read_links
@@ -28,14 +28,6 @@ from app.backend.selftest.types import (
 ASSUMED_PREFILL_TOK_S = 6000.0  # for the estimate only, before a TTFT point is measured
 DECODE_PROMPT = [{"role": "user", "content": "Write a long, detailed explanation of how a lock-free multi-producer "
                                              "multi-consumer queue works, with code."}]
-
-
-class JobState(str, Enum):
-    IDLE = "idle"
-    RUNNING = "running"
-    DONE = "done"
-    CANCELLED = "cancelled"
-    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -79,7 +71,7 @@ def plan_steps(plan: SelfTestPlan, decode_tok_s: float, ctx: int) -> list[Step]:
     return steps
 
 
-class SelfTestService:
+class SelfTestService(BackgroundJob["SelfTestProgress"]):
     """Owned by AppState; `engine` is the EngineController (public methods only), `frame_fn` the
     telemetry hub's latest frame (or None)."""
 
@@ -90,15 +82,9 @@ class SelfTestService:
         self.frame_fn = frame_fn or (lambda: None)
         self.store = ResultsStore(settings.ensure_state_dir())
         self._probe_factory = probe_factory or self._default_probe
-        self._lock = threading.Lock()
-        self._progress = SelfTestProgress()
-        self._cancel = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__(SelfTestProgress(), "selftest")
 
     # --- public API -----------------------------------------------------------------------------------
-    def progress(self) -> SelfTestProgress:
-        with self._lock:
-            return self._progress
 
     def identity(self, profile_id: str) -> tuple[str, str]:
         """(engine image id, recipe hash) of a profile now: the store's key besides profile and date.
@@ -149,25 +135,15 @@ class SelfTestService:
 
     def start(self, plan: SelfTestPlan) -> SelfTestProgress:
         """Start in the background; a refusal comes back as a FAILED progress with the reason."""
-        with self._lock:
-            if self._progress.state is JobState.RUNNING:
-                return replace(self._progress, message="a self-test is already running: wait or cancel it")
+        busy = replace(self.progress(), message="a self-test is already running: wait or cancel it")
+        if self.running():
+            return busy
         if why := self.check(plan.profile_id):
             return SelfTestProgress(JobState.FAILED, plan.profile_id, message=f"refused: {why}")
-        self._cancel.clear()
-        self._set(SelfTestProgress(JobState.RUNNING, plan.profile_id, "starting", 0.0, self.estimate_s(plan),
-                                   message="running"))
-        self._thread = threading.Thread(target=self._run, args=(plan,), name="selftest", daemon=True)
-        self._thread.start()
-        return self.progress()
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    def wait(self, timeout: float) -> SelfTestProgress:
-        t = self._thread
-        if t is not None:
-            t.join(timeout)
+        first = SelfTestProgress(JobState.RUNNING, plan.profile_id, "starting", 0.0, self.estimate_s(plan),
+                                 message="running")
+        if not self._launch(first, lambda: self._run(plan)):
+            return busy
         return self.progress()
 
     def run_blocking(self, plan: SelfTestPlan, on_progress: Callable[[SelfTestProgress], None] | None = None,
@@ -186,10 +162,6 @@ class SelfTestService:
         return p
 
     # --- the job --------------------------------------------------------------------------------------
-    def _set(self, p: SelfTestProgress) -> None:
-        with self._lock:
-            self._progress = p
-
     def _card_rate(self, profile_id: str) -> float | None:
         for p in self.engine.profiles():
             if p.id == profile_id and p.decode is not None:
