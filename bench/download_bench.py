@@ -26,6 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -190,12 +191,71 @@ class Run:
     wall: float
     rc: int
     cpu: float  # user + sys of the whole process tree
-    rss_kib: int
+    rss_kib: int  # peak of the tree's summed RSS (the panel's artifact processes together), or wait4's peak
+    pss_kib: int = 0  # peak of the tree's summed PSS: shared pages (the forkserver's imports) counted once in all
     staging: int = 0  # panel only: the peak staging it reported
     dirty: list[float] = field(default_factory=list)  # GiB of dirty + writeback pages, every DIRTY_EVERY_S
+    at_peak: str = ""  # each process's PSS (anonymous + file) when the tree's PSS peaked
 
 
 DIRTY_EVERY_S = 0.5
+TREE_EVERY_S = 0.05
+
+
+class TreeSampler:
+    """Summed RSS and CPU of the processes below the timed one that it does not wait for.
+
+    wait4() covers the timed process and the ones it reaped; the panel's artifact processes come
+    from a multiprocessing forkserver nobody waits for, so their RSS and CPU are sampled here (the
+    last ≤ TREE_EVERY_S of each is missed: figures are a lower bound for them).
+    """
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+        self.psutil, self.root = psutil, psutil.Process(pid)
+        self.peak_rss, self.peak_pss, self.cpu = 0, 0, {}  # type: ignore[var-annotated]
+
+    def sample(self) -> None:
+        try:
+            tree = [self.root, *self.root.children(recursive=True)]
+        except self.psutil.Error:
+            return
+        rss, pss, servers, each = 0, 0, set(), []
+        for proc in tree:
+            try:
+                full = proc.memory_full_info()
+                rss, pss = rss + full.rss, pss + full.pss
+                if "forkserver" in " ".join(proc.cmdline()):  # the server and the children it forked
+                    servers.add(proc.pid)
+                each.append(proc)
+                if proc.pid in servers or proc.ppid() in servers:  # the forkserver and its children: never reaped by us
+                    t = proc.cpu_times()
+                    self.cpu[proc.pid] = max(self.cpu.get(proc.pid, 0.0), t.user + t.system)
+            except self.psutil.Error:
+                continue
+        self.peak_rss = max(self.peak_rss, rss)
+        if pss > self.peak_pss:
+            self.peak_pss, self.at_peak = pss, " ".join(_pss_of(self._role(p, servers), p.pid) for p in each)
+
+    def _role(self, proc: Any, servers: set[int]) -> str:
+        try:
+            ppid = proc.ppid()
+        except self.psutil.Error:
+            return "gone"
+        if proc.pid in servers:
+            return "artifact" if ppid in servers else "forkserver"
+        return "root" if proc.pid == self.root.pid else "process"
+
+
+def _pss_of(role: str, pid: int) -> str:
+    """`role anon+file` in MiB from smaps_rollup (Pss_Anon, Pss_File: what the process has to itself
+    and its share of mapped files, e.g. imported code and the staged parts it reads in place)."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
+    except OSError:
+        return f"{role} ?"
+    anon, file = (int(fields.get(k, "0 kB").split()[0]) >> 10 for k in ("Pss_Anon", "Pss_File"))
+    return f"{role} {anon}+{file}"
 
 
 def _dirty_gib() -> float:
@@ -207,16 +267,21 @@ def _dirty_gib() -> float:
     return sum(int(fields.get(k, "0 kB").split()[0]) for k in ("Dirty", "Writeback")) / (1 << 20)
 
 
-def timed(cmd: list[str], env: dict | None = None) -> tuple[Run, str]:
+def timed(cmd: list[str], env: dict | None = None, cwd: Path = ROOT) -> tuple[Run, str]:
     subprocess.run(["sync"], check=False)
     t = time.monotonic()
-    p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     dirty: list[float] = []
     done = threading.Event()
+    tree = TreeSampler(p.pid)
 
     def sample() -> None:
-        while not done.wait(DIRTY_EVERY_S):
-            dirty.append(_dirty_gib())
+        ticks = 0
+        while not done.wait(TREE_EVERY_S):
+            tree.sample()
+            ticks += 1
+            if ticks % round(DIRTY_EVERY_S / TREE_EVERY_S) == 0:
+                dirty.append(_dirty_gib())
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -228,7 +293,21 @@ def timed(cmd: list[str], env: dict | None = None) -> tuple[Run, str]:
     rc = os.waitstatus_to_exitcode(status)
     if rc != 0:
         print(f"  ! {cmd[0]} exited {rc}: {err.strip()[-400:]}", flush=True)
-    return Run(elapsed, rc, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, dirty=dirty), err
+    unreaped_cpu = sum(tree.cpu.values())
+    return Run(elapsed, rc, usage.ru_utime + usage.ru_stime + unreaped_cpu, max(usage.ru_maxrss, tree.peak_rss // 1024),
+               pss_kib=tree.peak_pss // 1024, dirty=dirty, at_peak=tree.at_peak), err
+
+
+def worktree(work: Path, rev: str) -> Path:
+    """The panel at `rev`, checked out beside the work data (a detached git worktree, made once per commit)."""
+    commit = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout.strip()
+    path = work / f"baseline-{commit[:12]}"
+    if not (path / "app").is_dir():
+        subprocess.run(["git", "worktree", "add", "--detach", "--force", str(path), commit], cwd=ROOT, check=True,
+                       capture_output=True)
+    print(f"baseline: {rev} = {commit[:12]} in {path}", flush=True)
+    return path
 
 
 def waits_lines(err: str) -> str:
@@ -237,7 +316,8 @@ def waits_lines(err: str) -> str:
 
 
 def dirty_line(r: Run) -> str:
-    return f"    dirty GiB every {DIRTY_EVERY_S:g} s: " + " ".join(f"{d:.1f}" for d in r.dirty)
+    line = f"    dirty GiB every {DIRTY_EVERY_S:g} s: " + " ".join(f"{d:.1f}" for d in r.dirty)
+    return line + (f"\n    PSS MiB at the peak (anonymous+file): {r.at_peak}" if r.at_peak else "")
 
 
 @dataclass
@@ -248,6 +328,7 @@ class Scenario:
     card: list[Run] = field(default_factory=list)
     panel: list[Run] = field(default_factory=list)
     panel1: list[Run] = field(default_factory=list)  # the panel with one artifact at a time (as before)
+    base: list[Run] = field(default_factory=list)  # --baseline: the panel of another commit, same runs
     connections: int = 8
     fetch_limit: float = 0.0
     fetch_how: str = ""
@@ -255,7 +336,7 @@ class Scenario:
 
 def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: int, panel_args: list[str],
                  expect: dict[str, tuple[int, int, int]], conns: int, card_runs_capped: int,
-                 sequential: bool) -> None:
+                 sequential: bool, baseline: Path | None = None) -> None:
     global LINK
     sc.connections = conns
     LINK = Link(sc.link_cap) if sc.link_cap else None
@@ -283,6 +364,9 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                 kinds = ("panel",)
             if sequential and not sc.conn_cap:
                 kinds += ("panel1",)
+            if baseline is not None:  # next to the panel, its order swapped every run like the card's
+                at = kinds.index("panel") + (i % 2)
+                kinds = kinds[:at] + ("base",) + kinds[at:]
             for kind in kinds:
                 dest = work / f"dest-{kind}"
                 shutil.rmtree(dest, ignore_errors=True)
@@ -296,13 +380,15 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                     if kind == "panel1":
                         cmd += ["--artifact-jobs", "1"]
                     cmd = ["bash", "-c", '"$@" && sync', "panel", *cmd]
-                r, err = timed(cmd, env)
+                root = baseline if kind == "base" and baseline is not None else ROOT
+                r, err = timed(cmd, {**env, "PYTHONPATH": env["PYTHONPATH"].replace(str(ROOT), str(root), 1)}, root)
                 if kind != "card":
                     m = re.search(r"peak staging disk: .*?\((\d+) bytes\)", err)
                     r.staging = int(m.group(1)) if m else -1
                 verdict = check_trees(dest, expect) if r.rc == 0 else "FAILED"
-                {"card": sc.card, "panel": sc.panel, "panel1": sc.panel1}[kind].append(r)
+                {"card": sc.card, "panel": sc.panel, "panel1": sc.panel1, "base": sc.base}[kind].append(r)
                 print(f"  run {i + 1} {kind:<6} {r.wall:7.2f} s  cpu {r.cpu:6.1f} s  rss {r.rss_kib / 1024:6.1f} MiB"
+                      f"  pss {r.pss_kib / 1024:6.1f} MiB"
                       f"{f'  staging peak {r.staging / GiB:.2f} GiB' if kind != 'card' else ''}  tree {verdict}",
                       flush=True)
                 if i == 0:
@@ -354,7 +440,7 @@ def run_single(art: str, arts: dict[str, list[Path]], work: Path, runs: int, pan
             if kind in walls:
                 walls[kind].append(r)
             print(f"  {kind:<6} {' '.join(spy):<24} {r.wall:7.2f} s  cpu {r.cpu:6.1f} s  "
-                  f"rss {r.rss_kib / 1024:6.1f} MiB  tree {verdict}", flush=True)
+                  f"rss {r.rss_kib / 1024:6.1f} MiB  pss {r.pss_kib / 1024:6.1f} MiB  tree {verdict}", flush=True)
             print(waits_lines(err) + dirty_line(r), flush=True)
             shutil.rmtree(dest, ignore_errors=True)
     card, panel_wall = (statistics.median(r.wall for r in walls[k]) for k in ("card", "panel"))
@@ -435,11 +521,14 @@ def main() -> int:
     ap.add_argument("--single", metavar="ARTIFACT", help="first: the card's pipeline vs the panel for this "
                     "artifact alone, unthrottled")
     ap.add_argument("--profile", metavar="DIR", help="with --single: also profile the panel with py-spy into DIR")
+    ap.add_argument("--baseline", metavar="REV", help="also run the panel of this commit (a git worktree), "
+                    "interleaved with this one, in every scenario")
     args = ap.parse_args()
     work = Path(args.work) / args.data
     arts = build(work, args.gib, args.part_mib, args.data)
     expect = reference(work, arts)
     write_recipe(work)
+    baseline = worktree(Path(args.work), args.baseline) if args.baseline else None
     print(f"load average at start: {os.getloadavg()[0]:.1f}; {os.cpu_count()} CPUs", flush=True)
     for art, parts in arts.items():
         n, size, phys = expect[art]
@@ -459,27 +548,38 @@ def main() -> int:
             continue
         conns = args.capped_connections if sc.conn_cap and args.capped_connections else args.connections
         run_scenario(sc, arts, work, args.runs, args.panel_arg, expect, conns,
-                     args.card_runs_capped if args.card_runs_capped is not None else args.runs, args.also_sequential)
+                     args.card_runs_capped if args.card_runs_capped is not None else args.runs, args.also_sequential,
+                     baseline)
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     print(f"\n{os.cpu_count()} CPUs, {compressed(arts) / GiB:.2f} GiB compressed, {args.data} data; medians of "
           f"{args.runs} interleaved runs, each to `sync`")
     print("| scenario | connections | card (3 in sequence) | panel (all three) | limit (binding stage) | panel/card |"
-          " panel/limit | card CPU | panel CPU | panel peak RSS | panel peak staging | panel, one artifact at a time |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          " panel/limit | card CPU | panel CPU | panel peak RSS | panel peak PSS | panel peak staging | panel, one artifact at a time |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for sc in scenarios:
         if not sc.panel:
             continue
-        card, panel = statistics.median(r.wall for r in sc.card), statistics.median(r.wall for r in sc.panel)
+        panel = statistics.median(r.wall for r in sc.panel)
         stage = {**{k: v[0] for k, v in limits.items()}, "fetch": sc.fetch_limit}
         binding = max(stage, key=lambda k: stage[k])
         limit = stage[binding]
-        cpu_c = statistics.median(r.cpu for r in sc.card)
         cpu_p = statistics.median(r.cpu for r in sc.panel)
+        card_s = ratio = cpu_cell = "—"  # --card-runs-capped 0: the card's one capped connection is not timed
+        if sc.card:
+            card, cpu_c = statistics.median(r.wall for r in sc.card), statistics.median(r.cpu for r in sc.card)
+            card_s, ratio, cpu_cell = f"{card:.2f} s", f"{card / panel:.2f}×", f"{cpu_c:.1f} s ({100 * cpu_c / card:.0f}%)"
         seq = f"{statistics.median(r.wall for r in sc.panel1):.2f} s" if sc.panel1 else "—"
-        print(f"| {sc.name} | {sc.connections} | {card:.2f} s | {panel:.2f} s | {limit:.2f} s ({binding}) | {card / panel:.2f}× | "
-              f"{panel / limit:.2f}× | {cpu_c:.1f} s ({100 * cpu_c / card:.0f}%) | {cpu_p:.1f} s "
+        print(f"| {sc.name} | {sc.connections} | {card_s} | {panel:.2f} s | {limit:.2f} s ({binding}) | {ratio} | "
+              f"{panel / limit:.2f}× | {cpu_cell} | {cpu_p:.1f} s "
               f"({100 * cpu_p / panel:.0f}%) | {max(r.rss_kib for r in sc.panel) / 1024:.0f} MiB | "
+              f"{max(r.pss_kib for r in sc.panel) / 1024:.0f} MiB | "
               f"{max(r.staging for r in sc.panel) / GiB:.2f} GiB | {seq} |")
+    for sc in scenarios:
+        if sc.base:
+            base, panel = statistics.median(r.wall for r in sc.base), statistics.median(r.wall for r in sc.panel)
+            print(f"{sc.name}: panel {panel:.2f} s against the baseline {args.baseline} {base:.2f} s "
+                  f"({base / panel:.2f}× as fast; runs " + " / ".join(f"{r.wall:.2f}" for r in sc.base)
+                  + " against " + " / ".join(f"{r.wall:.2f}" for r in sc.panel) + ")")
     print("stage limits: " + "; ".join(f"{k} {v[0]:.2f} s" for k, v in limits.items())
           + "; fetch " + ", ".join(f"{sc.name} {sc.fetch_limit:.2f} s" for sc in scenarios if sc.panel))
     return 0

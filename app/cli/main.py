@@ -6,9 +6,6 @@ import argparse
 import importlib
 import sys
 
-from app.backend.recipe import RecipeError
-from app.backend.recipe.command import CommandError
-
 # Subcommands: name -> (module, one-line help). Only the chosen subcommand's module is imported, so a
 # quick command does not pay for the others' heavy imports (openai, gradio, docker...).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -80,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     argv, hoisted = hoist_global_options(list(argv))
     chosen = next((a for a in argv if not a.startswith("-")), "")
+    if chosen == "download":  # its artifact processes' forkserver imports beside this process's imports
+        from app.backend.download.procs import start_early_on_many_cores
+        start_early_on_many_cores()
+    # imported after the forkserver has started: the recipe's pydantic models take ~0.15 s to build
+    from app.backend.recipe import RecipeError
+    from app.backend.recipe.command import CommandError
     parser = build_parser(only=chosen if chosen in SUBCOMMANDS else "")
     args = parser.parse_args(argv)
     for key in ("recipe", "data_dir", "demo", "json"):

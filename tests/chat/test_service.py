@@ -31,6 +31,8 @@ def test_reply_has_reasoning_answer_and_profile_stats(service, sim) -> None:
     st = msg.stats
     assert st.profile_id == "balanced" and st.simulated is True
     assert st.model == sim.config.served_name and st.base_url == sim.base_url
+    # the server counts the request after its last chunk has gone out, so the client can be first
+    wait_for(lambda: sim.stats.completed == 1, what="the sim to count the finished request")
     assert st.completion_tokens == sim.stats.tokens and not st.tokens_estimated
     assert st.prompt_tokens and st.prompt_tokens > 0
     assert st.ttft_s is not None and 0 < st.ttft_s < st.wall_s

@@ -74,6 +74,15 @@ def hub_for(three: Three, files: dict[str, Path] | None = None, **kw) -> SimHub:
     return hub.start()
 
 
+def hold_last_parts(hub: SimHub, three: Three) -> None:
+    """Each artifact's last part trickles (1 byte, then a dropped connection; a byte moved, so the downloader
+    keeps retrying): no artifact can finish until `hub.faults.clear()`, however slowly a loaded box starts
+    its processes. Without this, the smallest one could be done before the largest had begun (CI)."""
+    for parts in three.parts.values():
+        assert len(parts) >= 2, "the held part must not be the only one"
+        hub.add_fault(parts[-1].name, Fault("stall", times=-1, after_bytes=1, stall_s=0.2))
+
+
 def trees_of(dest: Path, arts: list[str]) -> dict[str, dict[str, tuple[str, int]]]:
     tree = file_digest_tree(dest)
     return {art: {k: v for k, v in tree.items() if k == art or k.startswith(art + "/")} for art in arts}
@@ -106,6 +115,9 @@ def test_three_at_once_each_tree_byte_identical_and_all_three_overlap(settings, 
     disk = board.disk()
     assert disk is not None and disk.staging_peak > 0, "peak staging is reported"
     assert all(a.decoded_bytes == a.total_bytes for a in snap.values()), "every compressed byte went through the decoder"
+    # each artifact's first part was resolved once, by the panel's process: its artifact process used that answer
+    firsts = [three.parts[a][0].name for a in LAYERS]
+    assert [hub.stats.requests[("resolve", name)] for name in firsts] == [1, 1, 1]
 
 
 def test_one_artifact_failing_keeps_the_others(settings, three, tmp_path):
@@ -148,32 +160,20 @@ def test_hostile_archive_in_one_artifact_is_refused_the_others_complete(settings
 
 
 def test_cancel_marks_every_artifact_cancelled_and_resume_completes(settings, three, tmp_path):
-    hub = hub_for(three, rate_cap_bps=150_000)
+    hub = hub_for(three)
+    hold_last_parts(hub, three)
     dest = tmp_path / "dest"
     board, stop = ProgressBoard(), StopSignal()
     cfg = fast_config(settings, hub.endpoint, dest, artifact_jobs=3, connections=3)
-    outcome: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            run_download(cfg, three.specs, board, stop)
-        except BaseException as exc:  # noqa: BLE001 - checked below
-            outcome.append(exc)
-
-    worker = threading.Thread(target=work)
-    worker.start()
+    worker, outcome = start_under_way(cfg, three.specs, board, stop)
     try:
-        deadline = time.monotonic() + 30
-        while not (len(board.ids()) == 3 and all(a.verified_bytes for a in board.snapshot())):
-            assert time.monotonic() < deadline and worker.is_alive(), ("never got all three under way", outcome)
-            time.sleep(0.05)
         stop.request(cancel=True)
         worker.join(30)
         assert outcome and isinstance(outcome[0], Stopped)
         for a in board.snapshot():
             assert a.state == ArtifactState.CANCELLED and a.eta_s is None, (a.id, a.state)
             assert journal(dest, a.id)["state"] == "cancelled"
-        hub.rate_cap_bps = None
+        hub.faults.clear()
         board = ProgressBoard()
         run_download(cfg, three.specs, board, threading.Event())
         snap = board.snapshot()
@@ -184,6 +184,29 @@ def test_cancel_marks_every_artifact_cancelled_and_resume_completes(settings, th
         stop.set()
         worker.join(30)
         hub.stop()
+
+
+def start_under_way(cfg, specs: list[ArtifactSpec], board: ProgressBoard,
+                    stop: threading.Event) -> tuple[threading.Thread, list[BaseException]]:
+    """run_download in a thread, returned once all three artifacts have verified bytes."""
+    outcome: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            run_download(cfg, specs, board, stop)
+        except BaseException as exc:  # noqa: BLE001 - checked by the caller
+            outcome.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not (len(board.ids()) == 3 and all(a.verified_bytes for a in board.snapshot())):
+        if time.monotonic() > deadline or not worker.is_alive():
+            stop.set()
+            worker.join(30)
+            raise AssertionError(("never got all three under way", outcome))
+        time.sleep(0.05)
+    return worker, outcome
 
 
 def _began_reason(board: ProgressBoard, art: str) -> str:
@@ -212,7 +235,8 @@ run_download(cfg, specs, ProgressBoard(), threading.Event())
 @pytest.mark.slow
 def test_kill_9_with_all_three_mid_way_then_resume(settings, three, tmp_path):
     dest = tmp_path / "dest"
-    hub = hub_for(three, rate_cap_bps=120_000)
+    hub = hub_for(three)
+    hold_last_parts(hub, three)
     try:
         specs = json.dumps([s.model_dump() for s in three.specs])
         proc = subprocess.Popen([sys.executable, "-c", KILLABLE, hub.endpoint, str(dest), specs], cwd=ROOT,
@@ -236,7 +260,7 @@ def test_kill_9_with_all_three_mid_way_then_resume(settings, three, tmp_path):
         verified = [p["name"] for j in before.values() for p in j["parts"] if p["status"] in ("verified", "consumed")]
         assert all(j["state"] in ("downloading", "verifying", "extracting") for j in before.values())
         served = {p: hub.stats.cdn_bytes[p] for p in verified}
-        hub.rate_cap_bps = None
+        hub.faults.clear()
         board = ProgressBoard()
         run_download(fast_config(settings, hub.endpoint, dest, artifact_jobs=3), three.specs, board, threading.Event())
         for p in verified:
@@ -293,7 +317,7 @@ def test_urgent_requests_take_a_freed_connection_first():
     ahead.start()
     urgent = threading.Thread(target=take, args=("urgent", True))
     urgent.start()
-    wait_until(lambda: budget._urgent_waiting == 1)  # noqa: SLF001 - the urgent request is queued
+    wait_until(lambda: budget.urgent_waiting == 1)  # the urgent request is queued
     budget.release()
     ahead.join(5)
     urgent.join(5)
@@ -301,6 +325,34 @@ def test_urgent_requests_take_a_freed_connection_first():
     assert budget.acquire(lambda: True, halt)  # the one slot is free again
     halt.set()
     assert budget.acquire(lambda: True, halt) is False, "a halted run stops waiting for a slot"
+
+
+def _hold_every_slot_then_wait(budget: ConnectionBudget) -> None:
+    """An artifact's process (rank 0): takes every slot, queues one more urgent request, is killed."""
+    never = threading.Event()
+    for _ in range(budget.size):
+        assert budget.acquire(lambda: False, never)
+    threading.Thread(target=budget.acquire, args=(lambda: True, never), daemon=True).start()
+    never.wait()
+
+
+def test_a_killed_artifact_process_gives_back_its_slots_and_queued_requests():
+    from app.backend.download import procs
+
+    budget = ConnectionBudget(2, ranks=2)
+    child = procs.context().Process(target=_hold_every_slot_then_wait, args=(budget,))
+    child.start()
+    try:
+        wait_until(lambda: budget.urgent_waiting == 1, timeout=30)  # holds both and waits for a third
+    finally:
+        child.kill()
+        child.join(10)
+    halted = threading.Event()
+    halted.set()  # one look, no waiting
+    assert budget.acquire(lambda: False, halted, rank=1) is False, "the dead process still holds everything"
+    budget.forget(0)  # what run_in_child does when a child ends without a word
+    assert budget.waiting == 0
+    assert budget.acquire(lambda: False, halted, rank=1) and budget.acquire(lambda: False, halted, rank=1)
 
 
 def test_a_waiting_read_ahead_request_becomes_urgent_when_its_extractor_reaches_it():
@@ -312,16 +364,16 @@ def test_a_waiting_read_ahead_request_becomes_urgent_when_its_extractor_reaches_
     waiter.start()
     other = threading.Thread(target=lambda: budget.acquire(lambda: True, halt) and got.append("other"))
     other.start()
-    wait_until(lambda: budget._urgent_waiting == 1)  # noqa: SLF001 - only the other one is urgent yet
+    wait_until(lambda: budget.urgent_waiting == 1)  # only the other one is urgent yet
     reached.set()
     budget.poke()
-    wait_until(lambda: budget._urgent_waiting == 2)  # noqa: SLF001 - asked again while it waits
+    wait_until(lambda: budget.urgent_waiting == 2)  # asked again while it waits
     budget.release()
     budget.release()
     waiter.join(5)
     other.join(5)
     assert sorted(got) == ["it", "other"]
-    assert budget._urgent_waiting == 0  # noqa: SLF001
+    assert budget.urgent_waiting == 0
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -343,3 +395,84 @@ def test_concurrency_follows_the_cores(settings, monkeypatch):
     from dataclasses import replace
 
     assert artifact_jobs(replace(cfg, artifact_jobs=2), 3) == 2
+
+
+def test_board_mirror_carries_counters_state_and_each_event_once():
+    """A child's board, exported twice, lands in the parent's with every event exactly once."""
+    from app.backend.download.statemachine import Began, ExtractingParts
+    from app.backend.download.types import ArtifactProgress, Notice
+
+    child, parent = ProgressBoard(), ProgressBoard()
+    for board in (child, parent):
+        board.register(ArtifactProgress(id="store", total_bytes=100))
+    child.apply("store", Began(""))
+    child.add_verified("store", 40)
+    child.set_staging("store", used=40, budget=100, free=1000, needed=60, path="/d")
+    first, cursor = child.export("store", 0)
+    parent.mirror(first)
+    child.apply("store", ExtractingParts())
+    child.event(Notice("store", message="resumed"))
+    second, cursor = child.export("store", cursor)
+    parent.mirror(second)
+    again, _ = child.export("store", cursor)
+    parent.mirror(again)  # nothing new: no event twice
+    snap = {a.id: a for a in parent.snapshot()}["store"]
+    assert snap.state == ArtifactState.EXTRACTING and snap.verified_bytes == 40 and snap.parts_verified == 1
+    assert [type(e).__name__ for e in parent.events] == ["StateChanged", "StateChanged", "Notice"]
+    disk = parent.disk()
+    assert disk is not None and disk.staging_used == 40 and disk.staging_budget == 100
+
+
+def test_an_artifact_process_killed_from_outside_fails_only_that_artifact(settings, three, tmp_path):
+    import psutil
+
+    hub = hub_for(three)
+    hold_last_parts(hub, three)
+    dest = tmp_path / "dest"
+    board = ProgressBoard()
+    cfg = fast_config(settings, hub.endpoint, dest, artifact_jobs=3, connections=3)
+    worker, outcome = start_under_way(cfg, three.specs, board, threading.Event())
+    try:
+        me = psutil.Process()
+        server = next(p for p in me.children() if "forkserver" in " ".join(p.cmdline()))
+        victims = server.children()
+        assert len(victims) == 3, ("one process per artifact", [(a.id, a.state.value) for a in board.snapshot()])
+        victims[0].kill()  # the OOM killer, say
+        hub.faults.clear()
+        worker.join(60)
+        assert outcome and "ended unexpectedly" in str(outcome[0]), outcome
+        states = sorted(a.state.value for a in board.snapshot())
+        assert states == ["done", "done", "failed"], states
+        failed = next(a for a in board.snapshot() if a.state == ArtifactState.FAILED)
+        assert "Resume continues" in failed.reason
+        board = ProgressBoard()
+        run_download(cfg, three.specs, board, threading.Event())  # Resume: the killed one completes
+        assert all(a.state == ArtifactState.DONE for a in board.snapshot())
+        assert trees_of(dest, list(LAYERS)) == three.reference
+    finally:
+        worker.join(30)
+        hub.stop()
+
+
+def test_requests_go_urgent_first_then_largest_artifact_first():
+    """Urgent before read-ahead; within each, rank 0 (the largest artifact, whose chain bounds the run)
+    before rank 1: the store's read-ahead goes before the small artifact's, after its urgent request."""
+    budget, halt = ConnectionBudget(1, ranks=2), threading.Event()
+    assert budget.acquire(lambda: False, halt)
+    order: list[str] = []
+
+    def take(name: str, urgent: bool, rank: int) -> None:
+        assert budget.acquire(lambda: urgent, halt, rank)
+        order.append(name)
+        budget.release(rank)
+
+    waiters = [threading.Thread(target=take, args=args) for args in
+               [("small read-ahead", False, 1), ("store read-ahead", False, 0), ("small", True, 1), ("store", True, 0)]]
+    for i, t in enumerate(waiters):
+        t.start()
+        wait_until(lambda n=i + 1: budget.waiting == n)  # queued before the next one comes
+    budget.release()
+    for t in waiters:
+        t.join(5)
+    assert order == ["store", "small", "store read-ahead", "small read-ahead"]
+    assert budget.waiting == 0

@@ -4,6 +4,7 @@ tests trust about simhub is what the Hub's reference client accepts, byte for by
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,20 @@ def test_xet_answer_is_recognised_by_the_client(hub):
     meta = get_hf_file_metadata(hf_hub_url(REPO, PART1, endpoint=hub.endpoint), token=False)
     assert meta.xet_file_data is not None and meta.xet_file_data.refresh_route.startswith(hub.endpoint)
     assert "/cas-bridge/" in meta.location
+
+
+def test_a_started_hub_entered_as_a_context_stops_every_server_thread(artifact):
+    """`with hub.start():` once ran a second serve_forever per server; stop() ended one, and the other
+    spun on the closed socket for the rest of the suite (CI's browser tests ran 3–10× slower)."""
+
+    def serving() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("simhub") and t.is_alive()]
+
+    before = set(serving())
+    h = SimHub()
+    h.add_repo(REPO, artifact.files)
+    with h.start():
+        assert len(set(serving()) - before) == 2, "one thread per server: the API and the CDN"
+    for t in set(serving()) - before:
+        t.join(5)
+    assert not set(serving()) - before

@@ -61,7 +61,7 @@ def listener() -> Iterator[tuple[Listener, str]]:
         do_GET = do_HEAD = _any
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     t.start()
     try:
         yield rec, f"http://127.0.0.1:{srv.server_address[1]}"

@@ -97,9 +97,10 @@ def make_controller(docker_client, sim_settings) -> Iterator[Callable[..., Engin
     finally:
         for ctl in made:
             ctl.close()
-        for c in docker_client.containers.list(all=True, filters={"label": "moet-panel.test=1"}):
-            if c.labels.get("moet-panel.recipe") == sim_settings.recipe.id:
-                c.remove(force=True)
+        # by the test's own recipe id (simtest-<its port>), not the test label: a CLI the test runs in-process
+        # (abtest switching profiles) starts containers through its own controller, without that label
+        for c in panel_containers(docker_client, sim_settings.recipe.id, running_only=False):
+            c.remove(force=True)
 
 
 def panel_containers(client, recipe_id: str, running_only: bool = True) -> list:

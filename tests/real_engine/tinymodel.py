@@ -27,6 +27,7 @@ VOCAB = 192  # <= HIDDEN: one-hot embeddings need one dimension per token
 MAX_LEN = 2048
 LOGIT = 32.0
 SPECIAL = ["<unk>", "<s>", "</s>", "<think>", "</think>", "<|system|>", "<|user|>", "<|assistant|>"]
+THINK = ("<think>", "</think>")
 # Distinct words: each token may appear once in the chain (its successor must be unique).
 REASONING_WORDS = ["the", "user", "asks", "about", "engines", "so", "I", "check", "it"]
 ANSWER_WORDS = ["pools", "serve", "tokens", "from", "a", "cache"]
@@ -52,9 +53,15 @@ def _tokenizer() -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIAL, show_progress=False)
+    special = [t for t in SPECIAL if t not in THINK]
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=special, show_progress=False)
     tok.train_from_iterator([CORPUS] * 8, trainer=trainer)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    # <think> and </think> are added tokens that are not special, as in DeepSeek-R1's tokenizer: the text
+    # vLLM streams keeps them, so its reasoning parser finds </think> in a delta of several tokens. As
+    # special tokens the detokenizer dropped them and the parser split such a delta one character off
+    # (reasoning "... it pool", content "s serve ..."; seen when the box was loaded and deltas merged).
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK])
     return tok
 
 

@@ -12,7 +12,9 @@ import pytest
 
 from app.backend.settings import Settings, resolve_settings
 from app.backend.state import AppState, build_app_state
-from tests.engine.conftest import TEST_LABEL, docker_client, make_controller, sim_settings, wait_until  # noqa: F401
+from tests.engine.conftest import (  # noqa: F401
+    TEST_LABEL, docker_client, make_controller, panel_containers, sim_settings, wait_until,
+)
 from tests.simengine.conftest import make_sim  # noqa: F401  (fixture)
 
 # Fast but faithful: decode at the card's rate, prefill fast enough that a 256K needle takes ~1 s.
@@ -58,6 +60,5 @@ def demo_state(docker_client: Any, sim_settings: Settings, tmp_path: Path) -> It
         yield state
     finally:
         state.close()
-        for c in docker_client.containers.list(all=True, filters={"label": "moet-panel.test=1"}):
-            if c.labels.get("moet-panel.recipe") == settings.recipe.id:
-                c.remove(force=True)
+        for c in panel_containers(docker_client, settings.recipe.id, running_only=False):  # its own recipe id
+            c.remove(force=True)

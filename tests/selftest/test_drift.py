@@ -15,7 +15,14 @@ from tests.selftest.test_sim_selftest_support import post
 
 def _watch_during_stream(sim, watch: DriftWatch, seconds: float) -> list[DriftReading | None]:
     body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 100000, "ignore_eos": True}
-    t = threading.Thread(target=lambda: post(sim.base_url + "/v1/chat/completions", body, timeout=30), daemon=True)
+
+    def stream() -> None:
+        try:
+            post(sim.base_url + "/v1/chat/completions", body, timeout=30)
+        except OSError:
+            pass  # the sim is stopped mid-stream below: that is how the stream ends
+
+    t = threading.Thread(target=stream, daemon=True)
     t.start()
     scraper, readings = MetricsScraper(timeout_s=1.0), []
     deadline = time.monotonic() + seconds
@@ -27,6 +34,7 @@ def _watch_during_stream(sim, watch: DriftWatch, seconds: float) -> list[DriftRe
     finally:
         scraper.close()
         sim.stop()  # ends the stream
+        t.join(10)
     return readings
 
 

@@ -37,6 +37,7 @@ def test_streaming_reasoning_then_content_with_usage_chunk(client, sim):
     assert finishes == ["stop"]
     assert len(usage_chunks) == 1 and usage_chunks[0].choices == []
     usage = usage_chunks[0].usage
+    poll(lambda: sim.stats.completed >= 1, 10)  # the server counts the request after its last chunk has gone out
     assert usage.completion_tokens == sim.stats.tokens > 0
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     # reasoning is the first 20-40% of the tokens

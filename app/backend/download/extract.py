@@ -41,7 +41,8 @@ COPY_CHUNK = 4 << 20
 WRITE_SLICE = 256 << 10
 READ_SIZE = 4 << 20  # compressed bytes per read of the mapped parts: few GIL round trips for the decompressor
 TAR_BUFSIZE = 512  # tarfile reads only headers itself (no read-ahead), so data can bypass it
-QUEUE_CHUNKS = 4  # decompressed buffers ahead of the writer: at most 16 MiB
+DECODE_CHUNK = 1 << 20  # one decompressed buffer
+QUEUE_CHUNKS = 4  # decompressed buffers between the decoder and the writer: 4 MiB per artifact
 WRITEBACK_EVERY = 8 << 20  # start the disk's writeback of a file after this many bytes written to it
 SYNC_FILE_RANGE_WRITE = 2
 
@@ -135,7 +136,7 @@ class _Decompressor(io.RawIOBase):
 
     Decompression and file writes overlap (both release the GIL), like `zstd -d | tar -x`. Data
     goes into a small pool of reused buffers (no per-chunk allocation) and member data is written
-    to files straight from them (`copy_to`); memory is bounded by POOL × COPY_CHUNK.
+    to files straight from them (`copy_to`); memory is bounded by QUEUE_CHUNKS × DECODE_CHUNK.
     Errors travel through the queue.
     """
 
@@ -145,7 +146,7 @@ class _Decompressor(io.RawIOBase):
         self.q: queue.Queue[tuple[bytearray, int] | BaseException] = queue.Queue()
         self.free: queue.Queue[bytearray] = queue.Queue()
         for _ in range(QUEUE_CHUNKS):
-            self.free.put(bytearray(COPY_CHUNK))
+            self.free.put(bytearray(DECODE_CHUNK))
         self.stop = stop
         self.cur: bytearray | None = None
         self.buf = memoryview(b"")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
 from typing import Any, Callable
 
 from tenacity import Retrying, retry_if_exception
@@ -21,7 +20,6 @@ from app.backend.download.hub import HubClient, is_transient, make_wait, raise_f
 from app.backend.download.ranged import RangeGetter, Reply, StallError
 from app.backend.download.types import DownloadConfig, DownloadError, PartInfo, Stopped, TransientError
 
-FLUSH_S = 0.25
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 
@@ -73,53 +71,24 @@ def fetch_range(hub: HubClient, getter: RangeGetter, part: PartInfo, start: int,
 
 
 class _Staging:
-    """Body bytes -> the part's staging file at their offsets, in writes of up to the worker's buffer
-    (ranged.BODY_BUFFER).
+    """Body pieces (ranged.BODY_BUFFER at most) -> the part's staging file at their offsets.
 
-    libcurl hands the body over in 16 KiB pieces; a write and two progress updates for each cost
-    more CPU than receiving them. Bytes are flushed when the buffer is full, at least every FLUSH_S
-    (progress never looks frozen on a slow link), and after every request, failed ones included.
-    `pos[0]` counts only bytes on disk.
+    `pos[0]` counts only bytes on disk; the wire counter also counts bytes dropped before our offset.
     """
 
-    def __init__(self, buf: bytearray, fd: int, pos: list[int], on_wire: Callable[[int], None],
-                 on_useful: Callable[[int], None]) -> None:
+    def __init__(self, fd: int, pos: list[int], on_wire: Callable[[int], None], on_useful: Callable[[int], None]) -> None:
         self.fd, self.pos, self.on_wire, self.on_useful = fd, pos, on_wire, on_useful
-        self.buf, self.n, self.wire, self.at = buf, 0, 0, time.monotonic()
-
-    @property
-    def position(self) -> int:
-        return self.pos[0] + self.n
 
     def add(self, view: memoryview, wire: int) -> None:
-        self.wire += wire
-        if self.n + len(view) > len(self.buf):
-            self.flush()
-        if len(view) > len(self.buf):
-            self._write(view)
-        else:
-            self.buf[self.n:self.n + len(view)] = view
-            self.n += len(view)
-        if self.n == len(self.buf) or time.monotonic() - self.at >= FLUSH_S:
-            self.flush()
-
-    def flush(self) -> None:
-        self._write(memoryview(self.buf)[:self.n])
-        self.n = 0
-        if self.wire:
-            self.on_wire(self.wire)
-            self.wire = 0
-        self.at = time.monotonic()
-
-    def _write(self, view: memoryview) -> None:
-        if not view:
-            return
-        useful = len(view)
-        while view:
-            k = os.pwrite(self.fd, view, self.pos[0])
-            view = view[k:]
-            self.pos[0] += k
-        self.on_useful(useful)
+        if view:
+            useful = len(view)
+            while view:
+                k = os.pwrite(self.fd, view, self.pos[0])
+                view = view[k:]
+                self.pos[0] += k
+            self.on_useful(useful)
+        if wire:
+            self.on_wire(wire)
 
 
 class _Status:
@@ -141,9 +110,9 @@ def _one_request(hub: HubClient, getter: RangeGetter, part: PartInfo, pos: list[
         return
     res = hub.resolve(part.name)
     skip: list[int | None] = [None]  # bytes to drop before ours; None until the first body chunk
-    out = _Staging(getter.body_buffer, fd, pos, on_wire, on_useful)
+    out = _Staging(fd, pos, on_wire, on_useful)
 
-    def on_body(reply: Reply, chunk: bytes) -> None:
+    def on_body(reply: Reply, piece: memoryview) -> None:
         if skip[0] is None:
             skip[0] = 0
             if reply.status == 206:
@@ -153,18 +122,16 @@ def _one_request(hub: HubClient, getter: RangeGetter, part: PartInfo, pos: list[
                                          f"for bytes={pos[0]}-")
             else:
                 skip[0] = pos[0]  # Range ignored (200): the body starts at byte 0
-        view = memoryview(chunk)
+        view = piece
         if skip[0]:
             drop = min(skip[0], len(view))
             view, skip[0] = view[drop:], skip[0] - drop
-        out.add(view[: end - out.position], len(chunk))
-        if out.position >= end:
+        out.add(view[: end - pos[0]], len(piece))
+        if pos[0] >= end:
             raise _Done()
 
     headers = {"Range": f"bytes={pos[0]}-{end - 1}", "Accept-Encoding": "identity", **hub.headers_for(res.location)}
-    reply = getter.get(res.location, headers, on_body, stop.is_set)
-    if not isinstance(reply.aborted, OSError):
-        out.flush()  # whatever arrived before a drop is kept
+    reply = getter.get(res.location, headers, on_body, stop.is_set)  # whatever arrived before a drop is kept
     if isinstance(reply.aborted, _Done):
         return
     if isinstance(reply.aborted, StallError):

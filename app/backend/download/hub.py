@@ -418,18 +418,44 @@ class HubClient:
         """HEAD /resolve/ via get_hf_file_metadata, cached for LOCATION_TTL_S."""
         rev = revision or self.commit or self.cfg.revision
         with self._resolve_lock:
-            with self._lock:
-                hit = self._locations.get(path)
-            if hit and not fresh and time.monotonic() - hit.at < LOCATION_TTL_S:
+            hit = self._cached(path)
+            if hit and not fresh:
                 return hit
             resolved: Resolved = self._retrying(path)(self._head, path, rev)
             with self._lock:
                 self._locations[path] = resolved
             return resolved
 
+    def _cached(self, path: str) -> Resolved | None:
+        """The resolution of `path` while it is younger than LOCATION_TTL_S."""
+        with self._lock:
+            hit = self._locations.get(path)
+        return hit if hit and time.monotonic() - hit.at < LOCATION_TTL_S else None
+
     def forget(self, path: str) -> None:
         with self._lock:
             self._locations.pop(path, None)
+
+    def prefetch(self, path: str) -> None:
+        """One attempt to resolve `path` now unless it is known; an error is left for resolve() to meet and report."""
+        if self._cached(path):
+            return
+        try:
+            resolved = self._head(path, self.commit or self.cfg.revision)
+        except Exception:  # noqa: BLE001 - resolve() retries and explains it, where the error belongs
+            return
+        with self._lock:
+            self._locations[path] = resolved
+
+    def known(self, paths: list[str]) -> dict[str, Resolved]:
+        """What is resolved already of `paths`: handed to an artifact's process (procs.py)."""
+        with self._lock:
+            return {p: self._locations[p] for p in paths if p in self._locations}
+
+    def remember(self, known: Mapping[str, Resolved]) -> None:
+        """Resolutions made by another process (time.monotonic is the machine's clock, so their age holds)."""
+        with self._lock:
+            self._locations.update(known)
 
     def _head(self, path: str, rev: str) -> Resolved:
         url = hf_hub_url(self.repo, path, revision=rev, endpoint=self.cfg.endpoint)

@@ -31,8 +31,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from functools import partial
-from typing import TYPE_CHECKING, Callable
+from multiprocessing.context import BaseContext
+from multiprocessing.sharedctypes import SynchronizedString
+from typing import TYPE_CHECKING, Callable, cast
 
+from app.backend.download import procs
 from app.backend.download.extract import ExtractHooks, extract_stream, free_bytes
 from app.backend.download.fetch import fetch_range
 from app.backend.download.hub import HubClient
@@ -65,49 +68,130 @@ class ConnectionBudget:
     """At most `size` ranged requests at once over every artifact; urgent ones are served first.
 
     Urgent = a segment of the part an extractor is waiting for (or an earlier one): while such a
-    request waits, read-ahead requests of any artifact do not take a freed slot.
+    request waits, read-ahead requests of any artifact do not take a freed slot. Within each kind a
+    lower `rank` goes first: the caller ranks artifacts largest first, since the largest one's chain
+    bounds the run. So the store's read-ahead comes before the smaller artifacts' read-ahead (which
+    have time to spare), and their urgent requests before the store's read-ahead, so they still move.
+    Measured on the 16-core host with every connection capped at 50 MB/s and urgent requests ranked
+    only for first parts: the connections went round evenly, the store fetched at a third of the link,
+    below its decode rate, and its extractor waited 1.9-2.5 s on the network (docs/downloads.md).
+
+    Shared by artifacts in child processes (procs.py), so it is built on a multiprocessing lock and
+    a semaphore of wake-ups, never a multiprocessing Condition: a Condition's notify waits for every
+    sleeper to acknowledge, and a process that ended while one of its threads slept in wait() left
+    notify hanging for ever (seen in the first version). A wake-up here may be spurious (a waiter
+    only looks again). What a process holds is counted per rank (= per artifact), so when one is
+    killed the parent gives back its slots and drops its waiting requests (`forget`): left counted,
+    they held every lower-ranked request back for ever (seen: the OOM-killer test hung CI).
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, ctx: BaseContext | None = None, ranks: int = 1) -> None:
+        ctx = ctx or procs.context()
         self.size = size
-        self._free = size
-        self._urgent_waiting = 0
-        self._changed = threading.Condition()
+        self._ranks = max(ranks, 1)
+        self._lock = ctx.Lock()
+        self._wake = ctx.Semaphore(0)
+        self._free = ctx.RawValue("i", size)
+        # requests waiting, in the order they are served: urgent by rank, then read-ahead by rank
+        self._waiting = ctx.RawArray("i", 2 * self._ranks)
+        self._sleepers = ctx.RawArray("i", self._ranks)  # per rank: requests asleep on _wake
+        self._held = ctx.RawArray("i", self._ranks)  # per rank: slots taken
 
-    def acquire(self, urgent: Callable[[], bool], halt: threading.Event) -> bool:
+    def acquire(self, urgent: Callable[[], bool], halt: threading.Event, rank: int = 0) -> bool:
         """Take a slot; False when `halt` was set while waiting.
 
         `urgent` is asked again while the request waits: a read-ahead request becomes urgent when its
         extractor reaches its part (measured on 16 cores: with the urgency fixed when the wait began,
         two of three artifacts' extractors waited 4.5 s for parts queued behind the third's).
         """
-        with self._changed:
-            counted = False
-            try:
-                while True:
-                    now = urgent()
-                    if now != counted:
-                        self._urgent_waiting += 1 if now else -1
-                        counted = now
-                    if self._free > 0 and (now or self._urgent_waiting == 0):
-                        self._free -= 1
+        queue: int | None = None  # where this request is counted in self._waiting
+        try:
+            while True:
+                with self._lock:
+                    now = rank if urgent() else self._ranks + rank
+                    if now != queue:
+                        if queue is not None:
+                            self._waiting[queue] -= 1
+                        self._waiting[now] += 1
+                        queue = now
+                    if self._free.value > 0 and sum(self._waiting[:queue]) == 0:
+                        self._free.value -= 1
+                        self._held[rank] += 1
                         return True
                     if halt.is_set():
                         return False
-                    self._changed.wait(0.2)
-            finally:
-                if counted:
-                    self._urgent_waiting -= 1
+                    self._sleepers[rank] += 1
+                self._wake.acquire(timeout=0.2)
+                with self._lock:
+                    self._sleepers[rank] -= 1
+        finally:
+            if queue is not None:
+                with self._lock:
+                    self._waiting[queue] -= 1
+
+    def forget(self, rank: int) -> None:
+        """The process of artifact `rank` ended without letting go (kill -9, the OOM killer): give back
+        its slots, drop its waiting and sleeping requests, and wake the others to look again."""
+        # Every holder lets go of the lock within microseconds: one still held after a second was held
+        # by the process that died, and is taken over (a multiprocessing Lock has no owner).
+        self._lock.acquire(timeout=1.0)
+        try:
+            self._free.value += self._held[rank]
+            self._held[rank] = self._sleepers[rank] = self._waiting[rank] = self._waiting[self._ranks + rank] = 0
+        finally:
+            self._lock.release()
+        self.poke()
+
+    @property
+    def urgent_waiting(self) -> int:
+        """Urgent requests waiting for a slot now."""
+        with self._lock:
+            return sum(self._waiting[:self._ranks])
+
+    @property
+    def waiting(self) -> int:
+        """Requests of either kind waiting for a slot now."""
+        with self._lock:
+            return sum(self._waiting)
 
     def poke(self) -> None:
         """An extractor moved on to its next part: waiting requests ask `urgent` again."""
-        with self._changed:
-            self._changed.notify_all()
+        with self._lock:
+            sleepers = sum(self._sleepers)
+        for _ in range(sleepers):
+            self._wake.release()
 
-    def release(self) -> None:
-        with self._changed:
-            self._free += 1
-            self._changed.notify_all()
+    def release(self, rank: int = 0) -> None:
+        with self._lock:
+            self._free.value += 1
+            self._held[rank] -= 1
+        self.poke()
+
+
+class SharedFlag:
+    """A stop flag every process of a run sees: set once, polled (threading.Event's is_set/set/wait).
+
+    Not multiprocessing.Event, whose set() runs a Condition's notify (see ConnectionBudget)."""
+
+    POLL_S = 0.02
+
+    def __init__(self, ctx: BaseContext) -> None:
+        self._value = ctx.RawValue("b", 0)
+
+    def is_set(self) -> bool:
+        return bool(self._value.value)
+
+    def set(self) -> None:
+        self._value.value = 1
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self._value.value:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(self.POLL_S, left))
+        return True
 
 
 class RunGroup:
@@ -115,47 +199,70 @@ class RunGroup:
 
     `stop` is set by the user's Pause/Cancel or by a full disk in any artifact (the disk is shared:
     the others pause too, keeping what they verified); a failure of any other kind stops only its
-    own artifact.
+    own artifact. Everything shared is a multiprocessing primitive, so a child process running one
+    artifact (procs.py) gets the same group, the first disk-full message included; `user_stop` (the
+    user's Pause/Cancel) lives in the parent only, mirrored into `stop` by `watch_user`.
     """
 
-    def __init__(self, connections: int, user_stop: threading.Event, jobs: int = 1) -> None:
-        self.budget = ConnectionBudget(connections)
-        # Each fetch worker holds a libcurl handle and 0.75 MiB of buffers (ranged.py), so artifacts running
+    def __init__(self, connections: int, user_stop: threading.Event, jobs: int = 1, ids: list[str] | None = None,
+                 ctx: BaseContext | None = None) -> None:
+        ctx = ctx or procs.context()
+        self.budget = ConnectionBudget(connections, ctx, ranks=len(ids or []))
+        # Each fetch worker holds a libcurl handle and 0.5 MiB of buffers (ranged.py), so artifacts running
         # side by side do not each get `connections` of them: twice their even share, which leaves the
         # budget room to shift slots to the artifact whose extractor waits.
         self.workers_per_artifact = min(connections, max(2, -(-2 * connections // max(jobs, 1))))
-        self.user_stop = user_stop
-        self.stop = threading.Event()
-        self.space_error: SpaceError | None = None
-        self._lock = threading.Lock()
-        self._remaining: dict[str, int] = {}
+        self.user_stop: threading.Event | None = user_stop
+        self.stop = SharedFlag(ctx)
+        self._space = cast(SynchronizedString, ctx.Array("c", 4096))  # the first disk-full message, for every process's pause reason
+        self._cancel = ctx.RawValue("b", 0)
+        self._ids = list(ids or [])
+        self._remaining = ctx.Array("q", max(len(self._ids), 1))  # extracted bytes still to write, per artifact
+
+    def __getstate__(self) -> dict[str, object]:
+        """For a child process: the shared primitives only (the user's stop lives in the parent)."""
+        return {**self.__dict__, "user_stop": None}
 
     def disk_full(self, exc: SpaceError) -> None:
-        with self._lock:
-            if self.space_error is None:
-                self.space_error = exc
+        with self._space.get_lock():
+            if not self._space.value:
+                self._space.value = exc.message.encode()[: len(self._space) - 1]
         self.stop.set()
+
+    @property
+    def space_error(self) -> SpaceError | None:
+        with self._space.get_lock():
+            message = self._space.value
+        return SpaceError(message.decode(errors="replace")) if message else None
 
     def watch_user(self) -> None:
         """Mirror the user's stop into the group stop (runs in a thread until the group stops)."""
+        assert self.user_stop is not None  # the parent's group
         while not self.stop.is_set():
             if self.user_stop.wait(0.2):
+                self._cancel.value = int(isinstance(self.user_stop, StopSignal) and self.user_stop.cancelled)
                 self.stop.set()
+
+    def rank(self, art_id: str) -> int:
+        """An artifact's priority for connections: its place in the run order (largest first)."""
+        return self._ids.index(art_id) if art_id in self._ids else max(len(self._ids) - 1, 0)
 
     def set_remaining(self, art_id: str, remaining: int) -> None:
         """Extracted bytes an artifact still has to write (0 once it has ended)."""
-        with self._lock:
-            self._remaining[art_id] = remaining
+        if art_id not in self._ids:  # an artifact the group was not told of (tests build bare groups)
+            return
+        with self._remaining.get_lock():
+            self._remaining[self._ids.index(art_id)] = remaining
 
     def remaining(self) -> tuple[int, int]:
         """(extracted bytes still to write by every running artifact, how many are running)."""
-        with self._lock:
-            running = [r for r in self._remaining.values() if r > 0]
-            return sum(running), max(len(running), 1)
+        with self._remaining.get_lock():
+            running = [r for r in self._remaining[:] if r > 0]
+        return sum(running), max(len(running), 1)
 
     @property
     def cancelled(self) -> bool:
-        return isinstance(self.user_stop, StopSignal) and self.user_stop.cancelled
+        return bool(self._cancel.value) or (isinstance(self.user_stop, StopSignal) and self.user_stop.cancelled)
 
 
 @dataclass
@@ -175,6 +282,7 @@ class ArtifactRun:
                  store: JournalStore, board: ProgressBoard, group: RunGroup) -> None:
         self.cfg, self.hub, self.plan, self.journal, self.store, self.board = cfg, hub, plan, journal, store, board
         self.group = group
+        self.rank = group.rank(plan.id)
         self.user_stop = group.stop  # the user's Pause/Cancel, or a full disk in any artifact
         self.halt = threading.Event()  # user stop OR a fatal error
         self.fatal: BaseException | None = None
@@ -183,8 +291,8 @@ class ArtifactRun:
         self.last_save = 0.0
         self.staging = staging_dir(cfg.dest, plan.id)
         self.segment_size = journal.segment_size
-        self.tasks: queue.Queue[tuple[_Slot, int]] = queue.Queue()
-        self.verify_q: queue.Queue[_Slot] = queue.Queue()
+        self.tasks: queue.Queue[tuple[_Slot, int] | None] = queue.Queue()  # None: wake up, the run is ending
+        self.verify_q: queue.Queue[_Slot | None] = queue.Queue()
         self.durable_q: queue.Queue[tuple[str, int, str] | None] = queue.Queue()
         self.next_needed = 0
         self.already_extracted = sum(journal.files_done.values())
@@ -395,12 +503,15 @@ class ArtifactRun:
         pid = self.plan.id
         while not self.halt.is_set():
             try:
-                s, k = self.tasks.get(timeout=0.2)
+                task = self.tasks.get(timeout=0.2)
             except queue.Empty:
                 continue
+            if task is None:
+                continue  # the loop condition sees the halt
+            s, k = task
             start = k * self.segment_size
             assert s.fd is not None  # admitted parts are open until verified
-            if not self.group.budget.acquire(partial(self._is_urgent, s), self.halt):
+            if not self.group.budget.acquire(partial(self._is_urgent, s), self.halt, self.rank):
                 return
             self.board.flight(pid, +1)
             try:
@@ -418,7 +529,7 @@ class ArtifactRun:
                 return
             finally:
                 self.board.flight(pid, -1)
-                self.group.budget.release()
+                self.group.budget.release(self.rank)
             self._segment_done(s, k)
 
     def _is_urgent(self, s: _Slot) -> bool:
@@ -445,6 +556,8 @@ class ArtifactRun:
                 s = self.verify_q.get(timeout=0.2)
             except queue.Empty:
                 continue
+            if s is None:
+                continue  # the loop condition sees the halt
             try:
                 self._verify(s)
             except Stopped:
@@ -589,6 +702,12 @@ class ArtifactRun:
         for t in threads[-DURABILITY_THREADS:]:
             t.join()  # the durability threads drain their queue first
         self.halt.set()
+        # wake the idle fetch workers and the verifier now rather than at their next 0.2 s poll: the
+        # end of the artifact that ends last is the end of the run
+        for _ in range(self.group.workers_per_artifact):
+            self.tasks.put(None)
+        self.verify_q.put(None)
+        self.group.budget.poke()
         for t in threads:
             t.join(timeout=self.cfg.stall_s + 5)
 

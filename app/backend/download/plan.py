@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.backend.download.extract import free_bytes
 from app.backend.download.hub import HubClient, TreeEntry, plain_name
@@ -11,7 +12,9 @@ from app.backend.download.journal import JournalStore
 from app.backend.download.types import (
     ArtifactPlan, ArtifactState, DiskPicture, DownloadConfig, DownloadError, GiB, NotFoundError, PartInfo, SpaceError,
 )
-from app.backend.recipe.schema import ArtifactSpec
+
+if TYPE_CHECKING:  # the artifact processes import this module: no pydantic there (procs.PRELOAD)
+    from app.backend.recipe.schema import ArtifactSpec
 
 
 @dataclass

@@ -48,6 +48,23 @@ class _Track:
     waits: dict[Limit, float] = field(default_factory=lambda: dict.fromkeys(Limit, 0.0))
     staging_budget: int = 0
     needed: int = 0
+    free: int = 0
+    path: str = ""
+
+
+@dataclass
+class ArtifactMirror:
+    """One artifact's whole account on a child process's board, sent to the parent's (procs.py)."""
+
+    progress: ArtifactProgress
+    waits: dict[Limit, float]
+    in_flight: int
+    last_byte: float  # time.monotonic() is one clock for every process of the machine
+    staging_budget: int
+    needed: int
+    free: int
+    path: str
+    events: list[DownloadEvent]
 
 
 @dataclass(frozen=True)
@@ -68,6 +85,7 @@ class ProgressBoard:
         self._arts: dict[str, ArtifactProgress] = {}
         self._track: dict[str, _Track] = {}
         self.events: deque[DownloadEvent] = deque(maxlen=events_max)
+        self._appended = 0  # events ever appended (the deque drops old ones): export()'s cursor
         self._disk: DiskPicture | None = None
         self._staging_peak = 0
 
@@ -89,7 +107,7 @@ class ProgressBoard:
             new = transition(old, event)
             a.state, a.reason = new.state, new.reason
             if new != old:
-                self.events.append(StateChanged(art_id, state=new.state, reason=new.reason))
+                self._push(StateChanged(art_id, state=new.state, reason=new.reason))
             return new
 
     def state(self, art_id: str) -> ArtifactState:
@@ -103,7 +121,35 @@ class ProgressBoard:
 
     def event(self, ev: DownloadEvent) -> None:
         with self._lock:
-            self.events.append(ev)
+            self._push(ev)
+
+    def _push(self, ev: DownloadEvent) -> None:
+        self.events.append(ev)
+        self._appended += 1
+
+    # ---- across processes (procs.py) ---------------------------------------------------------------
+    def export(self, art_id: str, events_from: int) -> tuple[ArtifactMirror, int]:
+        """A copy of everything about `art_id`, with the events appended since cursor `events_from`."""
+        with self._lock:
+            track = self._track[art_id]
+            fresh = list(self.events)[-min(self._appended - events_from, len(self.events)):] \
+                if self._appended > events_from else []
+            mirror = ArtifactMirror(copy.copy(self._arts[art_id]), dict(track.waits), track.in_flight, track.last_byte,
+                                    track.staging_budget, track.needed, track.free, track.path, fresh)
+            return mirror, self._appended
+
+    def mirror(self, m: ArtifactMirror) -> None:
+        """Take over a child process's account of one artifact. Its state moved through `transition`
+        on the child's board, the one writer of that artifact's state while the child runs."""
+        with self._lock:
+            art_id = m.progress.id
+            self._arts[art_id] = m.progress
+            track = self._track[art_id]
+            track.waits, track.in_flight, track.last_byte = m.waits, m.in_flight, m.last_byte
+            for ev in m.events:
+                self._push(ev)
+            if m.path:
+                self._set_staging(art_id, m.progress.staging_bytes, m.staging_budget, m.free, m.needed, m.path)
 
     # ---- counters ----------------------------------------------------------------------------------
     def restore_counts(self, art_id: str, *, fetched: int, verified: int, parts_verified: int,
@@ -182,15 +228,18 @@ class ProgressBoard:
     def set_staging(self, art_id: str, *, used: int, budget: int, free: int, needed: int, path: str) -> None:
         """One artifact's staging now; the disk picture sums every artifact's and keeps the peak."""
         with self._lock:
-            self._arts[art_id].staging_bytes = used
-            track = self._track[art_id]
-            track.staging_budget, track.needed = budget, needed
-            total = sum(a.staging_bytes for a in self._arts.values())
-            self._staging_peak = max(self._staging_peak, total)
-            self._disk = DiskPicture(
-                free=free, needed=sum(t.needed for t in self._track.values()),
-                staging_budget=sum(t.staging_budget for t in self._track.values()), staging_used=total,
-                path=path, staging_peak=self._staging_peak)
+            self._set_staging(art_id, used, budget, free, needed, path)
+
+    def _set_staging(self, art_id: str, used: int, budget: int, free: int, needed: int, path: str) -> None:
+        self._arts[art_id].staging_bytes = used
+        track = self._track[art_id]
+        track.staging_budget, track.needed, track.free, track.path = budget, needed, free, path
+        total = sum(a.staging_bytes for a in self._arts.values())
+        self._staging_peak = max(self._staging_peak, total)
+        self._disk = DiskPicture(
+            free=free, needed=sum(t.needed for t in self._track.values()),
+            staging_budget=sum(t.staging_budget for t in self._track.values()), staging_used=total,
+            path=path, staging_peak=self._staging_peak)
 
     def disk(self) -> DiskPicture | None:
         with self._lock:

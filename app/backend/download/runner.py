@@ -2,19 +2,22 @@
 
 Each artifact's chain (fetch -> verify -> decompress -> tar -> write) is its own ArtifactRun with its
 own threads; `artifact_jobs` of them run at once, sharing one connection budget (job.RunGroup). The
-number comes from the cores (docs/downloads.md, "Many cores"): one chain keeps about 1.5 cores
-busy (one zstd frame decodes on one core, tar parsing and hashing beside it), so a 2-core box runs
-one artifact at a time, as before, and 4 or more cores run the largest artifacts first, together.
+number comes from the cores (docs/downloads.md, "Three artifacts at once"): one chain keeps about
+1.5 cores busy (one zstd frame decodes on one core, tar parsing and hashing beside it), so a 2-core
+box runs one artifact at a time, in this process, as before, and 4 or more cores run the largest
+artifacts first, together, each in its own child process (procs.py: one GIL per chain).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Callable
 
+from app.backend.download import procs
+from app.backend.download.procs import CORES_PER_ARTIFACT, available_cores
 from app.backend.download.job import ArtifactRun, RunGroup
 from app.backend.download.journal import ArtifactJournal, DestLock, JournalStore, staging_dir
 from app.backend.download.plan import Prepared, prepare
@@ -25,26 +28,20 @@ from app.backend.download.types import (
 )
 from app.backend.recipe.schema import ArtifactSpec
 
-CORES_PER_ARTIFACT = 2
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def artifact_jobs(cfg: DownloadConfig, artifacts: int) -> int:
     """How many artifacts run at once: cfg.artifact_jobs, else one per CORES_PER_ARTIFACT cores."""
     wanted = cfg.artifact_jobs if cfg.artifact_jobs is not None else available_cores() // CORES_PER_ARTIFACT
     return max(1, min(wanted, artifacts))
 
 
+def fresh_progress(plan: ArtifactPlan) -> ArtifactProgress:
+    return ArtifactProgress(id=plan.id, total_bytes=plan.compressed, parts_total=len(plan.parts),
+                            estimate=plan.extracted_estimate)
+
+
 def register_plans(board: ProgressBoard, prepared: Prepared) -> None:
     for plan in prepared.plans:
-        board.register(ArtifactProgress(id=plan.id, total_bytes=plan.compressed, parts_total=len(plan.parts),
-                                        estimate=plan.extracted_estimate))
+        board.register(fresh_progress(plan))
 
 
 def run_download(cfg: DownloadConfig, specs: list[ArtifactSpec], board: ProgressBoard, stop: threading.Event,
@@ -57,6 +54,8 @@ def run_download(cfg: DownloadConfig, specs: list[ArtifactSpec], board: Progress
     is raised after them (a full disk pauses them all and is raised first).
     """
     jobs = artifact_jobs(cfg, len(specs))
+    if jobs > 1:
+        procs.start_early()  # the children's imports overlap the listing
     with DestLock(cfg.dest):
         prepared = prepare(cfg, specs, jobs=jobs)
         try:
@@ -97,17 +96,22 @@ def _journal_for(cfg: DownloadConfig, prepared: Prepared, plan: ArtifactPlan, st
 
 def _run_all(cfg: DownloadConfig, prepared: Prepared, todo: list[tuple[ArtifactPlan, ArtifactJournal]],
              store: JournalStore, board: ProgressBoard, stop: threading.Event, jobs: int) -> None:
-    group = RunGroup(cfg.connections, stop, jobs)
+    group = RunGroup(cfg.connections, stop, jobs, ids=[plan.id for plan, _ in todo])
     watcher = threading.Thread(target=group.watch_user, name="download-stop", daemon=True)
     watcher.start()
     errors: list[BaseException] = []
     try:
-        runs = [ArtifactRun(cfg, prepared.hub, plan, j, store, board, group) for plan, j in todo]
+        runs: list[Callable[[], None]] = [
+            partial(procs.run_in_child, cfg, prepared.hub, plan, j, group, board, fresh_progress(plan)) if jobs > 1
+            else ArtifactRun(cfg, prepared.hub, plan, j, store, board, group).run
+            for plan, j in todo]
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="artifact") as pool:
-            futures = [pool.submit(run.run) for run in runs]
+            futures = [pool.submit(run) for run in runs]
             for future in futures:
                 exc = future.exception()
                 if exc is not None:
+                    if isinstance(exc, SpaceError):  # raised in a child: its group.disk_full ran there
+                        group.disk_full(exc)
                     errors.append(exc)
     finally:
         group.stop.set()  # ends the watcher

@@ -147,8 +147,8 @@ class EngineCore:
     def _next_due(self, now: float) -> float | None:
         times = [r.ready_at for r in self._running if not r.started]
         if any(r.started for r in self._running):
-            if self._next_step is None:
-                self._next_step = now
+            if self._next_step is None:  # the first decode step comes one step after the prefill step's token,
+                self._next_step = now + self._interval  # as in vLLM (at `now`, a client timed 1 token too many)
             times.append(self._next_step)
         return min(times) if times else None
 

@@ -129,8 +129,13 @@ class SimHub:
         return self.faults.add(path, fault)
 
     def start(self) -> SimHub:
+        """Idempotent: `with hub.start():` enters a started hub. A second serve_forever per server
+        would outlive stop() (one shutdown() ends one loop) and spin on the closed socket."""
+        if self._threads:
+            return self
         for name, server in (("simhub", self._httpd), ("simhub-cdn", self._cdn_httpd)):
-            t = threading.Thread(target=server.serve_forever, name=name, daemon=True)
+            # stop() waits for serve_forever's next poll: 0.05 s, not the default 0.5 s (as the sim engine)
+            t = threading.Thread(target=server.serve_forever, args=(0.05,), name=name, daemon=True)
             t.start()
             self._threads.append(t)
         return self
