@@ -299,7 +299,13 @@ def timed(cmd: list[str], env: dict | None = None, cwd: Path = ROOT) -> tuple[Ru
 
 
 def worktree(work: Path, rev: str) -> Path:
-    """The panel at `rev`, checked out beside the work data (a detached git worktree, made once per commit)."""
+    """The panel at `rev`, checked out beside the work data (a detached git worktree, made once per commit).
+
+    `rev` may also be a directory holding another commit's tree (`git archive REV | tar -x -C DIR`):
+    the device machine gets a copy of the working tree without its git history."""
+    if (Path(rev) / "app").is_dir():
+        print(f"baseline: the tree in {rev}", flush=True)
+        return Path(rev).resolve()
     commit = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout.strip()
     path = work / f"baseline-{commit[:12]}"
@@ -521,7 +527,7 @@ def main() -> int:
     ap.add_argument("--single", metavar="ARTIFACT", help="first: the card's pipeline vs the panel for this "
                     "artifact alone, unthrottled")
     ap.add_argument("--profile", metavar="DIR", help="with --single: also profile the panel with py-spy into DIR")
-    ap.add_argument("--baseline", metavar="REV", help="also run the panel of this commit (a git worktree), "
+    ap.add_argument("--baseline", metavar="REV", help="also run the panel of this commit (a git worktree) or directory, "
                     "interleaved with this one, in every scenario")
     args = ap.parse_args()
     work = Path(args.work) / args.data

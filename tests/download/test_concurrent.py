@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from app.backend.download.job import ConnectionBudget
+from app.backend.download.job import ConnectionBudget, shares
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.runner import artifact_jobs, run_download
 from app.backend.download.types import (
@@ -325,6 +325,33 @@ def test_urgent_requests_take_a_freed_connection_first():
     assert budget.acquire(lambda: True, halt)  # the one slot is free again
     halt.set()
     assert budget.acquire(lambda: True, halt) is False, "a halted run stops waiting for a slot"
+
+
+def test_connections_are_shared_in_proportion_to_the_bytes_left_to_fetch():
+    """The card's sizes: 24 connections split 12 : 7 : 5. An artifact below its share goes first,
+    even with read-ahead against another's urgent request: on a saturated link its share of the
+    requests in flight is its share of the link (docs/downloads.md, "Sharing the link")."""
+    assert shares(24, [1830, 1070, 760]) == [12, 7, 5]
+    assert shares(2, [30, 10, 1]) == [1, 1, 1], "at least one each"
+    budget, halt = ConnectionBudget(4, ranks=2, weights=[300, 100]), threading.Event()
+    for rank in (0, 0, 0, 1):  # both at their share: 3 and 1
+        assert budget.acquire(lambda: False, halt, rank)
+    order: list[str] = []
+
+    def take(name: str, urgent: bool, rank: int) -> None:
+        assert budget.acquire(lambda: urgent, halt, rank)
+        order.append(name)
+        budget.release(rank)
+
+    waiters = [threading.Thread(target=take, args=args) for args in
+               [("small urgent", True, 1), ("store read-ahead", False, 0)]]
+    for i, t in enumerate(waiters):
+        t.start()
+        wait_until(lambda n=i + 1: budget.waiting == n)
+    budget.release(0)  # the store is below its share again
+    for t in waiters:
+        t.join(5)
+    assert order == ["store read-ahead", "small urgent"]
 
 
 def _hold_every_slot_then_wait(budget: ConnectionBudget) -> None:

@@ -65,16 +65,18 @@ DURABILITY_THREADS = 4
 
 
 class ConnectionBudget:
-    """At most `size` ranged requests at once over every artifact; urgent ones are served first.
+    """At most `size` ranged requests at once over every artifact, shared by bytes left to fetch.
+
+    `weights` (compressed bytes each artifact still fetches) give each rank its share of the slots:
+    a request of an artifact below its share goes first, since on a saturated link an artifact's
+    share of the requests in flight is its share of the link (docs/downloads.md, "Sharing the link";
+    measured on 16 cores, capped + link: 6.27 s against 7.19 s with the ranking below alone).
+    Among the requests that qualify, urgent ones are served first.
 
     Urgent = a segment of the part an extractor is waiting for (or an earlier one): while such a
     request waits, read-ahead requests of any artifact do not take a freed slot. Within each kind a
     lower `rank` goes first: the caller ranks artifacts largest first, since the largest one's chain
-    bounds the run. So the store's read-ahead comes before the smaller artifacts' read-ahead (which
-    have time to spare), and their urgent requests before the store's read-ahead, so they still move.
-    Measured on the 16-core host with every connection capped at 50 MB/s and urgent requests ranked
-    only for first parts: the connections went round evenly, the store fetched at a third of the link,
-    below its decode rate, and its extractor waited 1.9-2.5 s on the network (docs/downloads.md).
+    bounds the run.
 
     Shared by artifacts in child processes (procs.py), so it is built on a multiprocessing lock and
     a semaphore of wake-ups, never a multiprocessing Condition: a Condition's notify waits for every
@@ -85,10 +87,14 @@ class ConnectionBudget:
     they held every lower-ranked request back for ever (seen: the OOM-killer test hung CI).
     """
 
-    def __init__(self, size: int, ctx: BaseContext | None = None, ranks: int = 1) -> None:
+    def __init__(self, size: int, ctx: BaseContext | None = None, ranks: int = 1,
+                 weights: list[int] | None = None) -> None:
         ctx = ctx or procs.context()
         self.size = size
         self._ranks = max(ranks, 1)
+        # per rank: the slots it may hold while another artifact under its own share waits
+        self._quota = ctx.RawArray("i", shares(size, weights) if weights and len(weights) == self._ranks
+                                   else [size] * self._ranks)
         self._lock = ctx.Lock()
         self._wake = ctx.Semaphore(0)
         self._free = ctx.RawValue("i", size)
@@ -114,7 +120,7 @@ class ConnectionBudget:
                             self._waiting[queue] -= 1
                         self._waiting[now] += 1
                         queue = now
-                    if self._free.value > 0 and sum(self._waiting[:queue]) == 0:
+                    if self._may_take(queue, rank):
                         self._free.value -= 1
                         self._held[rank] += 1
                         return True
@@ -128,6 +134,21 @@ class ConnectionBudget:
             if queue is not None:
                 with self._lock:
                     self._waiting[queue] -= 1
+
+    def _may_take(self, queue: int, rank: int) -> bool:
+        """Under the lock: a free slot, and no request served before this one waits. A request of an
+        artifact below its share goes before one of an artifact at or above it, whatever their kinds."""
+        if self._free.value <= 0:
+            return False
+
+        def below(q: int) -> bool:
+            r = q % self._ranks
+            return bool(self._held[r] < self._quota[r])
+
+        if below(queue):
+            return not any(self._waiting[q] and below(q) for q in range(queue))
+        return (not any(self._waiting[q] and below(q) for q in range(2 * self._ranks))
+                and sum(self._waiting[:queue]) == 0)
 
     def forget(self, rank: int) -> None:
         """The process of artifact `rank` ended without letting go (kill -9, the OOM killer): give back
@@ -168,6 +189,18 @@ class ConnectionBudget:
         self.poke()
 
 
+def shares(size: int, weights: list[int]) -> list[int]:
+    """`size` slots split in proportion to `weights` (largest remainders), at least one each."""
+    total = sum(weights)
+    if total <= 0:
+        return [size] * len(weights)
+    exact = [size * w / total for w in weights]
+    quota = [int(x) for x in exact]
+    for i in sorted(range(len(weights)), key=lambda i: exact[i] - quota[i], reverse=True)[:size - sum(quota)]:
+        quota[i] += 1
+    return [max(q, 1) for q in quota]
+
+
 class SharedFlag:
     """A stop flag every process of a run sees: set once, polled (threading.Event's is_set/set/wait).
 
@@ -205,9 +238,9 @@ class RunGroup:
     """
 
     def __init__(self, connections: int, user_stop: threading.Event, jobs: int = 1, ids: list[str] | None = None,
-                 ctx: BaseContext | None = None) -> None:
+                 ctx: BaseContext | None = None, to_fetch: list[int] | None = None) -> None:
         ctx = ctx or procs.context()
-        self.budget = ConnectionBudget(connections, ctx, ranks=len(ids or []))
+        self.budget = ConnectionBudget(connections, ctx, ranks=len(ids or []), weights=to_fetch)
         # Each fetch worker holds a libcurl handle and 0.5 MiB of buffers (ranged.py), so artifacts running
         # side by side do not each get `connections` of them: twice their even share, which leaves the
         # budget room to shift slots to the artifact whose extractor waits.

@@ -24,7 +24,8 @@ from app.backend.download.plan import Prepared, prepare
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.statemachine import FoundComplete
 from app.backend.download.types import (
-    ArtifactPlan, ArtifactProgress, ArtifactState, DownloadConfig, DownloadError, Notice, SpaceError, Stopped,
+    ArtifactPlan, ArtifactProgress, ArtifactState, DownloadConfig, DownloadError, Notice, PartState, SpaceError,
+    Stopped,
 )
 from app.backend.recipe.schema import ArtifactSpec
 
@@ -96,7 +97,12 @@ def _journal_for(cfg: DownloadConfig, prepared: Prepared, plan: ArtifactPlan, st
 
 def _run_all(cfg: DownloadConfig, prepared: Prepared, todo: list[tuple[ArtifactPlan, ArtifactJournal]],
              store: JournalStore, board: ProgressBoard, stop: threading.Event, jobs: int) -> None:
-    group = RunGroup(cfg.connections, stop, jobs, ids=[plan.id for plan, _ in todo])
+    # Connections are shared in proportion to the bytes each artifact still fetches: on a saturated link
+    # an artifact's share of it is its share of the requests in flight, and the largest one's chain
+    # (fetch, then decode) bounds the run (docs/downloads.md, "Sharing the link").
+    to_fetch = [sum(p.size for p, r in zip(plan.parts, j.parts, strict=True) if r.status in (PartState.PENDING, PartState.EVICTED))
+                for plan, j in todo]
+    group = RunGroup(cfg.connections, stop, jobs, ids=[plan.id for plan, _ in todo], to_fetch=to_fetch)
     watcher = threading.Thread(target=group.watch_user, name="download-stop", daemon=True)
     watcher.start()
     errors: list[BaseException] = []
