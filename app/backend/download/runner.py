@@ -97,11 +97,9 @@ def _journal_for(cfg: DownloadConfig, prepared: Prepared, plan: ArtifactPlan, st
 
 def _run_all(cfg: DownloadConfig, prepared: Prepared, todo: list[tuple[ArtifactPlan, ArtifactJournal]],
              store: JournalStore, board: ProgressBoard, stop: threading.Event, jobs: int) -> None:
-    # Connections are shared in proportion to the bytes each artifact still fetches: on a saturated link
-    # an artifact's share of it is its share of the requests in flight, and the largest one's chain
-    # (fetch, then decode) bounds the run (docs/downloads.md, "Sharing the link").
-    to_fetch = [sum(p.size for p, r in zip(plan.parts, j.parts, strict=True) if r.status in (PartState.PENDING, PartState.EVICTED))
-                for plan, j in todo]
+    # the connections' shares: bytes each artifact still fetches (docs/downloads.md, "Sharing the link")
+    to_fetch = [sum(p.size for p, r in zip(plan.parts, j.parts, strict=True)
+                    if r.status in (PartState.PENDING, PartState.EVICTED)) for plan, j in todo]
     group = RunGroup(cfg.connections, stop, jobs, ids=[plan.id for plan, _ in todo], to_fetch=to_fetch)
     watcher = threading.Thread(target=group.watch_user, name="download-stop", daemon=True)
     watcher.start()
