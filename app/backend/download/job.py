@@ -250,7 +250,9 @@ class RunGroup:
         self._space = cast(SynchronizedString, ctx.Array("c", 4096))  # the first disk-full message, for every process's pause reason
         self._cancel = ctx.RawValue("b", 0)
         self._ids = list(ids or [])
-        self._remaining = ctx.Array("q", max(len(self._ids), 1))  # extracted bytes still to write, per artifact
+        # extracted bytes still to write, per artifact. No lock: each entry has one writer (its artifact, then
+        # the panel once that one's process has gone), and a lock a killed process held would be held for ever
+        self._remaining = ctx.RawArray("q", max(len(self._ids), 1))
 
     def __getstate__(self) -> dict[str, object]:
         """For a child process: the shared primitives only (the user's stop lives in the parent)."""
@@ -284,13 +286,11 @@ class RunGroup:
         """Extracted bytes an artifact still has to write (0 once it has ended)."""
         if art_id not in self._ids:  # an artifact the group was not told of (tests build bare groups)
             return
-        with self._remaining.get_lock():
-            self._remaining[self._ids.index(art_id)] = remaining
+        self._remaining[self._ids.index(art_id)] = remaining
 
     def remaining(self) -> tuple[int, int]:
         """(extracted bytes still to write by every running artifact, how many are running)."""
-        with self._remaining.get_lock():
-            running = [r for r in self._remaining[:] if r > 0]
+        running = [r for r in self._remaining[:] if r > 0]
         return sum(running), max(len(running), 1)
 
     @property
