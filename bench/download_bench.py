@@ -213,7 +213,7 @@ class TreeSampler:
     def __init__(self, pid: int) -> None:
         import psutil
         self.psutil, self.root = psutil, psutil.Process(pid)
-        self.peak_rss, self.peak_pss, self.cpu = 0, 0, {}  # type: ignore[var-annotated]
+        self.peak_rss, self.peak_pss, self.cpu, self.at_peak = 0, 0, {}, ""  # type: ignore[var-annotated]
 
     def sample(self) -> None:
         try:
