@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -380,6 +381,35 @@ def test_a_killed_artifact_process_gives_back_its_slots_and_queued_requests():
     budget.forget(0)  # what run_in_child does when a child ends without a word
     assert budget.waiting == 0
     assert budget.acquire(lambda: False, halted, rank=1) and budget.acquire(lambda: False, halted, rank=1)
+
+
+def _die_holding_the_lock(budget: ConnectionBudget, held: Any) -> None:
+    budget._lock.acquire()  # noqa: SLF001 - the moment a kill can land: inside a critical section
+    held.set()
+    threading.Event().wait()
+
+
+def test_a_lock_held_by_a_killed_process_is_taken_over(monkeypatch):
+    from app.backend.download import procs
+
+    monkeypatch.setattr(ConnectionBudget, "TAKE_OVER_S", 0.2)
+    ctx = procs.context()
+    budget, held = ConnectionBudget(2, ranks=2), ctx.Event()
+    child = ctx.Process(target=_die_holding_the_lock, args=(budget, held))
+    child.start()
+    try:
+        assert held.wait(30)
+    finally:
+        child.kill()
+        child.join(10)
+    budget.forget(0)
+    got: list[bool] = []
+    halted = threading.Event()
+    halted.set()
+    taker = threading.Thread(target=lambda: got.append(budget.acquire(lambda: False, halted, rank=1)), daemon=True)
+    taker.start()
+    taker.join(10)
+    assert got == [True], "the lock the dead process held was never given back"
 
 
 def test_a_waiting_read_ahead_request_becomes_urgent_when_its_extractor_reaches_it():

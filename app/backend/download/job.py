@@ -87,6 +87,8 @@ class ConnectionBudget:
     they held every lower-ranked request back for ever (seen: the OOM-killer test hung CI).
     """
 
+    TAKE_OVER_S = 5.0
+
     def __init__(self, size: int, ctx: BaseContext | None = None, ranks: int = 1,
                  weights: list[int] | None = None) -> None:
         ctx = ctx or procs.context()
@@ -153,9 +155,10 @@ class ConnectionBudget:
     def forget(self, rank: int) -> None:
         """The process of artifact `rank` ended without letting go (kill -9, the OOM killer): give back
         its slots, drop its waiting and sleeping requests, and wake the others to look again."""
-        # Every holder lets go of the lock within microseconds: one still held after a second was held
-        # by the process that died, and is taken over (a multiprocessing Lock has no owner).
-        self._lock.acquire(timeout=1.0)
+        # Every holder lets go of the lock within microseconds: one still held after TAKE_OVER_S was held
+        # by the process that died, and is taken over (a multiprocessing Lock has no owner). Long enough
+        # that a live holder descheduled on a loaded box is never overtaken.
+        self._lock.acquire(timeout=self.TAKE_OVER_S)
         try:
             self._free.value += self._held[rank]
             self._held[rank] = self._sleepers[rank] = self._waiting[rank] = self._waiting[self._ranks + rank] = 0
