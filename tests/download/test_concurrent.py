@@ -328,6 +328,27 @@ def test_urgent_requests_take_a_freed_connection_first():
     assert budget.acquire(lambda: True, halt) is False, "a halted run stops waiting for a slot"
 
 
+def served_order(budget: ConnectionBudget, halt: threading.Event, requests: list[tuple[str, bool, int]],
+                 free_rank: int) -> list[str]:
+    """Queue (name, urgent, rank) requests on a full budget one after another, free one slot of
+    `free_rank`, and return the order they were served in (each gives its slot back once served)."""
+    order: list[str] = []
+
+    def take(name: str, urgent: bool, rank: int) -> None:
+        assert budget.acquire(lambda: urgent, halt, rank)
+        order.append(name)
+        budget.release(rank)
+
+    waiters = [threading.Thread(target=take, args=args) for args in requests]
+    for i, t in enumerate(waiters):
+        t.start()
+        wait_until(lambda n=i + 1: budget.waiting == n)  # queued before the next one comes
+    budget.release(free_rank)
+    for t in waiters:
+        t.join(5)
+    return order
+
+
 def test_connections_are_shared_in_proportion_to_the_bytes_left_to_fetch():
     """The card's sizes: 24 connections split 12 : 7 : 5. An artifact below its share goes first,
     even with read-ahead against another's urgent request: on a saturated link its share of the
@@ -337,21 +358,8 @@ def test_connections_are_shared_in_proportion_to_the_bytes_left_to_fetch():
     budget, halt = ConnectionBudget(4, ranks=2, weights=[300, 100]), threading.Event()
     for rank in (0, 0, 0, 1):  # both at their share: 3 and 1
         assert budget.acquire(lambda: False, halt, rank)
-    order: list[str] = []
-
-    def take(name: str, urgent: bool, rank: int) -> None:
-        assert budget.acquire(lambda: urgent, halt, rank)
-        order.append(name)
-        budget.release(rank)
-
-    waiters = [threading.Thread(target=take, args=args) for args in
-               [("small urgent", True, 1), ("store read-ahead", False, 0)]]
-    for i, t in enumerate(waiters):
-        t.start()
-        wait_until(lambda n=i + 1: budget.waiting == n)
-    budget.release(0)  # the store is below its share again
-    for t in waiters:
-        t.join(5)
+    order = served_order(budget, halt, [("small urgent", True, 1), ("store read-ahead", False, 0)],
+                         free_rank=0)  # the store is below its share again
     assert order == ["store read-ahead", "small urgent"]
 
 
@@ -516,20 +524,7 @@ def test_requests_go_urgent_first_then_largest_artifact_first():
     before rank 1: the store's read-ahead goes before the small artifact's, after its urgent request."""
     budget, halt = ConnectionBudget(1, ranks=2), threading.Event()
     assert budget.acquire(lambda: False, halt)
-    order: list[str] = []
-
-    def take(name: str, urgent: bool, rank: int) -> None:
-        assert budget.acquire(lambda: urgent, halt, rank)
-        order.append(name)
-        budget.release(rank)
-
-    waiters = [threading.Thread(target=take, args=args) for args in
-               [("small read-ahead", False, 1), ("store read-ahead", False, 0), ("small", True, 1), ("store", True, 0)]]
-    for i, t in enumerate(waiters):
-        t.start()
-        wait_until(lambda n=i + 1: budget.waiting == n)  # queued before the next one comes
-    budget.release()
-    for t in waiters:
-        t.join(5)
+    order = served_order(budget, halt, [("small read-ahead", False, 1), ("store read-ahead", False, 0),
+                                        ("small", True, 1), ("store", True, 0)], free_rank=0)
     assert order == ["store", "small", "store read-ahead", "small read-ahead"]
     assert budget.waiting == 0
