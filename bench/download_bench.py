@@ -328,6 +328,11 @@ def waits_lines(err: str) -> str:
     return "".join(f"    {line.strip()}\n" for line in err.splitlines() if "extractor waited" in line)
 
 
+def timeline_lines(err: str) -> str:
+    """--timeline: bench/download_timeline.py's lines (when each stage began and ended)."""
+    return "".join(f"    {line.strip()}\n" for line in err.splitlines() if line.startswith("timeline"))
+
+
 def dirty_line(r: Run) -> str:
     line = f"    dirty GiB every {DIRTY_EVERY_S:g} s: " + " ".join(f"{d:.1f}" for d in r.dirty)
     return line + (f"\n    PSS MiB at the peak (anonymous+file): {r.at_peak}" if r.at_peak else "")
@@ -350,7 +355,7 @@ class Scenario:
 
 def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: int, panel_args: list[str],
                  expect: dict[str, tuple[int, int, int]], conns: int, card_runs_capped: int,
-                 sequential: bool, baseline: Path | None = None) -> None:
+                 sequential: bool, baseline: Path | None = None, entry: tuple[str, ...] = ("-m", "app.cli.main")) -> None:
     global LINK
     sc.connections = conns
     LINK = Link(sc.link_cap) if sc.link_cap else None
@@ -396,7 +401,7 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                 if kind == "card":
                     cmd = ["bash", "-c", CARD, "card", hub.endpoint, REPO, str(dest)]
                 else:
-                    cmd = [python, "-m", "app.cli.main", "download", "--recipe",
+                    cmd = [python, *entry, "download", "--recipe",
                            str(work / "bench-recipe.toml"), "--dest", str(dest), "--endpoint", hub.endpoint,
                            "--connections", str(conns), *panel_args]
                     if kind == "panel1":
@@ -415,12 +420,14 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                       flush=True)
                 if i == 0:
                     print(waits_lines(err) + dirty_line(r), flush=True)
+                print(timeline_lines(err), end="", flush=True)
                 shutil.rmtree(dest, ignore_errors=True)
     LINK = None
 
 
 def run_single(art: str, arts: dict[str, list[Path]], work: Path, runs: int, panel_args: list[str],
-               expect: dict[str, tuple[int, int, int]], conns: int, profile: Path | None) -> None:
+               expect: dict[str, tuple[int, int, int]], conns: int, profile: Path | None,
+               entry: tuple[str, ...] = ("-m", "app.cli.main")) -> None:
     """Unthrottled, one artifact: the card's pipeline for it vs the panel downloading only it.
 
     With `profile`, one more panel run under py-spy per mode (all threads with idle time, and only
@@ -436,7 +443,7 @@ def run_single(art: str, arts: dict[str, list[Path]], work: Path, runs: int, pan
     walls: dict[str, list[Run]] = {"card": [], "panel": []}
     with hub.start():
         print(f"== one artifact: {art}", flush=True)
-        panel = [python, "-m", "app.cli.main", "download", art, "--recipe", str(work / "bench-recipe.toml"),
+        panel = [python, *entry, "download", art, "--recipe", str(work / "bench-recipe.toml"),
                  "--endpoint", hub.endpoint, "--connections", str(conns), *panel_args]
         plan: list[tuple[str, list[str]]] = []
         for i in range(runs):
@@ -463,7 +470,7 @@ def run_single(art: str, arts: dict[str, list[Path]], work: Path, runs: int, pan
                 walls[kind].append(r)
             print(f"  {kind:<6} {' '.join(spy):<24} {r.wall:7.2f} s  cpu {r.cpu:6.1f} s  "
                   f"rss {r.rss_kib / 1024:6.1f} MiB  pss {r.pss_kib / 1024:6.1f} MiB  tree {verdict}", flush=True)
-            print(waits_lines(err) + dirty_line(r), flush=True)
+            print(waits_lines(err) + timeline_lines(err) + dirty_line(r), flush=True)
             shutil.rmtree(dest, ignore_errors=True)
     card, panel_wall = (statistics.median(r.wall for r in walls[k]) for k in ("card", "panel"))
     print(f"one artifact ({art}): card {card:.2f} s, panel {panel_wall:.2f} s, panel/card {card / panel_wall:.2f}×",
@@ -543,6 +550,8 @@ def main() -> int:
     ap.add_argument("--single", metavar="ARTIFACT", help="first: the card's pipeline vs the panel for this "
                     "artifact alone, unthrottled")
     ap.add_argument("--profile", metavar="DIR", help="with --single: also profile the panel with py-spy into DIR")
+    ap.add_argument("--timeline", action="store_true", help="run the panel under bench/download_timeline.py and "
+                    "print when each stage began and ended, from the process's start")
     ap.add_argument("--baseline", metavar="REV", help="also run the panel of this commit (a git worktree) or directory, "
                     "interleaved with this one, in every scenario")
     args = ap.parse_args()
@@ -551,6 +560,7 @@ def main() -> int:
     expect = reference(work, arts)
     write_recipe(work)
     baseline = worktree(Path(args.work), args.baseline) if args.baseline else None
+    entry = (str(ROOT / "bench/download_timeline.py"),) if args.timeline else ("-m", "app.cli.main")
     print(f"load average at start: {os.getloadavg()[0]:.1f}; {os.cpu_count()} CPUs", flush=True)
     for art, parts in arts.items():
         n, size, phys = expect[art]
@@ -561,7 +571,7 @@ def main() -> int:
         print(f"  limit {name:<7} {secs:6.2f} s  ({how})", flush=True)
     if args.single:
         run_single(args.single, arts, work, args.runs, args.panel_arg, expect, args.connections,
-                   Path(args.profile) if args.profile else None)
+                   Path(args.profile) if args.profile else None, entry)
     scenarios = [Scenario("unthrottled", None, None),
                  Scenario("capped", args.cap_mbps * MB, None),
                  Scenario("capped+link", args.cap_mbps * MB, args.link_gbps * 1000 * MB)]
@@ -571,7 +581,7 @@ def main() -> int:
         conns = args.capped_connections if sc.conn_cap and args.capped_connections else args.connections
         run_scenario(sc, arts, work, args.runs, args.panel_arg, expect, conns,
                      args.card_runs_capped if args.card_runs_capped is not None else args.runs, args.also_sequential,
-                     baseline)
+                     baseline, entry)
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     print(f"\n{os.cpu_count()} CPUs, {compressed(arts) / GiB:.2f} GiB compressed, {args.data} data; medians of "
           f"{args.runs} interleaved runs, each to `sync`")
