@@ -448,6 +448,54 @@ def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
         time.sleep(0.01)
 
 
+def _overlap_run(settings, three: Three, dest: Path, monkeypatch, hold_s: float) -> dict[str, dict[str, Any]]:
+    """One artifact at a time (a 2-core box), model's end held until planescache starts or `hold_s` passes.
+    Returns, per artifact, what the board said of the others when it started."""
+    from app.backend.download.job import ArtifactRun
+
+    started: dict[str, dict[str, Any]] = {}
+    run, complete = ArtifactRun.run, ArtifactRun._complete
+
+    def recording_run(self: ArtifactRun) -> None:
+        started[self.plan.id] = {a.id: a for a in self.board.snapshot()}
+        run(self)
+
+    def held_complete(self: ArtifactRun) -> None:
+        if self.plan.id == "model":  # model has every part and extracted them: its decoder's tail
+            deadline = time.monotonic() + hold_s
+            while "planescache" not in started and time.monotonic() < deadline:
+                time.sleep(0.01)
+        complete(self)
+
+    monkeypatch.setattr(ArtifactRun, "run", recording_run)
+    monkeypatch.setattr(ArtifactRun, "_complete", held_complete)
+    hub = hub_for(three)
+    board = ProgressBoard()
+    try:
+        run_download(fast_config(settings, hub.endpoint, dest, artifact_jobs=1), three.specs, board, threading.Event())
+    finally:
+        hub.stop()
+    assert all(a.state == ArtifactState.DONE for a in board.snapshot())
+    assert trees_of(dest, list(LAYERS)) == three.reference
+    return started
+
+
+def test_the_next_artifact_starts_once_the_previous_has_every_part(settings, three, tmp_path, monkeypatch):
+    started = _overlap_run(settings, three, tmp_path / "dest", monkeypatch, hold_s=10.0)
+    model = started["planescache"]["model"]
+    assert model.state != ArtifactState.DONE, "planescache waited for model's end: the network idled meanwhile"
+    assert model.fetched_bytes == model.total_bytes, "planescache started while model was still fetching"
+    assert started["planescache"]["store"].state == ArtifactState.QUEUED
+
+
+def test_no_early_start_without_disk_room_for_its_first_part(settings, three, tmp_path, monkeypatch):
+    from app.backend.download import runner
+
+    monkeypatch.setattr(runner, "free_bytes", lambda path: 0)  # only the launcher's check: not the preflight
+    started = _overlap_run(settings, three, tmp_path / "dest", monkeypatch, hold_s=1.5)
+    assert started["planescache"]["model"].state == ArtifactState.DONE
+
+
 def test_concurrency_follows_the_cores(settings, monkeypatch):
     from app.backend.download import runner
 

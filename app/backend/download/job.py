@@ -256,6 +256,10 @@ class RunGroup:
         # extracted bytes still to write, per artifact. No lock: each entry has one writer (its artifact, then
         # the panel once that one's process has gone), and a lock a killed process held would be held for ever
         self._remaining = ctx.RawArray("q", max(len(self._ids), 1))
+        # 1 once an artifact has every part on disk (one writer each, as above): its connections are free,
+        # and the next artifact may start beside its decoder's tail (runner.py, docs/downloads.md, "Overlap")
+        self._all_fetched = ctx.RawArray("b", max(len(self._ids), 1))
+        self._wake = ctx.Semaphore(0)  # a wake-up for the runner's launcher: a fetch ended, or a run did
 
     def __getstate__(self) -> dict[str, object]:
         """For a child process: the shared primitives only (the user's stop lives in the parent)."""
@@ -290,6 +294,22 @@ class RunGroup:
         if art_id not in self._ids:  # an artifact the group was not told of (tests build bare groups)
             return
         self._remaining[self._ids.index(art_id)] = remaining
+
+    def fetched_all(self, art_id: str) -> None:
+        """An artifact has every part on disk: the next one may start beside it (runner.py)."""
+        if art_id in self._ids and not self._all_fetched[self._ids.index(art_id)]:
+            self._all_fetched[self._ids.index(art_id)] = 1
+            self.wake()
+
+    def has_fetched_all(self, art_id: str) -> bool:
+        return art_id in self._ids and bool(self._all_fetched[self._ids.index(art_id)])
+
+    def wake(self) -> None:
+        self._wake.release()
+
+    def wait_wake(self, timeout: float) -> None:
+        """Until fetched_all / wake, or `timeout` (the caller checks its condition again either way)."""
+        self._wake.acquire(timeout=timeout)
 
     def remaining(self) -> tuple[int, int]:
         """(extracted bytes still to write by every running artifact, how many are running)."""
@@ -385,6 +405,7 @@ class ArtifactRun:
                         s.admitted = True
                         self.verify_q.put(s)
                 self._schedule()
+            self._tell_if_fetched_all()  # a resumed artifact may have every part staged already
             self._extract()
             self._finish_threads(threads)
             self._raise_if_halted()
@@ -583,6 +604,14 @@ class ArtifactRun:
         self._save()
         if complete:
             self.verify_q.put(s)
+            self._tell_if_fetched_all()
+
+    def _tell_if_fetched_all(self) -> None:
+        """Every part on disk (a part failing sha256 later is fetched again all the same)."""
+        with self.journal_lock:
+            every = all(s.rec.status != PENDING or len(s.rec.segments_done) == s.segments for s in self.slots)
+        if every:
+            self.group.fetched_all(self.plan.id)
 
     # ---- verification --------------------------------------------------------------------------
     def _verifier(self) -> None:

@@ -5,19 +5,22 @@ own threads; `artifact_jobs` of them run at once, sharing one connection budget 
 number comes from the cores (docs/downloads.md, "Three artifacts at once"): one chain keeps about
 1.5 cores busy (one zstd frame decodes on one core, tar parsing and hashing beside it), so a 2-core
 box runs one artifact at a time, in this process, as before, and 4 or more cores run the largest
-artifacts first, together, each in its own child process (procs.py: one GIL per chain).
+artifacts first, together, each in its own child process (procs.py: one GIL per chain). "At a
+time" counts the artifacts still fetching: one that has every part on disk lets the next start
+beside its decoder's tail (docs/downloads.md, "Overlap").
 """
 
 from __future__ import annotations
 
 import shutil
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Callable
 
 from app.backend.download import procs
 from app.backend.download.procs import CORES_PER_ARTIFACT, available_cores
+from app.backend.download.extract import free_bytes
 from app.backend.download.job import ArtifactRun, RunGroup
 from app.backend.download.journal import ArtifactJournal, DestLock, JournalStore, staging_dir
 from app.backend.download.plan import Prepared, prepare
@@ -109,8 +112,12 @@ def _run_all(cfg: DownloadConfig, prepared: Prepared, todo: list[tuple[ArtifactP
             partial(procs.run_in_child, cfg, prepared.hub, plan, j, group, board, fresh_progress(plan)) if jobs > 1
             else ArtifactRun(cfg, prepared.hub, plan, j, store, board, group).run
             for plan, j in todo]
-        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="artifact") as pool:
-            futures = [pool.submit(run) for run in runs]
+        with ThreadPoolExecutor(max_workers=len(runs), thread_name_prefix="artifact") as pool:
+            futures: list[Future[None]] = []
+            for (plan, _), run in zip(todo, runs, strict=True):
+                _wait_to_start(cfg, plan, [p for p, _ in todo[:len(futures)]], futures, group, jobs)
+                futures.append(pool.submit(run))
+                futures[-1].add_done_callback(lambda _: group.wake())
             for future in futures:
                 exc = future.exception()
                 if exc is not None:
@@ -121,6 +128,29 @@ def _run_all(cfg: DownloadConfig, prepared: Prepared, todo: list[tuple[ArtifactP
         group.stop.set()  # ends the watcher
     if errors:
         raise _first(errors, group)
+
+
+def _wait_to_start(cfg: DownloadConfig, plan: ArtifactPlan, started: list[ArtifactPlan],
+                   futures: list[Future[None]], group: RunGroup, jobs: int) -> None:
+    """Until `plan` may start: fewer than `jobs` artifacts still fetching, and room on the disk for its
+    first part beside what the running ones still extract, when one of them is still running.
+
+    An artifact that has every part on disk leaves its connections idle while its decoder finishes,
+    so the next one starts then, not at its end: its first parts are fetched and verified by the
+    time the decoder is free, instead of after (docs/downloads.md, "Overlap").
+    """
+    while not group.stop.is_set():  # a stopped run starts the rest at once: each ends as paused
+        running = [p for p, f in zip(started, futures, strict=True) if not f.done()]
+        fetching = [p for p in running if not group.has_fetched_all(p.id)]
+        if len(fetching) < jobs and (len(running) < jobs or _room_beside(cfg, plan, group)):
+            return
+        group.wait_wake(0.5)
+
+
+def _room_beside(cfg: DownloadConfig, plan: ArtifactPlan, group: RunGroup) -> bool:
+    """Free disk beyond what the running artifacts still extract (and the reserve) holds plan's largest part."""
+    still, _ = group.remaining()
+    return free_bytes(cfg.dest) - still - cfg.reserve_bytes >= max(p.size for p in plan.parts)
 
 
 def _first(errors: list[BaseException], group: RunGroup) -> BaseException:
