@@ -328,6 +328,10 @@ def waits_lines(err: str) -> str:
     return "".join(f"    {line.strip()}\n" for line in err.splitlines() if "extractor waited" in line)
 
 
+# py-spy: all threads with idle time and native frames, then only the thread holding the GIL
+SPY_MODES = (["--idle", "--threads", "--native"], ["--gil"])
+
+
 def timeline_lines(err: str) -> str:
     """--timeline: bench/download_timeline.py's lines (when each stage began and ended)."""
     return "".join(f"    {line.strip()}\n" for line in err.splitlines() if line.startswith("timeline"))
@@ -355,7 +359,8 @@ class Scenario:
 
 def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: int, panel_args: list[str],
                  expect: dict[str, tuple[int, int, int]], conns: int, card_runs_capped: int,
-                 sequential: bool, baseline: Path | None = None, entry: tuple[str, ...] = ("-m", "app.cli.main")) -> None:
+                 sequential: bool, baseline: Path | None = None, entry: tuple[str, ...] = ("-m", "app.cli.main"),
+                 profile: Path | None = None) -> None:
     global LINK
     sc.connections = conns
     LINK = Link(sc.link_cap) if sc.link_cap else None
@@ -422,6 +427,21 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                     print(waits_lines(err) + dirty_line(r), flush=True)
                 print(timeline_lines(err), end="", flush=True)
                 shutil.rmtree(dest, ignore_errors=True)
+        for spy in (SPY_MODES if profile is not None else []):  # one more panel run per mode, not counted
+            assert profile is not None
+            profile.mkdir(parents=True, exist_ok=True)
+            out = profile / f"{sc.name}-{spy[0].strip('-')}.txt"
+            dest = work / "dest-spy"
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir()
+            cmd = ["py-spy", "record", "-r", "200", "-f", "raw", "-o", str(out), "--subprocesses", *spy, "--",
+                   python, *entry, "download", "--recipe", str(work / "bench-recipe.toml"), "--dest", str(dest),
+                   "--endpoint", hub.endpoint, "--connections", str(conns), *panel_args]
+            r, err = timed(["bash", "-c", '"$@" && sync', "panel", *cmd], env)
+            print(f"  py-spy {' '.join(spy):<24} {r.wall:7.2f} s  tree {check_trees(dest, expect) if r.rc == 0 else 'FAILED'}"
+                  f"  -> {out}", flush=True)
+            print(waits_lines(err) + timeline_lines(err), end="", flush=True)
+            shutil.rmtree(dest, ignore_errors=True)
     LINK = None
 
 
@@ -451,7 +471,7 @@ def run_single(art: str, arts: dict[str, list[Path]], work: Path, runs: int, pan
             plan += pair if i % 2 == 0 else pair[::-1]
         if profile is not None:
             profile.mkdir(parents=True, exist_ok=True)
-            plan += [("py-spy", ["--idle", "--threads", "--native"]), ("py-spy", ["--gil"])]
+            plan += [("py-spy", spy) for spy in SPY_MODES]
         for kind, spy in plan:
             dest = work / "dest-one"
             shutil.rmtree(dest, ignore_errors=True)
@@ -549,7 +569,8 @@ def main() -> int:
                     help="run only these scenarios")
     ap.add_argument("--single", metavar="ARTIFACT", help="first: the card's pipeline vs the panel for this "
                     "artifact alone, unthrottled")
-    ap.add_argument("--profile", metavar="DIR", help="with --single: also profile the panel with py-spy into DIR")
+    ap.add_argument("--profile", metavar="DIR", help="also profile the panel with py-spy into DIR: with --single that "
+                    "artifact alone, else one more run per scenario (every process: --subprocesses)")
     ap.add_argument("--timeline", action="store_true", help="run the panel under bench/download_timeline.py and "
                     "print when each stage began and ended, from the process's start")
     ap.add_argument("--baseline", metavar="REV", help="also run the panel of this commit (a git worktree) or directory, "
@@ -581,7 +602,7 @@ def main() -> int:
         conns = args.capped_connections if sc.conn_cap and args.capped_connections else args.connections
         run_scenario(sc, arts, work, args.runs, args.panel_arg, expect, conns,
                      args.card_runs_capped if args.card_runs_capped is not None else args.runs, args.also_sequential,
-                     baseline, entry)
+                     baseline, entry, None if args.single else (Path(args.profile) if args.profile else None))
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     print(f"\n{os.cpu_count()} CPUs, {compressed(arts) / GiB:.2f} GiB compressed, {args.data} data; medians of "
           f"{args.runs} interleaved runs, each to `sync`")

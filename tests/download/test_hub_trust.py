@@ -257,3 +257,12 @@ def test_guards_come_back_after_another_client_factory(settings, private_hub, li
     from app.backend.download.hub import _guard_request
 
     assert _guard_request in huggingface_hub.get_session().event_hooks["request"]
+
+
+@pytest.mark.parametrize("repo", ["a/../../api/whoami-v2", "owner/name/extra", "bad name/x"])
+def test_a_repo_id_the_hub_would_refuse_is_refused_before_any_request(settings, hub, tmp_path, repo):
+    """The library's own repo-id rule (validate_repo_id): a `..` never travels into the listing's URL path."""
+    with pytest.raises(DownloadError) as err:
+        run(settings, hub.endpoint, tmp_path / "d", repo=repo)
+    assert "is not a Hub repo id" in str(err.value) and "owner/name" in str(err.value), err.value
+    assert not any(hub.stats.requests.values()), hub.stats.requests  # nothing reached the hub

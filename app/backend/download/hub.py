@@ -1,8 +1,14 @@
 """Talking to the Hub (or a mirror / the SIMULATED hub) through `huggingface_hub`, the Hub's reference client.
 
 What goes through the library (docs/downloads.md "The Hub"):
-* Listing + commit pinning: `HfApi.model_info(files_metadata=True)` answers the commit (`sha`) and every
-  file's size and LFS sha256 in one call, so the sha256s belong to the pinned commit; no paging.
+* Listing + commit pinning: the Hub's model-info answer with `blobs=true` (what `HfApi.model_info(
+  files_metadata=True)` sends) gives the commit (`sha`) and every file's size and LFS sha256 in one
+  call, so the sha256s belong to the pinned commit; no paging. Sent as that method sends it: the
+  library's shared client (`get_session`), its headers (`build_hf_headers`), its error mapping
+  (`hf_raise_for_status`) and its repo-id rule (`validate_repo_id`); only `HfApi` itself is not
+  imported: its module costs 0.41-0.47 s of imports on the 2-core box, on the critical path of every
+  download start, in the panel's process and the artifact processes' forkserver alike
+  (docs/downloads.md, "The Hub").
 * File metadata: `get_hf_file_metadata` (HEAD /resolve/, follows the Hub's own relative redirects, e.g. a
   renamed repo, and stops at the CDN / Xet bridge `Location`). A missing `X-Repo-Commit` is an error.
 * Errors: `hf_raise_for_status`'s typed exceptions (GatedRepoError, RepositoryNotFoundError, ...) become
@@ -28,16 +34,16 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 import httpx2
 import huggingface_hub
-from huggingface_hub import HfApi, constants, get_hf_file_metadata, hf_hub_url
+from huggingface_hub import constants, get_hf_file_metadata, get_session, hf_hub_url
 from huggingface_hub.errors import (
     DisabledRepoError, EntryNotFoundError, GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
-    RepositoryNotFoundError, RevisionNotFoundError,
+    HFValidationError, RepositoryNotFoundError, RevisionNotFoundError,
 )
-from huggingface_hub.utils import hf_raise_for_status
+from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, validate_repo_id
 from tenacity import Retrying, retry_if_exception, stop_after_attempt
 
 from app.backend import env
@@ -304,12 +310,14 @@ def plain_name(name: str) -> bool:
 
 
 def parse_listing(info: Any, cfg: DownloadConfig) -> tuple[str, str, list[TreeEntry]]:
-    """model_info's answer -> (commit, repo id, entries), every field type-checked before use.
+    """The model-info JSON -> (commit, repo id, entries), every field type-checked before use.
 
-    The library copies the JSON's values as they come (a size may be a string, a name a number), so
+    The JSON's values come as the server wrote them (a size may be a string, a name a number), so
     nothing from it reaches a path or an arithmetic before this check.
     """
-    commit, repo_id, siblings = getattr(info, "sha", None), getattr(info, "id", None), getattr(info, "siblings", None)
+    if not isinstance(info, dict):
+        raise _malformed(cfg, f"the answer is {type(info).__name__}, not an object")
+    commit, repo_id, siblings = info.get("sha"), info.get("id"), info.get("siblings")
     if not isinstance(commit, str) or not re.fullmatch(r"[0-9a-f]{40}", commit):
         raise DownloadError(f"the Hub did not say which commit {cfg.revision!r} of {cfg.repo} is (no valid 'sha' in "
                             f"its answer, got {str(commit)[:60]!r}); the panel pins every download to a commit, so it "
@@ -323,17 +331,17 @@ def parse_listing(info: Any, cfg: DownloadConfig) -> tuple[str, str, list[TreeEn
                                    "this is not the chunked cache repo; check --repo")
     out = []
     for i, s in enumerate(siblings):
-        name = getattr(s, "rfilename", None)
+        name = s.get("rfilename") if isinstance(s, dict) else None
         if not isinstance(name, str) or not name:
             raise _malformed(cfg, f"entry {i} has no file name")
-        size = s.size if s.size is not None else 0
+        size = s["size"] if s.get("size") is not None else 0
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise _malformed(cfg, f"{name[:80]!r} has size {size!r}")
-        sha = None
-        if s.lfs is not None:
-            if not isinstance(s.lfs.sha256, str) or not _SHA256.fullmatch(s.lfs.sha256):
+        sha, lfs = None, s.get("lfs")
+        if lfs:  # as the library reads it: an empty or missing "lfs" is a plain git file
+            sha = lfs.get("sha256") if isinstance(lfs, dict) else None
+            if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
                 raise _malformed(cfg, f"{name[:80]!r} has no valid LFS sha256")
-            sha = s.lfs.sha256
         out.append(TreeEntry(name, size, sha))
     return commit, repo_id, out
 
@@ -346,8 +354,6 @@ class HubClient:
         install_guards()
         self.cfg = cfg
         self._sleep = sleep
-        self._api = HfApi(endpoint=cfg.endpoint, token=cfg.token or False, library_name="moet-panel",
-                          library_version="0.1")
         self._origin = origin_of(cfg.endpoint)
         self._locations: dict[str, Resolved] = {}
         self._lock = threading.Lock()
@@ -405,11 +411,20 @@ class HubClient:
         return entries
 
     def _info(self, rev: str) -> tuple[str, str, list[TreeEntry]]:
+        """GET /api/models/{repo}/revision/{rev}?blobs=true, as HfApi.model_info(files_metadata=True) sends it."""
+        try:
+            validate_repo_id(self.cfg.repo)
+        except HFValidationError as exc:
+            raise DownloadError(f"--repo {self.cfg.repo[:120]!r} is not a Hub repo id ({exc}); "
+                                "use owner/name as on the repo's page") from None
+        url = f"{self.cfg.endpoint}/api/models/{self.cfg.repo}/revision/{quote(rev, safe='')}"
+        headers = build_hf_headers(token=self.cfg.token or False, library_name="moet-panel", library_version="0.1")
         with self._guarded(MAX_LISTING_BYTES):
+            r = get_session().get(url, headers=headers, params={"blobs": True}, timeout=self.cfg.stall_s)
+            hf_raise_for_status(r)
             try:
-                info = self._api.model_info(self.cfg.repo, revision=rev, files_metadata=True,
-                                            timeout=self.cfg.stall_s)
-            except (KeyError, TypeError, AttributeError, ValueError) as exc:  # JSON of the wrong shape
+                info = r.json()
+            except ValueError as exc:  # not JSON (a captive portal, a wrong --endpoint)
                 raise _malformed(self.cfg, f"{type(exc).__name__}: {str(exc)[:80]}") from None
         return parse_listing(info, self.cfg)
 
