@@ -414,8 +414,9 @@ class HubClient:
         """GET /api/models/{repo}/revision/{rev}?blobs=true, as HfApi.model_info(files_metadata=True) sends it."""
         try:
             validate_repo_id(self.cfg.repo)
-        except HFValidationError as exc:
-            raise DownloadError(f"--repo {self.cfg.repo[:120]!r} is not a Hub repo id ({exc}); "
+        except HFValidationError as exc:  # its advice about `repo_type` is for the library's callers, not ours
+            why = str(exc).replace(" Use `repo_type` argument if needed.", "").rstrip(".")
+            raise DownloadError(f"--repo {self.cfg.repo[:120]!r} is not a Hub repo id ({why}); "
                                 "use owner/name as on the repo's page") from None
         url = f"{self.cfg.endpoint}/api/models/{self.cfg.repo}/revision/{quote(rev, safe='')}"
         headers = build_hf_headers(token=self.cfg.token or False, library_name="moet-panel", library_version="0.1")
