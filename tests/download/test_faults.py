@@ -99,3 +99,28 @@ def test_persistent_corruption_fails_naming_the_part(settings, hub, tmp_path):
     status = {p["name"]: p["status"] for p in journal["parts"]}
     assert status[PART1] == "pending"
     assert a.parts_verified < a.parts_total
+
+
+@pytest.mark.parametrize("slice_bytes", [8 << 20, 5000])
+def test_a_part_hashed_in_pieces_as_its_segments_arrive_hashes_as_a_whole(tmp_path, monkeypatch, slice_bytes):
+    """The verifier hashes each run of segments as it arrives (job._hash_range, one mapping per slice); any
+    split, page-aligned or not, must give the whole file's sha256."""
+    import hashlib
+
+    from app.backend.download import job
+    from app.backend.download.job import _hash_range
+
+    monkeypatch.setattr(job, "HASH_SLICE", slice_bytes)
+
+    data = bytes(range(256)) * 4099  # not a multiple of the page size
+    path = tmp_path / "part"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for cuts in ([0, len(data)], [0, 4096, 3 * 4096, len(data)], [0, 1, 5000, 777777, len(data)]):
+            h = hashlib.sha256()
+            for start, end in zip(cuts, cuts[1:], strict=False):
+                _hash_range(h, fd, start, end, threading.Event())
+            assert h.hexdigest() == hashlib.sha256(data).hexdigest(), cuts
+    finally:
+        os.close(fd)
