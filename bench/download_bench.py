@@ -370,6 +370,10 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("HF_TOKEN", None)
     python = os.environ.get("BENCH_PYTHON", str(ROOT / ".venv/bin/python"))
+    def panel(dest: Path) -> list[str]:
+        return [python, *entry, "download", "--recipe", str(work / "bench-recipe.toml"), "--dest", str(dest),
+                "--endpoint", hub.endpoint, "--connections", str(conns), *panel_args]
+
     with hub.start():
         print(f"== {sc.name}", flush=True)
         total = compressed(arts)
@@ -406,9 +410,7 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                 if kind == "card":
                     cmd = ["bash", "-c", CARD, "card", hub.endpoint, REPO, str(dest)]
                 else:
-                    cmd = [python, *entry, "download", "--recipe",
-                           str(work / "bench-recipe.toml"), "--dest", str(dest), "--endpoint", hub.endpoint,
-                           "--connections", str(conns), *panel_args]
+                    cmd = panel(dest)
                     if kind == "panel1":
                         cmd += ["--artifact-jobs", "1"]
                     cmd = ["bash", "-c", '"$@" && sync', "panel", *cmd]
@@ -435,8 +437,7 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
             shutil.rmtree(dest, ignore_errors=True)
             dest.mkdir()
             cmd = ["py-spy", "record", "-r", "200", "-f", "raw", "-o", str(out), "--subprocesses", *spy, "--",
-                   python, *entry, "download", "--recipe", str(work / "bench-recipe.toml"), "--dest", str(dest),
-                   "--endpoint", hub.endpoint, "--connections", str(conns), *panel_args]
+                   *panel(dest)]
             r, err = timed(["bash", "-c", '"$@" && sync', "panel", *cmd], env)
             print(f"  py-spy {' '.join(spy):<24} {r.wall:7.2f} s  tree {check_trees(dest, expect) if r.rc == 0 else 'FAILED'}"
                   f"  -> {out}", flush=True)
