@@ -31,7 +31,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.backend.simhub import server as simhub_server  # noqa: E402
 from app.backend.simhub.artifacts import TreeSpec, build_artifact, generate_tree  # noqa: E402
 from app.backend.simhub.server import SimHub  # noqa: E402
 
@@ -147,51 +146,6 @@ def check_trees(dest: Path, expect: dict[str, tuple[int, int, int]]) -> str:
 
 
 # ---- a link cap on the local hub (bench only) ----------------------------------------------------
-class Link:
-    """One shared pacing clock: every body chunk of every connection books its time on the link."""
-
-    def __init__(self, bps: float) -> None:
-        self.bps, self.lock, self.t = bps, threading.Lock(), time.monotonic()
-
-    def take(self, n: int) -> None:
-        with self.lock:
-            now = time.monotonic()
-            start = max(self.t, now)
-            self.t = start + n / self.bps
-        if start > now:
-            time.sleep(start - now)
-
-
-LINK: Link | None = None
-_ORIGINAL_SEND_BODY = simhub_server._HubHandler._send_body  # noqa: SLF001
-
-
-def _send_body_with_link(self, f, start: int, length: int, fault) -> None:  # type: ignore[no-untyped-def]
-    """simhub's paced body (per-connection cap), each 64 KiB also booked on the shared link."""
-    if LINK is None or fault is not None:
-        return _ORIGINAL_SEND_BODY(self, f, start, length, fault)
-    cap = self.hub.rate_cap_bps
-    with open(f.local, "rb") as fh:
-        fh.seek(start)
-        sent, t0 = 0, time.monotonic()
-        while sent < length:
-            data = fh.read(min(64 * 1024, length - sent))
-            if not data:
-                break
-            LINK.take(len(data))
-            self.wfile.write(data)
-            sent += len(data)
-            if cap:
-                delay = sent / cap - (time.monotonic() - t0)
-                if delay > 0:
-                    time.sleep(delay)
-        self._add_bytes(f.path, sent)
-        self.wfile.flush()
-
-
-simhub_server._HubHandler._send_body = _send_body_with_link  # type: ignore[method-assign]  # noqa: SLF001
-
-
 # ---- timing -------------------------------------------------------------------------------------
 @dataclass
 class Run:
@@ -361,10 +315,8 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                  expect: dict[str, tuple[int, int, int]], conns: int, card_runs_capped: int,
                  sequential: bool, baseline: Path | None = None, entry: tuple[str, ...] = ("-m", "app.cli.main"),
                  profile: Path | None = None) -> None:
-    global LINK
     sc.connections = conns
-    LINK = Link(sc.link_cap) if sc.link_cap else None
-    hub = SimHub(rate_cap_bps=sc.conn_cap)
+    hub = SimHub(rate_cap_bps=sc.conn_cap, link_cap_bps=sc.link_cap)
     hub.add_repo(REPO, {p.name: p for parts in arts.values() for p in parts})
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "COLUMNS": "200",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -443,7 +395,6 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                   f"  -> {out}", flush=True)
             print(waits_lines(err) + timeline_lines(err), end="", flush=True)
             shutil.rmtree(dest, ignore_errors=True)
-    LINK = None
 
 
 def run_single(art: str, arts: dict[str, list[Path]], work: Path, runs: int, panel_args: list[str],
@@ -632,8 +583,8 @@ def main() -> int:
         if sc.base:
             base, panel = statistics.median(r.wall for r in sc.base), statistics.median(r.wall for r in sc.panel)
             print(f"{sc.name}: panel {panel:.2f} s against the baseline {args.baseline} {base:.2f} s "
-                  f"({base / panel:.2f}× as fast; runs " + " / ".join(f"{r.wall:.2f}" for r in sc.base)
-                  + " against " + " / ".join(f"{r.wall:.2f}" for r in sc.panel) + ")")
+                  f"({base / panel:.2f}× as fast; runs " + " / ".join(f"{r.wall:.2f}" for r in sc.panel)
+                  + " against " + " / ".join(f"{r.wall:.2f}" for r in sc.base) + ")")
     print("stage limits: " + "; ".join(f"{k} {v[0]:.2f} s" for k, v in limits.items())
           + "; fetch " + ", ".join(f"{sc.name} {sc.fetch_limit:.2f} s"
                                    + (f" (measured {sc.fetch_measured:.2f} s)" if sc.fetch_measured else "")

@@ -12,7 +12,7 @@ Errors as the Hub sends them (X-Error-Code / X-Error-Message, which hf_raise_for
 hub (`token=`) answers 401 RepoNotFound without a token and 401 "Invalid credentials" for a wrong one;
 a gated repo lists publicly but its files answer 401 GatedRepo without a token, 403 GatedRepo for a
 token not granted; unknown repo / revision / file: 404 RepoNotFound / RevisionNotFound / EntryNotFound.
-Faults: see faults.py. Optional per-connection rate cap.
+Faults: see faults.py. Optional caps (pacing.py): per connection, and a link shared by all.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import re
 import socket
 import struct
 import threading
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +31,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from app.backend.simhub.faults import Fault, FaultBook
+from app.backend.simhub.pacing import Pacer, step_for
 
 CHUNK = 1 << 20
 
@@ -86,10 +86,12 @@ class SimHub:
     """Threaded Hub-like server. `start()` returns immediately; `endpoint` is its base URL."""
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, page_size: int = 1000,
-                 token: str | None = None, rate_cap_bps: float | None = None) -> None:
+                 token: str | None = None, rate_cap_bps: float | None = None,
+                 link_cap_bps: float | None = None) -> None:
         self.page_size = page_size
         self.token = token
-        self.rate_cap_bps = rate_cap_bps
+        self.rate_cap_bps = rate_cap_bps  # per connection, read at each request (tests lift it mid-run)
+        self.link = Pacer(link_cap_bps) if link_cap_bps else None  # one link shared by every connection
         self.repos: dict[str, HubRepo] = {}
         self.faults = FaultBook()
         self.stats = HubStats()
@@ -446,21 +448,28 @@ class _HubHandler(BaseHTTPRequestHandler):
             self._send_body(f, start, length, fault)
 
     def _send_body(self, f: HubFile, start: int, length: int, fault: Fault | None) -> None:
-        cap = self.hub.rate_cap_bps
+        cap, link = self.hub.rate_cap_bps, self.hub.link
         cut = fault.after_bytes if fault and fault.kind in ("drop", "reset", "stall") else None
         with open(f.local, "rb") as fh:
-            if fault is None and not cap:  # fast path: zero-copy
+            if fault is None:  # zero-copy, paced in steps when capped
+                own = Pacer(cap) if cap else None
+                step = step_for(min(r for r in (cap, link and link.bps) if r)) if (own or link) else length
                 sent = 0
                 while sent < length:
-                    n = self.connection.sendfile(fh, start + sent, length - sent)
+                    want = min(step, length - sent)
+                    for pacer in (own, link):
+                        if pacer is not None:
+                            pacer.take(want)
+                    n = self.connection.sendfile(fh, start + sent, want)
                     if n == 0:
                         break
                     sent += n
                 self._add_bytes(f.path, sent)
                 return
             fh.seek(start)
-            sent, t0 = 0, time.monotonic()
-            step = 64 * 1024 if cap else CHUNK
+            own = Pacer(cap) if cap else None
+            step = step_for(cap) if cap else CHUNK
+            sent = 0
             while sent < length:
                 want = min(step, length - sent) if cut is None else min(step, length - sent, cut - sent)
                 if want <= 0:
@@ -469,13 +478,12 @@ class _HubHandler(BaseHTTPRequestHandler):
                 if fault and fault.kind == "corrupt" and start + sent <= fault.offset < start + sent + len(data):
                     i = fault.offset - start - sent
                     data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
+                for pacer in (own, link):
+                    if pacer is not None:
+                        pacer.take(len(data))
                 self.wfile.write(data)
                 sent += len(data)
                 self._add_bytes(f.path, len(data))  # counted as sent, so tests see exact totals
-                if cap:
-                    delay = sent / cap - (time.monotonic() - t0)
-                    if delay > 0:
-                        time.sleep(delay)
             self.wfile.flush()
         if cut is not None and fault is not None:
             self._cut(fault)
