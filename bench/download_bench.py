@@ -288,7 +288,7 @@ SPY_MODES = (["--idle", "--threads", "--native"], ["--gil"])
 
 def timeline_lines(err: str) -> str:
     """--timeline: bench/download_timeline.py's lines (when each stage began and ended)."""
-    return "".join(f"    {line.strip()}\n" for line in err.splitlines() if line.startswith("timeline"))
+    return "".join(f"    {line.strip()}\n" for line in err.splitlines() if line.startswith(("timeline", "series")))
 
 
 def dirty_line(r: Run) -> str:

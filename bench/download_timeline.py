@@ -6,7 +6,8 @@ import order kept; hooks mark when its imports were done (the listing began), th
 the first artifact process was asked for. A thread samples the progress board every 10 ms (an
 artifact process's counters reach that board every 0.1 s, so its times are ±0.1 s) and, at exit,
 one line per artifact goes to stderr: first byte on the wire, first part verified, first byte
-extracted, every byte fetched, every byte verified, done. Where the start-up goes is the question it answers
+extracted, every byte fetched, every byte verified, done, and what was left to decode and to write
+when the last part verified. Where the start-up goes is the question it answers
 (docs/downloads.md, "What binds now"). A bench tool, not part of the panel.
 """
 
@@ -37,6 +38,7 @@ def _started() -> float:
 
 STARTED = _started()
 EVERY_S = 0.01
+SERIES_EVERY_S = 0.25  # with MOET_TIMELINE_SERIES=1: fetched / verified / decoded MiB per artifact this often
 MARKS = ("wire", "verified", "written", "fetched", "all verified", "done")
 
 
@@ -68,9 +70,22 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _backlog(art: str, lag: dict[str, tuple[int, int]], last: dict[str, tuple[int, int]]) -> str:
+    """What was still to decode and to write when the last part verified: the run's tail."""
+    if art not in lag or art not in last:
+        return ""
+    (dec, wr), (dec_end, wr_end) = lag[art], last[art]
+    return f" (then left: decode {(dec_end - dec) / 2**20:.0f} MiB compressed, write {(wr_end - wr) / 2**20:.0f} MiB)"
+
+
 def main() -> int:
     marks: dict[str, float] = {"python": since_start()}
     seen: dict[str, dict[str, float]] = {}
+    lag: dict[str, tuple[int, int]] = {}  # decoded and written bytes when the last part verified
+    last: dict[str, tuple[int, int]] = {}  # ... and at the last sample
+    series: dict[str, list[str]] = {}
+    series_on = os.environ.get("MOET_TIMELINE_SERIES") == "1"
+    next_point = [0.0]
     boards: list[Any] = []
     stop = threading.Event()
 
@@ -106,9 +121,15 @@ def main() -> int:
 
     def sample() -> None:
         while not stop.wait(EVERY_S):
+            point = series_on and since_start() >= next_point[0]
+            if point:
+                next_point[0] = since_start() + SERIES_EVERY_S
             for board in list(boards):
                 for a in board.snapshot():
                     t, m = since_start(), seen.setdefault(a.id, {})
+                    if point:
+                        series.setdefault(a.id, []).append(
+                            f"{t:.2f}:{a.fetched_bytes >> 20}/{a.verified_bytes >> 20}/{a.decoded_bytes >> 20}")
                     for name, hit in (("wire", a.wire_bytes > 0), ("verified", a.verified_bytes > 0),
                                       ("written", a.extracted_bytes > 0),
                                       ("fetched", a.total_bytes > 0 and a.fetched_bytes >= a.total_bytes),
@@ -116,12 +137,17 @@ def main() -> int:
                                       ("done", a.state.value == "done")):
                         if hit:
                             m.setdefault(name, t)
+                    if "all verified" in m:
+                        lag.setdefault(a.id, (a.decoded_bytes, a.extracted_bytes))
+                    last[a.id] = (a.decoded_bytes, a.extracted_bytes)
 
     def report() -> None:
         stop.set()
         marks["exit"] = since_start()
         lines = ["timeline (s from the process's start): " + " ".join(f"{k} {v:.2f}" for k, v in marks.items())]
-        lines += [f"timeline {art}: " + " ".join(f"{k} {m[k]:.2f}" for k in MARKS if k in m) for art, m in seen.items()]
+        lines += [f"timeline {art}: " + " ".join(f"{k} {m[k]:.2f}" for k in MARKS if k in m) + _backlog(art, lag, last)
+                  for art, m in seen.items()]
+        lines += [f"series {art} (s: fetched/verified/decoded MiB): " + " ".join(pts) for art, pts in series.items()]
         print("\n".join(lines), file=sys.stderr, flush=True)
 
     threading.Thread(target=sample, name="timeline", daemon=True).start()
