@@ -286,6 +286,11 @@ def waits_lines(err: str) -> str:
 SPY_MODES = (["--idle", "--threads", "--native"], ["--gil"])
 
 
+def _last_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(("timeline", "series"))]
+    return lines[-1].strip()[:300] if lines else "(no output)"
+
+
 def timeline_lines(err: str) -> str:
     """--timeline: bench/download_timeline.py's lines (when each stage began and ended)."""
     return "".join(f"    {line.strip()}\n" for line in err.splitlines() if line.startswith(("timeline", "series")))
@@ -377,6 +382,8 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                       f"  pss {r.pss_kib / 1024:6.1f} MiB"
                       f"{f'  staging peak {r.staging / GiB:.2f} GiB' if kind != 'card' else ''}  tree {verdict}",
                       flush=True)
+                if r.rc != 0:  # say why (e.g. the CLI refusing an option), not only FAILED
+                    print(f"    rc {r.rc}: {_last_line(err)}", flush=True)
                 if i == 0:
                     print(waits_lines(err) + dirty_line(r), flush=True)
                 print(timeline_lines(err), end="", flush=True)
