@@ -145,7 +145,6 @@ def check_trees(dest: Path, expect: dict[str, tuple[int, int, int]]) -> str:
     return "ok" if not bad else "MISMATCH " + "; ".join(bad)
 
 
-# ---- a link cap on the local hub (bench only) ----------------------------------------------------
 # ---- timing -------------------------------------------------------------------------------------
 @dataclass
 class Run:

@@ -20,14 +20,13 @@ class FakeClock:
     """time.monotonic / time.sleep on a virtual clock: `late` is added to every wake-up, as a busy box does."""
 
     def __init__(self, late: float = 0.0) -> None:
-        self.now, self.late, self.slept = 100.0, late, 0.0
+        self.now, self.late = 100.0, late
 
     def monotonic(self) -> float:
         return self.now
 
     def sleep(self, s: float) -> None:
         self.now += s + self.late
-        self.slept += s
 
 
 @pytest.fixture
