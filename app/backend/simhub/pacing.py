@@ -2,7 +2,7 @@
 
 A real link with a queue in front of it runs at its rate as long as there is backlog, so a sender that
 wakes a little late (Python's sleeps, the GIL) must be able to catch up; without that credit the hub
-delivered ~8% under its own caps on the 16-core host (docs/downloads.md, "What the hub really delivers").
+delivered ~8% under its own caps on the 16-core host (docs/downloads.md, "The hub's caps").
 The credit is bounded (`burst_s` of the rate), so the average never exceeds the cap by more than one burst.
 """
 
@@ -31,6 +31,13 @@ class Pacer:
             self._t = start + n / self.bps
         if start > now:
             time.sleep(start - now)
+
+
+def take_all(pacers: tuple[Pacer | None, ...], n: int) -> None:
+    """Book n bytes on each pacer there is (the connection's, then the link's)."""
+    for pacer in pacers:
+        if pacer is not None:
+            pacer.take(n)
 
 
 def step_for(cap_bps: float | None) -> int:

@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from app.backend.simhub.faults import Fault, FaultBook
-from app.backend.simhub.pacing import Pacer, step_for
+from app.backend.simhub.pacing import Pacer, step_for, take_all
 
 CHUNK = 1 << 20
 
@@ -451,15 +451,14 @@ class _HubHandler(BaseHTTPRequestHandler):
         cap, link = self.hub.rate_cap_bps, self.hub.link
         cut = fault.after_bytes if fault and fault.kind in ("drop", "reset", "stall") else None
         with open(f.local, "rb") as fh:
-            if fault is None:  # zero-copy, paced in steps when capped
-                own = Pacer(cap) if cap else None
-                step = step_for(min(r for r in (cap, link and link.bps) if r)) if (own or link) else length
+            own = Pacer(cap) if cap else None
+            paced = step_for(min(r for r in (cap, link and link.bps) if r)) if (own or link) else None
+            if fault is None:  # zero-copy, in paced steps when capped
+                step = paced or length
                 sent = 0
                 while sent < length:
                     want = min(step, length - sent)
-                    for pacer in (own, link):
-                        if pacer is not None:
-                            pacer.take(want)
+                    take_all((own, link), want)
                     n = self.connection.sendfile(fh, start + sent, want)
                     if n == 0:
                         break
@@ -467,8 +466,7 @@ class _HubHandler(BaseHTTPRequestHandler):
                     self._add_bytes(f.path, n)  # per step: a test polling a capped body sees it move
                 return
             fh.seek(start)
-            own = Pacer(cap) if cap else None
-            step = step_for(cap) if cap else CHUNK
+            step = paced or CHUNK
             sent = 0
             while sent < length:
                 want = min(step, length - sent) if cut is None else min(step, length - sent, cut - sent)
@@ -478,9 +476,7 @@ class _HubHandler(BaseHTTPRequestHandler):
                 if fault and fault.kind == "corrupt" and start + sent <= fault.offset < start + sent + len(data):
                     i = fault.offset - start - sent
                     data = data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:]
-                for pacer in (own, link):
-                    if pacer is not None:
-                        pacer.take(len(data))
+                take_all((own, link), len(data))
                 self.wfile.write(data)
                 sent += len(data)
                 self._add_bytes(f.path, len(data))  # counted as sent, so tests see exact totals
