@@ -531,6 +531,8 @@ def main() -> int:
                     "artifact alone, else one more run per scenario (every process: --subprocesses)")
     ap.add_argument("--timeline", action="store_true", help="run the panel under bench/download_timeline.py and "
                     "print when each stage began and ended, from the process's start")
+    ap.add_argument("--series", action="store_true", help="with --timeline (implied): also fetched / verified / "
+                    "decoded MiB per artifact every 0.25 s")
     ap.add_argument("--baseline", metavar="REV", help="also run the panel of this commit (a git worktree) or directory, "
                     "interleaved with this one, in every scenario")
     args = ap.parse_args()
@@ -539,6 +541,8 @@ def main() -> int:
     expect = reference(work, arts)
     write_recipe(work)
     baseline = worktree(Path(args.work), args.baseline) if args.baseline else None
+    if args.series:  # read by bench/download_timeline.py in the panel's process
+        args.timeline, os.environ["MOET_TIMELINE_SERIES"] = True, "1"
     entry = (str(ROOT / "bench/download_timeline.py"),) if args.timeline else ("-m", "app.cli.main")
     print(f"load average at start: {os.getloadavg()[0]:.1f}; {os.cpu_count()} CPUs", flush=True)
     for art, parts in arts.items():
