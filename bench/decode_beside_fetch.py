@@ -1,0 +1,229 @@
+"""How fast one artifact's extraction runs alone, beside fetch threads in its process, and beside
+the same fetch threads in another process (docs/downloads.md, "Where the capped + link tail goes").
+
+The question it answers: during a capped download the store's decoder runs at about half the rate
+it reaches once the fetch is over. If the cause is the GIL the decoder shares with the fetch
+workers' libcurl callbacks, moving the extraction into its own process removes it; if it is the
+machine (memory bandwidth, the sandbox's syscalls), it does not.
+
+    bench/decode_beside_fetch.py [--work DIR] [--gib 4.5] [--rounds 2] [--fetchers 8]
+
+The store's parts come from bench/download's cached data set (built if missing). The fetchers
+pull the other artifacts' parts from the SIMULATED hub, 50 MB/s per connection and 1 GB/s in all,
+in 16 MiB ranges (as the panel does), write them to a scratch file and hash them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from app.backend.download.extract import ExtractHooks, extract_stream  # noqa: E402
+from app.backend.download.job import MappedPart  # noqa: E402
+from app.backend.download.ranged import RangeGetter  # noqa: E402
+from app.backend.simhub.server import SimHub  # noqa: E402
+from download_bench import REPO, build  # noqa: E402
+
+MiB, GiB, MB = 1 << 20, 1 << 30, 1_000_000
+RANGE = 16 * MiB
+
+
+class Parts:
+    """The parts as one stream of in-place views, as the panel's _PartChain hands them out."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths, self.idx, self.off = paths, 0, 0
+        self.part: MappedPart | None = None
+
+    def read(self, size: int = -1) -> Any:
+        while self.idx < len(self.paths):
+            if self.part is None:
+                self.part, self.off = MappedPart(self.paths[self.idx]), 0
+            left = len(self.part) - self.off
+            if left:
+                n = left if size < 0 else min(size, left)
+                self.off += n
+                return self.part.slice(self.off - n, self.off)
+            self.part, self.idx = None, self.idx + 1
+        return b""
+
+
+def fetchers(urls: list[tuple[str, int]], count: int, scratch: Path, stop: Any, fetched: Any) -> None:
+    """`count` threads, each GETting 16 MiB ranges of the urls in turn until `stop` is set."""
+    def one(i: int) -> None:
+        getter = RangeGetter(5.0, 30.0)
+        fd = os.open(scratch / f"fetch-{i}", os.O_RDWR | os.O_CREAT, 0o644)
+        k = i
+        try:
+            while not stop.is_set():
+                url, size = urls[k % len(urls)]
+                start = (k * RANGE) % max(size - RANGE, 1)
+                h, pos = hashlib.sha256(), [start]
+
+                def body(_reply: Any, piece: memoryview, h: Any = h, pos: list[int] = pos) -> None:
+                    os.pwrite(fd, piece, pos[0])
+                    h.update(piece)
+                    pos[0] += len(piece)
+
+                getter.get(url, {"Range": f"bytes={start}-{start + RANGE - 1}"}, body, stop.is_set)
+                with fetched.get_lock():
+                    fetched.value += pos[0] - start
+                k += count
+        finally:
+            os.close(fd)
+            getter.close()
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def extract(parts: list[Path], dest: Path) -> float:
+    shutil.rmtree(dest, ignore_errors=True)
+    hooks = ExtractHooks(on_bytes=lambda n: None, on_file=lambda name, size, path: None,
+                         on_skip=lambda name, size: None, stop=threading.Event())
+    t = time.monotonic()
+    extract_stream(Parts(parts), dest, {}, hooks)  # type: ignore[arg-type]
+    return time.monotonic() - t
+
+
+def _extract_in_child(parts: list[Path], dest: Path, go: Any, out: Any) -> None:
+    go.wait()
+    out.put((parts[0].name.split(".")[0], extract(parts, dest), time.monotonic()))
+
+
+def all_at_once(arts: dict[str, list[Path]], work: Path, card: bool) -> tuple[dict[str, float], float, float]:
+    """The three artifacts extracted at once from local parts, no network: the panel's extractor, one
+    process each, or the card's `zstd -d | tar -x --sparse`. (seconds per artifact, wall, wall to `sync`)."""
+    ctx = multiprocessing.get_context("spawn")
+    dests = {a: work / f"probe-all-{a}" for a in arts}
+    for d in dests.values():
+        shutil.rmtree(d, ignore_errors=True)
+    os.sync()
+    per: dict[str, float] = {}
+    if card:
+        t = time.monotonic()
+        procs = []
+        for a, parts in arts.items():
+            dests[a].mkdir()
+            procs.append((a, subprocess.Popen(f"cat {' '.join(map(str, parts))} | zstd -dq | tar -x --sparse -C {dests[a]}",
+                                              shell=True, executable="/bin/bash")))
+        while procs:  # whichever ends first
+            for a, p in list(procs):
+                if p.poll() is not None:
+                    per[a] = time.monotonic() - t
+                    procs.remove((a, p))
+            time.sleep(0.005)
+    else:
+        go, out = ctx.Event(), ctx.Queue()
+        children = [ctx.Process(target=_extract_in_child, args=(parts, dests[a], go, out)) for a, parts in arts.items()]
+        for c in children:
+            c.start()
+        time.sleep(1.0)  # the children import before the clock starts (not synchronisation: they wait on `go`)
+        t = time.monotonic()
+        go.set()
+        for _ in children:
+            a, _secs, ended = out.get(timeout=300)
+            per[a] = ended - t
+        for c in children:
+            c.join()
+    wall = time.monotonic() - t
+    os.sync()
+    synced = time.monotonic() - t
+    for d in dests.values():
+        shutil.rmtree(d, ignore_errors=True)
+    return per, wall, synced
+
+
+def one_run(mode: str, parts: list[Path], urls: list[tuple[str, int]], n: int, work: Path) -> tuple[float, float]:
+    """(extraction seconds, fetch MB/s meanwhile)."""
+    ctx = multiprocessing.get_context("spawn")
+    stop, fetched = ctx.Event(), ctx.Value("q", 0)
+    scratch = work / "probe-scratch"
+    scratch.mkdir(exist_ok=True)
+    side: Any = None
+    sys.setswitchinterval(0.0005 if mode.endswith("0.5 ms") else 0.005)
+    if mode.startswith("beside fetch threads"):
+        side = threading.Thread(target=fetchers, args=(urls, n, scratch, stop, fetched), daemon=True)
+    elif mode == "beside fetch process":
+        side = ctx.Process(target=fetchers, args=(urls, n, scratch, stop, fetched), daemon=True)
+    if side is not None:
+        side.start()
+        deadline = time.monotonic() + 10
+        while fetched.value < 64 * MiB and time.monotonic() < deadline:  # fetching at full rate first
+            time.sleep(0.01)
+    f0, t1 = fetched.value, time.monotonic()
+    wall = extract(parts, work / "probe-dest")
+    rate = (fetched.value - f0) / (time.monotonic() - t1) / MB
+    stop.set()
+    if side is not None:
+        side.join(timeout=60)
+    shutil.rmtree(work / "probe-dest", ignore_errors=True)
+    return wall, rate
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", default="/var/tmp/moet-panel-bench3")
+    ap.add_argument("--gib", type=float, default=4.5)
+    ap.add_argument("--part-mib", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--fetchers", type=int, default=8, help="fetch connections beside the extraction")
+    args = ap.parse_args()
+    work = Path(args.work)
+    arts = build(work, args.gib, args.part_mib, "weights")
+    store = arts["store"]
+    compressed = sum(p.stat().st_size for p in store)
+    for p in store:  # in the page cache, as a just-fetched part is
+        with open(p, "rb") as f:
+            while f.read(8 * MiB):
+                pass
+    hub = SimHub(rate_cap_bps=50 * MB, link_cap_bps=1000 * MB)
+    commit = hub.add_repo(REPO, {p.name: p for parts in arts.values() for p in parts}).commit
+    modes = ["alone", "beside fetch threads", "beside fetch threads, switch 0.5 ms", "beside fetch process"]
+    results: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+    with hub.start():
+        urls = [(f"{hub.cdn_endpoint}/cdn/{REPO}/{commit}/{p.name}", p.stat().st_size)
+                for a in ("model", "planescache") for p in arts[a]]
+        for r in range(args.rounds):
+            for mode in modes if r % 2 == 0 else modes[::-1]:
+                wall, rate = one_run(mode, store, urls, args.fetchers, work)
+                results[mode].append((wall, rate))
+                print(f"  round {r + 1} {mode:36s} {wall:6.2f} s  {compressed / wall / GiB:5.2f} GiB/s compressed"
+                      f"  fetch {rate:5.0f} MB/s", flush=True)
+        for r in range(args.rounds):
+            for card in (False, True) if r % 2 == 0 else (True, False):
+                per, wall, synced = all_at_once(arts, work, card)
+                name = "card zstd | tar" if card else "panel extractor"
+                print(f"  round {r + 1} all three at once, {name}: " + ", ".join(f"{a} {t:.2f} s" for a, t in per.items())
+                      + f"; all {wall:.2f} s, to sync {synced:.2f} s", flush=True)
+    shutil.rmtree(work / "probe-scratch", ignore_errors=True)
+    print(f"\nstore: {compressed / GiB:.2f} GiB compressed, {os.cpu_count()} CPUs, {args.fetchers} fetch connections "
+          f"(50 MB/s each, 1 GB/s link); medians of {args.rounds}")
+    alone = statistics.median(w for w, _ in results["alone"])
+    for mode in modes:
+        wall = statistics.median(w for w, _ in results[mode])
+        rate = statistics.median(f for _, f in results[mode])
+        print(f"| {mode} | {wall:.2f} s | {compressed / wall / GiB:.2f} GiB/s | {alone / wall:.2f}× of alone |"
+              + (f" fetch {rate:.0f} MB/s |" if mode != "alone" else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
