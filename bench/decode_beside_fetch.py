@@ -6,7 +6,8 @@ it reaches once the fetch is over. If the cause is the GIL the decoder shares wi
 workers' libcurl callbacks, moving the extraction into its own process removes it; if it is the
 machine (memory bandwidth, the sandbox's syscalls), it does not.
 
-    bench/decode_beside_fetch.py [--work DIR] [--gib 4.5] [--rounds 2] [--fetchers 8]
+    bench/decode_beside_fetch.py [--work DIR] [--gib 4.5] [--rounds 2] [--fetchers 8] [--link-mbps 1000]
+                                 [--modes alone,threads:5,threads:0.5,process] [--no-all-at-once]
 
 The store's parts come from bench/download's cached data set (built if missing). The fetchers
 pull the other artifacts' parts from the SIMULATED hub, 50 MB/s per connection and 1 GB/s in all,
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import app.backend.download.extract as extract_mod  # noqa: E402
 from app.backend.download.extract import ExtractHooks, extract_stream  # noqa: E402
 from app.backend.download.job import MappedPart  # noqa: E402
 from app.backend.download.ranged import RangeGetter  # noqa: E402
@@ -40,6 +43,7 @@ from download_bench import REPO, build  # noqa: E402
 
 MiB, GiB, MB = 1 << 20, 1 << 30, 1_000_000
 RANGE = 16 * MiB
+SHIPPED_DECODE_CHUNK = extract_mod.DECODE_CHUNK
 
 
 class Parts:
@@ -151,17 +155,40 @@ def all_at_once(arts: dict[str, list[Path]], work: Path, card: bool) -> tuple[di
     return per, wall, synced
 
 
-def one_run(mode: str, parts: list[Path], urls: list[tuple[str, int]], n: int, work: Path) -> tuple[float, float]:
+@dataclass(frozen=True)
+class Mode:
+    fetch: str = ""  # "", "threads" (in the extracting process) or "process" (another one)
+    switch_ms: float = 5.0  # the extracting process's GIL switch interval (CPython's default: 5 ms)
+    decode_mib: int = 0  # extract.DECODE_CHUNK for this run, 0: as shipped
+
+    def __str__(self) -> str:
+        if not self.fetch:
+            return "alone"
+        where = "threads" if self.fetch == "threads" else "process (another one)"
+        extra = f", {self.decode_mib} MiB buffers" if self.decode_mib else ""
+        return f"beside fetch {where}, switch {self.switch_ms:g} ms{extra}"
+
+
+def parse_mode(text: str) -> Mode:
+    """alone | threads:<switch ms>[:<decode MiB>] | process"""
+    kind, *rest = text.split(":")
+    if kind == "alone":
+        return Mode()
+    return Mode(kind, float(rest[0]) if rest else 5.0, int(rest[1]) if len(rest) > 1 else 0)
+
+
+def one_run(mode: Mode, parts: list[Path], urls: list[tuple[str, int]], n: int, work: Path) -> tuple[float, float]:
     """(extraction seconds, fetch MB/s meanwhile)."""
     ctx = multiprocessing.get_context("spawn")
     stop, fetched = ctx.Event(), ctx.Value("q", 0)
     scratch = work / "probe-scratch"
     scratch.mkdir(exist_ok=True)
     side: Any = None
-    sys.setswitchinterval(0.0005 if mode.endswith("0.5 ms") else 0.005)
-    if mode.startswith("beside fetch threads"):
+    sys.setswitchinterval(mode.switch_ms / 1000)
+    extract_mod.DECODE_CHUNK = (mode.decode_mib << 20) or SHIPPED_DECODE_CHUNK
+    if mode.fetch == "threads":
         side = threading.Thread(target=fetchers, args=(urls, n, scratch, stop, fetched), daemon=True)
-    elif mode == "beside fetch process":
+    elif mode.fetch == "process":
         side = ctx.Process(target=fetchers, args=(urls, n, scratch, stop, fetched), daemon=True)
     if side is not None:
         side.start()
@@ -185,6 +212,10 @@ def main() -> int:
     ap.add_argument("--part-mib", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--fetchers", type=int, default=8, help="fetch connections beside the extraction")
+    ap.add_argument("--link-mbps", type=float, default=1000, help="the hub's link cap (0: none)")
+    ap.add_argument("--modes", default="alone,threads:5,threads:0.5,process",
+                    help="comma-separated: alone | threads:<switch ms>[:<decoded buffer MiB>] | process")
+    ap.add_argument("--no-all-at-once", action="store_true", help="skip the three-at-once extraction")
     args = ap.parse_args()
     work = Path(args.work)
     arts = build(work, args.gib, args.part_mib, "weights")
@@ -194,10 +225,10 @@ def main() -> int:
         with open(p, "rb") as f:
             while f.read(8 * MiB):
                 pass
-    hub = SimHub(rate_cap_bps=50 * MB, link_cap_bps=1000 * MB)
+    hub = SimHub(rate_cap_bps=50 * MB, link_cap_bps=args.link_mbps * MB or None)
     commit = hub.add_repo(REPO, {p.name: p for parts in arts.values() for p in parts}).commit
-    modes = ["alone", "beside fetch threads", "beside fetch threads, switch 0.5 ms", "beside fetch process"]
-    results: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+    modes = [parse_mode(m) for m in args.modes.split(",")]
+    results: dict[Mode, list[tuple[float, float]]] = {m: [] for m in modes}
     with hub.start():
         urls = [(f"{hub.cdn_endpoint}/cdn/{REPO}/{commit}/{p.name}", p.stat().st_size)
                 for a in ("model", "planescache") for p in arts[a]]
@@ -205,9 +236,9 @@ def main() -> int:
             for mode in modes if r % 2 == 0 else modes[::-1]:
                 wall, rate = one_run(mode, store, urls, args.fetchers, work)
                 results[mode].append((wall, rate))
-                print(f"  round {r + 1} {mode:36s} {wall:6.2f} s  {compressed / wall / GiB:5.2f} GiB/s compressed"
+                print(f"  round {r + 1} {mode!s:48s} {wall:6.2f} s  {compressed / wall / GiB:5.2f} GiB/s compressed"
                       f"  fetch {rate:5.0f} MB/s", flush=True)
-        for r in range(args.rounds):
+        for r in range(0 if args.no_all_at_once else args.rounds):
             for card in (False, True) if r % 2 == 0 else (True, False):
                 per, wall, synced = all_at_once(arts, work, card)
                 name = "card zstd | tar" if card else "panel extractor"
@@ -215,13 +246,14 @@ def main() -> int:
                       + f"; all {wall:.2f} s, to sync {synced:.2f} s", flush=True)
     shutil.rmtree(work / "probe-scratch", ignore_errors=True)
     print(f"\nstore: {compressed / GiB:.2f} GiB compressed, {os.cpu_count()} CPUs, {args.fetchers} fetch connections "
-          f"(50 MB/s each, 1 GB/s link); medians of {args.rounds}")
-    alone = statistics.median(w for w, _ in results["alone"])
+          f"(50 MB/s each, {f'{args.link_mbps:g} MB/s link' if args.link_mbps else 'no link cap'}); "
+          f"medians of {args.rounds}")
+    alone = statistics.median(w for w, _ in results.get(Mode(), [(float("nan"), 0.0)]))
     for mode in modes:
         wall = statistics.median(w for w, _ in results[mode])
         rate = statistics.median(f for _, f in results[mode])
         print(f"| {mode} | {wall:.2f} s | {compressed / wall / GiB:.2f} GiB/s | {alone / wall:.2f}× of alone |"
-              + (f" fetch {rate:.0f} MB/s |" if mode != "alone" else ""))
+              + (f" fetch {rate:.0f} MB/s |" if mode.fetch else ""))
     return 0
 
 

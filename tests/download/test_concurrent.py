@@ -328,6 +328,45 @@ def test_urgent_requests_take_a_freed_connection_first():
     assert budget.acquire(lambda: True, halt) is False, "a halted run stops waiting for a slot"
 
 
+def test_read_ahead_leaves_free_slots_to_announced_urgent_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the start every worker asks at once: a read-ahead request that asks first must not take the
+    slot an announced urgent request (a first part's segment, still on its way) is about to ask for."""
+    monkeypatch.setattr(ConnectionBudget, "RESERVE_S", 60.0)
+    budget, halt = ConnectionBudget(1), threading.Event()
+    budget.announce(0, 1)
+    got: list[str] = []
+    ahead = threading.Thread(target=lambda: budget.acquire(lambda: False, halt) and got.append("read-ahead"))
+    ahead.start()
+    wait_until(lambda: budget.waiting == 1)  # it asked first, with the slot free
+    assert budget.acquire(lambda: True, halt), "the urgent request gets the free slot"
+    got.append("urgent")
+    budget.announce(0, 0)  # the artifact counted it in flight
+    budget.release()
+    ahead.join(5)
+    assert got == ["urgent", "read-ahead"]
+
+
+def test_an_announced_urgent_request_that_never_comes_holds_read_ahead_back_only_briefly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ConnectionBudget, "RESERVE_S", 0.2)
+    budget, halt = ConnectionBudget(2, ranks=2), threading.Event()
+    budget.announce(1, 5)  # more than there are slots, and no request ever asks
+    got: list[bool] = []
+    ahead = threading.Thread(target=lambda: got.append(budget.acquire(lambda: False, halt, 0)))
+    ahead.start()
+    ahead.join(5)
+    assert got == [True], "read-ahead waited for ever on an announcement"
+    monkeypatch.setattr(ConnectionBudget, "RESERVE_S", 60.0)
+    budget.announce(1, 5)
+    budget.forget(1)  # a killed artifact's announcement goes with its slots
+    last = threading.Thread(target=lambda: got.append(budget.acquire(lambda: False, halt, 0)))
+    last.start()
+    last.join(5)
+    assert got == [True, True], "read-ahead still held back by a dead artifact's announcement"
+    halt.set()
+    last.join(5)
+
+
 def served_order(budget: ConnectionBudget, halt: threading.Event, requests: list[tuple[str, bool, int]],
                  free_rank: int) -> list[str]:
     """Queue (name, urgent, rank) requests on a full budget one after another, free one slot of

@@ -88,6 +88,7 @@ class ConnectionBudget:
     """
 
     TAKE_OVER_S = 5.0
+    RESERVE_S = 0.1  # how long a read-ahead request leaves free slots to urgent ones on their way
 
     def __init__(self, size: int, ctx: BaseContext | None = None, ranks: int = 1,
                  weights: list[int] | None = None) -> None:
@@ -104,6 +105,7 @@ class ConnectionBudget:
         self._waiting = ctx.RawArray("i", 2 * self._ranks)
         self._sleepers = ctx.RawArray("i", self._ranks)  # per rank: requests asleep on _wake
         self._held = ctx.RawArray("i", self._ranks)  # per rank: slots taken
+        self._announced = ctx.RawArray("i", self._ranks)  # per rank: urgent requests holding no slot yet
 
     def acquire(self, urgent: Callable[[], bool], halt: threading.Event, rank: int = 0) -> bool:
         """Take a slot; False when `halt` was set while waiting.
@@ -113,8 +115,10 @@ class ConnectionBudget:
         two of three artifacts' extractors waited 4.5 s for parts queued behind the third's).
         """
         queue: int | None = None  # where this request is counted in self._waiting
+        began = time.monotonic()
         try:
             while True:
+                deferring = self.RESERVE_S - (time.monotonic() - began)
                 with self._lock:
                     now = rank if urgent() else self._ranks + rank
                     if now != queue:
@@ -122,14 +126,14 @@ class ConnectionBudget:
                             self._waiting[queue] -= 1
                         self._waiting[now] += 1
                         queue = now
-                    if self._may_take(queue, rank):
+                    if self._may_take(queue, rank, deferring > 0):
                         self._free.value -= 1
                         self._held[rank] += 1
                         return True
                     if halt.is_set():
                         return False
                     self._sleepers[rank] += 1
-                self._wake.acquire(timeout=0.2)
+                self._wake.acquire(timeout=0.2 if deferring <= 0 else min(0.2, deferring + 0.001))
                 with self._lock:
                     self._sleepers[rank] -= 1
         finally:
@@ -137,10 +141,15 @@ class ConnectionBudget:
                 with self._lock:
                     self._waiting[queue] -= 1
 
-    def _may_take(self, queue: int, rank: int) -> bool:
+    def _may_take(self, queue: int, rank: int, deferring: bool = False) -> bool:
         """Under the lock: a free slot, and no request served before this one waits. A request of an
-        artifact below its share goes before one of an artifact at or above it, whatever their kinds."""
+        artifact below its share goes before one of an artifact at or above it, whatever their kinds.
+        A read-ahead request that has waited less than RESERVE_S also leaves a slot to each announced
+        urgent request not asking yet."""
         if self._free.value <= 0:
+            return False
+        if deferring and queue >= self._ranks and self._free.value <= sum(
+                max(self._announced[r] - self._waiting[r], 0) for r in range(self._ranks)):
             return False
 
         def below(q: int) -> bool:
@@ -162,9 +171,19 @@ class ConnectionBudget:
         try:
             self._free.value += self._held[rank]
             self._held[rank] = self._sleepers[rank] = self._waiting[rank] = self._waiting[self._ranks + rank] = 0
+            self._announced[rank] = 0
         finally:
             self._lock.release()
         self.poke()
+
+    def announce(self, rank: int, urgent: int) -> None:
+        """Artifact `rank` has `urgent` segments of the part its extractor waits for that hold no slot:
+        queued for a fetch worker, or waiting here. When a run starts, every artifact's workers ask
+        for the free slots at once, and read-ahead requests that asked first took up to half of the
+        first parts' slots before their urgent requests arrived (docs/downloads.md, "First parts
+        first")."""
+        with self._lock:
+            self._announced[rank] = max(urgent, 0)
 
     @property
     def urgent_waiting(self) -> int:
@@ -332,7 +351,7 @@ class _Slot:
     fd: int | None = None
     sha: Any = None  # sha256 of the part's bytes [0, hashed): the verifier's alone (hashlib has no public type)
     hashed: int = 0
-    inflight: set[int] = field(default_factory=set)
+    inflight: set[int] = field(default_factory=set)  # segments holding a connection now
 
 
 class ArtifactRun:
@@ -422,6 +441,7 @@ class ArtifactRun:
         finally:
             self.halt.set()
             self.group.set_remaining(pid, 0)
+            self.group.budget.announce(self.rank, 0)
             for s in self.slots:
                 self._close(s)
             self._save(force=True)
@@ -526,6 +546,15 @@ class ArtifactRun:
             for k in range(s.segments):
                 if k not in s.rec.segments_done:
                     self.tasks.put((s, k))
+        self._announce()
+
+    def _announce(self) -> None:
+        """Tell the connection budget how many segments of the part the extractor waits for (or an
+        earlier one) hold no connection yet, so that read-ahead leaves them the free slots."""
+        with self.journal_lock:
+            unserved = sum(s.segments - len(s.rec.segments_done) - len(s.inflight) for s in self.slots
+                           if s.idx <= self.next_needed and s.admitted and s.rec.status == PENDING)
+        self.group.budget.announce(self.rank, unserved)
 
     def _evict(self, want: int) -> int:
         freed = 0
@@ -572,6 +601,7 @@ class ArtifactRun:
             assert s.fd is not None  # admitted parts are open until verified
             if not self.group.budget.acquire(partial(self._is_urgent, s), self.halt, self.rank):
                 return
+            self._in_flight(s, k, True)
             self.board.flight(pid, +1)
             try:
                 fetch_range(self.hub, getter, s.info, start, start + self._seg_len(s, k), s.fd, self.halt,
@@ -591,6 +621,15 @@ class ArtifactRun:
                 self.group.budget.release(self.rank)
             self._segment_done(s, k)
 
+    def _in_flight(self, s: _Slot, k: int, flying: bool) -> None:
+        with self.journal_lock:
+            if flying:
+                s.inflight.add(k)
+            else:
+                s.inflight.discard(k)
+        if flying and self._is_urgent(s):
+            self._announce()
+
     def _is_urgent(self, s: _Slot) -> bool:
         """A request for the part the extractor waits for (or an earlier one) goes ahead of read-ahead."""
         return s.idx <= self.next_needed
@@ -600,6 +639,7 @@ class ArtifactRun:
 
     def _segment_done(self, s: _Slot, k: int) -> None:
         with self.journal_lock:
+            s.inflight.discard(k)
             if k not in s.rec.segments_done:
                 s.rec.segments_done.append(k)
             complete = len(s.rec.segments_done) == s.segments
@@ -684,6 +724,7 @@ class ArtifactRun:
         os.ftruncate(s.fd, 0)
         for k in range(s.segments):
             self.tasks.put((s, k))
+        self._announce()
 
     # ---- extraction ----------------------------------------------------------------------------
     def _extract(self) -> None:
