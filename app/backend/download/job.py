@@ -601,7 +601,7 @@ class ArtifactRun:
             assert s.fd is not None  # admitted parts are open until verified
             if not self.group.budget.acquire(partial(self._is_urgent, s), self.halt, self.rank):
                 return
-            self._in_flight(s, k, True)
+            self._took_slot(s, k)
             self.board.flight(pid, +1)
             try:
                 fetch_range(self.hub, getter, s.info, start, start + self._seg_len(s, k), s.fd, self.halt,
@@ -621,13 +621,11 @@ class ArtifactRun:
                 self.group.budget.release(self.rank)
             self._segment_done(s, k)
 
-    def _in_flight(self, s: _Slot, k: int, flying: bool) -> None:
+    def _took_slot(self, s: _Slot, k: int) -> None:
+        """Segment k is in flight (until _segment_done); one urgent request fewer on its way."""
         with self.journal_lock:
-            if flying:
-                s.inflight.add(k)
-            else:
-                s.inflight.discard(k)
-        if flying and self._is_urgent(s):
+            s.inflight.add(k)
+        if self._is_urgent(s):
             self._announce()
 
     def _is_urgent(self, s: _Slot) -> bool:
