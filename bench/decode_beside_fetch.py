@@ -1,5 +1,7 @@
 """How fast one artifact's extraction runs alone, beside fetch threads in its process, and beside
-the same fetch threads in another process (docs/downloads.md, "Where the capped + link tail goes").
+the same fetch threads in another process; and the three artifacts extracted at once from local
+parts, the panel's extractor against the card's `zstd -d | tar -x` (docs/downloads.md, "The GIL's
+switch interval").
 
 The question it answers: during a capped download the store's decoder runs at about half the rate
 it reaches once the fetch is over. If the cause is the GIL the decoder shares with the fetch
@@ -107,7 +109,8 @@ def extract(parts: list[Path], dest: Path) -> float:
     return time.monotonic() - t
 
 
-def _extract_in_child(parts: list[Path], dest: Path, go: Any, out: Any) -> None:
+def _extract_in_child(parts: list[Path], dest: Path, ready: Any, go: Any, out: Any) -> None:
+    ready.release()  # imported (the spawned child runs this module's imports before it gets here)
     go.wait()
     out.put((parts[0].name.split(".")[0], extract(parts, dest), time.monotonic()))
 
@@ -135,11 +138,13 @@ def all_at_once(arts: dict[str, list[Path]], work: Path, card: bool) -> tuple[di
                     procs.remove((a, p))
             time.sleep(0.005)
     else:
-        go, out = ctx.Event(), ctx.Queue()
-        children = [ctx.Process(target=_extract_in_child, args=(parts, dests[a], go, out)) for a, parts in arts.items()]
+        ready, go, out = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
+        children = [ctx.Process(target=_extract_in_child, args=(parts, dests[a], ready, go, out))
+                    for a, parts in arts.items()]
         for c in children:
             c.start()
-        time.sleep(1.0)  # the children import before the clock starts (not synchronisation: they wait on `go`)
+        for _ in children:  # the clock starts once every child has imported
+            ready.acquire(timeout=60)
         t = time.monotonic()
         go.set()
         for _ in children:
