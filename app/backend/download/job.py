@@ -179,9 +179,9 @@ class ConnectionBudget:
     def announce(self, rank: int, urgent: int) -> None:
         """Artifact `rank` has `urgent` segments of the part its extractor waits for that hold no slot:
         queued for a fetch worker, or waiting here. When a run starts, every artifact's workers ask
-        for the free slots at once, and read-ahead requests that asked first took up to half of the
-        first parts' slots before their urgent requests arrived (docs/downloads.md, "First parts
-        first")."""
+        for the free slots at once, and a read-ahead request that asks first could take a slot that
+        a first part's segment asks for a moment later; the same when an extractor moves on to a part
+        still queued (docs/downloads.md, "First parts first")."""
         with self._lock:
             self._announced[rank] = max(urgent, 0)
 
