@@ -70,23 +70,23 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _backlog(art: str, lag: dict[str, tuple[int, int]], last: dict[str, tuple[int, int]]) -> str:
+def _backlog(at: dict[str, tuple[int, int]], last: tuple[int, int] | None) -> str:
     """What was still to decode and to write when the last part verified: the run's tail."""
-    if art not in lag or art not in last:
+    if "all verified" not in at or last is None:
         return ""
-    (dec, wr), (dec_end, wr_end) = lag[art], last[art]
+    (dec, wr), (dec_end, wr_end) = at["all verified"], last
     return f" (then left: decode {(dec_end - dec) / 2**20:.0f} MiB compressed, write {(wr_end - wr) / 2**20:.0f} MiB)"
 
 
-def _decode_rates(m: dict[str, float], decoded: dict[str, int]) -> str:
+def _decode_rates(m: dict[str, float], at: dict[str, tuple[int, int]]) -> str:
     """The decoder's pace while the fetch went on (first part verified → every byte fetched) and after
     it (→ done): a decoder slowed by what the fetch costs shows as the first far below the second
     (docs/downloads.md, "The GIL's switch interval")."""
     def rate(a: str, b: str) -> str:
         if a not in m or b not in m or m[b] - m[a] < 0.05:
             return "—"
-        return f"{(decoded[b] - decoded[a]) / 2**20 / (m[b] - m[a]):.0f}"
-    if not {"verified", "fetched", "done"} <= decoded.keys():
+        return f"{(at[b][0] - at[a][0]) / 2**20 / (m[b] - m[a]):.0f}"
+    if not {"verified", "fetched", "done"} <= at.keys():
         return ""
     return f"; decoded MiB/s (compressed) during the fetch {rate('verified', 'fetched')}, after {rate('fetched', 'done')}"
 
@@ -94,9 +94,8 @@ def _decode_rates(m: dict[str, float], decoded: dict[str, int]) -> str:
 def main() -> int:
     marks: dict[str, float] = {"python": since_start()}
     seen: dict[str, dict[str, float]] = {}
-    lag: dict[str, tuple[int, int]] = {}  # decoded and written bytes when the last part verified
+    at_mark: dict[str, dict[str, tuple[int, int]]] = {}  # (decoded, written) bytes when each mark was hit
     last: dict[str, tuple[int, int]] = {}  # ... and at the last sample
-    decoded_at: dict[str, dict[str, int]] = {}  # decoded bytes when each mark was hit
     series: dict[str, list[str]] = {}
     series_on = os.environ.get("MOET_TIMELINE_SERIES") == "1"
     next_point = [0.0]
@@ -151,17 +150,15 @@ def main() -> int:
                                       ("done", a.state.value == "done")):
                         if hit and name not in m:
                             m[name] = t
-                            decoded_at.setdefault(a.id, {})[name] = a.decoded_bytes
-                    if "all verified" in m:
-                        lag.setdefault(a.id, (a.decoded_bytes, a.extracted_bytes))
+                            at_mark.setdefault(a.id, {})[name] = (a.decoded_bytes, a.extracted_bytes)
                     last[a.id] = (a.decoded_bytes, a.extracted_bytes)
 
     def report() -> None:
         stop.set()
         marks["exit"] = since_start()
         lines = ["timeline (s from the process's start): " + " ".join(f"{k} {v:.2f}" for k, v in marks.items())]
-        lines += [f"timeline {art}: " + " ".join(f"{k} {m[k]:.2f}" for k in MARKS if k in m) + _backlog(art, lag, last)
-                  + _decode_rates(m, decoded_at.get(art, {})) for art, m in seen.items()]
+        lines += [f"timeline {art}: " + " ".join(f"{k} {m[k]:.2f}" for k in MARKS if k in m) + _backlog(at_mark.get(art, {}), last.get(art))
+                  + _decode_rates(m, at_mark.get(art, {})) for art, m in seen.items()]
         lines += [f"series {art} (s: fetched/verified/decoded MiB): " + " ".join(pts) for art, pts in series.items()]
         print("\n".join(lines), file=sys.stderr, flush=True)
 
