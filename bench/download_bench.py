@@ -295,6 +295,30 @@ def timeline_lines(err: str) -> str:
     return "".join(f"    {line.strip()}\n" for line in err.splitlines() if line.startswith(("timeline", "series")))
 
 
+def fetch_lines(hub: SimHub, began: float, arts: dict[str, list[Path]]) -> str:
+    """--series: when the hub served each part's ranges, from the run's start: first range began - last
+    range ended, and the slowest range's seconds (is a part late because its ranges began late, or
+    because one of them was slow?)."""
+    with hub.stats.lock:
+        bodies = list(hub.stats.bodies)
+        hub.stats.bodies.clear()
+    out = ""
+    for art, parts in arts.items():
+        cells = []
+        for i, p in enumerate(parts):
+            mine = [b for b in bodies if b[0] == p.name]
+            if mine:
+                cells.append(f"{i}:{min(b[3] for b in mine) - began:.2f}-{max(b[4] for b in mine) - began:.2f}"
+                             f"/{max(b[4] - b[3] for b in mine):.2f}")
+        out += f"    ranges {art} (part: first began-last ended/slowest s): " + " ".join(cells) + "\n"
+    largest = max(arts, key=lambda a: sum(p.stat().st_size for p in arts[a]))
+    for i, p in enumerate(arts[largest][:4]):  # the largest artifact's first parts, range by range
+        mine = sorted((b for b in bodies if b[0] == p.name), key=lambda b: b[1])
+        out += f"    ranges {largest} part {i} (began-ended s): " + " ".join(
+            f"{b[3] - began:.2f}-{b[4] - began:.2f}" for b in mine) + "\n"
+    return out
+
+
 def dirty_line(r: Run) -> str:
     line = f"    dirty GiB every {DIRTY_EVERY_S:g} s: " + " ".join(f"{d:.1f}" for d in r.dirty)
     return line + (f"\n    PSS MiB at the peak (anonymous+file): {r.at_peak}" if r.at_peak else "")
@@ -371,6 +395,9 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                         cmd += ["--artifact-jobs", "1"]
                     cmd = ["bash", "-c", '"$@" && sync', "panel", *cmd]
                 root = baseline if kind == "base" and baseline is not None else ROOT
+                with hub.stats.lock:
+                    hub.stats.bodies.clear()
+                began = time.monotonic()
                 r, err = timed(cmd, {**env, "PYTHONPATH": env["PYTHONPATH"].replace(str(ROOT), str(root), 1)}, root)
                 if kind != "card":
                     m = re.search(r"peak staging disk: .*?\((\d+) bytes\)", err)
@@ -386,6 +413,8 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                 if i == 0:
                     print(waits_lines(err) + dirty_line(r), flush=True)
                 print(timeline_lines(err), end="", flush=True)
+                if os.environ.get("MOET_TIMELINE_SERIES") and kind != "card":
+                    print(fetch_lines(hub, began, arts), end="", flush=True)
                 shutil.rmtree(dest, ignore_errors=True)
         for spy in (SPY_MODES if profile is not None else []):  # one more panel run per mode, not counted
             assert profile is not None

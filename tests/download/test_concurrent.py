@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from app.backend.download.job import ConnectionBudget, shares
+from app.backend.download.job import ConnectionBudget, RunGroup, shares
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.runner import artifact_jobs, run_download
 from app.backend.download.types import (
@@ -615,3 +615,30 @@ def test_requests_go_urgent_first_then_largest_artifact_first():
                                         ("small", True, 1), ("store", True, 0)], free_rank=0)
     assert order == ["store", "small", "store read-ahead", "small read-ahead"]
     assert budget.waiting == 0
+
+
+def test_segments_are_fetched_lowest_first_when_workers_outnumber_the_slots(settings, three, tmp_path, monkeypatch):
+    """A worker waits for a connection slot before it takes a segment, so each freed slot goes to the lowest
+    segment still to fetch and parts complete in order. When each waiting worker held its segment, a freed
+    slot went to whichever woke first (docs/downloads.md, "In order")."""
+    built = RunGroup.__init__
+
+    def four_workers(self: RunGroup, *args: Any, **kw: Any) -> None:
+        built(self, *args, **kw)
+        self.workers_per_artifact = 4  # four workers for the one slot: three always wait
+
+    monkeypatch.setattr(RunGroup, "__init__", four_workers)
+    hub = hub_for(three)
+    dest = tmp_path / "dest"
+    board = ProgressBoard()
+    try:
+        cfg = fast_config(settings, hub.endpoint, dest, artifact_jobs=1, connections=1)
+        run_download(cfg, [s for s in three.specs if s.id == "store"], board, threading.Event())
+    finally:
+        hub.stop()
+    assert board.snapshot()[0].state == ArtifactState.DONE, board.snapshot()[0].reason
+    names = [p.name for p in three.parts["store"]]
+    served = [(names.index(path), int(rng.split("=")[1].split("-")[0])) for path, rng in hub.stats.ranges
+              if path in names]
+    assert len(served) >= 3 * len(names), "several segments per part"
+    assert served == sorted(served), "every range in (part, offset) order"

@@ -1,7 +1,7 @@
 """One artifact, end to end: parallel ranged fetch -> sha256 verify -> streaming extraction.
 
-Threads: fetch workers take (part, segment) tasks; one verifier hashes a part when all its segments
-are in; DURABILITY_THREADS fsync extracted files before the journal calls them done; the caller's
+Threads: fetch workers take a connection slot, then the lowest (part, segment) still to fetch; one
+verifier hashes each part as its segments arrive; DURABILITY_THREADS fsync extracted files before the journal calls them done; the caller's
 thread runs the extractor (extract.py: a zstd thread decodes, this thread parses tar and writes),
 which reads only verified parts, in order.
 
@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import heapq
 import io
+import itertools
 import mmap
 import os
 import queue
@@ -340,6 +342,49 @@ class RunGroup:
         return bool(self._cancel.value) or (isinstance(self.user_stop, StopSignal) and self.user_stop.cancelled)
 
 
+class SegmentQueue:
+    """The segments an artifact still has to fetch, lowest (part, segment) first.
+
+    A fetch worker takes a connection slot first and only then the lowest segment: parts then
+    complete in order, the one the extractor waits for first. When each worker held a segment while
+    it waited for a slot, the budget's wake-ups handed freed slots to whichever waiter came first,
+    and a later part's segments often went before the rest of the next one (seen on 16 cores:
+    the store's extractor waited ~1 s for its second part while 500 MiB of later parts came in;
+    docs/downloads.md, "In order").
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, int, _Slot]] = []
+        self._seq = itertools.count()  # ties (a segment queued again) keep their order, never compare slots
+        self._ready = threading.Condition()
+
+    def put(self, s: _Slot, k: int) -> None:
+        with self._ready:
+            heapq.heappush(self._heap, (s.idx, k, next(self._seq), s))
+            self._ready.notify()
+
+    def wait(self, timeout: float) -> bool:
+        """Until a segment is queued (True) or `timeout`."""
+        with self._ready:
+            return bool(self._heap) or self._ready.wait(timeout) and bool(self._heap)
+
+    def pop(self) -> tuple[_Slot, int] | None:
+        with self._ready:
+            if not self._heap:
+                return None
+            idx, k, _, s = heapq.heappop(self._heap)
+            return s, k
+
+    def first_part(self) -> int | None:
+        """The part of the lowest segment queued (None when none is)."""
+        with self._ready:
+            return self._heap[0][0] if self._heap else None
+
+    def wake_all(self) -> None:
+        with self._ready:
+            self._ready.notify_all()
+
+
 @dataclass
 class _Slot:
     idx: int
@@ -368,7 +413,7 @@ class ArtifactRun:
         self.last_save = 0.0
         self.staging = staging_dir(cfg.dest, plan.id)
         self.segment_size = journal.segment_size
-        self.tasks: queue.Queue[tuple[_Slot, int] | None] = queue.Queue()  # None: wake up, the run is ending
+        self.tasks = SegmentQueue()
         self.verify_q: queue.Queue[_Slot | None] = queue.Queue()
         self.durable_q: queue.Queue[tuple[str, int, str] | None] = queue.Queue()
         self.next_needed = 0
@@ -545,7 +590,7 @@ class ArtifactRun:
             staged += s.info.size
             for k in range(s.segments):
                 if k not in s.rec.segments_done:
-                    self.tasks.put((s, k))
+                    self.tasks.put(s, k)
         self._announce()
 
     def _announce(self) -> None:
@@ -590,17 +635,17 @@ class ArtifactRun:
     def _fetch_tasks(self, getter: RangeGetter) -> None:
         pid = self.plan.id
         while not self.halt.is_set():
-            try:
-                task = self.tasks.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if task is None:
+            if not self.tasks.wait(0.2):
                 continue  # the loop condition sees the halt
+            if not self.group.budget.acquire(self._first_is_urgent, self.halt, self.rank):
+                return
+            task = self.tasks.pop()
+            if task is None:  # another worker took the last one meanwhile
+                self.group.budget.release(self.rank)
+                continue
             s, k = task
             start = k * self.segment_size
             assert s.fd is not None  # admitted parts are open until verified
-            if not self.group.budget.acquire(partial(self._is_urgent, s), self.halt, self.rank):
-                return
             self._took_slot(s, k)
             self.board.flight(pid, +1)
             try:
@@ -631,6 +676,11 @@ class ArtifactRun:
     def _is_urgent(self, s: _Slot) -> bool:
         """A request for the part the extractor waits for (or an earlier one) goes ahead of read-ahead."""
         return s.idx <= self.next_needed
+
+    def _first_is_urgent(self) -> bool:
+        """A waiting worker's request is urgent while the lowest segment queued is (it takes that one)."""
+        first = self.tasks.first_part()
+        return first is not None and first <= self.next_needed
 
     def _retrying(self, s: _Slot, why: str) -> None:
         self.board.event(PartRetry(self.plan.id, part=s.info.name, reason=why))
@@ -721,7 +771,7 @@ class ArtifactRun:
         self.board.add_fetched(pid, -s.info.size)
         os.ftruncate(s.fd, 0)
         for k in range(s.segments):
-            self.tasks.put((s, k))
+            self.tasks.put(s, k)
         self._announce()
 
     # ---- extraction ----------------------------------------------------------------------------
@@ -822,8 +872,7 @@ class ArtifactRun:
         self.halt.set()
         # wake the idle fetch workers and the verifier now rather than at their next 0.2 s poll: the
         # end of the artifact that ends last is the end of the run
-        for _ in range(self.group.workers_per_artifact):
-            self.tasks.put(None)
+        self.tasks.wake_all()
         self.verify_q.put(None)
         self.group.budget.poke()
         for t in threads:

@@ -23,6 +23,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,6 +62,8 @@ class HubStats:
     requests: Counter[tuple[str, str]] = field(default_factory=Counter)  # (where, path) -> count
     cdn_bytes: Counter[str] = field(default_factory=Counter)  # path -> body bytes sent
     ranges: list[tuple[str, str]] = field(default_factory=list)  # (path, Range header)
+    # (path, first byte, bytes sent, began, ended: time.monotonic()) per body: when each range was served
+    bodies: list[tuple[str, int, int, float, float]] = field(default_factory=list)
     auth_on_cdn: int = 0  # requests to /cdn/ that carried Authorization (must stay 0)
     auth_headers: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -445,7 +448,10 @@ class _HubHandler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{f.size}")
         self.end_headers()
         if not head:
+            began = time.monotonic()
             self._send_body(f, start, length, fault)
+            with self.hub.stats.lock:
+                self.hub.stats.bodies.append((path, start, length, began, time.monotonic()))
 
     def _send_body(self, f: HubFile, start: int, length: int, fault: Fault | None) -> None:
         cap, link = self.hub.rate_cap_bps, self.hub.link
