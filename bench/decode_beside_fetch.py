@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import app.backend.download.extract as extract_mod  # noqa: E402
 from app.backend.download.extract import ExtractHooks, extract_stream  # noqa: E402
-from app.backend.download.job import MappedPart  # noqa: E402
+from app.backend.download.job import map_range  # noqa: E402
 from app.backend.download.ranged import RangeGetter  # noqa: E402
 from app.backend.simhub.server import SimHub  # noqa: E402
 from download_bench import REPO, build  # noqa: E402
@@ -52,19 +52,19 @@ class Parts:
     """The parts as one stream of in-place views, as the panel's _PartChain hands them out."""
 
     def __init__(self, paths: list[Path]) -> None:
-        self.paths, self.idx, self.off = paths, 0, 0
-        self.part: MappedPart | None = None
+        self.paths, self.idx, self.off, self.fd = paths, 0, 0, -1
 
     def read(self, size: int = -1) -> Any:
         while self.idx < len(self.paths):
-            if self.part is None:
-                self.part, self.off = MappedPart(self.paths[self.idx]), 0
-            left = len(self.part) - self.off
+            if self.fd < 0:
+                self.fd, self.off = os.open(self.paths[self.idx], os.O_RDONLY), 0
+            left = os.fstat(self.fd).st_size - self.off
             if left:
                 n = left if size < 0 else min(size, left)
                 self.off += n
-                return self.part.slice(self.off - n, self.off)
-            self.part, self.idx = None, self.idx + 1
+                return map_range(self.fd, self.off - n, self.off)
+            os.close(self.fd)
+            self.fd, self.idx = -1, self.idx + 1
         return b""
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -94,7 +97,7 @@ def test_persistent_corruption_fails_naming_the_part(settings, hub, tmp_path):
     [a] = board.snapshot()
     assert a.state == ArtifactState.FAILED and PART1 in a.reason
     assert hub.stats.cdn_requests(PART1) >= 3, "refetched before giving up"
-    # verify-before-trust: the corrupt part never became "verified", so the extractor never read it
+    # verify-before-trust: the corrupt part never became "verified", so nothing extracted from it landed
     journal = json.loads((tmp_path / "dest/.moet-panel/downloads/planescache.json").read_text())
     status = {p["name"]: p["status"] for p in journal["parts"]}
     assert status[PART1] == "pending"
@@ -124,3 +127,91 @@ def test_a_part_hashed_in_pieces_as_its_segments_arrive_hashes_as_a_whole(tmp_pa
             assert h.hexdigest() == hashlib.sha256(data).hexdigest(), cuts
     finally:
         os.close(fd)
+
+
+@contextmanager
+def downloading(settings, hub, dest: Path) -> Iterator[ProgressBoard]:
+    """run_download in a thread for the block; waits for it to end (the block releases what it holds)."""
+    board, errors = ProgressBoard(), []
+
+    def work() -> None:
+        try:
+            run_download(fast_config(settings, hub.endpoint, dest), list(settings.recipe.artifacts), board,
+                         threading.Event())
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        yield board
+    finally:
+        hub.faults.clear()
+        worker.join(60)
+    assert not worker.is_alive() and not errors, errors
+
+
+def poll(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def hold_last_segment(hub, artifact) -> tuple[str, int]:
+    """The last part's last segment trickles until the test clears the faults (1 byte, then a dropped
+    connection, again and again): every byte before it can arrive, that part cannot verify."""
+    last = artifact.parts[-1]
+    # covering its last byte: each resumed range (one byte further on) still includes it
+    hub.add_fault(last.name, Fault("stall", times=-1, after_bytes=1, stall_s=0.2, covering=last.stat().st_size - 1))
+    return last.name, sum(p.stat().st_size for p in artifact.parts[:-1])
+
+
+def landed(dest: Path) -> list[Path]:
+    return [p for p in dest.rglob("*") if p.is_file() and ".moet-panel" not in p.parts
+            and not p.name.endswith(".moet-partial")]
+
+
+def test_a_part_is_decoded_as_it_arrives_and_lands_only_once_verified(settings, hub, artifact, tmp_path,
+                                                                     monkeypatch):
+    """The extractor reads a part's segments as they arrive, before its sha256 is known; what it writes
+    from them stays in temp files until the part verifies (docs/downloads.md, "Decoded as it arrives")."""
+    from app.backend.download import extract
+
+    monkeypatch.setattr(extract, "DECODE_CHUNK", 64 * 1024)  # decoded buffers smaller than the part's first segments
+    dest = tmp_path / "dest"
+    held, before = hold_last_segment(hub, artifact)
+    with downloading(settings, hub, dest) as board:
+        poll(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes > before,
+             "the extractor never read into the part still arriving")
+        a = board.snapshot()[0]
+        assert a.parts_verified == len(artifact.parts) - 1, "the held part is not verified"
+        poll(lambda: board.snapshot()[0].extracted_bytes > 0, "nothing was written ahead of the hash")
+        # what depends on the unverified part waits in temp files; every file before it may have landed
+        assert list(dest.rglob("*.moet-partial")), "written ahead, waiting to land"
+        partial_names = {p.name.removeprefix(".").removesuffix(".moet-partial") for p in dest.rglob("*.moet-partial")}
+        assert not partial_names & {p.name for p in landed(dest)}
+    [a] = board.snapshot()
+    assert a.state == ArtifactState.DONE, a.reason
+    assert file_digest_tree(dest) == artifact.reference
+    assert not list(dest.rglob("*.moet-partial"))
+
+
+def test_a_part_read_ahead_that_fails_sha256_voids_what_was_decoded_and_extraction_starts_again(
+        settings, hub, artifact, tmp_path):
+    """A corrupt byte in a part the extractor has already read: nothing decoded from it lands, the part is
+    fetched again, and extraction starts again from the first part; the tree is the reference's."""
+    dest = tmp_path / "dest"
+    held, before = hold_last_segment(hub, artifact)
+    hub.add_fault(held, Fault("corrupt", offset=100))  # in its first segment, served once
+    with downloading(settings, hub, dest) as board:
+        poll(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes > before,
+             "the extractor never read into the corrupt part")
+        assert not any(held in str(p) for p in landed(dest))
+    [a] = board.snapshot()
+    assert a.state == ArtifactState.DONE, a.reason
+    assert file_digest_tree(dest) == artifact.reference
+    assert any(e.__class__.__name__ == "PartRetry" and "sha256" in e.reason for e in board.events)
+    assert any("starts again from the first part" in getattr(e, "message", "") for e in board.events)
+    assert a.decoded_bytes == a.total_bytes, "the decoded count starts again with the extraction"
+    assert not list(dest.rglob("*.moet-partial"))

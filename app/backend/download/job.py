@@ -397,6 +397,8 @@ class _Slot:
     sha: Any = None  # sha256 of the part's bytes [0, hashed): the verifier's alone (hashlib has no public type)
     hashed: int = 0
     inflight: set[int] = field(default_factory=set)  # segments holding a connection now
+    generation: int = 0  # +1 each time it fails sha256: bytes read from it before are void
+    fetched_k: int = 0  # segments [0, fetched_k) are on disk: what the extractor may read ahead of the hash
 
 
 class ArtifactRun:
@@ -693,6 +695,8 @@ class ArtifactRun:
             complete = len(s.rec.segments_done) == s.segments
         self._save()
         self.verify_q.put(s)  # the verifier hashes the part's bytes as they arrive, in order
+        with self.slots_changed:
+            self.slots_changed.notify_all()  # the extractor reads a part as its segments arrive
         if complete:
             self._tell_if_fetched_all()
 
@@ -755,10 +759,13 @@ class ArtifactRun:
             self.board.event(PartVerified(pid, part=s.info.name))
             self._save(force=True)
             return
-        with self.journal_lock:
-            s.rec.corrupt_count += 1
-            s.rec.segments_done = []
-            count = s.rec.corrupt_count
+        with self.slots_changed:
+            with self.journal_lock:
+                s.rec.corrupt_count += 1
+                s.rec.segments_done = []
+                count = s.rec.corrupt_count
+            s.generation, s.fetched_k = s.generation + 1, 0
+            self.slots_changed.notify_all()  # an extractor that read ahead into it starts again
         s.sha, s.hashed = None, 0
         self._save(force=True)
         got = h.hexdigest() if off == s.info.size else f"{off} of {s.info.size} bytes"
@@ -769,7 +776,8 @@ class ArtifactRun:
                 "Try again later or another --endpoint")
         self.board.event(PartRetry(pid, part=s.info.name, reason=f"sha256 mismatch; fetching it again ({count})"))
         self.board.add_fetched(pid, -s.info.size)
-        os.ftruncate(s.fd, 0)
+        # Not truncated: every segment is written again before it is hashed again, and the extractor
+        # may have a range of it mapped (touching a mapping past a file's end is SIGBUS)
         for k in range(s.segments):
             self.tasks.put(s, k)
         self._announce()
@@ -787,42 +795,87 @@ class ArtifactRun:
             on_skip=lambda name, size: self.board.add_skipped(pid),
             stop=self.halt, reserve_bytes=self.cfg.reserve_bytes,
             on_wait=lambda limit, seconds: self.board.waited(pid, limit, seconds))
-        chain = _PartChain(self)
-        try:
-            extract_stream(chain, dest, dict(self.journal.files_done), hooks, describe_pos=chain.describe)
-        except Stopped:
-            self._raise_if_halted()
-            raise
-        except OSError as exc:
-            raise _space_or(exc, "extracting") from None
-        finally:
-            chain.close_current()
+        while True:
+            chain = hooks.gate = _PartChain(self)
+            try:
+                try:
+                    extract_stream(chain, dest, dict(self.journal.files_done), hooks, describe_pos=chain.describe)
+                except (_Lost, Stopped):
+                    raise
+                except Exception:
+                    chain.settle()  # the error may come from bytes read ahead of their hash: trust it once they verify
+                    raise
+            except _Lost as lost:
+                self._restart(chain, lost.part)
+                continue
+            except Stopped:
+                self._raise_if_halted()
+                raise
+            except OSError as exc:
+                raise _space_or(exc, "extracting") from None
+            finally:
+                chain.close_current()
+            break
         self._raise_if_halted()
         if chain.idx < len(self.slots):
             raise DownloadError(f"{self.plan.id}: the archive ended before part {self.slots[chain.idx].info.name}; "
                                 "the repo's parts do not form one archive")
 
-    def wait_ready(self, idx: int) -> _Slot:
-        """Block until part idx is verified (admitting it first). Raises on halt."""
+    def _restart(self, chain: _PartChain, part: str) -> None:
+        """A part the extractor had read ahead into failed sha256: the stream decoded so far is void. Files
+        already in place stay (verified, journaled, skipped next time); extraction starts again from the
+        first part, which is still staged unless evicted (then fetched again)."""
+        with self.slots_changed:
+            with self.journal_lock:
+                for s in self.slots:
+                    if s.rec.status == CONSUMED:
+                        s.rec.status = VERIFIED  # untouched since this process verified it
+                    elif s.rec.status == EVICTED:
+                        s.rec.status, s.rec.segments_done, s.fetched_k = PENDING, [], 0
+            self.next_needed = -1
+        self.board.add_decoded(self.plan.id, -chain.pos)
+        self.board.event(Notice(self.plan.id, message=(
+            f"part {part} failed sha256 after the extractor had read ahead into it: nothing from it was kept; "
+            "extraction starts again from the first part (files already in place are kept)")))
+        self._save(force=True)
+
+    def wait_readable(self, chain: _PartChain, idx: int, off: int) -> int:
+        """Block until part idx has bytes past `off` on disk (admitting it first); return where they end.
+        A part is read as its segments arrive, in order, before its sha256 is known: what is extracted
+        from it lands only once it verifies (extract.CommitGate). Raises on halt, or _Lost when the part
+        failed verification after it was read."""
         s = self.slots[idx]
         pid = self.plan.id
         with self.slots_changed:
-            self.next_needed = idx
-            self.group.budget.poke()
-            self.board.set_current_part(pid, s.info.name)
-            self._schedule()
-            while s.rec.status not in (VERIFIED, CONSUMED):
+            if self.next_needed != idx:  # moved on to this part
+                self.next_needed = idx
+                self.group.budget.poke()
+                self.board.set_current_part(pid, s.info.name)
+                self._schedule()
+            while True:
+                if len(chain.read_gen) > idx and chain.read_gen[idx] != s.generation:
+                    raise _Lost(s.info.name)
+                if s.rec.status in (VERIFIED, CONSUMED):
+                    end = s.info.size
+                else:
+                    with self.journal_lock:
+                        done = set(s.rec.segments_done)
+                    while s.fetched_k in done:
+                        s.fetched_k += 1
+                    end = min(s.fetched_k * self.segment_size, s.info.size) if s.admitted else 0
+                if end > off:
+                    if len(chain.read_gen) == idx:
+                        chain.read_gen.append(s.generation)
+                    self._phase(ExtractingParts())
+                    return end
                 if self.halt.is_set():
                     self._raise_if_halted()
                     raise Stopped()
-                complete = len(s.rec.segments_done) == s.segments
-                self._phase(VerifyingPart() if complete else WaitingForParts())
+                self._phase(WaitingForParts())
                 started = time.monotonic()
                 self.slots_changed.wait(0.5)
-                self.board.waited(pid, Limit.HASH if complete else Limit.NETWORK, time.monotonic() - started)
+                self.board.waited(pid, Limit.NETWORK, time.monotonic() - started)
                 self._schedule()
-        self._phase(ExtractingParts())
-        return s
 
     def _phase(self, event: VerifyingPart | WaitingForParts | ExtractingParts) -> None:
         """Downloading / verifying / extracting: what the extractor waits for now (caller holds slots_changed)."""
@@ -895,34 +948,52 @@ class ArtifactRun:
         self._apply(Completed(warning))
 
 
-class _PartChain(io.RawIOBase):
-    """The verified parts of one artifact as one forward-only stream (blocks until the next is ready).
+class _Lost(Exception):
+    """A part the extractor had read ahead into failed sha256: what was decoded since the start is void."""
 
-    Each part is mapped and `read()` hands out views of the mapping: the decompressor reads the
-    page cache in place, without a copy.
+    def __init__(self, part: str) -> None:
+        super().__init__(part)
+        self.part = part
+
+
+class _PartChain(io.RawIOBase):
+    """One artifact's parts as one forward-only stream, each read as its segments arrive, and the
+    extraction's CommitGate: how far what it read is verified.
+
+    The decoder used to wait for each part's sha256 before reading it: on 16 cores the store's
+    extractor then waited for a whole part at every start and, link-bound, at every part
+    (docs/downloads.md, "Decoded as it arrives"). Each read maps just the range it hands out
+    (`map_range`): the decompressor reads the page cache in place, without a copy, and the mapping
+    goes when it drops the view. The decoding thread reads; the tar writer asks `verified`.
     """
 
     def __init__(self, run: ArtifactRun) -> None:
-        self.run, self.idx, self.off, self.last = run, 0, 0, 0
-        self.part: MappedPart | None = None
+        self.run, self.idx, self.off = run, 0, 0
+        self.pos = 0  # input bytes read, over all parts
+        self.fd = -1
+        self.read_gen: list[int] = []  # per part read so far: its generation when it was read
+        self.verified_parts = self.verified_bytes = self.consumed_upto = 0
 
     def readable(self) -> bool:
         return True
 
     def read(self, size: int = -1) -> memoryview | bytes:
-        while self.idx < len(self.run.slots):
-            if self.part is None:
-                self.part, self.off, self.last = MappedPart(self.run.wait_ready(self.idx).path), 0, 0
-            left = len(self.part) - self.off
-            if left:
-                self.part.drop_before(self.last)  # the decompressor is done with all before its last read
-                n = left if size < 0 else min(size, left)
-                self.last, self.off = self.off, self.off + n
-                self.run.board.add_decoded(self.run.plan.id, n)
-                return self.part.slice(self.last, self.off)
+        run = self.run
+        while self.idx < len(run.slots):
+            s = run.slots[self.idx]
+            if self.off < s.info.size:
+                end = run.wait_readable(self, self.idx, self.off)
+                if self.fd < 0:
+                    self.fd = os.open(s.path, os.O_RDONLY)
+                n = end - self.off if size < 0 else min(size, end - self.off)
+                view = map_range(self.fd, self.off, self.off + n)
+                self.off += n
+                self.pos += n
+                run.board.add_decoded(run.plan.id, n)
+                return view
             self.close_current()
-            self.run.consumed(self.idx)
-            self.idx += 1
+            self.idx, self.off = self.idx + 1, 0
+            self.verified()  # parts read and verified are consumed (they may be evicted)
         return b""
 
     def readinto(self, b: WriteableBuffer) -> int:
@@ -932,41 +1003,59 @@ class _PartChain(io.RawIOBase):
         return len(data)
 
     def close_current(self) -> None:
-        self.part = None  # the mapping goes when the decompressor drops its last view of it
+        if self.fd >= 0:
+            os.close(self.fd)  # a mapping the decompressor still holds stays valid
+            self.fd = -1
 
     def describe(self) -> str:
         if self.idx < len(self.run.slots):
             return f"in part {self.run.slots[self.idx].info.name}"
         return "at the end of the archive"
 
+    # ---- extract.CommitGate ----------------------------------------------------------------------
+    def position(self) -> int:
+        return self.pos
 
-class MappedPart:
-    """A read-only mapping of a staged part, handed out in place and dropped from RSS behind the reader.
+    def verified(self) -> int:
+        run = self.run
+        with run.slots_changed:
+            while self.verified_parts < len(self.read_gen):
+                s = run.slots[self.verified_parts]
+                if s.generation != self.read_gen[self.verified_parts] or s.rec.status not in (VERIFIED, CONSUMED):
+                    break
+                self.verified_bytes += s.info.size
+                self.verified_parts += 1
+            for i in range(self.verified_parts, len(self.read_gen)):
+                if run.slots[i].generation != self.read_gen[i]:
+                    raise _Lost(run.slots[i].info.name)
+            while self.consumed_upto < min(self.verified_parts, self.idx):
+                run.consumed(self.consumed_upto)
+                self.consumed_upto += 1
+            return self.verified_bytes
 
-    Mapped pages count as the process's resident memory; dropping them (MADV_DONTNEED) only unmaps
-    them, the page cache keeps the data. Without it a 128 MiB part would add 128 MiB to peak RSS.
-    """
+    def wait_verified(self, position: int) -> None:
+        run = self.run
+        with run.slots_changed:
+            while self.verified() < position:
+                if run.halt.is_set():
+                    run._raise_if_halted()
+                    raise Stopped()
+                run._phase(VerifyingPart())
+                started = time.monotonic()
+                run.slots_changed.wait(0.5)
+                run.board.waited(run.plan.id, Limit.HASH, time.monotonic() - started)
 
-    def __init__(self, path: Path) -> None:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            self.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-        self.size, self.dropped = size, 0
-        if self.mm is not None:
-            self.mm.madvise(mmap.MADV_SEQUENTIAL)
-        self.view = memoryview(self.mm) if self.mm is not None else memoryview(b"")
+    def settle(self) -> None:
+        """Until all read so far is verified; raises _Lost if some of it failed."""
+        self.wait_verified(self.pos)
 
-    def __len__(self) -> int:
-        return self.size
 
-    def slice(self, start: int, end: int) -> memoryview:
-        return self.view[start:end]
-
-    def drop_before(self, pos: int) -> None:
-        end = pos - pos % mmap.PAGESIZE
-        if self.mm is not None and end > self.dropped:
-            self.mm.madvise(mmap.MADV_DONTNEED, self.dropped, end - self.dropped)
-            self.dropped = end
+def map_range(fd: int, start: int, end: int) -> memoryview:
+    """The file's bytes [start, end) mapped read-only, in place: the mapping lives as long as the view
+    (a mapping starts on a page boundary)."""
+    base = start - start % mmap.ALLOCATIONGRANULARITY
+    mm = mmap.mmap(fd, end - base, offset=base, access=mmap.ACCESS_READ)
+    return memoryview(mm)[start - base:]
 
 
 def _hash_range(h: Any, fd: int, start: int, end: int, halt: threading.Event) -> None:

@@ -40,6 +40,7 @@ class Fault:
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)  # extra headers for "body"/"redirect"
     count: int = 0  # "huge_listing": how many entries
+    covering: int | None = None  # any kind: only responses whose range includes this file offset
     hits: int = 0
 
 
@@ -64,7 +65,8 @@ class FaultBook:
              kinds: tuple[str, ...] | None = None) -> Fault | None:
         """Consume and return the first armed fault for this request, or None.
 
-        `covers` (start, end-exclusive) limits "corrupt" faults to responses that include the offset;
+        `covers` (start, end-exclusive) limits "corrupt" faults to responses that include the offset, and
+        any fault with `covering` to responses that include that one;
         `kinds` limits the search to those kinds (each handler takes the kinds it plays).
         """
         with self._lock:
@@ -73,6 +75,8 @@ class FaultBook:
                     if fault.where != where or fault.times == 0 or (kinds and fault.kind not in kinds):
                         continue
                     if fault.kind == "corrupt" and covers and not covers[0] <= fault.offset < covers[1]:
+                        continue
+                    if fault.covering is not None and covers and not covers[0] <= fault.covering < covers[1]:
                         continue
                     if fault.times > 0:
                         fault.times -= 1
