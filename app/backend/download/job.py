@@ -1,9 +1,10 @@
 """One artifact, end to end: parallel ranged fetch -> sha256 verify -> streaming extraction.
 
 Threads: fetch workers take a connection slot, then the lowest (part, segment) still to fetch; one
-verifier hashes each part as its segments arrive; DURABILITY_THREADS fsync extracted files before the journal calls them done; the caller's
-thread runs the extractor (extract.py: a zstd thread decodes, this thread parses tar and writes),
-which reads only verified parts, in order.
+verifier hashes each part as its segments arrive; DURABILITY_THREADS fsync extracted files before
+the journal calls them done; the caller's thread runs the extractor (extract.py: a zstd thread
+decodes, this thread parses tar and writes), which reads the parts in order as they arrive and lands
+what it extracted only once the parts it came from are verified.
 
 Several artifacts run at once (runner.py), each with its own threads, decoder and writer. They
 share one `ConnectionBudget`: a fetch worker holds one of its N slots per request, and a request
@@ -730,8 +731,8 @@ class ArtifactRun:
 
         Called at each segment's end, so a part's hash is ready when its last segment arrives, not a
         whole part's hashing later: that wait was on the critical path at each artifact's first part
-        and, link-bound, its last (docs/downloads.md, "Hashed as it arrives"). Nothing from the part
-        is used before the comparison (verify before trust).
+        and, link-bound, its last (docs/downloads.md, "Hashed as it arrives"). Nothing extracted from
+        the part lands before the comparison (verify before trust; _PartChain).
         """
         if s.rec.status != PENDING or s.fd is None:
             return  # verified already: a late wake-up
