@@ -833,7 +833,7 @@ class ArtifactRun:
                         s.rec.status = VERIFIED  # untouched since this process verified it
                     elif s.rec.status == EVICTED:
                         s.rec.status, s.rec.segments_done, s.fetched_k = PENDING, [], 0
-            self.next_needed = -1
+            self.next_needed = 0
         self.board.add_decoded(self.plan.id, -chain.pos)
         self.board.event(Notice(self.plan.id, message=(
             f"part {part} failed sha256 after the extractor had read ahead into it: nothing from it was kept; "
@@ -848,8 +848,8 @@ class ArtifactRun:
         s = self.slots[idx]
         pid = self.plan.id
         with self.slots_changed:
-            if self.next_needed != idx:  # moved on to this part
-                self.next_needed = idx
+            if chain.at != idx:  # moved on to this part
+                chain.at = self.next_needed = idx
                 self.group.budget.poke()
                 self.board.set_current_part(pid, s.info.name)
                 self._schedule()
@@ -970,6 +970,7 @@ class _PartChain(io.RawIOBase):
 
     def __init__(self, run: ArtifactRun) -> None:
         self.run, self.idx, self.off = run, 0, 0
+        self.at = -1  # the part wait_readable last announced as the one the extractor waits for
         self.pos = 0  # input bytes read, over all parts
         self.fd = -1
         self.read_gen: list[int] = []  # per part read so far: its generation when it was read
