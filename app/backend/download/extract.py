@@ -362,13 +362,12 @@ def _extract_member(tf: tarfile.TarFile, m: tarfile.TarInfo, dest_real: str, don
             and os.path.getsize(target) == m.size:
         hooks.on_skip(m.name, m.size)
         return
-    tmp = _write_regular(tf, m, fm.mode, target, hooks, commits.temp_name(target))
+    tmp, written = _write_regular(tf, m, fm.mode, target, hooks, commits.temp_name(target))
 
     def land() -> None:
         os.replace(tmp, target)
         hooks.on_file(m.name, m.size, target)
-    sparse: Any = m.sparse
-    commits.add(reader.tag, land, tmp, sum(length for _, length in sparse) if sparse else m.size)
+    commits.add(reader.tag, land, tmp, written)
 
 
 def _replace_with_link(m: tarfile.TarInfo, target: str, dest_real: str) -> None:
@@ -383,8 +382,9 @@ def _replace_with_link(m: tarfile.TarInfo, target: str, dest_real: str) -> None:
 
 
 def _write_regular(tf: tarfile.TarFile, m: tarfile.TarInfo, mode: int, target: str, hooks: ExtractHooks,
-                   tmp: str) -> str:
-    """Write the member's data to the temp file `tmp` beside target; return it (the caller lands it)."""
+                   tmp: str) -> tuple[str, int]:
+    """Write the member's data to the temp file `tmp` beside target (the caller lands it); return it and
+    the data bytes written."""
     sparse: Any = m.sparse  # tarfile keeps [(offset, length), ...] here (typeshed says bytes)
     extents: list[tuple[int, int]] = list(sparse) if sparse else [(0, m.size)]
     need = sum(length for _, length in extents)
@@ -439,7 +439,7 @@ def _write_regular(tf: tarfile.TarFile, m: tarfile.TarInfo, mode: int, target: s
     hooks.writeback.closed(fd)
     os.close(fd)
     os.utime(tmp, (m.mtime, m.mtime))
-    return tmp
+    return tmp, written[0]
 
 
 def _copy(src: io.RawIOBase, fd: int, length: int, name: str, hooks: ExtractHooks) -> None:

@@ -869,14 +869,19 @@ class ArtifactRun:
                         chain.read_gen.append(s.generation)
                     self._phase(ExtractingParts())
                     return end
-                if self.halt.is_set():
-                    self._raise_if_halted()
-                    raise Stopped()
-                self._phase(WaitingForParts())
-                started = time.monotonic()
-                self.slots_changed.wait(0.5)
-                self.board.waited(pid, Limit.NETWORK, time.monotonic() - started)
+                self.wait_change(WaitingForParts(), Limit.NETWORK)
                 self._schedule()
+
+    def wait_change(self, phase: VerifyingPart | WaitingForParts, limit: Limit) -> None:
+        """The extractor waits (caller holds slots_changed): raise on halt; else show what it waits for,
+        and wait for a change, at most 0.5 s, counted against `limit`."""
+        if self.halt.is_set():
+            self._raise_if_halted()
+            raise Stopped()
+        self._phase(phase)
+        started = time.monotonic()
+        self.slots_changed.wait(0.5)
+        self.board.waited(self.plan.id, limit, time.monotonic() - started)
 
     def _phase(self, event: VerifyingPart | WaitingForParts | ExtractingParts) -> None:
         """Downloading / verifying / extracting: what the extractor waits for now (caller holds slots_changed)."""
@@ -1039,13 +1044,7 @@ class _PartChain(io.RawIOBase):
         run = self.run
         with run.slots_changed:
             while self.verified() < position:
-                if run.halt.is_set():
-                    run._raise_if_halted()
-                    raise Stopped()
-                run._phase(VerifyingPart())
-                started = time.monotonic()
-                run.slots_changed.wait(0.5)
-                run.board.waited(run.plan.id, Limit.HASH, time.monotonic() - started)
+                run.wait_change(VerifyingPart(), Limit.HASH)
 
     def settle(self) -> None:
         """Until all read so far is verified; raises _Lost if some of it failed."""
