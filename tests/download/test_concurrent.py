@@ -12,7 +12,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from app.backend.simhub.artifacts import (
 from app.backend.simhub.faults import Fault
 from app.backend.simhub.server import SimHub
 
-from .conftest import PART_SIZE, fast_config
+from .conftest import PART_SIZE, fast_config, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "moet-panel/simulated-cache"
@@ -478,13 +478,6 @@ def test_a_waiting_read_ahead_request_becomes_urgent_when_its_extractor_reaches_
     other.join(5)
     assert sorted(got) == ["it", "other"]
     assert budget.urgent_waiting == 0
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def _overlap_run(settings, three: Three, dest: Path, monkeypatch, hold_s: float) -> dict[str, dict[str, Any]]:

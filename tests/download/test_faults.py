@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from app.backend.download.types import ArtifactState, CorruptPartError
 from app.backend.simhub.artifacts import file_digest_tree
 from app.backend.simhub.faults import Fault
 
-from .conftest import PREFIX, fast_config
+from .conftest import PREFIX, fast_config, wait_until
 
 PART1 = PREFIX + "001"
 
@@ -151,13 +150,6 @@ def downloading(settings, hub, dest: Path) -> Iterator[ProgressBoard]:
     assert not worker.is_alive() and not errors, errors
 
 
-def poll(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
-
-
 def hold_last_segment(hub, artifact) -> tuple[str, int]:
     """The last part's last segment trickles until the test clears the faults (1 byte, then a dropped
     connection, again and again): every byte before it can arrive, that part cannot verify."""
@@ -182,11 +174,11 @@ def test_a_part_is_decoded_as_it_arrives_and_lands_only_once_verified(settings, 
     dest = tmp_path / "dest"
     held, before = hold_last_segment(hub, artifact)
     with downloading(settings, hub, dest) as board:
-        poll(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes > before,
-             "the extractor never read into the part still arriving")
+        wait_until(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes > before, 20.0,
+                   "the extractor never read into the part still arriving")
         a = board.snapshot()[0]
         assert a.parts_verified == len(artifact.parts) - 1, "the held part is not verified"
-        poll(lambda: board.snapshot()[0].extracted_bytes > 0, "nothing was written ahead of the hash")
+        wait_until(lambda: board.snapshot()[0].extracted_bytes > 0, 20.0, "nothing was written ahead of the hash")
         # what depends on the unverified part waits in temp files; every file before it may have landed
         assert list(dest.rglob("*.moet-partial")), "written ahead, waiting to land"
         partial_names = {p.name.removeprefix(".").removesuffix(".moet-partial") for p in dest.rglob("*.moet-partial")}
@@ -205,8 +197,8 @@ def test_a_part_read_ahead_that_fails_sha256_voids_what_was_decoded_and_extracti
     held, before = hold_last_segment(hub, artifact)
     hub.add_fault(held, Fault("corrupt", offset=100))  # in its first segment, served once
     with downloading(settings, hub, dest) as board:
-        poll(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes > before,
-             "the extractor never read into the corrupt part")
+        wait_until(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes > before, 20.0,
+                   "the extractor never read into the corrupt part")
         assert not any(held in str(p) for p in landed(dest))
     [a] = board.snapshot()
     assert a.state == ArtifactState.DONE, a.reason
