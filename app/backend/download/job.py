@@ -858,12 +858,15 @@ class ArtifactRun:
                     raise _Lost(s.info.name)
                 if s.rec.status in (VERIFIED, CONSUMED):
                     end = s.info.size
+                elif not s.admitted:
+                    end = 0
                 else:
-                    with self.journal_lock:
-                        done = set(s.rec.segments_done)
-                    while s.fetched_k in done:
-                        s.fetched_k += 1
-                    end = min(s.fetched_k * self.segment_size, s.info.size) if s.admitted else 0
+                    if s.fetched_k * self.segment_size <= off:  # only then look for segments that came in since
+                        with self.journal_lock:
+                            done = set(s.rec.segments_done)
+                        while s.fetched_k in done:
+                            s.fetched_k += 1
+                    end = min(s.fetched_k * self.segment_size, s.info.size)
                 if end > off:
                     if len(chain.read_gen) == idx:
                         chain.read_gen.append(s.generation)
