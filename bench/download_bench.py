@@ -319,6 +319,38 @@ def fetch_lines(hub: SimHub, began: float, arts: dict[str, list[Path]]) -> str:
     return out
 
 
+LINK_BIN_S = 0.05
+
+
+def link_line(bodies: list[tuple[str, int, int, float, float]], began: float, cap_bps: float) -> str:
+    """Where the capped link went unused, from the hub's record of each body served (each body's bytes
+    spread evenly over its time, in 50 ms bins): the head (first byte served until the link first ran
+    at 90 % of its cap), the middle, and the tail (after the last bin at 90 %); each as seconds of the
+    link lost (the sum of 1 - served/cap over its bins). What the start and the end of a run cost."""
+    if not bodies:
+        return ""
+    first, last = min(b[3] for b in bodies) - began, max(b[4] for b in bodies) - began
+    bins = [0.0] * (int(last / LINK_BIN_S) + 1)
+    for _, _, n, b0, b1 in bodies:
+        t0, t1 = b0 - began, max(b1 - began, b0 - began + 1e-6)
+        for i in range(int(t0 / LINK_BIN_S), int(t1 / LINK_BIN_S) + 1):
+            lo, hi = max(t0, i * LINK_BIN_S), min(t1, (i + 1) * LINK_BIN_S)
+            if hi > lo:
+                bins[i] += n * (hi - lo) / (t1 - t0)
+    full = cap_bps * LINK_BIN_S
+    busy = [i for i, x in enumerate(bins) if x >= 0.9 * full]
+    if not busy:
+        return f"    link: never at 90 % of its cap; first byte {first:.2f} s, last {last:.2f} s\n"
+    a, z = busy[0], busy[-1]
+    def lost(lo: int, hi: int) -> float:
+        return sum(max(0.0, 1 - bins[i] / full) for i in range(lo, hi)) * LINK_BIN_S
+    served = sum(bins)
+    return (f"    link (cap {cap_bps / MB:.0f} MB/s): first byte {first:.2f} s, at 90 % from {a * LINK_BIN_S:.2f} s"
+            f" to {(z + 1) * LINK_BIN_S:.2f} s, last byte {last:.2f} s; {served / GiB:.2f} GiB at"
+            f" {served / (last - first) / MB:.0f} MB/s; lost: before the first byte {first:.2f} s, head"
+            f" {lost(int(first / LINK_BIN_S), a):.2f} s, middle {lost(a, z + 1):.2f} s, tail {lost(z + 1, len(bins)):.2f} s\n")
+
+
 def dirty_line(r: Run) -> str:
     line = f"    dirty GiB every {DIRTY_EVERY_S:g} s: " + " ".join(f"{d:.1f}" for d in r.dirty)
     return line + (f"\n    PSS MiB at the peak (anonymous+file): {r.at_peak}" if r.at_peak else "")
@@ -413,6 +445,11 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                 if i == 0:
                     print(waits_lines(err) + dirty_line(r), flush=True)
                 print(timeline_lines(err), end="", flush=True)
+                if kind != "card" and (sc.conn_cap or sc.link_cap):
+                    with hub.stats.lock:
+                        served = list(hub.stats.bodies)
+                    cap = min(x for x in (sc.link_cap, (sc.conn_cap or 0) * conns or None) if x)
+                    print(link_line(served, began, cap), end="", flush=True)
                 if os.environ.get("MOET_TIMELINE_SERIES") and kind != "card":
                     print(fetch_lines(hub, began, arts), end="", flush=True)
                 shutil.rmtree(dest, ignore_errors=True)

@@ -14,12 +14,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from app.backend.download.job import ConnectionBudget, RunGroup, shares
+from app.backend.download.job import ConnectionBudget, RunGroup, SegmentQueue, shares
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.runner import artifact_jobs, run_download
 from app.backend.download.types import (
@@ -635,3 +636,60 @@ def test_segments_are_fetched_lowest_first_when_workers_outnumber_the_slots(sett
               if path in names]
     assert len(served) >= 3 * len(names), "several segments per part"
     assert served == sorted(served), "every range in (part, offset) order"
+
+
+class _Part:
+    def __init__(self, idx: int) -> None:
+        self.idx = idx
+
+
+def test_the_end_game_splits_the_last_segments_into_pieces_in_order():
+    """Whole segments while parts are still to be queued, or more than a segment per connection is; then
+    each pop takes the queued bytes split over the connections (at least a quarter segment) and leaves the rest first in line, so
+    every byte is handed out once, in (part, offset) order (docs/downloads.md, "The end game")."""
+    seg, size = 1 << 20, 4 << 20
+    q = SegmentQueue(connections=4, segment_size=seg)
+    parts = [_Part(0), _Part(1)]
+    q.put(parts[1], 0, seg)  # type: ignore[arg-type]
+    assert q.pop() == (parts[1], 0, seg), "no pieces while more parts are on their way to the queue"
+    q.put(parts[1], 0, seg)  # type: ignore[arg-type]
+    for part in reversed(parts):  # queued out of order: handed out in order all the same
+        for start in range(seg if part is parts[1] else 0, size, seg):
+            q.put(part, start, start + seg)  # type: ignore[arg-type]
+    q.last = True
+    popped = []
+    while (got := q.pop()) is not None:
+        part, start, end = got
+        popped.append((part.idx, start, end))
+    assert popped == sorted(popped), "lowest (part, offset) first"
+    for idx in (0, 1):
+        mine = [(a, b) for i, a, b in popped if i == idx]
+        assert mine[0][0] == 0 and mine[-1][1] == size and all(b == c for (_, b), (c, _) in pairwise(mine)), \
+            "each part's bytes handed out exactly once, no gap, no overlap"
+    lengths = [b - a for _, a, b in popped]
+    assert lengths[:4] == [seg] * 4, "whole segments while 2 segments per connection are queued"
+    assert any(n < seg for n in lengths), "the last segments went out in pieces"
+    assert min(lengths) >= seg // 4, "never a piece under a quarter segment"
+    assert len(popped) <= 2 * 2 * size // seg, "the end game at most doubles the requests here"
+
+
+def test_pieces_of_segments_land_whole_and_the_tree_matches(settings, three, tmp_path):
+    """With four connections the store's last segments are fetched in pieces: the hub serves ranges shorter
+    than a segment that are not a part's end, each part verifies once all its pieces are in, and the tree
+    is the reference's."""
+    hub = hub_for(three)
+    dest = tmp_path / "dest"
+    board = ProgressBoard()
+    try:
+        cfg = fast_config(settings, hub.endpoint, dest, artifact_jobs=1, connections=4)
+        run_download(cfg, [s for s in three.specs if s.id == "store"], board, threading.Event())
+    finally:
+        hub.stop()
+    assert board.snapshot()[0].state == ArtifactState.DONE, board.snapshot()[0].reason
+    assert trees_of(dest, ["store"]) == {"store": three.reference["store"]}
+    sizes = {p.name: p.stat().st_size for p in three.parts["store"]}
+    seg = cfg.segment_size
+    ranges = [(path, a, b + 1) for path, rng in hub.stats.ranges if path in sizes
+              for a, b in [map(int, rng.split("=")[1].split("-"))]]
+    pieces = [r for r in ranges if r[1] % seg or (r[2] % seg and r[2] != sizes[r[0]])]
+    assert pieces, "some ranges were pieces of a segment, not whole ones"

@@ -268,7 +268,9 @@ class RunGroup:
         self.budget = ConnectionBudget(connections, ctx, ranks=len(ids or []), weights=to_fetch)
         # Each fetch worker holds a libcurl handle and 0.5 MiB of buffers (ranged.py), so artifacts running
         # side by side do not each get `connections` of them: twice their even share, which leaves the
-        # budget room to shift slots to the artifact whose extractor waits.
+        # budget room to shift slots to the artifact whose extractor waits. One per connection each was
+        # 0.96-0.97x as fast on 16 cores: more workers waking for each freed slot slowed the store's
+        # decoder (docs/downloads.md, "The end game").
         self.workers_per_artifact = min(connections, max(2, -(-2 * connections // max(jobs, 1))))
         self.user_stop: threading.Event | None = user_stop
         self.stop = SharedFlag(ctx)
@@ -344,7 +346,7 @@ class RunGroup:
 
 
 class SegmentQueue:
-    """The segments an artifact still has to fetch, lowest (part, segment) first.
+    """The byte ranges an artifact still has to fetch, lowest (part, offset) first.
 
     A fetch worker takes a connection slot first and only then the lowest segment: parts then
     complete in order, the one the extractor waits for first. When each worker held a segment while
@@ -352,16 +354,29 @@ class SegmentQueue:
     and a later part's segments often went before the rest of the next one (seen on 16 cores:
     the store's extractor waited ~1 s for its second part while 500 MiB of later parts came in;
     docs/downloads.md, "In order").
+
+    The end game: once every part still to fetch is queued (`last`) and fewer bytes are queued than a
+    segment for each of the run's `connections`, a worker takes only a piece of its segment, the bytes
+    queued split evenly over the connections (at least a quarter of a segment), and leaves the rest
+    queued first. Whole segments ended up to a
+    segment's time apart, so the link ran below its rate while the last ones drained (measured on 16
+    cores, capped + link: 0.1-0.3 s of the link lost at the end; docs/downloads.md, "The end game").
+    A segment is still what is journaled: it is done once all its pieces are.
     """
 
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, int, int, _Slot]] = []
-        self._seq = itertools.count()  # ties (a segment queued again) keep their order, never compare slots
+    def __init__(self, connections: int = 1, segment_size: int = 0) -> None:
+        self._heap: list[tuple[int, int, int, int, _Slot]] = []  # (part, start, seq, end, slot)
+        self._seq = itertools.count()  # ties (a range queued again) keep their order, never compare slots
         self._ready = threading.Condition()
+        self._queued = 0  # bytes in the heap
+        self._connections = max(connections, 1)
+        self._piece_min = max(segment_size // 4, 1)
+        self.last = False  # every part still to fetch is queued: no more bytes are on their way in
 
-    def put(self, s: _Slot, k: int) -> None:
+    def put(self, s: _Slot, start: int, end: int) -> None:
         with self._ready:
-            heapq.heappush(self._heap, (s.idx, k, next(self._seq), s))
+            heapq.heappush(self._heap, (s.idx, start, next(self._seq), end, s))
+            self._queued += end - start
             self._ready.notify()
 
     def wait(self, timeout: float) -> bool:
@@ -369,12 +384,18 @@ class SegmentQueue:
         with self._ready:
             return bool(self._heap) or self._ready.wait(timeout) and bool(self._heap)
 
-    def pop(self) -> tuple[_Slot, int] | None:
+    def pop(self) -> tuple[_Slot, int, int] | None:
+        """The lowest range queued, or its first piece in the end game: (slot, start, end)."""
         with self._ready:
             if not self._heap:
                 return None
-            idx, k, _, s = heapq.heappop(self._heap)
-            return s, k
+            idx, start, seq, end, s = heapq.heappop(self._heap)
+            piece = max(self._piece_min, self._queued // self._connections)
+            if self.last and end - start >= piece + self._piece_min:  # no remainder smaller than a piece
+                heapq.heappush(self._heap, (idx, start + piece, seq, end, s))
+                end = start + piece
+            self._queued -= end - start
+            return s, start, end
 
     def first_part(self) -> int | None:
         """The part of the lowest segment queued (None when none is)."""
@@ -397,7 +418,8 @@ class _Slot:
     fd: int | None = None
     sha: Any = None  # sha256 of the part's bytes [0, hashed): the verifier's alone (hashlib has no public type)
     hashed: int = 0
-    inflight: set[int] = field(default_factory=set)  # segments holding a connection now
+    inflight: dict[int, int] = field(default_factory=dict)  # segment -> its pieces holding a connection now
+    unfetched: dict[int, int] = field(default_factory=dict)  # segment -> its bytes queued or in flight
     generation: int = 0  # +1 each time it fails sha256: bytes read from it before are void
     fetched_k: int = 0  # segments [0, fetched_k) are on disk: what the extractor may read ahead of the hash
 
@@ -416,7 +438,7 @@ class ArtifactRun:
         self.last_save = 0.0
         self.staging = staging_dir(cfg.dest, plan.id)
         self.segment_size = journal.segment_size
-        self.tasks = SegmentQueue()
+        self.tasks = SegmentQueue(group.budget.size, self.segment_size)
         self.verify_q: queue.Queue[_Slot | None] = queue.Queue()
         self.durable_q: queue.Queue[tuple[str, int, str] | None] = queue.Queue()
         self.next_needed = 0
@@ -593,8 +615,15 @@ class ArtifactRun:
             staged += s.info.size
             for k in range(s.segments):
                 if k not in s.rec.segments_done:
-                    self.tasks.put(s, k)
+                    self._queue(s, k)
+        self.tasks.last = all(s.admitted or s.rec.status != PENDING for s in self.slots)
         self._announce()
+
+    def _queue(self, s: _Slot, k: int) -> None:
+        start = k * self.segment_size
+        with self.journal_lock:
+            s.unfetched[k] = self._seg_len(s, k)
+        self.tasks.put(s, start, start + self._seg_len(s, k))
 
     def _announce(self) -> None:
         """Tell the connection budget how many segments of the part the extractor waits for (or an
@@ -646,13 +675,13 @@ class ArtifactRun:
             if task is None:  # another worker took the last one meanwhile
                 self.group.budget.release(self.rank)
                 continue
-            s, k = task
-            start = k * self.segment_size
+            s, start, end = task
+            k = start // self.segment_size
             assert s.fd is not None  # admitted parts are open until verified
             self._took_slot(s, k)
             self.board.flight(pid, +1)
             try:
-                fetch_range(self.hub, getter, s.info, start, start + self._seg_len(s, k), s.fd, self.halt,
+                fetch_range(self.hub, getter, s.info, start, end, s.fd, self.halt,
                             on_wire=lambda n: self.board.add_wire(pid, n),
                             on_useful=lambda n: self.board.add_fetched(pid, n),
                             on_retry=partial(self._retrying, s))
@@ -667,14 +696,25 @@ class ArtifactRun:
             finally:
                 self.board.flight(pid, -1)
                 self.group.budget.release(self.rank)
-            self._segment_done(s, k)
+            self._piece_done(s, k, end - start)
 
     def _took_slot(self, s: _Slot, k: int) -> None:
-        """Segment k is in flight (until _segment_done); one urgent request fewer on its way."""
+        """A piece of segment k is in flight (until _piece_done); one urgent request fewer on its way."""
         with self.journal_lock:
-            s.inflight.add(k)
+            s.inflight[k] = s.inflight.get(k, 0) + 1
         if self._is_urgent(s):
             self._announce()
+
+    def _piece_done(self, s: _Slot, k: int, n: int) -> None:
+        """n bytes of segment k are on disk; the segment is done once all of it is."""
+        with self.journal_lock:
+            s.inflight[k] -= 1
+            if not s.inflight[k]:
+                del s.inflight[k]
+            s.unfetched[k] -= n
+            whole = s.unfetched[k] <= 0
+        if whole:
+            self._segment_done(s, k)
 
     def _is_urgent(self, s: _Slot) -> bool:
         """A request for the part the extractor waits for (or an earlier one) goes ahead of read-ahead."""
@@ -690,7 +730,6 @@ class ArtifactRun:
 
     def _segment_done(self, s: _Slot, k: int) -> None:
         with self.journal_lock:
-            s.inflight.discard(k)
             if k not in s.rec.segments_done:
                 s.rec.segments_done.append(k)
             complete = len(s.rec.segments_done) == s.segments
@@ -780,7 +819,7 @@ class ArtifactRun:
         # Not truncated: every segment is written again before it is hashed again, and the extractor
         # may have a range of it mapped (touching a mapping past a file's end is SIGBUS)
         for k in range(s.segments):
-            self.tasks.put(s, k)
+            self._queue(s, k)
         self._announce()
 
     # ---- extraction ----------------------------------------------------------------------------
