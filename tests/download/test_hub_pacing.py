@@ -92,3 +92,13 @@ def test_the_link_is_shared_by_every_connection(artifact: Any) -> None:
         assert elapsed >= (size - step_for(link_bps)) / link_bps - BURST_S, (elapsed, size / link_bps)
     finally:
         hub.stop()
+
+
+def test_the_simulated_servers_send_without_nagle() -> None:
+    """Both doubles answer with TCP_NODELAY, as the real Hub's and vLLM's servers do: with Nagle, every
+    answer's body waited ~40 ms for the client's delayed ACK of its headers (docs/downloads.md)."""
+    from app.backend.simengine.handler import _Handler
+    from app.backend.simhub.server import _HubHandler
+
+    assert _HubHandler.disable_nagle_algorithm is True
+    assert _Handler.disable_nagle_algorithm is True
