@@ -420,6 +420,7 @@ class _Slot:
     hashed: int = 0
     inflight: dict[int, int] = field(default_factory=dict)  # segment -> its pieces holding a connection now
     unfetched: dict[int, int] = field(default_factory=dict)  # segment -> its bytes queued or in flight
+    landed: dict[int, int] = field(default_factory=dict)  # range start -> its bytes on disk (segments not done)
     generation: int = 0  # +1 each time it fails sha256: bytes read from it before are void
     fetched_k: int = 0  # segments [0, fetched_k) are on disk: what the extractor may read ahead of the hash
 
@@ -442,6 +443,7 @@ class ArtifactRun:
         self.verify_q: queue.Queue[_Slot | None] = queue.Queue()
         self.durable_q: queue.Queue[tuple[str, int, str] | None] = queue.Queue()
         self.next_needed = 0
+        self.wants: tuple[int, int] | None = None  # (part, offset) the extractor waits for, while it does
         self.already_extracted = sum(journal.files_done.values())
         self.slots = [self._make_slot(i, p, r) for i, (p, r) in enumerate(zip(plan.parts, journal.parts, strict=True))]
 
@@ -623,7 +625,14 @@ class ArtifactRun:
         start = k * self.segment_size
         with self.journal_lock:
             s.unfetched[k] = self._seg_len(s, k)
+            self._forget_landed(s, k)
         self.tasks.put(s, start, start + self._seg_len(s, k))
+
+    def _forget_landed(self, s: _Slot, k: int) -> None:
+        """Segment k is whole on disk, or to be fetched again (caller holds journal_lock)."""
+        lo, hi = k * self.segment_size, (k + 1) * self.segment_size
+        for start in [a for a in s.landed if lo <= a < hi]:
+            del s.landed[start]
 
     def _announce(self) -> None:
         """Tell the connection budget how many segments of the part the extractor waits for (or an
@@ -678,12 +687,12 @@ class ArtifactRun:
             s, start, end = task
             k = start // self.segment_size
             assert s.fd is not None  # admitted parts are open until verified
-            self._took_slot(s, k)
+            self._took_slot(s, k, start)
             self.board.flight(pid, +1)
             try:
                 fetch_range(self.hub, getter, s.info, start, end, s.fd, self.halt,
                             on_wire=lambda n: self.board.add_wire(pid, n),
-                            on_useful=lambda n: self.board.add_fetched(pid, n),
+                            on_useful=partial(self._landing, s, start),
                             on_retry=partial(self._retrying, s))
             except Stopped:
                 return
@@ -698,12 +707,25 @@ class ArtifactRun:
                 self.group.budget.release(self.rank)
             self._piece_done(s, k, end - start)
 
-    def _took_slot(self, s: _Slot, k: int) -> None:
+    def _took_slot(self, s: _Slot, k: int, start: int) -> None:
         """A piece of segment k is in flight (until _piece_done); one urgent request fewer on its way."""
         with self.journal_lock:
             s.inflight[k] = s.inflight.get(k, 0) + 1
+            s.landed[start] = 0
         if self._is_urgent(s):
             self._announce()
+
+    def _landing(self, s: _Slot, start: int, n: int) -> None:
+        """n more bytes of the range from `start` are on disk, in order: the extractor may read them now
+        rather than once the whole segment is in (docs/downloads.md, "Read as it lands"); it is woken
+        only when these are the bytes it waits for."""
+        self.board.add_fetched(self.plan.id, n)
+        with self.journal_lock:
+            got = s.landed[start] = s.landed.get(start, 0) + n
+        wants = self.wants
+        if wants is not None and wants[0] == s.idx and start <= wants[1] < start + got:
+            with self.slots_changed:
+                self.slots_changed.notify_all()
 
     def _piece_done(self, s: _Slot, k: int, n: int) -> None:
         """n bytes of segment k are on disk; the segment is done once all of it is."""
@@ -730,6 +752,7 @@ class ArtifactRun:
 
     def _segment_done(self, s: _Slot, k: int) -> None:
         with self.journal_lock:
+            self._forget_landed(s, k)
             if k not in s.rec.segments_done:
                 s.rec.segments_done.append(k)
             complete = len(s.rec.segments_done) == s.segments
@@ -900,19 +923,36 @@ class ArtifactRun:
                 elif not s.admitted:
                     end = 0
                 else:
-                    if s.fetched_k * self.segment_size <= off:  # only then look for segments that came in since
-                        with self.journal_lock:
-                            done = set(s.rec.segments_done)
-                        while s.fetched_k in done:
-                            s.fetched_k += 1
                     end = min(s.fetched_k * self.segment_size, s.info.size)
+                    if end <= off:  # only then look for what came in since
+                        end = self._landed_end(s)
                 if end > off:
+                    self.wants = None
                     if len(chain.read_gen) == idx:
                         chain.read_gen.append(s.generation)
                     self._phase(ExtractingParts())
                     return end
+                self.wants = (idx, off)
                 self.wait_change(WaitingForParts(), Limit.NETWORK)
                 self._schedule()
+
+    def _landed_end(self, s: _Slot) -> int:
+        """Where the bytes on disk from the part's start end: whole segments, then ranges as they land
+        (a segment's pieces in order, the first of them partly in)."""
+        seg, size = self.segment_size, s.info.size
+        with self.journal_lock:
+            done = set(s.rec.segments_done)
+            while s.fetched_k in done:
+                s.fetched_k += 1
+            end = s.fetched_k * seg
+            while end < size:
+                if end % seg == 0 and end // seg in done:
+                    end += seg
+                elif (n := s.landed.get(end, 0)) > 0:
+                    end += n
+                else:
+                    break
+        return min(end, size)
 
     def wait_change(self, phase: VerifyingPart | WaitingForParts, limit: Limit) -> None:
         """The extractor waits (caller holds slots_changed): raise on halt; else show what it waits for,
