@@ -10,9 +10,7 @@ import argparse
 import sys
 import threading
 from pathlib import Path
-
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn
+from typing import TYPE_CHECKING
 
 from app.backend.download.ckpt import check_ckpt_id
 from app.backend.download.config import make_config
@@ -26,6 +24,9 @@ from app.backend.hf_token import redact
 from app.backend.settings import resolve_settings
 from app.backend.units import duration_text, gib_text
 from app.cli.main import add_common
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def register(subs: argparse._SubParsersAction) -> None:
@@ -53,7 +54,6 @@ def run(args: argparse.Namespace) -> int:
     settings = resolve_settings(args.recipe, args.data_dir)
     recipe = settings.recipe
     specs = [recipe.artifact(a) for a in args.artifacts] if args.artifacts else list(recipe.artifacts)
-    err = Console(stderr=True)
     extra: dict = {}
     if args.segment_mib:
         extra["segment_size"] = args.segment_mib * MiB
@@ -70,14 +70,14 @@ def run(args: argparse.Namespace) -> int:
 
         demo = start_demo_hub(settings.state_dir / "simhub")
         endpoint = demo.endpoint
-        err.print(f"[yellow]SIMULATED[/] hub serving the demo artifact at {endpoint}")
+        _stderr().print(f"[yellow]SIMULATED[/] hub serving the demo artifact at {endpoint}")
     try:
         cfg = make_config(settings, dest=Path(args.dest).absolute() if args.dest else None, endpoint=endpoint,
                           repo=args.repo, revision=args.revision, connections=args.connections,
                           token_file=args.token_file, **extra)
         if args.clean:
-            return _clean(cfg.dest, [s.id for s in specs], err)
-        return _download(cfg, specs, settings, err)
+            return _clean(cfg.dest, [s.id for s in specs])
+        return _download(cfg, specs, settings)
     except ValueError as exc:
         print(f"moet-panel download: {redact(str(exc))}", file=sys.stderr)
         return 2
@@ -86,18 +86,25 @@ def run(args: argparse.Namespace) -> int:
             demo.stop()
 
 
-def _clean(dest: Path, ids: list[str], err: Console) -> int:
+def _stderr() -> Console:
+    # rich imported here, not at the top: the listing does not wait for it (start-up time of `download`, docs/downloads.md)
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _clean(dest: Path, ids: list[str]) -> int:
     try:
         with DestLock(dest):
             freed = clean_partial(dest, ids)
     except LockedError as exc:
         print(f"moet-panel download: {exc}", file=sys.stderr)
         return 4
-    err.print(f"removed partial download data under {dest}: {gib_text(freed)} freed")
+    _stderr().print(f"removed partial download data under {dest}: {gib_text(freed)} freed")
     return 0
 
 
-def _download(cfg, specs, settings, err: Console) -> int:
+def _download(cfg, specs, settings) -> int:
     board, stop = ProgressBoard(), threading.Event()
     outcome: dict[str, BaseException | None] = {"exc": None}
 
@@ -110,9 +117,13 @@ def _download(cfg, specs, settings, err: Console) -> int:
     worker = threading.Thread(target=work, name="download", daemon=True)
     worker.start()
     try:
+        while worker.is_alive() and not board.snapshot():  # rich after the listing: imported beside it, it takes the GIL from it
+            worker.join(0.05)
+        err = _stderr()
         _show_progress(board, worker, err)
     except KeyboardInterrupt:
         stop.set()
+        err = _stderr()
         err.print("pausing… (verified data is kept; rerun the same command to resume)")
         worker.join()
     return _report(board, outcome["exc"], specs, settings, cfg, err)
@@ -137,11 +148,12 @@ def progress_line(a: ArtifactProgress) -> str:
 
 
 def _show_progress(board: ProgressBoard, worker: threading.Thread, err: Console) -> None:
+    from rich.progress import BarColumn, Progress, TaskID, TextColumn  # as in _stderr()
+
     columns = [TextColumn("{task.fields[name]:<12}"), BarColumn(), TextColumn("{task.fields[status]}")]
     tasks: dict[str, TaskID] = {}
     with Progress(*columns, console=err, disable=not err.is_terminal, refresh_per_second=4) as bars:
-        while worker.is_alive():
-            worker.join(0.5)
+        while True:  # shown at once, then every 0.5 s; once more when the worker has ended
             arts = board.snapshot()
             for a in arts:
                 if a.id not in tasks:
@@ -156,6 +168,9 @@ def _show_progress(board: ProgressBoard, worker: threading.Thread, err: Console)
                             status=f"{gib_text(total.rate_bps)}/s on the wire · {gib_text(total.extracted_bps)}/s extracted"
                                    f"{f' · limit: {total.binding.value}' if total.binding else ''} · {eta_text(total.eta_s)}"
                                    f" · staging {gib_text(disk.staging_used if disk else 0)}")
+            if not worker.is_alive():
+                break
+            worker.join(0.5)
 
 
 def _report(board, exc, specs, settings, cfg, err: Console) -> int:
