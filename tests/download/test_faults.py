@@ -173,14 +173,16 @@ def test_a_part_is_decoded_as_it_arrives_and_lands_only_once_verified(settings, 
     monkeypatch.setattr(extract, "DECODE_CHUNK", 64 * 1024)  # decoded buffers smaller than the part's first segments
     dest = tmp_path / "dest"
     held, before = hold_last_segment(hub, artifact)
+    seg = fast_config(settings, hub.endpoint, dest).segment_size
     with downloading(settings, hub, dest) as board:
-        wait_until(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes > before, 20.0,
+        # a whole segment of the held part read (its bytes are read as they land: one byte is not enough to decode)
+        wait_until(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes >= before + seg, 20.0,
                    "the extractor never read into the part still arriving")
-        a = board.snapshot()[0]
-        assert a.parts_verified == len(artifact.parts) - 1, "the held part is not verified"
-        wait_until(lambda: board.snapshot()[0].extracted_bytes > 0, 20.0, "nothing was written ahead of the hash")
+        wait_until(lambda: board.snapshot()[0].parts_verified == len(artifact.parts) - 1, 20.0,
+                   "every part but the held one verifies")
         # what depends on the unverified part waits in temp files; every file before it may have landed
-        assert list(dest.rglob("*.moet-partial")), "written ahead, waiting to land"
+        wait_until(lambda: list(dest.rglob("*.moet-partial")), 20.0, "nothing was written ahead, waiting to land")
+        assert board.snapshot()[0].parts_verified == len(artifact.parts) - 1, "the held part is not verified"
         partial_names = {p.name.removeprefix(".").removesuffix(".moet-partial") for p in dest.rglob("*.moet-partial")}
         assert not partial_names & {p.name for p in landed(dest)}
     [a] = board.snapshot()

@@ -358,10 +358,10 @@ class SegmentQueue:
     The end game: once every part still to fetch is queued (`last`) and fewer bytes are queued than a
     segment for each of the run's `connections`, a worker takes only a piece of its segment, the bytes
     queued split evenly over the connections (at least a quarter of a segment), and leaves the rest
-    queued first. Whole segments ended up to a
-    segment's time apart, so the link ran below its rate while the last ones drained (measured on 16
-    cores, capped + link: 0.1-0.3 s of the link lost at the end; docs/downloads.md, "The end game").
-    A segment is still what is journaled: it is done once all its pieces are.
+    queued first. Whole segments ended up to a segment's time apart, so the link ran below its rate
+    while the last ones drained (measured on 16 cores, capped + link: 0.13-0.32 s of the link lost at
+    the end; docs/downloads.md, "The end game"). A segment is still what is journaled and hashed: it
+    is done once all its pieces are.
     """
 
     def __init__(self, connections: int = 1, segment_size: int = 0) -> None:
