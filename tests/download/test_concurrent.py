@@ -611,6 +611,20 @@ def test_requests_go_urgent_first_then_largest_artifact_first():
     assert budget.waiting == 0
 
 
+def store_alone(settings: Any, three: Three, tmp_path: Path, connections: int) -> tuple[SimHub, int]:
+    """Download the store alone into tmp_path/dest; it must end done. The (stopped) hub keeps its record of
+    the ranges it served; the segment size is returned beside it."""
+    hub = hub_for(three)
+    board = ProgressBoard()
+    try:
+        cfg = fast_config(settings, hub.endpoint, tmp_path / "dest", artifact_jobs=1, connections=connections)
+        run_download(cfg, [s for s in three.specs if s.id == "store"], board, threading.Event())
+    finally:
+        hub.stop()
+    assert board.snapshot()[0].state == ArtifactState.DONE, board.snapshot()[0].reason
+    return hub, cfg.segment_size
+
+
 def test_segments_are_fetched_lowest_first_when_workers_outnumber_the_slots(settings, three, tmp_path, monkeypatch):
     """A worker waits for a connection slot before it takes a segment, so each freed slot goes to the lowest
     segment still to fetch and parts complete in order. When each waiting worker held its segment, a freed
@@ -622,15 +636,7 @@ def test_segments_are_fetched_lowest_first_when_workers_outnumber_the_slots(sett
         self.workers_per_artifact = 4  # four workers for the one slot: three always wait
 
     monkeypatch.setattr(RunGroup, "__init__", four_workers)
-    hub = hub_for(three)
-    dest = tmp_path / "dest"
-    board = ProgressBoard()
-    try:
-        cfg = fast_config(settings, hub.endpoint, dest, artifact_jobs=1, connections=1)
-        run_download(cfg, [s for s in three.specs if s.id == "store"], board, threading.Event())
-    finally:
-        hub.stop()
-    assert board.snapshot()[0].state == ArtifactState.DONE, board.snapshot()[0].reason
+    hub, _ = store_alone(settings, three, tmp_path, connections=1)
     names = [p.name for p in three.parts["store"]]
     served = [(names.index(path), int(rng.split("=")[1].split("-")[0])) for path, rng in hub.stats.ranges
               if path in names]
@@ -677,18 +683,9 @@ def test_pieces_of_segments_land_whole_and_the_tree_matches(settings, three, tmp
     """With four connections the store's last segments are fetched in pieces: the hub serves ranges shorter
     than a segment that are not a part's end, each part verifies once all its pieces are in, and the tree
     is the reference's."""
-    hub = hub_for(three)
-    dest = tmp_path / "dest"
-    board = ProgressBoard()
-    try:
-        cfg = fast_config(settings, hub.endpoint, dest, artifact_jobs=1, connections=4)
-        run_download(cfg, [s for s in three.specs if s.id == "store"], board, threading.Event())
-    finally:
-        hub.stop()
-    assert board.snapshot()[0].state == ArtifactState.DONE, board.snapshot()[0].reason
-    assert trees_of(dest, ["store"]) == {"store": three.reference["store"]}
+    hub, seg = store_alone(settings, three, tmp_path, connections=4)
+    assert trees_of(tmp_path / "dest", ["store"]) == {"store": three.reference["store"]}
     sizes = {p.name: p.stat().st_size for p in three.parts["store"]}
-    seg = cfg.segment_size
     ranges = [(path, a, b + 1) for path, rng in hub.stats.ranges if path in sizes
               for a, b in [map(int, rng.split("=")[1].split("-"))]]
     pieces = [r for r in ranges if r[1] % seg or (r[2] % seg and r[2] != sizes[r[0]])]
