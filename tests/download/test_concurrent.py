@@ -651,8 +651,9 @@ class _Part:
 
 def test_the_end_game_splits_the_last_segments_into_pieces_in_order():
     """Whole segments while parts are still to be queued, or more than a segment per connection is; then
-    each pop takes the queued bytes split over the connections (at least a quarter segment) and leaves the rest first in line, so
-    every byte is handed out once, in (part, offset) order (docs/downloads.md, "The end game")."""
+    each pop takes the queued bytes split over the connections (at least a quarter segment) and leaves the
+    rest first in line, so every byte is handed out once, in (part, offset) order (docs/downloads.md,
+    "The end game")."""
     seg, size = 1 << 20, 4 << 20
     q = SegmentQueue(connections=4, segment_size=seg)
     parts = [_Part(0), _Part(1)]
