@@ -12,6 +12,7 @@ import tracemalloc
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pycurl
@@ -257,6 +258,31 @@ def test_guards_come_back_after_another_client_factory(settings, private_hub, li
     from app.backend.download.hub import _guard_request
 
     assert _guard_request in huggingface_hub.get_session().event_hooks["request"]
+
+
+def test_the_guards_cost_no_throwaway_client(settings, hub, tmp_path, monkeypatch):
+    """A fresh process's first HubClient installs the guards without building the library's default
+    client first (a certificate load that `set_client_factory` closed at once); its one client has them."""
+    import huggingface_hub
+    from huggingface_hub.utils import _http
+
+    from app.backend.download import hub as hub_mod
+
+    built: list[int] = []
+
+    def counting_default() -> Any:
+        built.append(1)
+        return _http.default_client_factory()
+
+    huggingface_hub.close_session()
+    monkeypatch.setattr(_http, "_GLOBAL_CLIENT_FACTORY", counting_default)  # as a fresh process: no client yet
+    hub_mod.install_guards()
+    assert built == [], "the library's default client was built only to be closed"
+    client = huggingface_hub.get_session()
+    assert hub_mod._guard_request in client.event_hooks["request"]
+    hub_mod.install_guards()  # installed already: the live client has the guards and stays
+    assert huggingface_hub.get_session() is client
+    run(settings, hub.endpoint, tmp_path / "d")  # and a download goes through the guarded client
 
 
 @pytest.mark.parametrize("repo", ["a/../../api/whoami-v2", "owner/name/extra", "bad name/x"])

@@ -175,9 +175,18 @@ def install_guards() -> None:
 
     Installed when the library's shared client lacks the guards (first HubClient, or someone replaced the
     factory since), so a later `set_client_factory` elsewhere cannot silently switch them off.
+    Before the library has built its client, the factory it will use is what counts: asking for the
+    session to look at its hooks built a default client (a certificate load, 30-50 ms) only for
+    `set_client_factory` to close it, on the path to every download's first request, in the CLI and
+    in each artifact process (docs/downloads.md, "The artifact processes start light and early").
     """
+    from huggingface_hub.utils import _http  # the shared client and its factory: not re-exported
+
     with _INSTALL_LOCK:
-        if _guard_request not in huggingface_hub.get_session().event_hooks["request"]:
+        live = _http._GLOBAL_CLIENT
+        guarded = (_guard_request in live.event_hooks["request"] if live is not None
+                   else _http._GLOBAL_CLIENT_FACTORY is _panel_client)
+        if not guarded:
             huggingface_hub.set_client_factory(_panel_client)
 
 
