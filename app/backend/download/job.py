@@ -364,7 +364,7 @@ class SegmentQueue:
     is done once all its pieces are.
     """
 
-    def __init__(self, connections: int = 1, segment_size: int = 0) -> None:
+    def __init__(self, connections: int, segment_size: int) -> None:
         self._heap: list[tuple[int, int, int, int, _Slot]] = []  # (part, start, seq, end, slot)
         self._seq = itertools.count()  # ties (a range queued again) keep their order, never compare slots
         self._ready = threading.Condition()
