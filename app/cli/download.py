@@ -108,17 +108,20 @@ def _download(cfg, specs, settings) -> int:
     board, stop = ProgressBoard(), threading.Event()
     outcome: dict[str, BaseException | None] = {"exc": None}
 
+    listed = threading.Event()  # the plans are on the board, or the run ended before them
+
     def work() -> None:
         try:
-            run_download(cfg, specs, board, stop)
+            run_download(cfg, specs, board, stop, on_prepared=lambda _: listed.set())
         except BaseException as exc:  # reported by the main thread
             outcome["exc"] = exc
+        finally:
+            listed.set()
 
     worker = threading.Thread(target=work, name="download", daemon=True)
     worker.start()
     try:
-        while worker.is_alive() and not board.snapshot():  # rich after the listing: imported beside it, it takes the GIL from it
-            worker.join(0.05)
+        listed.wait()  # rich after the listing: imported beside it, it takes the GIL from it
         err = _stderr()
         _show_progress(board, worker, err)
     except KeyboardInterrupt:
