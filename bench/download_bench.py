@@ -351,6 +351,22 @@ def link_line(bodies: list[tuple[str, int, int, float, float]], began: float, ca
             f" {lost(int(first / LINK_BIN_S), a):.2f} s, middle {lost(a, z + 1):.2f} s, tail {lost(z + 1, len(bins)):.2f} s\n")
 
 
+def start_line(seen: list[tuple[float, str, str]], bodies: list[tuple[str, int, int, float, float]], began: float,
+               arts: dict[str, list[Path]]) -> str:
+    """When the panel's start-up steps reached the hub, from the run's start: the listing, the first
+    HEAD, and each artifact's first ranged body (what the link waits for before its first byte)."""
+    def first(method: str, word: str) -> str:
+        t = min((at for at, m, path in seen if m == method and word in path), default=None)
+        return "-" if t is None else f"{t - began:.2f}"
+    firsts = []
+    for art, parts in arts.items():
+        names = {p.name for p in parts}
+        t = min((b[3] for b in bodies if b[0] in names), default=None)
+        firsts.append(f"{art} {'-' if t is None else f'{t - began:.2f}'}")
+    return (f"    hub saw (s from start): listing {first('GET', '/api/models/')}, first HEAD {first('HEAD', '/resolve/')},"
+            f" first body: {', '.join(firsts)}\n")
+
+
 def dirty_line(r: Run) -> str:
     line = f"    dirty GiB every {DIRTY_EVERY_S:g} s: " + " ".join(f"{d:.1f}" for d in r.dirty)
     return line + (f"\n    PSS MiB at the peak (anonymous+file): {r.at_peak}" if r.at_peak else "")
@@ -429,6 +445,7 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                 root = baseline if kind == "base" and baseline is not None else ROOT
                 with hub.stats.lock:
                     hub.stats.bodies.clear()
+                    hub.stats.seen.clear()
                 began = time.monotonic()
                 r, err = timed(cmd, {**env, "PYTHONPATH": env["PYTHONPATH"].replace(str(ROOT), str(root), 1)}, root)
                 if kind != "card":
@@ -447,9 +464,9 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                 print(timeline_lines(err), end="", flush=True)
                 if kind != "card" and (sc.conn_cap or sc.link_cap):
                     with hub.stats.lock:
-                        served = list(hub.stats.bodies)
+                        served, seen = list(hub.stats.bodies), list(hub.stats.seen)
                     cap = min(x for x in (sc.link_cap, (sc.conn_cap or 0) * conns or None) if x)
-                    print(link_line(served, began, cap), end="", flush=True)
+                    print(link_line(served, began, cap) + start_line(seen, served, began, arts), end="", flush=True)
                 if os.environ.get("MOET_TIMELINE_SERIES") and kind != "card":
                     print(fetch_lines(hub, began, arts), end="", flush=True)
                 shutil.rmtree(dest, ignore_errors=True)

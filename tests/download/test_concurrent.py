@@ -99,12 +99,17 @@ def journal(dest: Path, art: str) -> dict | None:
 
 def test_three_at_once_each_tree_byte_identical_and_all_three_overlap(settings, three, tmp_path):
     hub = hub_for(three, rate_cap_bps=2_000_000)
+    hold_last_parts(hub, three)  # however slowly a loaded box starts the processes, none ends before all began
     dest = tmp_path / "dest"
-    board = ProgressBoard()
+    board, stop = ProgressBoard(), threading.Event()
     try:
         cfg = fast_config(settings, hub.endpoint, dest, artifact_jobs=3, connections=3)
-        run_download(cfg, three.specs, board, threading.Event())
+        worker, outcome = start_under_way(cfg, three.specs, board, stop)
+        hub.faults.clear()
+        worker.join(60)
+        assert not worker.is_alive() and not outcome, outcome
     finally:
+        stop.set()
         hub.stop()
     snap = {a.id: a for a in board.snapshot()}
     assert all(a.state == ArtifactState.DONE for a in snap.values()), {a.id: a.reason for a in snap.values()}
@@ -656,6 +661,7 @@ def test_the_end_game_splits_the_last_segments_into_pieces_in_order():
     "The end game")."""
     seg, size = 1 << 20, 4 << 20
     q = SegmentQueue(connections=4, segment_size=seg)
+    q.wanted = -1  # no extractor reading a part: the end game alone
     parts = [_Part(0), _Part(1)]
     q.put(parts[1], 0, seg)  # type: ignore[arg-type]
     assert q.pop() == (parts[1], 0, seg), "no pieces while more parts are on their way to the queue"
@@ -678,6 +684,24 @@ def test_the_end_game_splits_the_last_segments_into_pieces_in_order():
     assert any(n < seg for n in lengths), "the last segments went out in pieces"
     assert min(lengths) >= seg // 4, "never a piece under a quarter segment"
     assert len(popped) <= 2 * 2 * size // seg, "the end game at most doubles the requests here"
+
+
+def test_the_part_the_extractor_reads_goes_out_in_quarter_segments():
+    """The wanted part (and an earlier one) in quarter segments, lowest first, so several connections feed
+    the decoder in order; read-ahead parts in whole segments (docs/downloads.md, "The start game")."""
+    seg = 1 << 20
+    q = SegmentQueue(connections=8, segment_size=seg)
+    parts = [_Part(0), _Part(1), _Part(2)]
+    for part in parts:
+        for start in (0, seg):
+            q.put(part, start, start + seg)  # type: ignore[arg-type]
+    q.wanted = 1
+    popped = []
+    while (got := q.pop()) is not None:
+        part, start, end = got
+        popped.append((part.idx, start, end))
+    quarters = [(i, a, a + seg // 4) for i in (0, 1) for a in range(0, 2 * seg, seg // 4)]
+    assert popped == quarters + [(2, 0, seg), (2, seg, 2 * seg)]
 
 
 def test_pieces_of_segments_land_whole_and_the_tree_matches(settings, three, tmp_path):

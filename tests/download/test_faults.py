@@ -192,19 +192,19 @@ def test_a_part_is_decoded_as_it_arrives_and_lands_only_once_verified(settings, 
 
 
 def test_a_segment_is_read_as_it_lands_not_once_it_is_whole(settings, hub, artifact, tmp_path):
-    """The first segment sends its first 64 KiB, then nothing until the test clears the faults: the extractor
-    decodes those bytes meanwhile, where it used to wait for the whole segment (docs/downloads.md, "Read as it
-    lands"). Nothing lands before the part verifies; the tree is the reference's."""
+    """The range holding the first part's first byte sends 16 KiB, then nothing until the test clears the faults:
+    the extractor decodes those bytes meanwhile, where it used to wait for the whole segment, and reads nothing
+    past them, though the ranges after them land (docs/downloads.md, "Read as it lands"). Nothing lands before
+    the part verifies; the tree is the reference's."""
     first = artifact.parts[0]
-    seg_end = fast_config(settings, hub.endpoint, tmp_path).segment_size - 1
-    hub.add_fault(first.name, Fault("stall", times=1, after_bytes=64 * 1024, covering=seg_end))
-    hub.add_fault(first.name, Fault("stall", times=-1, after_bytes=0, stall_s=2.0, covering=seg_end))
+    hub.add_fault(first.name, Fault("stall", times=1, after_bytes=16 * 1024, covering=0))
+    hub.add_fault(first.name, Fault("stall", times=-1, after_bytes=0, stall_s=2.0, covering=0))
     dest = tmp_path / "dest"
     with downloading(settings, hub, dest) as board:
         wait_until(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes > 0, 20.0,
-                   "the extractor waited for the whole first segment")
+                   "the extractor waited for the whole first range")
         a = board.snapshot()[0]
-        assert a.decoded_bytes <= 64 * 1024, "only the landed prefix was read (the extractor reads in order)"
+        assert a.decoded_bytes <= 16 * 1024, "only the landed prefix was read (the extractor reads in order)"
         assert not landed(dest), "nothing lands before its part verifies"
     [a] = board.snapshot()
     assert a.state == ArtifactState.DONE, a.reason

@@ -64,6 +64,8 @@ class HubStats:
     ranges: list[tuple[str, str]] = field(default_factory=list)  # (path, Range header)
     # (path, first byte, bytes sent, began, ended: time.monotonic()) per body: when each range was served
     bodies: list[tuple[str, int, int, float, float]] = field(default_factory=list)
+    # (arrived: time.monotonic(), method, path) per request: when a client's start-up steps reached the hub
+    seen: list[tuple[float, str, str]] = field(default_factory=list)
     auth_on_cdn: int = 0  # requests to /cdn/ that carried Authorization (must stay 0)
     auth_headers: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -193,6 +195,8 @@ class _HubHandler(BaseHTTPRequestHandler):
 
     def _route(self, head: bool) -> None:
         url = urlsplit(self.path)
+        with self.hub.stats.lock:
+            self.hub.stats.seen.append((time.monotonic(), self.command, url.path))
         parts = url.path.split("/")
         try:
             if self._renamed(url.path, url.query, parts):
