@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import multiprocessing
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -295,13 +297,56 @@ def timeline_lines(err: str) -> str:
     return "".join(f"    {line.strip()}\n" for line in err.splitlines() if line.startswith(("timeline", "series")))
 
 
-def fetch_lines(hub: SimHub, began: float, arts: dict[str, list[Path]]) -> str:
+Body = tuple[str, int, int, float, float]  # (path, first byte, bytes sent, began, ended: time.monotonic())
+Seen = tuple[float, str, str]  # (arrived, method, path)
+
+
+def _serve_hub(conn: Connection, files: dict[str, Path], conn_cap: float | None, link_cap: float | None) -> None:
+    hub = SimHub(rate_cap_bps=conn_cap, link_cap_bps=link_cap)
+    hub.add_repo(REPO, files)
+    with hub.start():
+        conn.send(hub.endpoint)
+        while (ask := conn.recv()) != "stop":
+            with hub.stats.lock:
+                conn.send((list(hub.stats.bodies), list(hub.stats.seen)))
+                if ask == "take":
+                    hub.stats.bodies.clear()
+                    hub.stats.seen.clear()
+
+
+class HubProcess:
+    """The SIMULATED hub in a process of its own, as a real Hub is to its clients: its sender threads (one
+    per connection, pacing every ~250 KB) no longer share a GIL with the bench's tree sampler, which parses
+    every process's /proc files every 50 ms (measured on 16 cores: 24 curls 4.19-4.47 s capped + link,
+    against 4.21-5.06 s in the bench's process: no clear change, docs/downloads.md "Fifteenth session")."""
+
+    def __init__(self, files: dict[str, Path], conn_cap: float | None = None, link_cap: float | None = None) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, theirs = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve_hub, args=(theirs, files, conn_cap, link_cap), daemon=True)
+        self._proc.start()
+        theirs.close()
+        self.endpoint: str = self._conn.recv()
+
+    def take(self) -> tuple[list[Body], list[Seen]]:
+        """What it served and saw since the last take (and forget it)."""
+        self._conn.send("take")
+        return self._conn.recv()
+
+    def __enter__(self) -> HubProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._conn.send("stop")
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+
+def fetch_lines(bodies: list[Body], began: float, arts: dict[str, list[Path]]) -> str:
     """--series: when the hub served each part's ranges, from the run's start: first range began - last
     range ended, and the slowest range's seconds (is a part late because its ranges began late, or
     because one of them was slow?)."""
-    with hub.stats.lock:
-        bodies = list(hub.stats.bodies)
-        hub.stats.bodies.clear()
     out = ""
     for art, parts in arts.items():
         cells = []
@@ -322,7 +367,7 @@ def fetch_lines(hub: SimHub, began: float, arts: dict[str, list[Path]]) -> str:
 LINK_BIN_S = 0.05
 
 
-def link_line(bodies: list[tuple[str, int, int, float, float]], began: float, cap_bps: float) -> str:
+def link_line(bodies: list[Body], began: float, cap_bps: float) -> str:
     """Where the capped link went unused, from the hub's record of each body served (each body's bytes
     spread evenly over its time, in 50 ms bins): the head (first byte served until the link first ran
     at 90 % of its cap), the middle, and the tail (after the last bin at 90 %); each as seconds of the
@@ -351,8 +396,7 @@ def link_line(bodies: list[tuple[str, int, int, float, float]], began: float, ca
             f" {lost(int(first / LINK_BIN_S), a):.2f} s, middle {lost(a, z + 1):.2f} s, tail {lost(z + 1, len(bins)):.2f} s\n")
 
 
-def start_line(seen: list[tuple[float, str, str]], bodies: list[tuple[str, int, int, float, float]], began: float,
-               arts: dict[str, list[Path]]) -> str:
+def start_line(seen: list[Seen], bodies: list[Body], began: float, arts: dict[str, list[Path]]) -> str:
     """When the panel's start-up steps reached the hub, from the run's start: the listing, the first
     HEAD, and each artifact's first ranged body (what the link waits for before its first byte)."""
     def first(method: str, word: str) -> str:
@@ -392,8 +436,7 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                  sequential: bool, baseline: Path | None = None, entry: tuple[str, ...] = ("-m", "app.cli.main"),
                  profile: Path | None = None) -> None:
     sc.connections = conns
-    hub = SimHub(rate_cap_bps=sc.conn_cap, link_cap_bps=sc.link_cap)
-    hub.add_repo(REPO, {p.name: p for parts in arts.values() for p in parts})
+    hub = HubProcess({p.name: p for parts in arts.values() for p in parts}, sc.conn_cap, sc.link_cap)
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "COLUMNS": "200",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("HF_TOKEN", None)
@@ -402,7 +445,7 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
         return [python, *entry, "download", "--recipe", str(work / "bench-recipe.toml"), "--dest", str(dest),
                 "--endpoint", hub.endpoint, "--connections", str(conns), *panel_args]
 
-    with hub.start():
+    with hub:
         print(f"== {sc.name}", flush=True)
         total = compressed(arts)
         if sc.conn_cap is None and sc.link_cap is None:
@@ -443,9 +486,7 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                         cmd += ["--artifact-jobs", "1"]
                     cmd = ["bash", "-c", '"$@" && sync', "panel", *cmd]
                 root = baseline if kind == "base" and baseline is not None else ROOT
-                with hub.stats.lock:
-                    hub.stats.bodies.clear()
-                    hub.stats.seen.clear()
+                hub.take()
                 began = time.monotonic()
                 r, err = timed(cmd, {**env, "PYTHONPATH": env["PYTHONPATH"].replace(str(ROOT), str(root), 1)}, root)
                 if kind != "card":
@@ -462,13 +503,12 @@ def run_scenario(sc: Scenario, arts: dict[str, list[Path]], work: Path, runs: in
                 if i == 0:
                     print(waits_lines(err) + dirty_line(r), flush=True)
                 print(timeline_lines(err), end="", flush=True)
+                served, seen = hub.take()
                 if kind != "card" and (sc.conn_cap or sc.link_cap):
-                    with hub.stats.lock:
-                        served, seen = list(hub.stats.bodies), list(hub.stats.seen)
                     cap = min(x for x in (sc.link_cap, (sc.conn_cap or 0) * conns or None) if x)
                     print(link_line(served, began, cap) + start_line(seen, served, began, arts), end="", flush=True)
                 if os.environ.get("MOET_TIMELINE_SERIES") and kind != "card":
-                    print(fetch_lines(hub, began, arts), end="", flush=True)
+                    print(fetch_lines(served, began, arts), end="", flush=True)
                 shutil.rmtree(dest, ignore_errors=True)
         for spy in (SPY_MODES if profile is not None else []):  # one more panel run per mode, not counted
             assert profile is not None
@@ -494,15 +534,14 @@ def run_single(art: str, arts: dict[str, list[Path]], work: Path, runs: int, pan
     With `profile`, one more panel run under py-spy per mode (all threads with idle time, and only
     the thread holding the GIL), written as collapsed stacks for a flame graph.
     """
-    hub = SimHub()
-    hub.add_repo(REPO, {p.name: p for parts in arts.values() for p in parts})
+    hub = HubProcess({p.name: p for parts in arts.values() for p in parts})
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "COLUMNS": "200",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("HF_TOKEN", None)
     python = os.environ.get("BENCH_PYTHON", str(ROOT / ".venv/bin/python"))
     only = {art: expect[art]}
     walls: dict[str, list[Run]] = {"card": [], "panel": []}
-    with hub.start():
+    with hub:
         print(f"== one artifact: {art}", flush=True)
         panel = [python, *entry, "download", art, "--recipe", str(work / "bench-recipe.toml"),
                  "--endpoint", hub.endpoint, "--connections", str(conns), *panel_args]

@@ -661,7 +661,6 @@ def test_the_end_game_splits_the_last_segments_into_pieces_in_order():
     "The end game")."""
     seg, size = 1 << 20, 4 << 20
     q = SegmentQueue(connections=4, segment_size=seg)
-    q.wanted = -1  # no extractor reading a part: the end game alone
     parts = [_Part(0), _Part(1)]
     q.put(parts[1], 0, seg)  # type: ignore[arg-type]
     assert q.pop() == (parts[1], 0, seg), "no pieces while more parts are on their way to the queue"
@@ -684,24 +683,6 @@ def test_the_end_game_splits_the_last_segments_into_pieces_in_order():
     assert any(n < seg for n in lengths), "the last segments went out in pieces"
     assert min(lengths) >= seg // 4, "never a piece under a quarter segment"
     assert len(popped) <= 2 * 2 * size // seg, "the end game at most doubles the requests here"
-
-
-def test_the_part_the_extractor_reads_goes_out_in_quarter_segments():
-    """The wanted part (and an earlier one) in quarter segments, lowest first, so several connections feed
-    the decoder in order; read-ahead parts in whole segments (docs/downloads.md, "The start game")."""
-    seg = 1 << 20
-    q = SegmentQueue(connections=8, segment_size=seg)
-    parts = [_Part(0), _Part(1), _Part(2)]
-    for part in parts:
-        for start in (0, seg):
-            q.put(part, start, start + seg)  # type: ignore[arg-type]
-    q.wanted = 1
-    popped = []
-    while (got := q.pop()) is not None:
-        part, start, end = got
-        popped.append((part.idx, start, end))
-    quarters = [(i, a, a + seg // 4) for i in (0, 1) for a in range(0, 2 * seg, seg // 4)]
-    assert popped == quarters + [(2, 0, seg), (2, seg, 2 * seg)]
 
 
 def test_pieces_of_segments_land_whole_and_the_tree_matches(settings, three, tmp_path):

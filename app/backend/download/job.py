@@ -362,11 +362,6 @@ class SegmentQueue:
     while the last ones drained (measured on 16 cores, capped + link: 0.13-0.32 s of the link lost at
     the end; docs/downloads.md, "The end game"). A segment is still what is journaled and hashed: it
     is done once all its pieces are.
-
-    The part the extractor reads (`wanted`, and any earlier one) goes out in quarter segments from the
-    start: a whole segment lands in order at one connection's rate (0.33 s for 16 MiB at 50 MB/s), so
-    at each artifact's first part the decoder followed one connection while the others' segments
-    waited behind it; in quarters, four connections feed it (docs/downloads.md, "The start game").
     """
 
     def __init__(self, connections: int, segment_size: int) -> None:
@@ -377,7 +372,6 @@ class SegmentQueue:
         self._connections = max(connections, 1)
         self._piece_min = max(segment_size // 4, 1)
         self.last = False  # every part still to fetch is queued: no more bytes are on their way in
-        self.wanted = 0  # the part the extractor reads now (ArtifactRun.next_needed); -1: none yet
 
     def put(self, s: _Slot, start: int, end: int) -> None:
         with self._ready:
@@ -391,14 +385,13 @@ class SegmentQueue:
             return bool(self._heap) or self._ready.wait(timeout) and bool(self._heap)
 
     def pop(self) -> tuple[_Slot, int, int] | None:
-        """The lowest range queued, or its first piece (the part wanted, the end game): (slot, start, end)."""
+        """The lowest range queued, or its first piece in the end game: (slot, start, end)."""
         with self._ready:
             if not self._heap:
                 return None
             idx, start, seq, end, s = heapq.heappop(self._heap)
-            urgent = idx <= self.wanted
-            piece = self._piece_min if urgent else max(self._piece_min, self._queued // self._connections)
-            if (self.last or urgent) and end - start >= piece + self._piece_min:  # no remainder under a piece
+            piece = max(self._piece_min, self._queued // self._connections)
+            if self.last and end - start >= piece + self._piece_min:  # no remainder smaller than a piece
                 heapq.heappush(self._heap, (idx, start + piece, seq, end, s))
                 end = start + piece
             self._queued -= end - start
@@ -449,18 +442,10 @@ class ArtifactRun:
         self.tasks = SegmentQueue(group.budget.size, self.segment_size)
         self.verify_q: queue.Queue[_Slot | None] = queue.Queue()
         self.durable_q: queue.Queue[tuple[str, int, str] | None] = queue.Queue()
+        self.next_needed = 0
         self.wants: tuple[int, int] | None = None  # (part, offset) the extractor waits for, while it does
         self.already_extracted = sum(journal.files_done.values())
         self.slots = [self._make_slot(i, p, r) for i, (p, r) in enumerate(zip(plan.parts, journal.parts, strict=True))]
-
-    @property
-    def next_needed(self) -> int:
-        """The part the extractor reads now: its segments are urgent, and go out in pieces (SegmentQueue)."""
-        return self.tasks.wanted
-
-    @next_needed.setter
-    def next_needed(self, idx: int) -> None:
-        self.tasks.wanted = idx
 
     # ---- setup ---------------------------------------------------------------------------------
     def _make_slot(self, idx: int, info: PartInfo, rec: PartRecord) -> _Slot:
