@@ -411,6 +411,16 @@ def start_line(seen: list[Seen], bodies: list[Body], began: float, arts: dict[st
             f" first body: {', '.join(firsts)}\n")
 
 
+def verdict(panel: list[float], base: list[float]) -> str:
+    """How many (panel round, baseline round) pairs the panel won: on the 16-core host one machine's
+    rounds of the same code spread ±10 %, so a ratio of medians alone reads noise as a change
+    (docs/downloads.md, "Fifteenth session"). A verdict only when one side won every pair."""
+    wins = sum(p < b for p in panel for b in base)
+    pairs = len(panel) * len(base)
+    said = "faster in every pair" if wins == pairs else "slower in every pair" if wins == 0 else "no verdict"
+    return f"the panel won {wins} of {pairs} round pairs: {said}"
+
+
 def dirty_line(r: Run) -> str:
     line = f"    dirty GiB every {DIRTY_EVERY_S:g} s: " + " ".join(f"{d:.1f}" for d in r.dirty)
     return line + (f"\n    PSS MiB at the peak (anonymous+file): {r.at_peak}" if r.at_peak else "")
@@ -716,7 +726,8 @@ def main() -> int:
             base, panel = statistics.median(r.wall for r in sc.base), statistics.median(r.wall for r in sc.panel)
             print(f"{sc.name}: panel {panel:.2f} s against the baseline {args.baseline} {base:.2f} s "
                   f"({base / panel:.2f}× as fast; runs " + " / ".join(f"{r.wall:.2f}" for r in sc.panel)
-                  + " against " + " / ".join(f"{r.wall:.2f}" for r in sc.base) + ")")
+                  + " against " + " / ".join(f"{r.wall:.2f}" for r in sc.base) + "; "
+                  + verdict([r.wall for r in sc.panel], [r.wall for r in sc.base]) + ")")
     print("stage limits: " + "; ".join(f"{k} {v[0]:.2f} s" for k, v in limits.items())
           + "; fetch " + ", ".join(f"{sc.name} {sc.fetch_limit:.2f} s"
                                    + (f" (measured {sc.fetch_measured:.2f} s)" if sc.fetch_measured else "")
