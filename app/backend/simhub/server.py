@@ -24,7 +24,7 @@ import socket
 import struct
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -35,6 +35,7 @@ from app.backend.simhub.faults import Fault, FaultBook
 from app.backend.simhub.pacing import Pacer, step_for, take_all
 
 CHUNK = 1 << 20
+RECORDS = 100_000  # timing records kept (HubStats.bodies, .seen): a bench run of 4.5 GiB makes ~1,000
 
 
 @dataclass
@@ -62,10 +63,11 @@ class HubStats:
     requests: Counter[tuple[str, str]] = field(default_factory=Counter)  # (where, path) -> count
     cdn_bytes: Counter[str] = field(default_factory=Counter)  # path -> body bytes sent
     ranges: list[tuple[str, str]] = field(default_factory=list)  # (path, Range header)
+    # The benchmark's timing records, the last RECORDS of each (the demo hub runs as long as the panel):
     # (path, first byte, bytes sent, began, ended: time.monotonic()) per body: when each range was served
-    bodies: list[tuple[str, int, int, float, float]] = field(default_factory=list)
+    bodies: deque[tuple[str, int, int, float, float]] = field(default_factory=lambda: deque(maxlen=RECORDS))
     # (arrived: time.monotonic(), method, path) per request: when a client's start-up steps reached the hub
-    seen: list[tuple[float, str, str]] = field(default_factory=list)
+    seen: deque[tuple[float, str, str]] = field(default_factory=lambda: deque(maxlen=RECORDS))
     auth_on_cdn: int = 0  # requests to /cdn/ that carried Authorization (must stay 0)
     auth_headers: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
