@@ -58,11 +58,9 @@ def check_size(text: str, what: str) -> None:
 
 
 def export_name(conv: Conversation, fmt: str) -> str:
-    """A file name for an export: the title as safe characters (all of it, within the 255-byte
-    name limit) and the id's first 8 characters."""
-    slug = re.sub(r"[^\w.-]+", "-", conv.title, flags=re.UNICODE).strip("-.") or "chat"
-    while len(slug.encode("utf-8")) > 200:
-        slug = slug[:-1]
+    """A file name for an export: the whole title in safe characters (`[A-Za-z0-9._-]`, as
+    app.backend.exports.safe_name) and the id's first 8 characters."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", conv.title).strip("-.") or "chat"  # titles are ≤ 120 characters
     return f"{slug}-{conv.id[:8]}.{'json' if fmt == 'json' else 'md'}"
 
 
