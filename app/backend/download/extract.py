@@ -5,7 +5,7 @@ written by us (large writes, holes kept for sparse members) to `.<name>.moet-par
 into place when complete, so a half-written file never carries its final name. A file already
 complete from an earlier run (journal + same size on disk) is not rewritten.
 
-With a `CommitGate` the input may be read before it is verified (job.py decodes a part while it
+With a `CommitGate` the input may be read before it is verified (chain.py decodes a part while it
 arrives): a member is then renamed into place, and reported, only once every input byte read before
 its last byte was decoded is verified; members land in archive order (docs/downloads.md, "Decoded
 as it arrives"). Without one, each lands as soon as it is written.
@@ -240,7 +240,7 @@ class _Decompressor(io.RawIOBase):
 
     def _produce(self, source: IO[bytes] | io.RawIOBase) -> None:
         try:
-            # any object with read() will do (the verified parts, mapped: job._PartChain)
+            # any object with read() will do (the verified parts, mapped: chain.PartChain)
             zr = zstandard.ZstdDecompressor().stream_reader(cast(IO[bytes], source), read_size=READ_SIZE,
                                                             read_across_frames=True, closefd=False)
             with zr:

@@ -461,17 +461,6 @@ class HubClient:
         with self._lock:
             self._locations.pop(path, None)
 
-    def prefetch(self, path: str) -> None:
-        """One attempt to resolve `path` now unless it is known; an error is left for resolve() to meet and report."""
-        if self._cached(path):
-            return
-        try:
-            resolved = self._head(path, self.commit or self.cfg.revision)
-        except Exception:  # noqa: BLE001 - resolve() retries and explains it, where the error belongs
-            return
-        with self._lock:
-            self._locations[path] = resolved
-
     def known(self, paths: list[str]) -> dict[str, Resolved]:
         """What is resolved already of `paths`: handed to an artifact's process (procs.py)."""
         with self._lock:

@@ -1,17 +1,15 @@
 """Artifacts side by side in child processes, one per artifact (docs/downloads.md, "Three artifacts at once").
 
-Why processes: measured on the 16-core host, the three artifacts' chains in one process took
-5.0 s where three processes took 3.5-4.3 s (same machine, same run). In one process the three
-decoders, tar writers and verifiers and ~18 fetch workers share one GIL and one address space:
-the store's extractor ran 3.6-5.0 s against 2.6-3.6 s alone. A child process runs one `ArtifactRun`,
-exactly the code a 2-core box runs in a thread (runner.py picks one per core budget).
+Why processes: in one process the three decoders, tar writers and verifiers and ~18 fetch workers
+share one GIL (figures: docs/downloads.md, "Three artifacts at once"). A child process runs one
+`ArtifactRun`, exactly the code a 2-core box runs in a thread (runner.py picks one per core budget).
 
 Children come from a forkserver: a clean single-threaded process that has already imported the
 download code, forked for each artifact. Not fork() of this process, which has threads (the CLI's
 progress, the panel's server) whose locks a forked child could inherit held.
 
 What crosses: the config, plan, journal and pinned commit go in as the Process arguments; the
-connection budget and the group stop are shared primitives (job.RunGroup); the child's board is
+connection budget and the group stop are shared primitives (group.RunGroup, budget.py); the child's board is
 mirrored into the parent's every RELAY_S (ProgressBoard.export / mirror); the result (None or the
 exception) comes back last. A child whose parent dies (kill -9) exits at once: it must never go on
 writing into a destination whose lock has gone.
@@ -30,11 +28,11 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext
 from typing import TYPE_CHECKING
 
-from app.backend.download.types import DownloadError, PartState, Stopped
+from app.backend.download.types import DownloadError, Stopped
 
 if TYPE_CHECKING:
     from app.backend.download.hub import HubClient, Resolved
-    from app.backend.download.job import RunGroup
+    from app.backend.download.group import RunGroup
     from app.backend.download.journal import ArtifactJournal
     from app.backend.download.progress import ProgressBoard
     from app.backend.download.types import ArtifactPlan, ArtifactProgress, DownloadConfig
@@ -47,9 +45,7 @@ RELAY_S = 0.1
 EXIT_ORPHANED = 75
 # A thread that wants the GIL back waits at most this long for the holder to let go (CPython's
 # default: 5 ms). The decoder and the tar writer take it back after every buffer, beside up to 16
-# fetch workers' libcurl callbacks; measured on the 16-core host, the store's extraction beside
-# 16 fetch connections ran at 0.63× its speed alone with 5 ms, 0.88× with 0.5 ms
-# (docs/downloads.md, "The GIL's switch interval").
+# fetch workers' libcurl callbacks (docs/downloads.md, "The GIL's switch interval").
 GIL_SWITCH_S = 0.0005
 CORES_PER_ARTIFACT = 2  # one chain keeps ~1.5 cores busy (runner.artifact_jobs)
 
@@ -87,13 +83,6 @@ def run_in_child(cfg: DownloadConfig, hub: HubClient, plan: ArtifactPlan, journa
     """Run one artifact in a child process, mirroring its board into `board`; raise what it raised."""
     ctx = context()
     ours, theirs = ctx.Pipe()
-    # The first part still to fetch, resolved on this process's warm client: the child's first request
-    # goes out at once, where its own first HEAD would wait for a new client (an SSL context) on the
-    # critical path: 30 ms on the 16-core host, 0.17 s on a loaded 2-core box; the parent's HEAD took
-    # 2-3 ms. An error is left for the child's own resolve, which retries and reports it.
-    first = next((r.name for r in journal.parts if r.status in (PartState.PENDING, PartState.EVICTED)), None)
-    if first is not None:
-        hub.prefetch(first)
     known = hub.known([p.name for p in plan.parts])
     proc = ctx.Process(target=_child_main, name=f"moet-download-{plan.id}", daemon=False,
                        args=(cfg, plan, journal, (hub.commit, hub.repo, known), group, theirs, progress))

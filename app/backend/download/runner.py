@@ -1,7 +1,7 @@
 """A whole download run: lock the destination, list + pin + preflight, then the artifacts side by side.
 
 Each artifact's chain (fetch -> verify -> decompress -> tar -> write) is its own ArtifactRun with its
-own threads; `artifact_jobs` of them run at once, sharing one connection budget (job.RunGroup). The
+own threads; `artifact_jobs` of them run at once, sharing one connection budget (group.RunGroup). The
 number comes from the cores (docs/downloads.md, "Three artifacts at once"): one chain keeps about
 1.5 cores busy (one zstd frame decodes on one core, tar parsing and hashing beside it), so a 2-core
 box runs one artifact at a time, in this process, as before, and 4 or more cores run the largest
@@ -21,7 +21,8 @@ from typing import Callable
 from app.backend.download import procs
 from app.backend.download.procs import CORES_PER_ARTIFACT, available_cores
 from app.backend.download.extract import free_bytes
-from app.backend.download.job import ArtifactRun, RunGroup
+from app.backend.download.group import RunGroup
+from app.backend.download.job import ArtifactRun
 from app.backend.download.journal import ArtifactJournal, DestLock, JournalStore, staging_dir
 from app.backend.download.plan import Prepared, prepare
 from app.backend.download.progress import ProgressBoard
