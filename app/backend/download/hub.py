@@ -6,9 +6,9 @@ What goes through the library (docs/downloads.md "The Hub"):
   call, so the sha256s belong to the pinned commit; no paging. Sent as that method sends it: the
   library's shared client (`get_session`), its headers (`build_hf_headers`), its error mapping
   (`hf_raise_for_status`) and its repo-id rule (`validate_repo_id`); only `HfApi` itself is not
-  imported: its module costs 0.41-0.47 s of imports on the 2-core box, on the critical path of every
-  download start, in the panel's process and the artifact processes' forkserver alike
-  (docs/downloads.md, "The Hub").
+  imported: its module's imports sit on the critical path of every download start, in the panel's
+  process and the artifact processes' forkserver alike (docs/downloads.md, "The Hub" and
+  "Measurements behind the code").
 * File metadata: `get_hf_file_metadata` (HEAD /resolve/, follows the Hub's own relative redirects, e.g. a
   renamed repo, and stops at the CDN / Xet bridge `Location`). A missing `X-Repo-Commit` is an error.
 * Errors: `hf_raise_for_status`'s typed exceptions (GatedRepoError, RepositoryNotFoundError, ...) become

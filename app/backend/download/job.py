@@ -641,8 +641,7 @@ class ArtifactRun:
 def _hash_range(h: Any, fd: int, start: int, end: int, halt: threading.Event) -> None:
     """h.update() with the file's bytes [start, end), read in place from the page cache: one mapping per
     HASH_SLICE, gone before the next, so at most one slice is in RSS (a run of segments may be a whole
-    part: mapped at once, three verifiers held 200 MiB more PSS on the 16-core host). A mapping starts
-    on a page boundary."""
+    part) (docs/downloads.md, "Measurements behind the code"). A mapping starts on a page boundary."""
     for pos in range(start, end, HASH_SLICE):
         if halt.is_set():
             raise Stopped()
