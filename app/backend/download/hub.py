@@ -371,9 +371,6 @@ class HubClient:
         self.repo = cfg.repo  # the repo's current name: a renamed repo is followed (renamed_from says so)
         self.renamed_from: str | None = None
 
-    def close(self) -> None:
-        """Nothing to release: the library's client is shared by the process (huggingface_hub's design)."""
-
     @contextmanager
     def _guarded(self, max_body: int | None = None) -> Iterator[None]:
         reset = _POLICY.set(_Policy(self._origin, max_body))

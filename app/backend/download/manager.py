@@ -22,9 +22,10 @@ from app.backend.download.runner import run_download
 from app.backend.download.statemachine import restored
 from app.backend.recipe.schema import ArtifactSpec
 from app.backend.download.types import (
-    ArtifactProgress, ArtifactState, DiskPicture, DownloadConfig, DownloadError, DownloadSnapshot, GiB, PartState,
+    ArtifactProgress, ArtifactState, DiskPicture, DownloadConfig, DownloadError, DownloadSnapshot, PartState,
     StopSignal, Stopped,
 )
+from app.backend.units import GiB
 from app.backend.settings import Settings
 
 
@@ -105,7 +106,6 @@ class DownloadManager:
     def _list(self) -> str:
         cfg = self._config()
         prepared = prepare(cfg, list(self.settings.recipe.artifacts))
-        prepared.hub.close()
         contents = {a.id: a.contents for a in self.settings.recipe.artifacts}
         self._rows = [ArtifactRow(p.id, contents.get(p.id, ""), len(p.parts), p.compressed, p.extracted_estimate)
                       for p in prepared.plans]

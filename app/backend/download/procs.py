@@ -17,7 +17,6 @@ writing into a destination whose lock has gone.
 
 from __future__ import annotations
 
-import fcntl
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -29,6 +28,7 @@ from multiprocessing.context import ForkServerContext
 from typing import TYPE_CHECKING
 
 from app.backend.download.types import DownloadError, Stopped
+from app.backend.fileio import PidLock
 
 if TYPE_CHECKING:
     from app.backend.download.hub import HubClient, Resolved
@@ -130,10 +130,11 @@ def _child_main(cfg: DownloadConfig, plan: ArtifactPlan, journal: ArtifactJourna
     _exit_with_parent()
     done = threading.Event()
     relay: threading.Thread | None = None
-    lock = -1
+    lock: PidLock | None = None
     result: BaseException | None = None
     try:  # everything, set-up included: the parent gets the real error, not "ended unexpectedly"
-        lock = _lock_artifact(downloads_dir(cfg.dest) / f".{plan.id}.lock")
+        # per artifact: a child of a killed run that has not exited yet finishes before this one writes
+        lock = PidLock(downloads_dir(cfg.dest) / f".{plan.id}.lock").acquire(wait=True)
         board = ProgressBoard()
         board.register(progress)
         hub = HubClient(cfg)
@@ -150,8 +151,8 @@ def _child_main(cfg: DownloadConfig, plan: ArtifactPlan, journal: ArtifactJourna
             relay.join()
         conn.send(("end", result))
         conn.close()
-        if lock >= 0:
-            os.close(lock)
+        if lock is not None:
+            lock.release()
 
 
 def _relay(board: ProgressBoard, art_id: str, conn: Connection, done: threading.Event) -> None:
@@ -177,11 +178,6 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _lock_artifact(path: os.PathLike[str]) -> int:
-    """Per artifact: a child of a killed run that has not exited yet finishes before this one writes."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
 
 
 def _portable(exc: BaseException, art_id: str) -> BaseException:

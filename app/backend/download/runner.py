@@ -63,20 +63,17 @@ def run_download(cfg: DownloadConfig, specs: list[ArtifactSpec], board: Progress
         procs.start_early()  # the children's imports overlap the listing
     with DestLock(cfg.dest):
         prepared = prepare(cfg, specs, jobs=jobs)
-        try:
-            register_plans(board, prepared)
-            board.set_disk(prepared.disk)
-            if on_prepared:
-                on_prepared(prepared)
-            store = JournalStore(cfg.dest)
-            store.ensure_reserve()
-            todo = [(plan, j) for plan in prepared.plans
-                    if (j := _journal_for(cfg, prepared, plan, store, board)) is not None]
-            if jobs > 1:  # the longest chain first: it bounds the whole run
-                todo.sort(key=lambda pj: pj[0].extracted_estimate, reverse=True)
-            _run_all(cfg, prepared, todo, store, board, stop, jobs)
-        finally:
-            prepared.hub.close()
+        register_plans(board, prepared)
+        board.set_disk(prepared.disk)
+        if on_prepared:
+            on_prepared(prepared)
+        store = JournalStore(cfg.dest)
+        store.ensure_reserve()
+        todo = [(plan, j) for plan in prepared.plans
+                if (j := _journal_for(cfg, prepared, plan, store, board)) is not None]
+        if jobs > 1:  # the longest chain first: it bounds the whole run
+            todo.sort(key=lambda pj: pj[0].extracted_estimate, reverse=True)
+        _run_all(cfg, prepared, todo, store, board, stop, jobs)
     return prepared
 
 
