@@ -380,10 +380,10 @@ def _hold_every_slot_then_wait(budget: ConnectionBudget) -> None:
 
 
 def test_a_killed_artifact_process_gives_back_its_slots_and_queued_requests():
-    from app.backend.download import procs
+    from app.backend.download import forkserver
 
     budget = ConnectionBudget(2, ranks=2)
-    child = procs.context().Process(target=_hold_every_slot_then_wait, args=(budget,))
+    child = forkserver.context().Process(target=_hold_every_slot_then_wait, args=(budget,))
     child.start()
     try:
         wait_until(lambda: budget.urgent_waiting == 1, timeout=30)  # holds both and waits for a third
@@ -405,10 +405,10 @@ def _die_holding_the_lock(budget: ConnectionBudget, held: Any) -> None:
 
 
 def test_a_lock_held_by_a_killed_process_is_taken_over(monkeypatch):
-    from app.backend.download import procs
+    from app.backend.download import forkserver
 
     monkeypatch.setattr(ConnectionBudget, "TAKE_OVER_S", 0.2)
-    ctx = procs.context()
+    ctx = forkserver.context()
     budget, held = ConnectionBudget(2, ranks=2), ctx.Event()
     child = ctx.Process(target=_die_holding_the_lock, args=(budget, held))
     child.start()

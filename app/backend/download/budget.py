@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
 
-from app.backend.download import procs
+from app.backend.download import forkserver
 
 
 class ConnectionBudget:
@@ -36,7 +36,7 @@ class ConnectionBudget:
 
     def __init__(self, size: int, ctx: BaseContext | None = None, ranks: int = 1,
                  weights: list[int] | None = None) -> None:
-        ctx = ctx or procs.context()
+        ctx = ctx or forkserver.context()
         self.size = size
         self._ranks = max(ranks, 1)
         # per rank: the slots it may hold while another artifact under its own share waits

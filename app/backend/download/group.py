@@ -12,7 +12,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.sharedctypes import SynchronizedString
 from typing import cast
 
-from app.backend.download import procs
+from app.backend.download import forkserver
 from app.backend.download.budget import ConnectionBudget
 from app.backend.download.types import SpaceError, StopSignal
 
@@ -60,7 +60,7 @@ class RunGroup:
 
     def __init__(self, connections: int, user_stop: threading.Event, jobs: int = 1, ids: list[str] | None = None,
                  ctx: BaseContext | None = None, to_fetch: list[int] | None = None) -> None:
-        ctx = ctx or procs.context()
+        ctx = ctx or forkserver.context()
         self.budget = ConnectionBudget(connections, ctx, ranks=len(ids or []), weights=to_fetch)
         # Each fetch worker holds a libcurl handle and 0.5 MiB of buffers (ranged.py), so artifacts running
         # side by side do not each get `connections` of them: twice their even share, which leaves the

@@ -14,7 +14,7 @@ from app.backend.download.types import (
 )
 from app.backend.units import GiB
 
-if TYPE_CHECKING:  # the artifact processes import this module: no pydantic there (procs.PRELOAD)
+if TYPE_CHECKING:  # the artifact processes import this module: no pydantic there (forkserver.PRELOAD)
     from app.backend.recipe.schema import ArtifactSpec
 
 

@@ -24,9 +24,9 @@ import pickle
 import sys
 import threading
 from multiprocessing.connection import Connection
-from multiprocessing.context import ForkServerContext
 from typing import TYPE_CHECKING
 
+from app.backend.download.forkserver import context
 from app.backend.download.types import DownloadError, Stopped
 from app.backend.fileio import PidLock
 
@@ -37,10 +37,6 @@ if TYPE_CHECKING:
     from app.backend.download.progress import ProgressBoard
     from app.backend.download.types import ArtifactPlan, ArtifactProgress, DownloadConfig
 
-# imported once by the forkserver, so a child starts in milliseconds. Not the __main__ module
-# (app.cli.main for the CLI and the panel): multiprocessing runs it again in each child, and
-# runpy warns when it was imported before
-PRELOAD = ["app.backend.download.job"]
 RELAY_S = 0.1
 EXIT_ORPHANED = 75
 # A thread that wants the GIL back waits at most this long for the holder to let go (CPython's
@@ -55,12 +51,6 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def context() -> ForkServerContext:
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx
 
 
 def start_early() -> None:
