@@ -44,7 +44,7 @@ from huggingface_hub.errors import (
     HFValidationError, RepositoryNotFoundError, RevisionNotFoundError,
 )
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, validate_repo_id
-from tenacity import Retrying, retry_if_exception, stop_after_attempt
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
 from app.backend import env
 from app.backend.download.ranged import UnsafeUrlError
@@ -293,14 +293,14 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (TransientError, httpx2.TransportError)) and not isinstance(exc, httpx2.UnsupportedProtocol)
 
 
-def make_wait(cfg: DownloadConfig) -> Callable[[Any], float]:
+def make_wait(cfg: DownloadConfig) -> Callable[[RetryCallState], float]:
     """Exponential backoff (base·2^n, capped), or exactly what the server asked for."""
 
-    def wait(retry_state: Any) -> float:
+    def wait(retry_state: RetryCallState) -> float:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         if isinstance(exc, TransientError) and exc.retry_after is not None:
             return min(exc.retry_after, 300.0)
-        attempt: int = retry_state.attempt_number
+        attempt = retry_state.attempt_number
         return min(cfg.backoff_max_s, cfg.backoff_base_s * 2.0 ** (attempt - 1))
 
     return wait

@@ -28,7 +28,7 @@ import shutil
 import threading
 import time
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.backend.download.chain import PartChain, PartLost
 from app.backend.download.extract import ExtractHooks, extract_stream, free_bytes
@@ -47,6 +47,9 @@ from app.backend.download.types import (
     ArtifactPlan, ArtifactState, CorruptPartError, DownloadConfig, DownloadError, Limit, Notice, PartInfo,
     PartRetry, PartState, PartVerified, SpaceError, Stopped,
 )
+
+if TYPE_CHECKING:
+    from _hashlib import HASH  # hashlib's objects have no public type
 
 PENDING, VERIFIED, CONSUMED, EVICTED = PartState.PENDING, PartState.VERIFIED, PartState.CONSUMED, PartState.EVICTED
 
@@ -638,7 +641,7 @@ class ArtifactRun:
         self._apply(Completed(warning))
 
 
-def _hash_range(h: Any, fd: int, start: int, end: int, halt: threading.Event) -> None:
+def _hash_range(h: HASH, fd: int, start: int, end: int, halt: threading.Event) -> None:
     """h.update() with the file's bytes [start, end), read in place from the page cache: one mapping per
     HASH_SLICE, gone before the next, so at most one slice is in RSS (a run of segments may be a whole
     part) (docs/downloads.md, "Measurements behind the code"). A mapping starts on a page boundary."""

@@ -7,10 +7,13 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.backend.download.journal import PartRecord
 from app.backend.download.types import PartInfo
+
+if TYPE_CHECKING:
+    from _hashlib import HASH  # hashlib's objects have no public type
 
 
 @dataclass
@@ -26,7 +29,7 @@ class PartSlot:
     segments: int
     admitted: bool = False
     fd: int | None = None
-    sha: Any = None  # sha256 of the part's bytes [0, hashed) (hashlib has no public type)
+    sha: HASH | None = None  # sha256 of the part's bytes [0, hashed)
     hashed: int = 0
     landed: dict[int, int] = field(default_factory=dict)  # segment start -> its bytes on disk (segments not done)
     generation: int = 0  # +1 each time it fails sha256: bytes read from it before are void
