@@ -63,6 +63,8 @@ class _Trace:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     first_token: float | None = None
+    done: bool = False  # the whole answer went to the client ([DONE] or the last byte)
+    streamed: bool = False
     captured: bytearray = field(default_factory=bytearray)
 
 
@@ -232,7 +234,8 @@ class GatewayApp:
             duration = time.monotonic() - started
             tok_s = None
             if trace.completion_tokens and trace.first_token is not None:
-                span = time.monotonic() - trace.first_token
+                # decode rate after the first token on a stream; the whole answer's rate otherwise
+                span = time.monotonic() - (trace.first_token if trace.streamed else started)
                 tok_s = trace.completion_tokens / span if span > 0 else None
             cap = self.limits.capture_cap_bytes
             event = ActivityRecord(
@@ -311,10 +314,11 @@ class GatewayApp:
             if streaming:
                 out_headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
             await send({"type": "http.response.start", "status": status, "headers": out_headers})
+            trace.streamed = streaming
             if streaming:
-                await self._watched(self._pump(resp, send, trace, strip_usage), receive)
+                await self._watched(self._pump(resp, send, trace, strip_usage), receive, trace)
             else:
-                await self._watched(self._whole(resp, send, trace), receive)
+                await self._watched(self._whole(resp, send, trace), receive, trace)
             return status, "" if status < 400 else f"engine answered {status}", captured
         finally:
             await resp.aclose()
@@ -335,10 +339,11 @@ class GatewayApp:
         self._usage_from(data, trace)
         if self.limits.capture_bodies:
             trace.captured += data[: self.limits.capture_cap_bytes]
+        trace.done = True
         await send({"type": "http.response.body", "body": data})
 
     @staticmethod
-    async def _watched(work: Awaitable[None], receive: Receive) -> None:
+    async def _watched(work: Awaitable[None], receive: Receive, trace: _Trace) -> None:
         """Run `work` (the copy of the engine's answer) while watching for the client hanging up; a hang-up
         cancels it, and the caller's `resp.aclose()` then closes the engine connection (the engine aborts)."""
         pump = asyncio.ensure_future(work)
@@ -355,6 +360,8 @@ class GatewayApp:
             await pump
         except asyncio.CancelledError:
             if watcher.done():  # the client left: close upstream (the caller's finally), record it
+                if trace.done:  # ... after it had the whole answer: a normal end
+                    return
                 raise _ClientGone from None
             raise
         finally:
@@ -370,20 +377,20 @@ class GatewayApp:
             *events, buf = buf.split(b"\n\n")
             out: list[bytes] = []
             for ev in events:
-                if ev.startswith(b"data: {") and b'"usage"' in ev:
+                if ev.startswith(b"data: {") and (trace.first_token is None or b'"usage"' in ev):
                     keep = self._inspect(ev[6:], trace, strip_usage)
                     if not keep:
                         continue
-                elif trace.first_token is None and ev.startswith(b"data: {"):
-                    trace.first_token = time.monotonic()
+                elif ev.startswith(b"data: [DONE]"):
+                    trace.done = True
                 out.append(ev + b"\n\n")
             if out:
                 data = b"".join(out)
                 if cap and len(trace.captured) < cap:
                     trace.captured += data[: cap - len(trace.captured)]
                 await send({"type": "http.response.body", "body": data, "more_body": True})
-        tail = buf
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        trace.done = True
+        await send({"type": "http.response.body", "body": buf, "more_body": False})
 
     @staticmethod
     def _inspect(data: bytes, trace: _Trace, strip_usage: bool) -> bool:
@@ -396,8 +403,13 @@ class GatewayApp:
             return True
         usage = obj.get("usage")
         choices = obj.get("choices")
-        if trace.first_token is None and choices:
-            trace.first_token = time.monotonic()
+        if trace.first_token is None and isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            # the first token: text in the delta (content or reasoning) or a completion's text; vLLM's first
+            # chunk carries only the role
+            c0 = choices[0]
+            delta = c0.get("delta") if isinstance(c0.get("delta"), dict) else {}
+            if c0.get("text") or any(delta.get(k) for k in ("content", "reasoning", "reasoning_content", "tool_calls")):
+                trace.first_token = time.monotonic()
         if isinstance(usage, dict):
             trace.prompt_tokens = usage.get("prompt_tokens", trace.prompt_tokens)
             trace.completion_tokens = usage.get("completion_tokens", trace.completion_tokens)

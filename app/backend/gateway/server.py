@@ -50,6 +50,16 @@ class GatewayConfig:
         return f"{'https' if self.tls else 'http'}://{host}:{port or self.port}"
 
 
+def config_from_env(limits: Limits | None = None) -> GatewayConfig:
+    """The panel's gateway settings (docs/configuration.md): MOET_PANEL_GATEWAY_HOST/_PORT/_TLS_CERT/_TLS_KEY."""
+    from app.backend import env
+
+    cert, key = env.gateway_tls()
+    return GatewayConfig(host=env.gateway_host() or "127.0.0.1", port=env.gateway_port() or DEFAULT_PORT,
+                         tls_cert=Path(cert).expanduser() if cert else None,
+                         tls_key=Path(key).expanduser() if key else None, limits=limits or Limits())
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True

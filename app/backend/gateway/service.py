@@ -8,6 +8,7 @@ The panel's Access tab calls this; the gateway reads the engine through the cont
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -35,6 +36,13 @@ class GatewaySnapshot:
     engine_reason: str = ""
 
 
+@dataclass(frozen=True)
+class GatewayView:
+    snapshot: GatewaySnapshot
+    keys: tuple[KeyInfo, ...]
+    activity: tuple[ActivityRecord, ...]
+
+
 class GatewayService:
     def __init__(self, state_dir: Path, config: GatewayConfig, snapshot_fn: Callable[[], Any], engine_base_url: str):
         self.keys = KeyStore(state_dir)
@@ -42,7 +50,9 @@ class GatewayService:
         self._source = SnapshotSource(snapshot_fn, engine_base_url)
         self._lock = threading.Lock()
         self._server: GatewayServer | None = None
-        self._snap = GatewaySnapshot(GatewayState.OFF, message="off: other machines cannot reach the model")
+        self._snap = GatewaySnapshot(GatewayState.OFF, url=config.url(), message="off: other machines cannot reach the model")
+        self._view: GatewayView | None = None
+        self._view_at = 0.0
 
     def snapshot(self) -> GatewaySnapshot:
         st = self._source.status()
@@ -70,7 +80,7 @@ class GatewayService:
                 self._snap = GatewaySnapshot(GatewayState.FAILED, message=server.error or "the gateway did not start")
                 return self.snapshot()
             self._server = server
-            self._snap = GatewaySnapshot(GatewayState.ON, url=server.url, message=f"on at {server.url}")
+            self._snap = GatewaySnapshot(GatewayState.ON, url=server.url, message="serving: clients need a key (Authorization: Bearer …)")
             return self.snapshot()
 
     def stop(self) -> GatewaySnapshot:
@@ -78,20 +88,42 @@ class GatewayService:
             server, self._server = self._server, None
             if server is not None:
                 server.stop()
-            self._snap = GatewaySnapshot(GatewayState.OFF, message="off: other machines cannot reach the model")
+            self._snap = GatewaySnapshot(GatewayState.OFF, url=self.config.url(),
+                                         message="off: other machines cannot reach the model")
             return self.snapshot()
 
     def create_key(self, name: str, expires_days: float | None = None) -> CreatedKey:
-        return self.keys.create(name, expires_days)
+        created = self.keys.create(name, expires_days)
+        self._invalidate()
+        return created
 
     def revoke_key(self, name: str) -> bool:
-        return self.keys.revoke(name)
+        ok = self.keys.revoke(name)
+        self._invalidate()
+        return ok
 
     def list_keys(self) -> list[KeyInfo]:
         return self.keys.infos()
 
     def activity(self, limit: int = 50) -> list[ActivityRecord]:
         return self.keys.activity(limit)
+
+    def view(self, max_age_s: float = 2.0) -> GatewayView:
+        """Snapshot, keys with usage and recent activity for a page timer: read from the file at most every
+        `max_age_s` (a key created or revoked here refreshes it at once)."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._view
+            if cached is not None and now - self._view_at < max_age_s:
+                return replace(cached, snapshot=self.snapshot())
+        view = GatewayView(self.snapshot(), tuple(self.keys.infos()), tuple(self.keys.activity(50)))
+        with self._lock:
+            self._view, self._view_at = view, now
+        return view
+
+    def _invalidate(self) -> None:
+        with self._lock:
+            self._view = None
 
     def close(self) -> None:
         self.stop()
