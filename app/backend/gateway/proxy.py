@@ -407,7 +407,8 @@ class GatewayApp:
             # the first token: text in the delta (content or reasoning) or a completion's text; vLLM's first
             # chunk carries only the role
             c0 = choices[0]
-            delta = c0.get("delta") if isinstance(c0.get("delta"), dict) else {}
+            raw_delta = c0.get("delta")
+            delta: dict[str, Any] = raw_delta if isinstance(raw_delta, dict) else {}
             if c0.get("text") or any(delta.get(k) for k in ("content", "reasoning", "reasoning_content", "tool_calls")):
                 trace.first_token = time.monotonic()
         if isinstance(usage, dict):
