@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import socket
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -92,8 +93,11 @@ class GatewayApp:
     async def startup(self) -> None:
         # one client, one pool to the engine; no read timeout (a long answer streams for minutes),
         # no proxies from the environment (the engine is on loopback)
+        # TCP_NODELAY toward the engine too: httpx writes a request's headers and body separately, and Nagle
+        # could hold the body for the engine's delayed ACK (the client side's +40 ms: server.bind_socket)
+        transport = httpx.AsyncHTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
         self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=self.limits.upstream_connect_s),
+            transport=transport, timeout=httpx.Timeout(None, connect=self.limits.upstream_connect_s),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64), trust_env=False)
         await self.engine.start()
         self._flusher = asyncio.create_task(self._flush_loop())
