@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from app.backend.gateway.keys import KeyInfo, KeyStore, KeyStoreError
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             elif ok:
                 print(f"key {args.name!r} revoked; a running gateway refuses it within a second")
             else:
-                print(f"moet-panel: no active key named {args.name!r} (see `moet-panel keys list`)")
+                print(f"moet-panel: no active key named {args.name!r} (see `moet-panel keys list`)", file=sys.stderr)
             return 0 if ok else 1
         infos = store.infos()
         if args.json:
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             _table(infos)
         return 0
     except KeyStoreError as exc:
-        print(f"moet-panel: {exc}")
+        print(f"moet-panel: {exc}", file=sys.stderr)
         return 2
     finally:
         store.close()
