@@ -58,11 +58,12 @@ def wait_http(url: str, headers: dict[str, str] | None = None, timeout: float = 
 def stream(client: Any, url: str, key: str | None, prompt: str, max_tokens: int) -> dict[str, Any]:
     """One streamed chat: TTFT, first/last token times, token count (from content chunks), text."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "stream": True, "ignore_eos": True, "chat_template_kwargs": {"thinking": False}}
+            "stream": True, "ignore_eos": True, "chat_template_kwargs": {"thinking": False},
+            "stream_options": {"include_usage": True}}
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     t0 = time.perf_counter()
     first = last = None
-    n = 0
+    n = tokens = 0
     parts: list[str] = []
     with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
         r.raise_for_status()
@@ -70,6 +71,8 @@ def stream(client: Any, url: str, key: str | None, prompt: str, max_tokens: int)
             if not line.startswith("data: {"):
                 continue
             obj = json.loads(line[6:])
+            if obj.get("usage"):
+                tokens = obj["usage"]["completion_tokens"]  # the engine's count (the gateway passes it when asked)
             if not obj.get("choices"):
                 continue
             text = obj["choices"][0]["delta"].get("content") or ""
@@ -79,7 +82,8 @@ def stream(client: Any, url: str, key: str | None, prompt: str, max_tokens: int)
                 last = now
                 parts.append(text)
                 n += 1
-    return {"ttft": (first - t0) if first else None, "first": first, "last": last, "chunks": n, "text": "".join(parts)}
+    return {"ttft": (first - t0) if first else None, "first": first, "last": last, "chunks": n, "tokens": tokens,
+            "text": "".join(parts)}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -176,11 +180,14 @@ def run(args: argparse.Namespace, engine: str, gateway: str, key: str, gw_proc: 
     wall = time.perf_counter() - t0
     cpu1 = gw_proc.cpu_times()
     d, g = results["direct"], results["gateway"]
-    rate = {n: (r["chunks"] - 1) / (r["last"] - r["first"]) for n, r in results.items()}
+    # tokens after the first one, over the time from the first to the last content chunk
+    rate = {n: (r["tokens"] - 1) / (r["last"] - r["first"]) for n, r in results.items()}
     print(f"\n{args.tokens}-token stream at {args.tok_s:g} tok/s, side by side ({wall:.1f} s)")
-    print(f"  content chunks  direct {d['chunks']}  gateway {g['chunks']}   text identical: {d['text'] == g['text']}"
-          f"   lost: {max(0, d['chunks'] - g['chunks'])}")
-    print(f"  decode rate     direct {rate['direct']:.1f}  gateway {rate['gateway']:.1f} chunks/s   "
+    same = d["text"] == g["text"]
+    print(f"  tokens (engine's count)  direct {d['tokens']}  gateway {g['tokens']}; text received identical "
+          f"({len(d['text'])} characters, {d['chunks']} / {g['chunks']} SSE chunks): {same}   "
+          f"tokens lost: {0 if same and d['tokens'] == g['tokens'] else 'SOME'}")
+    print(f"  decode rate     direct {rate['direct']:.1f}  gateway {rate['gateway']:.1f} tok/s   "
           f"gateway/direct {rate['gateway'] / rate['direct'] * 100:.2f} %   goal ≥ 99 %")
     one = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall * 100
     print(f"  gateway CPU during one {args.tok_s:g} tok/s stream: {one:.1f} % of a core")
@@ -202,7 +209,7 @@ def run(args: argparse.Namespace, engine: str, gateway: str, key: str, gw_proc: 
     counts: list[int] = []
 
     def one_stream(i: int) -> None:
-        counts.append(stream(gw_c, gateway, key, f"stream {i}", args.stream_tokens)["chunks"])
+        counts.append(stream(gw_c, gateway, key, f"stream {i}", args.stream_tokens)["tokens"])
 
     cpu0 = gw_proc.cpu_times()
     t0 = time.perf_counter()
