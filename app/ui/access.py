@@ -82,7 +82,7 @@ def render(state: AppState, shell: Shell) -> None:
     model = state.settings.recipe.model.served_name
     gr.Markdown("Serve the model to other machines (an IDE, Open WebUI, scripts) through the **API gateway**: "
                 "per-client keys, limits, usage and activity. The engine itself listens on loopback only. "
-                "[Threat model](docs/gateway.md)")
+                "What is reachable, by whom, with what: `docs/gateway.md`.")
     view0 = svc.view()
     with gr.Row():
         switch = gr.Checkbox(view0.snapshot.state is GatewayState.ON, label="Gateway on", elem_id="gw-switch")
