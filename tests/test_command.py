@@ -184,3 +184,18 @@ def test_plain_is_the_cards_command_without_host_and_explain_gives_the_hosts_rea
     lines = explained.splitlines()
     i = next(n for n, ln in enumerate(lines) if ln.strip() == "--host 127.0.0.1")
     assert "added by moet-panel" in lines[i + 1] and "loopback" in lines[i + 1]
+
+
+def test_the_loopback_addition_leaves_the_config_hash_as_it_was() -> None:
+    """Self-test results are keyed by the config hash: adding --host 127.0.0.1 must not make them stale."""
+    import dataclasses
+
+    from app.backend.recipe import load_recipe
+    from app.backend.recipe.command import build_run_spec, config_hash
+
+    recipe = load_recipe(SIMULATED_RECIPE)
+    spec = build_run_spec(recipe, "quality", "/data/ds4")
+    assert spec.args[-2:] == ("--host", "127.0.0.1")
+    before = dataclasses.replace(spec, args=spec.args[:-2])
+    assert config_hash(spec) == config_hash(before)
+    assert config_hash(dataclasses.replace(spec, args=(*spec.args[:-2], "--port", "9"))) != config_hash(spec)
