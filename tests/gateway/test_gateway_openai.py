@@ -84,7 +84,7 @@ def test_body_capture_is_opt_in_and_capped(make_gateway):
 
 
 def test_no_wrong_expired_and_revoked_keys_are_401(make_gateway):
-    gw = make_gateway()
+    gw = make_gateway(limits=Limits(rate_per_min=1e6))  # the polls below are not rate-limited
     good = gw.key("good")
     r = httpx.get(gw.url + "/v1/models")
     assert r.status_code == 401 and "Authorization: Bearer" in r.json()["error"]["message"]
@@ -217,7 +217,7 @@ def _raw(gw, data: bytes, read: bool = True) -> bytes:
 
 
 def test_bad_input_gets_a_clear_4xx_and_others_are_unaffected(make_gateway):
-    gw = make_gateway(limits=Limits(max_body_bytes=64 * 1024, body_timeout_s=1.0))
+    gw = make_gateway(limits=Limits(max_body_bytes=64 * 1024, body_timeout_s=1.0, header_timeout_s=1.0))
     key = gw.key("fuzz")
     auth = {"Authorization": f"Bearer {key}"}
     url = gw.url + "/v1/chat/completions"
@@ -250,6 +250,10 @@ def test_bad_input_gets_a_clear_4xx_and_others_are_unaffected(make_gateway):
         assert c.chat.completions.create(model=SERVED, messages=MSG, max_tokens=3).usage.completion_tokens == 3
     t.join(15)
     assert slow_result and slow_result[0].startswith(b"HTTP/1.1 408"), slow_result
+    # a client that sends its headers and stops (slowloris) is disconnected at the header deadline
+    with socket.create_connection(("127.0.0.1", gw.server.port), timeout=10) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
+        assert s.recv(100) == b""  # closed by the gateway (a timeout here would raise)
     with gw.client(key) as c:  # still serving
         assert c.models.list().data
 

@@ -45,6 +45,8 @@ class Limits:
     rate_per_min: float = 120.0  # requests per minute per key (token bucket, burst = max_concurrent * 2)
     max_body_bytes: int = 8 * 1024 * 1024  # a 256K-token prompt is ~1 MB of text; 8 MiB leaves room
     body_timeout_s: float = 30.0  # a client must send its whole body within this (slow-client bound)
+    header_timeout_s: float = 10.0  # ... and a request's headers within this (server.header_deadline_protocol)
+    max_connections: int = 2048  # connections and requests at once, all keys together
     upstream_connect_s: float = 5.0
     capture_bodies: bool = False  # activity keeps bodies only when asked (docs/gateway.md#activity)
     capture_cap_bytes: int = 4096

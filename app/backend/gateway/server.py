@@ -112,6 +112,45 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def header_deadline_protocol(timeout_s: float) -> type:
+    """uvicorn's h11 protocol with a deadline for a request's headers: uvicorn bounds the idle time between
+    requests (keep-alive) but not a client that sends its headers a byte at a time (slowloris). The
+    body has its own deadline in the app (Limits.body_timeout_s)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadline(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def _waiting_for_headers(self) -> bool:
+            cycle = getattr(self, "cycle", None)
+            return cycle is None or bool(getattr(cycle, "response_complete", False))
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._deadline = self.loop.call_later(timeout_s, self._too_slow)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if not self._waiting_for_headers():
+                if self._deadline is not None:
+                    self._deadline.cancel()
+                    self._deadline = None
+            elif self._deadline is None:  # the first bytes of the next request on a kept-alive connection
+                self._deadline = self.loop.call_later(timeout_s, self._too_slow)
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            if self._waiting_for_headers() and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            super().connection_lost(exc)
+
+    return HeaderDeadline
+
+
 class GatewayServer:
     """One uvicorn server for one GatewayApp; `run()` blocks, `start()` runs it on a thread."""
 
@@ -126,6 +165,8 @@ class GatewayServer:
             lifespan="on", ssl_certfile=str(cfg.tls_cert) if cfg.tls_cert else None,
             ssl_keyfile=str(cfg.tls_key) if cfg.tls_key else None,
             timeout_keep_alive=75, h11_max_incomplete_event_size=64 * 1024,
+            http=header_deadline_protocol(cfg.limits.header_timeout_s),
+            limit_concurrency=cfg.limits.max_connections,  # beyond it uvicorn answers 503 at once
             server_header=False, date_header=False))
         self._thread: threading.Thread | None = None
         self.error: str = ""
