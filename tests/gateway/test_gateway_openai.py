@@ -270,3 +270,32 @@ def test_keys_are_stored_hashed_private_and_never_in_the_activity(make_gateway):
     assert key.encode() not in blob and key[8:].encode() not in blob
     assert all(key not in repr(a) for a in gw.keys.activity(10))
     assert all(key not in json.dumps(i.as_json()) for i in gw.keys.infos())
+
+
+def test_tls_from_a_certificate_and_key(make_gateway, make_sim, home_data, tmp_path):
+    """A gateway given a certificate serves HTTPS (uvicorn's ssl options); the OpenAI SDK verifies it."""
+    import subprocess
+
+    from app.backend.gateway.readiness import ProbeSource
+    from app.backend.gateway.server import GatewayConfig, GatewayServer
+
+    cert, pkey = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(pkey), "-out", str(cert)],
+                   check=True, capture_output=True)
+    sim = make_sim()
+    keys = KeyStore(home_data / ".moet-panel")
+    key = keys.create("tls").key
+    server = GatewayServer(GatewayConfig(host="127.0.0.1", port=0, tls_cert=cert, tls_key=pkey), keys,
+                           ProbeSource(sim.base_url, SERVED))
+    server.start()
+    try:
+        assert server.wait_started(10) and server.url.startswith("https://")
+        with openai.OpenAI(base_url=f"https://127.0.0.1:{server.port}/v1", api_key=key, max_retries=0,
+                           http_client=httpx.Client(verify=str(cert))) as c:
+            assert [m.id for m in c.models.list().data] == [SERVED]
+        with pytest.raises(httpx.HTTPError):  # plain HTTP to the TLS port is no way in
+            httpx.get(f"http://127.0.0.1:{server.port}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=5)
+    finally:
+        server.stop()
+        keys.close()
