@@ -244,6 +244,7 @@ class LoginNote:
 
     address: str = ""
     device: str | None = None  # the device key the page presented (X-Moet-Device)
+    device_user: str | None = None  # the user that device key was issued to (DeviceBook), if any
     refused: bool = False  # throttled: answer 429 with retry_after_s
     busy: bool = False  # too many logins being checked at once: answer 503
     retry_after_s: float = 0.0
@@ -345,12 +346,11 @@ class SessionBook:
 
 @dataclass
 class LoginGuard:
-    """Everything the login path shares: the throttle, the device keys, and the bound on scrypt work
+    """Everything the login path shares: the throttle and the bound on scrypt work
     in flight (at most `max_checking` hashes at once, at most `max_waiting` more queued; beyond that
     a login is answered 503 at once), so a flood of logins cannot starve signed-in users of CPU."""
 
     throttle: LoginThrottle = field(default_factory=LoginThrottle)
-    devices: DeviceBook = field(default_factory=DeviceBook)
     max_checking: int = 1
     max_waiting: int = 4
     in_flight: int = 0
@@ -371,20 +371,19 @@ def make_checker(users: dict[str, str], guard: LoginGuard | None = None,
 
     async def check(username: str, password: str) -> bool:
         note = note_for() or LoginNote()
-        device_user = g.devices.user_of(note.device)
-        device = note.device if device_user == username else None  # a device key counts for its own user only
+        device = note.device if note.device and note.device_user == username else None  # its own user only
         slot = g.throttle.reserve(username, note.address, device)
         if slot.refused:
             note.refused, note.retry_after_s = True, slot.retry_after_s
             return False
+        if slot.wait_s > 0:
+            await asyncio.sleep(slot.wait_s)  # a paced login waits here: a sleeping coroutine, no thread
         if g.in_flight >= g.max_checking + g.max_waiting:
             g.throttle.record(slot, True)  # not checked: does not count as a failure
             note.busy, note.retry_after_s = True, 2.0
             return False
         g.in_flight += 1
         try:
-            if slot.wait_s > 0:
-                await asyncio.sleep(slot.wait_s)
             if g._sem is None:
                 g._sem = asyncio.Semaphore(g.max_checking)
             encoded = users.get(username)

@@ -323,8 +323,9 @@ class WebGate:
         if path in LOGIN_PATHS and method == "POST":
             headers = _headers(scope)
             client = scope.get("client")
-            note = LoginNote(address=str(client[0]) if client else "",
-                             device=headers.get(DEVICE_HEADER, b"").decode("latin-1") or None)
+            device = headers.get(DEVICE_HEADER, b"").decode("latin-1") or None
+            note = LoginNote(address=str(client[0]) if client else "", device=device,
+                             device_user=guard.devices.user_of(device))
             LOGIN_NOTE.set(note)
             return _login_send(send, guard, note)
         if path in PAGE_PATHS and method == "GET" and guard.page_script:
