@@ -92,6 +92,19 @@ def load_users(path: Path) -> dict[str, str]:
     return users
 
 
+def auth_file_warning(path: Path) -> str | None:
+    """A warning when the credentials file is readable by group/others (its scrypt hashes would let
+    them guess offline); writable is refused outright by load_users."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        return (f"auth file {path} is readable by other users (mode {stat.S_IMODE(mode):03o}): they could try "
+                f"passwords against its hashes offline. Run `chmod 600 {path}`.")
+    return None
+
+
 def add_user(path: Path, name: str, password: str) -> None:
     """Add or replace one user; the file is created 0600 and rewritten atomically."""
     if not USER_RE.fullmatch(name):

@@ -204,6 +204,8 @@ class GatePolicy:
             addr = ipaddress.ip_address(bind.strip("[]"))
             if not addr.is_unspecified:  # 0.0.0.0 / :: name no host; configure --allowed-host
                 names.add(f"[{addr}]:{self.port}" if addr.version == 6 else f"{addr}:{self.port}")
+            elif addr.version == 6:  # Gradio's own start-up request on a `::` bind (an IP literal: no rebinding)
+                names.add(f"[::]:{self.port}")
         except ValueError:
             if bind:
                 names.add(f"{bind}:{self.port}")

@@ -141,7 +141,9 @@ def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], A
                           sessions=gradio_session(app) if auth is not None else None, auth_message=AUTH_MESSAGE,
                           fn_index_ok=lambda index: index in blocks.fns)
 
-    app, url, _ = blocks.launch(server_name=host, server_port=port, prevent_thread_lock=True,
+    # An IPv6 literal goes to Gradio in brackets: it builds its own URLs as f"http://{name}:{port}/".
+    server_name = f"[{host.strip('[]')}]" if ":" in host.strip("[]") else host
+    app, url, _ = blocks.launch(server_name=server_name, server_port=port, prevent_thread_lock=True,
                                 app_kwargs={"lifespan": _gate_lifespan(policy_for),
                                             # no FastAPI schema/docs pages: the panel is not an API product
                                             "openapi_url": None, "docs_url": None, "redoc_url": None}, **launch_kwargs(auth))
