@@ -102,16 +102,20 @@
       }
     }).observe(document.documentElement, { subtree: true, childList: true, attributes: true, attributeFilter: ["href", "src"] });
     if (!key()) return;
+    const bar = document.createElement("div");  // a line of its own above the app, at the right
+    bar.style.cssText = "display:flex;justify-content:flex-end;padding:4px 12px 0";
     const b = document.createElement("button");  // sign out everywhere: every session of this user ends
     b.id = "moet-signout";
     b.type = "button";
     b.textContent = "Sign out everywhere";
-    b.style.cssText = "position:fixed;right:8px;bottom:8px;z-index:10000;font:12px sans-serif;padding:4px 8px;" +
-      "border:1px solid #9ca3af;border-radius:6px;background:#f9fafb;color:#111827;cursor:pointer";
+    b.title = "End every signed-in session of this user, in every browser";
+    b.style.cssText = "font:12px sans-serif;padding:3px 8px;border:1px solid #9ca3af;border-radius:6px;" +
+      "background:#f9fafb;color:#111827;cursor:pointer";
     b.addEventListener("click", async () => {
       try { await window.fetch("/logout", { method: "POST" }); } finally { store.removeItem(KEY); location.assign("/"); }
     });
-    document.body.appendChild(b);
+    bar.appendChild(b);
+    document.body.prepend(bar);
   };
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", watch); else watch();
 })();

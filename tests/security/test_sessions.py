@@ -69,6 +69,10 @@ class CookieCatcher:
         self.server.server_close()
 
 
+def tmp_path_of(panel: Any) -> Path:
+    return Path(panel.data_dir).parent
+
+
 def sign_in(page: Any, url: str) -> None:
     page.goto(url)
     page.get_by_label("username", exact=False).fill("alice")
@@ -207,6 +211,14 @@ def test_a_file_the_page_links_is_bound_to_the_session_too(authed, browser) -> N
     with page.expect_download() as info:  # the owner's click on the link downloads it
         link.click()
     assert "the secret answer 4711" in Path(info.value.path()).read_text()
+    # An upload (the chat import) goes through the page's fetch, with the key: it works for the owner.
+    again = tmp_path_of(authed) / "import-me.json"
+    conv["conversation"].update(id="uploaded", title="uploaded through the page")
+    again.write_text(json.dumps(conv))
+    with page.expect_file_chooser() as chooser:
+        page.locator("#chat-import").click()
+    chooser.value.set_files(str(again))
+    page.get_by_text("uploaded through the page").first.wait_for()
     cookies = {c["name"]: c["value"] for c in page.context.cookies()}
     bare = href.split("?")[0]
     with httpx.Client(timeout=30, cookies=cookies) as thief:
