@@ -6,6 +6,7 @@ sessions expire on the server; sign-out ends them everywhere. docs/ui-and-safety
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -224,3 +225,39 @@ def test_a_file_the_page_links_is_bound_to_the_session_too(authed, browser) -> N
     with httpx.Client(timeout=30, cookies=cookies) as thief:
         r = thief.get(bare if bare.startswith("http") else authed.url + bare)
         assert r.status_code == 401 and "4711" not in r.text
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_during_a_guessing_flood_the_owners_browser_still_signs_in(authed, browser) -> None:
+    """The device key (origin-scoped storage, like the session key) lets the browser that signed in
+    before through at once while someone floods the account; a new browser is told to wait."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    owner = browser.new_page()
+    sign_in(owner, authed.url)
+    owner.get_by_role("button", name="Sign out everywhere").click()
+    owner.get_by_role("button", name="Login").wait_for()
+
+    def guess(n: int) -> int:
+        with httpx.Client(timeout=120, transport=httpx.HTTPTransport(local_address=f"127.0.1.{n + 2}")) as c:
+            return c.post(authed.url + "/login", data={"username": "alice", "password": f"guess-{n}"}).status_code
+
+    stranger = browser.new_page()  # a browser that never signed in, its form filled in before the flood
+    stranger.goto(authed.url)
+    for page in (stranger, owner):
+        page.get_by_label("username", exact=False).fill("alice")
+        page.get_by_label("password", exact=False).fill(PASSWORD)
+    with ThreadPoolExecutor(40) as pool:
+        flood = [pool.submit(guess, n) for n in range(40)]
+        deadline = time.monotonic() + 60  # the account's queue is full once the first guess is refused
+        while not any(f.done() and f.result() == 429 for f in flood):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with stranger.expect_response(lambda r: r.url.endswith("/login")) as resp:
+            stranger.get_by_role("button", name="Login").click()
+        assert resp.value.status == 429
+        stranger.get_by_role("alert").filter(has_text="try again in").wait_for()
+        owner.get_by_role("button", name="Login").click()
+        owner.wait_for_selector("#profile-cards", timeout=15_000)
+        assert {f.result() for f in flood} <= {400, 429, 503}
