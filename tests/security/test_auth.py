@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -26,6 +27,14 @@ def _args(**kw: object) -> argparse.Namespace:
     base = dict(host=None, port=None, demo=False, auth_file=None, add_user=None, recipe=None, data_dir=None)
     base.update(kw)
     return argparse.Namespace(**base)
+
+
+def run_async(coro: Any) -> Any:
+    """asyncio.run in a thread of its own: Playwright's sync API may hold this thread's event loop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 @pytest.fixture
@@ -112,7 +121,7 @@ def test_add_user_cli_writes_0600_scrypt_file_from_stdin(clean_env: Path) -> Non
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     text = path.read_text()
     assert "s3cret-pass-word" not in text and "bob:scrypt$" in text
-    assert asyncio.run(make_checker(load_users(path))("bob", "s3cret-pass-word"))
+    assert run_async(make_checker(load_users(path))("bob", "s3cret-pass-word"))
     short = subprocess.run(cmd, input="short\n", capture_output=True, text=True, timeout=60)
     assert short.returncode == 2 and "at least 8" in short.stderr
 
@@ -121,7 +130,7 @@ def test_checker_rejects_wrong_password_and_unknown_user(auth_file: Path) -> Non
     checker = make_checker(load_users(auth_file))
 
     def check(user: str, password: str) -> bool:
-        return asyncio.run(checker(user, password))
+        return run_async(checker(user, password))
 
     assert check("alice", "correct horse battery")
     assert not check("alice", "wrong password!")
