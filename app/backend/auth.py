@@ -371,11 +371,14 @@ class LoginGuard:
 
 
 def make_checker(users: dict[str, str], guard: LoginGuard | None = None,
-                 note_of: Callable[[], LoginNote | None] | None = None) -> Callable[[str, str], Awaitable[bool]]:
+                 note_of: Callable[[], LoginNote | None] | None = None,
+                 on_failure: Callable[[str], None] | None = None) -> Callable[[str, str], Awaitable[bool]]:
     """Gradio `auth=` callable (a coroutine: Gradio awaits it, so a paced login waits without holding a
     thread). Every checked login costs one scrypt, whether the user exists or the password is right,
     so the user list does not show in the response time. `note_of` gives the LoginNote of the login
-    in progress (default: the HTTP gate's); the checker writes refusals and the signed-in user there."""
+    in progress (default: the HTTP gate's); the checker writes refusals and the signed-in user there.
+    `on_failure(reason)` counts failures ("bad_credentials", or "locked_out" for a throttled or busy
+    answer) for /metrics."""
     from app.backend.webgate import current_login
 
     dummy = hash_password(secrets.token_hex(8))
@@ -388,12 +391,16 @@ def make_checker(users: dict[str, str], guard: LoginGuard | None = None,
         slot = g.throttle.reserve(username, note.address, device)
         if slot.refused:
             note.refused, note.retry_after_s = True, slot.retry_after_s
+            if on_failure is not None:
+                on_failure("locked_out")
             return False
         if slot.wait_s > 0:
             await asyncio.sleep(slot.wait_s)  # a paced login waits here: a sleeping coroutine, no thread
         if g.in_flight >= g.max_checking + g.max_waiting:
             g.throttle.record(slot, True)  # not checked: does not count as a failure
             note.busy, note.retry_after_s = True, 2.0
+            if on_failure is not None:
+                on_failure("locked_out")
             return False
         g.in_flight += 1
         try:
@@ -408,6 +415,8 @@ def make_checker(users: dict[str, str], guard: LoginGuard | None = None,
         g.throttle.record(slot, ok)
         if ok:
             note.user = username
+        elif on_failure is not None:
+            on_failure("bad_credentials")
         return ok
 
     return check

@@ -187,9 +187,10 @@ class GatePolicy:
     allowed_hosts: tuple[str, ...] = ()  # reverse-proxy names (parse_allowed_hosts)
     sessions: SessionGuard | None = None  # None: auth is off (loopback only, see auth.check_binding)
     auth_message: str = ""
-    # Extra routes reachable without a session, each with its own check (path -> check(scope) -> ok),
-    # e.g. a metrics endpoint with its own bearer token. Listed in docs/ui-and-safety.md#routes.
-    extra_public: tuple[tuple[str, Callable[[Scope], bool]], ...] = ()
+    # Routes the gate serves itself, in front of Gradio, after the Host/forwarding/Origin checks; each
+    # does its own access check (no session: e.g. /metrics and its bearer token, docs/metrics.md).
+    routes: tuple[tuple[str, ASGIApp], ...] = ()
+    on_refusal: Callable[[int], None] | None = None  # told each refusal's status (the /metrics counters)
     fn_index_ok: Callable[[int], bool] | None = None  # does this fn_index name an event? (None: unchecked)
     max_body_bytes: int = MAX_BODY_BYTES
     max_upload_bytes: int = MAX_UPLOAD_BYTES
@@ -277,6 +278,8 @@ class WebGate:
             refusal = self._refusal(scope, user)
             if refusal is not None:
                 status, body, extra = refusal
+                if self.policy.on_refusal is not None:
+                    self.policy.on_refusal(status)
                 if kind == "websocket":
                     await send({"type": "websocket.close", "code": 1008})
                     return
@@ -296,7 +299,7 @@ class WebGate:
                         return
                 send = _with_security_headers(send)
                 send = self._session_send(scope, send, user)
-            await self.app(scope, receive, send)
+            await dict(self.policy.routes).get(scope.get("path", ""), self.app)(scope, receive, send)
         finally:
             LOGIN_NOTE.reset(note_token)
             CLIENT_ADDRESS.reset(token)
@@ -397,10 +400,7 @@ class WebGate:
             return 404, "not found (a Gradio feature moet-panel does not use; docs/ui-and-safety.md#routes)", []
         if scope["type"] == "http" and path.rstrip("/") == "/logout" and scope.get("method") != "POST":
             return 405, "log out with POST /logout (a GET cannot change anything here).", [(b"allow", b"POST")]
-        for route, check in p.extra_public:  # public routes with a check of their own
-            if path == route:
-                return None if check(scope) else (401, "not authorised for this route.", [])
-        if p.sessions is not None and not is_public(path) and user is None:
+        if p.sessions is not None and not is_public(path) and path not in dict(p.routes) and user is None:
             # Gradio's own 401 body, so its page shows the login form.
             return 401, {"detail": {"error": "Not authenticated", "auth_message": p.auth_message}}, []
         if scope["type"] == "http":

@@ -261,3 +261,39 @@ def test_during_a_guessing_flood_the_owners_browser_still_signs_in(authed, brows
         owner.get_by_role("button", name="Login").click()
         owner.wait_for_selector("#profile-cards", timeout=15_000)
         assert {f.result() for f in flood} <= {400, 429, 503}
+
+
+def test_the_gate_has_a_place_for_routes_with_their_own_check() -> None:
+    """Gate-served routes (e.g. /metrics with its own token) skip the session check, nothing else."""
+    from app.backend.webgate import GatePolicy, SessionGuard, WebGate
+
+    async def gradio(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"gradio"})
+
+    async def metrics(scope: Any, receive: Any, send: Any) -> None:
+        ok = dict(scope["headers"]).get(b"authorization") == b"Bearer t"
+        await send({"type": "http.response.start", "status": 200 if ok else 401, "headers": []})
+        await send({"type": "http.response.body", "body": b"metrics" if ok else b"no"})
+
+    refused: list[int] = []
+    guard = SessionGuard(read_token=lambda c: None, token_user=lambda t: None, forget=lambda t: None)
+    gate = WebGate(gradio, GatePolicy(port=7860, sessions=guard, routes=(("/metrics", metrics),),
+                                      on_refusal=refused.append))
+
+    async def go() -> list[tuple[int, str]]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gate), base_url="http://127.0.0.1:7860") as c:
+            out = []
+            for path, headers in (("/metrics", {"Authorization": "Bearer t"}), ("/metrics", {}), ("/config", {}),
+                                  ("/metrics", {"Origin": "http://127.0.0.1:9999"})):
+                r = await c.get(path, headers=headers)
+                out.append((r.status_code, r.text))
+            return out
+
+    from concurrent.futures import ThreadPoolExecutor
+    import asyncio
+
+    with ThreadPoolExecutor(1) as pool:
+        got = pool.submit(asyncio.run, go()).result()
+    assert got[0] == (200, "metrics") and got[1][0] == 401 and got[2][0] == 401 and got[3][0] == 403
+    assert refused == [401, 403]  # the gate's own refusals (the route's own 401 is its business)
