@@ -28,6 +28,8 @@ from app.backend import env
 SCRYPT_N, SCRYPT_R, SCRYPT_P, DKLEN = 2**14, 8, 1, 32
 USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 MIN_PASSWORD = 8
+SESSION_IDLE_S = 2 * 3600.0  # a session ends this long after its last request ...
+SESSION_LIFETIME_S = 24 * 3600.0  # ... or this long after sign-in (docs/ui-and-safety.md#sessions)
 
 
 class AuthError(ValueError):
@@ -305,8 +307,8 @@ class SessionBook:
     after `idle_s` without a request, `lifetime_s` after sign-in, or at sign-out (all of the
     user's sessions at once)."""
 
-    idle_s: float = 2 * 3600.0
-    lifetime_s: float = 24 * 3600.0
+    idle_s: float = SESSION_IDLE_S
+    lifetime_s: float = SESSION_LIFETIME_S
     max_sessions: int = 1_000
     clock: Callable[[], float] = time.time
     sessions: dict[str, Session] = field(default_factory=dict)  # Gradio token -> Session

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.backend.auth import (AuthError, BindingError, add_user, auth_file_warning, check_binding, default_auth_path,
-                              load_users, make_checker)
+from app.backend.auth import (SESSION_IDLE_S, SESSION_LIFETIME_S, AuthError, BindingError, add_user, auth_file_warning,
+                              check_binding, default_auth_path, load_users, make_checker)
 from app.backend import env
 from app.backend.hostprobe import HostProbe, detect_demo
 from app.backend.settings import Settings, resolve_settings
@@ -96,6 +96,8 @@ def banner(p: Plan, url: str, hub_note: str | None) -> str:
         f"  data dir : {s.data_dir}",
         f"  demo     : {'yes — ' + p.demo_reason if p.demo_reason else 'no (real GPU + Docker)'}",
         f"  auth     : {'on — ' + str(users) + ' user(s) from ' + str(p.auth_file) if p.auth_file else 'off (listening on loopback only)'}",
+        *([f"  sessions : bound to the page's origin; end after {SESSION_IDLE_S / 3600:g} h idle or "
+           f"{SESSION_LIFETIME_S / 3600:g} h (docs/ui-and-safety.md#sessions)"] if p.auth_file else []),
     ]
     lines.append(f"  hosts    : loopback{''.join(', ' + h for h in p.allowed_hosts)}"
                  + ("  (listening on every address: add --allowed-host NAME for the name browsers use)"

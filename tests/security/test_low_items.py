@@ -37,11 +37,12 @@ def test_serve_on_ipv6_any_starts_and_a_readable_auth_file_is_warned_about(tmp_p
             if not line:
                 break
             out.append(line)
-            if "moet-panel is running" in line:
+            if "  stop     :" in line:  # the banner's last line
                 break
         text = "".join(out)
         assert "moet-panel is running" in text, text[-3000:]
         assert "readable by other users" in text and "chmod 600" in text
+        assert "sessions : bound to the page's origin; end after 2 h idle or 24 h" in text
         r = httpx.get(f"http://[::1]:{port}/config", timeout=30)
         assert r.status_code == 401  # served, behind the login
     finally:
