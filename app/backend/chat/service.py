@@ -86,6 +86,7 @@ class ChatService:
         self._turns: dict[str, Turn] = {}
         self._clients: dict[str, ChatClient] = {}
         self._exports_dir = Path(state_dir) / "exports"
+        self._exported: set[Path] = set()  # export files this service wrote: removed at close
         # Revisions (docs/chat.md#several-tabs): a conversation's bumps when its messages change (a turn
         # starts, clear, edit, regenerate); the list's when any conversation is added, removed, renamed
         # or reordered. Pages compare them on their 1 s timer and re-read the store when they moved.
@@ -385,6 +386,8 @@ class ChatService:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        with self._lock:
+            self._exported.add(path)
         return path
 
     def import_json(self, text: str) -> Conversation:
@@ -422,3 +425,7 @@ class ChatService:
         for client in clients:
             client.close()
         self._store.close()
+        with self._lock:  # the export files were handed to the browser already (issue 30: none left behind)
+            exported, self._exported = self._exported, set()
+        for path in exported:
+            path.unlink(missing_ok=True)
