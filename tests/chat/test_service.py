@@ -286,3 +286,5 @@ def test_export_is_named_after_the_whole_title_and_kept_private(service, tmp_pat
     assert path.parent == service.exports_dir() and path.parent.name == "exports"
     assert path.name == f"A-rather-long-conversation-title-that-used-to-be-cut-at-forty-characters-{conv.id[:8]}.md"
     assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+    service.close()  # the browser has its copy: nothing is left behind
+    assert not path.exists()
