@@ -160,13 +160,20 @@ def _start(args: argparse.Namespace, ctl: EngineController) -> int:
                      or ticket.done, timeout=120)
         print(ticket.message if ticket.done else f"{ctl.snapshot().state.value}: {ctl.snapshot().phase}")
         return EXIT_OK if ticket.ok is not False else EXIT_FAILED
+    # Follow the controller's change events (docs/engine.md, "events out"), not a poll of the snapshot.
     last = ""
-    while not ticket.wait(0.5):
-        snap = ctl.snapshot()
-        line = f"{snap.state.value}: {snap.phase}"
-        if line != last and not args.json:
-            print(line, flush=True)
-            last = line
+    sub = ctl.subscribe()
+    try:
+        while not ticket.done:
+            ev = sub.get(timeout=0.5)
+            if ev is None:
+                continue
+            line = f"{ev.after.state.value}: {ev.after.phase}"
+            if line != last and not args.json:
+                print(line, flush=True)
+                last = line
+    finally:
+        sub.close()
     return _report(args, ctl, ticket)
 
 
@@ -216,12 +223,15 @@ def _logs(args: argparse.Namespace, ctl: EngineController) -> int:
             print(ln.text if args.stream != "both" else f"{ln.stream[3:]} | {ln.text}", flush=True)
 
     unsubscribe = ctl.add_log_listener(show)
+    sub = ctl.subscribe()  # the engine's end arrives as a change event (no snapshot polling)
     try:
-        while not done.wait(0.5):
+        while not done.is_set():
             if ctl.snapshot().state.value in ("stopped", "failed"):
-                time.sleep(0.5)
                 break
+            sub.get(timeout=5.0)
+        time.sleep(0.5)  # the last lines of the stopped run are still draining
     finally:
+        sub.close()
         unsubscribe()
     return EXIT_OK
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -28,6 +27,7 @@ from app.backend.engine import diagnosis as diag_mod
 from app.backend.engine import statemachine as sm
 from app.backend.engine.bootlog import BootProgress, BootTracker
 from app.backend.engine.diagnosis import cache_miss_warning
+from app.backend.engine.events import EngineChanged, EventBus, Subscription
 from app.backend.engine.exits import ExitRecords, explain_exit, is_failure
 from app.backend.engine.following import LogFollower
 from app.backend.engine.gpurelease import wait_gpu_release
@@ -101,6 +101,7 @@ class EngineController:
         self._threads: list[threading.Thread] = []
         self._watch_error = ""
         self._liveness = LivenessTracker(self._stall_after())
+        self.events = EventBus()  # every applied change, to subscribers (docs/engine.md, "events out")
         if self.options.reattach:
             self._reconcile()
             self._start_watch()
@@ -120,6 +121,14 @@ class EngineController:
                     break
                 self._changed.wait(left)
             return self._snap
+
+    def subscribe(self, maxsize: int = 256) -> Subscription:
+        """A queue of every change from now on (`.get(timeout)`, `.close()` to unsubscribe)."""
+        return self.events.subscribe(maxsize)
+
+    def on_change(self, cb: Callable[[EngineChanged], None], name: str = "engine-listener") -> Callable[[], None]:
+        """Call `cb(EngineChanged)` for every change, on a thread of its own; returns the unsubscribe function."""
+        return self.events.subscribe_callback(cb, name)
 
     def add_log_listener(self, cb: Callable[[LogLine], None]) -> Callable[[], None]:
         return self.logs.add_listener(cb)
@@ -702,10 +711,9 @@ class EngineController:
             if inst is None or inst.id == self._snap.container_id:
                 self._follower.end()
             code = f" (exit code {inst.exit_code})" if inst is not None else ""
-            if is_failure(d):
-                self._apply(sm.Failed(d, f"engine exited{code}: {d.title}"))
-                # keep the id (not a state change): this failed run is what the badge explains
-                self._snap = replace(self._snap, container_id=cid, container_name=inst.name if inst else "")
+            if is_failure(d):  # the failed run's id stays: it is what the badge explains
+                self._apply(sm.Failed(d, f"engine exited{code}: {d.title}", container_id=cid,
+                                      container_name=inst.name if inst else ""))
             else:
                 self._apply(sm.Vanished(f"engine {d.title}{code}", d))
 
@@ -783,9 +791,12 @@ class EngineController:
 
     # -- helpers -------------------------------------------------------------------------------
     def _apply(self, event: sm.Event) -> EngineSnapshot:
+        """The one place the snapshot changes: transition, wake waiters, publish the change (never blocks)."""
         with self._lock:
-            self._snap = sm.transition(self._snap, event)
+            before = self._snap
+            self._snap = sm.transition(before, event)
             self._changed.notify_all()
+            self.events.publish(type(event).__name__, before, self._snap)
             return self._snap
 
     def _fail(self, d: Diagnosis, message: str) -> None:
