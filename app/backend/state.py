@@ -71,7 +71,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # (engine preflight and release wait, telemetry): made here, injected into both.
     ref: list[EngineController] = []
     state.gpu = default_gpu_reader(settings, ref, nvml_reader=nvml_reader)
-    engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref)
+    engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref, supervise=True)
     state.on_close(engine.close)
 
     chat = state.chat = ChatService(settings.recipe, settings.ensure_state_dir(), snapshot_fn=engine.snapshot)

@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # SIGUSR1 (`docker kill -s USR1`): wedge a running engine now, for the soak and the demo (docs/simengine.md)
+    signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(target=server.wedge, daemon=True).start())
     try:
         server.start()
     except OSError as exc:
