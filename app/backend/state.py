@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # types only: the service packages import settings, never thi
     from app.backend.download.manager import DownloadManager
     from app.backend.engine.controller import EngineController
     from app.backend.selftest.runner import SelfTestService
+    from app.backend.service.alerting import AlertService
+    from app.backend.service.notify import Notifier
     from app.backend.telemetry.gpu_types import GpuReader
     from app.backend.telemetry.hub import TelemetryHub
     from app.backend.telemetry.nvml import NvmlGpuReader
@@ -34,6 +36,8 @@ class AppState:
     selftest: SelfTestService | None = None
     abtest: ABRunService | None = None
     gpu: GpuReader | None = None  # the one GPU reader, shared by the engine and telemetry
+    notifier: Notifier | None = None  # alerts to a person (Apprise), docs/engine.md "Telling a person"
+    alerting: AlertService | None = None
     _closers: list[Callable[[], object]] = field(default_factory=list, repr=False)
 
     def on_close(self, fn: Callable[[], object]) -> None:
@@ -87,4 +91,16 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     state.on_close(selftest.cancel)
     abtest = state.abtest = ABRunService(settings, engine)
     state.on_close(abtest.cancel)  # finished answers stay journalled; resume continues
+
+    # Alerts to a person: woken by the engine's change events, sent on the notifier's own thread.
+    from app.backend.service.alerting import AlertService
+    from app.backend.service.config import ServiceConfigStore, effective_notify_urls
+    from app.backend.service.notify import Notifier
+
+    store = ServiceConfigStore(settings.state_dir)
+    notifier = state.notifier = Notifier(lambda: effective_notify_urls(store)[0])
+    state.on_close(notifier.close)
+    alerting = state.alerting = AlertService(notifier, engine=engine, telemetry=telemetry, downloads=downloads,
+                                             data_dir=settings.data_dir)
+    state.on_close(alerting.close)
     return state

@@ -818,6 +818,8 @@ class EngineController:
         if snap.container_id != self._canary_for:  # a new run: its own canary history
             self._canary_for = snap.container_id
             self._canary.reset()
+        if snap.state is EngineState.READY:
+            self._stall_source = ""
         try:
             r = httpx.get(f"{snap.base_url}/metrics", timeout=httpx.Timeout(2.0, connect=1.0))
             if r.status_code != 200:
@@ -859,8 +861,13 @@ class EngineController:
         """Send a canary when one is due (idle, no proof for interval_s); True when it judged the engine stalled."""
         if snap.state is not EngineState.READY or not self._canary.due(load, now):
             return False
-        result = send_canary(snap.base_url, snap.served_name, self._canary.timeout_s, arrived=self._user_arrived)
-        stalled = self._canary.record(result, time.monotonic())
+        while True:
+            result = send_canary(snap.base_url, snap.served_name, self._canary.timeout_s, arrived=self._user_arrived)
+            stalled = self._canary.record(result, time.monotonic())
+            # one failure: the second try goes at once, if still idle (detection <= interval + 2 x timeout)
+            if stalled or result.outcome != "failed" or self._user_arrived() or self._closed:
+                break
+            self._apply(sm.Supervised(canary=self._canary.status()))
         with self._lock:
             if self._busy is not None or self._snap.container_id != snap.container_id or \
                     self._snap.state is not EngineState.READY:
