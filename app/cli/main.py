@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate-engine": ("app.cli.simulate", "run the SIMULATED engine (no GPU) or build its Docker image"),
     "selftest": ("app.cli.selftest", "measure the running profile against the card (decode, TTFT, needles)"),
     "abtest": ("app.cli.abtest", "blind A/B of two profiles on your own prompts (journalled, resumable)"),
+    "service": ("app.cli.service", "run the panel as a systemd service (install the unit)"),
 }
 
 

@@ -103,6 +103,7 @@ class AlertService:
         self.tracker = AlertTracker()
         self.sent: list[tuple[str, str]] = []  # what was told, for the Service tab and the tests
         self._was_downloading = False
+        self._download_failed = ""
         self._closed = threading.Event()
         self._sub = engine.subscribe() if engine is not None else None
         self._thread = threading.Thread(target=self._run, name="alert-service", daemon=True)
@@ -145,27 +146,23 @@ class AlertService:
         return out
 
     def _download_conditions(self) -> tuple[list[Condition], list[tuple[str, str]]]:
+        """Read the downloads only when a run ends (never polled while idle: an idle panel lists nothing)."""
         assert self._downloads is not None
         running = self._downloads.running
-        conds: list[Condition] = []
         oneshots: list[tuple[str, str]] = []
-        if self._was_downloading and not running:
+        if running:
+            self._download_failed = ""
+        elif self._was_downloading:
             snap = self._downloads.snapshot()
             failed = [a for a in snap.artifacts if a.state.value == "failed"]
-            if not failed and snap.artifacts and all(a.state.value == "done" for a in snap.artifacts):
+            if failed or snap.error:
+                self._download_failed = (snap.error or "; ".join(f"{a.id}: {a.reason}" for a in failed))[:200]
+            elif snap.artifacts and all(a.state.value == "done" for a in snap.artifacts):
                 oneshots.append(("download finished: every artifact verified and extracted", ""))
         self._was_downloading = running
-        if not running and (err := self._download_error()):
-            conds.append(Condition("download", 1, f"download failed: {err}", "Resume it in the Downloads tab."))
+        conds = [Condition("download", 1, f"download failed: {self._download_failed}",
+                           "Resume it in the Downloads tab (verified data is kept).")] if self._download_failed else []
         return conds, oneshots
-
-    def _download_error(self) -> str:
-        assert self._downloads is not None
-        snap = self._downloads.snapshot() if not self._downloads.running else None
-        if snap is None:
-            return ""
-        failed = [a for a in snap.artifacts if a.state.value == "failed"]
-        return (snap.error or "; ".join(f"{a.id}: {a.reason}" for a in failed))[:200] if failed or snap.error else ""
 
     @staticmethod
     def _ended(c: Condition, snap: EngineSnapshot | None) -> str:
