@@ -35,6 +35,7 @@ TABS = [
     "app.ui.telemetry",
     "app.ui.selftest",
     "app.ui.compare",
+    "app.ui.service",
     "app.ui.chat",  # keep last
 ]
 
