@@ -227,6 +227,11 @@ class SimEngineServer:
         self.log.engine("core.py:1", "SIMULATED hang: the engine core stopped scheduling (/health stays 200)",
                         "WARNING")
 
+    def crash_now(self) -> None:
+        """SIGUSR2: a fatal engine-core error while serving (the soak's "simulated crash")."""
+        if self.state == "ready":
+            self._crash()
+
     def _crash(self) -> None:
         self.log.engine("core.py:933", "EngineCore encountered a fatal error.", "ERROR")
         self.log.engine_plain(FATAL_TRACEBACK)
