@@ -253,6 +253,14 @@ class EngineController:
         except ValueError:
             return self.recipe.engine.restart
 
+    def set_canary_interval(self, interval_s: float) -> None:
+        """Change the generation canary's interval now (0 = off); the next liveness pass uses it."""
+        self._canary.interval_s = max(0.0, interval_s)
+
+    def canary_counts(self) -> tuple[int, int, int]:
+        """(sent, yielded to a user request, failures in a row) since this run became ready."""
+        return self._canary.sent, self._canary.yielded, self._canary.failures
+
     def _intent(self, ticket: Ticket, kind: DesiredKind, profile_id: str | None) -> Ticket:
         """An accepted start/stop/switch is the user's intent: persist it (a refused one changes nothing)."""
         if ticket.accepted:
