@@ -114,6 +114,10 @@ def _status(args: argparse.Namespace, ctl: EngineController) -> int:
             print(f"FP4 pool: {snap.pool_slots} slots x {snap.slot_mib} MiB")
         if snap.message:
             print(f"note: {snap.message}")
+        if (want := ctl.desired()) is not None:  # what the panel's supervisor keeps running (docs/engine.md)
+            print(f"should run: {want.key} (set by {want.set_by or '?'} at "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(want.since))}); "
+                  f"restart policy: {ctl.restart_policy()}")
         if holder is not None:
             print(f"lock: held by {holder.describe()}")
         _print_diag(snap.diagnosis)

@@ -83,8 +83,17 @@ class CanaryState:
             return True
         return now - self._proof_at >= self.interval_s
 
+    def seconds_until_due(self, now: float) -> float:
+        """How long the liveness loop may sleep before the next canary could be due (it wakes on time)."""
+        if not self.enabled:
+            return float("inf")
+        if self.failures:  # the retry goes within the same pass; a stalled engine is re-tried at the poll pace
+            return float("inf")
+        return max(0.0, self._proof_at + self.interval_s - now)
+
     def record(self, r: CanaryResult, now: float) -> bool:
-        """Record a result; True when the engine is now judged stalled (FAILS_TO_STALL failures in a row)."""
+        """Record a result (`now`: when that canary was SENT, so the interval runs start to start); True when
+        the engine is now judged stalled (FAILS_TO_STALL failures in a row)."""
         self.last = r
         self.sent += 1
         if r.outcome == "ok":

@@ -694,7 +694,9 @@ class EngineController:
 
     def _liveness_loop(self) -> None:
         while not self._closed:
-            self._wake_watch.wait(self.options.liveness_poll_s)
+            # the canary goes when due, not at the next 1 s tick (detection: docs/engine.md, "Liveness")
+            until = self._canary.seconds_until_due(time.monotonic())
+            self._wake_watch.wait(max(0.05, min(self.options.liveness_poll_s, until)))
             if self._closed:
                 return
             try:
@@ -870,8 +872,9 @@ class EngineController:
         if snap.state is not EngineState.READY or not self._canary.due(load, now):
             return False
         while True:
+            sent_at = time.monotonic()
             result = send_canary(snap.base_url, snap.served_name, self._canary.timeout_s, arrived=self._user_arrived)
-            stalled = self._canary.record(result, time.monotonic())
+            stalled = self._canary.record(result, sent_at)
             # one failure: the second try goes at once, if still idle (detection <= interval + 2 x timeout)
             if stalled or result.outcome != "failed" or self._user_arrived() or self._closed:
                 break
