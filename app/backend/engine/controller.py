@@ -108,6 +108,7 @@ class EngineController:
         self._canary = CanaryState(*self._canary_settings())
         self._canary_for = ""  # the container the canary history belongs to
         self._canary_retry_at = 0.0
+        self.canary_in_flight = threading.Event()  # set while a canary request is out (bench/canary_cost.py)
         self._stall_source = ""  # "metrics" (tokens froze with requests running) | "canary"
         self.events = EventBus()  # every applied change, to subscribers (docs/engine.md, "events out")
         # Supervision (docs/engine.md, "Keeps serving"): the desired state on disk, restart history, the exit
@@ -873,7 +874,12 @@ class EngineController:
             return False
         while True:
             sent_at = time.monotonic()
-            result = send_canary(snap.base_url, snap.served_name, self._canary.timeout_s, arrived=self._user_arrived)
+            self.canary_in_flight.set()
+            try:
+                result = send_canary(snap.base_url, snap.served_name, self._canary.timeout_s,
+                                     arrived=self._user_arrived)
+            finally:
+                self.canary_in_flight.clear()
             stalled = self._canary.record(result, sent_at)
             # one failure: the second try goes at once, if still idle (detection <= interval + 2 x timeout)
             if stalled or result.outcome != "failed" or self._user_arrived() or self._closed:
