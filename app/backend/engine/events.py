@@ -42,12 +42,12 @@ class Subscription:
 
     def __init__(self, bus: EventBus, maxsize: int) -> None:
         self._bus = bus
-        self._q: queue.Queue[EngineChanged] = queue.Queue(maxsize=maxsize)
+        self._q: queue.Queue[EngineChanged | None] = queue.Queue(maxsize=maxsize)  # None: close()'s wake-up
         self.dropped = 0
         self.closed = False
 
     def _offer(self, ev: EngineChanged) -> None:
-        while True:
+        while not self.closed:
             try:
                 self._q.put_nowait(ev)
                 return
@@ -60,8 +60,10 @@ class Subscription:
 
     def get(self, timeout: float | None = None) -> EngineChanged | None:
         """The next event, or None when the timeout passed (or the subscription was closed)."""
+        if self.closed:
+            return None
         try:
-            return self._q.get(timeout=timeout)
+            return self._q.get(timeout=timeout)  # None: close() woke the waiter
         except queue.Empty:
             return None
 
@@ -69,13 +71,24 @@ class Subscription:
         out: list[EngineChanged] = []
         while True:
             try:
-                out.append(self._q.get_nowait())
+                ev = self._q.get_nowait()
             except queue.Empty:
                 return out
+            if ev is not None:
+                out.append(ev)
 
     def close(self) -> None:
         self.closed = True
         self._bus._remove(self)
+        while True:  # wake a waiting get() at once (a closed subscription's events no longer matter)
+            try:
+                self._q.put_nowait(None)
+                return
+            except queue.Full:
+                try:
+                    self._q.get_nowait()
+                except queue.Empty:
+                    pass
 
 
 class EventBus:
