@@ -55,7 +55,9 @@ def render(state: AppState, shell: Shell) -> None:
     def refresh() -> str:
         return status_html(panel.view(state))
 
-    shell.timer.tick(refresh, outputs=[status], **QUICK)
+    # Its own slow timer: this tab's figures change rarely, and every tick of the shared 1 s timer is one more
+    # event per open page.
+    gr.Timer(3.0).tick(refresh, outputs=[status], **QUICK)
     save_policy.click(lambda p: panel.set_policy(state, p), inputs=[policy], outputs=[note])
     save_urls.click(lambda t: (panel.set_notify_urls(state, t), ""), inputs=[urls], outputs=[note, urls])
     clear_urls.click(lambda: panel.clear_notify_urls(state), outputs=[note])
