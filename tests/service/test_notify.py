@@ -116,3 +116,16 @@ def test_engine_crash_and_recovery_are_told_once_each(make_controller, docker_cl
     finally:
         svc.close()
         n.close()
+
+
+def test_no_message_before_the_supervisor_has_decided() -> None:
+    from app.backend.service.alerting import decision_pending
+
+    d = Diagnosis("killed", "killed (SIGKILL, exit 137)", "why", "fix")
+    just_failed = EngineSnapshot(state=EngineState.FAILED, diagnosis=d, desired="serve:quality")
+    assert decision_pending(just_failed)
+    assert not decision_pending(EngineSnapshot(state=EngineState.FAILED, diagnosis=d, desired="serve:quality",
+                                               restart_try=1))
+    assert not decision_pending(EngineSnapshot(state=EngineState.FAILED, diagnosis=d, desired="serve:quality",
+                                               restart_policy="never"))
+    assert not decision_pending(EngineSnapshot(state=EngineState.FAILED, diagnosis=d, desired="stopped"))

@@ -57,6 +57,13 @@ def engine_conditions(snap: EngineSnapshot) -> list[Condition]:
     return []
 
 
+def decision_pending(snap: EngineSnapshot) -> bool:
+    """Failed a moment ago and the supervisor has not said yet whether it restarts: the first message must
+    name its plan ("… — restarting, try 1 of 3"), so wait for it."""
+    return (snap.state is EngineState.FAILED and snap.desired.startswith("serve:") and not snap.gave_up
+            and snap.restart_policy == "on-failure" and snap.restart_try == 0)
+
+
 def disk_conditions(path: Path) -> list[Condition]:
     probe = path
     while not probe.exists() and probe != probe.parent:
@@ -127,6 +134,8 @@ class AlertService:
     def evaluate(self) -> list[tuple[str, str]]:
         conds: list[Condition] = []
         snap = self._engine.snapshot() if self._engine is not None else None
+        if snap is not None and decision_pending(snap):
+            return []  # the supervisor's decision follows at once (its event wakes the next pass)
         if snap is not None:
             conds += engine_conditions(snap)
         if self._telemetry is not None:
