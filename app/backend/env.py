@@ -33,6 +33,9 @@ GATEWAY_HOST = "MOET_PANEL_GATEWAY_HOST"
 GATEWAY_PORT = "MOET_PANEL_GATEWAY_PORT"
 GATEWAY_TLS_CERT = "MOET_PANEL_GATEWAY_TLS_CERT"
 GATEWAY_TLS_KEY = "MOET_PANEL_GATEWAY_TLS_KEY"
+ENGINE_RESTART = "MOET_PANEL_ENGINE_RESTART"
+NOTIFY = "MOET_PANEL_NOTIFY"
+NOTIFY_SOCKET = "NOTIFY_SOCKET"  # systemd's sd_notify socket (Type=notify units)
 
 GpuMode = Literal["nvml", "simulated", "none"]
 _TRUE = {"1", "ON", "YES", "TRUE"}
@@ -129,6 +132,28 @@ def hf_offline() -> bool:
 def docker_host() -> str | None:
     """An explicit DOCKER_HOST, or None (the default socket)."""
     return _get(DOCKER_HOST)
+
+
+def engine_restart() -> Literal["on-failure", "never"] | None:
+    """The restart policy override (docs/engine.md, "Keeps serving"), or None. A bad value raises."""
+    raw = (_get(ENGINE_RESTART) or "").lower()
+    if not raw:
+        return None
+    if raw == "on-failure":
+        return "on-failure"
+    if raw == "never":
+        return "never"
+    raise ValueError(f"{ENGINE_RESTART}={raw!r}: expected on-failure or never")
+
+
+def notify_urls() -> list[str]:
+    """Apprise URLs to send alerts to (space-separated), [] when unset."""
+    return (_get(NOTIFY) or "").split()
+
+
+def notify_socket() -> str | None:
+    """systemd's notification socket path (set by systemd for Type=notify), or None."""
+    return _get(NOTIFY_SOCKET)
 
 
 def config_home() -> Path:

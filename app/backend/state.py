@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # types only: the service packages import settings, never thi
     from app.backend.engine.controller import EngineController
     from app.backend.gateway.service import GatewayService
     from app.backend.selftest.runner import SelfTestService
+    from app.backend.service.alerting import AlertService
+    from app.backend.service.notify import Notifier
     from app.backend.telemetry.gpu_types import GpuReader
     from app.backend.telemetry.hub import TelemetryHub
     from app.backend.telemetry.nvml import NvmlGpuReader
@@ -36,6 +38,8 @@ class AppState:
     abtest: ABRunService | None = None
     gateway: GatewayService | None = None  # the API gateway (off until switched on; docs/gateway.md)
     gpu: GpuReader | None = None  # the one GPU reader, shared by the engine and telemetry
+    notifier: Notifier | None = None  # alerts to a person (Apprise), docs/engine.md "Telling a person"
+    alerting: AlertService | None = None
     _closers: list[Callable[[], object]] = field(default_factory=list, repr=False)
 
     def on_close(self, fn: Callable[[], object]) -> None:
@@ -73,7 +77,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # (engine preflight and release wait, telemetry): made here, injected into both.
     ref: list[EngineController] = []
     state.gpu = default_gpu_reader(settings, ref, nvml_reader=nvml_reader)
-    engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref)
+    engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref, supervise=True)
     state.on_close(engine.close)
 
     chat = state.chat = ChatService(settings.recipe, settings.ensure_state_dir(), snapshot_fn=engine.snapshot)
@@ -98,4 +102,15 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     gateway = state.gateway = GatewayService(settings.ensure_state_dir(), config_from_env(), engine.snapshot,
                                              base_url(settings.recipe))
     state.on_close(gateway.close)
+    # Alerts to a person: woken by the engine's change events, sent on the notifier's own thread.
+    from app.backend.service.alerting import AlertService
+    from app.backend.service.config import ServiceConfigStore, effective_notify_urls
+    from app.backend.service.notify import Notifier
+
+    store = ServiceConfigStore(settings.state_dir)
+    notifier = state.notifier = Notifier(lambda: effective_notify_urls(store)[0])
+    state.on_close(notifier.close)
+    alerting = state.alerting = AlertService(notifier, engine=engine, telemetry=telemetry, downloads=downloads,
+                                             data_dir=settings.data_dir)
+    state.on_close(alerting.close)
     return state

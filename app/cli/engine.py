@@ -114,6 +114,10 @@ def _status(args: argparse.Namespace, ctl: EngineController) -> int:
             print(f"FP4 pool: {snap.pool_slots} slots x {snap.slot_mib} MiB")
         if snap.message:
             print(f"note: {snap.message}")
+        if (want := ctl.desired()) is not None:  # what the panel's supervisor keeps running (docs/engine.md)
+            print(f"should run: {want.key} (set by {want.set_by or '?'} at "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(want.since))}); "
+                  f"restart policy: {ctl.restart_policy()}")
         if holder is not None:
             print(f"lock: held by {holder.describe()}")
         _print_diag(snap.diagnosis)
@@ -160,13 +164,20 @@ def _start(args: argparse.Namespace, ctl: EngineController) -> int:
                      or ticket.done, timeout=120)
         print(ticket.message if ticket.done else f"{ctl.snapshot().state.value}: {ctl.snapshot().phase}")
         return EXIT_OK if ticket.ok is not False else EXIT_FAILED
+    # Follow the controller's change events (docs/engine.md, "events out"), not a poll of the snapshot.
     last = ""
-    while not ticket.wait(0.5):
-        snap = ctl.snapshot()
-        line = f"{snap.state.value}: {snap.phase}"
-        if line != last and not args.json:
-            print(line, flush=True)
-            last = line
+    sub = ctl.subscribe()
+    try:
+        while not ticket.done:
+            ev = sub.get(timeout=0.5)
+            if ev is None:
+                continue
+            line = f"{ev.after.state.value}: {ev.after.phase}"
+            if line != last and not args.json:
+                print(line, flush=True)
+                last = line
+    finally:
+        sub.close()
     return _report(args, ctl, ticket)
 
 
@@ -216,12 +227,15 @@ def _logs(args: argparse.Namespace, ctl: EngineController) -> int:
             print(ln.text if args.stream != "both" else f"{ln.stream[3:]} | {ln.text}", flush=True)
 
     unsubscribe = ctl.add_log_listener(show)
+    sub = ctl.subscribe()  # the engine's end arrives as a change event (no snapshot polling)
     try:
-        while not done.wait(0.5):
+        while not done.is_set():
             if ctl.snapshot().state.value in ("stopped", "failed"):
-                time.sleep(0.5)
                 break
+            sub.get(timeout=5.0)
+        time.sleep(0.5)  # the last lines of the stopped run are still draining
     finally:
+        sub.close()
         unsubscribe()
     return EXIT_OK
 

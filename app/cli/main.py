@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "abtest": ("app.cli.abtest", "blind A/B of two profiles on your own prompts (journalled, resumable)"),
     "gateway": ("app.cli.gateway", "serve the model to other machines: API keys, limits, usage (foreground)"),
     "keys": ("app.cli.keys", "API keys of the gateway: create (shown once), revoke, list with usage"),
+    "service": ("app.cli.service", "run the panel as a systemd service (install the unit)"),
 }
 
 

@@ -21,6 +21,7 @@ from app.backend.auth import (SESSION_IDLE_S, SESSION_LIFETIME_S, AuthError, Bin
                               check_binding, default_auth_path, load_users, make_checker)
 from app.backend import env
 from app.backend.hostprobe import HostProbe, detect_demo
+from app.backend.service.systemd import sd_notify
 from app.backend.settings import Settings, resolve_settings
 from app.backend.webgate import parse_allowed_hosts
 from app.cli.main import add_common
@@ -172,12 +173,16 @@ def _serve(p: Plan, nvml: NvmlGpuReader | None = None) -> int:
               "Try --host 127.0.0.1 (with an SSH tunnel) or another --host/--port.", file=sys.stderr)
         return 2
     print(banner(p, url, hub_note), flush=True)
+    # Under systemd (Type=notify): ready once the page answers; on SIGTERM say "stopping" and close the panel's
+    # threads only — the engine keeps serving (docs/engine.md, "Run as a service").
+    sd_notify("READY=1\nSTATUS=panel at " + url)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         demo.block_thread()
     except KeyboardInterrupt:
         pass
     finally:
+        sd_notify("STOPPING=1")
         demo.close()
         state.close()
     return 0

@@ -37,6 +37,7 @@ TABS = [
     "app.ui.selftest",
     "app.ui.compare",
     "app.ui.access",
+    "app.ui.service",
     "app.ui.chat",  # keep last
 ]
 

@@ -106,3 +106,24 @@ def make_controller(docker_client, sim_settings) -> Iterator[Callable[..., Engin
 def panel_containers(client, recipe_id: str, running_only: bool = True) -> list:
     return client.containers.list(all=not running_only,
                                   filters={"label": ["moet-panel.managed=1", f"moet-panel.recipe={recipe_id}"]})
+
+
+@pytest.fixture
+def sim_image(docker_client) -> str:
+    """This checkout's simulated engine under its content tag (a concurrent rebuild of :1 cannot swap it)."""
+    from app.backend.simengine.image import content_tag, ensure_image
+
+    return ensure_image(docker_client, tag=content_tag())
+
+
+@pytest.fixture
+def recipe_file(tmp_path: Path, sim_settings, sim_image) -> Path:
+    """The per-test recipe as a TOML file, for the CLI in a child process (same id, port, image)."""
+    port = sim_settings.recipe.serve.port
+    text = SIMULATED_RECIPE.read_text()
+    text = text.replace('id = "simulated"', f'id = "{sim_settings.recipe.id}"', 1)
+    text = text.replace("port = 8000", f"port = {port}").replace('"--port", "8000"', f'"--port", "{port}"')
+    text = text.replace('image = "moet-panel/sim-engine:1"', f'image = "{sim_image}"')
+    path = tmp_path / "recipe.toml"
+    path.write_text(text)
+    return path

@@ -18,32 +18,10 @@ import pytest
 from app.backend.engine.controller import EngineController
 from app.backend.engine.oplock import EngineLock, LockHeld
 from app.backend.engine.types import EngineSnapshot, EngineState
-from app.backend.recipe import SIMULATED_RECIPE
 from tests.engine.conftest import TEST_LABEL, panel_containers, wait_until
 
 CONVERGE_S = 2.0  # every observer shows Docker's truth within 2 s (issue 11); bench/engine_soak measures the p95
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def sim_image(docker_client) -> str:
-    """This checkout's simulated engine under its content tag (a concurrent rebuild of :1 cannot swap it)."""
-    from app.backend.simengine.image import content_tag, ensure_image
-
-    return ensure_image(docker_client, tag=content_tag())
-
-
-@pytest.fixture
-def recipe_file(tmp_path: Path, sim_settings, sim_image) -> Path:
-    """The per-test recipe as a TOML file, for the CLI in a child process (same id, port, image)."""
-    port = sim_settings.recipe.serve.port
-    text = SIMULATED_RECIPE.read_text()
-    text = text.replace('id = "simulated"', f'id = "{sim_settings.recipe.id}"', 1)
-    text = text.replace("port = 8000", f"port = {port}").replace('"--port", "8000"', f'"--port", "{port}"')
-    text = text.replace('image = "moet-panel/sim-engine:1"', f'image = "{sim_image}"')
-    path = tmp_path / "recipe.toml"
-    path.write_text(text)
-    return path
 
 
 def cli(recipe_file: Path, data_dir: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:

@@ -36,6 +36,9 @@ def _recipe_on_port(tmp: Path, port: int) -> Path:
     """The simulated recipe, serving on a free port (the card's 8000 may be taken on a dev box)."""
     text = SIMULATED_RECIPE.read_text()
     text = text.replace("port = 8000", f"port = {port}").replace('"--port", "8000"', f'"--port", "{port}"')
+    # its own recipe id: every demo panel and journey run on a shared box labels its engine recipe=simulated,
+    # and adopts (or, tearing down, removes) the others' (the engine vanished mid-journey under load)
+    text = text.replace('id = "simulated"', f'id = "journey-{port}"', 1)
     path = tmp / "simulated-journey.toml"
     path.write_text(text)
     return path

@@ -16,9 +16,9 @@ changes go through `_apply()` -> `statemachine.transition()` under one lock; rea
 from __future__ import annotations
 
 import itertools
+from datetime import datetime, timezone
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -28,7 +28,11 @@ from app.backend.engine import diagnosis as diag_mod
 from app.backend.engine import statemachine as sm
 from app.backend.engine.bootlog import BootProgress, BootTracker
 from app.backend.engine.diagnosis import cache_miss_warning
-from app.backend.engine.exits import ExitRecords, explain_exit, is_failure
+from app.backend.engine.canary import CanaryState, Load, canary_diagnosis, load_from_metrics, send_canary
+from app.backend.engine.desired import Desired, DesiredKind, DesiredStore
+from app.backend.engine.events import EngineChanged, EventBus, Subscription
+from app.backend.engine.exits import NEUTRAL_REASONS, ExitRecords, explain_exit, is_failure
+from app.backend.engine.restartpolicy import GiveUp, PolicyConfig, Restart, RestartPolicy, decide, parse_policy
 from app.backend.engine.following import LogFollower
 from app.backend.engine.gpurelease import wait_gpu_release
 from app.backend.engine.liveness import LivenessTracker, progress_from_metrics, stall_diagnosis
@@ -101,6 +105,21 @@ class EngineController:
         self._threads: list[threading.Thread] = []
         self._watch_error = ""
         self._liveness = LivenessTracker(self._stall_after())
+        self._canary = CanaryState(*self._canary_settings())
+        self._canary_for = ""  # the container the canary history belongs to
+        self._canary_retry_at = 0.0
+        self.canary_in_flight = threading.Event()  # set while a canary request is out (bench/canary_cost.py)
+        self._stall_source = ""  # "metrics" (tokens froze with requests running) | "canary"
+        self.events = EventBus()  # every applied change, to subscribers (docs/engine.md, "events out")
+        # Supervision (docs/engine.md, "Keeps serving"): the desired state on disk, restart history, the exit
+        # the reconcile explained last (its container record decides "stopped by the reboot").
+        self.desired_store = DesiredStore(settings.state_dir)
+        self._restarts_at: list[float] = []
+        self._restart_due: tuple[float, str, str] | None = None  # (when, profile, why)
+        self._decided_for: tuple[str, float] | None = None  # the failure already decided (container, since)
+        self._last_exit: Instance | None = None
+        d0 = self.desired_store.read()
+        self._apply(sm.Supervised(desired=d0.key if d0 else "", restart_policy=self.restart_policy()))
         if self.options.reattach:
             self._reconcile()
             self._start_watch()
@@ -120,6 +139,14 @@ class EngineController:
                     break
                 self._changed.wait(left)
             return self._snap
+
+    def subscribe(self, maxsize: int = 256) -> Subscription:
+        """A queue of every change from now on (`.get(timeout)`, `.close()` to unsubscribe)."""
+        return self.events.subscribe(maxsize)
+
+    def on_change(self, cb: Callable[[EngineChanged], None], name: str = "engine-listener") -> Callable[[], None]:
+        """Call `cb(EngineChanged)` for every change, on a thread of its own; returns the unsubscribe function."""
+        return self.events.subscribe_callback(cb, name)
 
     def add_log_listener(self, cb: Callable[[LogLine], None]) -> Callable[[], None]:
         return self.logs.add_listener(cb)
@@ -212,7 +239,38 @@ class EngineController:
             return spec
         if self.busy() is None and (why := self._already_live()):
             return self._refused("start", profile_id, why)
-        return self._submit("start", profile_id, lambda t: self._op_start(t, profile_id, spec, frozenset(overrides)))
+        t = self._submit("start", profile_id, lambda t: self._op_start(t, profile_id, spec, frozenset(overrides)))
+        return self._intent(t, "serve", profile_id)
+
+    def desired(self) -> Desired | None:
+        """What should run, as recorded on disk by the last start/stop/switch of any panel or CLI."""
+        return self.desired_store.read()
+
+    def restart_policy(self) -> RestartPolicy:
+        """The effective policy: MOET_PANEL_ENGINE_RESTART, else the panel's setting, else the recipe's."""
+        fn = self.options.restart_policy_fn
+        try:
+            return parse_policy(fn()) if fn is not None else self.recipe.engine.restart
+        except ValueError:
+            return self.recipe.engine.restart
+
+    def set_canary_interval(self, interval_s: float) -> None:
+        """Change the generation canary's interval now (0 = off); the next liveness pass uses it."""
+        self._canary.interval_s = max(0.0, interval_s)
+
+    def canary_counts(self) -> tuple[int, int, int]:
+        """(sent, yielded to a user request, failures in a row) since this run became ready."""
+        return self._canary.sent, self._canary.yielded, self._canary.failures
+
+    def _intent(self, ticket: Ticket, kind: DesiredKind, profile_id: str | None) -> Ticket:
+        """An accepted start/stop/switch is the user's intent: persist it (a refused one changes nothing)."""
+        if ticket.accepted:
+            d = self.desired_store.write(kind, profile_id, self.options.actor)
+            with self._lock:
+                self._restarts_at.clear()  # a person acted: the cap counts from here
+                self._restart_due, self._decided_for = None, None
+                self._apply(sm.Supervised(desired=d.key, gave_up=False, restart_try=0))
+        return ticket
 
     def stop(self) -> Ticket:
         """Stop the engine. While a start/switch is booting, the boot is cancelled first (stop wins)."""
@@ -230,8 +288,8 @@ class EngineController:
                 self._wake.set()
                 ticket = Ticket(next(self._ids), "stop", None, True, f"cancelling the {busy.action}, then stopping")
                 threading.Thread(target=self._stop_after, args=(busy, ticket, have_lock), daemon=True).start()
-                return ticket
-        return self._submit("stop", None, self._op_stop)
+                return self._intent(ticket, "stopped", None)
+        return self._intent(self._submit("stop", None, self._op_stop), "stopped", None)
 
     def _stop_after(self, busy: Ticket, ticket: Ticket, have_lock: bool = False) -> None:
         busy.wait()
@@ -254,7 +312,8 @@ class EngineController:
         spec = self._spec_for("switch", profile_id)
         if isinstance(spec, Ticket):
             return spec
-        return self._submit("switch", profile_id, lambda t: self._op_switch(t, profile_id, spec, frozenset(overrides)))
+        t = self._submit("switch", profile_id, lambda t: self._op_switch(t, profile_id, spec, frozenset(overrides)))
+        return self._intent(t, "serve", profile_id)
 
     def _spec_for(self, action: str, profile_id: str) -> RunSpec | Ticket:
         """The operation's one spec (one profile lookup), or its refusal naming the operation."""
@@ -349,6 +408,16 @@ class EngineController:
         ticket.ok, ticket.message = True, "engine stopped"
 
     def _op_switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> None:
+        try:
+            self._switch(ticket, profile_id, spec, overrides)
+        finally:  # counted for the metrics exporter (switches_total{result})
+            snap = self.snapshot()
+            if ticket.ok:
+                self._apply(sm.Supervised(switches_ok=snap.switches_ok + 1))
+            else:
+                self._apply(sm.Supervised(switches_failed=snap.switches_failed + 1))
+
+    def _switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> None:
         self._reconcile_now()
         snap = self.snapshot()
         if snap.state is EngineState.READY and snap.profile_id == profile_id:
@@ -373,6 +442,8 @@ class EngineController:
         title = failure.title if failure else "failed"
         if ok:
             self._apply(sm.Noted(f"switch to {profile_id} failed ({title}); rolled back to {rollback_to}", failure))
+            d = self.desired_store.write("serve", rollback_to, f"{self.options.actor} (rollback)")
+            self._apply(sm.Supervised(desired=d.key))
         ticket.ok, ticket.diagnosis = False, failure
         ticket.message = (f"switch to {profile_id} failed: {title}; "
                           + (f"rolled back to {rollback_to}" if ok else f"rollback to {rollback_to} failed too"))
@@ -489,6 +560,7 @@ class EngineController:
         lines = [ln.text for ln in self.logs.recent(400)]
         code = cur.exit_code if cur else None
         d = explain_exit(cur, lines, cache_miss=self._follower.tracker.progress.cache_miss)
+        self._last_exit = cur
         if cur is not None:
             self._explained.add(cur.id)
         if is_failure(d):
@@ -609,18 +681,23 @@ class EngineController:
 
     def _reconcile_loop(self) -> None:
         while not self._closed:
-            self._kick.wait(self.options.resync_s)
+            due = self._restart_due
+            wait = self.options.resync_s if due is None else max(0.0, min(self.options.resync_s, due[0] - time.time()))
+            self._kick.wait(wait)
             self._kick.clear()
             if self._closed:
                 return
             try:
                 self._reconcile()
+                self._supervise()
             except Exception as exc:  # the watch must survive anything; say why once
                 self._watch_error = f"{type(exc).__name__}: {exc}"
 
     def _liveness_loop(self) -> None:
         while not self._closed:
-            self._wake_watch.wait(self.options.liveness_poll_s)
+            # the canary goes when due, not at the next 1 s tick (detection: docs/engine.md, "Liveness")
+            until = self._canary.seconds_until_due(time.monotonic())
+            self._wake_watch.wait(max(0.05, min(self.options.liveness_poll_s, until)))
             if self._closed:
                 return
             try:
@@ -696,16 +773,16 @@ class EngineController:
             for text in lines:
                 tracker.feed(text)
         d = self._exit_records.read(cid) or explain_exit(inst, lines[-400:], cache_miss=tracker.progress.cache_miss)
+        self._last_exit = inst
         with self._lock:
             if (self._writing() and not own_op) or (self._snap.container_id and self._snap.container_id != cid):
                 return  # an operation started meanwhile / already on another container
             if inst is None or inst.id == self._snap.container_id:
                 self._follower.end()
             code = f" (exit code {inst.exit_code})" if inst is not None else ""
-            if is_failure(d):
-                self._apply(sm.Failed(d, f"engine exited{code}: {d.title}"))
-                # keep the id (not a state change): this failed run is what the badge explains
-                self._snap = replace(self._snap, container_id=cid, container_name=inst.name if inst else "")
+            if is_failure(d):  # the failed run's id stays: it is what the badge explains
+                self._apply(sm.Failed(d, f"engine exited{code}: {d.title}", container_id=cid,
+                                      container_name=inst.name if inst else ""))
             else:
                 self._apply(sm.Vanished(f"engine {d.title}{code}", d))
 
@@ -749,12 +826,21 @@ class EngineController:
         snap = self.snapshot()
         if snap.state not in (EngineState.READY, EngineState.STALLED) or not snap.base_url or self._busy is not None:
             return
+        if snap.container_id != self._canary_for:  # a new run: its own canary history
+            self._canary_for = snap.container_id
+            self._canary.reset()
+        if snap.state is EngineState.READY:
+            self._stall_source = ""
         try:
             r = httpx.get(f"{snap.base_url}/metrics", timeout=httpx.Timeout(2.0, connect=1.0))
             if r.status_code != 200:
                 return
-            verdict = self._liveness.feed(progress_from_metrics(r.text, time.monotonic()))
+            now = time.monotonic()
+            verdict = self._liveness.feed(progress_from_metrics(r.text, now))
+            load = load_from_metrics(r.text)
         except (httpx.HTTPError, ValueError):
+            return
+        if self._stall_source != "canary" and self._canary_tick(snap, load, now):
             return
         with self._lock:
             if self._busy is not None or self._snap.container_id != snap.container_id:
@@ -762,10 +848,13 @@ class EngineController:
             if verdict.stalled and self._snap.state is EngineState.READY:
                 tail = tuple(ln.text for ln in self.logs.recent(5))
                 d = stall_diagnosis(verdict.running, verdict.idle_s, self._stall_after(), tail)
+                self._stall_source = "metrics"
                 self._apply(sm.Stalled(d, f"stalled: {int(verdict.running)} request(s) running, no token for "
                                           f"{verdict.idle_s:.0f} s"))
                 restart = self._restart_on_stall()
-            elif not verdict.stalled and self._snap.state is EngineState.STALLED:
+            elif (not verdict.stalled and self._snap.state is EngineState.STALLED and self._stall_source == "metrics"
+                  or self._stall_source == "canary" and self._canary_recovered(snap, load)):
+                self._stall_source = ""
                 self._apply(sm.Unstalled("tokens are moving again"))
                 return
             else:
@@ -773,19 +862,184 @@ class EngineController:
         if restart and snap.profile_id:
             self._restart_stalled(snap.profile_id)
 
+    def _canary_settings(self) -> tuple[float, float]:
+        o, e = self.options, self.recipe.engine
+        interval = o.canary_interval_s if o.canary_interval_s is not None else (e.canary_interval_s if o.supervise
+                                                                                else 0.0)
+        return interval, o.canary_timeout_s if o.canary_timeout_s is not None else e.canary_timeout_s
+
+    def _canary_tick(self, snap: EngineSnapshot, load: Load, now: float) -> bool:
+        """Send a canary when one is due (idle, no proof for interval_s); True when it judged the engine stalled."""
+        if snap.state is not EngineState.READY or not self._canary.due(load, now):
+            return False
+        while True:
+            sent_at = time.monotonic()
+            self.canary_in_flight.set()
+            try:
+                result = send_canary(snap.base_url, snap.served_name, self._canary.timeout_s,
+                                     arrived=self._user_arrived)
+            finally:
+                self.canary_in_flight.clear()
+            stalled = self._canary.record(result, sent_at)
+            # one failure: the second try goes at once, if still idle (detection <= interval + 2 x timeout)
+            if stalled or result.outcome != "failed" or self._user_arrived() or self._closed:
+                break
+            self._apply(sm.Supervised(canary=self._canary.status()))
+        with self._lock:
+            if self._busy is not None or self._snap.container_id != snap.container_id or \
+                    self._snap.state is not EngineState.READY:
+                return True
+            self._apply(sm.Supervised(canary=self._canary.status()))
+            if not stalled:
+                return False
+            tail = tuple(ln.text for ln in self.logs.recent(5))
+            self._stall_source = "canary"
+            self._apply(sm.Stalled(canary_diagnosis(result.detail, self._canary.interval_s, tail),
+                                   f"stalled: the generation canary failed twice ({result.detail})"))
+            restart = self._restart_on_stall()
+        if restart and snap.profile_id:
+            self._restart_stalled(snap.profile_id)
+        return True
+
+    def _canary_recovered(self, snap: EngineSnapshot, load: Load) -> bool:
+        """A canary-stalled engine (restart off) is re-tried every interval; a success ends the stall."""
+        if time.monotonic() - self._canary_retry_at < max(self._canary.interval_s, 1.0) or load.waiting or load.running:
+            return False
+        self._canary_retry_at = time.monotonic()
+        r = send_canary(snap.base_url, snap.served_name, self._canary.timeout_s, arrived=self._user_arrived)
+        if r.outcome != "ok":
+            return False
+        self._canary.record(r, time.monotonic())
+        self._apply(sm.Supervised(canary=self._canary.status()))
+        return True
+
+    def _user_arrived(self) -> bool:
+        """While a canary runs: does a request wait (it would wait behind the canary with --max-num-seqs 1)?"""
+        url = self._snap.base_url
+        try:
+            r = httpx.get(f"{url}/metrics", timeout=httpx.Timeout(1.0, connect=0.5))
+            return load_from_metrics(r.text).waiting > 0
+        except (httpx.HTTPError, ValueError):
+            return False
+
     def _stall_after(self) -> float:
         v = self.options.stall_after_s
         return float(v if v is not None else self.recipe.engine.stall_after_s)
 
     def _restart_on_stall(self) -> bool:
         v = self.options.restart_on_stall
-        return bool(v if v is not None else self.recipe.engine.restart_on_stall)
+        if v is not None:
+            return v
+        return self.recipe.engine.restart_on_stall or (self.options.supervise and self.restart_policy() == "on-failure")
+
+    # -- supervision (docs/engine.md, "Keeps serving") -------------------------------------------
+    def _policy_config(self) -> PolicyConfig:
+        o = self.options
+        return PolicyConfig(self.restart_policy(), o.restart_max_tries, o.restart_window_s, o.restart_backoff_s)
+
+    def _boot_time(self) -> float:
+        fn = self.options.boot_time_fn
+        if fn is not None:
+            return fn()
+        import psutil
+
+        return float(psutil.boot_time())
+
+    def stopped_by_reboot(self, inst: Instance | None) -> bool:
+        """The container's run ended with the host: it finished before this boot, or it started before this
+        boot and Docker recorded its end only when the daemon came back (FinishedAt at the daemon's restore)."""
+        if inst is None or inst.running:
+            return False
+        boot = self._boot_time()
+        started, finished = _iso_ts(inst.started_at), _iso_ts(inst.finished_at)
+        return (finished is not None and finished < boot) or (started is not None and started < boot)
+
+    def _supervise(self) -> None:
+        """Compare the desired state with the snapshot and act: bring back, restart with backoff, give up, or
+        respect an outside stop. Runs in the reconcile thread, after each reconcile; acts through operations."""
+        if not self.options.supervise or self._closed:
+            return
+        desired = self.desired_store.read()
+        policy = self.restart_policy()
+        with self._lock:
+            if self._busy is not None:
+                return
+            snap = self._snap
+            key = desired.key if desired else ""
+            if key != snap.desired or policy != snap.restart_policy:
+                snap = self._apply(sm.Supervised(desired=key, restart_policy=policy))
+        if desired is None or desired.kind == "stopped" or desired.profile_id is None:
+            self._restart_due = None
+            return
+        if snap.state is EngineState.READY and snap.restart_try:
+            self._apply(sm.Supervised(restart_try=0))
+        if snap.state not in (EngineState.STOPPED, EngineState.FAILED) or snap.gave_up:
+            return
+        now = time.time()
+        due = self._restart_due
+        if due is not None:
+            if now >= due[0]:
+                self._restart_due = None
+                self._supervised_restart(due[1], due[2])
+            return
+        if self._decided_for == (snap.container_id, snap.since):
+            return
+        self._decided_for = (snap.container_id, snap.since)
+        self._decide(snap, desired.profile_id, now)
+
+    def _decide(self, snap: EngineSnapshot, profile_id: str, now: float) -> None:
+        reason = snap.diagnosis.reason if snap.diagnosis else ""
+        if snap.state is EngineState.STOPPED and not snap.container_id and not reason:
+            self._schedule(now, profile_id, f"bringing back {profile_id} (it should run; nothing runs)")
+            return
+        if self.stopped_by_reboot(self._last_exit):
+            self._schedule(now, profile_id, f"bringing back {profile_id} (stopped by the host's reboot)")
+            return
+        if snap.state is EngineState.STOPPED:
+            if reason in NEUTRAL_REASONS:  # a clean outside stop/removal while the host is up: a person's stop
+                d = self.desired_store.write("stopped", None, "supervisor (stopped outside the panel)")
+                self._apply(sm.Supervised(desired=d.key, restart_try=0,
+                                          message=f"{snap.message or 'stopped outside the panel'} — respected: "
+                                                  "desired state is now stopped"))
+            return
+        title = snap.diagnosis.title if snap.diagnosis else snap.message
+        verdict = decide(self._policy_config(), reason, self._restarts_at, now)
+        if isinstance(verdict, GiveUp):
+            self._apply(sm.Supervised(gave_up=True, restart_try=0, message=f"{title} — failed, {verdict.why}"))
+        elif isinstance(verdict, Restart):
+            self._apply(sm.Supervised(restart_try=verdict.try_no,
+                                      message=f"{title} — restarting, try {verdict.try_no} of {verdict.of}"
+                                              + (f" in {verdict.delay_s:.0f} s" if verdict.delay_s >= 1 else "")))
+            self._schedule(now + verdict.delay_s, profile_id, f"restarting {profile_id} after: {title} "
+                                                              f"(try {verdict.try_no} of {verdict.of})")
+
+    def _schedule(self, when: float, profile_id: str, why: str) -> None:
+        self._restart_due = (when, profile_id, why)
+        self._kick.set()
+
+    def _supervised_restart(self, profile_id: str, why: str) -> None:
+        def op(t: Ticket) -> None:
+            self._reconcile_now()
+            if self._already_live():  # another panel brought it back first: never a second engine
+                t.ok, t.message = True, "already running"
+                return
+            self._restarts_at.append(time.time())
+            snap = self.snapshot()
+            self._apply(sm.Supervised(restarts_total=snap.restarts_total + 1, message=why))
+            self._finish(t, self._boot_profile(profile_id))
+
+        t = self._submit("restart", profile_id, op)
+        if not t.accepted:  # the lock is held by another writer: decide again on the next pass
+            self._decided_for = None
 
     # -- helpers -------------------------------------------------------------------------------
     def _apply(self, event: sm.Event) -> EngineSnapshot:
+        """The one place the snapshot changes: transition, wake waiters, publish the change (never blocks)."""
         with self._lock:
-            self._snap = sm.transition(self._snap, event)
+            before = self._snap
+            self._snap = sm.transition(before, event)
             self._changed.notify_all()
+            self.events.publish(type(event).__name__, before, self._snap)
             return self._snap
 
     def _fail(self, d: Diagnosis, message: str) -> None:
@@ -796,6 +1050,17 @@ class EngineController:
     def _restart_stalled(self, profile_id: str) -> None:
         """restart_on_stall: same profile; the stalled run's log files stay on disk, its diagnosis stays shown."""
         stalled = self.snapshot().diagnosis
+
+        if self.options.supervise:  # the policy's cap counts stall restarts too
+            verdict = decide(self._policy_config(), "stalled", self._restarts_at, time.time())
+            if isinstance(verdict, GiveUp):
+                self._apply(sm.Supervised(gave_up=True, message=f"stalled — failed, {verdict.why}"))
+                return
+            if isinstance(verdict, Restart):
+                self._restarts_at.append(time.time())
+                snap = self.snapshot()
+                self._apply(sm.Supervised(restarts_total=snap.restarts_total + 1, restart_try=verdict.try_no,
+                                          message=f"stalled — restarting, try {verdict.try_no} of {verdict.of}"))
 
         def op(t: Ticket) -> None:
             if not self._stop_and_release(f"restarting {profile_id}: the engine stalled"):
@@ -832,3 +1097,12 @@ class EngineController:
         rt = self._runtime
         return rt.describe() if rt is not None else (self._runtime_error or "not connected yet")
 
+
+def _iso_ts(text: str) -> float | None:
+    """Docker's RFC 3339 time (nanoseconds, 'Z') as a Unix time; None when empty or Docker's zero time."""
+    if not text or text.startswith("0001"):
+        return None
+    try:
+        return datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None

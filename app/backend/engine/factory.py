@@ -83,10 +83,17 @@ def default_gpu_reader(settings: Settings, controller_ref: list[EngineController
 
 def make_engine_controller(settings: Settings, gpu_reader: GpuReader | None = None,
                            options: ControllerOptions | None = None,
-                           ref: list[EngineController] | None = None) -> EngineController:
+                           ref: list[EngineController] | None = None, *, supervise: bool = False) -> EngineController:
     """The controller with its collaborators. `gpu_reader`: the app's one reader (build_app_state makes it
-    with `default_gpu_reader(settings, ref)` and passes the same `ref`); without one a reader is made here."""
+    with `default_gpu_reader(settings, ref)` and passes the same `ref`); without one a reader is made here.
+    `supervise`: the panel's controller brings back what should run and restarts crashes (docs/engine.md)."""
+    from app.backend.service.config import ServiceConfigStore, effective_policy
+
     ref = ref if ref is not None else []
+    options = options or ControllerOptions()
+    store = ServiceConfigStore(settings.state_dir)
+    options.restart_policy_fn = lambda: effective_policy(store, settings.recipe.engine.restart)[0]
+    options.supervise = options.supervise or supervise
     reader = gpu_reader if gpu_reader is not None else default_gpu_reader(settings, ref)
     ctl = EngineController(
         settings,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from app.backend.engine.types import Diagnosis
 
@@ -49,7 +50,17 @@ class ControllerOptions:
     resync_s: float = 2.0  # full re-read of the panel's containers, the safety net under Docker events
     liveness_poll_s: float = 1.0  # /metrics read for the stall check while ready
     stall_after_s: float | None = None  # None = the recipe's engine.stall_after_s
-    restart_on_stall: bool | None = None  # None = the recipe's engine.restart_on_stall
+    restart_on_stall: bool | None = None  # None = the recipe's engine.restart_on_stall (or the policy, supervised)
+    # Supervision (docs/engine.md, "Keeps serving"): the panel supervises (brings back what should run, restarts
+    # crashes); a CLI call or a test controller only records the desired state.
+    supervise: bool = False
+    restart_policy_fn: Callable[[], str] | None = None  # None = the recipe's engine.restart
+    restart_max_tries: int = 3
+    restart_window_s: float = 900.0
+    restart_backoff_s: float = 5.0
+    boot_time_fn: Callable[[], float] | None = None  # None = psutil.boot_time (tests inject a reboot)
+    canary_interval_s: float | None = None  # None = the recipe's engine.canary_interval_s (supervised only)
+    canary_timeout_s: float | None = None
 
 
 def expects_pool(env: dict[str, str], pool_line: str = "from_env") -> bool:

@@ -7,6 +7,7 @@
     Adopted (panel restart, or a container started/replaced outside this process) ──▶ starting | ready
     Vanished (the container stopped/was removed outside this process's operation) ──▶ stopped
     ready ──Stalled──▶ stalled ──Unstalled──▶ ready   (liveness after ready, docs/engine.md)
+    Supervised (desired state, restart policy, counters, canary) ──▶ same state
 
 `transition()` is the ONLY place a snapshot's state changes; illegal moves raise, so a bug shows up
 as an error instead of a badge that lies.
@@ -102,6 +103,24 @@ class Unstalled:
 class Failed:
     diagnosis: Diagnosis
     message: str = ""
+    container_id: str | None = None  # the failed run this badge explains (None = keep the snapshot's)
+    container_name: str | None = None
+
+
+@dataclass(frozen=True)
+class Supervised:
+    """No state change: the supervisor's own fields (desired state, policy, counters, canary). None = unchanged."""
+
+    desired: str | None = None
+    restart_policy: str | None = None
+    restarts_total: int | None = None
+    restart_try: int | None = None
+    gave_up: bool | None = None
+    switches_ok: int | None = None
+    switches_failed: int | None = None
+    canary: str | None = None
+    stalls_total: int | None = None
+    message: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +132,7 @@ class Noted:
 
 
 Event = Union[PreflightBegan, BootBegan, BootProgressed, BecameReady, Adopted, StopBegan, Stopped, Failed, Noted,
-              Vanished, Stalled, Unstalled]
+              Vanished, Stalled, Unstalled, Supervised]
 
 STOPPED, PREFLIGHT, STARTING, READY, STOPPING, FAILED, STALLED = (
     EngineState.STOPPED, EngineState.PREFLIGHT, EngineState.STARTING, EngineState.READY, EngineState.STOPPING,
@@ -132,6 +151,7 @@ ALLOWED: dict[type, frozenset[EngineState]] = {
     Stalled: frozenset({READY}),
     Unstalled: frozenset({STALLED}),
     Noted: frozenset(EngineState),
+    Supervised: frozenset(EngineState),
 }
 
 
@@ -170,16 +190,21 @@ def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
         return replace(snap, state=EngineState.STOPPED, phase="", container_id="", container_name="", base_url="",
                        pool_slots=None, slot_mib=None, message=event.message, since=now)
     if isinstance(event, Failed):
-        return replace(snap, state=EngineState.FAILED, phase="", diagnosis=event.diagnosis,
-                       message=event.message or event.diagnosis.title, since=now)
+        cid = snap.container_id if event.container_id is None else event.container_id
+        name = snap.container_name if event.container_name is None else event.container_name
+        return replace(snap, state=EngineState.FAILED, phase="", diagnosis=event.diagnosis, container_id=cid,
+                       container_name=name, message=event.message or event.diagnosis.title, since=now)
     if isinstance(event, Vanished):
         return replace(snap, state=EngineState.STOPPED, phase="", container_id="", container_name="", base_url="",
                        pool_slots=None, slot_mib=None, message=event.message, diagnosis=event.diagnosis, since=now)
     if isinstance(event, Stalled):
         return replace(snap, state=EngineState.STALLED, phase="stalled", diagnosis=event.diagnosis,
-                       message=event.message or event.diagnosis.title, since=now)
+                       message=event.message or event.diagnosis.title, since=now, stalls_total=snap.stalls_total + 1)
     if isinstance(event, Unstalled):
         return replace(snap, state=EngineState.READY, phase="ready", diagnosis=None, message=event.message, since=now)
+    if isinstance(event, Supervised):
+        changes = {k: v for k, v in vars(event).items() if v is not None}
+        return replace(snap, **changes)
     if isinstance(event, Noted):
         return replace(snap, message=event.message, diagnosis=event.diagnosis or snap.diagnosis)
     raise IllegalTransition(f"unknown event {event!r}")

@@ -61,6 +61,17 @@ class EngineSnapshot:
     message: str = ""
     since: float = field(default_factory=time.time)
     last_ready_profile: str | None = None
+    # Supervision (docs/engine.md, "Keeps serving"): what should run, the restart policy and its counters, the
+    # canary. Exported as metrics from the snapshot (restarts_total, switches_total{result}).
+    desired: str = ""  # "serve:<profile>" | "stopped" | "" (never set)
+    restart_policy: str = "on-failure"  # "on-failure" | "never"
+    restarts_total: int = 0  # restarts the supervisor made (crash, stall, reboot recovery)
+    restart_try: int = 0  # tries in the current restart window (0 = none pending)
+    gave_up: bool = False  # the policy gave up (cap reached or a non-healing class): waits for a person
+    switches_ok: int = 0
+    switches_failed: int = 0
+    canary: str = ""  # "" off/not ready, else e.g. "ok (0.04 s)", "failed 1 of 2: timeout"
+    stalls_total: int = 0
 
     @property
     def is_ready(self) -> bool:

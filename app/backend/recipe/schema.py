@@ -180,6 +180,13 @@ class EngineSource(Strict):
     # counted for this long = stalled. 90 s > a full 262144-token prefill at the card's ~6000 tok/s (~44 s), x2.
     stall_after_s: float = Field(90.0, ge=1, le=3600)
     restart_on_stall: bool = False  # restart on the same profile when stalled (old logs/diagnosis kept)
+    # Supervision (docs/engine.md, "Keeps serving"): restart a crashed/stalled engine ("on-failure": backoff,
+    # 3 tries in 15 min, non-healing classes never) or leave it ("never"). MOET_PANEL_ENGINE_RESTART and the
+    # panel's Service tab override it.
+    restart: Literal["on-failure", "never"] = "on-failure"
+    # Generation canary while ready and idle: a 1-token completion every N s (0 = off); two failures = stalled.
+    canary_interval_s: float = Field(30.0, ge=0, le=3600)
+    canary_timeout_s: float = Field(10.0, ge=1, le=600)
     vllm_fork_commit: str = ""
     quantizer_abi: str = ""
     # Readiness demands the FP4 pool sizing line when the env asks for a pool ("from_env", docs/engine.md);

@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # SIGUSR1 (`docker kill -s USR1`): wedge a running engine now, for the soak and the demo (docs/simengine.md)
+    signal.signal(signal.SIGUSR1, lambda *_: threading.Thread(target=server.wedge, daemon=True).start())
+    # SIGUSR2: the engine core dies now (crash_mid_generation's EngineDeadError path, exit 1), for the soak
+    signal.signal(signal.SIGUSR2, lambda *_: threading.Thread(target=server.crash_now, daemon=True).start())
     try:
         server.start()
     except OSError as exc:

@@ -18,6 +18,7 @@ FAIL_MODES = (
     "host_oom",
     "hang_mid_generation",  # stops producing tokens mid-answer while /health stays 200 (a wedged vLLM)
     "boot_guard",  # the load-time guard refuses the configuration (docs/simengine.md), exit 1
+    "hang_after_ready",  # wedged once ready: /health 200, requests accepted but never run, no token (issue 32)
 )
 FAIL_ALIASES = {"health_without_pool": "pool_disabled"}  # the brief's name for the same symptom
 SELFTEST_ENV = ("MOET_SIM_NEEDLE_MAX_TOKENS", "MOET_SIM_DEGRADE", "MOET_SIM_DEGRADE_AFTER_S")  # quality.py

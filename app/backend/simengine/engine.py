@@ -67,6 +67,8 @@ class EngineCore:
         self._thread = threading.Thread(target=self._loop, name="sim-engine-core", daemon=True)
         self.steps = 0
         self.hung = False  # MOET_SIM_FAIL=hang_mid_generation: wedged, emits nothing more
+        self.wedged = False  # MOET_SIM_FAIL=hang_after_ready / SIGUSR1: requests accepted, never scheduled
+        self._limbo: list[SimRequest] = []
 
     def start(self) -> None:
         self._thread.start()
@@ -77,7 +79,16 @@ class EngineCore:
                 req.out.put(("dead", self._dead_msg or "engine stopped", ""))
                 req.done.set()
                 return
+            if self.wedged:  # the API server took it; the core never sees it (nothing running, nothing waiting)
+                self._limbo.append(req)
+                return
             self._waiting.append(req)
+            self._cond.notify_all()
+
+    def wedge(self) -> None:
+        """Hang now: whatever runs stops producing, new requests are never scheduled; /health stays 200."""
+        with self._cond:
+            self.wedged = self.hung = True
             self._cond.notify_all()
 
     def kill(self, message: str) -> None:
@@ -85,11 +96,12 @@ class EngineCore:
         with self._cond:
             self._dead_msg = message
             self._stop = True
-            for req in itertools.chain(self._waiting, self._running):
+            for req in itertools.chain(self._waiting, self._running, self._limbo):
                 req.out.put(("dead", message, ""))
                 req.done.set()
             self._waiting.clear()
             self._running.clear()
+            self._limbo.clear()
             self._cond.notify_all()
 
     def stop(self) -> None:

@@ -182,6 +182,8 @@ class SimEngineServer:
             return
         self.engine.start()
         self.state = "ready"
+        if self.config.fail == "hang_after_ready":
+            self.wedge()
         if (slow := degrade(self.config)) is not None:
             self._spawn(lambda: self._degrade_after(*slow), "sim-degrade")
 
@@ -218,6 +220,17 @@ class SimEngineServer:
         if (self.config.fail == "hang_mid_generation" and req.request_id == self._first_request_id
                 and req.produced >= self.config.crash_after_tokens):
             self.engine.hung = True  # requests stay running, no more tokens, /health still 200
+
+    def wedge(self) -> None:
+        """hang_after_ready / SIGUSR1: the engine wedges while /health keeps answering 200 (vllm#39863)."""
+        self.engine.wedge()
+        self.log.engine("core.py:1", "SIMULATED hang: the engine core stopped scheduling (/health stays 200)",
+                        "WARNING")
+
+    def crash_now(self) -> None:
+        """SIGUSR2: a fatal engine-core error while serving (the soak's "simulated crash")."""
+        if self.state == "ready":
+            self._crash()
 
     def _crash(self) -> None:
         self.log.engine("core.py:933", "EngineCore encountered a fatal error.", "ERROR")

@@ -1,0 +1,73 @@
+"""What should run, persisted: "serve profile P" or "stopped" (docs/engine.md, "Keeps serving").
+
+Start, stop and switch — from the panel or the CLI, any process on this data dir — record the user's intent
+here; the panel's supervisor compares it with what Docker shows and acts (bring back after a reboot,
+restart a crash, respect an outside stop). The file is small JSON written atomically (temp file, fsync,
+rename, fsync of the directory) so a power cut leaves either the old or the new intent, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+DesiredKind = Literal["serve", "stopped"]
+
+
+@dataclass(frozen=True)
+class Desired:
+    kind: DesiredKind
+    profile_id: str | None = None
+    set_by: str = ""  # "panel", "CLI", "supervisor (stopped outside the panel)"
+    since: float = 0.0
+
+    @property
+    def key(self) -> str:
+        """The snapshot's `desired` field: "serve:<profile>" or "stopped"."""
+        return f"serve:{self.profile_id}" if self.kind == "serve" else "stopped"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` so that a crash or power cut leaves the old or the new content, whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself survives a power cut only once the directory is synced
+    finally:
+        os.close(fd)
+
+
+class DesiredStore:
+    """`<state_dir>/engine-desired.json`, shared by every panel and CLI on the data dir."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = Path(state_dir) / "engine-desired.json"
+
+    def read(self) -> Desired | None:
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+            kind = raw["kind"]
+            if kind not in ("serve", "stopped") or (kind == "serve" and not raw.get("profile_id")):
+                return None
+            return Desired(kind, raw.get("profile_id"), str(raw.get("set_by", "")), float(raw.get("since", 0.0)))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # never set, or unreadable: nothing is brought back (the safe side)
+
+    def write(self, kind: DesiredKind, profile_id: str | None, set_by: str) -> Desired:
+        d = Desired(kind, profile_id if kind == "serve" else None, set_by, time.time())
+        try:
+            atomic_write_text(self.path, json.dumps({"kind": d.kind, "profile_id": d.profile_id,
+                                                     "set_by": d.set_by, "since": d.since}))
+        except OSError:
+            pass  # an unwritable data dir: the operation itself still runs (preflight reports the dir)
+        return d

@@ -1,0 +1,1 @@
+"""Running unattended: panel-level service settings, alert notifications (Apprise), systemd integration."""

@@ -1,0 +1,98 @@
+"""What the Service tab shows and changes (app/ui/service.py stays thin): the restart policy, the supervisor's
+counters and canary, the notification targets (masked), the test message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.backend import env
+from app.backend.engine.restartpolicy import NON_HEALING, parse_policy
+from app.backend.service.config import ServiceConfig, ServiceConfigStore, effective_notify_urls, effective_policy
+from app.backend.service.notify import check_urls, mask_url
+from app.backend.state import AppState
+
+
+@dataclass(frozen=True)
+class ServiceView:
+    policy: str
+    policy_source: str
+    desired: str
+    state: str
+    restarts_total: int
+    restart_try: int
+    gave_up: bool
+    canary: str
+    stalls_total: int
+    switches_ok: int
+    switches_failed: int
+    message: str
+    targets: tuple[str, ...]  # masked
+    targets_source: str
+    sent: tuple[str, ...]  # the last messages told, newest last
+
+
+def _store(state: AppState) -> ServiceConfigStore:
+    return ServiceConfigStore(state.settings.state_dir)
+
+
+def view(state: AppState) -> ServiceView:
+    store = _store(state)
+    policy, psrc = effective_policy(store, state.settings.recipe.engine.restart)
+    urls, usrc = effective_notify_urls(store)
+    snap = state.engine.snapshot() if state.engine is not None else None
+    sent = tuple(t for t, _ in (state.alerting.sent[-5:] if state.alerting is not None else []))
+    return ServiceView(
+        policy, psrc, (snap.desired or "not set yet") if snap else "-", snap.state.value if snap else "-",
+        snap.restarts_total if snap else 0, snap.restart_try if snap else 0, bool(snap and snap.gave_up),
+        (snap.canary or "off / not ready") if snap else "-", snap.stalls_total if snap else 0,
+        snap.switches_ok if snap else 0, snap.switches_failed if snap else 0, snap.message if snap else "",
+        tuple(mask_url(u) for u in urls), usrc, sent)
+
+
+def set_policy(state: AppState, value: str) -> str:
+    try:
+        policy = parse_policy(value)
+    except ValueError as exc:
+        return str(exc)
+    store = _store(state)
+    cfg = store.read()
+    try:
+        store.write(ServiceConfig(policy, cfg.notify_urls))
+    except OSError as exc:
+        return f"not saved: cannot write {store.path} ({exc.strerror or exc})"
+    note = (f" — but {env.ENGINE_RESTART}={env.engine_restart()} is set and wins until it is unset"
+            if env.engine_restart() else "")
+    return f"restart policy saved: {policy}{note}"
+
+
+def set_notify_urls(state: AppState, text: str) -> str:
+    """Replace the list with the URLs in `text` (one per line or space-separated); '' keeps the list."""
+    urls = tuple(text.split())
+    if not urls:
+        return "nothing entered: the list is unchanged (use Clear to remove every URL)"
+    if bad := check_urls(urls):
+        return "not saved: " + "; ".join(bad)
+    return _save_urls(state, urls, f"saved {len(urls)} URL(s): " + ", ".join(mask_url(u) for u in urls))
+
+
+def clear_notify_urls(state: AppState) -> str:
+    return _save_urls(state, (), "notification URLs cleared")
+
+
+def _save_urls(state: AppState, urls: tuple[str, ...], ok: str) -> str:
+    store = _store(state)
+    try:
+        store.write(ServiceConfig(store.read().restart_policy, urls))
+    except OSError as exc:
+        return f"not saved: cannot write {store.path} ({exc.strerror or exc})"
+    return ok + (f" — {env.NOTIFY} is set and replaces this list while it is" if env.notify_urls() else "")
+
+
+def send_test(state: AppState) -> str:
+    if state.notifier is None:
+        return "notifications are not available in this panel"
+    return state.notifier.send_test()
+
+
+def non_healing_table() -> list[list[str]]:
+    return [[k, why] for k, why in NON_HEALING.items()]

@@ -1,0 +1,44 @@
+"""`moet-panel service install [--user]`: run the panel as a systemd service (docs/engine.md, "Run as a service")."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from app.backend.service import systemd
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def register(subs: argparse._SubParsersAction) -> None:
+    p = subs.add_parser("service", help="run the panel as a systemd service (install the unit)")
+    sp = p.add_subparsers(dest="service_cmd", metavar="ACTION", required=True)
+    inst = sp.add_parser("install", help="write the systemd unit, enable and start it")
+    inst.add_argument("--user", action="store_true", help="a user unit (~/.config/systemd/user), no root needed")
+    inst.add_argument("--unit-path", type=Path, default=None, help="write the unit here instead (no enable)")
+    inst.add_argument("--no-enable", action="store_true", help="write the unit only; print what to run")
+    inst.add_argument("--print", dest="print_only", action="store_true", help="print the unit and exit")
+    inst.add_argument("serve_args", nargs=argparse.REMAINDER,
+                      help="arguments for `moet-panel serve` in the unit (after --), e.g. -- --data-dir /srv/moet")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    serve_args = [a for a in args.serve_args if a != "--"]
+    spec = systemd.default_spec(args.user, serve_args, REPO, systemd.current_python())
+    if args.print_only:
+        print(systemd.unit_text(spec), end="")
+        return 0
+    if not args.user and args.unit_path is None and not _can_write("/etc/systemd/system"):
+        print("moet-panel: writing /etc/systemd/system needs root: run with sudo, or use --user", file=sys.stderr)
+        return 2
+    res = systemd.install(spec, args.unit_path, enable=not args.no_enable and args.unit_path is None)
+    print("\n".join(res.lines))
+    return 0
+
+
+def _can_write(path: str) -> bool:
+    import os
+
+    return os.access(path, os.W_OK)

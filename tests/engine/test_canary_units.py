@@ -1,0 +1,37 @@
+"""The canary's schedule (pure): only when idle, start to start, the second try at once, stalled after two."""
+
+from __future__ import annotations
+
+from app.backend.engine.canary import CanaryResult, CanaryState, Load
+
+IDLE = Load(running=0, waiting=0, generated=10, prompted=5)
+
+
+def test_canary_waits_for_idle_and_the_interval() -> None:
+    c = CanaryState(interval_s=30, timeout_s=10)
+    c._proof_at = 0.0
+    assert not c.due(IDLE, 29.0) and c.due(IDLE, 30.0)
+    assert not c.due(Load(1, 0, 10, 5), 100.0)  # a request runs: its tokens are the proof
+    assert not c.due(Load(0, 1, 10, 5), 100.0)  # one waits: a canary would make it wait longer
+    assert c.seconds_until_due(10.0) == 20.0
+
+
+def test_token_movement_is_proof_and_two_failures_stall() -> None:
+    c = CanaryState(interval_s=30, timeout_s=10)
+    c._proof_at = 0.0
+    c.due(IDLE, 1.0)
+    assert not c.due(Load(0, 0, 50, 5), 40.0)  # tokens moved since the last read: proof at 40 s
+    assert not c.record(CanaryResult("failed", "timeout", 10), 80.0)
+    assert c.due(IDLE, 80.5) and c.seconds_until_due(80.5) == float("inf")  # retry in the same pass only
+    assert c.record(CanaryResult("failed", "timeout", 10), 81.0)
+    assert c.status().startswith("failed 2 of 2")
+    c.reset()
+    assert c.failures == 0 and c.status().startswith("waiting")
+
+
+def test_a_yielded_canary_is_neither_pass_nor_fail() -> None:
+    c = CanaryState(interval_s=30, timeout_s=10)
+    assert not c.record(CanaryResult("failed", "x", 1), 0.0)
+    assert not c.record(CanaryResult("yielded", "yielded to a user request", 0.01), 1.0)
+    assert c.failures == 1 and c.yielded == 1
+    assert not CanaryState(0, 10).enabled and CanaryState(0, 10).status() == "off"

@@ -1,0 +1,45 @@
+"""The controller's change events: every applied step is published; a slow or stuck subscriber never blocks
+the writer (docs/engine.md, "One writer, events out")."""
+
+from __future__ import annotations
+
+import threading
+
+from app.backend.engine import statemachine as sm
+from app.backend.engine.events import EventBus
+from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState
+from tests.engine.conftest import wait_until
+
+
+def test_failed_event_keeps_the_failed_runs_container_without_a_bypass() -> None:
+    snap = sm.transition(EngineSnapshot(), sm.BootBegan("quality", "c1", "ds4", "http://x", "m", True))
+    d = Diagnosis("killed", "killed", "", "")
+    out = sm.transition(sm.transition(snap, sm.Vanished("gone")), sm.Failed(d, "exited", container_id="c1",
+                                                                             container_name="ds4"))
+    assert out.state is EngineState.FAILED and out.container_id == "c1" and out.container_name == "ds4"
+
+
+def test_stuck_subscriber_never_blocks_the_publisher_and_loses_only_its_oldest() -> None:
+    bus = EventBus()
+    stuck = bus.subscribe(maxsize=4)  # never read
+    seen: list[int] = []
+    gate = threading.Event()
+
+    def slow(ev) -> None:  # blocks its own pump thread only
+        gate.wait(5)
+        seen.append(ev.seq)
+
+    unsubscribe = bus.subscribe_callback(slow, maxsize=1000)
+    a = EngineSnapshot()
+    writer = threading.Thread(target=lambda: [bus.publish("Noted", a, a) for _ in range(200)])
+    writer.start()
+    writer.join(10)  # a deadline, not a timing: with the callback still blocked, a blocking publish never ends
+    assert not writer.is_alive()
+    assert [e.seq for e in stuck.drain()] == [197, 198, 199, 200] and stuck.dropped == 196
+    gate.set()
+    wait_until(lambda: len(seen) == 200, 10, "the slow subscriber to get every event")
+    assert seen == list(range(1, 201))
+    unsubscribe()
+    assert bus.subscribers == 1
+    stuck.close()
+    assert bus.subscribers == 0
