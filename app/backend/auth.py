@@ -180,11 +180,13 @@ class LoginThrottle:
 
 
 def make_checker(users: dict[str, str], throttle: LoginThrottle | None = None,
-                 client_address: Callable[[], str] | None = None) -> Callable[[str, str], bool]:
+                 client_address: Callable[[], str] | None = None,
+                 on_failure: Callable[[str], None] | None = None) -> Callable[[str, str], bool]:
     """Gradio `auth=` callable. Every answer costs one scrypt, whether the user exists, the password
     is right or the key is locked out, so neither the user list nor the lock state shows in the
     response time; Gradio's login has no rate limit of its own. `client_address` names the client of
-    the login in progress (default: the HTTP gate's record of the current request)."""
+    the login in progress (default: the HTTP gate's record of the current request). `on_failure(reason)`
+    counts failures for /metrics ("bad_credentials" or "locked_out")."""
     from app.backend.webgate import current_client
 
     dummy = hash_password(secrets.token_hex(8))
@@ -196,6 +198,9 @@ def make_checker(users: dict[str, str], throttle: LoginThrottle | None = None,
         allowed = gate.allowed(username, address)
         encoded = users.get(username)
         ok = verify_password(password or "", encoded or dummy) and encoded is not None  # always the work
+        if not allowed or not ok:
+            if on_failure is not None:
+                on_failure("locked_out" if not allowed else "bad_credentials")
         if not allowed:
             return False
         gate.record(username, address, ok)

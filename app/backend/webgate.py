@@ -136,6 +136,10 @@ class GatePolicy:
     auth_message: str = ""
     max_body_bytes: int = MAX_BODY_BYTES
     max_upload_bytes: int = MAX_UPLOAD_BYTES
+    # Routes the gate serves itself, in front of Gradio, after the Host/forwarding/Origin checks; each
+    # does its own access check (no session: e.g. /metrics and its bearer token, docs/metrics.md).
+    routes: tuple[tuple[str, ASGIApp], ...] = ()
+    on_refusal: Callable[[int], None] | None = None  # told each refusal's status (the /metrics counters)
     _exact: frozenset[str] = field(init=False, repr=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -213,6 +217,8 @@ class WebGate:
             refusal = self._refusal(scope)
             if refusal is not None:
                 status, body, extra = refusal
+                if self.policy.on_refusal is not None:
+                    self.policy.on_refusal(status)
                 if kind == "websocket":
                     await send({"type": "websocket.close", "code": 1008})
                     return
@@ -223,7 +229,7 @@ class WebGate:
             if kind == "http":
                 receive = self._capped(scope, receive)
                 send = _with_security_headers(send)
-            await self.app(scope, receive, send)
+            await dict(self.policy.routes).get(scope.get("path", ""), self.app)(scope, receive, send)
         finally:
             CLIENT_ADDRESS.reset(token)
 
@@ -258,7 +264,7 @@ class WebGate:
             return 404, "not found (a Gradio feature moet-panel does not use; docs/ui-and-safety.md#routes)", []
         if scope["type"] == "http" and path.rstrip("/") == "/logout" and scope.get("method") != "POST":
             return 405, "log out with POST /logout (a GET cannot change anything here).", [(b"allow", b"POST")]
-        if p.session_user is not None and not is_public(path):
+        if p.session_user is not None and not is_public(path) and path not in dict(p.routes):
             if p.session_user(_cookies(headers.get(b"cookie", b""))) is None:
                 # Gradio's own 401 body, so its page shows the login form.
                 return 401, {"detail": {"error": "Not authenticated", "auth_message": p.auth_message}}, []
