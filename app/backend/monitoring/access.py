@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from app.backend import env
 from app.backend.monitoring.collector import PanelCollector
@@ -123,7 +124,7 @@ class MetricsRoute:
             await _respond(send, status, (text + "\n").encode(), "text/plain; charset=utf-8", extra)
             return
         body = self.render()
-        await _respond(send, 200, b"" if scope.get("method") == "HEAD" else body, CONTENT_TYPE_LATEST, [],
+        await _respond(send, 200, b"" if scope.get("method") == "HEAD" else body, CONTENT_TYPE_PLAIN_0_0_4, [],
                        length=len(body))
 
 
