@@ -1,5 +1,6 @@
 """What a Prometheus scrape costs the panel (docs/metrics.md#cost): scrape latency p50/p99 and the panel's
-CPU with one scrape per second against no scraping, in the same run, alternating rounds.
+CPU with one scrape per second against no scraping, in the same run, alternating rounds; beside the
+scrape's latency, that of the same server's cheapest answer (the gate's 421) as the machine's baseline.
 
     .venv/bin/python bench/metrics_scrape.py [--seconds 20] [--rounds 2]
 
@@ -86,11 +87,16 @@ def measure(args: argparse.Namespace) -> int:
                 idle_cpu: list[float] = []
                 busy_cpu: list[float] = []
                 lat: list[float] = []
+                base: list[float] = []  # the same server's cheapest answer: the gate's 421, no collector
+                foreign = {"Host": f"elsewhere.example:{port}"}
                 for _ in range(args.rounds):
                     for scraping in (False, True):
                         c0, t0 = cpu_s(proc), time.monotonic()
                         n = 0
                         while time.monotonic() - t0 < args.seconds:
+                            s = time.perf_counter()
+                            assert client.get(url, headers=foreign).status_code == 421  # every round alike
+                            base.append((time.perf_counter() - s) * 1000)
                             if scraping:
                                 s = time.perf_counter()
                                 r = client.get(url)
@@ -106,14 +112,20 @@ def measure(args: argparse.Namespace) -> int:
                 child.wait(60)
             except subprocess.TimeoutExpired:
                 child.kill()
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))]
+
     lat.sort()
-    p50 = statistics.median(lat)
-    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+    p50, p99 = statistics.median(lat), pct(lat, 0.99)
     idle, busy = statistics.mean(idle_cpu), statistics.mean(busy_cpu)
     print(f"scrape body: {len(body)} bytes, {sum(1 for ln in body.splitlines() if ln and ln[0] != '#')} samples")
     print(f"scrapes: {len(lat)} at 1/s over {args.rounds} rounds of {args.seconds:.0f} s (alternating with no scraping)")
     print(f"scrape latency   p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   max {lat[-1]:6.2f} ms   (goal p99 <= 20 ms: "
           f"{'met' if p99 <= 20 else 'NOT met'})")
+    print(f"baseline (421)   p50 {statistics.median(base):6.2f} ms   p99 {pct(base, 0.99):6.2f} ms   max {max(base):6.2f} ms   "
+          "(the same server's cheapest answer, sent every second in every round: the machine's share of the tail)")
+    print(f"load average     {' '.join(f'{x:.1f}' for x in psutil.getloadavg())} on {psutil.cpu_count()} cores")
     print(f"panel CPU        no scraping {idle:5.2f}% of a core   1 scrape/s {busy:5.2f}%   added {busy - idle:+5.2f}%   "
           f"(goal <= 1%: {'met' if busy - idle <= 1 else 'NOT met'})")
     print(f"  per round      no scraping {', '.join(f'{v:.2f}' for v in idle_cpu)}   1 scrape/s {', '.join(f'{v:.2f}' for v in busy_cpu)}")

@@ -127,3 +127,18 @@ def test_a_scrape_reads_only_cached_state(live: Live, tmp_path: Path) -> None:
     text = MetricsRoute(state, MetricsAccess()).render().decode()
     assert samples(text)["moet_panel_pool_slots"][0][1] == 597
     assert "moet_panel_gpu_memory_used_bytes{" in text
+
+
+def test_docs_list_every_exported_series(live: Live) -> None:
+    import re
+
+    from .conftest import ROOT
+
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    listed = set(re.findall(r"`(moet_panel_[a-z0-9_]+)`", doc))
+    families = {n for n in samples(live.text) if n.startswith("moet_panel_")}
+    assert not families - listed, f"exported but not in docs/metrics.md: {sorted(families - listed)}"
+    source = (ROOT / "app" / "backend" / "monitoring" / "collector.py").read_text()
+    known = {m.group(2) + ("_total" if m.group(1) == "counter" else "")
+             for m in re.finditer(r'b\.(gauge|counter)\("(moet_panel_[a-z_]+)"', source)}
+    assert not listed - known, f"docs/metrics.md lists series the collector never makes: {sorted(listed - known)}"
