@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Panel, close_panel, launch_panel
+from tests.conftest import Panel, close_panel, free_port, launch_state
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "assets" / "monitoring"
@@ -61,6 +61,48 @@ def used_names() -> dict[str, set[str]]:
             "grafana-dashboard.json": set(NAME_RE.findall("\n".join(dash_exprs)))}
 
 
+TEST_LABELS = {"moet-panel.test": "1"}
+
+
+def isolated_panel(tmp: Path) -> Panel:
+    """A demo panel whose simulated engine has a recipe id and a port of its own: other sessions' demo
+    engines on this machine are never adopted, and teardown removes exactly this one's containers."""
+    from app.backend.recipe import SIMULATED_RECIPE
+    from app.backend.settings import resolve_settings
+    from app.backend.state import build_app_state
+
+    port = free_port()
+    text = SIMULATED_RECIPE.read_text()
+    assert text.count('id = "simulated"') == 1 and text.count("port = 8000") == 1
+    text = (text.replace('id = "simulated"', f'id = "simtest-metrics-{port}"').replace("port = 8000", f"port = {port}")
+                .replace('"--port", "8000"', f'"--port", "{port}"'))
+    recipe = tmp / "simulated-metrics.toml"
+    recipe.write_text(text)
+    settings = resolve_settings(recipe, tmp / "data", demo=True)
+    settings.ensure_state_dir()
+    state = build_app_state(settings)
+    state.engine.options.extra_labels = dict(TEST_LABELS)
+    return launch_state(state)
+
+
+def close_isolated(panel: Panel) -> None:
+    """Stop the engine, close the panel, remove this recipe's containers (only those)."""
+    recipe_id = panel.state.settings.recipe.id
+    try:
+        panel.state.engine.stop().wait(60)
+    finally:
+        close_panel(panel)
+        import docker
+
+        try:
+            client = docker.from_env()
+        except docker.errors.DockerException:  # the SIMULATED process runtime: nothing to remove
+            return
+        for c in client.containers.list(all=True, filters={"label": "moet-panel.test=1"}):
+            if c.labels.get("moet-panel.recipe") == recipe_id:
+                c.remove(force=True)
+
+
 @dataclass
 class Live:
     panel: Panel
@@ -78,7 +120,7 @@ def _save_selftest(panel: Panel) -> None:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    panel = launch_panel(tmp_path_factory.mktemp("metrics") / "data")
+    panel = isolated_panel(tmp_path_factory.mktemp("metrics"))
     engine = panel.state.engine
     try:
         _save_selftest(panel)
@@ -99,7 +141,4 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             text = poll(covered, 90, "the pool's coverage and churn in /metrics")
         yield Live(panel, text)
     finally:
-        try:
-            engine.stop().wait(60)
-        finally:
-            close_panel(panel)
+        close_isolated(panel)

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import BrowserSession, Panel, close_panel, free_port, launch_panel
+from tests.conftest import BrowserSession, Panel, free_port
 
-from .conftest import MONITORING, poll
+from .conftest import MONITORING, close_isolated, isolated_panel, poll
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def templated_config(panel_port: int, scrape_s: int) -> str:
 
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
-    panel = launch_panel(tmp_path_factory.mktemp("prom-panel") / "data")
+    panel = isolated_panel(tmp_path_factory.mktemp("prom-panel"))
     try:
         with tempfile.TemporaryDirectory(prefix="moet-panel-prometheus-") as tmp:
             d = Path(tmp)
@@ -78,10 +78,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom]:
                     proc.kill()
                     proc.wait(10)
     finally:
-        try:
-            panel.state.engine.stop().wait(60)
-        finally:
-            close_panel(panel)
+        close_isolated(panel)
 
 
 def test_prometheus_scrapes_the_panel_with_the_shipped_config(prom: Prom) -> None:
