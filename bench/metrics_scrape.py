@@ -33,7 +33,17 @@ def serve(port: int, data_dir: str) -> None:
     from app.backend.state import build_app_state
     from app.ui.app import build_ui, launch
 
-    settings = resolve_settings(SIMULATED_RECIPE, data_dir, demo=True)
+    import signal
+
+    # The simulated recipe with an id and an engine port of its own: another panel's demo engine on this
+    # machine is never adopted, and this one's is stopped on SIGTERM (the finally below).
+    engine_port = free_port()
+    text = SIMULATED_RECIPE.read_text().replace('id = "simulated"', f'id = "bench-metrics-{engine_port}"')
+    text = text.replace("port = 8000", f"port = {engine_port}").replace('"--port", "8000"', f'"--port", "{engine_port}"')
+    recipe = Path(data_dir) / "simulated-bench.toml"
+    recipe.write_text(text)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    settings = resolve_settings(recipe, Path(data_dir) / "data", demo=True)
     settings.ensure_state_dir()
     state = build_app_state(settings)
     blocks = build_ui(state)
@@ -46,6 +56,7 @@ def serve(port: int, data_dir: str) -> None:
             time.sleep(3600)
     finally:
         state.engine.stop().wait(60)
+        state.close()
 
 
 def free_port() -> int:
