@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import app.backend.download.extract as extract_mod  # noqa: E402
 from app.backend.download.extract import ExtractHooks, extract_stream  # noqa: E402
-from app.backend.download.job import map_range  # noqa: E402
+from app.backend.download.chain import map_range  # noqa: E402
 from app.backend.download.ranged import RangeGetter  # noqa: E402
 from app.backend.simhub.server import SimHub  # noqa: E402
 from download_bench import REPO, build  # noqa: E402

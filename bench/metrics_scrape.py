@@ -40,6 +40,7 @@ def serve(port: int, data_dir: str) -> None:
     engine_port = free_port()
     text = SIMULATED_RECIPE.read_text().replace('id = "simulated"', f'id = "bench-metrics-{engine_port}"')
     text = text.replace("port = 8000", f"port = {engine_port}").replace('"--port", "8000"', f'"--port", "{engine_port}"')
+    text = text.replace('extends = "', f'extends = "{SIMULATED_RECIPE.parent}/')  # the copy lives elsewhere
     recipe = Path(data_dir) / "simulated-bench.toml"
     recipe.write_text(text)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -111,7 +111,7 @@ def test_card_profiles_differ_by_exactly_one_line() -> None:
 
 
 @pytest.mark.parametrize("profile", ["quality", "balanced", "speed"])
-def test_managed_command_adds_only_labels_name_and_trace(profile: str) -> None:
+def test_managed_command_adds_only_labels_name_trace_and_loopback(profile: str) -> None:
     text = cli_inproc("--profile", profile, "--data-dir", "/data/ds4")
     got, want = parse_docker_run(text), parse_docker_run(CARD[profile])
     extra_opts = got["opts"] - want["opts"]
@@ -123,9 +123,11 @@ def test_managed_command_adds_only_labels_name_and_trace(profile: str) -> None:
     assert all(k.startswith("moet-panel.") for k in labels)
     assert {k: v for k, v in got["env"].items() if k not in want["env"]} == {"VLLM_MOE_W2_DELTA_TRACE": "1"}
     assert {k: v for k, v in got["env"].items() if k in want["env"]} == want["env"]
-    assert got["image"] == want["image"] and got["args"] == want["args"]
+    # the engine listens on loopback only (issue 31): the card's arguments plus `--host 127.0.0.1`
+    assert "--host" not in want["args"]
+    assert got["image"] == want["image"] and got["args"] == want["args"] + ["--host", "127.0.0.1"]
     comments = [ln for ln in text.splitlines() if ln.startswith("#")]
-    for needle in ("--name", "VLLM_MOE_W2_DELTA_TRACE=1", "--label"):
+    for needle in ("--name", "VLLM_MOE_W2_DELTA_TRACE=1", "--label", "--host 127.0.0.1"):
         assert any(needle in c for c in comments), f"no comment line explains {needle}"
 
 
@@ -172,3 +174,28 @@ def test_explain_prints_each_line_with_the_cards_reason(capsys) -> None:
     k = out.index("  --port 8000")
     assert out[k + 1].strip() == "↳ (the card gives no reason for this line)"
     assert "VLLM_MOE_W2_DELTA_TRACE=1" in "\n".join(out) and "added by moet-panel" in "\n".join(out)
+
+
+@pytest.mark.parametrize("profile", ["quality", "speed"])
+def test_plain_is_the_cards_command_without_host_and_explain_gives_the_hosts_reason(profile: str) -> None:
+    plain = parse_docker_run(cli_inproc("--profile", profile, "--plain", "--data-dir", "/data/ds4"))
+    assert plain == parse_docker_run(CARD[profile]) and "--host" not in plain["args"]
+    explained = cli_inproc("--profile", profile, "--explain", "--data-dir", "/data/ds4")
+    lines = explained.splitlines()
+    i = next(n for n, ln in enumerate(lines) if ln.strip() == "--host 127.0.0.1")
+    assert "added by moet-panel" in lines[i + 1] and "loopback" in lines[i + 1]
+
+
+def test_the_loopback_addition_leaves_the_config_hash_as_it_was() -> None:
+    """Self-test results are keyed by the config hash: adding --host 127.0.0.1 must not make them stale."""
+    import dataclasses
+
+    from app.backend.recipe import load_recipe
+    from app.backend.recipe.command import build_run_spec, config_hash
+
+    recipe = load_recipe(SIMULATED_RECIPE)
+    spec = build_run_spec(recipe, "quality", "/data/ds4")
+    assert spec.args[-2:] == ("--host", "127.0.0.1")
+    before = dataclasses.replace(spec, args=spec.args[:-2])
+    assert config_hash(spec) == config_hash(before)
+    assert config_hash(dataclasses.replace(spec, args=(*spec.args[:-2], "--port", "9"))) != config_hash(spec)

@@ -8,6 +8,7 @@ Hashing is stdlib `hashlib.scrypt` (memory-hard; no extra dependency). Write it 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -18,7 +19,7 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from app.backend import env
 SCRYPT_N, SCRYPT_R, SCRYPT_P, DKLEN = 2**14, 8, 1, 32
 USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 MIN_PASSWORD = 8
+SESSION_IDLE_S = 2 * 3600.0  # a session ends this long after its last request ...
+SESSION_LIFETIME_S = 24 * 3600.0  # ... or this long after sign-in (docs/ui-and-safety.md#sessions)
 
 
 class AuthError(ValueError):
@@ -91,6 +94,19 @@ def load_users(path: Path) -> dict[str, str]:
     return users
 
 
+def auth_file_warning(path: Path) -> str | None:
+    """A warning when the credentials file is readable by group/others (its scrypt hashes would let
+    them guess offline); writable is refused outright by load_users."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        return (f"auth file {path} is readable by other users (mode {stat.S_IMODE(mode):03o}): they could try "
+                f"passwords against its hashes offline. Run `chmod 600 {path}`.")
+    return None
+
+
 def add_user(path: Path, name: str, password: str) -> None:
     """Add or replace one user; the file is created 0600 and rewritten atomically."""
     if not USER_RE.fullmatch(name):
@@ -114,96 +130,295 @@ def add_user(path: Path, name: str, password: str) -> None:
     os.replace(tmp, path)
 
 
+def client_key(address: str) -> str:
+    """The client a login is counted against. All of loopback (127.0.0.0/8, ::1, ::ffff:127.x) is ONE
+    client: any local process can pick any 127.x source address, so counting them apart would give a
+    local guesser a fresh budget per address (issue 30). An IPv6 client is its /64 (one host owns one)."""
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return address or "unknown"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return "loopback"
+    if isinstance(ip, ipaddress.IPv6Address):
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
 @dataclass
-class Strikes:
-    """Failed logins counted for one key, and until when that key is locked."""
+class Pace:
+    """Failed logins counted for one key, and the earliest time its next login may be checked."""
 
     failures: int = 0
-    locked_until: float = 0.0
+    next_slot: float = 0.0
+    last: float = 0.0
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A throttle answer: wait `wait_s` then check the password, or (`refused`) answer 429 at once."""
+
+    wait_s: float = 0.0
+    refused: bool = False
+    retry_after_s: float = 0.0
+    keys: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
 class LoginThrottle:
-    """Slows password guessing per (user name, client address) and per client address, never
-    globally: wrong passwords for one user from one address lock out that pair (and, past
-    `free_failures_address`, that address), never the owner at another address. After the free
-    failures a key is refused without checking until a lockout that doubles per further failure
-    has passed (capped). Addresses come from the HTTP gate (app.backend.webgate), which refuses
-    forwarding headers unless a reverse proxy is configured, so a client cannot pick its own."""
+    """Paces password guessing by *delaying* logins, never by locking an account (issue 30,
+    docs/ui-and-safety.md#binding-and-authentication).
 
-    free_failures: int = 5  # per (user, address)
-    free_failures_address: int = 20  # per address, over all user names (guessing many names)
-    max_lockout_s: float = 300.0
-    max_keys: int = 10_000  # memory bound: unlocked keys are forgotten first
+    Three kinds of key, each with its own count of failures:
+    * `account:NAME` — every untrusted login for that user name, from any address;
+    * `client:C` — every untrusted login from one client (client_key: all of loopback is one);
+    * `device:D` — logins from a browser that signed in before (a device key that page keeps in
+      storage scoped to its origin, so another port of the host cannot present it). Such a login
+      is paced on its device key alone: other people's failures never slow the owner's browser.
+
+    Past `free` failures a key admits one login per interval (2 s, 4 s … capped at `max_interval_s`):
+    logins are given successive slots and wait for theirs, so no number of concurrent requests or
+    source addresses checks passwords faster than that fixed rate. A login whose slot lies more than
+    `horizon_s` ahead is refused at once (429, no scrypt) instead of queueing without end. Each
+    login counts as a failure when its slot is given (concurrent guesses cannot share the free
+    ones) and a success takes it back. A key's failures are forgotten `forget_s` after its last.
+    Once a flood stops, any login waits at most `horizon_s` + `max_interval_s` (< 1 min)."""
+
+    free_account: int = 5
+    free_client: int = 20
+    free_device: int = 5
+    max_interval_s: float = 15.0
+    horizon_s: float = 30.0
+    forget_s: float = 900.0
+    max_keys: int = 10_000  # memory bound: idle keys are forgotten first
     clock: Callable[[], float] = time.monotonic
-    keys: dict[tuple[str, str], Strikes] = field(default_factory=dict)
+    keys: dict[tuple[str, str], Pace] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    @staticmethod
-    def _pair(user: str, address: str) -> tuple[str, str]:
-        return ("user", f"{user}\x00{address}")
+    def _free(self, kind: str) -> int:
+        return {"account": self.free_account, "client": self.free_client}.get(kind, self.free_device)
 
-    @staticmethod
-    def _addr(address: str) -> tuple[str, str]:
-        return ("address", address)
+    def _interval(self, kind: str, failures: int) -> float:
+        extra = failures - self._free(kind)
+        return 0.0 if extra < 0 else min(2.0 ** extra, self.max_interval_s)
 
-    def allowed(self, user: str, address: str) -> bool:
+    def _keys_for(self, user: str, address: str, device: str | None) -> tuple[tuple[str, str], ...]:
+        if device:
+            return (("device", device),)
+        return (("account", user), ("client", client_key(address)))
+
+    def reserve(self, user: str, address: str, device: str | None = None) -> Slot:
+        """Give this login a slot (how long to wait before checking it) or refuse it."""
         now = self.clock()
+        keys = self._keys_for(user, address, device)
         with self._lock:
-            return all(self.keys.get(k, Strikes()).locked_until <= now
-                       for k in (self._pair(user, address), self._addr(address)))
-
-    def record(self, user: str, address: str, ok: bool) -> None:
-        with self._lock:
-            pair = self._pair(user, address)
-            if ok:
-                self.keys.pop(pair, None)  # the address count stays: a valid account must not reset it
-                return
-            now = self.clock()
-            for key, free in ((pair, self.free_failures), (self._addr(address), self.free_failures_address)):
-                strikes = self.keys.setdefault(key, Strikes())
-                strikes.failures += 1
-                extra = strikes.failures - free
-                if extra >= 0:
-                    strikes.locked_until = now + min(2.0 ** extra, self.max_lockout_s)
+            paces = []
+            for key in keys:
+                pace = self.keys.get(key)
+                if pace is None or (pace.failures and now - pace.last > self.forget_s and pace.next_slot <= now):
+                    pace = self.keys[key] = Pace()
+                paces.append(pace)
+            start = max([now, *(p.next_slot for p in paces)])
+            if start - now > self.horizon_s:
+                return Slot(refused=True, retry_after_s=start - now - self.horizon_s + 1.0, keys=keys)
+            for (kind, _), pace in zip(keys, paces, strict=True):
+                pace.next_slot = start + self._interval(kind, pace.failures)
+                pace.failures += 1  # counted now, taken back on success: concurrent guesses share nothing
+                pace.last = now
             self._prune(now)
+            return Slot(wait_s=start - now, keys=keys)
+
+    def record(self, slot: Slot, ok: bool) -> None:
+        """The outcome of a login that had a slot: a success takes its counted failure back."""
+        if not ok or slot.refused:
+            return
+        with self._lock:
+            for key in slot.keys:
+                pace = self.keys.get(key)
+                if pace is not None and pace.failures > 0:
+                    pace.failures -= 1
 
     def _prune(self, now: float) -> None:
         if len(self.keys) <= self.max_keys:
             return
-        for key in [k for k, s in self.keys.items() if s.locked_until <= now]:
+        for key in [k for k, p in self.keys.items() if p.next_slot <= now]:
             del self.keys[key]
             if len(self.keys) <= self.max_keys // 2:
                 return
-        while len(self.keys) > self.max_keys:  # all locked: forget the oldest
+        while len(self.keys) > self.max_keys:  # all waiting: forget the oldest
             del self.keys[next(iter(self.keys))]
 
 
-def make_checker(users: dict[str, str], throttle: LoginThrottle | None = None,
-                 client_address: Callable[[], str] | None = None,
-                 on_failure: Callable[[str], None] | None = None) -> Callable[[str, str], bool]:
-    """Gradio `auth=` callable. Every answer costs one scrypt, whether the user exists, the password
-    is right or the key is locked out, so neither the user list nor the lock state shows in the
-    response time; Gradio's login has no rate limit of its own. `client_address` names the client of
-    the login in progress (default: the HTTP gate's record of the current request). `on_failure(reason)`
-    counts failures for /metrics ("bad_credentials" or "locked_out")."""
-    from app.backend.webgate import current_client
+@dataclass
+class LoginNote:
+    """What one login request carries in and what the checker says back, shared between the HTTP
+    gate (which knows the client and the request's headers, and writes the HTTP answer) and the
+    checker Gradio calls (which knows the outcome). app.backend.webgate sets it per /login request."""
+
+    address: str = ""
+    device: str | None = None  # the device key the page presented (X-Moet-Device)
+    device_user: str | None = None  # the user that device key was issued to (DeviceBook), if any
+    refused: bool = False  # throttled: answer 429 with retry_after_s
+    busy: bool = False  # too many logins being checked at once: answer 503
+    retry_after_s: float = 0.0
+    user: str | None = None  # set on success: the user the device key is issued to
+
+
+@dataclass
+class DeviceBook:
+    """Device keys: issued to a browser on a successful login, kept by its page in storage scoped to
+    the panel's origin, presented on later logins so that browser is throttled on its own
+    (LoginThrottle). In memory: after a restart every browser is untrusted until it signs in again."""
+
+    max_devices: int = 1_000
+    devices: dict[str, str] = field(default_factory=dict)  # key -> user
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def issue(self, user: str) -> str:
+        key = secrets.token_urlsafe(32)
+        with self._lock:
+            self.devices[key] = user
+            while len(self.devices) > self.max_devices:
+                del self.devices[next(iter(self.devices))]
+        return key
+
+    def user_of(self, key: str | None) -> str | None:
+        if not key:
+            return None
+        with self._lock:
+            return self.devices.get(key)
+
+
+@dataclass
+class Session:
+    user: str
+    key: str
+    created: float
+    seen: float
+
+
+@dataclass
+class SessionBook:
+    """The panel's own record of signed-in sessions, beside Gradio's token table: each session (the
+    token in Gradio's cookie) has a second secret, the session key, that the panel's page keeps in
+    origin-scoped storage and sends as a header (docs/ui-and-safety.md#sessions). A session ends
+    after `idle_s` without a request, `lifetime_s` after sign-in, or at sign-out (all of the
+    user's sessions at once)."""
+
+    idle_s: float = SESSION_IDLE_S
+    lifetime_s: float = SESSION_LIFETIME_S
+    max_sessions: int = 1_000
+    clock: Callable[[], float] = time.time
+    sessions: dict[str, Session] = field(default_factory=dict)  # Gradio token -> Session
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def open(self, token: str, user: str) -> str:
+        now = self.clock()
+        key = secrets.token_urlsafe(32)
+        with self._lock:
+            self.sessions[token] = Session(user=user, key=key, created=now, seen=now)
+            self._expire(now)
+            while len(self.sessions) > self.max_sessions:
+                del self.sessions[next(iter(self.sessions))]
+        return key
+
+    def user_of(self, token: str | None, key: str | None) -> str | None:
+        """The session's user when token and key match a live session (and it is touched)."""
+        if not token or not key:
+            return None
+        now = self.clock()
+        with self._lock:
+            s = self.sessions.get(token)
+            if s is None or not hmac.compare_digest(s.key.encode(), key.encode()):
+                return None
+            if now - s.seen > self.idle_s or now - s.created > self.lifetime_s:
+                del self.sessions[token]
+                return None
+            s.seen = now
+            return s.user
+
+    def close_user(self, user: str) -> list[str]:
+        """End every session of `user` (sign out everywhere); returns their tokens."""
+        with self._lock:
+            gone = [t for t, s in self.sessions.items() if s.user == user]
+            for t in gone:
+                del self.sessions[t]
+        return gone
+
+    def expired(self) -> list[str]:
+        """Remove and return the tokens of sessions past their idle or absolute limit."""
+        with self._lock:
+            return self._expire(self.clock())
+
+    def _expire(self, now: float) -> list[str]:
+        gone = [t for t, s in self.sessions.items() if now - s.seen > self.idle_s or now - s.created > self.lifetime_s]
+        for t in gone:
+            del self.sessions[t]
+        return gone
+
+
+@dataclass
+class LoginGuard:
+    """Everything the login path shares: the throttle and the bound on scrypt work
+    in flight (at most `max_checking` hashes at once, at most `max_waiting` more queued; beyond that
+    a login is answered 503 at once), so a flood of logins cannot starve signed-in users of CPU."""
+
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    max_checking: int = 1
+    max_waiting: int = 4
+    in_flight: int = 0
+    _sem: asyncio.Semaphore | None = field(default=None, repr=False)
+
+
+def make_checker(users: dict[str, str], guard: LoginGuard | None = None,
+                 note_of: Callable[[], LoginNote | None] | None = None,
+                 on_failure: Callable[[str], None] | None = None) -> Callable[[str, str], Awaitable[bool]]:
+    """Gradio `auth=` callable (a coroutine: Gradio awaits it, so a paced login waits without holding a
+    thread). Every checked login costs one scrypt, whether the user exists or the password is right,
+    so the user list does not show in the response time. `note_of` gives the LoginNote of the login
+    in progress (default: the HTTP gate's); the checker writes refusals and the signed-in user there.
+    `on_failure(reason)` counts failures ("bad_credentials", or "locked_out" for a throttled or busy
+    answer) for /metrics."""
+    from app.backend.webgate import current_login
 
     dummy = hash_password(secrets.token_hex(8))
-    gate = throttle or LoginThrottle()
-    address_of = client_address or current_client
+    g = guard or LoginGuard()
+    note_for = note_of or current_login
 
-    def check(username: str, password: str) -> bool:
-        address = address_of() or "unknown"
-        allowed = gate.allowed(username, address)
-        encoded = users.get(username)
-        ok = verify_password(password or "", encoded or dummy) and encoded is not None  # always the work
-        if not allowed or not ok:
+    async def check(username: str, password: str) -> bool:
+        note = note_for() or LoginNote()
+        device = note.device if note.device and note.device_user == username else None  # its own user only
+        slot = g.throttle.reserve(username, note.address, device)
+        if slot.refused:
+            note.refused, note.retry_after_s = True, slot.retry_after_s
             if on_failure is not None:
-                on_failure("locked_out" if not allowed else "bad_credentials")
-        if not allowed:
+                on_failure("locked_out")
             return False
-        gate.record(username, address, ok)
+        if slot.wait_s > 0:
+            await asyncio.sleep(slot.wait_s)  # a paced login waits here: a sleeping coroutine, no thread
+        if g.in_flight >= g.max_checking + g.max_waiting:
+            g.throttle.record(slot, True)  # not checked: does not count as a failure
+            note.busy, note.retry_after_s = True, 2.0
+            if on_failure is not None:
+                on_failure("locked_out")
+            return False
+        g.in_flight += 1
+        try:
+            if g._sem is None:
+                g._sem = asyncio.Semaphore(g.max_checking)
+            encoded = users.get(username)
+            async with g._sem:
+                ok = await asyncio.to_thread(verify_password, password or "", encoded or dummy)
+            ok = ok and encoded is not None
+        finally:
+            g.in_flight -= 1
+        g.throttle.record(slot, ok)
+        if ok:
+            note.user = username
+        elif on_failure is not None:
+            on_failure("bad_credentials")
         return ok
 
     return check

@@ -30,6 +30,10 @@ HF_TOKEN_LEGACY = "HUGGING_FACE_HUB_TOKEN"
 HF_ENDPOINT = "HF_ENDPOINT"
 HF_OFFLINE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 DOCKER_HOST = "DOCKER_HOST"
+GATEWAY_HOST = "MOET_PANEL_GATEWAY_HOST"
+GATEWAY_PORT = "MOET_PANEL_GATEWAY_PORT"
+GATEWAY_TLS_CERT = "MOET_PANEL_GATEWAY_TLS_CERT"
+GATEWAY_TLS_KEY = "MOET_PANEL_GATEWAY_TLS_KEY"
 
 GpuMode = Literal["nvml", "simulated", "none"]
 _TRUE = {"1", "ON", "YES", "TRUE"}
@@ -93,6 +97,25 @@ def server_port() -> int | None:
         return int(raw)
     except ValueError:
         raise ValueError(f"{SERVER_PORT}={raw!r}: expected a port number") from None
+
+
+def gateway_host() -> str | None:
+    return _get(GATEWAY_HOST)
+
+
+def gateway_port() -> int | None:
+    raw = _get(GATEWAY_PORT)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{GATEWAY_PORT}={raw!r}: expected a port number") from None
+
+
+def gateway_tls() -> tuple[str | None, str | None]:
+    """(certificate file, key file) for the API gateway's TLS (docs/gateway.md)."""
+    return _get(GATEWAY_TLS_CERT), _get(GATEWAY_TLS_KEY)
 
 
 def hf_token() -> str | None:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # types only: the service packages import settings, never thi
     from app.backend.chat.service import ChatService
     from app.backend.download.manager import DownloadManager
     from app.backend.engine.controller import EngineController
+    from app.backend.gateway.service import GatewayService
     from app.backend.selftest.runner import SelfTestService
     from app.backend.telemetry.gpu_types import GpuReader
     from app.backend.telemetry.hub import TelemetryHub
@@ -34,6 +35,7 @@ class AppState:
     chat: ChatService | None = None
     selftest: SelfTestService | None = None
     abtest: ABRunService | None = None
+    gateway: GatewayService | None = None  # the API gateway (off until switched on; docs/gateway.md)
     gpu: GpuReader | None = None  # the one GPU reader, shared by the engine and telemetry
     counters: PanelCounters = field(default_factory=PanelCounters)  # for /metrics (docs/metrics.md)
     _closers: list[Callable[[], object]] = field(default_factory=list, repr=False)
@@ -90,4 +92,13 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     state.on_close(selftest.cancel)
     abtest = state.abtest = ABRunService(settings, engine)
     state.on_close(abtest.cancel)  # finished answers stay journalled; resume continues
+
+    # The API gateway reads the engine through the controller's snapshot; off until the Access tab's switch.
+    from app.backend.engine.readiness import base_url
+    from app.backend.gateway.server import config_from_env
+    from app.backend.gateway.service import GatewayService
+
+    gateway = state.gateway = GatewayService(settings.ensure_state_dir(), config_from_env(), engine.snapshot,
+                                             base_url(settings.recipe))
+    state.on_close(gateway.close)
     return state

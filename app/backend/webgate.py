@@ -32,9 +32,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from app.backend import env
+from app.backend.auth import DeviceBook, LoginNote, SessionBook
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -79,13 +80,66 @@ SECURITY_HEADERS = (
     (b"cross-origin-opener-policy", b"same-origin"),
 )
 
-# The client address of the request being handled (auth.py's throttle counts per address).
+# The client address of the request being handled (auth.py's throttle counts per client).
 CLIENT_ADDRESS: ContextVar[str] = ContextVar("moet_panel_client_address", default="")
+# The login in progress (POST /login): the checker reads the client and device key, writes the outcome.
+LOGIN_NOTE: ContextVar[LoginNote | None] = ContextVar("moet_panel_login_note", default=None)
+
+# The session's second secret travels in this header (the page's fetch/XHR wrapper adds it), or in
+# this query parameter on GET requests the page cannot add headers to (file links, images).
+SESSION_HEADER = b"x-moet-session"
+SESSION_QUERY = "moet_session"
+DEVICE_HEADER = b"x-moet-device"
+ISSUED_SESSION_HEADER = b"x-moet-session-key"  # on a successful POST /login only
+ISSUED_DEVICE_HEADER = b"x-moet-device-key"
+LOGIN_PATHS = ("/login", "/login/")
+PAGE_PATHS = ("/",)  # Gradio's HTML page: the page script goes in here
 
 
 def current_client() -> str:
     """The client address of the request in progress ('' outside a request)."""
     return CLIENT_ADDRESS.get()
+
+
+def current_login() -> LoginNote | None:
+    """The LoginNote of the POST /login in progress (None outside one)."""
+    return LOGIN_NOTE.get()
+
+
+@dataclass
+class SessionGuard:
+    """Auth on: what a signed-in session is (docs/ui-and-safety.md#sessions). Gradio's session cookie
+    alone is not enough — cookies are per host, not per port (RFC 6265), so any page on another port
+    of the same host receives it. A request is signed in only with the cookie's token AND that
+    session's key, which the panel's page keeps in storage scoped to its origin (scheme, host and
+    port) and sends in a header. Without both, the gate removes the cookie before Gradio sees the
+    request (so Gradio serves its login page, never the app) and refuses every non-public path.
+
+    `read_token(cookies)` → the token in Gradio's session cookie; `token_user(token)` → its user in
+    Gradio's table; `forget(token)` drops it from that table; `page_script` is inserted at the top of
+    the page's <head> (it keeps the keys and adds them to the page's requests)."""
+
+    read_token: Callable[[dict[str, str]], str | None]
+    token_user: Callable[[str], str | None]
+    forget: Callable[[str], None]
+    page_script: str = ""
+    book: SessionBook = field(default_factory=SessionBook)
+    devices: DeviceBook = field(default_factory=DeviceBook)
+    cookie_prefix: str = "access-token-"
+
+    def user(self, cookies: dict[str, str], key: str | None) -> str | None:
+        token = self.read_token(cookies)
+        user = self.book.user_of(token, key)
+        if user is None or token is None:
+            return None
+        if self.token_user(token) != user:  # signed out through Gradio itself
+            self.book.close_user(user)
+            return None
+        return user
+
+    def sweep(self) -> None:
+        for token in self.book.expired():
+            self.forget(token)
 
 
 def parse_allowed_hosts(text: str) -> tuple[str, ...]:
@@ -126,20 +180,20 @@ def split_host(value: str) -> tuple[str, int | None]:
 
 @dataclass(frozen=True)
 class GatePolicy:
-    """What the gate lets through. `session_user(cookies)` → the signed-in user or None; None as the
-    callable itself means auth is off (loopback only, see auth.check_binding)."""
+    """What the gate lets through; `sessions` is None when auth is off."""
 
     port: int
     bind_host: str = "127.0.0.1"
     allowed_hosts: tuple[str, ...] = ()  # reverse-proxy names (parse_allowed_hosts)
-    session_user: Callable[[dict[str, str]], str | None] | None = None
+    sessions: SessionGuard | None = None  # None: auth is off (loopback only, see auth.check_binding)
     auth_message: str = ""
-    max_body_bytes: int = MAX_BODY_BYTES
-    max_upload_bytes: int = MAX_UPLOAD_BYTES
     # Routes the gate serves itself, in front of Gradio, after the Host/forwarding/Origin checks; each
     # does its own access check (no session: e.g. /metrics and its bearer token, docs/metrics.md).
     routes: tuple[tuple[str, ASGIApp], ...] = ()
     on_refusal: Callable[[int], None] | None = None  # told each refusal's status (the /metrics counters)
+    fn_index_ok: Callable[[int], bool] | None = None  # does this fn_index name an event? (None: unchecked)
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_upload_bytes: int = MAX_UPLOAD_BYTES
     _exact: frozenset[str] = field(init=False, repr=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -151,6 +205,8 @@ class GatePolicy:
             addr = ipaddress.ip_address(bind.strip("[]"))
             if not addr.is_unspecified:  # 0.0.0.0 / :: name no host; configure --allowed-host
                 names.add(f"[{addr}]:{self.port}" if addr.version == 6 else f"{addr}:{self.port}")
+            elif addr.version == 6:  # Gradio's own start-up request on a `::` bind (an IP literal: no rebinding)
+                names.add(f"[::]:{self.port}")
         except ValueError:
             if bind:
                 names.add(f"{bind}:{self.port}")
@@ -199,6 +255,9 @@ def is_public(path: str) -> bool:
     return path in PUBLIC_EXACT or path.startswith(PUBLIC_PREFIXES)
 
 
+FN_INDEX_PATHS = ("/gradio_api/queue/join", "/gradio_api/run/", "/gradio_api/api/")
+
+
 class WebGate:
     """ASGI middleware applying GatePolicy (module docstring) before anything else runs."""
 
@@ -213,8 +272,10 @@ class WebGate:
             return
         client = scope.get("client")
         token = CLIENT_ADDRESS.set(str(client[0]) if client else "")
+        note_token = LOGIN_NOTE.set(None)
         try:
-            refusal = self._refusal(scope)
+            user = self._signed_in(scope)
+            refusal = self._refusal(scope, user)
             if refusal is not None:
                 status, body, extra = refusal
                 if self.policy.on_refusal is not None:
@@ -224,16 +285,91 @@ class WebGate:
                     return
                 await _respond(send, status, body, extra)
                 return
-            if kind == "http" and scope.get("path", "").rstrip("/") == "/logout":
+            if self.policy.sessions is not None and user is None:
+                scope = _without_cookie(scope)  # Gradio sees a visitor, never the session (SessionGuard)
+            path = scope.get("path", "")
+            if kind == "http" and path.rstrip("/") == "/logout":
                 scope = dict(scope, method="GET")  # Gradio's handler is a GET; only a POST reaches it
             if kind == "http":
                 receive = self._capped(scope, receive)
+                if scope.get("method") == "POST" and path.startswith(FN_INDEX_PATHS) and self.policy.fn_index_ok:
+                    receive, bad = await self._fn_index_checked(receive)
+                    if bad:
+                        await _respond(send, 422, bad, [])
+                        return
                 send = _with_security_headers(send)
+                send = self._session_send(scope, send, user)
             await dict(self.policy.routes).get(scope.get("path", ""), self.app)(scope, receive, send)
         finally:
+            LOGIN_NOTE.reset(note_token)
             CLIENT_ADDRESS.reset(token)
 
-    def _refusal(self, scope: Scope) -> tuple[int, Any, list[tuple[bytes, bytes]]] | None:
+    # ---- sessions (auth on) ------------------------------------------------------------------
+
+    def _signed_in(self, scope: Scope) -> str | None:
+        """The user of the request's session when it carries both the cookie and the session key."""
+        guard = self.policy.sessions
+        if guard is None:
+            return None
+        headers = _headers(scope)
+        key = headers.get(SESSION_HEADER, b"").decode("latin-1") or None
+        if key is None and scope.get("method", "GET") in ("GET", "HEAD") and scope["type"] == "http":
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            key = (query.get(SESSION_QUERY) or [None])[0]
+        guard.sweep()
+        return guard.user(_cookies(headers.get(b"cookie", b"")), key)
+
+    def _session_send(self, scope: Scope, send: Send, user: str | None) -> Send:
+        """Per-route work on the answer: the login's outcome, the page script, sign-out everywhere."""
+        guard = self.policy.sessions
+        if guard is None:
+            return send
+        path, method = scope.get("path", ""), scope.get("method", "GET")
+        if path in LOGIN_PATHS and method == "POST":
+            headers = _headers(scope)
+            client = scope.get("client")
+            device = headers.get(DEVICE_HEADER, b"").decode("latin-1") or None
+            note = LoginNote(address=str(client[0]) if client else "", device=device,
+                             device_user=guard.devices.user_of(device))
+            LOGIN_NOTE.set(note)
+            return _login_send(send, guard, note)
+        if path in PAGE_PATHS and method == "GET" and guard.page_script:
+            return _page_send(send, guard.page_script)
+        if path.rstrip("/") == "/logout" and user is not None:
+            async def logout_send(message: Message) -> None:
+                if message.get("type") == "http.response.start" and message.get("status", 500) < 400:
+                    for token in guard.book.close_user(user):  # every session of this user: everywhere
+                        guard.forget(token)
+                await send(message)
+            return logout_send
+        return send
+
+    async def _fn_index_checked(self, receive: Receive) -> tuple[Receive, str]:
+        """Read the (capped) body of an event call; a `fn_index` that names no event is a 422 here,
+        not Gradio's KeyError (a 500). Returns a receive that replays the body."""
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message.get("type") != "http.request":
+                return _replay([message]), ""
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        try:
+            doc = json.loads(body) if body else {}
+        except ValueError:
+            doc = {}
+        index = doc.get("fn_index") if isinstance(doc, dict) else None
+        check = self.policy.fn_index_ok
+        if index is not None and check is not None and (
+                isinstance(index, bool) or not isinstance(index, int) or not check(index)):
+            return _replay([]), f"fn_index {index!r} names no event of this panel."
+        return _replay([{"type": "http.request", "body": body, "more_body": False}]), ""
+
+    # ---- refusals ----------------------------------------------------------------------------
+
+    def _refusal(self, scope: Scope, user: str | None) -> tuple[int, Any, list[tuple[bytes, bytes]]] | None:
         p = self.policy
         headers = _headers(scope)
         host = headers.get(b"host", b"").decode("latin-1")
@@ -264,10 +400,9 @@ class WebGate:
             return 404, "not found (a Gradio feature moet-panel does not use; docs/ui-and-safety.md#routes)", []
         if scope["type"] == "http" and path.rstrip("/") == "/logout" and scope.get("method") != "POST":
             return 405, "log out with POST /logout (a GET cannot change anything here).", [(b"allow", b"POST")]
-        if p.session_user is not None and not is_public(path) and path not in dict(p.routes):
-            if p.session_user(_cookies(headers.get(b"cookie", b""))) is None:
-                # Gradio's own 401 body, so its page shows the login form.
-                return 401, {"detail": {"error": "Not authenticated", "auth_message": p.auth_message}}, []
+        if p.sessions is not None and not is_public(path) and path not in dict(p.routes) and user is None:
+            # Gradio's own 401 body, so its page shows the login form.
+            return 401, {"detail": {"error": "Not authenticated", "auth_message": p.auth_message}}, []
         if scope["type"] == "http":
             limit = p.max_upload_bytes if path.startswith(UPLOAD_PATHS) else p.max_body_bytes
             length = headers.get(b"content-length", b"")
@@ -292,6 +427,99 @@ class WebGate:
             return message
 
         return capped
+
+
+def _replay(messages: list[Message]) -> Receive:
+    queue = list(messages)
+
+    async def receive() -> Message:
+        if queue:
+            return queue.pop(0)
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+def _without_cookie(scope: Scope) -> Scope:
+    return dict(scope, headers=[(k, v) for k, v in scope.get("headers", []) if k.lower() != b"cookie"])
+
+
+def _login_send(send: Send, guard: SessionGuard, note: LoginNote) -> Send:
+    """POST /login's answer: on success, the session key and a device key for the page (headers the
+    page script stores) and cookies with Max-Age; a throttled login becomes 429 (503 when busy)
+    with Retry-After, instead of Gradio's 400."""
+    swallow = False
+
+    async def wrapped(message: Message) -> None:
+        nonlocal swallow
+        if message.get("type") == "http.response.start":
+            status = message.get("status", 500)
+            if status == 400 and (note.refused or note.busy):
+                swallow = True
+                wait = max(1, int(note.retry_after_s + 0.999))
+                text = (f"Too many sign-in attempts for now; try again in {wait} s." if note.refused else
+                        "The panel is checking too many sign-ins at once; try again in a moment.")
+                await _respond(send, 429 if note.refused else 503, text, [(b"retry-after", str(wait).encode())])
+                return
+            if status == 200:
+                headers = list(message.get("headers", []))
+                token = None
+                out: list[tuple[bytes, bytes]] = []
+                for k, v in headers:
+                    if k.lower() == b"set-cookie":
+                        name, _, rest = v.decode("latin-1").partition("=")
+                        if name.startswith(guard.cookie_prefix):
+                            token = rest.split(";", 1)[0]
+                            v = _cookie_with_limits(v.decode("latin-1"), int(guard.book.lifetime_s)).encode("latin-1")
+                    out.append((k, v))
+                user = guard.token_user(token) if token else None
+                if token and user:
+                    out.append((ISSUED_SESSION_HEADER, guard.book.open(token, user).encode()))
+                    out.append((ISSUED_DEVICE_HEADER, guard.devices.issue(user).encode()))
+                out.append((b"cache-control", b"no-store"))
+                message = dict(message, headers=out)
+        elif swallow:
+            return
+        await send(message)
+
+    return wrapped
+
+
+def _cookie_with_limits(cookie: str, max_age: int) -> str:
+    """Gradio's session cookie with a Max-Age (the session's absolute lifetime) and SameSite=Strict."""
+    parts = [p.strip() for p in cookie.split(";")]
+    parts = [p for p in parts if not p.lower().startswith(("max-age", "expires", "samesite"))]
+    return "; ".join([*parts, f"Max-Age={max_age}", "SameSite=strict"])
+
+
+def _page_send(send: Send, script: str) -> Send:
+    """Gradio's HTML page with the page script first in <head>, before Gradio's own scripts."""
+    tag = f"<script>{script}</script>".encode()
+    start: Message | None = None
+    chunks: list[bytes] = []
+
+    async def wrapped(message: Message) -> None:
+        nonlocal start
+        if message.get("type") == "http.response.start":
+            ctype = dict((k.lower(), v) for k, v in message.get("headers", [])).get(b"content-type", b"")
+            if message.get("status") == 200 and ctype.startswith(b"text/html"):
+                start = message
+                return
+            await send(message)
+            return
+        if start is None or message.get("type") != "http.response.body":
+            await send(message)
+            return
+        chunks.append(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        body = b"".join(chunks).replace(b"<head>", b"<head>" + tag, 1)
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send(dict(start, headers=headers))
+        await send({"type": "http.response.body", "body": body})
+
+    return wrapped
 
 
 def _with_security_headers(send: Send) -> Send:

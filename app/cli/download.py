@@ -22,7 +22,7 @@ from app.backend.download.types import (
 )
 from app.backend.hf_token import redact
 from app.backend.settings import resolve_settings
-from app.backend.units import duration_text, gib_text
+from app.backend.units import GiB, duration_text, gib_text
 from app.cli.main import add_common
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.artifact_jobs:
         extra["artifact_jobs"] = args.artifact_jobs
     if args.staging_gib:
-        extra["staging_max"] = int(args.staging_gib * (1 << 30))
+        extra["staging_max"] = int(args.staging_gib * GiB)
     if args.stall_timeout:
         extra["stall_s"] = args.stall_timeout
     demo = None

@@ -19,6 +19,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate-engine": ("app.cli.simulate", "run the SIMULATED engine (no GPU) or build its Docker image"),
     "selftest": ("app.cli.selftest", "measure the running profile against the card (decode, TTFT, needles)"),
     "abtest": ("app.cli.abtest", "blind A/B of two profiles on your own prompts (journalled, resumable)"),
+    "gateway": ("app.cli.gateway", "serve the model to other machines: API keys, limits, usage (foreground)"),
+    "keys": ("app.cli.keys", "API keys of the gateway: create (shown once), revoke, list with usage"),
 }
 
 

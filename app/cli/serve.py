@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.backend.auth import AuthError, BindingError, add_user, check_binding, default_auth_path, load_users, make_checker
+from app.backend.auth import (SESSION_IDLE_S, SESSION_LIFETIME_S, AuthError, BindingError, add_user, auth_file_warning,
+                              check_binding, default_auth_path, load_users, make_checker)
 from app.backend import env
 from app.backend.hostprobe import HostProbe, detect_demo
 from app.backend.monitoring.access import MetricsTokenError, load_token, token_file
@@ -104,6 +105,8 @@ def banner(p: Plan, url: str, hub_note: str | None) -> str:
         f"  data dir : {s.data_dir}",
         f"  demo     : {'yes — ' + p.demo_reason if p.demo_reason else 'no (real GPU + Docker)'}",
         f"  auth     : {'on — ' + str(users) + ' user(s) from ' + str(p.auth_file) if p.auth_file else 'off (listening on loopback only)'}",
+        *([f"  sessions : bound to the page's origin; end after {SESSION_IDLE_S / 3600:g} h idle or "
+           f"{SESSION_LIFETIME_S / 3600:g} h (docs/ui-and-safety.md#sessions)"] if p.auth_file else []),
     ]
     lines.append(f"  hosts    : loopback{''.join(', ' + h for h in p.allowed_hosts)}"
                  + ("  (listening on every address: add --allowed-host NAME for the name browsers use)"
@@ -143,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
         nvml.close()
         print(f"moet-panel: {exc}", file=sys.stderr)
         return 2
+    warning = auth_file_warning(p.auth_file) if p.auth_file else None
+    if warning:
+        print(f"moet-panel: warning: {warning}", file=sys.stderr)
     return _serve(p, nvml)
 
 
@@ -169,6 +175,13 @@ def _serve(p: Plan, nvml: NvmlGpuReader | None = None) -> int:
         state.close()
         print(f"moet-panel: cannot listen on {p.host}:{p.port} ({exc}). Is another panel running? "
               "Pick another port with --port.", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 (any start-up failure is a clear message, not a traceback)
+        demo.close()
+        state.close()
+        log.debug("start-up failure", exc_info=True)
+        print(f"moet-panel: the web server did not start on {p.host}:{p.port} ({type(exc).__name__}: {exc}). "
+              "Try --host 127.0.0.1 (with an SSH tunnel) or another --host/--port.", file=sys.stderr)
         return 2
     print(banner(p, url, hub_note), flush=True)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -18,12 +18,13 @@ from typing import Any
 import gradio as gr
 
 from app.backend.state import AppState
-from app.backend.webgate import GatePolicy, WebGate
+from app.backend.webgate import GatePolicy, SessionGuard, WebGate
 from app.ui import header
 from app.ui.shell import Shell
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 CSS_PATH = ASSETS / "css" / "panel.css"
+SESSION_SCRIPT = ASSETS / "js" / "session-key.js"  # the page script of signed-in sessions (auth on)
 AUTH_MESSAGE = "moet-panel controls Docker on this machine: sign in to continue."
 
 # Tab modules in display order.
@@ -35,6 +36,7 @@ TABS = [
     "app.ui.telemetry",
     "app.ui.selftest",
     "app.ui.compare",
+    "app.ui.access",
     "app.ui.chat",  # keep last
 ]
 
@@ -66,7 +68,7 @@ def css_text() -> str:
     return CSS_PATH.read_text() if CSS_PATH.exists() else ""
 
 
-def launch_kwargs(auth: Callable[[str, str], bool] | None = None) -> dict[str, Any]:
+def launch_kwargs(auth: Callable[[str, str], Any] | None = None) -> dict[str, Any]:
     """Arguments for `Blocks.launch()` shared by `moet-panel serve` and the tests (Gradio 6: theme/css here)."""
     from app.ui.theme import make_theme
 
@@ -101,15 +103,15 @@ def hide_api(blocks: gr.Blocks) -> None:
         fn.api_visibility = "private"
 
 
-def gradio_session(app: Any) -> Callable[[dict[str, str]], str | None]:
-    """The signed-in user for a request's cookies, as Gradio's own `get_current_user` reads them
-    (its session cookies, looked up in its token table), for the gate in front of every route."""
+def gradio_session(app: Any) -> SessionGuard:
+    """The gate's view of Gradio's sessions (its cookies and token table) plus the page script that
+    binds a session to the panel's origin (app.backend.webgate.SessionGuard)."""
 
-    def session_user(cookies: dict[str, str]) -> str | None:
-        token = cookies.get(f"access-token-{app.cookie_id}") or cookies.get(f"access-token-unsecure-{app.cookie_id}")
-        return app.tokens.get(token) if token else None
+    def read_token(cookies: dict[str, str]) -> str | None:
+        return cookies.get(f"access-token-{app.cookie_id}") or cookies.get(f"access-token-unsecure-{app.cookie_id}")
 
-    return session_user
+    return SessionGuard(read_token=read_token, token_user=lambda token: app.tokens.get(token),
+                        forget=lambda token: app.tokens.pop(token, None), page_script=SESSION_SCRIPT.read_text())
 
 
 def _gate_lifespan(policy_for: Callable[[Any], GatePolicy]) -> Callable[[Any], Any]:
@@ -128,7 +130,7 @@ def _gate_lifespan(policy_for: Callable[[Any], GatePolicy]) -> Callable[[Any], A
     return lifespan
 
 
-def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], bool] | None = None,
+def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], Any] | None = None,
            allowed_hosts: tuple[str, ...] = (), state: AppState | None = None, metrics_token: str | None = None) -> str:
     """Launch without blocking (the caller decides how to wait); returns the local URL. Every
     request passes app.backend.webgate first (Host/Origin allow-lists, session, CSP). With `state`,
@@ -143,10 +145,13 @@ def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], b
 
     def policy_for(app: Any) -> GatePolicy:
         return GatePolicy(port=port, bind_host=host, allowed_hosts=allowed_hosts,
-                          session_user=gradio_session(app) if auth is not None else None, auth_message=AUTH_MESSAGE,
+                          sessions=gradio_session(app) if auth is not None else None, auth_message=AUTH_MESSAGE,
+                          fn_index_ok=lambda index: index in blocks.fns,
                           routes=routes, on_refusal=state.counters.refused if state is not None else None)
 
-    app, url, _ = blocks.launch(server_name=host, server_port=port, prevent_thread_lock=True,
+    # An IPv6 literal goes to Gradio in brackets: it builds its own URLs as f"http://{name}:{port}/".
+    server_name = f"[{host.strip('[]')}]" if ":" in host.strip("[]") else host
+    app, url, _ = blocks.launch(server_name=server_name, server_port=port, prevent_thread_lock=True,
                                 app_kwargs={"lifespan": _gate_lifespan(policy_for),
                                             # no FastAPI schema/docs pages: the panel is not an API product
                                             "openapi_url": None, "docs_url": None, "redoc_url": None}, **launch_kwargs(auth))

@@ -14,13 +14,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from app.backend.download.job import ConnectionBudget, RunGroup, SegmentQueue, shares
+from app.backend.download.budget import ConnectionBudget, shares
+from app.backend.download.group import RunGroup
+from app.backend.download.segments import SegmentQueue
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.runner import artifact_jobs, run_download
 from app.backend.download.types import (
@@ -334,45 +335,6 @@ def test_urgent_requests_take_a_freed_connection_first():
     assert budget.acquire(lambda: True, halt) is False, "a halted run stops waiting for a slot"
 
 
-def test_read_ahead_leaves_free_slots_to_announced_urgent_requests(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At the start every worker asks at once: a read-ahead request that asks first must not take the
-    slot an announced urgent request (a first part's segment, still on its way) is about to ask for."""
-    monkeypatch.setattr(ConnectionBudget, "RESERVE_S", 60.0)
-    budget, halt = ConnectionBudget(1), threading.Event()
-    budget.announce(0, 1)
-    got: list[str] = []
-    ahead = threading.Thread(target=lambda: budget.acquire(lambda: False, halt) and got.append("read-ahead"))
-    ahead.start()
-    wait_until(lambda: budget.waiting == 1)  # it asked first, with the slot free
-    assert budget.acquire(lambda: True, halt), "the urgent request gets the free slot"
-    got.append("urgent")
-    budget.announce(0, 0)  # the artifact counted it in flight
-    budget.release()
-    ahead.join(5)
-    assert got == ["urgent", "read-ahead"]
-
-
-def test_an_announced_urgent_request_that_never_comes_holds_read_ahead_back_only_briefly(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ConnectionBudget, "RESERVE_S", 0.2)
-    budget, halt = ConnectionBudget(2, ranks=2), threading.Event()
-    budget.announce(1, 5)  # more than there are slots, and no request ever asks
-    got: list[bool] = []
-    ahead = threading.Thread(target=lambda: got.append(budget.acquire(lambda: False, halt, 0)))
-    ahead.start()
-    ahead.join(5)
-    assert got == [True], "read-ahead waited for ever on an announcement"
-    monkeypatch.setattr(ConnectionBudget, "RESERVE_S", 60.0)
-    budget.announce(1, 5)
-    budget.forget(1)  # a killed artifact's announcement goes with its slots
-    last = threading.Thread(target=lambda: got.append(budget.acquire(lambda: False, halt, 0)))
-    last.start()
-    last.join(5)
-    assert got == [True, True], "read-ahead still held back by a dead artifact's announcement"
-    halt.set()
-    last.join(5)
-
-
 def served_order(budget: ConnectionBudget, halt: threading.Event, requests: list[tuple[str, bool, int]],
                  free_rank: int) -> list[str]:
     """Queue (name, urgent, rank) requests on a full budget one after another, free one slot of
@@ -418,10 +380,10 @@ def _hold_every_slot_then_wait(budget: ConnectionBudget) -> None:
 
 
 def test_a_killed_artifact_process_gives_back_its_slots_and_queued_requests():
-    from app.backend.download import procs
+    from app.backend.download import forkserver
 
     budget = ConnectionBudget(2, ranks=2)
-    child = procs.context().Process(target=_hold_every_slot_then_wait, args=(budget,))
+    child = forkserver.context().Process(target=_hold_every_slot_then_wait, args=(budget,))
     child.start()
     try:
         wait_until(lambda: budget.urgent_waiting == 1, timeout=30)  # holds both and waits for a third
@@ -443,10 +405,10 @@ def _die_holding_the_lock(budget: ConnectionBudget, held: Any) -> None:
 
 
 def test_a_lock_held_by_a_killed_process_is_taken_over(monkeypatch):
-    from app.backend.download import procs
+    from app.backend.download import forkserver
 
     monkeypatch.setattr(ConnectionBudget, "TAKE_OVER_S", 0.2)
-    ctx = procs.context()
+    ctx = forkserver.context()
     budget, held = ConnectionBudget(2, ranks=2), ctx.Event()
     child = ctx.Process(target=_die_holding_the_lock, args=(budget, held))
     child.start()
@@ -654,45 +616,28 @@ class _Part:
         self.idx = idx
 
 
-def test_the_end_game_splits_the_last_segments_into_pieces_in_order():
-    """Whole segments while parts are still to be queued, or more than a segment per connection is; then
-    each pop takes the queued bytes split over the connections (at least a quarter segment) and leaves the
-    rest first in line, so every byte is handed out once, in (part, offset) order (docs/downloads.md,
-    "The end game")."""
-    seg, size = 1 << 20, 4 << 20
-    q = SegmentQueue(connections=4, segment_size=seg)
-    parts = [_Part(0), _Part(1)]
-    q.put(parts[1], 0, seg)  # type: ignore[arg-type]
-    assert q.pop() == (parts[1], 0, seg), "no pieces while more parts are on their way to the queue"
-    q.put(parts[1], 0, seg)  # type: ignore[arg-type]
-    for part in reversed(parts):  # queued out of order: handed out in order all the same
-        for start in range(seg if part is parts[1] else 0, size, seg):
+def test_the_segment_queue_hands_out_the_lowest_part_and_offset_first():
+    """Queued out of order (a part failing sha256 is queued again behind later ones): handed out lowest
+    (part, offset) first, each range once, whole."""
+    seg = 1 << 20
+    q, parts = SegmentQueue(), [_Part(0), _Part(1)]
+    for part in reversed(parts):
+        for start in (seg, 0):
             q.put(part, start, start + seg)  # type: ignore[arg-type]
-    q.last = True
+    assert q.first_part() == 0
     popped = []
     while (got := q.pop()) is not None:
-        part, start, end = got
-        popped.append((part.idx, start, end))
-    assert popped == sorted(popped), "lowest (part, offset) first"
-    for idx in (0, 1):
-        mine = [(a, b) for i, a, b in popped if i == idx]
-        assert mine[0][0] == 0 and mine[-1][1] == size and all(b == c for (_, b), (c, _) in pairwise(mine)), \
-            "each part's bytes handed out exactly once, no gap, no overlap"
-    lengths = [b - a for _, a, b in popped]
-    assert lengths[:4] == [seg] * 4, "whole segments while 2 segments per connection are queued"
-    assert any(n < seg for n in lengths), "the last segments went out in pieces"
-    assert min(lengths) >= seg // 4, "never a piece under a quarter segment"
-    assert len(popped) <= 2 * 2 * size // seg, "the end game at most doubles the requests here"
+        popped.append((got[0].idx, got[1], got[2]))
+    assert popped == [(0, 0, seg), (0, seg, 2 * seg), (1, 0, seg), (1, seg, 2 * seg)]
+    assert q.first_part() is None and not q.wait(0.01)
 
 
-def test_pieces_of_segments_land_whole_and_the_tree_matches(settings, three, tmp_path):
-    """With four connections the store's last segments are fetched in pieces: the hub serves ranges shorter
-    than a segment that are not a part's end, each part verifies once all its pieces are in, and the tree
-    is the reference's."""
+def test_each_range_is_a_whole_segment_and_the_tree_matches(settings, three, tmp_path):
+    """With four connections every range asked of the hub is one whole segment (or a part's last one), each
+    part verifies once its segments are in, and the tree is the reference's."""
     hub, seg = store_alone(settings, three, tmp_path, connections=4)
     assert trees_of(tmp_path / "dest", ["store"]) == {"store": three.reference["store"]}
     sizes = {p.name: p.stat().st_size for p in three.parts["store"]}
     ranges = [(path, a, b + 1) for path, rng in hub.stats.ranges if path in sizes
               for a, b in [map(int, rng.split("=")[1].split("-"))]]
-    pieces = [r for r in ranges if r[1] % seg or (r[2] % seg and r[2] != sizes[r[0]])]
-    assert pieces, "some ranges were pieces of a segment, not whole ones"
+    assert ranges and all(a % seg == 0 and (b - a == seg or b == sizes[path]) for path, a, b in ranges), ranges

@@ -74,6 +74,8 @@ def isolated_panel(tmp: Path) -> Panel:
     port = free_port()
     text = SIMULATED_RECIPE.read_text()
     assert text.count('id = "simulated"') == 1 and text.count("port = 8000") == 1
+    # the copy lives elsewhere: its base recipe by absolute path
+    text = text.replace('extends = "', f'extends = "{SIMULATED_RECIPE.parent}/')
     text = (text.replace('id = "simulated"', f'id = "simtest-metrics-{port}"').replace("port = 8000", f"port = {port}")
                 .replace('"--port", "8000"', f'"--port", "{port}"'))
     recipe = tmp / "simulated-metrics.toml"

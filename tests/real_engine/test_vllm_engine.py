@@ -23,6 +23,7 @@ from app.backend.engine.controller import EngineController
 from app.backend.engine.types import EngineState
 from app.backend.telemetry.hub import TelemetryHub
 from app.backend.telemetry.metrics import parse_metrics
+from tests.gateway.sockets import container_listening, non_loopback
 from tests.real_engine.conftest import BOOT_S, Tier
 
 S = EngineState
@@ -167,6 +168,54 @@ def test_metrics_parsed_into_the_timeline_with_vllms_names(served) -> None:
     point = hub.timeline.latest()
     assert point is not None and point.engine_state == "ready" and point.profile == "tiny"
     assert point.decode_tok_s == m.decode_tok_s and point.kv_usage_pct == m.kv_usage_pct
+
+
+def test_vllm_listens_on_loopback_only(served) -> None:
+    """Issue 31: upstream vLLM, run by the panel with --network host, opens no socket beyond 127.0.0.1."""
+    tier, ctl = served
+    (only,) = tier.containers(all_=False)
+    assert only.attrs["HostConfig"]["NetworkMode"] == "host"
+    own = container_listening(only)
+    port = tier.recipe.serve.port
+    assert ("127.0.0.1", port) in own, own
+    assert non_loopback(own) == [], f"vLLM listens beyond loopback: {own}"
+
+
+def test_gateway_streams_a_chat_and_counts_the_engines_usage(served, tmp_path) -> None:
+    """The real `openai` SDK through the gateway (reading the controller's snapshot, as in the panel)."""
+    import openai
+
+    from app.backend.gateway.keys import KeyStore
+    from app.backend.gateway.readiness import SnapshotSource
+    from app.backend.gateway.server import GatewayConfig, GatewayServer
+
+    tier, ctl = served
+    model = tier.model
+    keys = KeyStore(tmp_path / "state")
+    key = keys.create("laptop").key
+    server = GatewayServer(GatewayConfig(port=0), keys, SnapshotSource(ctl.snapshot, ctl.snapshot().base_url))
+    server.start()
+    try:
+        assert server.wait_started(10), server.error
+        msgs = [{"role": "user", "content": "how do engines work?"}]
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key=key, max_retries=0, timeout=120) as c:
+            chunks = list(c.chat.completions.create(model="tiny-think", messages=msgs, stream=True, max_tokens=64,
+                                                    temperature=1.0, top_p=1.0, extra_body={"min_p": 0.05}))
+        content = "".join((ch.choices[0].delta.content or "") for ch in chunks if ch.choices)
+        assert content.strip() == model["answer_text"]
+        assert all(ch.choices for ch in chunks)  # the usage chunk the gateway asked for is not passed on
+        with openai.OpenAI(base_url=ctl.snapshot().base_url + "/v1", api_key="EMPTY", max_retries=0, timeout=120) as d:
+            direct = list(d.chat.completions.create(model="tiny-think", messages=msgs, stream=True, max_tokens=64,
+                                                    stream_options={"include_usage": True}))[-1].usage
+        keys.flush()
+        (row,) = [i.as_json() for i in keys.infos()]
+        assert row["requests"] == 1 and row["errors"] == 0
+        assert (row["prompt_tokens"], row["completion_tokens"]) == (direct.prompt_tokens, direct.completion_tokens)
+        assert row["completion_tokens"] == model["completion_tokens"]
+        _report("gateway: usage counted (prompt, completion)", f"{row['prompt_tokens']}, {row['completion_tokens']}")
+    finally:
+        server.stop()
+        keys.close()
 
 
 def test_a_restarted_panel_adopts_the_running_engine(served) -> None:

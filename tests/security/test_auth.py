@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,6 +27,14 @@ def _args(**kw: object) -> argparse.Namespace:
     base = dict(host=None, port=None, demo=False, auth_file=None, add_user=None, recipe=None, data_dir=None)
     base.update(kw)
     return argparse.Namespace(**base)
+
+
+def run_async(coro: Any) -> Any:
+    """asyncio.run in a thread of its own: Playwright's sync API may hold this thread's event loop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 @pytest.fixture
@@ -111,13 +121,17 @@ def test_add_user_cli_writes_0600_scrypt_file_from_stdin(clean_env: Path) -> Non
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     text = path.read_text()
     assert "s3cret-pass-word" not in text and "bob:scrypt$" in text
-    assert make_checker(load_users(path))("bob", "s3cret-pass-word")
+    assert run_async(make_checker(load_users(path))("bob", "s3cret-pass-word"))
     short = subprocess.run(cmd, input="short\n", capture_output=True, text=True, timeout=60)
     assert short.returncode == 2 and "at least 8" in short.stderr
 
 
 def test_checker_rejects_wrong_password_and_unknown_user(auth_file: Path) -> None:
-    check = make_checker(load_users(auth_file))
+    checker = make_checker(load_users(auth_file))
+
+    def check(user: str, password: str) -> bool:
+        return run_async(checker(user, password))
+
     assert check("alice", "correct horse battery")
     assert not check("alice", "wrong password!")
     assert not check("mallory", "correct horse battery")
@@ -164,7 +178,7 @@ def test_auth_covers_ui_and_api_routes(authed_panel) -> None:
         assert bad.status_code == 400
         good = c.post(url + "/login", data={"username": "alice", "password": "correct horse battery"})
         assert good.status_code == 200, good.text
-        cfg = c.get(url + "/config")
+        cfg = c.get(url + "/config", headers={"X-Moet-Session": good.headers["x-moet-session-key"]})
         assert cfg.status_code == 200 and "profile-cards" in cfg.text
 
 

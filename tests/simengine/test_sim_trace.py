@@ -46,7 +46,7 @@ def test_boot_sequence_lines(make_sim):
     assert any(m.startswith("moe_w2 store[delta]: PACK-FILE backend /store/delta.v2.") for m in msgs)
     assert any(m.startswith("moe_w2 LOADER-SKIP armed:") for m in msgs)
     order = ["Model loading took", "Available KV cache memory", "GPU KV cache size", "Graph capturing finished",
-             "init engine (profile, create kv cache, warmup model) took", "Starting vLLM API server 0 on http://0.0.0.0:",
+             "init engine (profile, create kv cache, warmup model) took", "Starting vLLM API server 0 on http://127.0.0.1:",
              "Available routes are:"]
     idx = [next(i for i, m in enumerate(msgs) if m.startswith(o)) for o in order]
     assert idx == sorted(idx)

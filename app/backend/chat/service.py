@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -362,3 +363,7 @@ class ChatService:
         for client in clients:
             client.close()
         self._store.close()
+        with self._lock:  # the export files were handed to the browser already (issue 30: none left in /tmp)
+            export_dir, self._export_dir = self._export_dir, None
+        if export_dir is not None:
+            shutil.rmtree(export_dir, ignore_errors=True)

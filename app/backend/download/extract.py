@@ -5,16 +5,16 @@ written by us (large writes, holes kept for sparse members) to `.<name>.moet-par
 into place when complete, so a half-written file never carries its final name. A file already
 complete from an earlier run (journal + same size on disk) is not rewritten.
 
-With a `CommitGate` the input may be read before it is verified (job.py decodes a part while it
+With a `CommitGate` the input may be read before it is verified (chain.py decodes a part while it
 arrives): a member is then renamed into place, and reported, only once every input byte read before
 its last byte was decoded is verified; members land in archive order (docs/downloads.md, "Decoded
 as it arrives"). Without one, each lands as soon as it is written.
 
-Decompression runs in-process (libzstd releases the GIL): measured on the 2-core box, 3 GiB of tar
-extracted in 6.5 s this way against 7.7 s through a `zstd -d` child process, which costs two more
-copies of every byte through pipes. python-zstandard returns a short stream, silently, when the
-input is truncated (docs/downloads.md, "Complete or an error"), so completeness is checked at the tar level instead: the
-stream must reach tar's end-of-archive block, and a member cut short is a tarfile error.
+Decompression runs in-process (libzstd releases the GIL): a `zstd -d` child process costs two more
+copies of every byte through pipes (docs/downloads.md, "Measurements behind the code").
+python-zstandard returns a short stream, silently, when the input is truncated (docs/downloads.md,
+"Complete or an error"), so completeness is checked at the tar level instead: the stream must reach
+tar's end-of-archive block, and a member cut short is a tarfile error.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ SYNC_FILE_RANGE_WRITE = 2
 class Writeback:
     """Starts the kernel's writeback of a file's dirty pages as they are written, without waiting.
 
-    Seen on the 16-core host (128 GiB RAM): the kernel starts writing dirty pages only past
-    dirty_background_ratio (10 % of RAM) or after 30 s, so the card's `curl | zstd | tar` kept all
-    4.3 GiB it extracted dirty until its final sync, and the disk worked alone at the end.
+    The kernel starts writing dirty pages only past dirty_background_ratio (10 % of RAM) or after 30 s,
+    so on a large host the card's `curl | zstd | tar` keeps what it extracted dirty until its final
+    sync, and the disk works alone at the end.
     `sync_file_range(SYNC_FILE_RANGE_WRITE)` every WRITEBACK_EVERY bytes keeps the disk busy beside
     the decoder; the durability threads' fsync of a finished file then waits only for its tail
     (docs/downloads.md, "Three artifacts at once"). A no-op where libc lacks the call.
@@ -240,7 +240,7 @@ class _Decompressor(io.RawIOBase):
 
     def _produce(self, source: IO[bytes] | io.RawIOBase) -> None:
         try:
-            # any object with read() will do (the verified parts, mapped: job._PartChain)
+            # any object with read() will do (the verified parts, mapped: chain.PartChain)
             zr = zstandard.ZstdDecompressor().stream_reader(cast(IO[bytes], source), read_size=READ_SIZE,
                                                             read_across_frames=True, closefd=False)
             with zr:
@@ -457,8 +457,8 @@ def _copy(src: io.RawIOBase, fd: int, length: int, name: str, hooks: ExtractHook
 
 
 def _write_all(fd: int, view: memoryview) -> None:
-    # Slices of WRITE_SLICE: the kernel's copy into the page cache stays within L2. Measured on the
-    # 2-core box, 3 GiB from 4 MiB buffers: 2.3 s of system time in 4 MiB writes, 1.3 s in 256 KiB ones.
+    # Slices of WRITE_SLICE: the kernel's copy into the page cache stays within L2
+    # (docs/downloads.md, "Measurements behind the code").
     while view:
         view = view[os.write(fd, view[:WRITE_SLICE]):]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import re
 import threading
-from typing import Any, Callable
+from typing import Callable
 
-from tenacity import Retrying, retry_if_exception
+from tenacity import RetryCallState, Retrying, retry_if_exception
 
 from app.backend.download.hub import HubClient, is_transient, make_wait, raise_for_hub_status
 from app.backend.download.ranged import RangeGetter, Reply, StallError
@@ -29,7 +29,7 @@ class _NoProgressStop:
     def __init__(self, limit: int, pos: Callable[[], int]) -> None:
         self.limit, self.pos, self.last, self.count = limit, pos, pos(), 0
 
-    def __call__(self, retry_state: Any) -> bool:
+    def __call__(self, retry_state: RetryCallState) -> bool:
         now = self.pos()
         if now != self.last:
             self.last, self.count = now, 0
@@ -49,8 +49,8 @@ def fetch_range(hub: HubClient, getter: RangeGetter, part: PartInfo, start: int,
         if stop.wait(seconds):
             raise Stopped()
 
-    def before_sleep(retry_state: Any) -> None:
-        exc = retry_state.outcome.exception()
+    def before_sleep(retry_state: RetryCallState) -> None:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
         on_retry(f"{type(exc).__name__}: {exc}")
 
     retrying = Retrying(stop=_NoProgressStop(cfg.attempts_without_progress, lambda: pos[0]),

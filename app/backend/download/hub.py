@@ -6,9 +6,9 @@ What goes through the library (docs/downloads.md "The Hub"):
   call, so the sha256s belong to the pinned commit; no paging. Sent as that method sends it: the
   library's shared client (`get_session`), its headers (`build_hf_headers`), its error mapping
   (`hf_raise_for_status`) and its repo-id rule (`validate_repo_id`); only `HfApi` itself is not
-  imported: its module costs 0.41-0.47 s of imports on the 2-core box, on the critical path of every
-  download start, in the panel's process and the artifact processes' forkserver alike
-  (docs/downloads.md, "The Hub").
+  imported: its module's imports sit on the critical path of every download start, in the panel's
+  process and the artifact processes' forkserver alike (docs/downloads.md, "The Hub" and
+  "Measurements behind the code").
 * File metadata: `get_hf_file_metadata` (HEAD /resolve/, follows the Hub's own relative redirects, e.g. a
   renamed repo, and stops at the CDN / Xet bridge `Location`). A missing `X-Repo-Commit` is an error.
 * Errors: `hf_raise_for_status`'s typed exceptions (GatedRepoError, RepositoryNotFoundError, ...) become
@@ -44,7 +44,7 @@ from huggingface_hub.errors import (
     HFValidationError, RepositoryNotFoundError, RevisionNotFoundError,
 )
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, validate_repo_id
-from tenacity import Retrying, retry_if_exception, stop_after_attempt
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
 from app.backend import env
 from app.backend.download.ranged import UnsafeUrlError
@@ -293,14 +293,14 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (TransientError, httpx2.TransportError)) and not isinstance(exc, httpx2.UnsupportedProtocol)
 
 
-def make_wait(cfg: DownloadConfig) -> Callable[[Any], float]:
+def make_wait(cfg: DownloadConfig) -> Callable[[RetryCallState], float]:
     """Exponential backoff (base·2^n, capped), or exactly what the server asked for."""
 
-    def wait(retry_state: Any) -> float:
+    def wait(retry_state: RetryCallState) -> float:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         if isinstance(exc, TransientError) and exc.retry_after is not None:
             return min(exc.retry_after, 300.0)
-        attempt: int = retry_state.attempt_number
+        attempt = retry_state.attempt_number
         return min(cfg.backoff_max_s, cfg.backoff_base_s * 2.0 ** (attempt - 1))
 
     return wait
@@ -370,9 +370,6 @@ class HubClient:
         self.commit: str | None = None
         self.repo = cfg.repo  # the repo's current name: a renamed repo is followed (renamed_from says so)
         self.renamed_from: str | None = None
-
-    def close(self) -> None:
-        """Nothing to release: the library's client is shared by the process (huggingface_hub's design)."""
 
     @contextmanager
     def _guarded(self, max_body: int | None = None) -> Iterator[None]:
@@ -460,17 +457,6 @@ class HubClient:
     def forget(self, path: str) -> None:
         with self._lock:
             self._locations.pop(path, None)
-
-    def prefetch(self, path: str) -> None:
-        """One attempt to resolve `path` now unless it is known; an error is left for resolve() to meet and report."""
-        if self._cached(path):
-            return
-        try:
-            resolved = self._head(path, self.commit or self.cfg.revision)
-        except Exception:  # noqa: BLE001 - resolve() retries and explains it, where the error belongs
-            return
-        with self._lock:
-            self._locations[path] = resolved
 
     def known(self, paths: list[str]) -> dict[str, Resolved]:
         """What is resolved already of `paths`: handed to an artifact's process (procs.py)."""

@@ -9,7 +9,6 @@ Layout under `<dest>/.moet-panel/downloads/`:
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import shutil
@@ -19,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from app.backend.download.types import ArtifactPlan, ArtifactState, LockedError, PartState, SpaceError
+from app.backend.fileio import LockBusy, PidLock, atomic_write
 from app.backend.hf_token import redact
 
 JOURNAL_VERSION = 1  # states are stored as their enum values, the same strings as before the enums
@@ -120,18 +120,9 @@ class JournalStore:
             j.updated = time.time()
             j.reason = redact(j.reason)
             data = json.dumps(asdict(j), indent=1).encode()
-            tmp = self.path(j.artifact).with_suffix(".json.tmp")
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                try:
-                    if os.write(fd, data) != len(data):
-                        raise OSError(errno.ENOSPC, "short write")
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, self.path(j.artifact))
+                atomic_write(self.path(j.artifact), data)
             except OSError as exc:
-                tmp.unlink(missing_ok=True)
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the previous journal stays intact
                     raise SpaceError(f"disk full while saving the download journal in {self.dir}; "
                                      "free some space, then Resume") from None
@@ -146,27 +137,18 @@ class DestLock:
 
     def __init__(self, dest: Path) -> None:
         self.path = downloads_dir(dest) / ".lock"
-        self._fd: int | None = None
+        self._lock = PidLock(self.path)
 
     def acquire(self) -> "DestLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise LockedError(f"another moet-panel download (pid {holder}) is already using "
+            self._lock.acquire()
+        except LockBusy as busy:
+            raise LockedError(f"another moet-panel download (pid {busy.holder or '?'}) is already using "
                               f"{self.path.parents[2]}; wait for it to finish or pause it there, then retry") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._fd = fd
         return self
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing drops the flock
-            self._fd = None
+        self._lock.release()
 
     def __enter__(self) -> "DestLock":
         return self.acquire()

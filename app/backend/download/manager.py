@@ -9,23 +9,27 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.backend import hf_token
 from app.backend.download.ckpt import CkptCheck, check_ckpt_id
 from app.backend.download.config import make_config
 from app.backend.download.extract import free_bytes
 from app.backend.download.journal import DestLock, JournalStore, clean_partial
-from app.backend.download.plan import _existing_parent, prepare
+from app.backend.download.plan import Prepared, _existing_parent, prepare
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.runner import run_download
 from app.backend.download.statemachine import restored
 from app.backend.recipe.schema import ArtifactSpec
 from app.backend.download.types import (
-    ArtifactProgress, ArtifactState, DiskPicture, DownloadConfig, DownloadError, DownloadSnapshot, GiB, PartState,
+    ArtifactProgress, ArtifactState, DiskPicture, DownloadConfig, DownloadError, DownloadSnapshot, PartState,
     StopSignal, Stopped,
 )
+from app.backend.units import GiB
 from app.backend.settings import Settings
+
+if TYPE_CHECKING:
+    from app.backend.simhub.demo import DemoHub
 
 
 CANCELLED = "cancelled; downloaded data is kept (Clean partial data removes it)"
@@ -73,7 +77,7 @@ class DownloadManager:
         self._error = ""
         self._commit = ""
         self._selection: list[str] | None = None
-        self._demo: Any = None
+        self._demo: DemoHub | None = None
         self._ckpt: CkptCheck | None = None
         self._past: dict[str, tuple[int, int]] = {}  # earlier runs' (wire bytes, verify failures), for counters()
         self._idle: tuple[float, list[ArtifactProgress]] | None = None
@@ -121,7 +125,6 @@ class DownloadManager:
     def _list(self) -> str:
         cfg = self._config()
         prepared = prepare(cfg, list(self.settings.recipe.artifacts))
-        prepared.hub.close()
         contents = {a.id: a.contents for a in self.settings.recipe.artifacts}
         self._rows = [ArtifactRow(p.id, contents.get(p.id, ""), len(p.parts), p.compressed, p.extracted_estimate)
                       for p in prepared.plans]
@@ -173,7 +176,7 @@ class DownloadManager:
         finally:
             self._ckpt = None  # re-read after any run
 
-    def _on_prepared(self, prepared: Any) -> None:
+    def _on_prepared(self, prepared: Prepared) -> None:
         self._commit = prepared.commit
         contents = {a.id: a.contents for a in self.settings.recipe.artifacts}
         listed = {p.id: ArtifactRow(p.id, contents.get(p.id, ""), len(p.parts), p.compressed, p.extracted_estimate)

@@ -10,10 +10,11 @@ from app.backend.download.extract import free_bytes
 from app.backend.download.hub import HubClient, TreeEntry, plain_name
 from app.backend.download.journal import JournalStore
 from app.backend.download.types import (
-    ArtifactPlan, ArtifactState, DiskPicture, DownloadConfig, DownloadError, GiB, NotFoundError, PartInfo, SpaceError,
+    ArtifactPlan, ArtifactState, DiskPicture, DownloadConfig, DownloadError, NotFoundError, PartInfo, SpaceError,
 )
+from app.backend.units import GiB
 
-if TYPE_CHECKING:  # the artifact processes import this module: no pydantic there (procs.PRELOAD)
+if TYPE_CHECKING:  # the artifact processes import this module: no pydantic there (forkserver.PRELOAD)
     from app.backend.recipe.schema import ArtifactSpec
 
 
@@ -48,12 +49,9 @@ def build_plans(entries: list[TreeEntry], specs: list[ArtifactSpec], cfg: Downlo
             raise NotFoundError(f"no files named {spec.prefix}* in {cfg.repo} at revision {cfg.revision} "
                                 f"({cfg.endpoint}); check --repo/--revision")
         compressed = sum(p.size for p in parts)
-        if cfg.recipe_repo:
-            estimate, source = int(spec.extracted_gib * GiB), "recipe"
-        else:
-            estimate = int(compressed * cfg.safety_factor)
-            source = f"compressed × {cfg.safety_factor:g} (not the recipe's repo; refined from tar headers)"
-        plans.append(ArtifactPlan(spec.id, spec.prefix, spec.yields, parts, estimate, source))
+        # not the recipe's repo: compressed × safety factor, refined from the tar headers as they come
+        estimate = int(spec.extracted_gib * GiB) if cfg.recipe_repo else int(compressed * cfg.safety_factor)
+        plans.append(ArtifactPlan(spec.id, spec.prefix, spec.yields, parts, estimate))
     return plans
 
 
@@ -61,16 +59,12 @@ def prepare(cfg: DownloadConfig, specs: list[ArtifactSpec], hub: HubClient | Non
             jobs: int = 1) -> Prepared:
     """List the files and pin the commit in one answer (hub.py), build plans, check the disk."""
     hub = hub or HubClient(cfg)
-    try:
-        entries = hub.list_files(cfg.revision)  # sets hub.commit: every sha256 below belongs to it
-        plans = build_plans(entries, specs, cfg)
-        commit = hub.commit
-        assert commit is not None  # list_files raises rather than leave it unset
-        hub.resolve(plans[0].parts[0].name, commit, fresh=True)  # fails early: auth, gating, X-Repo-Commit
-        disk = preflight(plans, cfg, jobs)
-    except BaseException:
-        hub.close()
-        raise
+    entries = hub.list_files(cfg.revision)  # sets hub.commit: every sha256 below belongs to it
+    plans = build_plans(entries, specs, cfg)
+    commit = hub.commit
+    assert commit is not None  # list_files raises rather than leave it unset
+    hub.resolve(plans[0].parts[0].name, commit, fresh=True)  # fails early: auth, gating, X-Repo-Commit
+    disk = preflight(plans, cfg, jobs)
     return Prepared(hub, plans, commit, disk)
 
 

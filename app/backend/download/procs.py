@@ -1,17 +1,15 @@
 """Artifacts side by side in child processes, one per artifact (docs/downloads.md, "Three artifacts at once").
 
-Why processes: measured on the 16-core host, the three artifacts' chains in one process took
-5.0 s where three processes took 3.5-4.3 s (same machine, same run). In one process the three
-decoders, tar writers and verifiers and ~18 fetch workers share one GIL and one address space:
-the store's extractor ran 3.6-5.0 s against 2.6-3.6 s alone. A child process runs one `ArtifactRun`,
-exactly the code a 2-core box runs in a thread (runner.py picks one per core budget).
+Why processes: in one process the three decoders, tar writers and verifiers and ~18 fetch workers
+share one GIL (figures: docs/downloads.md, "Three artifacts at once"). A child process runs one
+`ArtifactRun`, exactly the code a 2-core box runs in a thread (runner.py picks one per core budget).
 
 Children come from a forkserver: a clean single-threaded process that has already imported the
 download code, forked for each artifact. Not fork() of this process, which has threads (the CLI's
 progress, the panel's server) whose locks a forked child could inherit held.
 
 What crosses: the config, plan, journal and pinned commit go in as the Process arguments; the
-connection budget and the group stop are shared primitives (job.RunGroup); the child's board is
+connection budget and the group stop are shared primitives (group.RunGroup, budget.py); the child's board is
 mirrored into the parent's every RELAY_S (ProgressBoard.export / mirror); the result (None or the
 exception) comes back last. A child whose parent dies (kill -9) exits at once: it must never go on
 writing into a destination whose lock has gone.
@@ -19,7 +17,6 @@ writing into a destination whose lock has gone.
 
 from __future__ import annotations
 
-import fcntl
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -27,29 +24,24 @@ import pickle
 import sys
 import threading
 from multiprocessing.connection import Connection
-from multiprocessing.context import ForkServerContext
 from typing import TYPE_CHECKING
 
-from app.backend.download.types import DownloadError, PartState, Stopped
+from app.backend.download.forkserver import context
+from app.backend.download.types import DownloadError, Stopped
+from app.backend.fileio import PidLock
 
 if TYPE_CHECKING:
     from app.backend.download.hub import HubClient, Resolved
-    from app.backend.download.job import RunGroup
+    from app.backend.download.group import RunGroup
     from app.backend.download.journal import ArtifactJournal
     from app.backend.download.progress import ProgressBoard
     from app.backend.download.types import ArtifactPlan, ArtifactProgress, DownloadConfig
 
-# imported once by the forkserver, so a child starts in milliseconds. Not the __main__ module
-# (app.cli.main for the CLI and the panel): multiprocessing runs it again in each child, and
-# runpy warns when it was imported before
-PRELOAD = ["app.backend.download.job"]
 RELAY_S = 0.1
 EXIT_ORPHANED = 75
 # A thread that wants the GIL back waits at most this long for the holder to let go (CPython's
 # default: 5 ms). The decoder and the tar writer take it back after every buffer, beside up to 16
-# fetch workers' libcurl callbacks; measured on the 16-core host, the store's extraction beside
-# 16 fetch connections ran at 0.63× its speed alone with 5 ms, 0.88× with 0.5 ms
-# (docs/downloads.md, "The GIL's switch interval").
+# fetch workers' libcurl callbacks (docs/downloads.md, "The GIL's switch interval").
 GIL_SWITCH_S = 0.0005
 CORES_PER_ARTIFACT = 2  # one chain keeps ~1.5 cores busy (runner.artifact_jobs)
 
@@ -59,12 +51,6 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def context() -> ForkServerContext:
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx
 
 
 def start_early() -> None:
@@ -87,13 +73,6 @@ def run_in_child(cfg: DownloadConfig, hub: HubClient, plan: ArtifactPlan, journa
     """Run one artifact in a child process, mirroring its board into `board`; raise what it raised."""
     ctx = context()
     ours, theirs = ctx.Pipe()
-    # The first part still to fetch, resolved on this process's warm client: the child's first request
-    # goes out at once, where its own first HEAD would wait for a new client (an SSL context) on the
-    # critical path: 30 ms on the 16-core host, 0.17 s on a loaded 2-core box; the parent's HEAD took
-    # 2-3 ms. An error is left for the child's own resolve, which retries and reports it.
-    first = next((r.name for r in journal.parts if r.status in (PartState.PENDING, PartState.EVICTED)), None)
-    if first is not None:
-        hub.prefetch(first)
     known = hub.known([p.name for p in plan.parts])
     proc = ctx.Process(target=_child_main, name=f"moet-download-{plan.id}", daemon=False,
                        args=(cfg, plan, journal, (hub.commit, hub.repo, known), group, theirs, progress))
@@ -141,10 +120,11 @@ def _child_main(cfg: DownloadConfig, plan: ArtifactPlan, journal: ArtifactJourna
     _exit_with_parent()
     done = threading.Event()
     relay: threading.Thread | None = None
-    lock = -1
+    lock: PidLock | None = None
     result: BaseException | None = None
     try:  # everything, set-up included: the parent gets the real error, not "ended unexpectedly"
-        lock = _lock_artifact(downloads_dir(cfg.dest) / f".{plan.id}.lock")
+        # per artifact: a child of a killed run that has not exited yet finishes before this one writes
+        lock = PidLock(downloads_dir(cfg.dest) / f".{plan.id}.lock").acquire(wait=True)
         board = ProgressBoard()
         board.register(progress)
         hub = HubClient(cfg)
@@ -161,8 +141,8 @@ def _child_main(cfg: DownloadConfig, plan: ArtifactPlan, journal: ArtifactJourna
             relay.join()
         conn.send(("end", result))
         conn.close()
-        if lock >= 0:
-            os.close(lock)
+        if lock is not None:
+            lock.release()
 
 
 def _relay(board: ProgressBoard, art_id: str, conn: Connection, done: threading.Event) -> None:
@@ -188,11 +168,6 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _lock_artifact(path: os.PathLike[str]) -> int:
-    """Per artifact: a child of a killed run that has not exited yet finishes before this one writes."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
 
 
 def _portable(exc: BaseException, art_id: str) -> BaseException:

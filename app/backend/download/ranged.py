@@ -1,20 +1,17 @@
 """One ranged GET through libcurl (pycurl), its body handed to a callback as it arrives.
 
-Why libcurl and not httpx for the bytes: receiving 1.68 GB from the local hub cost 1.9 s of CPU
-through httpx (h11 parses and copies every 64 KiB read) against 0.5 s through libcurl, on a 2-core
-box where that CPU is taken from decompression. httpx still does the small API calls (hub.py).
+Why libcurl and not httpx for the bytes: h11 parses and copies every 64 KiB read, CPU taken from
+decompression on a small box (docs/downloads.md, "Measurements behind the code"). httpx still does the small API calls (hub.py).
 libcurl also brings the usual proxy variables, TLS and HTTP/2 for free.
 
 One `RangeGetter` per fetch worker thread (an easy handle keeps its connection alive between
 requests; handles are not thread-safe). The GIL is released while libcurl waits and reads.
 
 libcurl hands the body over in pieces of at most 16 KiB (CURL_MAX_WRITE_SIZE; a TLS record is no
-larger either): 235k Python callbacks for the 3.7 GiB of the three-artifact benchmark, each taking
-the GIL the decoders and tar writers also need. So the write callback is the C-level
-`io.BufferedWriter.write` of a per-worker buffer, and Python sees the body once per BODY_BUFFER
-(16x fewer calls; with 512 KiB measured 0.15-0.19 s of CPU per 512 MiB against 0.22-0.24 s). On
-its own it did not move the 16-core figures beyond their noise; one process per artifact did
-(procs.py). 256 KiB, not 512: 48 fetch workers at 24 connections hold 12 MiB less.
+larger either), each a Python callback taking the GIL the decoders and tar writers also need. So the
+write callback is the C-level `io.BufferedWriter.write` of a per-worker buffer, and Python sees the body
+once per BODY_BUFFER (16x fewer calls). 256 KiB, not 512: 48 fetch workers at 24 connections hold
+12 MiB less (docs/downloads.md, "Measurements behind the code").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A whole download run: lock the destination, list + pin + preflight, then the artifacts side by side.
 
 Each artifact's chain (fetch -> verify -> decompress -> tar -> write) is its own ArtifactRun with its
-own threads; `artifact_jobs` of them run at once, sharing one connection budget (job.RunGroup). The
+own threads; `artifact_jobs` of them run at once, sharing one connection budget (group.RunGroup). The
 number comes from the cores (docs/downloads.md, "Three artifacts at once"): one chain keeps about
 1.5 cores busy (one zstd frame decodes on one core, tar parsing and hashing beside it), so a 2-core
 box runs one artifact at a time, in this process, as before, and 4 or more cores run the largest
@@ -21,7 +21,8 @@ from typing import Callable
 from app.backend.download import procs
 from app.backend.download.procs import CORES_PER_ARTIFACT, available_cores
 from app.backend.download.extract import free_bytes
-from app.backend.download.job import ArtifactRun, RunGroup
+from app.backend.download.group import RunGroup
+from app.backend.download.job import ArtifactRun
 from app.backend.download.journal import ArtifactJournal, DestLock, JournalStore, staging_dir
 from app.backend.download.plan import Prepared, prepare
 from app.backend.download.progress import ProgressBoard
@@ -62,20 +63,17 @@ def run_download(cfg: DownloadConfig, specs: list[ArtifactSpec], board: Progress
         procs.start_early()  # the children's imports overlap the listing
     with DestLock(cfg.dest):
         prepared = prepare(cfg, specs, jobs=jobs)
-        try:
-            register_plans(board, prepared)
-            board.set_disk(prepared.disk)
-            if on_prepared:
-                on_prepared(prepared)
-            store = JournalStore(cfg.dest)
-            store.ensure_reserve()
-            todo = [(plan, j) for plan in prepared.plans
-                    if (j := _journal_for(cfg, prepared, plan, store, board)) is not None]
-            if jobs > 1:  # the longest chain first: it bounds the whole run
-                todo.sort(key=lambda pj: pj[0].extracted_estimate, reverse=True)
-            _run_all(cfg, prepared, todo, store, board, stop, jobs)
-        finally:
-            prepared.hub.close()
+        register_plans(board, prepared)
+        board.set_disk(prepared.disk)
+        if on_prepared:
+            on_prepared(prepared)
+        store = JournalStore(cfg.dest)
+        store.ensure_reserve()
+        todo = [(plan, j) for plan in prepared.plans
+                if (j := _journal_for(cfg, prepared, plan, store, board)) is not None]
+        if jobs > 1:  # the longest chain first: it bounds the whole run
+            todo.sort(key=lambda pj: pj[0].extracted_estimate, reverse=True)
+        _run_all(cfg, prepared, todo, store, board, stop, jobs)
     return prepared
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from app.backend.hf_token import redact
 
-GiB = 1 << 30
 MiB = 1 << 20
 
 
@@ -103,8 +102,7 @@ class ArtifactPlan:
     prefix: str
     yields: str
     parts: tuple[PartInfo, ...]
-    extracted_estimate: int  # bytes on disk after extraction
-    estimate_source: str  # "recipe" or "compressed × 3.0 (not the recipe's repo)"
+    extracted_estimate: int  # bytes on disk after extraction: the recipe's figure, else compressed × safety factor
 
     @property
     def compressed(self) -> int:
@@ -211,8 +209,6 @@ class Notice(DownloadEvent):
 class DownloadError(Exception):
     """A failure with a one-line, actionable, token-free message."""
 
-    kind = "error"
-
     def __init__(self, message: str) -> None:
         super().__init__(redact(message))
 
@@ -222,29 +218,27 @@ class DownloadError(Exception):
 
 
 class AuthError(DownloadError):
-    kind = "auth"
+    """The Hub refused the token (or there is none for a gated repo)."""
 
 
 class NotFoundError(DownloadError):
-    kind = "not_found"
+    """The repo, revision or a part is not there."""
 
 
 class SpaceError(DownloadError):
     """Not enough disk: before starting (refused) or mid-run (paused, resumable)."""
 
-    kind = "space"
-
 
 class LockedError(DownloadError):
-    kind = "locked"
+    """Another download holds the destination."""
 
 
 class CorruptPartError(DownloadError):
-    kind = "corrupt"
+    """A part kept failing its sha256."""
 
 
 class UnsafeArchiveError(DownloadError):
-    kind = "unsafe"
+    """The archive holds a member the panel refuses to write."""
 
 
 class TransientError(Exception):

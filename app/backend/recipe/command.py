@@ -20,6 +20,12 @@ NO_REASON = "the card gives no reason for this line"
 LABEL_PREFIX = "moet-panel"
 TRACE_ENV = "VLLM_MOE_W2_DELTA_TRACE"
 SIM_DECODE_ENV = "MOET_SIM_DECODE_TOK_S"
+# The engine's bind address in every panel-run mode (issue 31, docs/gateway.md): vLLM listens on every
+# interface without --host, and with --network host that is the box's network; `--api-key` never covers
+# /pause, /abort_requests, /update_weights, /metrics… Other machines go through `moet-panel gateway`.
+ENGINE_BIND_HOST = "127.0.0.1"
+HOST_WHY = ("the engine listens on loopback only: vLLM binds every interface by default and its own --api-key "
+            "leaves admin routes open; other machines use `moet-panel gateway` (keys, limits; docs/gateway.md)")
 
 
 @dataclass(frozen=True)
@@ -135,11 +141,29 @@ def profile_args(recipe: Recipe, profile: ProfileSpec) -> list[str]:
     return out
 
 
+def _bind_loopback(args: list[str]) -> list[str]:
+    """`args` with `--host 127.0.0.1`: an existing --host value is replaced (a recipe cannot open the engine
+    to the network through the panel; custom profiles cannot set --host at all, schema.PINNED_FLAGS)."""
+    out = list(args)
+    if "--host" in out:
+        i = out.index("--host")
+        if i + 1 < len(out) and not out[i + 1].startswith("--"):
+            del out[i: i + 2]
+        else:
+            del out[i]
+    return out + ["--host", ENGINE_BIND_HOST]
+
+
 def config_hash(spec: RunSpec) -> str:
     payload = asdict(spec)
     payload.pop("labels")
     payload.pop("additions")
     payload.pop("name")
+    # the bind address the panel adds changes nothing the engine computes: results measured before it
+    # (self-test, keyed by this hash) stay current (docs/engine.md)
+    args = list(payload["args"])
+    if args[-2:] == ["--host", ENGINE_BIND_HOST]:
+        payload["args"] = args[:-2]
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -204,6 +228,10 @@ def build_run_spec(
         for k, v, why in wanted:
             env = [(ek, ev) for ek, ev in env if ek != k] + [(k, v)]
             additions.append((f"-e {k}={v}", why))
+    args = profile_args(recipe, profile)
+    if not plain:
+        args = _bind_loopback(args)
+        additions.append((f"--host {ENGINE_BIND_HOST}", HOST_WHY))
     spec = RunSpec(
         name=name,
         image=recipe.engine.image,
@@ -213,7 +241,7 @@ def build_run_spec(
         shm_size=recipe.serve.shm_size,
         mounts=mounts,
         env=tuple(env),
-        args=tuple(profile_args(recipe, profile)),
+        args=tuple(args),
     )
     if plain:
         return spec
@@ -300,7 +328,11 @@ def explain_lines(recipe: Recipe, spec: RunSpec) -> list[ExplainedLine]:
         else:
             out.append(ExplainedLine(text, "", ""))
     out.append(ExplainedLine(shlex.quote(spec.image), "", ""))
+    panel_args = {opt.split(" ", 1)[0]: why for opt, why in spec.additions if opt.startswith("--host ")}
     for flag, text in _arg_chunks(list(spec.args)):
+        if flag in panel_args:
+            out.append(ExplainedLine(text, f"added by moet-panel: {panel_args[flag]}", "panel"))
+            continue
         why = recipe.why.get(flag, "")
         out.append(ExplainedLine(text, why, "card" if why else ""))
     return out

@@ -21,9 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, SystemExit) as exc:
         print(f"simengine: bad configuration: {exc}", file=sys.stderr)
         return 2
-    if not os.environ.get("MOET_SIM_HOST") and cfg.host == "127.0.0.1" and os.path.exists("/.dockerenv"):
-        cfg.host = "0.0.0.0"  # inside a container: listen like vLLM does by default
-    if os.environ.get("MOET_SIM_HOST"):
+    # Loopback unless asked otherwise, in a container too (issue 31, docs/gateway.md): the panel runs engines
+    # with --network host, so 0.0.0.0 would open the engine to the box's network. An explicit --host wins
+    # over MOET_SIM_HOST (the panel always passes --host 127.0.0.1).
+    if os.environ.get("MOET_SIM_HOST") and "--host" not in (sys.argv[1:] if argv is None else argv):
         cfg.host = os.environ["MOET_SIM_HOST"]
     server = SimEngineServer(cfg)
     stop_requested = threading.Event()

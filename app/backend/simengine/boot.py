@@ -171,7 +171,7 @@ class BootSequence:
     def _serving_lines(self) -> None:
         log = self.log
         log.api("api_server.py:1620", "Supported tasks: ['generate']")
-        log.api("api_server.py:1971", f"Starting vLLM API server 0 on http://0.0.0.0:{self.port}")
+        log.api("api_server.py:1971", f"Starting vLLM API server 0 on http://{self.cfg.host or '0.0.0.0'}:{self.port}")
         log.api("launcher.py:37", "Available routes are:")
         for path, methods in ROUTES:
             log.api("launcher.py:45", f"Route: {path}, Methods: {methods}")

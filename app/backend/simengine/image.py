@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 
 IMAGE_TAG = "moet-panel/sim-engine:1"
 HASH_LABEL = "moet-panel.sim-hash"
-BUILDER_VERSION = "1"  # bump when the rootfs layout changes
+BUILDER_VERSION = "2"  # 2: no MOET_SIM_HOST=0.0.0.0 (loopback by default, issue 31); bump when the rootfs layout changes
 PYTHON = Path("/usr/bin/python3.11")
 STDLIB = Path("/usr/lib/python3.11")
 STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "site-packages",
@@ -30,7 +30,7 @@ HOST_ONLY = {"image.py"}  # never copied into the image
 
 DOCKERFILE = """FROM scratch
 ADD rootfs.tar /
-ENV PYTHONPATH=/opt/simengine PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 MOET_SIM_HOST=0.0.0.0 LANG=C.UTF-8
+ENV PYTHONPATH=/opt/simengine PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 LANG=C.UTF-8
 LABEL moet-panel.simulated="1" {hash_label}="{digest}" org.opencontainers.image.title="moet-panel SIMULATED vLLM-Moet engine"
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/bin/python3.11", "-m", "simengine"]

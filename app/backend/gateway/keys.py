@@ -1,0 +1,309 @@
+"""API keys, usage per key and the recent-activity log of the gateway, in one SQLite file (0600).
+
+Keys are 256-bit random strings shown once; only their SHA-256 is stored (a fast hash is right for
+high-entropy keys: there is nothing to guess, docs/gateway.md#keys). A running gateway reloads the keys
+when another process commits (SQLite's `PRAGMA data_version`), checked at most every `recheck_s`, so a
+`keys revoke` takes effect within that interval. Every key has a `scope`: `inference` for the gateway;
+other scopes (e.g. a later `metrics`) are refused by the gateway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.backend.filemode import create_private
+
+DB_NAME = "gateway.sqlite"
+KEY_PREFIX = "mpk-"  # recognisable in a leak scan; the rest is 43 characters of token_urlsafe(32)
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+SCOPES = ("inference", "metrics")
+DEFAULT_SCOPE = "inference"
+ACTIVITY_KEEP = 1000  # rows of the activity table kept on disk
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS keys (
+    name TEXT PRIMARY KEY,
+    hash TEXT NOT NULL UNIQUE,
+    hint TEXT NOT NULL,
+    scope TEXT NOT NULL DEFAULT 'inference',
+    created REAL NOT NULL,
+    expires REAL,
+    revoked REAL
+);
+CREATE TABLE IF NOT EXISTS usage (
+    name TEXT PRIMARY KEY,
+    requests INTEGER NOT NULL DEFAULT 0,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    errors INTEGER NOT NULL DEFAULT 0,
+    last_used REAL
+);
+CREATE TABLE IF NOT EXISTS activity (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time REAL NOT NULL,
+    key_name TEXT NOT NULL,
+    route TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    prompt_tokens INTEGER,
+    completion_tokens INTEGER,
+    ttft_s REAL,
+    duration_s REAL,
+    tok_s REAL,
+    error TEXT NOT NULL DEFAULT '',
+    request_body TEXT,
+    response_body TEXT
+);
+"""
+
+
+class KeyStoreError(ValueError):
+    """A key operation was refused; the message says why and what to do."""
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        shown = name if isinstance(name, str) and name.isprintable() and len(name) <= 80 else "(unprintable or too long)"
+        raise KeyStoreError(f"key name {shown!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
+                        "starting with a letter or digit")
+    return name
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    name: str
+    hash: str
+    hint: str  # the key's first characters, to tell keys apart in a list (never enough to use it)
+    scope: str
+    created: float
+    expires: float | None
+    revoked: float | None
+
+    def status(self, now: float | None = None) -> str:
+        now = time.time() if now is None else now
+        if self.revoked is not None:
+            return "revoked"
+        if self.expires is not None and now >= self.expires:
+            return "expired"
+        return "active"
+
+
+@dataclass(frozen=True)
+class Usage:
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    errors: int = 0
+    last_used: float | None = None
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """A key with its usage, as `keys list` and the Access tab show it (never the key itself)."""
+
+    name: str
+    hint: str
+    scope: str
+    status: str
+    created: float
+    expires: float | None
+    revoked: float | None
+    usage: Usage
+
+    def as_json(self) -> dict[str, object]:
+        return {"name": self.name, "hint": self.hint, "scope": self.scope, "status": self.status,
+                "created": self.created, "expires": self.expires, "revoked": self.revoked,
+                "requests": self.usage.requests, "prompt_tokens": self.usage.prompt_tokens,
+                "completion_tokens": self.usage.completion_tokens, "errors": self.usage.errors,
+                "last_used": self.usage.last_used}
+
+
+@dataclass(frozen=True)
+class CreatedKey:
+    name: str
+    key: str  # shown once; not stored
+    scope: str
+    expires: float | None
+
+
+@dataclass(frozen=True)
+class ActivityRecord:
+    """One request through the gateway: metadata only unless body capture is on (docs/gateway.md#activity)."""
+
+    time: float
+    key_name: str
+    route: str
+    status: int
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    ttft_s: float | None = None
+    duration_s: float = 0.0
+    tok_s: float | None = None
+    error: str = ""
+    request_body: str | None = None
+    response_body: str | None = None
+
+
+@dataclass
+class _Pending:
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    errors: int = 0
+    last_used: float | None = None
+
+
+class KeyStore:
+    """The gateway's SQLite file. Thread-safe (one connection, one lock); each call is short."""
+
+    def __init__(self, state_dir: Path, recheck_s: float = 0.25):
+        self.path = Path(state_dir) / DB_NAME
+        create_private(self.path)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=10)
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            self._db.commit()
+        self._recheck_s = recheck_s
+        self._checked = 0.0
+        self._version = -1
+        self._by_hash: dict[str, KeyRecord] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._activity: list[ActivityRecord] = []
+
+    def close(self) -> None:
+        self.flush()
+        with self._lock:
+            self._db.close()
+
+    # -- keys -------------------------------------------------------------------------------------
+    def create(self, name: str, expires_days: float | None = None, scope: str = DEFAULT_SCOPE) -> CreatedKey:
+        check_name(name)
+        if scope not in SCOPES:
+            raise KeyStoreError(f"scope {scope!r} is not one of {', '.join(SCOPES)}")
+        if expires_days is not None and not (0 < expires_days <= 3650):
+            raise KeyStoreError(f"--expires-days {expires_days:g}: expected a number of days between 0 and 3650")
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        now = time.time()
+        expires = now + expires_days * 86400 if expires_days is not None else None
+        with self._lock:
+            row = self._db.execute("SELECT revoked FROM keys WHERE name=?", (name,)).fetchone()
+            if row is not None and row[0] is None:
+                raise KeyStoreError(f"a key named {name!r} exists; revoke it first (`moet-panel keys revoke {name}`) "
+                                "or pick another name")
+            # a revoked name may be reused: its old hash is replaced, its usage kept
+            self._db.execute("INSERT OR REPLACE INTO keys (name, hash, hint, scope, created, expires, revoked) "
+                             "VALUES (?, ?, ?, ?, ?, ?, NULL)", (name, hash_key(key), key[:8] + "…", scope, now, expires))
+            self._db.execute("INSERT OR IGNORE INTO usage (name) VALUES (?)", (name,))
+            self._db.commit()
+        self._checked = 0.0
+        return CreatedKey(name=name, key=key, scope=scope, expires=expires)
+
+    def revoke(self, name: str) -> bool:
+        """Revoke `name`; False when there is no active key by that name."""
+        check_name(name)
+        with self._lock:
+            cur = self._db.execute("UPDATE keys SET revoked=? WHERE name=? AND revoked IS NULL", (time.time(), name))
+            self._db.commit()
+        self._checked = 0.0
+        return cur.rowcount > 0
+
+    def _records(self) -> list[KeyRecord]:
+        rows = self._db.execute("SELECT name, hash, hint, scope, created, expires, revoked FROM keys ORDER BY created")
+        return [KeyRecord(*r) for r in rows]
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < self._recheck_s:
+            return
+        with self._lock:
+            self._checked = now
+            version = int(self._db.execute("PRAGMA data_version").fetchone()[0])
+            count = self._db.execute("SELECT total_changes()").fetchone()[0]
+            marker = version * 1_000_003 + int(count)
+            if marker == self._version:
+                return
+            self._version = marker
+            self._by_hash = {r.hash: r for r in self._records()}
+
+    def authenticate(self, key: str, scope: str = DEFAULT_SCOPE) -> KeyRecord | None:
+        """The active key record for `key` with `scope`, or None. The lookup is by hash (the key never
+        compared as text); the stored hash is then compared in constant time."""
+        if not key or len(key) > 256:
+            return None
+        self._refresh()
+        digest = hash_key(key)
+        rec = self._by_hash.get(digest)
+        if rec is None or not hmac.compare_digest(rec.hash, digest):
+            return None
+        if rec.status() != "active" or rec.scope != scope:
+            return None
+        return rec
+
+    def active_count(self, scope: str = DEFAULT_SCOPE) -> int:
+        now = time.time()
+        with self._lock:
+            return sum(1 for r in self._records() if r.scope == scope and r.status(now) == "active")
+
+    def infos(self) -> list[KeyInfo]:
+        self.flush()
+        with self._lock:
+            usage = {r[0]: Usage(*r[1:]) for r in self._db.execute(
+                "SELECT name, requests, prompt_tokens, completion_tokens, errors, last_used FROM usage")}
+            recs = self._records()
+        now = time.time()
+        return [KeyInfo(r.name, r.hint, r.scope, r.status(now), r.created, r.expires, r.revoked, usage.get(r.name, Usage()))
+                for r in recs]
+
+    # -- usage and activity (buffered in memory, written by flush(): one short transaction a second) ---
+    def record(self, rec: ActivityRecord, error: bool) -> None:
+        with self._lock:
+            p = self._pending.setdefault(rec.key_name, _Pending())
+            p.requests += 1
+            p.prompt_tokens += rec.prompt_tokens or 0
+            p.completion_tokens += rec.completion_tokens or 0
+            p.errors += 1 if error else 0
+            p.last_used = rec.time
+            self._activity.append(rec)
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            activity, self._activity = self._activity, []
+            if not pending and not activity:
+                return
+            for name, p in pending.items():
+                self._db.execute("INSERT OR IGNORE INTO usage (name) VALUES (?)", (name,))
+                self._db.execute(
+                    "UPDATE usage SET requests=requests+?, prompt_tokens=prompt_tokens+?, "
+                    "completion_tokens=completion_tokens+?, errors=errors+?, last_used=MAX(COALESCE(last_used, 0), ?) "
+                    "WHERE name=?", (p.requests, p.prompt_tokens, p.completion_tokens, p.errors, p.last_used, name))
+            self._db.executemany(
+                "INSERT INTO activity (time, key_name, route, status, prompt_tokens, completion_tokens, ttft_s, "
+                "duration_s, tok_s, error, request_body, response_body) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                [(a.time, a.key_name, a.route, a.status, a.prompt_tokens, a.completion_tokens, a.ttft_s, a.duration_s,
+                  a.tok_s, a.error, a.request_body, a.response_body) for a in activity])
+            self._db.execute("DELETE FROM activity WHERE id <= (SELECT MAX(id) FROM activity) - ?", (ACTIVITY_KEEP,))
+            self._db.commit()
+
+    def activity(self, limit: int = 100) -> list[ActivityRecord]:
+        """The most recent requests, newest first (flushed ones from disk, so another process's too)."""
+        self.flush()
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT time, key_name, route, status, prompt_tokens, completion_tokens, ttft_s, duration_s, tok_s, "
+                "error, request_body, response_body FROM activity ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        return [ActivityRecord(*r) for r in rows]

@@ -1,0 +1,137 @@
+"""Whether the engine can take a request now, and why not: the gateway's one question about the engine.
+
+Behind a small interface (`EngineStatusSource`) because the engine controller is being rewritten into an
+event-publishing reconciler: in the panel the gateway reads the controller's snapshot
+(`SnapshotSource`); run on its own (`moet-panel gateway`) it probes the engine's `/health` and
+`/v1/models` once a second (`ProbeSource`). A `subscribe`-style source can replace either later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    ready: bool
+    base_url: str  # the engine's server root on loopback, e.g. http://127.0.0.1:8000
+    served_name: str = ""
+    reason: str = ""  # why not ready: one sentence a client can act on ("" when ready)
+    state: str = ""  # the controller's state word (starting, switching, stopped, stalled, ...) when known
+
+
+class EngineStatusSource(Protocol):
+    def status(self) -> EngineStatus:
+        """The latest known status; must be cheap (called for every request)."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+_REASONS = {
+    "stopped": "the engine is stopped; start it on the panel's Engine tab or with `moet-panel engine start`",
+    "preflight": "the engine is starting (preflight checks); try again in a minute",
+    "starting": "the engine is starting{phase}; try again in a minute",
+    "stopping": "the engine is stopping or switching profile; try again in a minute",
+    "failed": "the engine failed{diag}; see the panel's Engine tab",
+    "stalled": "the engine is stalled (requests run but no token moves); the panel restarts or diagnoses it",
+}
+
+
+def reason_for(state: str, phase: str = "", diagnosis: str = "") -> str:
+    text = _REASONS.get(state, f"the engine is {state or 'not ready'}")
+    return text.format(phase=f" ({phase})" if phase else "", diag=f": {diagnosis}" if diagnosis else "")
+
+
+class SnapshotSource:
+    """In the panel: the engine controller's snapshot (a dictionary read, no I/O)."""
+
+    def __init__(self, snapshot_fn: Callable[[], Any], fallback_base_url: str):
+        self._snapshot_fn = snapshot_fn
+        self._fallback = fallback_base_url
+
+    def status(self) -> EngineStatus:
+        snap = self._snapshot_fn()
+        state = getattr(getattr(snap, "state", None), "value", str(getattr(snap, "state", "")))
+        base = getattr(snap, "base_url", "") or self._fallback
+        name = getattr(snap, "served_name", "") or ""
+        if state == "ready":
+            return EngineStatus(True, base, name, state=state)
+        diag = getattr(getattr(snap, "diagnosis", None), "title", "") or ""
+        return EngineStatus(False, base, name, reason_for(state, getattr(snap, "phase", "") or "", diag), state)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+class ProbeSource:
+    """Standalone: `GET /health` then `GET /v1/models` (the served name listed) every `interval_s`."""
+
+    def __init__(self, base_url: str, served_name: str, interval_s: float = 1.0, timeout_s: float = 2.0):
+        self.base_url = base_url.rstrip("/")
+        self.served_name = served_name
+        self._interval = interval_s
+        self._timeout = timeout_s
+        self._status = EngineStatus(False, self.base_url, served_name, "the gateway has not reached the engine yet", "unknown")
+        self._task: asyncio.Task[None] | None = None
+        self._client: httpx.AsyncClient | None = None
+        self.checked_at = 0.0
+
+    def status(self) -> EngineStatus:
+        return self._status
+
+    async def probe_once(self) -> EngineStatus:
+        assert self._client is not None
+        url = self.base_url
+        try:
+            r = await self._client.get(url + "/health")
+            if r.status_code != 200:
+                st = EngineStatus(False, url, self.served_name,
+                                  f"the engine is starting (its /health answers {r.status_code}); try again in a minute", "starting")
+            else:
+                m = await self._client.get(url + "/v1/models")
+                ids = [d.get("id") for d in m.json().get("data", [])] if m.status_code == 200 else []
+                if self.served_name and self.served_name not in ids:
+                    st = EngineStatus(False, url, self.served_name,
+                                      f"the engine does not serve {self.served_name!r} (it lists {ids}); it may be switching",
+                                      "switching")
+                else:
+                    st = EngineStatus(True, url, self.served_name or (ids[0] if ids else ""), state="ready")
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            st = EngineStatus(False, url, self.served_name,
+                              f"the engine does not answer at {url} ({type(exc).__name__}): it is stopped or starting; "
+                              "start it on the panel's Engine tab or with `moet-panel engine start`", "stopped")
+        self._status = st
+        self.checked_at = time.monotonic()
+        return st
+
+    async def _loop(self) -> None:
+        while True:
+            await self.probe_once()
+            await asyncio.sleep(self._interval)
+
+    async def start(self) -> None:
+        self._client = httpx.AsyncClient(timeout=self._timeout, trust_env=False)
+        await self.probe_once()
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._client is not None:
+            await self._client.aclose()

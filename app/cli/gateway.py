@@ -1,0 +1,70 @@
+"""`moet-panel gateway [--host H] [--port P] [--tls-cert F --tls-key F] [--insecure-http]`: the API gateway in
+the foreground, in front of the engine on loopback (docs/gateway.md). Ctrl-C stops it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from app.backend import env
+from app.backend.engine.readiness import base_url
+from app.backend.gateway.keys import KeyStore
+from app.backend.gateway.proxy import Limits
+from app.backend.gateway.readiness import ProbeSource
+from app.backend.gateway.server import DEFAULT_PORT, GatewayConfig, GatewayConfigError, GatewayServer
+from app.cli.keys import cli_settings
+from app.cli.main import add_common
+
+
+def register(subs: argparse._SubParsersAction) -> None:
+    p = subs.add_parser("gateway", help="serve the model to other machines: API keys, limits, usage (foreground)")
+    add_common(p)
+    p.add_argument("--demo", action="store_true", help="demo mode (like --recipe/--data-dir/--json)")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1; env MOET_PANEL_GATEWAY_HOST); beyond "
+                   "loopback needs TLS or --insecure-http, and a key")
+    p.add_argument("--port", type=int, help=f"port (default {DEFAULT_PORT}; env MOET_PANEL_GATEWAY_PORT; 0 = any free)")
+    p.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (env MOET_PANEL_GATEWAY_TLS_CERT)")
+    p.add_argument("--tls-key", metavar="FILE", help="PEM private key (env MOET_PANEL_GATEWAY_TLS_KEY)")
+    p.add_argument("--insecure-http", action="store_true", help="allow plain HTTP beyond loopback (keys in clear text)")
+    p.add_argument("--max-concurrent", type=int, default=Limits.max_concurrent, metavar="N", help="requests in flight per key")
+    p.add_argument("--rate", type=float, default=Limits.rate_per_min, metavar="N", help="requests per minute per key")
+    p.add_argument("--max-body-mb", type=float, default=Limits.max_body_bytes / 2**20, metavar="MB", help="request body cap")
+    p.add_argument("--capture-bodies", type=int, default=0, metavar="BYTES",
+                   help="keep the first BYTES of each request and answer in the activity log (default 0: metadata only)")
+    p.add_argument("--engine-url", metavar="URL", help="the engine's server root (default: the recipe's, on loopback)")
+    p.set_defaults(func=run)
+
+
+def config_from(args: argparse.Namespace) -> GatewayConfig:
+    cert, key = env.gateway_tls()
+    limits = Limits(max_concurrent=max(1, args.max_concurrent), rate_per_min=max(0.1, args.rate),
+                    max_body_bytes=int(args.max_body_mb * 2**20), capture_bodies=args.capture_bodies > 0,
+                    capture_cap_bytes=max(0, args.capture_bodies))
+    cert_path = args.tls_cert or cert
+    key_path = args.tls_key or key
+    return GatewayConfig(
+        host=args.host or env.gateway_host() or "127.0.0.1",
+        port=args.port if args.port is not None else (env.gateway_port() or DEFAULT_PORT),
+        tls_cert=Path(cert_path).expanduser() if cert_path else None,
+        tls_key=Path(key_path).expanduser() if key_path else None,
+        insecure_http=args.insecure_http, limits=limits)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = cli_settings(args)
+    keys = KeyStore(settings.ensure_state_dir())
+    engine = ProbeSource(args.engine_url or base_url(settings.recipe), settings.recipe.model.served_name)
+    try:
+        server = GatewayServer(config_from(args), keys, engine)
+    except (GatewayConfigError, ValueError) as exc:
+        print(f"moet-panel: {exc}", file=sys.stderr)
+        keys.close()
+        return 2
+    print(f"moet-panel gateway: {server.url}/v1 -> engine {engine.base_url} "
+          f"({'TLS' if server.cfg.tls else 'plain HTTP'}; {keys.active_count()} active key(s); Ctrl-C stops)", flush=True)
+    try:
+        server.run()
+    finally:
+        keys.close()
+    return 0

@@ -1,0 +1,92 @@
+"""`moet-panel keys create NAME [--expires-days N] | revoke NAME | list`: the API gateway's keys.
+
+The key is printed once, at creation (JSON field `key` with --json); only its SHA-256 is stored, in
+`<data-dir>/.moet-panel/gateway.sqlite` (0600). docs/gateway.md#keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from app.backend.gateway.keys import KeyInfo, KeyStore, KeyStoreError
+from app.backend.settings import Settings, resolve_settings
+from app.cli.main import add_common
+
+
+def register(subs: argparse._SubParsersAction) -> None:
+    p = subs.add_parser("keys", help="API keys of the gateway: create (shown once), revoke, list with usage")
+    add_common(p)
+    p.add_argument("--demo", action="store_true", help="demo mode's data dir (like --recipe/--data-dir/--json)")
+    ks = p.add_subparsers(dest="keys_cmd", metavar="ACTION", required=True)
+    c = ks.add_parser("create", help="create a key; it is printed once and never again")
+    c.add_argument("name", help="1-64 letters, digits, '.', '_' or '-'")
+    c.add_argument("--expires-days", type=float, metavar="N", help="the key stops working after N days")
+    c.add_argument("--json", action="store_true")
+    r = ks.add_parser("revoke", help="revoke a key (a running gateway refuses it within a second)")
+    r.add_argument("name")
+    r.add_argument("--json", action="store_true")
+    ls = ks.add_parser("list", help="keys with their usage (requests, tokens, errors, last used)")
+    ls.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def cli_settings(args: argparse.Namespace) -> Settings:
+    """Demo mode decided as for every other subcommand (one data dir for panel and CLI)."""
+    from app.backend.hostprobe import detect_demo
+
+    reason = detect_demo(bool(getattr(args, "demo", False)))
+    return resolve_settings(args.recipe, args.data_dir, demo=bool(reason), demo_reason=reason)
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "-"
+
+
+def run(args: argparse.Namespace) -> int:
+    store = KeyStore(cli_settings(args).ensure_state_dir())
+    try:
+        if args.keys_cmd == "create":
+            created = store.create(args.name, args.expires_days)
+            if args.json:
+                print(json.dumps({"name": created.name, "key": created.key, "scope": created.scope,
+                                  "expires": created.expires}))
+            else:
+                print(created.key)
+                print(f"# key {created.name!r} created; this is the only time it is shown. "
+                      + (f"It expires {_when(created.expires)}." if created.expires else "It does not expire."),
+                      flush=True)
+            return 0
+        if args.keys_cmd == "revoke":
+            ok = store.revoke(args.name)
+            if args.json:
+                print(json.dumps({"name": args.name, "revoked": ok}))
+            elif ok:
+                print(f"key {args.name!r} revoked; a running gateway refuses it within a second")
+            else:
+                print(f"moet-panel: no active key named {args.name!r} (see `moet-panel keys list`)", file=sys.stderr)
+            return 0 if ok else 1
+        infos = store.infos()
+        if args.json:
+            print(json.dumps([i.as_json() for i in infos], indent=2))
+        else:
+            _table(infos)
+        return 0
+    except KeyStoreError as exc:
+        print(f"moet-panel: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        store.close()
+
+
+def _table(infos: list[KeyInfo]) -> None:
+    if not infos:
+        print("no keys yet: `moet-panel keys create NAME`")
+        return
+    print(f"{'name':<20} {'status':<8} {'requests':>8} {'prompt tok':>10} {'compl tok':>10} {'errors':>6}  last used")
+    for i in infos:
+        u = i.usage
+        print(f"{i.name:<20} {i.status:<8} {u.requests:>8} {u.prompt_tokens:>10} {u.completion_tokens:>10} "
+              f"{u.errors:>6}  {_when(u.last_used)}")

@@ -1,0 +1,242 @@
+"""Benchmark: the API gateway vs the engine directly, against the SIMULATED engine, in one run.
+
+    .venv/bin/python bench/gateway/run.py [--tokens 20000] [--tok-s 200] [--ttft-runs 40] [--idle 64] [--streams 8]
+
+Processes: the simulated engine (`python -m app.backend.simengine`, decoding at --tok-s per request) and
+`moet-panel gateway` in front of it (a key made with `moet-panel keys create --json`), each in its own
+process; this driver talks to both with raw SSE over httpx (one client per side, the same code). Prints:
+
+* TTFT (request sent → first token's chunk) direct and through the gateway, interleaved pairs; the
+  added TTFT as p50 and p99 of the paired differences (issue 31 goals: p50 ≤ 1 ms, p99 ≤ 5 ms).
+* a --tokens stream (default 20k at 200 tok/s, ~100 s) direct and through the gateway side by side, at the
+  same time: tokens received (0 lost: the same count and text), decode rate (gateway/direct ≥ 99 %).
+* the gateway's RSS with --idle keep-alive clients (each made one request, then idle) and --streams
+  concurrent streams, and its CPU per 1,000 tok/s over those streams (goal: RSS ≤ 100 MiB).
+
+Figures on a shared 2-core box are noisy: read them side by side, not against a fixed number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+MODEL = "deepseek-v4-flash"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, headers: dict[str, str] | None = None, timeout: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, headers=headers, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"{url} did not answer 200 within {timeout:.0f} s")
+
+
+def stream(client: Any, url: str, key: str | None, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """One streamed chat: TTFT, first/last token times, token count (from content chunks), text."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "stream": True, "ignore_eos": True, "chat_template_kwargs": {"thinking": False},
+            "stream_options": {"include_usage": True}}
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    t0 = time.perf_counter()
+    first = last = None
+    n = tokens = 0
+    parts: list[str] = []
+    with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            obj = json.loads(line[6:])
+            if obj.get("usage"):
+                tokens = obj["usage"]["completion_tokens"]  # the engine's count (the gateway passes it when asked)
+            if not obj.get("choices"):
+                continue
+            text = obj["choices"][0]["delta"].get("content") or ""
+            if text:
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                parts.append(text)
+                n += 1
+    return {"ttft": (first - t0) if first else None, "first": first, "last": last, "chunks": n, "tokens": tokens,
+            "text": "".join(parts)}
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=20000)
+    ap.add_argument("--tok-s", type=float, default=200.0)
+    ap.add_argument("--ttft-runs", type=int, default=40)
+    ap.add_argument("--idle", type=int, default=64)
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--nodelay", action="store_true", help="the driver's clients set TCP_NODELAY")
+    ap.add_argument("--stream-tokens", type=int, default=2000, help="tokens per stream in the RSS/CPU part")
+    args = ap.parse_args()
+
+    import httpx
+    import psutil
+
+    env = {**os.environ, "MOET_SIM_DECODE_TOK_S": str(args.tok_s), "MOET_SIM_BOOT_S": "0",
+           "MOET_SIM_REASONING_MODE": "none", "PYTHONPATH": str(ROOT)}
+    sim_port, gw_port = free_port(), free_port()
+    engine, gateway = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
+    procs: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory(prefix="moet-bench-gw-") as tmp:
+        cli = [sys.executable, "-m", "app.cli.main", "--demo", "--data-dir", tmp]
+        try:
+            procs.append(subprocess.Popen([sys.executable, "-m", "app.backend.simengine", "--port", str(sim_port),
+                                           "--served-model-name", MODEL, "--max-num-seqs", "256"], env=env, cwd=ROOT,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            wait_http(engine + "/health")
+            out = subprocess.run([*cli, "keys", "create", "bench", "--json"], env=env, cwd=ROOT, check=True,
+                                 capture_output=True, text=True).stdout
+            key = json.loads(out)["key"]
+            gw = subprocess.Popen([*cli, "gateway", "--port", str(gw_port), "--engine-url", engine,
+                                   "--max-concurrent", "1000", "--rate", "1000000"], env=env, cwd=ROOT,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append(gw)
+            wait_http(gateway + "/v1/models", {"Authorization": f"Bearer {key}"})
+            return run(args, engine, gateway, key, psutil.Process(gw.pid), httpx)
+        finally:
+            for p in procs:  # only the processes this bench started
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+def run(args: argparse.Namespace, engine: str, gateway: str, key: str, gw_proc: Any, httpx: Any) -> int:
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+    # clients as the OpenAI SDK makes them (httpx, Nagle on), or with TCP_NODELAY (--nodelay)
+    opts = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)] if args.nodelay else []
+    direct_c = httpx.Client(timeout=None, limits=limits, transport=httpx.HTTPTransport(socket_options=opts, limits=limits))
+    gw_c = httpx.Client(timeout=None, limits=limits, transport=httpx.HTTPTransport(socket_options=opts, limits=limits))
+    print(f"gateway benchmark: simulated engine at {args.tok_s:g} tok/s per request; gateway pid {gw_proc.pid}")
+
+    # 1. TTFT, interleaved pairs (warm connections on both sides)
+    stream(direct_c, engine, None, "warm", 4)
+    stream(gw_c, gateway, key, "warm", 4)
+    d_ttft, g_ttft, added = [], [], []
+    for i in range(args.ttft_runs):
+        order = [(direct_c, engine, None), (gw_c, gateway, key)]
+        if i % 2:
+            order.reverse()
+        res = {}
+        for c, url, k in order:
+            res[url] = stream(c, url, k, f"ttft probe {i}", 4)["ttft"]
+        d_ttft.append(res[engine] * 1000)
+        g_ttft.append(res[gateway] * 1000)
+        added.append((res[gateway] - res[engine]) * 1000)
+    print(f"\nTTFT over {args.ttft_runs} interleaved pairs, ms     p50      p99")
+    print(f"  direct                                  {pct(d_ttft, .5):7.2f}  {pct(d_ttft, .99):7.2f}")
+    print(f"  through the gateway                     {pct(g_ttft, .5):7.2f}  {pct(g_ttft, .99):7.2f}")
+    print(f"  added by the gateway (paired diffs)     {pct(added, .5):7.2f}  {pct(added, .99):7.2f}   goal ≤ 1 / ≤ 5")
+
+    # 2. the long stream, both sides at the same time
+    results: dict[str, dict[str, Any]] = {}
+
+    def long(name: str, c: Any, url: str, k: str | None) -> None:
+        results[name] = stream(c, url, k, "the long answer", args.tokens)
+
+    cpu0 = gw_proc.cpu_times()
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=long, args=("direct", direct_c, engine, None)),
+          threading.Thread(target=long, args=("gateway", gw_c, gateway, key))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    wall = time.perf_counter() - t0
+    cpu1 = gw_proc.cpu_times()
+    d, g = results["direct"], results["gateway"]
+    # tokens after the first one, over the time from the first to the last content chunk
+    rate = {n: (r["tokens"] - 1) / (r["last"] - r["first"]) for n, r in results.items()}
+    print(f"\n{args.tokens}-token stream at {args.tok_s:g} tok/s, side by side ({wall:.1f} s)")
+    same = d["text"] == g["text"]
+    print(f"  tokens (engine's count)  direct {d['tokens']}  gateway {g['tokens']}; text received identical "
+          f"({len(d['text'])} characters, {d['chunks']} / {g['chunks']} SSE chunks): {same}   "
+          f"tokens lost: {0 if same and d['tokens'] == g['tokens'] else 'SOME'}")
+    print(f"  decode rate     direct {rate['direct']:.1f}  gateway {rate['gateway']:.1f} tok/s   "
+          f"gateway/direct {rate['gateway'] / rate['direct'] * 100:.2f} %   goal ≥ 99 %")
+    one = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall * 100
+    print(f"  gateway CPU during one {args.tok_s:g} tok/s stream: {one:.1f} % of a core")
+
+    # 3. idle keep-alive clients + concurrent streams: RSS and CPU per 1,000 tok/s
+    idle = [httpx.Client(timeout=None) for _ in range(args.idle)]
+    for c in idle:
+        c.get(gateway + "/v1/models", headers={"Authorization": f"Bearer {key}"})
+    rss_idle = gw_proc.memory_info().rss
+    peak = [rss_idle]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.2):
+            peak.append(gw_proc.memory_info().rss)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    counts: list[int] = []
+
+    def one_stream(i: int) -> None:
+        counts.append(stream(gw_c, gateway, key, f"stream {i}", args.stream_tokens)["tokens"])
+
+    cpu0 = gw_proc.cpu_times()
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=one_stream, args=(i,)) for i in range(args.streams)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    wall = time.perf_counter() - t0
+    cpu1 = gw_proc.cpu_times()
+    stop.set()
+    sampler.join()
+    # the idle clients are still connected: their connections must have survived the streams
+    still = sum(c.get(gateway + "/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200 for c in idle)
+    for c in idle:
+        c.close()
+    tok_s = sum(counts) / wall
+    cpu = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / wall * 100
+    print(f"\n{args.idle} idle keep-alive clients + {args.streams} streams of {args.stream_tokens} tokens through the gateway")
+    print(f"  gateway RSS: {rss_idle / 2**20:.1f} MiB with the idle clients, peak {max(peak) / 2**20:.1f} MiB during "
+          f"the streams   goal ≤ 100 MiB")
+    print(f"  throughput {tok_s:.0f} tok/s; gateway CPU {cpu:.1f} % of a core = {cpu / (tok_s / 1000):.1f} % per "
+          f"1,000 tok/s; idle clients still served afterwards: {still}/{args.idle}")
+    direct_c.close()
+    gw_c.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Fixtures for the API gateway tests: the SIMULATED engine in-process, a gateway on a free port in front of
+it (standalone: it probes the engine, as `moet-panel gateway` does), keys in a data dir under a
+home-like path, the real `openai` SDK. Everything started here is stopped at teardown, even on failure."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.backend.gateway.keys import KeyStore
+from app.backend.gateway.proxy import Limits
+from app.backend.gateway.readiness import EngineStatus, EngineStatusSource, ProbeSource
+from app.backend.gateway.server import GatewayConfig, GatewayServer
+from app.backend.simengine import SimEngineConfig, SimEngineServer
+
+SERVED = "deepseek-v4-flash"
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+    """Poll `pred` until truthy (asked at least once); fail naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.2f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def running_requests(sim: SimEngineServer) -> float:
+    """`vllm:num_requests_running` from the engine's own /metrics."""
+    text = urllib.request.urlopen(sim.base_url + "/metrics", timeout=5).read().decode()
+    m = re.search(r"^vllm:num_requests_running(?:\{[^}]*\})? ([0-9.e+-]+)$", text, re.M)
+    assert m, "no vllm:num_requests_running in /metrics"
+    return float(m.group(1))
+
+
+class FixedSource:
+    """An engine status set by the test (the panel's snapshot while switching, for instance)."""
+
+    def __init__(self, status: EngineStatus):
+        self.value = status
+
+    def status(self) -> EngineStatus:
+        return self.value
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+@dataclass
+class Gw:
+    server: GatewayServer
+    keys: KeyStore
+    sim: SimEngineServer | None
+    data: Path
+    created: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.port}"
+
+    def key(self, name: str = "laptop", **kw: Any) -> str:
+        k = self.keys.create(name, **kw).key
+        self.created[name] = k
+        return k
+
+    def client(self, key: str, **kw: Any) -> Any:
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=kw.pop("timeout", 30), **kw)
+
+
+@pytest.fixture
+def home_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir under a home-like path (the user's world), not the temp dir's root."""
+    home = tmp_path_factory.mktemp("home")
+    d = home / ".local" / "share" / "moet-panel" / "data"
+    d.mkdir(parents=True)
+    return d
+
+
+@pytest.fixture
+def make_sim() -> Iterator[Callable[..., SimEngineServer]]:
+    servers: list[SimEngineServer] = []
+
+    def factory(ready: bool = True, **overrides: Any) -> SimEngineServer:
+        fields: dict[str, Any] = {"port": 0, "boot_s": 0.05, "decode_tok_s": 400.0, "seed": 1,
+                                  "env": {"VLLM_MOE_W2": "1", "VLLM_MOE_W2_DELTA_GB": "7",
+                                          "VLLM_MOE_W2_CKPT_ID": "8863d864b7c75cde7493abc5899bdfe9e6dd16f6dab445961416f6e407c842b8"}}
+        fields.update(overrides)
+        server = SimEngineServer(SimEngineConfig(**fields), log=lambda _line: None)
+        servers.append(server)
+        server.start()
+        if ready:
+            assert server.wait_ready(10), "the simulated engine did not become ready"
+        return server
+
+    try:
+        yield factory
+    finally:
+        for s in servers:
+            s.stop()
+
+
+@pytest.fixture
+def make_gateway(home_data: Path, make_sim: Callable[..., SimEngineServer]) -> Iterator[Callable[..., Gw]]:
+    started: list[Gw] = []
+
+    def factory(limits: Limits | None = None, sim: SimEngineServer | None = None, source: EngineStatusSource | None = None,
+                **sim_kw: Any) -> Gw:
+        if sim is None and source is None:
+            sim = make_sim(**sim_kw)
+        keys = KeyStore(home_data / ".moet-panel")
+        src = source or ProbeSource(sim.base_url if sim else "http://127.0.0.1:9", SERVED, interval_s=0.2)
+        server = GatewayServer(GatewayConfig(host="127.0.0.1", port=0, limits=limits or Limits()), keys, src)
+        gw = Gw(server, keys, sim, home_data)
+        started.append(gw)
+        server.start()
+        assert server.wait_started(10), f"gateway did not start: {server.error}"
+        return gw
+
+    try:
+        yield factory
+    finally:
+        for gw in started:
+            gw.server.stop()
+            gw.keys.close()

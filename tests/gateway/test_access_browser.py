@@ -1,0 +1,108 @@
+"""Headless Chromium on the Access tab: switch the gateway on, create a key (shown once), use it with the real
+`openai` SDK through the gateway to the SIMULATED engine (real Docker), see usage and activity, revoke it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import openai
+import pytest
+
+from app.backend.engine.types import EngineState
+from app.backend.settings import Settings
+from tests.conftest import free_port, serving
+from tests.engine.conftest import TEST_LABEL, docker_client, sim_recipe, wait_until  # noqa: F401 (fixture)
+
+pytestmark = [pytest.mark.browser, pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.fixture
+def access_panel(docker_client, tmp_path_factory: pytest.TempPathFactory):  # noqa: F811 (the fixture above)
+    from app.backend.recipe import SIMULATED_RECIPE
+    from app.backend.state import build_app_state
+
+    recipe = sim_recipe(free_port())
+    home = tmp_path_factory.mktemp("home")
+    settings = Settings(SIMULATED_RECIPE, recipe, home / ".local" / "share" / "moet-panel" / "data", True)
+    settings.ensure_state_dir()
+    state = build_app_state(settings)
+    state.engine.options.extra_env = {"MOET_SIM_BOOT_S": "1"}
+    state.engine.options.extra_labels = dict(TEST_LABEL)
+    state.gateway.config = dataclasses.replace(state.gateway.config, port=free_port())
+    try:
+        with serving(state) as panel:
+            yield panel.url, state
+    finally:
+        for c in docker_client.containers.list(all=True, filters={"label": f"moet-panel.recipe={recipe.id}"}):
+            c.remove(force=True)
+
+
+def test_access_tab_switch_create_use_revoke(access_panel, browser) -> None:
+    url, state = access_panel
+    assert state.engine.start("quality").accepted
+    page = browser.new_page(1280, 1100)
+    page.goto(url)
+    page.get_by_role("tab", name="Access").click()
+    page.wait_for_selector('#gw-status[data-state="off"]')
+    page.locator("#gw-switch input").check()
+    page.wait_for_selector('#gw-status[data-state="on"]')
+    gw_url = page.inner_text("#gw-url")
+    assert gw_url == f"http://127.0.0.1:{state.gateway.config.port}/v1"
+    # the snippets carry the address and a placeholder, never a key
+    page.get_by_text("Client snippets").click()
+    page.wait_for_function("() => document.querySelector('#gw-python')?.innerText.includes('YOUR_KEY')")
+    assert gw_url in page.inner_text("#gw-python")
+
+    page.fill("#gw-key-name textarea", "laptop")
+    page.click("#gw-create")
+    page.wait_for_function("() => (document.querySelector('#gw-new-key textarea')?.value || '').startsWith('mpk-')")
+    key = page.input_value("#gw-new-key textarea")
+    assert page.locator("#gw-new-key button[aria-label*='opy'], #gw-new-key button[title*='opy']").count() >= 1
+    page.wait_for_selector("#gw-keys tr[data-key='laptop']")
+
+    wait_until(lambda: state.engine.snapshot().state is EngineState.READY, 60, "the engine ready")
+    with openai.OpenAI(base_url=gw_url, api_key=key, max_retries=0, timeout=30) as c:
+        r = c.chat.completions.create(model="deepseek-v4-flash", messages=[{"role": "user", "content": "hi"}],
+                                      max_tokens=24)
+        chunks = list(c.chat.completions.create(model="deepseek-v4-flash", stream=True, max_tokens=16,
+                                                messages=[{"role": "user", "content": "and a stream"}]))
+    assert r.usage.completion_tokens == 24 and chunks
+    page.wait_for_function("() => document.querySelectorAll('#gw-activity tbody tr').length >= 2", timeout=15_000)
+    (info,) = state.gateway.list_keys()
+    assert (info.usage.requests, info.usage.completion_tokens, info.usage.errors) == (2, 40, 0)
+    assert [a.status for a in state.gateway.activity()] == [200, 200]  # a stream read to its end is no abort
+    page.wait_for_function("() => document.querySelector(\"#gw-keys tr[data-key='laptop']\")?.innerText.includes('40')")
+    browser.snap(page, "access-tab", docs="access")
+
+    # shown once: a fresh page has the key nowhere, and neither does the panel's state dir (a new page,
+    # not a reload: a reload aborts the old page's open requests, which Gradio logs as console errors)
+    assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors
+    page.close()
+    page = browser.new_page(1280, 1100)
+    page.goto(url)
+    page.get_by_role("tab", name="Access").click()
+    page.wait_for_selector("#gw-keys tr[data-key='laptop']")
+    assert key not in page.content()
+    assert not page.locator("#gw-new-key").is_visible()
+    # the reloaded page shows the switch as the gateway is: on
+    page.wait_for_function("() => document.querySelector('#gw-switch input')?.checked === true")
+    state_dir = state.settings.state_dir
+    assert all(key.encode() not in p.read_bytes() for p in state_dir.rglob("*") if p.is_file())
+
+    page.locator("#gw-revoke-name input").click()
+    page.get_by_role("option", name="laptop").click()
+    page.click("#gw-revoke")
+    page.wait_for_function("() => document.querySelector(\"#gw-keys tr[data-key='laptop']\")?.innerText.includes('revoked')")
+    with openai.OpenAI(base_url=gw_url, api_key=key, max_retries=0, timeout=10) as c:
+        wait_until(lambda: _refused(c), 1.0, "the revoked key refused within 1 s")
+    page.locator("#gw-switch input").uncheck()
+    page.wait_for_selector('#gw-status[data-state="off"]')
+    assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors
+
+
+def _refused(c: openai.OpenAI) -> bool:
+    try:
+        c.models.list()
+        return False
+    except openai.AuthenticationError:
+        return True

@@ -1,0 +1,75 @@
+"""app/backend/fileio.py: the atomic, durable file write and the pid lock the backend shares."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.backend import fileio
+from app.backend.fileio import LockBusy, PidLock, atomic_write
+
+
+def test_atomic_write_replaces_the_file_and_leaves_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "journal.json"
+    target.write_bytes(b"old")
+    atomic_write(target, b"new" * 100_000, mode=0o600)
+    assert target.read_bytes() == b"new" * 100_000
+    assert target.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.json"]
+
+
+def test_a_failed_write_keeps_the_old_file_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "journal.json"
+    target.write_bytes(b"old")
+    calls = []
+
+    def full_disk(fd: int, data: object) -> int:
+        calls.append(fd)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fileio.os, "write", full_disk)
+    with pytest.raises(OSError) as info:
+        atomic_write(target, b"new")
+    assert info.value.errno == errno.ENOSPC and calls
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["journal.json"]
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from app.backend.fileio import PidLock
+PidLock(Path(sys.argv[1])).acquire()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_held_lock_names_its_holder_and_goes_with_its_process(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / ".lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(LockBusy) as info:
+            PidLock(path).acquire()
+        assert info.value.holder == str(holder.pid)
+    finally:
+        holder.kill()  # kill -9: the kernel drops the flock with the process
+        holder.wait()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with PidLock(path) as mine:
+                assert path.read_text() == str(os.getpid()) and mine.path == path
+            break
+        except LockBusy:
+            assert time.monotonic() < deadline, "the lock outlived its holder"
+            time.sleep(0.05)
+    PidLock(path).acquire(wait=True).release()  # free again once released
