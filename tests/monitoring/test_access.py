@@ -68,8 +68,10 @@ def authed(tmp_path: Path) -> Iterator[Authed]:
 
 
 def login(client: httpx.Client, url: str) -> None:
+    """Sign in as the panel's page does: the cookie, and the session key as a header from then on."""
     r = client.post(url + "/login", data={"username": "alice", "password": PASSWORD})
     assert r.status_code == 200, r.text
+    client.headers["X-Moet-Session"] = r.headers["x-moet-session-key"]
 
 
 def test_metrics_needs_the_bearer_token_when_the_panel_has_a_login(authed: Authed) -> None:

@@ -76,7 +76,7 @@ def test_thresholds_are_the_panels_own() -> None:
     assert f">= {alerts.ZERO_COVERAGE_SUMMARIES}" in r["MoetPoolEmptyWhileServing"]
     assert f"< on (model_name) {1 - drift.DRIFT_FRACTION:g} *" in r["MoetDecodeBelowCard"]
     assert _rules()["MoetDecodeBelowCard"]["for"] == f"{drift.DRIFT_WINDOW_S:g}s"
-    assert f"> {LoginThrottle().free_failures_address}" in r["MoetLoginFailures"]
+    assert f"> {LoginThrottle().free_client}" in r["MoetLoginFailures"]
     recipe = load_recipe(DEFAULT_RECIPE)
     assert _rules()["MoetEngineBootTooLong"]["for"] == f"{recipe.engine.boot_timeout_s // 60}m"
     for name in ("THERMAL", "POWER"):
