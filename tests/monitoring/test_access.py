@@ -23,7 +23,7 @@ from app.backend.webgate import is_public
 from tests.conftest import free_port
 from tests.security.test_web import concrete, mounted_routes
 
-from .conftest import samples, scrape
+from .conftest import poll, samples, scrape
 
 pytestmark = pytest.mark.slow
 PASSWORD = "correct horse battery"
@@ -124,7 +124,16 @@ def test_without_a_token_file_a_panel_with_a_login_refuses_metrics_and_says_how(
     try:
         r = scrape(p.url, Authorization=f"Bearer {TOKEN}")
         assert r.status_code == 403
-        assert "--metrics-token-file" in r.text and env.METRICS_TOKEN_FILE in r.text
+        assert "--metrics-token-file" in r.text and env.METRICS_TOKEN_FILE in r.text and "--scope metrics" in r.text
+        # a key of scope metrics from the gateway's key store (`moet-panel keys create NAME --scope metrics`)
+        keys = p.state.gateway.keys
+        inference = keys.create("client").key
+        metrics = keys.create("prometheus", scope="metrics").key
+        poll(lambda: scrape(p.url, Authorization=f"Bearer {metrics}").status_code == 200, 10, "the metrics key to open /metrics")
+        assert scrape(p.url, Authorization=f"Bearer {inference}").status_code == 401  # an inference key is not one
+        assert httpx.get(p.url + "/config", headers={"Authorization": f"Bearer {metrics}"}).status_code == 401
+        assert keys.revoke("prometheus")
+        poll(lambda: scrape(p.url, Authorization=f"Bearer {metrics}").status_code == 403, 10, "the revoked key to close it")
     finally:
         p.blocks.close()
         p.state.close()

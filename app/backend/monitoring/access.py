@@ -34,6 +34,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 PATH = "/metrics"
+METRICS_SCOPE = "metrics"  # the key store's scope for it (app/backend/gateway/keys.py SCOPES)
 MIN_TOKEN_CHARS = 32  # `openssl rand -hex 32` gives 64
 
 
@@ -96,18 +97,24 @@ class MetricsRoute:
         if not a.auth_on:
             return None
         counters = self.state.counters
-        if a.token is None:
+        # The gateway's key store (issue 31) issues keys of scope `metrics`: each opens /metrics as the file does.
+        keys = self.state.gateway.keys if self.state.gateway is not None else None
+        if a.token is None and (keys is None or keys.active_count(METRICS_SCOPE) == 0):
             counters.metrics_denied("no_token_file")
             return 403, ("/metrics needs a bearer token while the panel has a login: start the panel with "
-                         f"--metrics-token-file FILE (env {env.METRICS_TOKEN_FILE}); docs/metrics.md#access")
+                         f"--metrics-token-file FILE (env {env.METRICS_TOKEN_FILE}), or create a key with "
+                         "`moet-panel keys create NAME --scope metrics`; docs/metrics.md#access")
         scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
+        given = given.strip()
+        if scheme.lower() != "bearer" or not given:
             counters.metrics_denied("no_token")
-            return 401, "/metrics needs `Authorization: Bearer <token>` (the panel's --metrics-token-file)."
-        if not hmac.compare_digest(given.strip().encode(), a.token.encode()):
-            counters.metrics_denied("bad_token")
-            return 401, "/metrics: wrong bearer token."
-        return None
+            return 401, "/metrics needs `Authorization: Bearer <token>` (--metrics-token-file, or a key of scope metrics)."
+        if a.token is not None and hmac.compare_digest(given.encode(), a.token.encode()):
+            return None
+        if keys is not None and keys.authenticate(given, scope=METRICS_SCOPE) is not None:
+            return None
+        counters.metrics_denied("bad_token")
+        return 401, "/metrics: wrong bearer token."
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http":
