@@ -256,3 +256,35 @@ def test_stop_during_a_long_prefill_is_immediate(make_service) -> None:
         wait_for(lambda: sim.stats.aborted == 1, what="the engine to see the disconnect")
     finally:
         sim.stop()
+
+
+def test_a_send_based_on_an_old_view_is_refused_and_changes_nothing(service) -> None:
+    """Issue 29 item 6: a second tab's send used turns it never showed as context."""
+    from app.backend.chat.client import SamplingParams
+    from app.backend.chat.service import ConversationMoved
+
+    card = SamplingParams(1.0, 1.0, 0.05, 8)
+    conv = service.new_conversation()
+    seen = service.revision(conv.id)  # what a page shows
+    assert service.send(conv.id, "from another tab", card).done.wait(20)
+    assert service.revision(conv.id) > seen
+    with pytest.raises(ConversationMoved, match="changed in another tab"):
+        service.send_composed(conv.id, "stale", card, expected_revision=seen)
+    with pytest.raises(ConversationMoved):
+        service.regenerate(conv.id, card, expected_revision=seen)
+    assert [m.content for m in service.get(conv.id).messages if m.role == "user"] == ["from another tab"]
+    turn, _ = service.send_composed(conv.id, "fresh", card, expected_revision=service.revision(conv.id))
+    assert turn.done.wait(20)
+    before = service.list_revision()
+    service.rename(conv.id, "renamed")
+    assert service.list_revision() > before
+
+
+def test_export_is_named_after_the_whole_title_and_kept_private(service, tmp_path) -> None:
+    conv = service.new_conversation("A rather long conversation title that used to be cut at forty characters")
+    path = service.export_file(conv.id, "md")
+    assert path.parent == service.exports_dir() and path.parent.name == "exports"
+    assert path.name == f"A-rather-long-conversation-title-that-used-to-be-cut-at-forty-characters-{conv.id[:8]}.md"
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+    service.close()  # the browser has its copy: nothing is left behind
+    assert not path.exists()

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
-import tempfile
+import os
 import threading
 import time
 import uuid
@@ -42,12 +41,27 @@ class ChatError(RuntimeError):
     """A chat action cannot be done now; the message says why and what to do."""
 
 
+class ConversationMoved(ChatError):
+    """The conversation changed (another tab or window) since the page that asked last showed it."""
+
+    def __init__(self) -> None:
+        super().__init__("This conversation changed in another tab or window since this page showed it. Its "
+                         "new turns are shown now; your message was not sent and is still in the box: send it again.")
+
+
 def check_size(text: str, what: str) -> None:
     """Refuse a message or system prompt over MAX_MESSAGE_BYTES (every send path calls this)."""
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_MESSAGE_BYTES:
         raise ChatError(f"{what} is {size / 1024:.0f} KiB; the limit is {MAX_MESSAGE_BYTES // 1024} KiB. "
                         "Shorten it, or send a long document in parts.")
+
+
+def export_name(conv: Conversation, fmt: str) -> str:
+    """A file name for an export: the whole title in safe characters (`[A-Za-z0-9._-]`, as
+    app.backend.exports.safe_name) and the id's first 8 characters."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", conv.title).strip("-.") or "chat"  # titles are ≤ 120 characters
+    return f"{slug}-{conv.id[:8]}.{'json' if fmt == 'json' else 'md'}"
 
 
 class ChatService:
@@ -71,7 +85,13 @@ class ChatService:
         self._convs: dict[str, Conversation] = {}
         self._turns: dict[str, Turn] = {}
         self._clients: dict[str, ChatClient] = {}
-        self._export_dir: Path | None = None
+        self._exports_dir = Path(state_dir) / "exports"
+        self._exported: set[Path] = set()  # export files this service wrote: removed at close
+        # Revisions (docs/chat.md#several-tabs): a conversation's bumps when its messages change (a turn
+        # starts, clear, edit, regenerate); the list's when any conversation is added, removed, renamed
+        # or reordered. Pages compare them on their 1 s timer and re-read the store when they moved.
+        self._revs: dict[str, int] = {}
+        self._list_rev = 0
 
     # ---- endpoint and sampling ----------------------------------------------------------------
     def endpoint(self, custom_url: str | None = None) -> Endpoint:
@@ -103,11 +123,32 @@ class ChatService:
     def list_conversations(self) -> list[ConversationSummary]:
         return self._store.list()
 
+    def revision(self, conv_id: str) -> int:
+        """Bumps whenever the conversation's messages change; a page sends with the one it shows."""
+        with self._lock:
+            return self._revs.get(conv_id, 0)
+
+    def list_revision(self) -> int:
+        with self._lock:
+            return self._list_rev
+
+    def _bump(self, conv_id: str | None, messages: bool = True) -> None:
+        with self._lock:
+            if conv_id is not None and messages:
+                self._revs[conv_id] = self._revs.get(conv_id, 0) + 1
+            self._list_rev += 1
+
+    def check_revision(self, conv_id: str, expected: int | None) -> None:
+        """Raise ConversationMoved when the page's view (`expected`) is not the conversation's now."""
+        if expected is not None and expected != self.revision(conv_id):
+            raise ConversationMoved()
+
     def new_conversation(self, title: str = DEFAULT_TITLE, system_prompt: str = "") -> Conversation:
         conv = Conversation(title=title.strip() or DEFAULT_TITLE, system_prompt=system_prompt)
         self._store.create(conv)
         with self._lock:
             self._convs[conv.id] = conv
+        self._bump(conv.id, messages=False)
         return conv
 
     def get(self, conv_id: str) -> Conversation:
@@ -124,6 +165,7 @@ class ChatService:
         conv = self.get(conv_id)
         conv.title = " ".join(title.split())[:120] or DEFAULT_TITLE
         self._store.update_conversation(conv)
+        self._bump(conv_id, messages=False)
         return conv
 
     def set_system_prompt(self, conv_id: str, system_prompt: str) -> None:
@@ -138,6 +180,7 @@ class ChatService:
         self._store.delete(conv_id)
         with self._lock:
             self._convs.pop(conv_id, None)
+        self._bump(conv_id)
 
     def clear(self, conv_id: str) -> Conversation:
         """Remove every message, keep the conversation (title, system prompt)."""
@@ -146,6 +189,7 @@ class ChatService:
         self._store.delete_messages([m.id for m in conv.messages if m.id is not None])
         conv.messages.clear()
         self._store.update_conversation(conv)
+        self._bump(conv_id)
         return conv
 
     # ---- replies ------------------------------------------------------------------------------
@@ -173,19 +217,23 @@ class ChatService:
         return self._start_reply(conv, ep, sampling, extra_body, persist, unsaved=[user])
 
     def send_composed(self, conv_id: str, text: str, sampling: SamplingParams, *, edit: bool = False,
-                      system_prompt: str = "", custom_url: str | None = None) -> tuple[Turn, bool]:
+                      system_prompt: str = "", custom_url: str | None = None,
+                      expected_revision: int | None = None) -> tuple[Turn, bool]:
         """What the chat page's Send does: save the system prompt, then send (or replace the last
         message when editing). Returns the turn and whether this was the conversation's first
-        message (its title changes)."""
+        message (its title changes). `expected_revision`: the revision the page shows; a send from a
+        page that has not seen the conversation's latest turns is refused (ConversationMoved)."""
         check_size(text, "The message")  # before the system prompt is saved: a refused Send changes nothing
+        self.check_revision(conv_id, expected_revision)
         self.set_system_prompt(conv_id, system_prompt)
         first = self.get(conv_id).messages == []
         send = self.edit_last if edit else self.send
         return send(conv_id, text, sampling, custom_url=custom_url), first
 
     def regenerate(self, conv_id: str, sampling: SamplingParams, custom_url: str | None = None,
-                   extra_body: dict[str, Any] | None = None) -> Turn:
+                   extra_body: dict[str, Any] | None = None, expected_revision: int | None = None) -> Turn:
         """Drop the last reply and ask again with the same history."""
+        self.check_revision(conv_id, expected_revision)
         conv, ep = self._prepare(conv_id, custom_url)
         if not any(m.role == "user" for m in conv.messages):
             raise ChatError("Nothing to regenerate yet: send a message first.")
@@ -258,6 +306,7 @@ class ChatService:
                     diagnose=lambda err: self._diagnose(err, ep), checkpoint_s=self._checkpoint_s)
         with self._lock:
             self._turns[conv.id] = turn
+        self._bump(conv.id)
         turn.start()
         try:
             if persist_first is not None:
@@ -317,16 +366,28 @@ class ChatService:
     def export_markdown(self, conv_id: str) -> str:
         return export.to_markdown(self.get(conv_id))
 
+    def exports_dir(self) -> Path:
+        """Where exports for a browser download are written: `<state dir>/exports` (0700), never the
+        shared system temp dir (issue 30: /tmp/gradio was world-readable). The one place the chat
+        names it, to be replaced by the panel-wide exports helper."""
+        folder = self._exports_dir
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if folder.stat().st_mode & 0o077:
+            folder.chmod(0o700)
+        return folder
+
     def export_file(self, conv_id: str, fmt: str) -> Path:
-        """Write an export to a temp file (for a browser download) and return its path."""
+        """Write an export (for a browser download) and return its path. The file is named after the
+        whole title (issue 29: it was cut to 40 characters) plus the id's start, so two chats with
+        one title do not overwrite each other."""
         conv = self.get(conv_id)
         text = export.to_json(conv) if fmt == "json" else export.to_markdown(conv)
+        path = self.exports_dir() / export_name(conv, fmt)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
         with self._lock:
-            if self._export_dir is None:
-                self._export_dir = Path(tempfile.mkdtemp(prefix="moet-panel-chat-"))
-        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", conv.title).strip("-")[:40] or "chat"
-        path = self._export_dir / f"{slug}-{conv.id[:8]}.{'json' if fmt == 'json' else 'md'}"
-        path.write_text(text, encoding="utf-8")
+            self._exported.add(path)
         return path
 
     def import_json(self, text: str) -> Conversation:
@@ -340,6 +401,7 @@ class ChatService:
         self._store.create(conv)
         with self._lock:
             self._convs[conv.id] = conv
+        self._bump(conv.id)
         return conv
 
     def import_file(self, path: str | Path) -> Conversation:
@@ -363,7 +425,7 @@ class ChatService:
         for client in clients:
             client.close()
         self._store.close()
-        with self._lock:  # the export files were handed to the browser already (issue 30: none left in /tmp)
-            export_dir, self._export_dir = self._export_dir, None
-        if export_dir is not None:
-            shutil.rmtree(export_dir, ignore_errors=True)
+        with self._lock:  # the export files were handed to the browser already (issue 30: none left behind)
+            exported, self._exported = self._exported, set()
+        for path in exported:
+            path.unlink(missing_ok=True)
