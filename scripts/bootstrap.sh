@@ -11,6 +11,8 @@ command -v zstd >/dev/null 2>&1 || need_apt+=(zstd)
 command -v tar >/dev/null 2>&1 || need_apt+=(tar)
 if [ "$WANT_TEST" = "test" ]; then
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium fonts-dejavu-core)
+  # promtool and a Prometheus server for tests/monitoring (the tests run their own on a free port)
+  { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || need_apt+=(prometheus)
 fi
 
 pick_python() {
@@ -34,7 +36,17 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "moet-panel setup: installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
+  # No package's service may start here (Debian's prometheus would start a server on :9090 on a host
+  # with an init system): a policy-rc.d that refuses every start, only for this install, unless one exists.
+  policy=/usr/sbin/policy-rc.d; own_policy=""
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null && $SUDO chmod 755 "$policy" && own_policy=1
+  fi
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  if [ -n "$own_policy" ]; then $SUDO rm -f "$policy"; fi
+  if [[ " ${need_apt[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true  # installed for the tests, not as a service
+  fi
   PY="$(pick_python)"
 fi
 

@@ -172,7 +172,7 @@ def launch_state(state: Any, *, auth: Any = None) -> Panel:
 
     try:
         blocks = build_ui(state)
-        url = launch(blocks, "127.0.0.1", free_port(), auth)
+        url = launch(blocks, "127.0.0.1", free_port(), auth, state=state)
     except BaseException:
         state.close()
         raise

@@ -20,6 +20,7 @@ RECIPE = "MOET_PANEL_RECIPE"
 DATA_DIR = "MOET_PANEL_DATA_DIR"
 DEMO = "MOET_PANEL_DEMO"
 AUTH_FILE = "MOET_PANEL_AUTH_FILE"
+METRICS_TOKEN_FILE = "MOET_PANEL_METRICS_TOKEN_FILE"
 ALLOWED_HOSTS = "MOET_PANEL_ALLOWED_HOSTS"
 GPU = "MOET_PANEL_GPU"
 SERVER_NAME = "GRADIO_SERVER_NAME"
@@ -61,6 +62,11 @@ def demo_requested() -> bool:
 
 def auth_file() -> str | None:
     return _get(AUTH_FILE)
+
+
+def metrics_token_file() -> str | None:
+    """The bearer-token file that opens /metrics when the panel has a login (docs/metrics.md#access)."""
+    return _get(METRICS_TOKEN_FILE)
 
 
 def allowed_hosts() -> str:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from app.backend.monitoring.counters import PanelCounters
 from app.backend.settings import Settings
 
 if TYPE_CHECKING:  # types only: the service packages import settings, never this module
@@ -40,6 +41,7 @@ class AppState:
     gpu: GpuReader | None = None  # the one GPU reader, shared by the engine and telemetry
     notifier: Notifier | None = None  # alerts to a person (Apprise), docs/engine.md "Telling a person"
     alerting: AlertService | None = None
+    counters: PanelCounters = field(default_factory=PanelCounters)  # for /metrics (docs/metrics.md)
     _closers: list[Callable[[], object]] = field(default_factory=list, repr=False)
 
     def on_close(self, fn: Callable[[], object]) -> None:
@@ -79,6 +81,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     state.gpu = default_gpu_reader(settings, ref, nvml_reader=nvml_reader)
     engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref, supervise=True)
     state.on_close(engine.close)
+    engine.add_op_listener(state.counters.engine_op)  # switches and restarts, for /metrics
 
     chat = state.chat = ChatService(settings.recipe, settings.ensure_state_dir(), snapshot_fn=engine.snapshot)
     state.on_close(chat.close)

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from app.backend.gateway.keys import KeyInfo, KeyStore, KeyStoreError
+from app.backend.gateway.keys import DEFAULT_SCOPE, SCOPES, KeyInfo, KeyStore, KeyStoreError
 from app.backend.settings import Settings, resolve_settings
 from app.cli.main import add_common
 
@@ -24,6 +24,8 @@ def register(subs: argparse._SubParsersAction) -> None:
     c = ks.add_parser("create", help="create a key; it is printed once and never again")
     c.add_argument("name", help="1-64 letters, digits, '.', '_' or '-'")
     c.add_argument("--expires-days", type=float, metavar="N", help="the key stops working after N days")
+    c.add_argument("--scope", choices=SCOPES, default=DEFAULT_SCOPE, help="inference: the gateway (default); "
+                   "metrics: the panel's /metrics for Prometheus when the panel has a login (docs/metrics.md#access)")
     c.add_argument("--json", action="store_true")
     r = ks.add_parser("revoke", help="revoke a key (a running gateway refuses it within a second)")
     r.add_argument("name")
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     store = KeyStore(cli_settings(args).ensure_state_dir())
     try:
         if args.keys_cmd == "create":
-            created = store.create(args.name, args.expires_days)
+            created = store.create(args.name, args.expires_days, scope=getattr(args, "scope", DEFAULT_SCOPE))
             if args.json:
                 print(json.dumps({"name": created.name, "key": created.key, "scope": created.scope,
                                   "expires": created.expires}))

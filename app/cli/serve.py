@@ -13,7 +13,7 @@ import getpass
 import logging
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ from app.backend.auth import (SESSION_IDLE_S, SESSION_LIFETIME_S, AuthError, Bin
 from app.backend import env
 from app.backend.hostprobe import HostProbe, detect_demo
 from app.backend.service.systemd import sd_notify
+from app.backend.monitoring.access import MetricsTokenError, load_token, token_file
 from app.backend.settings import Settings, resolve_settings
 from app.backend.webgate import parse_allowed_hosts
 from app.cli.main import add_common
@@ -44,6 +45,8 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--allowed-host", metavar="NAME", action="append", default=[],
                    help="also answer to this Host name (a reverse proxy's public name, NAME or NAME:PORT); "
                         f"repeatable; env {env.ALLOWED_HOSTS}=a,b. Loopback names are always allowed")
+    p.add_argument("--metrics-token-file", metavar="FILE", help="with --auth-file: the bearer token that opens /metrics "
+                   f"(and nothing else) for Prometheus (env {env.METRICS_TOKEN_FILE}); docs/metrics.md")
     p.add_argument("--add-user", metavar="NAME", help="add/replace a user in the auth file (password from prompt or stdin) and exit")
     p.set_defaults(func=run)
 
@@ -56,6 +59,7 @@ class Plan:
     port: int
     auth_file: Path | None
     allowed_hosts: tuple[str, ...] = ()  # extra Host names the HTTP gate serves (app.backend.webgate)
+    metrics_token: str | None = field(default=None, repr=False)  # opens /metrics when auth is on
 
 
 def _read_password() -> str:
@@ -81,11 +85,16 @@ def plan(args: argparse.Namespace, probe: HostProbe | None = None, gpu_reader: G
         allowed_hosts = parse_allowed_hosts(",".join([env.allowed_hosts(), *(getattr(args, "allowed_host", None) or [])]))
     except ValueError as exc:
         raise BindingError(str(exc)) from None
+    metrics_file = token_file(getattr(args, "metrics_token_file", None))
+    if metrics_file is not None and auth_file is None:
+        raise AuthError("--metrics-token-file is for a panel with a login (--auth-file); without one, /metrics is "
+                        "open on loopback (docs/metrics.md#access)")
+    metrics_token = load_token(metrics_file) if metrics_file is not None else None  # fail early, say why
     demo_reason = detect_demo(args.demo, probe, gpu_reader)  # one rule for serve and every CLI subcommand
     # demo without a recipe → simulated.toml and the per-user demo data dir (resolve_settings)
     settings = resolve_settings(args.recipe, args.data_dir, demo=bool(demo_reason), demo_reason=demo_reason)
     return Plan(settings=settings, demo_reason=demo_reason, host=host, port=port, auth_file=auth_file,
-                allowed_hosts=allowed_hosts)
+                allowed_hosts=allowed_hosts, metrics_token=metrics_token)
 
 
 def banner(p: Plan, url: str, hub_note: str | None) -> str:
@@ -103,6 +112,9 @@ def banner(p: Plan, url: str, hub_note: str | None) -> str:
     lines.append(f"  hosts    : loopback{''.join(', ' + h for h in p.allowed_hosts)}"
                  + ("  (listening on every address: add --allowed-host NAME for the name browsers use)"
                     if p.host in ("0.0.0.0", "::", "[::]") and not p.allowed_hosts else ""))
+    metrics = "bearer token only (--metrics-token-file)" if p.metrics_token else (
+        "refused: no --metrics-token-file" if p.auth_file else "open on loopback")
+    lines.append(f"  metrics  : {url.rstrip('/')}/metrics — {metrics}")
     if hub_note:
         lines.append(f"  hub      : {hub_note}")
     lines.append("  stop     : Ctrl+C (a running engine container keeps running; the panel adopts it next start)")
@@ -131,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     nvml = NvmlGpuReader()  # the process's one NVML client: the host probe reads it, the app state keeps it
     try:
         p = plan(args, gpu_reader=nvml)
-    except (AuthError, BindingError) as exc:
+    except (AuthError, BindingError, MetricsTokenError) as exc:
         nvml.close()
         print(f"moet-panel: {exc}", file=sys.stderr)
         return 2
@@ -156,10 +168,10 @@ def _serve(p: Plan, nvml: NvmlGpuReader | None = None) -> int:
     state = build_app_state(p.settings, nvml_reader=nvml)
     # Demo downloads: the download service starts the SIMULATED local Hub itself on first use.
     hub_note = "SIMULATED local demo Hub on 127.0.0.1 (started on the first download)" if p.settings.recipe.simulated else None
-    auth = make_checker(load_users(p.auth_file)) if p.auth_file else None
+    auth = make_checker(load_users(p.auth_file), on_failure=state.counters.login_failed) if p.auth_file else None
     demo = build_ui(state)
     try:
-        url = launch(demo, p.host, p.port, auth, allowed_hosts=p.allowed_hosts)
+        url = launch(demo, p.host, p.port, auth, allowed_hosts=p.allowed_hosts, state=state, metrics_token=p.metrics_token)
     except OSError as exc:
         state.close()
         print(f"moet-panel: cannot listen on {p.host}:{p.port} ({exc}). Is another panel running? "

@@ -132,16 +132,23 @@ def _gate_lifespan(policy_for: Callable[[Any], GatePolicy]) -> Callable[[Any], A
 
 
 def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], Any] | None = None,
-           allowed_hosts: tuple[str, ...] = ()) -> str:
+           allowed_hosts: tuple[str, ...] = (), state: AppState | None = None, metrics_token: str | None = None) -> str:
     """Launch without blocking (the caller decides how to wait); returns the local URL. Every
-    request passes app.backend.webgate first (Host/Origin allow-lists, session, CSP)."""
+    request passes app.backend.webgate first (Host/Origin allow-lists, session, CSP). With `state`,
+    the gate also serves /metrics (open without auth, else only to `metrics_token`; docs/metrics.md)."""
     if auth is not None:
         hide_api(blocks)
+    routes: tuple[tuple[str, Any], ...] = ()
+    if state is not None:
+        from app.backend.monitoring.access import PATH, MetricsAccess, MetricsRoute
+
+        routes = ((PATH, MetricsRoute(state, MetricsAccess(auth_on=auth is not None, token=metrics_token))),)
 
     def policy_for(app: Any) -> GatePolicy:
         return GatePolicy(port=port, bind_host=host, allowed_hosts=allowed_hosts,
                           sessions=gradio_session(app) if auth is not None else None, auth_message=AUTH_MESSAGE,
-                          fn_index_ok=lambda index: index in blocks.fns)
+                          fn_index_ok=lambda index: index in blocks.fns,
+                          routes=routes, on_refusal=state.counters.refused if state is not None else None)
 
     # An IPv6 literal goes to Gradio in brackets: it builds its own URLs as f"http://{name}:{port}/".
     server_name = f"[{host.strip('[]')}]" if ":" in host.strip("[]") else host

@@ -77,6 +77,7 @@ def test_transient_fault_is_survived(settings, hub, artifact, tmp_path, fault):
         assert any(s % (128 * 1024) == fault.after_bytes for s in starts), f"no resumed Range in {starts}"
     if fault.kind == "corrupt":
         assert any(e.__class__.__name__ == "PartRetry" and "sha256" in e.reason for e in board.events)
+        assert a.verify_failures == 1  # counted for /metrics (docs/metrics.md)
 
 
 def test_drop_resumes_with_range_from_the_first_missing_byte(settings, hub, tmp_path):
@@ -101,6 +102,7 @@ def test_persistent_corruption_fails_naming_the_part(settings, hub, tmp_path):
     status = {p["name"]: p["status"] for p in journal["parts"]}
     assert status[PART1] == "pending"
     assert a.parts_verified < a.parts_total
+    assert a.verify_failures == 3  # the first fetch and both refetches, counted for /metrics
 
 
 @pytest.mark.parametrize("slice_bytes", [8 << 20, 5000])

@@ -46,7 +46,14 @@ def test_pause_resume_and_double_click(settings, artifact):
         assert snap.artifacts[0].state == ArtifactState.DONE, (snap.error, snap.artifacts[0].reason)
         assert snap.artifacts[0].verified_bytes >= verified_before
         assert mgr.ckpt_check().status == "match"
+        # /metrics' counters (docs/metrics.md): bytes received over both runs (the paused one retired into
+        # the process total), every part verified, no sha256 failure
+        [c] = mgr.counters()
+        total = sum(p.stat().st_size for p in artifact.parts)
+        assert c.state == ArtifactState.DONE and c.parts_verified == c.parts_total == len(artifact.parts)
+        assert c.received_bytes >= total and c.verify_failures == 0
         assert "removed" in mgr.clean()
+        assert mgr.counters()[0].received_bytes == c.received_bytes  # clean retires the board, keeps the count
         assert (settings.data_dir / "planescache").is_dir(), "clean keeps completed artifacts"
     finally:
         mgr.close()

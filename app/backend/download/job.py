@@ -438,6 +438,7 @@ class ArtifactRun:
             self.slots_changed.notify_all()  # an extractor that read ahead into it starts again
         s.sha, s.hashed = None, 0
         self._save(force=True)
+        self.board.add_verify_failure(pid)
         got = h.hexdigest() if off == s.info.size else f"{off} of {s.info.size} bytes"
         if count > self.cfg.corrupt_refetches:
             raise CorruptPartError(

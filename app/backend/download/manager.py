@@ -33,6 +33,20 @@ if TYPE_CHECKING:
 
 
 CANCELLED = "cancelled; downloaded data is kept (Clean partial data removes it)"
+IDLE_COUNTS_TTL_S = 30.0  # /metrics between runs: the journals are read again at most this often
+
+
+@dataclass(frozen=True)
+class ArtifactCounts:
+    """One artifact's download counters for /metrics (docs/metrics.md): memory only, no disk or network."""
+
+    id: str
+    state: ArtifactState
+    received_bytes: int  # bytes off the wire in this panel process, every run summed (retries included)
+    verify_failures: int  # parts that failed sha256 in this panel process
+    parts_verified: int  # parts verified now (the journal's count between runs)
+    parts_total: int
+    size_bytes: int  # compressed, all parts (0 until listed)
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,8 @@ class DownloadManager:
         self._selection: list[str] | None = None
         self._demo: DemoHub | None = None
         self._ckpt: CkptCheck | None = None
+        self._past: dict[str, tuple[int, int]] = {}  # earlier runs' (wire bytes, verify failures), for counters()
+        self._idle: tuple[float, list[ArtifactProgress]] | None = None
 
     # ---- configuration -------------------------------------------------------------------------
     @property
@@ -132,6 +148,7 @@ class DownloadManager:
             specs = [self.settings.recipe.artifact(i) for i in ids]
             self._selection = ids
             self._stop = StopSignal()
+            self._retire_board()
             self._board = ProgressBoard()
             self._error = ""
             self._message = "starting…"
@@ -196,6 +213,7 @@ class DownloadManager:
                 freed = clean_partial(cfg_dest, [a.id for a in self.settings.recipe.artifacts])
         except DownloadError as exc:
             return exc.message
+        self._retire_board()
         self._board = ProgressBoard()
         self._message = f"partial data removed ({freed / GiB:.2f} GiB freed)"
         return self._message
@@ -236,6 +254,32 @@ class DownloadManager:
             verified_bps=overall.verified_bps, extracted_bps=overall.extracted_bps, eta_s=overall.eta_s,
             binding=overall.binding)
 
+    def counters(self) -> list[ArtifactCounts]:
+        """Counters for the /metrics scrape: the run's board, else the journals' picture cached for
+        IDLE_COUNTS_TTL_S; never the network, never a rate sample (docs/metrics.md)."""
+        import time
+
+        arts = self._board.counts()
+        if not arts:
+            now = time.monotonic()
+            if self._idle is None or now - self._idle[0] > IDLE_COUNTS_TTL_S:
+                self._idle = (now, self._idle_rows())
+            arts = self._idle[1]
+        past = dict(self._past)
+        out = []
+        for a in arts:
+            wire, failures = past.get(a.id, (0, 0))
+            out.append(ArtifactCounts(a.id, a.state, wire + a.wire_bytes, failures + a.verify_failures,
+                                      a.parts_verified, a.parts_total, a.total_bytes))
+        return out
+
+    def _retire_board(self) -> None:
+        """Fold the finished board's counters into the process totals before a new board replaces it."""
+        for a in self._board.counts():
+            wire, failures = self._past.get(a.id, (0, 0))
+            self._past[a.id] = (wire + a.wire_bytes, failures + a.verify_failures)
+        self._idle = None
+
     def _list_once(self) -> None:
         """Before the first Start, list the repo once in the background so rows show the listed sizes.
 
@@ -273,6 +317,7 @@ class DownloadManager:
                                         fetched_bytes=total if state == ArtifactState.DONE else verified,
                                         extracted_files=len(j.files_done) if j else 0,
                                         parts_total=len(j.parts) if j else (row.parts if row else 0),
+                                        parts_verified=sum(p.status != PartState.PENDING for p in j.parts) if j else 0,
                                         estimate=int(a.extracted_gib * GiB)))
         return out
 

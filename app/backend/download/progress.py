@@ -177,6 +177,11 @@ class ProgressBoard:
             a.verified_bytes += nbytes
             a.parts_verified += 1
 
+    def add_verify_failure(self, art_id: str) -> None:
+        """One part failed sha256 (it is fetched again; /metrics counts these, docs/metrics.md)."""
+        with self._lock:
+            self._arts[art_id].verify_failures += 1
+
     def add_decoded(self, art_id: str, n: int) -> None:
         with self._lock:
             self._arts[art_id].decoded_bytes += n
@@ -246,6 +251,11 @@ class ProgressBoard:
             return self._disk
 
     # ---- reading -----------------------------------------------------------------------------------
+    def counts(self) -> list[ArtifactProgress]:
+        """Copies of the counters as they stand, without taking a rate sample (the /metrics scrape)."""
+        with self._lock:
+            return [copy.copy(a) for a in self._arts.values()]
+
     def snapshot(self) -> list[ArtifactProgress]:
         now = self._clock()
         with self._lock:

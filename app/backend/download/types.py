@@ -144,6 +144,7 @@ class ArtifactProgress:
     estimate: int = 0  # extracted-size estimate
     reused_parts: int = 0  # parts kept from an earlier run (staged or already extracted)
     staging_bytes: int = 0  # this artifact's staging on disk now
+    verify_failures: int = 0  # parts that failed sha256 in this run (each is fetched again)
 
 
 @dataclass

@@ -120,6 +120,7 @@ class EngineController:
         self._last_exit: Instance | None = None
         d0 = self.desired_store.read()
         self._apply(sm.Supervised(desired=d0.key if d0 else "", restart_policy=self.restart_policy()))
+        self._op_listeners: list[Callable[[Ticket], None]] = []  # told of every finished operation (/metrics counts)
         if self.options.reattach:
             self._reconcile()
             self._start_watch()
@@ -150,6 +151,10 @@ class EngineController:
 
     def add_log_listener(self, cb: Callable[[LogLine], None]) -> Callable[[], None]:
         return self.logs.add_listener(cb)
+
+    def add_op_listener(self, cb: Callable[[Ticket], None]) -> None:
+        """`cb(ticket)` after each operation this process ran has finished (on the operation's thread)."""
+        self._op_listeners.append(cb)
 
     def recent_logs(self, n: int = 250) -> list[LogLine]:
         return self.logs.recent(n)
@@ -395,6 +400,11 @@ class EngineController:
                 self._changed.notify_all()
             self._kick.set()  # re-read Docker now that this process's belief no longer wins
             ticket._done.set()
+            for cb in list(self._op_listeners):
+                try:
+                    cb(ticket)
+                except Exception:  # a listener (the /metrics counters) never breaks an operation
+                    pass
 
     def _op_start(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> None:
         self._reconcile_now()  # Docker may show an engine this snapshot did not know of yet

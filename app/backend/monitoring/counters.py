@@ -1,0 +1,93 @@
+"""Counters of things that happen in the web layer or the engine's operations, kept in the one
+AppState (`state.counters`) and read by the /metrics collector (docs/metrics.md).
+
+Each counter is an int bumped under one lock; readers get a copy. Nothing here imports the web gate,
+the auth module or the engine: they call these methods, so their own edits stay a line each.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+# The gate's refusals by HTTP status (app/backend/webgate.py, in the order it checks): the label a
+# dashboard shows. A status the gate does not use today is counted as "other".
+REFUSAL_REASONS = {421: "host", 400: "forwarding_header", 403: "origin", 404: "unused_route", 405: "method",
+                   401: "no_session", 413: "body_too_large"}
+
+
+class FinishedOp(Protocol):
+    """What the counters read of a finished engine operation (app.backend.engine.ops.Ticket)."""
+
+    action: str
+    ok: bool | None
+    message: str
+
+
+@dataclass
+class PanelCounters:
+    """Monotonic counts since the panel process started (Prometheus handles the reset at a restart)."""
+
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _refusals: Counter[str] = field(default_factory=Counter)
+    _logins: Counter[str] = field(default_factory=Counter)
+    _switches: Counter[str] = field(default_factory=Counter)
+    _restarts: int = 0
+    _metrics_denied: Counter[str] = field(default_factory=Counter)
+
+    # -- writers ---------------------------------------------------------------------------------
+    def refused(self, status: int) -> None:
+        """The web gate refused a request with this status."""
+        with self._lock:
+            self._refusals[REFUSAL_REASONS.get(status, "other")] += 1
+
+    def login_failed(self, reason: str) -> None:
+        """A sign-in failed: "bad_credentials" or "locked_out" (the throttle refused it unchecked)."""
+        with self._lock:
+            self._logins[reason] += 1
+
+    def metrics_denied(self, reason: str) -> None:
+        """A /metrics request without the right bearer token ("no_token", "bad_token", "no_token_file")."""
+        with self._lock:
+            self._metrics_denied[reason] += 1
+
+    def engine_op(self, op: FinishedOp) -> None:
+        """An engine operation finished (the controller's op listener): switches by result, and the
+        restarts the panel made by itself (today the stall restart, docs/engine.md#liveness)."""
+        with self._lock:
+            if op.action == "switch":
+                if op.ok:
+                    result = "ok"
+                elif "cancelled" in op.message:
+                    result = "cancelled"
+                elif "rolled back to" in op.message and "rollback to" not in op.message:
+                    result = "rolled_back"
+                else:
+                    result = "failed"
+                self._switches[result] += 1
+            elif op.action == "restart":
+                self._restarts += 1
+
+    # -- readers ---------------------------------------------------------------------------------
+    def refusals(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._refusals)
+
+    def login_failures(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._logins)
+
+    def metrics_denials(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._metrics_denied)
+
+    def switches(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._switches)
+
+    @property
+    def restarts(self) -> int:
+        with self._lock:
+            return self._restarts
