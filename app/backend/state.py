@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from app.backend.profiles import ProfileRegistry
 from app.backend.settings import Settings
 
 if TYPE_CHECKING:  # types only: the service packages import settings, never this module
@@ -34,7 +35,13 @@ class AppState:
     selftest: SelfTestService | None = None
     abtest: ABRunService | None = None
     gpu: GpuReader | None = None  # the one GPU reader, shared by the engine and telemetry
+    # the one listing of servable profiles (recipe + custom), made from `settings` when not given
+    profiles: ProfileRegistry = field(default=None)  # type: ignore[assignment]
     _closers: list[Callable[[], object]] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.profiles is None:
+            self.profiles = ProfileRegistry(self.settings)
 
     def on_close(self, fn: Callable[[], object]) -> None:
         self._closers.append(fn)
@@ -71,7 +78,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # (engine preflight and release wait, telemetry): made here, injected into both.
     ref: list[EngineController] = []
     state.gpu = default_gpu_reader(settings, ref, nvml_reader=nvml_reader)
-    engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref)
+    engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref, profiles_fn=state.profiles.list)
     state.on_close(engine.close)
 
     chat = state.chat = ChatService(settings.recipe, settings.ensure_state_dir(), snapshot_fn=engine.snapshot)

@@ -24,12 +24,8 @@ def _e(x: Any) -> str:
 
 
 def _profile_label(state: AppState, profile_id: str | None) -> str:
-    if not profile_id:
-        return "no profile"
-    for p in state.settings.recipe.profiles:
-        if p.id == profile_id:
-            return f"#{p.number} {p.title}"
-    return profile_id
+    """"#2 quality / speed (balanced)", custom profiles too (the one registry: app.backend.profiles)."""
+    return state.profiles.label(profile_id)
 
 
 def _vram_cell(frame: TelemetryFrame | None) -> str:

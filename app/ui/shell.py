@@ -4,7 +4,9 @@ tabs share. Tabs import this module, never app.ui.app (which imports the tabs)."
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, TypedDict
+import inspect
+from collections.abc import Callable
+from typing import Any, Literal, TypedDict
 
 import gradio as gr
 
@@ -15,6 +17,33 @@ class Shell:
 
     timer: gr.Timer  # 1 s page timer; tick handlers only read backend caches
     tabs: gr.Tabs | None = None  # set once the Tabs exist (the header is built above them)
+    blocks: gr.Blocks | None = None  # the page, for its load event
+
+    def on_load(self, fn: Callable[..., Any], inputs: list[Any] | None, outputs: list[Any]) -> None:
+        """Run `fn` when a page (or a reload) opens: every list and choice is filled from the backend as it
+        is now, not as it was when the panel built the page (issue 29: runs made since were missing)."""
+        if self.blocks is not None:
+            self.blocks.load(fn, inputs, outputs, **QUICK)
+
+    def on_tab(self, title: str, fn: Callable[..., Any], inputs: list[Any] | None, outputs: list[Any]) -> None:
+        """Run `fn(*inputs)` when the tab `title` is opened; another tab's opening changes nothing."""
+        if self.tabs is None:
+            return
+        n = len(inputs or [])
+
+        def opened(*args: Any) -> Any:
+            evt: gr.SelectData = args[n]
+            if evt.value != title:
+                return gr.skip() if len(outputs) == 1 else tuple(gr.skip() for _ in outputs)
+            return fn(*args[:n])
+
+        # Gradio passes the tab's SelectData to the parameter annotated with it (inspect.signature +
+        # get_type_hints): give the wrapper that signature
+        params = [inspect.Parameter(f"a{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(n)]
+        params.append(inspect.Parameter("evt", inspect.Parameter.POSITIONAL_ONLY, annotation=gr.SelectData))
+        opened.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        opened.__annotations__ = {"evt": gr.SelectData}
+        self.tabs.select(opened, inputs, outputs, **QUICK)
 
 
 class QuickEvent(TypedDict):
@@ -24,3 +53,4 @@ class QuickEvent(TypedDict):
 
 # Handlers that only read backend caches or hand work to a backend thread: no spinner, no queue slot limit.
 QUICK: QuickEvent = {"show_progress": "hidden", "concurrency_limit": None}
+
