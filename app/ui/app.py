@@ -80,6 +80,7 @@ def build_ui(state: AppState) -> gr.Blocks:
                 module = importlib.import_module(name)
                 with gr.Tab(module.TITLE, id=name.rsplit(".", 1)[-1], elem_id=f"tab-{name.rsplit('.', 1)[-1]}"):
                     module.render(state, shell)
+        shell.finish()
     return demo
 
 

@@ -256,15 +256,18 @@ def render(state: AppState, shell: Shell) -> None:
 
     def profile_pick(current: str | None, fallback: int) -> Any:
         now = state.profiles.ids()
-        return gr.Dropdown(choices=now, value=current if current in now else now[min(fallback, len(now) - 1)])
+        if current in now:  # no value: sent back always, it could undo a pick made meanwhile
+            return gr.Dropdown(choices=now)
+        return gr.Dropdown(choices=now, value=now[min(fallback, len(now) - 1)])
 
     def lists(a: str | None, b: str | None, rid: str | None, selected: list[str] | None) -> tuple[Any, ...]:
         """Everything the page lists, as the backend has it now: profiles (a custom one saved since),
         runs (one started from another tab or the CLI, or before a reload), chat conversations. A changed
         run selection redraws its pair (run_sel.change)."""
         runs_now = _runs(svc)
-        return (profile_pick(a, 0), profile_pick(b, 1), gr.Dropdown(choices=runs_now, value=_kept_run(rid, runs_now)),
-                refresh_convs(selected))
+        keep = _kept_run(rid, runs_now)
+        runs_dd = gr.Dropdown(choices=runs_now) if keep == rid else gr.Dropdown(choices=runs_now, value=keep)
+        return profile_pick(a, 0), profile_pick(b, 1), runs_dd, refresh_convs(selected)
 
     def on_load(a: str | None, b: str | None, rid: str | None, selected: list[str] | None) -> tuple[Any, ...]:
         # the pair as it is now, too: the page may have been built long ago

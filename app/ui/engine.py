@@ -170,8 +170,10 @@ def render(state: AppState, shell: Shell) -> None:
         live = snap.profile_id if snap.profile_id in ids and snap.state is not EngineState.STOPPED else None
         pick = live or (pid if pid in ids else state.settings.recipe.recommended_profile.id)
         can_start, can_switch = controls(snap, pick)
-        return (gr.Radio(choices=_choices(state.profiles.list()), value=pick), gr.Button(interactive=can_start),
-                gr.Button(interactive=can_switch))
+        choices = _choices(state.profiles.list())
+        # a value only when it changes: sent back always, it could undo a pick made meanwhile
+        radio = gr.Radio(choices=choices) if pick == pid else gr.Radio(choices=choices, value=pick)
+        return radio, gr.Button(interactive=can_start), gr.Button(interactive=can_switch)
 
     shell.on_load(_lists, [profile], [profile, start_btn, switch_btn])
     shell.on_tab(TITLE, _lists, [profile], [profile, start_btn, switch_btn])

@@ -99,7 +99,8 @@ def render(state: AppState, shell: Shell) -> None:
     def runs_now(current: str | None) -> Any:
         """The saved runs as they are now (a run that ended since the page was built, issue 29)."""
         choices = _sources(ctl)
-        return gr.Dropdown(choices=choices, value=current if current in choices else LIVE)
+        # a value only when the pick is gone: sent back always, it could undo a pick made meanwhile
+        return gr.Dropdown(choices=choices) if current in choices else gr.Dropdown(choices=choices, value=LIVE)
 
     refresh.click(runs_now, [source], [source], **QUICK)
     shell.on_load(runs_now, [source], [source])

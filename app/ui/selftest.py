@@ -138,8 +138,10 @@ def render(state: AppState, shell: Shell) -> None:
 
     def on_tab(pid: str | None) -> tuple[Any, ...]:
         # opened again: the image or a profile may have changed meanwhile; the pick stays the user's
-        pick = pid if pid in registry.ids() else default_profile()
-        return gr.Dropdown(choices=registry.choices(), value=pick), figures_html(svc, registry.list())
+        # a value only when the pick is gone: sent back always, it could undo a pick made meanwhile
+        keep = pid in registry.ids()
+        return (gr.Dropdown(choices=registry.choices()) if keep else
+                gr.Dropdown(choices=registry.choices(), value=default_profile()), figures_html(svc, registry.list()))
 
     shell.on_load(on_load, inputs, [profile, figures, status, result, dl_md, dl_json])
     shell.on_tab(TITLE, on_tab, [profile], [profile, figures])

@@ -3,7 +3,7 @@ tabs share. Tabs import this module, never app.ui.app (which imports the tabs)."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import inspect
 from collections.abc import Callable
 from typing import Any, Literal, TypedDict
@@ -18,12 +18,34 @@ class Shell:
     timer: gr.Timer  # 1 s page timer; tick handlers only read backend caches
     tabs: gr.Tabs | None = None  # set once the Tabs exist (the header is built above them)
     blocks: gr.Blocks | None = None  # the page, for its load event
+    loaders: list[tuple[Callable[..., Any], list[Any], list[Any]]] = field(default_factory=list)
 
     def on_load(self, fn: Callable[..., Any], inputs: list[Any] | None, outputs: list[Any]) -> None:
         """Run `fn` when a page (or a reload) opens: every list and choice is filled from the backend as it
-        is now, not as it was when the panel built the page (issue 29: runs made since were missing)."""
-        if self.blocks is not None:
-            self.blocks.load(fn, inputs, outputs, **QUICK)
+        is now, not as it was when the panel built the page (issue 29: runs made since were missing).
+        All tabs' loaders run as ONE event (`finish`): one request per page open, one atomic redraw."""
+        self.loaders.append((fn, list(inputs or []), list(outputs)))
+
+    def finish(self) -> None:
+        """Register the page's one load event (after every tab has added its loaders). Its last output,
+        `#moet-loaded[data-loaded=1]`, tells a test (or a script) the page now shows the backend's state."""
+        if self.blocks is None:
+            return
+        marker = gr.HTML('<div data-loaded="0"></div>', elem_id="moet-loaded", visible="hidden")
+        loaders = list(self.loaders)
+        inputs = [c for _, ins, _ in loaders for c in ins]
+        outputs = [c for _, _, outs in loaders for c in outs]
+
+        def load_all(*values: Any) -> tuple[Any, ...]:
+            out: list[Any] = []
+            at = 0
+            for fn, ins, outs in loaders:
+                got = fn(*values[at:at + len(ins)])
+                at += len(ins)
+                out.extend(got if len(outs) > 1 else (got,))
+            return (*out, '<div data-loaded="1"></div>')
+
+        self.blocks.load(load_all, inputs, [*outputs, marker], **QUICK)
 
     def on_tab(self, title: str, fn: Callable[..., Any], inputs: list[Any] | None, outputs: list[Any]) -> None:
         """Run `fn(*inputs)` when the tab `title` is opened; another tab's opening changes nothing."""

@@ -48,3 +48,13 @@ def tracebacks(log: str) -> list[str]:
 
 def own_mode(path: Path) -> int:
     return os.stat(path).st_mode & 0o777
+
+
+def open_panel(page: object, url: str | None = None) -> None:
+    """Open (or, without `url`, reload) the panel and wait for its load event: the page then shows the
+    backend's state (lists, choices), not the state of when the panel built it."""
+    if url is None:
+        page.reload()  # type: ignore[attr-defined]
+    else:
+        page.goto(url)  # type: ignore[attr-defined]
+    page.wait_for_selector('#moet-loaded [data-loaded="1"]', state="attached")  # type: ignore[attr-defined]
