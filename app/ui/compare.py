@@ -300,4 +300,4 @@ def render(state: AppState, shell: Shell) -> None:
             return (*views(rid), now.value)
         return (*(gr.skip() for _ in range(6)), now.value)
 
-    shell.timer.tick(tick, [run_sel, seen], [*view_out, seen], trigger_mode="once", **QUICK)
+    shell.on_tick(tick, [run_sel, seen], [*view_out, seen])

@@ -13,7 +13,7 @@ from app.backend.download.manager import DownloadManager
 from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadSnapshot
 from app.backend.state import AppState
 from app.backend.units import duration_text, gib_text
-from app.ui.shell import QUICK, Shell
+from app.ui.shell import Shell
 
 TITLE = "Downloads"
 
@@ -129,4 +129,4 @@ def render(state: AppState, shell: Shell) -> None:
                     (refresh, dl.refresh), (clean, dl.clean)):
         btn.click(fn, outputs=status, concurrency_limit=None, api_visibility="private").then(lambda: _tick(dl), outputs=outs)
     save.click(lambda t: ("", dl.save_token(t or "")), inputs=token, outputs=[token, token_msg], api_visibility="private")
-    shell.timer.tick(lambda: _tick(dl), outputs=outs, api_visibility="private", **QUICK)
+    shell.on_tick(lambda: _tick(dl), None, outs)

@@ -169,11 +169,11 @@ def render(state: AppState, shell: Shell) -> None:
         ids = state.profiles.ids()
         live = snap.profile_id if snap.profile_id in ids and snap.state is not EngineState.STOPPED else None
         pick = live or (pid if pid in ids else state.settings.recipe.recommended_profile.id)
-        can_start, can_switch = controls(snap, pick)
         choices = _choices(state.profiles.list())
-        # a value only when it changes: sent back always, it could undo a pick made meanwhile
-        radio = gr.Radio(choices=choices) if pick == pid else gr.Radio(choices=choices, value=pick)
-        return radio, gr.Button(interactive=can_start), gr.Button(interactive=can_switch)
+        if pick == pid:  # no value, nor buttons: sent back always, they could undo a pick made meanwhile
+            return gr.Radio(choices=choices), gr.skip(), gr.skip()
+        can_start, can_switch = controls(snap, pick)
+        return gr.Radio(choices=choices, value=pick), gr.Button(interactive=can_start), gr.Button(interactive=can_switch)
 
     shell.on_load(_lists, [profile], [profile, start_btn, switch_btn])
     shell.on_tab(TITLE, _lists, [profile], [profile, start_btn, switch_btn])
@@ -203,8 +203,7 @@ def render(state: AppState, shell: Shell) -> None:
         radio = gr.Radio(value=snap.profile_id) if live else gr.skip()
         return (*head, radio, "", gr.Button(interactive=can_start), gr.Button(interactive=can_switch), key)
 
-    shell.timer.tick(_tick, [stream, needle, seen], [status, diag, logbox, profile, action, start_btn, switch_btn, seen],
-                     trigger_mode="once", **QUICK)
+    shell.on_tick(_tick, [stream, needle, seen], [status, diag, logbox, profile, action, start_btn, switch_btn, seen])
     needle.submit(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
     stream.change(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
 

@@ -113,4 +113,4 @@ def render(state: AppState, shell: Shell) -> None:
             return gr.skip()
         return show(src, st, text, pr)
 
-    shell.timer.tick(tick, inputs + [follow], [box], trigger_mode="once", **QUICK)
+    shell.on_tick(tick, inputs + [follow], [box])

@@ -158,5 +158,4 @@ def render(state: AppState, shell: Shell) -> None:
         return (status_html(svc, pid, n, t, nd), follow, figures_html(svc, registry.list()), result_md(svc, pid),
                 *exports(svc, pid), now.value)
 
-    shell.timer.tick(tick, inputs + [seen], [status, profile, figures, result, dl_md, dl_json, seen], trigger_mode="once",
-                     **QUICK)
+    shell.on_tick(tick, inputs + [seen], [status, profile, figures, result, dl_md, dl_json, seen])
