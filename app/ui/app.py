@@ -74,7 +74,9 @@ def build_ui(state: AppState) -> gr.Blocks:
         # The header strip sits above the tabs; it needs the shared timer but not the Tabs object.
         shell = Shell(timer=timer, blocks=demo)
         header.render(state, shell)
-        with gr.Tabs(elem_id="main-tabs") as tabs:
+        # "wrap": on a narrow window every tab stays in sight on a second row (Gradio's default hid five of
+        # the eight behind "…" at 420 px, issue 29)
+        with gr.Tabs(elem_id="main-tabs", overflow_behavior="wrap") as tabs:
             shell.tabs = tabs
             for name in TABS:
                 module = importlib.import_module(name)

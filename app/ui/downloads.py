@@ -91,13 +91,26 @@ def disk_html(snap: DownloadSnapshot) -> str:
             f"needed <b>{gib_text(d.needed)}</b>{budget}{peak}{warn}</p></div>")
 
 
+def idle_text(snap: DownloadSnapshot) -> str:
+    """The status line when nothing runs, agreeing with the rows' badges (issue 29: "Idle." beside "queued")."""
+    states = [a.state for a in snap.artifacts]
+    if not states:
+        return "Idle: no artifact listed yet (Check repo)."
+    if all(st is ArtifactState.DONE for st in states):
+        return "Idle: every artifact is downloaded and verified."
+    waiting = sum(st is ArtifactState.QUEUED for st in states)
+    if waiting:
+        return f"Idle: {waiting} artifact{'s' if waiting != 1 else ''} queued, not started — press Start."
+    return "Idle: press Resume to continue, or Start."
+
+
 def _tick(dl: DownloadManager) -> tuple[str, str, str, str]:
     snap = dl.snapshot()
     ck = dl.ckpt_check()
     ck_html = (f'<div class="moet-dl"><p>ckpt-id check (planescache meta.json vs recipe pin): '
                f'<span class="st {"done" if ck.status == "match" else "failed" if ck.status == "mismatch" else "queued"}">'
                f"{ck.status.replace('_', ' ')}</span> {html.escape(ck.message)}</p></div>")
-    status = f"**Error:** {snap.error}" if snap.error else (snap.message or "Idle.")
+    status = f"**Error:** {snap.error}" if snap.error else (snap.message or idle_text(snap))
     return artifacts_html(snap), disk_html(snap), ck_html, status
 
 
