@@ -80,22 +80,31 @@ class Panel:
         subprocess.run([sys.executable, "-m", "app.cli.main", *args, "--demo", "--recipe", str(self.recipe)],
                        cwd=self.root, env=self.env, check=True, stdout=subprocess.DEVNULL, timeout=300)
 
-    def stack_snapshot(self) -> dict[str, float]:
+    def stack_snapshot(self) -> tuple[int | None, dict[str, float]]:
         self.stacks.unlink(missing_ok=True)
         self.proc.send_signal(signal.SIGUSR1)
         deadline = time.monotonic() + 10
         while not self.stacks.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.1)
-        return {r["stack"]: r["cpu_s"] for r in json.loads(self.stacks.read_text())} if self.stacks.exists() else {}
+        time.sleep(0.2)
+        if not self.stacks.exists():
+            return None, {}
+        data = json.loads(self.stacks.read_text())
+        return data["sampler_tid"], {r["stack"]: r["cpu_s"] for r in data["stacks"]}
+
+    def cpu_s(self, leave_out: int | None) -> float:
+        """The panel's CPU seconds so far, the bench's own sampler thread left out."""
+        t = self.ps.cpu_times()
+        own = next((th.user_time + th.system_time for th in self.ps.threads() if th.id == leave_out), 0.0)
+        return t.user + t.system - own
 
     def measure(self, seconds: float) -> tuple[float, dict[str, float]]:
-        before = self.stack_snapshot()
-        t0, c0 = time.monotonic(), self.ps.cpu_times()
+        sampler, before = self.stack_snapshot()
+        t0, c0 = time.monotonic(), self.cpu_s(sampler)
         time.sleep(seconds)
-        c1, t1 = self.ps.cpu_times(), time.monotonic()
-        after = self.stack_snapshot()
-        pct = 100 * ((c1.user - c0.user) + (c1.system - c0.system)) / (t1 - t0)
+        c1, t1 = self.cpu_s(sampler), time.monotonic()
+        _, after = self.stack_snapshot()
+        pct = 100 * (c1 - c0) / (t1 - t0)
         diff = {k: round(v - before.get(k, 0.0), 2) for k, v in after.items() if v - before.get(k, 0.0) > 0}
         return pct, diff
 

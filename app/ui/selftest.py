@@ -36,9 +36,12 @@ def figures_html(svc: SelfTestService, profiles: list[ProfileSpec]) -> str:
             box = html.escape(st.line)
             note = html.escape(st.verdict) + (f' <b class="st-stale">— {html.escape(st.stale)}: run it again</b>'
                                               if st.stale else "")
-        rows.append(f'<tr data-profile="{html.escape(p.id)}"><td>{p.number} · {html.escape(p.title)}</td>'
-                    f"<td>{card}</td><td>{box}</td><td>{note}</td></tr>")
-    return ('<table class="moet-table" id="st-figures-table"><thead><tr><th>profile</th><th>card decode</th>'
+        empty = "" if note else ' class="empty"'
+        # data-label: a narrow window shows each row as a card, each cell under its column's name (panel.css)
+        rows.append(f'<tr data-profile="{html.escape(p.id)}"><td data-label="profile">{p.number} · {html.escape(p.title)}</td>'
+                    f'<td data-label="card decode">{card}</td><td data-label="this box">{box}</td>'
+                    f'<td data-label="verdict"{empty}>{note}</td></tr>')
+    return ('<table class="moet-table moet-stack" id="st-figures-table"><thead><tr><th>profile</th><th>card decode</th>'
             "<th>this box</th><th>verdict</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
