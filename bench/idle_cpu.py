@@ -1,6 +1,6 @@
 """Benchmark: the idle panel's CPU (issue 29), as `moet-panel serve --demo` runs it, in four states:
 
-    .venv/bin/python bench/idle_cpu.py [--seconds 20] [--baseline REF]
+    .venv/bin/python bench/idle_cpu.py [--seconds 20] [--baseline REF] [--engine stopped|ready|both] [--no-browser]
 
   1. no browser, engine stopped        2. one browser tab per view (8 pages), engine stopped
   3. no browser, engine ready          4. one browser tab per view, engine ready (SIMULATED engine, Docker)
@@ -127,7 +127,8 @@ def open_views(pw: Any, url: str) -> Any:
     return browser
 
 
-def run(root: Path, seconds: float) -> dict[str, tuple[float, dict[str, float]]]:
+def run(root: Path, seconds: float, engines: tuple[str, ...] = ("stopped", "ready"),
+        browser_too: bool = True) -> dict[str, tuple[float, dict[str, float]]]:
     from playwright.sync_api import sync_playwright
 
     results: dict[str, tuple[float, dict[str, float]]] = {}
@@ -138,11 +139,13 @@ def run(root: Path, seconds: float) -> dict[str, tuple[float, dict[str, float]]]
         try:
             time.sleep(5)  # start-up work settles
             with sync_playwright() as pw:
-                for engine in ("stopped", "ready"):
+                for engine in engines:
                     if engine == "ready":
                         panel.cli("engine", "start", "--profile", "quality")
                         time.sleep(5)
                     results[f"no browser, engine {engine}"] = panel.measure(seconds)
+                    if not browser_too:
+                        continue
                     browser = open_views(pw, panel.url)
                     time.sleep(3)
                     results[f"{len(TABS)} browser tabs (one per view), engine {engine}"] = panel.measure(seconds)
@@ -165,6 +168,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--baseline", metavar="REF", help="also measure this git ref (e.g. main) in the same run")
     ap.add_argument("--stacks", type=int, default=6, help="top stacks shown per state")
+    ap.add_argument("--engine", choices=["stopped", "ready", "both"], default="both", help="engine states to measure")
+    ap.add_argument("--no-browser", action="store_true", help="only the states without a browser")
     a = ap.parse_args()
     sides = {"this tree": ROOT}
     base_dir = None
@@ -174,7 +179,8 @@ def main() -> None:
                        stdout=subprocess.DEVNULL)
         sides = {f"baseline {a.baseline}": base_dir, "this tree": ROOT}
     try:
-        table = {name: run(root, a.seconds) for name, root in sides.items()}
+        engines = ("stopped", "ready") if a.engine == "both" else (a.engine,)
+        table = {name: run(root, a.seconds, engines, not a.no_browser) for name, root in sides.items()}
     finally:
         if base_dir is not None:
             subprocess.run(["git", "worktree", "remove", "--force", str(base_dir)], cwd=ROOT, check=False)
