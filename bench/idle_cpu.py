@@ -8,8 +8,8 @@
 Prints the panel process's CPU as % of one core (user+system, psutil) per state, and where it goes: a
 CPU-weighted stack sample of the panel's threads (bench/idle_cpu_probe.py; py-spy is not on this box).
 Goal (issue 29): no browser + engine ready ≤ 2% of a core. Figures only, no assertion; the box is shared,
-so run it more than once. `--baseline REF`: the same run for a git ref (a `git worktree` of REF in a temp
-dir) side by side, same machine, same minute.
+so run it more than once. `--baseline REF`: the same run for a git ref (REF's files in a temp
+dir, from `git archive`) side by side, same machine, same minute.
 
 The data dir is a fresh per-user demo dir under a temp XDG_DATA_HOME; the engine uses its own recipe id
 and a free port (nothing of another panel is touched) and is removed at the end.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -174,16 +175,16 @@ def main() -> None:
     sides = {"this tree": ROOT}
     base_dir = None
     if a.baseline:
-        base_dir = Path(tempfile.mkdtemp(prefix="moet-idle-base-"))
-        subprocess.run(["git", "worktree", "add", "--detach", str(base_dir), a.baseline], cwd=ROOT, check=True,
-                       stdout=subprocess.DEVNULL)
+        base_dir = Path(tempfile.mkdtemp(prefix="moet-idle-base-"))  # the ref's files (git archive), no worktree
+        archive = subprocess.run(["git", "archive", a.baseline], cwd=ROOT, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(base_dir)], input=archive, check=True)
         sides = {f"baseline {a.baseline}": base_dir, "this tree": ROOT}
     try:
         engines = ("stopped", "ready") if a.engine == "both" else (a.engine,)
         table = {name: run(root, a.seconds, engines, not a.no_browser) for name, root in sides.items()}
     finally:
         if base_dir is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base_dir)], cwd=ROOT, check=False)
+            shutil.rmtree(base_dir, ignore_errors=True)
     print(f"\nidle panel CPU, % of one core over {a.seconds:.0f} s (shared {os.cpu_count()}-core box: noisy)")
     states = list(next(iter(table.values())))
     print(f"{'state':48s}" + "".join(f"{n:>22s}" for n in table))
