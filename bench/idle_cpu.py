@@ -172,6 +172,8 @@ def main() -> None:
     ap.add_argument("--engine", choices=["stopped", "ready", "both"], default="both", help="engine states to measure")
     ap.add_argument("--no-browser", action="store_true", help="only the states without a browser")
     a = ap.parse_args()
+    # a SIGTERM (timeout, Ctrl+C from a wrapper) still runs the clean-up: the panel and engine are stopped
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     sides = {"this tree": ROOT}
     base_dir = None
     if a.baseline:
