@@ -17,7 +17,10 @@ import pytest
 from app.backend.abtest.journal import Generation, Journal, new_spec
 from app.backend.selftest.store import ResultsStore
 from app.backend.selftest.types import DecodeRun, NeedleOutcome, SelfTestResult
-from tests.conftest import BrowserSession, close_panel, launch_panel
+from app.backend.recipe import SIMULATED_RECIPE
+from app.backend.settings import resolve_settings
+from app.backend.state import build_app_state
+from tests.conftest import BrowserSession, close_panel, launch_panel, launch_state
 from tests.journey.conftest import open_panel, own_mode, tracebacks, user_data_dir
 
 pytestmark = [pytest.mark.browser]
@@ -68,7 +71,9 @@ def test_selftest_and_ab_results_reach_the_browser_from_a_home_data_dir(browser:
     gradio_tmp = Path(tempfile.gettempdir()) / "gradio"
     before = set(gradio_tmp.rglob("*")) if gradio_tmp.exists() else set()
     with user_data_dir() as data:
-        panel = launch_panel(data)
+        settings = resolve_settings(SIMULATED_RECIPE, data, demo=True, demo_reason="no usable NVIDIA GPU (test)")
+        settings.ensure_state_dir()
+        panel = launch_state(build_app_state(settings))
         state_dir = panel.state.settings.state_dir
         web_tmp = state_dir / f"gradio-{os.getpid()}"
         try:
@@ -77,6 +82,15 @@ def test_selftest_and_ab_results_reach_the_browser_from_a_home_data_dir(browser:
             run_id = _generated_run(state_dir)
             page = browser.new_page(1280, 1000)
             open_panel(page, panel.url)
+
+            # the demo banner's every line readable in dark mode too: its own dark text on its own light yellow
+            dark = browser.new_page(1280, 600)
+            open_panel(dark, panel.url + "/?__theme=dark")
+            assert dark.evaluate("document.body.classList.contains('dark')")
+            colours = dark.evaluate("[...document.querySelectorAll('#sim-banner .moet-sim-banner, #sim-banner small')]"
+                                    ".map(e => getComputedStyle(e).color)")
+            assert len(colours) == 2 and set(colours) == {"rgb(92, 68, 0)"}, colours  # the "Why demo mode" line too
+            dark.context.close()
 
             # Self-test: the stored result, shown and exported (Markdown and JSON)
             page.get_by_role("tab", name="Self-test").click()
