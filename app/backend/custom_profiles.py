@@ -9,12 +9,15 @@ the ones the card has findings about.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 from pydantic import ValidationError
@@ -365,8 +368,19 @@ def form_from_profile(recipe: Recipe, profile: ProfileSpec) -> EditorForm:
     )
 
 
-def knobs_from_form(recipe: Recipe, base: ProfileSpec, form: EditorForm) -> Knobs:
-    """Apply the form to the base profile's effective env/args. Raises CustomProfileError on bad input."""
+def knobs_from_form(recipe: Recipe, base: ProfileSpec, form: EditorForm, *, strict: bool = False) -> Knobs:
+    """Apply the form to the base profile's effective env/args. Raises CustomProfileError naming every
+    problem of the form at once, not only the first (issue 29). `strict` (the editor's Save and Check):
+    also refuse what the card rules out or the engine would reject only at start (`_sane_args`); the
+    builder alone accepts those, so hostile values can be tested as they reach the command."""
+    problems: list[str] = []
+
+    def check(fn: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except CustomProfileError as exc:
+            problems.append(str(exc))
+
     current = knobs_of(recipe, base)
     env = dict(current.env)
     for name, raw in ((POLICY_ENV, form.policy), (HYST_ENV, form.promo_hyst), (PROMOTE_ENV, form.delta_promote), (POOL_ENV, form.delta_gb)):
@@ -374,37 +388,73 @@ def knobs_from_form(recipe: Recipe, base: ProfileSpec, form: EditorForm) -> Knob
         if not value:
             env.pop(name, None)
         elif name != POLICY_ENV and not is_ascii_number(value):
-            raise CustomProfileError(f"{name} must be a whole number in ASCII digits 0-9 (or blank to leave it unset), got {value[:32]!r}")
+            problems.append(f"{name} must be a whole number in ASCII digits 0-9 (or blank to leave it unset), got {value[:32]!r}")
         else:
             env[name] = value
     if form.policy and form.policy not in ("freq", "need"):
-        raise CustomProfileError(f"{POLICY_ENV} must be freq or need")
+        problems.append(f"{POLICY_ENV} must be freq or need")
     env[GATE_ENV] = "1" if form.gate else "0"
     # Split on newlines only: a U+2028 or U+0085 inside a value must be refused by name, not split a line.
     lines = [ln for ln in (form.extra_env or "").split("\n") if ln.strip(" \t\r")]
     if len(lines) > MAX_ENV_LINES:
-        raise CustomProfileError(f"other env: {len(lines)} lines; at most {MAX_ENV_LINES} changes")
+        problems.append(f"other env: {len(lines)} lines; at most {MAX_ENV_LINES} changes")
+        lines = []
     for no, line in enumerate(lines, 1):
         line = line.strip(" \t\r")
         if not line or line.startswith("#"):
             continue
         if line.startswith("-"):
-            _check_env_change(line[1:], None)
+            check(_check_env_change, line[1:], None)
             env.pop(line[1:], None)
             continue
         name, sep, value = line.partition("=")
         if not sep:
-            raise CustomProfileError(f"other env, line {no}: expected NAME=value or -NAME, got {line[:64]!r}")
-        _check_env_change(name.strip(), value, expert=form.expert)
-        env[name.strip()] = value
+            problems.append(f"other env, line {no}: expected NAME=value or -NAME, got {line[:64]!r}")
+            continue
+        name = name.strip()
+        check(_check_env_change, name, value, expert=form.expert)
+        env[name] = value
     args = dict(current.args)
     args["--max-model-len"] = (form.max_model_len or "").strip() or None
     args["--enforce-eager"] = "" if form.enforce_eager else None
     args["--speculative-config"] = (form.speculative or "").strip() or None
     args["--max-num-seqs"] = (form.max_num_seqs or "").strip() or None
+    for flag in ("--max-model-len", "--max-num-seqs", "--speculative-config"):
+        check(_check_arg, flag, args[flag])
+    if strict:
+        problems += _sane_args(recipe, args)
+    if problems:
+        raise CustomProfileError(problems[0] if len(problems) == 1 else
+                                 f"{len(problems)} problems: " + " · ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
     return Knobs(env=env, args=args)
 
 
-def profile_from_form(recipe: Recipe, base: ProfileSpec, name: str, form: EditorForm, taken_ids: set[str]) -> ProfileSpec:
-    knobs = knobs_from_form(recipe, base, form)
+def _sane_args(recipe: Recipe, args: dict[str, str | None]) -> list[str]:
+    """Values the engine would take but the card rules out, or the engine would reject only at start."""
+    out = []
+    ceiling = recipe.context.validated_max_tokens  # the card's validated window (assets/recipes/*.toml)
+    mml = args.get("--max-model-len")
+    if mml is None:
+        out.append(f"--max-model-len needs a value: unset, the engine serves the model's whole window, past the "
+                   f"card's validated {ceiling:,} tokens")
+    elif is_ascii_number(mml) and not 1 <= int(mml) <= ceiling:
+        out.append(f"--max-model-len {mml} is outside 1–{ceiling:,}: the card validated {ceiling:,} tokens as the ceiling")
+    seqs = args.get("--max-num-seqs")
+    if seqs is not None and is_ascii_number(seqs) and int(seqs) < 1:
+        out.append("--max-num-seqs must be at least 1 (0 would let the engine serve no request)")
+    spec = args.get("--speculative-config")
+    if spec is not None and spec.strip():
+        try:
+            parsed = json.loads(spec)
+        except ValueError as exc:
+            out.append(f"--speculative-config must be a JSON object, e.g. {{\"method\": \"mtp\", \"num_speculative_tokens\": 1}}: {exc}")
+        else:
+            if not isinstance(parsed, dict):
+                out.append("--speculative-config must be a JSON object ({...}), not " + type(parsed).__name__)
+    return out
+
+
+def profile_from_form(recipe: Recipe, base: ProfileSpec, name: str, form: EditorForm, taken_ids: set[str],
+                      *, strict: bool = False) -> ProfileSpec:
+    knobs = knobs_from_form(recipe, base, form, strict=strict)
     return make_custom_profile(recipe, base, name, knobs.env, knobs.args, taken_ids, expert=form.expert)

@@ -25,6 +25,7 @@ ALLOWED_HOSTS = "MOET_PANEL_ALLOWED_HOSTS"
 GPU = "MOET_PANEL_GPU"
 SERVER_NAME = "GRADIO_SERVER_NAME"
 SERVER_PORT = "GRADIO_SERVER_PORT"
+WEB_TEMP_DIR = "GRADIO_TEMP_DIR"
 HF_TOKEN = "HF_TOKEN"
 HF_TOKEN_LEGACY = "HUGGING_FACE_HUB_TOKEN"
 HF_ENDPOINT = "HF_ENDPOINT"
@@ -179,6 +180,14 @@ def inherited(names: Iterable[str] = (), prefixes: tuple[str, ...] = ()) -> dict
 def whole() -> dict[str, str]:
     """A copy of the whole environment, for a child that needs it as the user's shell has it (docker build)."""
     return dict(os.environ)
+
+
+def point_web_temp_dir(path: Path) -> None:
+    """Point Gradio's upload/cache folder (GRADIO_TEMP_DIR) at the panel's own per-process folder under
+    its 0700 state dir (app/backend/exports.py), never the shared /tmp/gradio. Always set, a user's value
+    included: files handed to the browser must stay private to this panel (docs/ui-and-safety.md). Gradio
+    reads it when a component or the web app is built, so this runs before the UI is built."""
+    os.environ[WEB_TEMP_DIR] = str(path)
 
 
 def set_default(name: str, value: str) -> None:

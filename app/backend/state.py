@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app.backend.monitoring.counters import PanelCounters
+from app.backend.profiles import ProfileRegistry
 from app.backend.settings import Settings
 
 if TYPE_CHECKING:  # types only: the service packages import settings, never this module
@@ -42,7 +43,13 @@ class AppState:
     notifier: Notifier | None = None  # alerts to a person (Apprise), docs/engine.md "Telling a person"
     alerting: AlertService | None = None
     counters: PanelCounters = field(default_factory=PanelCounters)  # for /metrics (docs/metrics.md)
+    # the one listing of servable profiles (recipe + custom), made from `settings` when not given
+    profiles: ProfileRegistry = field(default=None)  # type: ignore[assignment]
     _closers: list[Callable[[], object]] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.profiles is None:
+            self.profiles = ProfileRegistry(self.settings)
 
     def on_close(self, fn: Callable[[], object]) -> None:
         self._closers.append(fn)
@@ -79,7 +86,8 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # (engine preflight and release wait, telemetry): made here, injected into both.
     ref: list[EngineController] = []
     state.gpu = default_gpu_reader(settings, ref, nvml_reader=nvml_reader)
-    engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref, supervise=True)
+    engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref, profiles_fn=state.profiles.list,
+                                                   supervise=True)
     state.on_close(engine.close)
     engine.add_op_listener(state.counters.engine_op)  # switches and restarts, for /metrics
 

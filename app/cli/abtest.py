@@ -13,12 +13,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from app.backend.settings import resolve_settings
-from app.cli.main import add_common
+from app.cli.main import add_common, settings_from
 
 
 def register(subs: argparse._SubParsersAction) -> None:
@@ -41,14 +41,14 @@ def register(subs: argparse._SubParsersAction) -> None:
                            ("rubric", "set the rubric shown beside every pair")):
         q = sub.add_parser(name, help=helptext)
         q.add_argument("run_id")
-        if name == "reveal":
-            q.add_argument("--json", action="store_true")
         if name == "grade":
             q.add_argument("--scores", action="store_true", help="score each side 0–10 instead of picking")
         if name == "rubric":
             q.add_argument("text")
     sub.add_parser("list", help="list A/B runs")
     sub.add_parser("chat-prompts", help="list the chat history's user turns (selectors for --from-chat)")
+    for action in sub.choices.values():  # `abtest list -h` lists the common options too
+        add_common(action)
     p.set_defaults(func=run)
 
 
@@ -145,14 +145,23 @@ def run(args: argparse.Namespace) -> int:
     from app.backend.abtest.grading import reveal, reveal_json, reveal_markdown
     from app.backend.abtest.journal import Journal, new_spec
 
-    settings = resolve_settings(args.recipe, args.data_dir)
+    settings = settings_from(args)
     journal = Journal(settings.ensure_state_dir())
     try:
         if args.ab_cmd == "list":
+            rows = []
             for rid in journal.runs():
                 st = journal.load(rid)
+                rows.append({"run_id": rid, "a": st.spec.profile_a, "b": st.spec.profile_b, "answers": st.generated,
+                             "total": st.total, "graded": len(st.grades), "pairs": len(st.spec.cells)})
+                if args.json:
+                    continue
                 print(f"{rid}  A={st.spec.profile_a} B={st.spec.profile_b}  {st.generated}/{st.total} answers, "
                       f"{len(st.grades)}/{len(st.spec.cells)} graded")
+            if args.json:
+                print(json.dumps(rows, indent=1))
+            elif not rows:
+                print(f"no A/B runs in {settings.data_dir} yet (start one: moet-panel abtest run ...)", file=sys.stderr)
             return 0
         if args.ab_cmd == "chat-prompts":
             history = _chat_history(settings)

@@ -17,13 +17,12 @@ from app.backend.chat.endpoint import recipe_base_url
 from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, ReclassifyAsReasoning, StreamError
 from app.backend.chat.models import MessageStats
 from app.backend.chat.stats import StatsRecorder, format_stats
-from app.backend.settings import resolve_settings
-from app.cli.main import add_common
+from app.cli.main import add_common, settings_from
 
 
 def register(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser("chat", help="stream one answer from the engine (or any OpenAI-compatible server)")
-    add_common(p)
+    add_common(p, json_help="accepted; chat prints the streamed answer, no data")
     p.add_argument("prompt", metavar="PROMPT", help="the message; '-' reads it from stdin")
     p.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000 (default: the recipe's endpoint)")
     p.add_argument("--model", help="model name to request (default: the recipe's served name, else the server's first)")
@@ -48,7 +47,7 @@ def _pick_model(client: ChatClient, wanted: str | None, recipe_name: str) -> str
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = resolve_settings(args.recipe, args.data_dir)
+    settings = settings_from(args)
     recipe = settings.recipe
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     out = Console(highlight=False, soft_wrap=True)

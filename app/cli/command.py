@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 
 from app.backend.recipe.command import build_run_spec, render_explained, render_json, render_shell
-from app.backend.settings import resolve_settings
-from app.cli.main import add_common
+from app.cli.main import add_common, settings_from
 
 
 def register(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser("command", help="print the docker run for a profile")
-    add_common(p)
+    add_common(p, json_help="the command as JSON (same as --format json)")
     p.add_argument("--profile", required=True, help="profile id (e.g. quality, balanced, speed)")
     p.add_argument("--plain", action="store_true", help="exactly the card's command: no panel labels or trace env")
     p.add_argument("--format", choices=["shell", "json"], default="shell")
@@ -21,7 +20,7 @@ def register(subs: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = resolve_settings(args.recipe, args.data_dir)
+    settings = settings_from(args)
     from app.backend.profiles import all_profiles  # custom profiles saved in the data dir count too
 
     spec = build_run_spec(
@@ -30,5 +29,5 @@ def run(args: argparse.Namespace) -> int:
     if args.explain:
         print(render_explained(settings.recipe, spec))
     else:
-        print(render_json(spec) if args.format == "json" else render_shell(spec))
+        print(render_json(spec) if args.format == "json" or args.json else render_shell(spec))
     return 0

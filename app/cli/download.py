@@ -21,9 +21,8 @@ from app.backend.download.types import (
     ArtifactProgress, ArtifactState, DownloadError, LockedError, MiB, SpaceError, Stopped,
 )
 from app.backend.hf_token import redact
-from app.backend.settings import resolve_settings
 from app.backend.units import GiB, duration_text, gib_text
-from app.cli.main import add_common
+from app.cli.main import add_common, settings_from
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
 
 def register(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser("download", help="download, verify and extract the recipe's artifacts")
-    add_common(p)
+    add_common(p, json_help="accepted; download prints progress, no data")
     p.add_argument("artifacts", nargs="*", metavar="ARTIFACT", help="artifact ids (default: all in the recipe)")
     p.add_argument("--dest", metavar="DIR", help="destination (default: the data dir)")
     p.add_argument("--endpoint", metavar="URL", help="Hub endpoint (default: HF_ENDPOINT, then the recipe)")
@@ -51,7 +50,7 @@ def register(subs: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = resolve_settings(args.recipe, args.data_dir)
+    settings = settings_from(args)
     recipe = settings.recipe
     specs = [recipe.artifact(a) for a in args.artifacts] if args.artifacts else list(recipe.artifacts)
     extra: dict = {}

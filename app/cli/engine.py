@@ -23,10 +23,10 @@ from app.backend.engine.imagebuild import BuildEvent, ImageBuildRefused, build_i
 from app.backend.engine.ops import ControllerOptions, Ticket
 from app.backend.engine.types import Diagnosis, EngineSnapshot, LogLine
 from app.backend.hostprobe import detect_demo
-from app.backend.settings import Settings, resolve_settings
+from app.backend.settings import Settings
 from app.backend.telemetry.alerts import status_alerts
 from app.backend.telemetry.nvml import NvmlGpuReader
-from app.cli.main import add_common
+from app.cli.main import add_common, settings_from
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE = 0, 1, 2, 3
 EXIT_STOPPED, EXIT_TRANSITION, EXIT_STALLED = 4, 5, 6
@@ -37,14 +37,10 @@ STATUS_EXIT = {"ready": EXIT_OK, "failed": EXIT_FAILED, "stopped": EXIT_STOPPED,
 def register(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser("engine", help="control the serving engine (Docker container)")
     add_common(p)
-    p.add_argument("--demo", action="store_true", help="simulated recipe (demo mode); like --recipe/--data-dir/--json, "
-                   "accepted at any level")
     es = p.add_subparsers(dest="engine_cmd", metavar="ACTION", required=True)
-    st = es.add_parser("status", help="state, profile, boot phase, last diagnosis, alerts")
-    st.add_argument("--json", action="store_true")
+    es.add_parser("status", help="state, profile, boot phase, last diagnosis, alerts")
     pf = es.add_parser("preflight", help="checklist before starting (exit 1 when an item fails)")
     pf.add_argument("--profile")
-    pf.add_argument("--json", action="store_true")
     actions = (("start", "start a profile and wait until ready"),
                ("switch", "switch profile (stop, wait for GPU memory, start, gate on ready; rolls back on failure)"))
     for name, helptext in actions:
@@ -53,11 +49,9 @@ def register(subs: argparse._SubParsersAction) -> None:
         sp.add_argument("--override", action="append", default=[], metavar="ITEM",
                         help="start despite this failing preflight item (repeatable; ids from `engine preflight`)")
         sp.add_argument("--no-wait", action="store_true", help="return once accepted")
-        sp.add_argument("--json", action="store_true")
         if name == "switch":
             sp.add_argument("--no-rollback", action="store_true", help="do not roll back to the last ready profile")
     sp = es.add_parser("stop", help="stop the engine (grace period, then SIGKILL)")
-    sp.add_argument("--json", action="store_true")
     lg = es.add_parser("logs", help="the engine's log tail (stdout and stderr apart)")
     lg.add_argument("-f", "--follow", action="store_true")
     lg.add_argument("-n", "--lines", type=int, default=100)
@@ -67,13 +61,15 @@ def register(subs: argparse._SubParsersAction) -> None:
     bi.add_argument("--tag", help="image tag (default: the recipe's)")
     bi.add_argument("--dockerfile", help="Dockerfile path inside the source (default: the recipe's)")
     bi.add_argument("--allow-other-commit", action="store_true")
+    for action in es.choices.values():  # `engine status -h` lists the common options too
+        add_common(action)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     nvml = NvmlGpuReader()  # this process's one NVML client: the demo probe reads it, the controller keeps it
     reason = detect_demo(bool(getattr(args, "demo", False)), gpu_reader=nvml)
-    settings = resolve_settings(args.recipe, args.data_dir, demo=bool(reason), demo_reason=reason)
+    settings = settings_from(args, demo_reason=reason)
     if args.engine_cmd == "build-image":
         nvml.close()
         return _build_image(args, settings)

@@ -20,7 +20,6 @@ from app.cli.main import add_common
 def register(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser("gateway", help="serve the model to other machines: API keys, limits, usage (foreground)")
     add_common(p)
-    p.add_argument("--demo", action="store_true", help="demo mode (like --recipe/--data-dir/--json)")
     p.add_argument("--host", help="address to listen on (default 127.0.0.1; env MOET_PANEL_GATEWAY_HOST); beyond "
                    "loopback needs TLS or --insecure-http, and a key")
     p.add_argument("--port", type=int, help=f"port (default {DEFAULT_PORT}; env MOET_PANEL_GATEWAY_PORT; 0 = any free)")

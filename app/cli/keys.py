@@ -12,26 +12,22 @@ import sys
 import time
 
 from app.backend.gateway.keys import DEFAULT_SCOPE, SCOPES, KeyInfo, KeyStore, KeyStoreError
-from app.backend.settings import Settings, resolve_settings
-from app.cli.main import add_common
+from app.backend.settings import Settings
+from app.cli.main import add_common, settings_from
 
 
 def register(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser("keys", help="API keys of the gateway: create (shown once), revoke, list with usage")
     add_common(p)
-    p.add_argument("--demo", action="store_true", help="demo mode's data dir (like --recipe/--data-dir/--json)")
     ks = p.add_subparsers(dest="keys_cmd", metavar="ACTION", required=True)
     c = ks.add_parser("create", help="create a key; it is printed once and never again")
     c.add_argument("name", help="1-64 letters, digits, '.', '_' or '-'")
     c.add_argument("--expires-days", type=float, metavar="N", help="the key stops working after N days")
     c.add_argument("--scope", choices=SCOPES, default=DEFAULT_SCOPE, help="inference: the gateway (default); "
                    "metrics: the panel's /metrics for Prometheus when the panel has a login (docs/metrics.md#access)")
-    c.add_argument("--json", action="store_true")
     r = ks.add_parser("revoke", help="revoke a key (a running gateway refuses it within a second)")
     r.add_argument("name")
-    r.add_argument("--json", action="store_true")
-    ls = ks.add_parser("list", help="keys with their usage (requests, tokens, errors, last used)")
-    ls.add_argument("--json", action="store_true")
+    ks.add_parser("list", help="keys with their usage (requests, tokens, errors, last used)")
     p.set_defaults(func=run)
 
 
@@ -39,8 +35,7 @@ def cli_settings(args: argparse.Namespace) -> Settings:
     """Demo mode decided as for every other subcommand (one data dir for panel and CLI)."""
     from app.backend.hostprobe import detect_demo
 
-    reason = detect_demo(bool(getattr(args, "demo", False)))
-    return resolve_settings(args.recipe, args.data_dir, demo=bool(reason), demo_reason=reason)
+    return settings_from(args, demo_reason=detect_demo(bool(getattr(args, "demo", False))))
 
 
 def _when(ts: float | None) -> str:

@@ -5,6 +5,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from app.backend import env
+
+if TYPE_CHECKING:
+    from app.backend.settings import Settings
 
 # Subcommands: name -> (module, one-line help). Only the chosen subcommand's module is imported, so a
 # quick command does not pay for the others' heavy imports (openai, gradio, docker...).
@@ -25,11 +32,27 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def add_common(parser: argparse.ArgumentParser) -> None:
-    """--recipe/--data-dir, accepted by every subcommand at any level (env: MOET_PANEL_RECIPE / MOET_PANEL_DATA_DIR);
-    main() lifts them (and --demo/--json) out of argv, these entries are for --help."""
-    parser.add_argument("--recipe", metavar="FILE", help="recipe TOML (env MOET_PANEL_RECIPE)")
-    parser.add_argument("--data-dir", metavar="DIR", help="data dir (env MOET_PANEL_DATA_DIR; default from recipe)")
+def add_common(parser: argparse.ArgumentParser, json_help: str = "machine-readable output (JSON)") -> None:
+    """--recipe/--data-dir/--demo/--json, accepted by every subcommand at any position (env: MOET_PANEL_RECIPE /
+    MOET_PANEL_DATA_DIR / MOET_PANEL_DEMO); main() lifts them out of argv, these entries are for --help."""
+    g = parser.add_argument_group("accepted by every subcommand, at any position")
+    g.add_argument("--recipe", metavar="FILE", help="recipe TOML (env MOET_PANEL_RECIPE)")
+    g.add_argument("--data-dir", metavar="DIR", help="data dir (env MOET_PANEL_DATA_DIR; default from recipe)")
+    g.add_argument("--demo", action="store_true", help="demo mode: the SIMULATED recipe, engine, GPU and Hub, and the "
+                   "per-user demo data dir (never the real one; env MOET_PANEL_DEMO=1)")
+    g.add_argument("--json", action="store_true", help=json_help)
+
+
+def settings_from(args: argparse.Namespace, recipe_fallback: str | Path | None = None,
+                  demo_reason: str = "") -> Settings:
+    """The one place a subcommand turns the common options into Settings: flags, then the environment,
+    then the recipe's defaults; --demo (or MOET_PANEL_DEMO=1) picks the SIMULATED recipe and the per-user
+    demo data dir unless --recipe/--data-dir say otherwise (app.backend.settings.resolve_settings)."""
+    from app.backend.settings import resolve_settings
+
+    demo = bool(getattr(args, "demo", False)) or bool(demo_reason)
+    return resolve_settings(getattr(args, "recipe", None) or env.recipe() or recipe_fallback,
+                            getattr(args, "data_dir", None), demo=demo, demo_reason=demo_reason)
 
 
 # Accepted at any level (`moet-panel engine start --profile quality --demo` == `moet-panel --demo engine start
@@ -76,6 +99,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: list[str], hoisted: dict[str, object] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser for argv's subcommand and the parsed options, the common ones set wherever they stood."""
+    if hoisted is None:
+        argv, hoisted = hoist_global_options(list(argv))
+    chosen = next((a for a in argv if not a.startswith("-")), "")
+    parser = build_parser(only=chosen if chosen in SUBCOMMANDS else "")
+    args = parser.parse_args(argv)
+    for key in ("recipe", "data_dir", "demo", "json"):
+        setattr(args, key, hoisted.get(key, None if key in ("recipe", "data_dir") else False))
+    return parser, args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     argv, hoisted = hoist_global_options(list(argv))
@@ -86,11 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     # imported after the forkserver has started: the recipe's pydantic models take ~0.15 s to build
     from app.backend.recipe import RecipeError
     from app.backend.recipe.command import CommandError
-    parser = build_parser(only=chosen if chosen in SUBCOMMANDS else "")
-    args = parser.parse_args(argv)
-    for key in ("recipe", "data_dir", "demo", "json"):
-        if key in hoisted or not hasattr(args, key):
-            setattr(args, key, hoisted.get(key, None if key in ("recipe", "data_dir") else False))
+    parser, args = parse(argv, hoisted)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

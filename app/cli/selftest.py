@@ -6,19 +6,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.backend.settings import resolve_settings
-from app.cli.main import add_common
+from app.cli.main import add_common, settings_from
 
 
 def register(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser("selftest", help="measure the running profile against the card (decode, TTFT, needles)")
-    add_common(p)
+    add_common(p, json_help="print the result as JSON (else Markdown)")
     p.add_argument("--profile", required=True, help="profile id; the engine must already serve it")
     p.add_argument("--runs", type=int, default=3, help="decode runs (default 3)")
     p.add_argument("--decode-tokens", type=int, default=2000, help="tokens per decode run (default 2000)")
     p.add_argument("--needle", default="64k,256k", help="needle lengths, e.g. 64k,256k ('' = none)")
     p.add_argument("--ttft", default="1k,8k,32k", help="prompt lengths for TTFT ('' = none)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON (else Markdown)")
     p.set_defaults(func=run)
 
 
@@ -30,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from app.backend.selftest.runner import SelfTestService
     from app.backend.selftest.types import SelfTestPlan
 
-    settings = resolve_settings(args.recipe, args.data_dir)
+    settings = settings_from(args)
     try:
         plan = SelfTestPlan(args.profile, runs=args.runs, decode_tokens=args.decode_tokens,
                             ttft_lengths=tuple(parse_lengths(args.ttft)), needle_lengths=tuple(parse_lengths(args.needle)))

@@ -23,9 +23,9 @@ from app.backend import env
 from app.backend.hostprobe import HostProbe, detect_demo
 from app.backend.service.systemd import sd_notify
 from app.backend.monitoring.access import MetricsTokenError, load_token, token_file
-from app.backend.settings import Settings, resolve_settings
+from app.backend.settings import Settings
 from app.backend.webgate import parse_allowed_hosts
-from app.cli.main import add_common
+from app.cli.main import add_common, settings_from
 
 if TYPE_CHECKING:
     from app.backend.telemetry.gpu_types import GpuReader
@@ -36,11 +36,10 @@ log = logging.getLogger("moet_panel.serve")
 
 def register(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser("serve", help="start the web panel (http://127.0.0.1:7860)")
-    add_common(p)
+    add_common(p, json_help="accepted; serve prints its banner, no data")
     p.add_argument("--host", default=None, help="listen address (default 127.0.0.1; env GRADIO_SERVER_NAME). "
                    "Anything but loopback requires --auth-file")
     p.add_argument("--port", type=int, default=None, help="listen port (default 7860; env GRADIO_SERVER_PORT)")
-    p.add_argument("--demo", action="store_true", help="force demo mode: simulated engine, GPU and Hub (env MOET_PANEL_DEMO=1)")
     p.add_argument("--auth-file", metavar="FILE", help=f"web UI credentials (env {env.AUTH_FILE}); create with --add-user")
     p.add_argument("--allowed-host", metavar="NAME", action="append", default=[],
                    help="also answer to this Host name (a reverse proxy's public name, NAME or NAME:PORT); "
@@ -92,7 +91,7 @@ def plan(args: argparse.Namespace, probe: HostProbe | None = None, gpu_reader: G
     metrics_token = load_token(metrics_file) if metrics_file is not None else None  # fail early, say why
     demo_reason = detect_demo(args.demo, probe, gpu_reader)  # one rule for serve and every CLI subcommand
     # demo without a recipe → simulated.toml and the per-user demo data dir (resolve_settings)
-    settings = resolve_settings(args.recipe, args.data_dir, demo=bool(demo_reason), demo_reason=demo_reason)
+    settings = settings_from(args, demo_reason=demo_reason)
     return Plan(settings=settings, demo_reason=demo_reason, host=host, port=port, auth_file=auth_file,
                 allowed_hosts=allowed_hosts, metrics_token=metrics_token)
 

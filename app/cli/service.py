@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from app.backend.service import systemd
+from app.cli.main import add_common
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,11 +22,25 @@ def register(subs: argparse._SubParsersAction) -> None:
     inst.add_argument("--print", dest="print_only", action="store_true", help="print the unit and exit")
     inst.add_argument("serve_args", nargs=argparse.REMAINDER,
                       help="arguments for `moet-panel serve` in the unit (after --), e.g. -- --data-dir /srv/moet")
+    add_common(p, json_help="(accepted; the unit is printed as text)")
     p.set_defaults(func=run)
 
 
+def common_serve_args(args: argparse.Namespace) -> list[str]:
+    """The common options given to `service install` go into the unit's `serve` command: the same effect
+    as on every other subcommand (the service serves that recipe, data dir or demo mode)."""
+    out: list[str] = []
+    if getattr(args, "recipe", None):
+        out += ["--recipe", str(Path(args.recipe).expanduser().resolve())]
+    if getattr(args, "data_dir", None):
+        out += ["--data-dir", str(Path(args.data_dir).expanduser().resolve())]
+    if getattr(args, "demo", False):
+        out.append("--demo")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
-    serve_args = [a for a in args.serve_args if a != "--"]
+    serve_args = common_serve_args(args) + [a for a in args.serve_args if a != "--"]
     spec = systemd.default_spec(args.user, serve_args, REPO, systemd.current_python())
     if args.print_only:
         print(systemd.unit_text(spec), end="")

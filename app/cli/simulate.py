@@ -15,16 +15,15 @@ import threading
 
 from app.backend import env
 from app.backend.recipe.command import build_run_spec
-from app.backend.settings import resolve_settings
 from app.backend.simengine import FAIL_MODES, SimEngineServer, config_from_env_and_args
-from app.cli.main import add_common
+from app.cli.main import add_common, settings_from
 
 OVERRIDE_PREFIXES = ("MOET_SIM_", "VLLM_MOE_W2")
 
 
 def register(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser("simulate-engine", help="run the SIMULATED engine (no GPU) or build its Docker image")
-    add_common(p)
+    add_common(p, json_help="accepted; the simulated engine prints its log, no data")
     p.add_argument("--port", type=int, help="listen port (default: the recipe's, 8000)")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--profile", help="profile id whose env and decode speed to simulate (default: the recommended one)")
@@ -42,7 +41,7 @@ def _resolve(args: argparse.Namespace):
         from app.backend.recipe import SIMULATED_RECIPE
 
         recipe = SIMULATED_RECIPE  # simulating the engine: the simulated recipe unless told otherwise
-    return resolve_settings(recipe, args.data_dir)
+    return settings_from(args, recipe_fallback=recipe)
 
 
 def engine_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:

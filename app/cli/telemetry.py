@@ -7,28 +7,28 @@ import json
 import time
 from dataclasses import asdict
 
-from app.backend.settings import resolve_settings
 from app.backend.telemetry.gpu import make_gpu_reader
 from app.backend.telemetry.gpu_types import GpuReader, GpuSample
 from app.backend.telemetry.host import HostSample, HostSampler
-from app.cli.main import add_common
+from app.backend import env
+from app.cli.main import add_common, settings_from
 
 GIB = 2**30
 
 
 def register(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser("telemetry", help="print GPU + host samples (NVML, psutil)")
-    add_common(p)
+    add_common(p, json_help="JSON (one object per line when streaming)")
     p.add_argument("--once", action="store_true", help="one sample, then exit")
-    p.add_argument("--json", action="store_true", help="JSON (one object per line when streaming)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between samples (default 1)")
     p.add_argument("--gpu", choices=["nvml", "simulated", "none"], help="reader override (env MOET_PANEL_GPU)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = resolve_settings(args.recipe, args.data_dir)
-    reader = make_gpu_reader(settings, mode=args.gpu)
+    settings = settings_from(args)
+    # --gpu, then MOET_PANEL_GPU, then demo mode's SIMULATED GPU (never this box's NVML under --demo)
+    reader = make_gpu_reader(settings, mode=args.gpu or env.gpu_mode() or ("simulated" if settings.demo else None))
     host = HostSampler(settings.data_dir)
     host.sample()
     interval = max(args.interval, 0.1)

@@ -15,11 +15,11 @@ from app.cli.main import add_common
 
 def register(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser("trace", help="read the engine's FP4 pool trace ([delta] tick lines)")
+    add_common(p)
     tsubs = p.add_subparsers(dest="trace_command", metavar="ACTION")
     s = tsubs.add_parser("summarize", help="last summary + whole-file figures (coverage, churn, alerts)")
-    add_common(s)
     s.add_argument("logfile", help="engine log file ('-' = stdin); docker logs output works as-is")
-    s.add_argument("--json", action="store_true", help="machine-readable output")
+    add_common(s)
     s.set_defaults(func=run)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import gradio as gr
 
+from app.backend import env
+from app.backend.exports import exports_dir, remove_web_temp_dir, sweep_web_temp_dirs, web_temp_dir
 from app.backend.state import AppState
 from app.backend.webgate import GatePolicy, SessionGuard, WebGate
 from app.ui import header
@@ -42,8 +44,27 @@ TABS = [
 ]
 
 
+# The one folder the web server may serve files from besides its own cache (set by build_ui, read by launch).
+ALLOWED_PATHS_ATTR = "moet_allowed_paths"
+
+
+def prepare_web_files(state: AppState) -> Path:
+    """Files handed to the browser stay in the panel's 0700 state dir (app/backend/exports.py): Gradio's
+    upload/cache folder becomes `<state>/gradio-<pid>` (removed when the state closes; a dead panel's is
+    swept), exports go to `<state>/exports`. Must run before any component is built: each one reads the
+    folder when it is created."""
+    state_dir = state.settings.ensure_state_dir()
+    sweep_web_temp_dirs(state_dir)
+    temp = web_temp_dir(state_dir)
+    env.point_web_temp_dir(temp)
+    state.on_close(lambda: remove_web_temp_dir(temp))
+    return exports_dir(state_dir)
+
+
 def build_ui(state: AppState) -> gr.Blocks:
+    exports = prepare_web_files(state)
     with gr.Blocks(title="moet-panel") as demo:
+        setattr(demo, ALLOWED_PATHS_ATTR, [str(exports)])
         timer = gr.Timer(1.0)
         if state.settings.recipe.simulated or state.settings.demo:
             why = state.settings.demo_reason
@@ -54,14 +75,17 @@ def build_ui(state: AppState) -> gr.Blocks:
                 elem_id="sim-banner",
             )
         # The header strip sits above the tabs; it needs the shared timer but not the Tabs object.
-        shell = Shell(timer=timer)
+        shell = Shell(timer=timer, blocks=demo)
         header.render(state, shell)
-        with gr.Tabs(elem_id="main-tabs") as tabs:
+        # "wrap": on a narrow window every tab stays in sight on a second row (Gradio's default hid five of
+        # the eight behind "…" at 420 px, issue 29)
+        with gr.Tabs(elem_id="main-tabs", overflow_behavior="wrap") as tabs:
             shell.tabs = tabs
             for name in TABS:
                 module = importlib.import_module(name)
                 with gr.Tab(module.TITLE, id=name.rsplit(".", 1)[-1], elem_id=f"tab-{name.rsplit('.', 1)[-1]}"):
                     module.render(state, shell)
+        shell.finish()
     return demo
 
 
@@ -155,8 +179,26 @@ def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], A
     app, url, _ = blocks.launch(server_name=server_name, server_port=port, prevent_thread_lock=True,
                                 app_kwargs={"lifespan": _gate_lifespan(policy_for),
                                             # no FastAPI schema/docs pages: the panel is not an API product
-                                            "openapi_url": None, "docs_url": None, "redoc_url": None}, **launch_kwargs(auth))
+                                            "openapi_url": None, "docs_url": None, "redoc_url": None},
+                                # only the exports folder; Gradio adds its own cache (docs/ui-and-safety.md)
+                                allowed_paths=list(getattr(blocks, ALLOWED_PATHS_ATTR, [])), **launch_kwargs(auth))
     if not isinstance(app.middleware_stack, WebGate):  # never serve without the gate
         blocks.close()
         raise RuntimeError("the panel's HTTP gate is not installed; refusing to serve")
+    slow_down_idle_queue(blocks)
     return str(url)
+
+
+# Gradio 6.31's event queue polls for work every 1 ms while idle, and for progress updates every 10 ms:
+# ~1,100 event-loop wake-ups a second, ~5% of a core on this 2-core box with no browser open
+# (bench/idle_cpu.py). 10 ms adds at most 10 ms (5 ms on average) before an event starts; the panel
+# uses no gr.Progress, so progress is checked 4 times a second.
+QUEUE_POLL_S = 0.01
+PROGRESS_POLL_S = 0.25
+
+
+def slow_down_idle_queue(blocks: gr.Blocks) -> None:
+    queue = getattr(blocks, "_queue", None)
+    if queue is not None and hasattr(queue, "sleep_when_free"):  # private attributes: skip if Gradio renames them
+        queue.sleep_when_free = QUEUE_POLL_S
+        queue.progress_update_sleep_when_free = PROGRESS_POLL_S

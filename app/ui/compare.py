@@ -24,6 +24,7 @@ from app.backend.abtest.grading import (
 )
 from app.backend.abtest.journal import Prompt, new_spec, parse_pasted, parse_prompts_jsonl
 from app.backend.abtest.runner import ABRunService
+from app.backend.exports import write_export
 from app.backend.jobs import JobState
 from app.backend.state import AppState
 from app.ui.shell import QUICK, Shell
@@ -35,6 +36,11 @@ MODE_SCORE = "Score each side 0–10"
 
 def _runs(svc: ABRunService) -> list[str]:
     return svc.journal.runs()
+
+
+def _kept_run(rid: str | None, runs: list[str]) -> str | None:
+    """The selected run while it still exists, else the newest."""
+    return rid if rid in runs else (runs[0] if runs else None)
 
 
 def _invalid(msg: str) -> str:
@@ -100,12 +106,12 @@ def render(state: AppState, shell: Shell) -> None:
     if state.abtest is None or state.engine is None:
         gr.Markdown("The A/B comparison is not available in this build.")
         return
-    svc, engine = state.abtest, state.engine
+    svc = state.abtest
     history = history_of_service(state.chat) if state.chat is not None else None
     gr.Markdown("Is the faster profile's quality cost visible on **your** work? Give prompts and seeds; the panel "
                 "answers each prompt × seed on A, switches the engine, answers them on B, then shows you the pairs "
                 "**blind** (sides shuffled, names hidden). The card: only extra seeds add real information.")
-    ids = [p.id for p in engine.profiles()]
+    ids = state.profiles.ids()
     with gr.Row():
         pa = gr.Dropdown(ids, value=ids[0], label="Profile A", elem_id="ab-a")
         pb = gr.Dropdown(ids, value=ids[1] if len(ids) > 1 else ids[0], label="Profile B", elem_id="ab-b")
@@ -238,11 +244,8 @@ def render(state: AppState, shell: Shell) -> None:
         except ValueError as exc:
             return f"**{exc}**", None, None
         md = reveal_markdown(r)
-        out = Path(state.settings.state_dir) / "exports"
-        out.mkdir(parents=True, exist_ok=True)
-        path_md, path_json = out / f"abtest-{rid}.md", out / f"abtest-{rid}.json"
-        path_md.write_text(md, encoding="utf-8")
-        path_json.write_text(reveal_json(r), encoding="utf-8")
+        path_md = write_export(state.settings.state_dir, f"abtest-{rid}.md", md)
+        path_json = write_export(state.settings.state_dir, f"abtest-{rid}.json", reveal_json(r))
         return md, str(path_md), str(path_json)
 
     def set_mode(m: str) -> tuple[Any, Any]:
@@ -250,13 +253,29 @@ def render(state: AppState, shell: Shell) -> None:
 
     chat_refresh.click(refresh_convs, [chat_convs], [chat_convs], **QUICK)
     chat_convs.change(show_turns, [chat_convs, chat_turns], [chat_turns], **QUICK)
-    if shell.tabs is not None:
-        tabs = shell.tabs
 
-        def on_tab(selected: list[str] | None, evt: gr.SelectData) -> Any:
-            return refresh_convs(selected) if evt.value == TITLE else gr.skip()
+    def profile_pick(current: str | None, fallback: int) -> Any:
+        now = state.profiles.ids()
+        if current in now:  # no value: sent back always, it could undo a pick made meanwhile
+            return gr.Dropdown(choices=now)
+        return gr.Dropdown(choices=now, value=now[min(fallback, len(now) - 1)])
 
-        tabs.select(on_tab, [chat_convs], [chat_convs], **QUICK)
+    def lists(a: str | None, b: str | None, rid: str | None, selected: list[str] | None) -> tuple[Any, ...]:
+        """Everything the page lists, as the backend has it now: profiles (a custom one saved since),
+        runs (one started from another tab or the CLI, or before a reload), chat conversations. A changed
+        run selection redraws its pair (run_sel.change)."""
+        runs_now = _runs(svc)
+        keep = _kept_run(rid, runs_now)
+        runs_dd = gr.Dropdown(choices=runs_now) if keep == rid else gr.Dropdown(choices=runs_now, value=keep)
+        return profile_pick(a, 0), profile_pick(b, 1), runs_dd, refresh_convs(selected)
+
+    def on_load(a: str | None, b: str | None, rid: str | None, selected: list[str] | None) -> tuple[Any, ...]:
+        # the pair as it is now, too: the page may have been built long ago
+        return (*lists(a, b, rid, selected), *views(_kept_run(rid, _runs(svc))))
+
+    refresh_in = [pa, pb, run_sel, chat_convs]
+    shell.on_load(on_load, refresh_in, [pa, pb, run_sel, chat_convs, *view_out])
+    shell.on_tab(TITLE, lists, refresh_in, [pa, pb, run_sel, chat_convs])
     start.click(begin, [pa, pb, pasted, upload, seeds, max_tokens, chat_turns, chat_ctx], [run_sel, *view_out], **QUICK)
     def do_cancel(rid: str | None) -> str:
         svc.cancel()
@@ -281,4 +300,4 @@ def render(state: AppState, shell: Shell) -> None:
             return (*views(rid), now.value)
         return (*(gr.skip() for _ in range(6)), now.value)
 
-    shell.timer.tick(tick, [run_sel, seen], [*view_out, seen], trigger_mode="once", **QUICK)
+    shell.on_tick(tick, [run_sel, seen], [*view_out, seen])

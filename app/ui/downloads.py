@@ -13,7 +13,7 @@ from app.backend.download.manager import DownloadManager
 from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadSnapshot
 from app.backend.state import AppState
 from app.backend.units import duration_text, gib_text
-from app.ui.shell import QUICK, Shell
+from app.ui.shell import Shell
 
 TITLE = "Downloads"
 
@@ -51,12 +51,14 @@ def _row(a: ArtifactProgress) -> str:
     eta = duration_text(a.eta_s) if a.state.active else "—"  # paused, cancelled, failed, queued: no ETA
     skipped = f" · {a.skipped_files} already complete" if a.skipped_files else ""
     size = f"{gib_text(a.verified_bytes)} / {gib_text(a.total_bytes)}" if a.total_bytes else "not listed yet (Check repo)"
-    return (f"<tr><td><b>{html.escape(a.id)}</b>{part}</td><td>{_badge(a)}{why}</td><td>{_bar(a)}</td>"
-            f'<td class="num">{size}<div class="why">'
+    # data-label: a narrow window shows each row as a card, each cell under its column's name (panel.css)
+    return (f'<tr><td data-label="artifact"><b>{html.escape(a.id)}</b>{part}</td><td data-label="state">{_badge(a)}{why}</td>'
+            f'<td data-label="progress">{_bar(a)}</td>'
+            f'<td class="num" data-label="verified">{size}<div class="why">'
             f"{a.parts_verified}/{a.parts_total} parts verified · {gib_text(a.wire_bytes)} on the wire</div></td>"
-            f'<td class="num">{a.extracted_files} files<div class="why">{gib_text(a.extracted_bytes)} written'
+            f'<td class="num" data-label="extracted">{a.extracted_files} files<div class="why">{gib_text(a.extracted_bytes)} written'
             f"{skipped}</div></td>"
-            f'<td class="num">{rate}{rates}</td><td class="num">{eta}{limit}</td></tr>')
+            f'<td class="num" data-label="rate (wire)">{rate}{rates}</td><td class="num" data-label="ETA">{eta}{limit}</td></tr>')
 
 
 def artifacts_html(snap: DownloadSnapshot) -> str:
@@ -65,16 +67,17 @@ def artifacts_html(snap: DownloadSnapshot) -> str:
     limit = f'<div class="why">limit: <b>{snap.binding.value}</b></div>' if snap.binding and snap.running else ""
     rates = (f'<div class="why">{fmt_rate(snap.verified_bps)} verified · {fmt_rate(snap.extracted_bps)} extracted</div>'
              if snap.running else "")
-    rows.append(f'<tr><td><b>total</b></td><td></td><td></td><td class="num">{gib_text(verified)} / {gib_text(total)}</td>'
-                f'<td class="num">{sum(a.extracted_files for a in snap.artifacts)} files<div class="why">'
+    rows.append(f'<tr><td data-label="artifact"><b>total</b></td><td class="empty"></td><td class="empty"></td>'
+                f'<td class="num" data-label="verified">{gib_text(verified)} / {gib_text(total)}</td>'
+                f'<td class="num" data-label="extracted">{sum(a.extracted_files for a in snap.artifacts)} files<div class="why">'
                 f"{gib_text(sum(a.extracted_bytes for a in snap.artifacts))} written</div></td>"
-                f'<td class="num">{fmt_rate(snap.rate_bps)}{rates}</td>'
-                f'<td class="num">{duration_text(snap.eta_s) if snap.running else "—"}{limit}</td></tr>')
+                f'<td class="num" data-label="rate (wire)">{fmt_rate(snap.rate_bps)}{rates}</td>'
+                f'<td class="num" data-label="ETA">{duration_text(snap.eta_s) if snap.running else "—"}{limit}</td></tr>')
     sim = '<span class="moet-sim-tag">SIMULATED</span> ' if snap.simulated else ""
     head = (f'<p>{sim}Source: <code>{html.escape(snap.repo)}</code>'
             f'{f" @ commit <code>{html.escape(snap.commit[:12])}</code>" if snap.commit else ""}'
             f'{" — running" if snap.running else ""}</p>')
-    table = ("<table><thead><tr><th>artifact</th><th>state</th><th>progress</th><th>verified</th>"
+    table = ("<table class=\"moet-stack\"><thead><tr><th>artifact</th><th>state</th><th>progress</th><th>verified</th>"
              "<th>extracted</th><th>rate (wire)</th><th>ETA</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
     return f'<div class="moet-dl" id="moet-dl-artifacts">{head}{table}</div>'
 
@@ -91,13 +94,26 @@ def disk_html(snap: DownloadSnapshot) -> str:
             f"needed <b>{gib_text(d.needed)}</b>{budget}{peak}{warn}</p></div>")
 
 
+def idle_text(snap: DownloadSnapshot) -> str:
+    """The status line when nothing runs, agreeing with the rows' badges (issue 29: "Idle." beside "queued")."""
+    states = [a.state for a in snap.artifacts]
+    if not states:
+        return "Idle: no artifact listed yet (Check repo)."
+    if all(st is ArtifactState.DONE for st in states):
+        return "Idle: every artifact is downloaded and verified."
+    waiting = sum(st is ArtifactState.QUEUED for st in states)
+    if waiting:
+        return f"Idle: {waiting} artifact{'s' if waiting != 1 else ''} queued, not started — press Start."
+    return "Idle: press Resume to continue, or Start."
+
+
 def _tick(dl: DownloadManager) -> tuple[str, str, str, str]:
     snap = dl.snapshot()
     ck = dl.ckpt_check()
     ck_html = (f'<div class="moet-dl"><p>ckpt-id check (planescache meta.json vs recipe pin): '
                f'<span class="st {"done" if ck.status == "match" else "failed" if ck.status == "mismatch" else "queued"}">'
                f"{ck.status.replace('_', ' ')}</span> {html.escape(ck.message)}</p></div>")
-    status = f"**Error:** {snap.error}" if snap.error else (snap.message or "Idle.")
+    status = f"**Error:** {snap.error}" if snap.error else (snap.message or idle_text(snap))
     return artifacts_html(snap), disk_html(snap), ck_html, status
 
 
@@ -129,4 +145,4 @@ def render(state: AppState, shell: Shell) -> None:
                     (refresh, dl.refresh), (clean, dl.clean)):
         btn.click(fn, outputs=status, concurrency_limit=None, api_visibility="private").then(lambda: _tick(dl), outputs=outs)
     save.click(lambda t: ("", dl.save_token(t or "")), inputs=token, outputs=[token, token_msg], api_visibility="private")
-    shell.timer.tick(lambda: _tick(dl), outputs=outs, api_visibility="private", **QUICK)
+    shell.on_tick(lambda: _tick(dl), None, outs)

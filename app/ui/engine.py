@@ -18,7 +18,9 @@ from app.backend.engine.ops import Ticket
 from app.backend.engine.oplock import Holder
 from app.backend.engine.preflight import PreflightReport
 from app.backend.engine.types import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState
+from app.backend.profiles import profile_label
 from app.backend.recipe.command import render_shell
+from app.backend.recipe.schema import ProfileSpec
 from app.backend.state import AppState
 from app.ui.logs import STREAMS, log_text
 from app.ui.profile_html import profile_cards
@@ -51,9 +53,11 @@ def status_html(snap: EngineSnapshot, runtime: str, busy: str) -> str:
     return '<div id="engine-status-box" role="status" aria-live="polite">' + "<br>".join(r for r in rows if r) + "</div>"
 
 
-def controls(snap: EngineSnapshot) -> tuple[bool, bool]:
-    """(Start can act, Switch can act): no Start over a live engine, no Switch with nothing to switch from."""
-    return snap.state not in LIVE_STATES, snap.state is not EngineState.STOPPED
+def controls(snap: EngineSnapshot, selected: str | None = None) -> tuple[bool, bool]:
+    """(Start can act, Switch can act): no Start over a live engine, no Switch with nothing to switch from,
+    nor to the profile already serving (issue 29)."""
+    return (snap.state not in LIVE_STATES,
+            snap.state is not EngineState.STOPPED and not (selected and selected == snap.profile_id))
 
 
 def view_key(snap: EngineSnapshot) -> str:
@@ -82,11 +86,11 @@ def preflight_html(report: PreflightReport) -> str:
             + "".join(rows) + "</table></div>")
 
 
-def _choices(ctl: EngineController) -> list[tuple[str, str]]:
+def _choices(profiles: list[ProfileSpec]) -> list[tuple[str, str]]:
     out = []
-    for p in ctl.profiles():
+    for p in profiles:
         fig = f" — {p.decode.shown} tok/s, {p.quality_label}" if p.measured and p.decode else " — not measured"
-        out.append((f"#{p.number} {p.title}{fig}" if p.measured else f"{p.title} (custom){fig}", p.id))
+        out.append((profile_label(p) + fig, p.id))
     return out
 
 
@@ -114,8 +118,8 @@ def render(state: AppState, shell: Shell) -> None:
     initial = snap.profile_id or state.settings.recipe.recommended_profile.id
     status = gr.HTML(status_html(snap, ctl.describe_runtime(), ""), elem_id="engine-status")
     with gr.Row():
-        profile = gr.Radio(_choices(ctl), value=initial, label="Profile", elem_id="engine-profile")
-    can_start, can_switch = controls(snap)
+        profile = gr.Radio(_choices(state.profiles.list()), value=initial, label="Profile", elem_id="engine-profile")
+    can_start, can_switch = controls(snap, initial)
     with gr.Row():
         start_btn = gr.Button("Start", variant="primary", elem_id="engine-start", interactive=can_start)
         switch_btn = gr.Button("Switch to selected profile", elem_id="engine-switch", interactive=can_switch)
@@ -155,14 +159,30 @@ def render(state: AppState, shell: Shell) -> None:
                                                          visible=bool(failing)),
                 gr.Accordion(open=True))
 
-    def _select(pid: str) -> tuple[str, str]:
-        return _cards(state, ctl, pid), _command(ctl, pid)
+    def _select(pid: str) -> tuple[str, str, Any]:
+        return _cards(state, ctl, pid), _command(ctl, pid), gr.Button(interactive=controls(ctl.snapshot(), pid)[1])
+
+    def _lists(pid: str | None) -> tuple[Any, ...]:
+        """The profile list as it is now (a custom profile saved since the page was built), the serving
+        profile selected while one serves, the buttons for that pick."""
+        snap = ctl.snapshot()
+        ids = state.profiles.ids()
+        live = snap.profile_id if snap.profile_id in ids and snap.state is not EngineState.STOPPED else None
+        pick = live or (pid if pid in ids else state.settings.recipe.recommended_profile.id)
+        choices = _choices(state.profiles.list())
+        if pick == pid:  # no value, nor buttons: sent back always, they could undo a pick made meanwhile
+            return gr.Radio(choices=choices), gr.skip(), gr.skip()
+        can_start, can_switch = controls(snap, pick)
+        return gr.Radio(choices=choices, value=pick), gr.Button(interactive=can_start), gr.Button(interactive=can_switch)
+
+    shell.on_load(_lists, [profile], [profile, start_btn, switch_btn])
+    shell.on_tab(TITLE, _lists, [profile], [profile, start_btn, switch_btn])
 
     start_btn.click(_start, [profile, overrides], [action], api_name="engine_start", **QUICK)
     switch_btn.click(_switch, [profile, overrides], [action], api_name="engine_switch", **QUICK)
     stop_btn.click(lambda: _ticket_text(ctl.stop()), None, [action], api_name="engine_stop", **QUICK)
     pre_btn.click(_preflight, [profile, overrides], [checklist, overrides, pre_box], api_name="engine_preflight")
-    profile.change(_select, [profile], [cards, command], **QUICK)
+    profile.change(_select, [profile], [cards, command, switch_btn], **QUICK)
     download.click(lambda s, n: str(ctl.export_logs(LogFilter(s, n or ""))), [stream, needle], [download], **QUICK)
 
     seen = gr.State("")  # per browser tab: the view_key last drawn ('' after a reload)
@@ -177,12 +197,13 @@ def render(state: AppState, shell: Shell) -> None:
             return (*head, gr.skip(), gr.skip(), gr.skip(), gr.skip(), last)
         # The truth moved (or the page was reloaded): the selector shows what serves, stale action lines go,
         # buttons that cannot act are disabled.
-        can_start, can_switch = controls(snap)
-        radio = gr.Radio(value=snap.profile_id) if snap.profile_id and snap.state is not EngineState.STOPPED else gr.skip()
+        live = bool(snap.profile_id) and snap.state is not EngineState.STOPPED
+        # the selector moves to the serving profile, so Switch (to that same profile) has nothing to do
+        can_start, can_switch = controls(snap, snap.profile_id if live else None)
+        radio = gr.Radio(value=snap.profile_id) if live else gr.skip()
         return (*head, radio, "", gr.Button(interactive=can_start), gr.Button(interactive=can_switch), key)
 
-    shell.timer.tick(_tick, [stream, needle, seen], [status, diag, logbox, profile, action, start_btn, switch_btn, seen],
-                     trigger_mode="once", **QUICK)
+    shell.on_tick(_tick, [stream, needle, seen], [status, diag, logbox, profile, action, start_btn, switch_btn, seen])
     needle.submit(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
     stream.change(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
 

@@ -12,7 +12,7 @@ import gradio as gr
 from app.backend.engine.types import EngineSnapshot, EngineState
 from app.backend.state import AppState
 from app.backend.telemetry.hub import TelemetryFrame
-from app.ui.shell import QUICK, Shell
+from app.ui.shell import Shell
 from app.ui.theme import BAD, GOOD, INFO, SEVERITY_COLOURS, STATE_COLOURS
 CELL = "display:flex;flex-direction:column;gap:2px;min-width:120px"
 LABEL = "font-size:11px;text-transform:uppercase;letter-spacing:.04em;opacity:.7"
@@ -24,12 +24,8 @@ def _e(x: Any) -> str:
 
 
 def _profile_label(state: AppState, profile_id: str | None) -> str:
-    if not profile_id:
-        return "no profile"
-    for p in state.settings.recipe.profiles:
-        if p.id == profile_id:
-            return f"#{p.number} {p.title}"
-    return profile_id
+    """"#2 quality / speed (balanced)", custom profiles too (the one registry: app.backend.profiles)."""
+    return state.profiles.label(profile_id)
 
 
 def _vram_cell(frame: TelemetryFrame | None) -> str:
@@ -100,4 +96,4 @@ def _tick(state: AppState) -> str:
 def render(state: AppState, shell: Shell) -> None:
     """Called by app.ui.app above the tabs; re-rendered on the shared page timer."""
     strip = gr.HTML(_tick(state), elem_id="moet-header")
-    shell.timer.tick(lambda: _tick(state), outputs=[strip], trigger_mode="once", **QUICK)
+    shell.on_tick(lambda: _tick(state), None, [strip])

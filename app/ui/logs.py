@@ -14,6 +14,7 @@ import gradio as gr
 from app.backend.engine.controller import EngineController
 from app.backend.engine.loglines import LogFilter, StreamChoice
 from app.backend.engine.types import LogLine
+from app.backend.exports import copy_export
 from app.backend.state import AppState
 from app.ui.shell import QUICK, Shell
 
@@ -63,7 +64,8 @@ def _download(ctl: EngineController, source: str, view: LogFilter) -> str | None
     if source == LIVE:
         return str(ctl.export_logs(view))
     path = ctl.logs.run_path(source, "stderr" if view.stream == "stderr" else "stdout")
-    return str(path) if path else None
+    # a copy in the exports folder: the one place the web server hands files from (app/backend/exports.py)
+    return str(copy_export(ctl.settings.state_dir, path, path.name)) if path else None
 
 
 def render(state: AppState, shell: Shell) -> None:
@@ -94,7 +96,15 @@ def render(state: AppState, shell: Shell) -> None:
     for ev in (source.change, stream.change, needle.submit, probes.change):
         ev(show, inputs, [box], **QUICK)
     box.change(None, [follow], None, js=FOLLOW_JS)
-    refresh.click(lambda: gr.Dropdown(choices=_sources(ctl)), None, [source], **QUICK)
+    def runs_now(current: str | None) -> Any:
+        """The saved runs as they are now (a run that ended since the page was built, issue 29)."""
+        choices = _sources(ctl)
+        # a value only when the pick is gone: sent back always, it could undo a pick made meanwhile
+        return gr.Dropdown(choices=choices) if current in choices else gr.Dropdown(choices=choices, value=LIVE)
+
+    refresh.click(runs_now, [source], [source], **QUICK)
+    shell.on_load(runs_now, [source], [source])
+    shell.on_tab(TITLE, runs_now, [source], [source])
     download.click(lambda src, st, text, pr: _download(ctl, src, LogFilter(st, text or "", pr)), inputs, [download],
                    **QUICK)
 
@@ -103,4 +113,4 @@ def render(state: AppState, shell: Shell) -> None:
             return gr.skip()
         return show(src, st, text, pr)
 
-    shell.timer.tick(tick, inputs + [follow], [box], trigger_mode="once", **QUICK)
+    shell.on_tick(tick, inputs + [follow], [box])

@@ -8,11 +8,24 @@ screen readers (role="img" + a text description), and nothing extra to install o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from html import escape
+from html import escape as _escape
 
 from app.backend.recipe.command import NO_REASON, ExplainedLine
 from app.backend.recipe.schema import Finding, ProfileSpec, Recipe, StudyTable, cell_text
 from app.backend.selftest.report import Standing
+
+# The card's ⭐ (U+2B50) needs a colour-emoji font, which many boxes and headless browsers lack (an empty
+# box, issue 29); ★ (U+2605) is in DejaVu and every common text font. The card's text keeps its ⭐.
+STAR, TEXT_STAR = "\u2b50", "\u2605"
+
+
+def glyphs(text: str) -> str:
+    """Card text with glyphs every text font has (⭐ → ★)."""
+    return text.replace(STAR, TEXT_STAR)
+
+
+def escape(text: str, quote: bool = True) -> str:
+    return _escape(glyphs(text), quote)
 
 
 def _fmt(v: float) -> str:

@@ -19,6 +19,7 @@ from app.ui.shell import Shell
 from app.ui.profile_html import (
     card_facts,
     explained_command,
+    glyphs,
     findings_list,
     profile_cards,
     speed_quality_chart,
@@ -124,7 +125,8 @@ class _View:
 
     def check(self, base_id: str, name: str, *vals: Any) -> tuple[str, str]:
         try:
-            preview = cp.profile_from_form(self.recipe, self._find(base_id), name or "preview", self._form(*vals), set())
+            preview = cp.profile_from_form(self.recipe, self._find(base_id), name or "preview", self._form(*vals), set(),
+                                           strict=True)
         except cp.CustomProfileError as exc:
             return "", f"⚠️ {escape(str(exc))}"
         found = cp.findings_for(self.recipe, preview)
@@ -134,7 +136,7 @@ class _View:
     def save(self, base_id: str, name: str, plain: bool, *vals: Any) -> list[Any]:
         taken = {p.id for p in self.profiles()}
         try:
-            profile = cp.profile_from_form(self.recipe, self._find(base_id), name, self._form(*vals), taken)
+            profile = cp.profile_from_form(self.recipe, self._find(base_id), name, self._form(*vals), taken, strict=True)
             path = cp.save_custom_profile(self.state.settings, profile)
         except (cp.CustomProfileError, OSError) as exc:
             return [gr.update(), gr.update(), "", f"⚠️ Not saved: {escape(str(exc))}"]
@@ -199,7 +201,10 @@ def render(state: AppState, shell: Shell) -> None:
             base = gr.Dropdown(_choices(profiles), value=rec, label="Clone from", elem_id="custom-base")
             name = gr.Textbox(label="New profile name", placeholder="e.g. balanced long-context", elem_id="custom-name")
         f0 = view.load_form(rec)
-        reason = recipe.why.get  # the card's "why each knob" line, shown under each knob
+        def reason(key: str) -> str | None:  # the card's "why each knob" line, shown under each knob
+            text = recipe.why.get(key)
+            return glyphs(text) if text is not None else None
+
         with gr.Row():
             policy = gr.Radio(["freq", "need"], value=f0[0], label="VLLM_MOE_W2_DELTA_POLICY", elem_id="knob-policy",
                               info=reason(cp.POLICY_ENV))

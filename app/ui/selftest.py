@@ -17,16 +17,17 @@ from app.backend.jobs import JobState
 from app.backend.selftest.runner import SelfTestService
 from app.backend.selftest.store import export_file
 from app.backend.selftest.types import SelfTestPlan
+from app.backend.recipe.schema import ProfileSpec
 from app.backend.state import AppState
 from app.ui.shell import QUICK, Shell
 
 TITLE = "Self-test"
 
 
-def figures_html(svc: SelfTestService) -> str:
+def figures_html(svc: SelfTestService, profiles: list[ProfileSpec]) -> str:
     """One row per profile: the card's decode figure beside this box's latest self-test."""
     rows = []
-    for p in svc.engine.profiles():
+    for p in profiles:
         st = svc.standing(p.id)
         card = f"{p.decode.value:g} tok/s" if p.decode is not None else "—"
         if st is None:
@@ -35,9 +36,12 @@ def figures_html(svc: SelfTestService) -> str:
             box = html.escape(st.line)
             note = html.escape(st.verdict) + (f' <b class="st-stale">— {html.escape(st.stale)}: run it again</b>'
                                               if st.stale else "")
-        rows.append(f'<tr data-profile="{html.escape(p.id)}"><td>{p.number} · {html.escape(p.title)}</td>'
-                    f"<td>{card}</td><td>{box}</td><td>{note}</td></tr>")
-    return ('<table class="moet-table" id="st-figures-table"><thead><tr><th>profile</th><th>card decode</th>'
+        empty = "" if note else ' class="empty"'
+        # data-label: a narrow window shows each row as a card, each cell under its column's name (panel.css)
+        rows.append(f'<tr data-profile="{html.escape(p.id)}"><td data-label="profile">{p.number} · {html.escape(p.title)}</td>'
+                    f'<td data-label="card decode">{card}</td><td data-label="this box">{box}</td>'
+                    f'<td data-label="verdict"{empty}>{note}</td></tr>')
+    return ('<table class="moet-table moet-stack" id="st-figures-table"><thead><tr><th>profile</th><th>card decode</th>'
             "<th>this box</th><th>verdict</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
 
 
@@ -85,12 +89,17 @@ def render(state: AppState, shell: Shell) -> None:
                 "with the card's sampling (decode tok/s after the first token), times the first token at a few "
                 "prompt lengths, and hides a code in 64K/256K prompts at depths 0.05/0.50/0.95 (counted in the "
                 "engine's own tokens). It uses the engine as it runs: start the profile first on the Engine tab.")
-    figures = gr.HTML(figures_html(svc), elem_id="st-figures")
-    ids = [p.id for p in engine.profiles()]
-    snap = engine.snapshot()
+    registry = state.profiles
+    figures = gr.HTML(figures_html(svc, registry.list()), elem_id="st-figures")
+
+    def default_profile(current: str | None = None) -> str:
+        """The serving profile (what a self-test measures), else the one picked, else the first."""
+        ids = registry.ids()
+        serving = engine.snapshot().profile_id
+        return serving if serving in ids else current if current in ids else ids[0]
+
     with gr.Row():
-        profile = gr.Dropdown(ids, value=snap.profile_id if snap.profile_id in ids else ids[0], label="Profile",
-                              elem_id="st-profile")
+        profile = gr.Dropdown(registry.choices(), value=default_profile(), label="Profile", elem_id="st-profile")
         runs = gr.Number(3, label="Decode runs", precision=0, minimum=1, maximum=20, elem_id="st-runs")
         tokens = gr.Number(2000, label="Tokens per run", precision=0, minimum=16, elem_id="st-tokens")
         needles = gr.Textbox("64k,256k", label="Needle lengths", elem_id="st-needles")
@@ -122,23 +131,34 @@ def render(state: AppState, shell: Shell) -> None:
     profile.change(lambda *a: (status_html(svc, *a), result_md(svc, a[0]), *exports(svc, a[0])), inputs,
                    [status, result, dl_md, dl_json], **QUICK)
     seen = gr.State(JobState.IDLE.value)  # per browser session: the job state its page last drew
-    if shell.tabs is not None:  # opened again: the image or a profile may have changed meanwhile
-        def on_tab(evt: gr.SelectData) -> Any:
-            return figures_html(svc) if evt.value == TITLE else gr.skip()
 
-        shell.tabs.select(on_tab, None, [figures], **QUICK)
+    def on_load(pid: str | None, n: float, t: float, nd: str) -> tuple[Any, ...]:
+        """A page opened (or reloaded) long after it was built: profiles saved since, the serving profile
+        as the default, its latest result and exports."""
+        pick = default_profile(pid)
+        return (gr.Dropdown(choices=registry.choices(), value=pick), figures_html(svc, registry.list()),
+                status_html(svc, pick, n, t, nd), result_md(svc, pick), *exports(svc, pick))
+
+    def on_tab(pid: str | None) -> tuple[Any, ...]:
+        # opened again: the image or a profile may have changed meanwhile; the pick stays the user's
+        # a value only when the pick is gone: sent back always, it could undo a pick made meanwhile
+        keep = pid in registry.ids()
+        return (gr.Dropdown(choices=registry.choices()) if keep else
+                gr.Dropdown(choices=registry.choices(), value=default_profile()), figures_html(svc, registry.list()))
+
+    shell.on_load(on_load, inputs, [profile, figures, status, result, dl_md, dl_json])
+    shell.on_tab(TITLE, on_tab, [profile], [profile, figures])
 
     def tick(pid: str, n: float, t: float, nd: str, last: str) -> tuple[Any, ...]:
         p = svc.progress()
         now = p.state
         # a run started elsewhere (the Profiles card's "run it again", the CLI) for another profile: follow it
-        follow = gr.Dropdown(value=p.profile_id) if now is JobState.RUNNING and p.profile_id in ids and p.profile_id != pid \
-            else gr.skip()
+        follow = gr.Dropdown(value=p.profile_id) if now is JobState.RUNNING and p.profile_id != pid \
+            and p.profile_id in registry.ids() else gr.skip()
         finished = last == JobState.RUNNING.value and now is not JobState.RUNNING
         if not finished:
             return status_html(svc, pid, n, t, nd), follow, gr.skip(), gr.skip(), gr.skip(), gr.skip(), now.value
-        return (status_html(svc, pid, n, t, nd), follow, figures_html(svc), result_md(svc, pid),
+        return (status_html(svc, pid, n, t, nd), follow, figures_html(svc, registry.list()), result_md(svc, pid),
                 *exports(svc, pid), now.value)
 
-    shell.timer.tick(tick, inputs + [seen], [status, profile, figures, result, dl_md, dl_json, seen], trigger_mode="once",
-                     **QUICK)
+    shell.on_tick(tick, inputs + [seen], [status, profile, figures, result, dl_md, dl_json, seen])

@@ -41,7 +41,6 @@ def home_data() -> Iterator[Path]:
 def panel_at_home(home_data: Path, monkeypatch: pytest.MonkeyPatch):
     # Until the panel-wide exports helper (journey branch) passes its exports dir to launch() as
     # allowed_paths, Gradio reads the same allowance from this variable.
-    monkeypatch.setenv("GRADIO_ALLOWED_PATHS", str(home_data / ".moet-panel" / "exports"))
     with chat_panel(home_data, decode_tok_s=400.0) as served:
         yield served
 
@@ -275,7 +274,6 @@ def test_first_thinking_token_is_visible_and_export_takes_one_click(home_data, b
     """Issue 29 item 11: the first streamed text showed 1.2–1.8 s after Enter while the engine's TTFT was
     0.02–0.14 s — Gradio's Chatbot slid the thinking in from a 0 px height; and export took two clicks
     and cut the file name."""
-    monkeypatch.setenv("GRADIO_ALLOWED_PATHS", str(home_data / ".moet-panel" / "exports"))
     with chat_panel(home_data, decode_tok_s=10.0) as (url, engine, p):
         page = open_chat(browser, url)
         page.evaluate("""() => { window.__firstThought = null; const bot = document.querySelector('#chat-bot');

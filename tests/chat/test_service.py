@@ -10,6 +10,7 @@ from app.backend.chat.client import SamplingParams
 from app.backend.chat.service import ChatError
 from app.backend.chat.store import INTERRUPTED
 from app.backend.engine.types import EngineState
+from app.backend.exports import exports_dir
 
 from tests.chat.chat_helpers import FakeEngine, start_sim, wait_for
 
@@ -283,7 +284,7 @@ def test_a_send_based_on_an_old_view_is_refused_and_changes_nothing(service) -> 
 def test_export_is_named_after_the_whole_title_and_kept_private(service, tmp_path) -> None:
     conv = service.new_conversation("A rather long conversation title that used to be cut at forty characters")
     path = service.export_file(conv.id, "md")
-    assert path.parent == service.exports_dir() and path.parent.name == "exports"
+    assert path.parent == exports_dir(service._state_dir) and path.parent.name == "exports"
     assert path.name == f"A-rather-long-conversation-title-that-used-to-be-cut-at-forty-characters-{conv.id[:8]}.md"
     assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
     service.close()  # the browser has its copy: nothing is left behind

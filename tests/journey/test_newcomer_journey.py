@@ -4,14 +4,20 @@ Panel in demo mode, the simulated engine as a real Docker container, a local Hub
 small real artifact (GNU tar --sparse | zstd | split):
 open → Downloads (progress moves, completes) → Engine (preflight, start `quality`, boot phases, ready) →
 header strip (VRAM, pool coverage) → Chat (thinking + answer, stats tagged quality) → switch to
-`balanced` (ready again) → Chat (stats tagged balanced) → reload: state, history and the engine remain.
+`balanced` (ready again) → Chat (stats tagged balanced) → Self-test of `balanced` (result shown, Markdown
+and JSON exported) → blind A/B balanced vs speed (run, graded, revealed, exported; listed after a reload)
+→ reload: state, history and the engine remain. The data dir lives under a $HOME-like folder (neither the
+system temp dir nor the working dir, where Gradio would serve any file: issue 29), and the test fails on
+any traceback in the panel's log.
 Accessibility and polish are checked in the same run. Screenshots go to test-artifacts/journey-*.png; the
 four the README shows (docs/journey-*.png) are refreshed only with MOET_PANEL_DOCS_SCREENSHOTS=1 (conftest `snap`).
 """
 
 from __future__ import annotations
 
+import json
 import re
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +31,7 @@ from app.backend.settings import resolve_settings
 from app.backend.state import AppState, build_app_state
 from tests.conftest import BrowserSession, free_port, serving
 from tests.download.conftest import artifact, start_hub  # noqa: F401  (session fixture reused)
+from tests.journey.conftest import open_panel, tracebacks, user_data_dir
 from tests.ui.a11y import horizontal_overflow, unlabelled_controls
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.docker]
@@ -33,8 +40,11 @@ TEST_LABELS = {"moet-panel.test": "1"}
 
 
 def _recipe_on_port(tmp: Path, port: int) -> Path:
-    """The simulated recipe, serving on a free port (the card's 8000 may be taken on a dev box)."""
+    """The simulated recipe, serving on a free port (the card's 8000 may be taken on a dev box), under its own id."""
     text = SIMULATED_RECIPE.read_text()
+    # its own recipe id too: containers are named and cleaned up by recipe id, and other suites on this
+    # box run the plain simulated recipe at the same time
+    text = text.replace('id = "simulated"', f'id = "journey-{port}"', 1)
     text = text.replace("port = 8000", f"port = {port}").replace('"--port", "8000"', f'"--port", "{port}"')
     # its own recipe id: every demo panel and journey run on a shared box labels its engine recipe=simulated,
     # and adopts (or, tearing down, removes) the others' (the engine vanished mid-journey under load)
@@ -59,11 +69,16 @@ def _poll(fn: Any, what: str, timeout: float = 60.0, every_ms: int = 150, page: 
 
 @pytest.fixture
 def journey(tmp_path: Path, artifact: Any) -> Iterator[tuple[str, AppState]]:  # noqa: F811
+    with user_data_dir() as data:
+        yield from _journey(tmp_path, data, artifact)
+
+
+def _journey(tmp_path: Path, data: Path, artifact: Any) -> Iterator[tuple[str, AppState]]:  # noqa: F811
     import docker
 
     client = docker.from_env()
     hub = start_hub(artifact, rate_cap_bps=400_000)  # a few seconds of visible progress
-    settings = resolve_settings(_recipe_on_port(tmp_path, free_port()), tmp_path / "data", demo=True,
+    settings = resolve_settings(_recipe_on_port(tmp_path, free_port()), data, demo=True,
                                 demo_reason="no usable NVIDIA GPU (journey test)")
     settings.ensure_state_dir()
     state = build_app_state(settings)
@@ -71,7 +86,8 @@ def journey(tmp_path: Path, artifact: Any) -> Iterator[tuple[str, AppState]]:  #
     state.downloads = DownloadManager(settings, endpoint=hub.endpoint, connections=2, segment_size=256 * 1024)
     state.on_close(state.downloads.close)
     state.engine.options.extra_labels = dict(TEST_LABELS)
-    state.engine.options.extra_env = {"MOET_SIM_BOOT_S": "3"}
+    # a 64K needle's prefill in about a second (the card's rate would take minutes on the SIMULATED engine)
+    state.engine.options.extra_env = {"MOET_SIM_BOOT_S": "3", "MOET_SIM_PREFILL_TOK_S": "400000"}
     try:
         with serving(state) as panel:
             yield panel.url, state
@@ -95,10 +111,67 @@ def _ask(page: Any, prompt: str, profile: str) -> str:
     return stats.last.inner_text()
 
 
-def test_newcomer_journey(journey: tuple[str, AppState], browser: BrowserSession) -> None:
+def _download(page: Any, selector: str) -> tuple[str, str]:
+    with page.expect_download() as dl:
+        page.click(selector)
+    return dl.value.suggested_filename, Path(dl.value.path()).read_text()
+
+
+def _selftest_and_ab(page: Any, state: AppState, browser: BrowserSession) -> None:
+    """The two features no other tool has, in the browser, on the user's own paths (issue 29 items 1-3)."""
+    # Self-test of the serving profile (the tab defaults to it), short: 1 decode run, one 64K needle
+    page.get_by_role("tab", name="Self-test").click()
+    assert page.locator("#st-profile input").input_value() == "#2 quality / speed (balanced)"
+    page.fill("#st-runs input", "1")
+    page.fill("#st-tokens input", "64")
+    page.fill("#st-needles textarea, #st-needles input", "64k")
+    page.wait_for_function("() => document.querySelector('#st-status')?.innerText.includes('ready to run')")
+    page.click("#st-run")
+    page.wait_for_function("() => document.querySelector('#st-result')?.innerText.includes('64K')", timeout=180_000)
+    assert "Self-test: profile balanced" in page.inner_text("#st-result")
+    name, md = _download(page, "#st-export-md")
+    assert name.startswith("selftest-balanced-") and md.startswith("# Self-test: profile balanced"), (name, md[:200])
+    name, js = _download(page, "#st-export-json")
+    assert name.endswith(".json") and json.loads(js)["profile_id"] == "balanced"
+    browser.snap(page, "journey-09-selftest")
+
+    # Blind A/B: balanced vs speed, one prompt, one seed; graded, revealed, exported
+    page.get_by_role("tab", name="Compare").click()
+    for box, pid in (("#ab-a", "balanced"), ("#ab-b", "speed")):
+        page.locator(f"{box} input").click()
+        page.get_by_role("option", name=pid, exact=True).locator("visible=true").click()
+        page.keyboard.press("Escape")
+        page.wait_for_function("([b, v]) => document.querySelector(b + ' input')?.value === v", arg=[box, pid])
+    page.fill("#ab-prompts textarea", "Name one use of a ring buffer.")
+    page.fill("#ab-seeds textarea, #ab-seeds input", "7")
+    page.fill("#ab-max input", "64")
+    page.dispatch_event("#ab-start", "click")
+    page.wait_for_selector("#ab-pair-head[data-left='1']", timeout=240_000)
+    rid = page.locator("#ab-run input").input_value()
+    assert state.abtest is not None and rid in state.abtest.journal.runs()
+    page.dispatch_event("#ab-pick-left", "click")
+    page.wait_for_function("() => document.querySelector('#ab-pair-head')?.innerText.includes('All pairs graded')")
+    page.dispatch_event("#ab-reveal-btn", "click")
+    page.wait_for_function("() => document.querySelector('#ab-reveal')?.innerText.includes('speed')")
+    assert "balanced" in page.inner_text("#ab-reveal")
+    name, md = _download(page, "#ab-export")
+    assert name == f"abtest-{rid}.md" and "speed" in md, (name, md[:200])
+    browser.snap(page, "journey-10-abtest-reveal")
+    assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors
+    open_panel(page)  # the run is still listed after a reload (the reload's aborted requests are not app errors)
+    browser.console_errors.clear()
+    page.get_by_role("tab", name="Compare").click()
+    assert page.locator("#ab-run input").input_value() == rid
+    assert "1/1 pairs graded" in page.inner_text("#ab-status")
+
+
+def test_newcomer_journey(journey: tuple[str, AppState], browser: BrowserSession,
+                          capfd: pytest.CaptureFixture[str]) -> None:
     url, state = journey
+    data = state.settings.data_dir
+    assert not any(data.resolve().is_relative_to(p.resolve()) for p in (Path(tempfile.gettempdir()), Path.cwd()))
     page = browser.new_page(1280, 800)
-    page.goto(url)
+    open_panel(page, url)
     page.wait_for_selector("#moet-header")
     assert "SIMULATED" in page.locator("#sim-banner").inner_text()
     assert "Why demo mode: no usable NVIDIA GPU" in page.locator("#sim-banner").inner_text()
@@ -196,3 +269,12 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: BrowserSession
     assert horizontal_overflow(narrow)["page"] <= 1, horizontal_overflow(narrow)
     browser.snap(narrow, "journey-08-narrow")
     assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors
+
+    # last: the A/B leaves the engine on `speed`
+    _selftest_and_ab(page, state, browser)
+    assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors
+    for p in browser.pages:
+        p.context.close()  # the browser goes first, as a user closes the tab before stopping the panel
+    browser.pages.clear()
+    out, err = capfd.readouterr()
+    assert not tracebacks(out + err), "\n\n".join(tracebacks(out + err))

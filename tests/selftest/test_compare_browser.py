@@ -14,6 +14,7 @@ from app.backend.chat.service import DB_NAME
 from app.backend.chat.store import ChatStore
 from app.backend.state import AppState
 from tests.conftest import serving
+from tests.journey.conftest import open_panel
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.docker, pytest.mark.timeout(900)]
 
@@ -41,7 +42,7 @@ def test_blind_ab_from_chat_history_graded_by_pick_and_score(demo_state: AppStat
         assert engine.wait_for(lambda s: s.is_ready, 90).is_ready
         page = browser.new_page(1280, 1100)
         page.set_default_timeout(90_000)  # the test box is shared by several engineers' suites
-        page.goto(panel.url)
+        open_panel(page, panel.url)  # the page's load event has drawn it: a click now is not redrawn over
         page.get_by_role("tab", name="Compare").click()
         page.dispatch_event("#ab-start", "click")  # no prompts yet: a clear error, nothing started
         page.wait_for_function("() => document.querySelector('#ab-status')?.innerText.includes('no prompts')")

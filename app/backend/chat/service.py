@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import os
 import threading
 import time
 import uuid
@@ -26,6 +25,7 @@ from app.backend.chat.snippets import curl_snippet, python_snippet
 from app.backend.chat.stats import StatsRecorder
 from app.backend.chat.store import ChatStore, ChatStoreError
 from app.backend.chat.turn import Turn
+from app.backend.exports import write_export
 from app.backend.recipe.schema import Recipe
 
 DB_NAME = "chat.sqlite"
@@ -85,7 +85,7 @@ class ChatService:
         self._convs: dict[str, Conversation] = {}
         self._turns: dict[str, Turn] = {}
         self._clients: dict[str, ChatClient] = {}
-        self._exports_dir = Path(state_dir) / "exports"
+        self._state_dir = Path(state_dir)
         self._exported: set[Path] = set()  # export files this service wrote: removed at close
         # Revisions (docs/chat.md#several-tabs): a conversation's bumps when its messages change (a turn
         # starts, clear, edit, regenerate); the list's when any conversation is added, removed, renamed
@@ -366,26 +366,13 @@ class ChatService:
     def export_markdown(self, conv_id: str) -> str:
         return export.to_markdown(self.get(conv_id))
 
-    def exports_dir(self) -> Path:
-        """Where exports for a browser download are written: `<state dir>/exports` (0700), never the
-        shared system temp dir (issue 30: /tmp/gradio was world-readable). The one place the chat
-        names it, to be replaced by the panel-wide exports helper."""
-        folder = self._exports_dir
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if folder.stat().st_mode & 0o077:
-            folder.chmod(0o700)
-        return folder
-
     def export_file(self, conv_id: str, fmt: str) -> Path:
         """Write an export (for a browser download) and return its path. The file is named after the
         whole title (issue 29: it was cut to 40 characters) plus the id's start, so two chats with
         one title do not overwrite each other."""
         conv = self.get(conv_id)
         text = export.to_json(conv) if fmt == "json" else export.to_markdown(conv)
-        path = self.exports_dir() / export_name(conv, fmt)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        path = write_export(self._state_dir, export_name(conv, fmt), text)
         with self._lock:
             self._exported.add(path)
         return path

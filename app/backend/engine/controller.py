@@ -42,6 +42,7 @@ from app.backend.engine.ops import ControllerOptions, Ticket, expects_pool
 from app.backend.engine.oplock import EngineLock, Holder, LockHeld
 from app.backend.engine.preflight import PreflightInputs, PreflightReport, run_preflight
 from app.backend.engine.readiness import base_url, port_in_use, probe
+from app.backend.exports import exports_dir
 from app.backend.engine.runtime import MANAGED_LABEL, RECIPE_LABEL, Instance, Runtime, RuntimeOpError, RuntimeUnavailable
 from app.backend.engine.types import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, LogLine
 from app.backend.recipe.command import RunSpec, build_run_spec
@@ -162,8 +163,7 @@ class EngineController:
     def export_logs(self, view: LogFilter = EVERY_LINE) -> Path:
         """Write the in-memory tail, as the view filters it, to a file for download; returns its path."""
         lines = view.apply(self.logs.recent(100000))
-        out_dir = self.settings.state_dir / "exports"
-        out_dir.mkdir(parents=True, exist_ok=True)
+        out_dir = exports_dir(self.settings.state_dir)
         snap = self.snapshot()
         path = out_dir / f"engine-{snap.container_name or 'log'}-{time.strftime('%Y%m%dT%H%M%S')}.log"
         path.write_text("".join(f"[{ln.stream}] {ln.text}\n" for ln in lines), encoding="utf-8")

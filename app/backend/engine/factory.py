@@ -18,6 +18,7 @@ from app.backend.engine.process_runtime import ProcessRuntime
 from app.backend.engine.runtime import Runtime, RuntimeUnavailable
 from app.backend.engine.types import EngineSnapshot
 from app.backend.profiles import all_profiles
+from app.backend.recipe.schema import ProfileSpec
 from app.backend.settings import Settings
 from app.backend.telemetry.gpu import make_gpu_reader
 from app.backend.telemetry.gpu_types import GpuReader
@@ -83,7 +84,9 @@ def default_gpu_reader(settings: Settings, controller_ref: list[EngineController
 
 def make_engine_controller(settings: Settings, gpu_reader: GpuReader | None = None,
                            options: ControllerOptions | None = None,
-                           ref: list[EngineController] | None = None, *, supervise: bool = False) -> EngineController:
+                           ref: list[EngineController] | None = None,
+                           profiles_fn: Callable[[], list[ProfileSpec]] | None = None, *,
+                           supervise: bool = False) -> EngineController:
     """The controller with its collaborators. `gpu_reader`: the app's one reader (build_app_state makes it
     with `default_gpu_reader(settings, ref)` and passes the same `ref`); without one a reader is made here.
     `supervise`: the panel's controller brings back what should run and restarts crashes (docs/engine.md)."""
@@ -99,7 +102,7 @@ def make_engine_controller(settings: Settings, gpu_reader: GpuReader | None = No
         settings,
         runtime_factory=lambda: select_runtime(settings),
         gpu_reader=reader,
-        profiles_fn=lambda: all_profiles(settings),
+        profiles_fn=profiles_fn or (lambda: all_profiles(settings)),  # the app's one cached registry when given
         options=options,
         ensure_image=ensure_sim_image,
         artifact_status=artifact_status_fn(settings),

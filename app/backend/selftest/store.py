@@ -9,6 +9,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from app.backend.exports import write_export
 from app.backend.selftest.types import SelfTestResult
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -62,9 +63,6 @@ def export_file(state_dir: Path, result: SelfTestResult, fmt: str) -> Path:
 
     if fmt not in ("md", "json"):
         raise ValueError(f"export format must be md or json, got {fmt!r}")
-    out = Path(state_dir) / "exports"
-    out.mkdir(parents=True, exist_ok=True)
     stamp = result.date[:19].replace(":", "").replace("-", "")
-    path = out / f"selftest-{_SAFE.sub('_', result.profile_id)}-{stamp}.{fmt}"
-    path.write_text(to_markdown(result) if fmt == "md" else to_json_text(result), encoding="utf-8")
-    return path
+    return write_export(state_dir, f"selftest-{_SAFE.sub('_', result.profile_id)}-{stamp}.{fmt}",
+                        to_markdown(result) if fmt == "md" else to_json_text(result))
