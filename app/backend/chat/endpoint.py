@@ -73,14 +73,14 @@ class HealthProbe:
 def engine_reason(snapshot: Any) -> str:
     """Why a controller snapshot that is not READY cannot chat, with the diagnosis if there is one."""
     state = getattr(snapshot.state, "value", str(snapshot.state))
-    text = f"The engine is {state}"
-    detail = snapshot.phase or snapshot.message
-    if detail:
-        text += f" ({detail})"
-    text += "."
-    if snapshot.diagnosis is not None:
-        text += f" {snapshot.diagnosis.title}."
-    return f"{text} {ENGINE_TAB_HINT}"
+    # Each fact once: the controller's message often already carries the diagnosis title ("engine stopped
+    # outside the panel (exit code 0)"), and a parenthesised message inside parentheses reads badly (issue 29).
+    parts = [p for p in (snapshot.phase or snapshot.message,) if p]
+    d = snapshot.diagnosis
+    if d is not None and not any(d.title.lower() in p.lower() for p in parts):
+        parts.append(d.title)
+    text = f"The engine is {state}" + (": " + "; ".join(parts) if parts else "")
+    return f"{text}. {ENGINE_TAB_HINT}"
 
 
 def resolve_endpoint(

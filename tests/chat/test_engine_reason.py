@@ -1,0 +1,27 @@
+"""The chat's 'why can't I chat' line says each fact once (issue 29: "The engine is stopped (engine stopped
+outside the panel (exit code 0)). stopped outside the panel.")."""
+
+from __future__ import annotations
+
+from app.backend.chat.endpoint import engine_reason
+from app.backend.engine.diagnosis import classify
+from app.backend.engine.exits import STOPPED_OUTSIDE
+from app.backend.engine.types import EngineSnapshot, EngineState
+
+
+def test_stopped_outside_the_panel_is_said_once() -> None:
+    # The controller's message for a clean exit is f"engine {d.title} (exit code N)" beside the diagnosis d.
+    snap = EngineSnapshot(state=EngineState.STOPPED, diagnosis=STOPPED_OUTSIDE,
+                          message=f"engine {STOPPED_OUTSIDE.title} (exit code 0)")
+    text = engine_reason(snap)
+    assert text.lower().count("stopped outside the panel") == 1, text
+    assert "exit code 0" in text and "((" not in text and "))" not in text, text
+    assert text.startswith("The engine is stopped"), text
+    assert text.endswith("Start or fix it on the Engine tab."), text
+
+
+def test_a_diagnosis_not_in_the_message_is_still_shown() -> None:
+    d = classify(1, False, ["torch.OutOfMemoryError: CUDA out of memory"])
+    snap = EngineSnapshot(state=EngineState.FAILED, diagnosis=d, message="engine exited (code 1)")
+    text = engine_reason(snap)
+    assert "engine exited (code 1)" in text and d.title in text, text
