@@ -24,8 +24,9 @@ from app.backend.engine.ops import ControllerOptions, Ticket
 from app.backend.engine.types import Diagnosis, EngineSnapshot, LogLine
 from app.backend.hostprobe import detect_demo
 from app.backend.settings import Settings
-from app.backend.telemetry.alerts import status_alerts
+from app.backend.telemetry.alerts import run_log_lines, status_alerts, trace_of
 from app.backend.telemetry.nvml import NvmlGpuReader
+from app.backend.telemetry.trace import TraceSnapshot
 from app.cli.main import add_common, settings_from
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -94,11 +95,15 @@ def _snap_dict(snap: EngineSnapshot) -> dict[str, Any]:
 
 def _status(args: argparse.Namespace, ctl: EngineController) -> int:
     snap = ctl.snapshot()  # the controller read Docker on construction: this is what Docker shows
-    alerts = _alerts(ctl, snap)
+    # The pool trace from the run's whole log, as the panel's header follows it (issue 29).
+    run_log = run_log_lines(ctl.runtime, snap.container_id, ctl.recent_logs(2000))
+    trace = trace_of(run_log)
+    alerts = _alerts(ctl, snap, run_log)
     holder = ctl.lock_holder()
     code = EXIT_UNREACHABLE if ctl.runtime is None else STATUS_EXIT.get(snap.state.value, EXIT_FAILED)
     if args.json:
         print(json.dumps({"engine": _snap_dict(snap), "runtime": _runtime_text(ctl), "alerts": alerts,
+                          "trace": _trace_dict(trace),
                           "lock": asdict(holder) if holder else None, "exit_code": code}, indent=2))
     else:
         label = " (SIMULATED)" if snap.simulated else ""
@@ -108,6 +113,8 @@ def _status(args: argparse.Namespace, ctl: EngineController) -> int:
             print(f"container: {snap.container_name}  url: {snap.base_url}  served: {snap.served_name}")
         if snap.pool_slots is not None:
             print(f"FP4 pool: {snap.pool_slots} slots x {snap.slot_mib} MiB")
+        if snap.container_id and (line := _trace_line(trace)):
+            print(line)
         if snap.message:
             print(f"note: {snap.message}")
         if (want := ctl.desired()) is not None:  # what the panel's supervisor keeps running (docs/engine.md)
@@ -122,9 +129,27 @@ def _status(args: argparse.Namespace, ctl: EngineController) -> int:
     return code
 
 
-def _alerts(ctl: EngineController, snap: EngineSnapshot) -> list[dict[str, Any]]:
+def _trace_dict(t: TraceSnapshot) -> dict[str, Any]:
+    last = t.primary.last if t.primary else None
+    return {"trace_on": t.trace_on, "summaries": t.summaries, "coverage_pct": t.coverage_pct,
+            "expert_hit_pct": t.expert_hit_pct, "tick": last.tick if last else None,
+            "slots_filled": last.cached if last else None, "slots": last.slots if last else None}
+
+
+def _trace_line(t: TraceSnapshot) -> str:
+    """The header's 'Pool coverage' in words: the last `[delta] tick` summary of this run."""
+    last = t.primary.last if t.primary else None
+    if t.coverage_pct is not None and last is not None:
+        return (f"pool coverage: {t.coverage_pct:g}% of tokens, {t.expert_hit_pct:g}% of experts "
+                f"({last.cached}/{last.slots} slots, tick {last.tick})")
+    if t.trace_on:
+        return "pool coverage: no `[delta] tick` summary yet (the trace is on; summaries print only while tokens flow)"
+    return ""
+
+
+def _alerts(ctl: EngineController, snap: EngineSnapshot, run_log: list[str]) -> list[dict[str, Any]]:
     try:
-        return [asdict(a) for a in status_alerts(ctl.settings, snap, ctl.recent_logs(2000))]
+        return [asdict(a) for a in status_alerts(ctl.settings, snap, run_log)]
     except Exception as exc:  # alerts are advisory; status must still print
         return [{"id": "alerts_error", "severity": "info", "title": "alerts unavailable", "meaning": str(exc),
                  "action": "", "evidence": ""}]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Literal
 
+from app.backend.engine.runtime import Runtime
 from app.backend.engine.types import EngineSnapshot, EngineState, LogLine
 from app.backend.settings import Settings
 from app.backend.telemetry.gpu_types import GpuSample
@@ -238,13 +239,7 @@ def status_alerts(settings: Settings | None, snapshot: EngineSnapshot | None, lo
     Without /metrics traffic figures, a READY engine whose logs contain no trace at all gets an
     `info` alert (idle engines print no tick lines, so this cannot be a warning).
     """
-    parser = TraceParser()
-    for ln in log_lines:
-        if isinstance(ln, LogLine):
-            parser.feed_line(ln.text, None)
-        else:
-            parser.feed_line(str(ln))
-    trace = parser.snapshot()
+    trace = trace_of(log_lines)
     inputs = _inputs_for(settings, snapshot, trace, gpus or [])
     alerts = evaluate(inputs)
     if snapshot is not None and snapshot.state is EngineState.READY and trace.summaries == 0 and not trace.trace_on:
@@ -255,6 +250,30 @@ def status_alerts(settings: Settings | None, snapshot: EngineSnapshot | None, lo
             TRACE_HOW,
         ))
     return alerts
+
+
+def trace_of(log_lines: Iterable[LogLine | str]) -> TraceSnapshot:
+    """The pool trace of an engine run from its log lines: pass the run's whole log (`run_log_lines`), as the
+    panel's telemetry hub has followed it since boot, so a CLI and the header agree (issue 29)."""
+    parser = TraceParser()
+    for ln in log_lines:
+        parser.feed_line(ln.text if isinstance(ln, LogLine) else str(ln), None)
+    return parser.snapshot()
+
+
+RUN_LOG_MAX_LINES = 200_000  # ~40 MB of text at most; a run's pool lines are a small share of it
+
+
+def run_log_lines(runtime: Runtime | None, container_id: str, fallback: Iterable[LogLine]) -> list[str]:
+    """The current run's log from its start, from the runtime (Docker keeps it); the in-memory tail only when
+    the runtime cannot say. The tail alone loses the boot's `trace ON` line and the last `[delta] tick` under
+    hours of health-check lines, and a fresh CLI process has no tail at all (issue 29)."""
+    if runtime is not None and container_id:
+        try:
+            return [text for _, text in runtime.read_logs(container_id, max_lines=RUN_LOG_MAX_LINES)]
+        except Exception:  # gone meanwhile / daemon hiccup: the tail is the best left
+            pass
+    return [ln.text for ln in fallback]
 
 
 def _inputs_for(settings: Settings | None, snapshot: EngineSnapshot | None, trace: TraceSnapshot, gpus: list[GpuSample]) -> AlertInputs:
