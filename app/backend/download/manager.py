@@ -8,6 +8,7 @@ is started on first use and labelled SIMULATED everywhere.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from app.backend.download.ckpt import CkptCheck, check_ckpt_id
 from app.backend.download.config import make_config
 from app.backend.download.extract import free_bytes
 from app.backend.download.journal import DestLock, JournalStore, clean_partial
+from app.backend.download.presence import missing_on_disk
 from app.backend.download.plan import Prepared, _existing_parent, prepare
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.runner import run_download
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
 
 
 CANCELLED = "cancelled; downloaded data is kept (Clean partial data removes it)"
+NOT_ON_DISK = "done once, not on disk now"
+CKPT_RECHECK_S = 2.0  # the ckpt-id check globs the planescache: at most this often between runs
 IDLE_COUNTS_TTL_S = 30.0  # /metrics between runs: the journals are read again at most this often
 
 
@@ -79,6 +83,7 @@ class DownloadManager:
         self._selection: list[str] | None = None
         self._demo: DemoHub | None = None
         self._ckpt: CkptCheck | None = None
+        self._ckpt_at = 0.0
         self._past: dict[str, tuple[int, int]] = {}  # earlier runs' (wire bytes, verify failures), for counters()
         self._idle: tuple[float, list[ArtifactProgress]] | None = None
 
@@ -233,8 +238,10 @@ class DownloadManager:
 
     # ---- reading ---------------------------------------------------------------------------------
     def ckpt_check(self) -> CkptCheck:
-        if self._ckpt is None or self.running:
-            self._ckpt = check_ckpt_id(self.settings)
+        # re-read now and then: the pin file can be moved or deleted between runs (issue 29)
+        now = time.monotonic()
+        if self._ckpt is None or self.running or now - self._ckpt_at > CKPT_RECHECK_S:
+            self._ckpt, self._ckpt_at = check_ckpt_id(self.settings), now
         return self._ckpt
 
     def snapshot(self) -> DownloadSnapshot:
@@ -242,23 +249,41 @@ class DownloadManager:
         if not arts:
             self._list_once()
             arts = self._idle_rows()
+        message = self._message
+        if not self.running:  # the disk, not only the journal (issue 29; docs/downloads.md)
+            arts = [self._on_disk(a) for a in arts]
+            gone = [a for a in arts if a.reason.startswith(NOT_ON_DISK)]
+            if gone:
+                message = (f"{len(gone)} artifact(s) not on disk any more ({', '.join(a.id for a in gone)}): "
+                           "press Start (or Resume) to download and extract them again, or put the folder back.")
         overall = self._board.overall(arts)
         disk = self._board.disk()
         idle = self._idle_disk()
         if disk is not None and not self.running:  # keep the finished run's staging peak
             disk = replace(idle, staging_peak=disk.staging_peak)
         return DownloadSnapshot(
-            running=self.running, artifacts=arts, message=self._message, error=self._error,
+            running=self.running, artifacts=arts, message=message, error=self._error,
             endpoint=self._endpoint or "", repo=self._repo or self.settings.recipe.hub.repo, commit=self._commit,
             disk=disk or idle, simulated=self.simulated, rate_bps=overall.rate_bps,
             verified_bps=overall.verified_bps, extracted_bps=overall.extracted_bps, eta_s=overall.eta_s,
             binding=overall.binding)
 
+    def _on_disk(self, a: ArtifactProgress) -> ArtifactProgress:
+        """A DONE row whose extracted output is gone reads as queued, saying what is missing and the fix."""
+        if a.state is not ArtifactState.DONE:
+            return a
+        spec = next((s for s in self.settings.recipe.artifacts if s.id == a.id), None)
+        gone = missing_on_disk(self.settings.data_dir, a.id, spec.yields) if spec else ""
+        if not gone:
+            return a
+        return replace(a, state=ArtifactState.QUEUED, verified_bytes=0, fetched_bytes=0, parts_verified=0,
+                       extracted_files=0, extracted_bytes=0,
+                       reason=f"{NOT_ON_DISK}: {gone}. Start downloads and extracts it again "
+                              "(or move the folder back).")
+
     def counters(self) -> list[ArtifactCounts]:
         """Counters for the /metrics scrape: the run's board, else the journals' picture cached for
         IDLE_COUNTS_TTL_S; never the network, never a rate sample (docs/metrics.md)."""
-        import time
-
         arts = self._board.counts()
         if not arts:
             now = time.monotonic()

@@ -23,6 +23,7 @@ from app.backend.download.procs import CORES_PER_ARTIFACT, available_cores
 from app.backend.download.extract import free_bytes
 from app.backend.download.group import RunGroup
 from app.backend.download.job import ArtifactRun
+from app.backend.download.presence import missing_on_disk
 from app.backend.download.journal import ArtifactJournal, DestLock, JournalStore, staging_dir
 from app.backend.download.plan import Prepared, prepare
 from app.backend.download.progress import ProgressBoard
@@ -81,12 +82,17 @@ def _journal_for(cfg: DownloadConfig, prepared: Prepared, plan: ArtifactPlan, st
                  board: ProgressBoard) -> ArtifactJournal | None:
     """The journal this run continues, or None when the artifact is already complete."""
     j = store.load(plan.id)
-    if j is not None and j.matches(plan, cfg.repo) and j.state == ArtifactState.DONE \
-            and (cfg.dest / plan.yields).is_dir():
-        board.restore_counts(plan.id, fetched=plan.compressed, verified=plan.compressed,
-                             parts_verified=len(plan.parts))
-        board.apply(plan.id, FoundComplete())
-        return None
+    if j is not None and j.matches(plan, cfg.repo) and j.state == ArtifactState.DONE:
+        gone = missing_on_disk(cfg.dest, plan.id, plan.yields)
+        if not gone:
+            board.restore_counts(plan.id, fetched=plan.compressed, verified=plan.compressed,
+                                 parts_verified=len(plan.parts))
+            board.apply(plan.id, FoundComplete())
+            return None
+        # Done once, not on disk now (moved, deleted): its parts were consumed by extraction, so fetch again.
+        shutil.rmtree(staging_dir(cfg.dest, plan.id), ignore_errors=True)
+        board.event(Notice(plan.id, message=f"{gone}: downloading and extracting it again"))
+        j = None
     if j is None or not j.matches(plan, cfg.repo):
         if j is not None:  # the repo changed under us: old staging is useless
             shutil.rmtree(staging_dir(cfg.dest, plan.id), ignore_errors=True)
