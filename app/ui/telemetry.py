@@ -14,11 +14,12 @@ import pandas as pd
 from app.backend.state import AppState
 from app.backend.telemetry.alerts import Alert
 from app.backend.telemetry.hub import TelemetryFrame, TelemetryHub
-from app.backend.telemetry.plotdata import PLOTS, PLOTS_PER_ROW, WINDOWS, PlotSpec, rows, thin
+from app.backend.engine.types import EngineState
+from app.backend.telemetry.plotdata import PLOTS, PLOTS_PER_ROW, WINDOWS, PlotSpec, events, rows, spans, thin
 from app.backend.telemetry.timeline import TimelinePoint
 from app.backend.units import GiB
 from app.ui.shell import QUICK, Shell
-from app.ui.theme import SEVERITY_COLOURS
+from app.ui.theme import SEVERITY_COLOURS, STATE_COLOURS
 
 TITLE = "Telemetry"
 
@@ -45,6 +46,41 @@ def _frame(pts: list[TimelinePoint], spec: PlotSpec) -> pd.DataFrame:
 def frames(hub: TelemetryHub, window: str) -> list[pd.DataFrame]:
     pts = thin(hub.series(WINDOWS.get(window, 900)))
     return [_frame(pts, spec) for spec in PLOTS]
+
+
+def _hms(ts: float) -> str:
+    # the plots' x axis shows the UTC clock digits (naive datetimes from pandas): the band names the same
+    return time.strftime("%H:%M:%S", time.gmtime(ts))
+
+
+def events_html(pts: list[TimelinePoint]) -> str:
+    """The engine's states along the plots' time axis as a labelled band, with its stop / start / switch
+    events (issue 29; docs/telemetry.md, "Gaps and engine events"). Same points as the plots."""
+    ss = spans(pts)
+    if not ss:
+        return '<div id="telemetry-events" data-events="0"></div>'
+    t0, t1 = ss[0].start, max(ss[-1].end, ss[0].start + 1)
+    cells = []
+    for i, sp in enumerate(ss):
+        end = ss[i + 1].start if i + 1 < len(ss) else sp.end
+        width = max((end - sp.start) / (t1 - t0) * 100, 0.4)
+        try:
+            colour = STATE_COLOURS[EngineState(sp.state)]
+        except ValueError:
+            colour = ""
+        fill = (f"background:{colour}" if colour else
+                "background:repeating-linear-gradient(45deg,#a0aec0 0 4px,transparent 4px 8px)")
+        what = f"{sp.state or 'no data'}{f' · {sp.profile}' if sp.profile else ''}"
+        cells.append(f'<span data-state="{_e(sp.state or "none")}" title="{_e(what)} {_hms(sp.start)}–{_hms(end)}" '
+                     f'style="display:inline-block;height:10px;width:{width:.2f}%;{fill}"></span>')
+    evs = events(pts)
+    names = " · ".join(f'<span data-event="{_e(e.kind)}"><b>{_hms(e.ts)}</b> {_e(e.text)}</span>' for e in evs)
+    return (f'<div id="telemetry-events" data-events="{len(evs)}" style="font-size:12px;margin:4px 0 8px">'
+            f'<div aria-hidden="true" style="display:flex;width:100%;border-radius:3px;overflow:hidden">{"".join(cells)}'
+            f'</div><div style="display:flex;justify-content:space-between;opacity:.8"><span>{_hms(t0)}</span>'
+            f"<span>engine state along the plots' time axis (green ready · amber starting · grey stopped · "
+            f"hatched no data); lines break where a figure has no data</span><span>{_hms(t1)}</span></div>"
+            f'<div>{names or "no engine stop, start or switch in this window"}</div></div>')
 
 
 def alerts_html(alerts: tuple[Alert, ...]) -> str:
@@ -122,6 +158,7 @@ def render(state: AppState, shell: Shell) -> None:
         window = gr.Radio(list(WINDOWS), value="15 min", label="Time window", elem_id="telemetry-window")
     alerts = gr.HTML(alerts_html(()), elem_id="telemetry-alerts-box")
     details = gr.HTML("", elem_id="telemetry-details-box")
+    band = gr.HTML("", elem_id="telemetry-events-box")
     plots = []
     for start in range(0, len(PLOTS), PLOTS_PER_ROW):
         with gr.Row(equal_height=True):
@@ -130,9 +167,10 @@ def render(state: AppState, shell: Shell) -> None:
 
     def tick(win: str) -> list[Any]:
         f = hub.latest()
-        return [alerts_html(f.alerts), details_html(f), *frames(hub, win)]
+        pts = thin(hub.series(WINDOWS.get(win, 900)))
+        return [alerts_html(f.alerts), details_html(f), events_html(pts), *[_frame(pts, spec) for spec in PLOTS]]
 
-    outs = [alerts, details, *plots]
+    outs = [alerts, details, band, *plots]
     # Six re-drawn plots a second are not free (server DataFrames, browser Vega renders): this tab has
     # its own timer, running only while the tab is selected. The header uses the shared page timer.
     live = gr.Timer(1.0, active=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 from types import MappingProxyType
 
 from app.backend.telemetry.timeline import TimelinePoint
@@ -16,15 +17,16 @@ class PlotSpec:
     title: str
     y_title: str
     series: tuple[tuple[str, str], ...]  # (TimelinePoint field, legend label)
+    engine_only: bool = True  # a figure of the serving engine: no value while it is not ready (a gap, not a line)
 
 
 # One quantity in one unit per plot (docs/telemetry.md): a shared axis flattens the smaller series.
 # Decode and prompt tok/s differ by orders of magnitude, so they get an axis each too.
 PLOTS: tuple[PlotSpec, ...] = (
-    PlotSpec("vram", "VRAM", "GiB", (("vram_used_gib", "used"), ("vram_total_gib", "total"))),
-    PlotSpec("gpu", "GPU utilisation", "%", (("gpu_util", "util"),)),
-    PlotSpec("power", "GPU power", "W", (("power_w", "power"),)),
-    PlotSpec("temp", "GPU temperature", "°C", (("temp_c", "temperature"),)),
+    PlotSpec("vram", "VRAM", "GiB", (("vram_used_gib", "used"), ("vram_total_gib", "total")), engine_only=False),
+    PlotSpec("gpu", "GPU utilisation", "%", (("gpu_util", "util"),), engine_only=False),
+    PlotSpec("power", "GPU power", "W", (("power_w", "power"),), engine_only=False),
+    PlotSpec("temp", "GPU temperature", "°C", (("temp_c", "temperature"),), engine_only=False),
     PlotSpec("pool", "Pool coverage", "%",
              (("coverage_pct", "tokens"), ("expert_hit_pct", "experts"))),
     PlotSpec("churn", "Pool churn", "slots/s", (("churn_per_s", "churn"),)),
@@ -53,18 +55,97 @@ def _value(p: TimelinePoint, name: str) -> float | None:
     return None if value is None else float(value)
 
 
+GAP_MIN_S = 5.0  # a hole shorter than this is sampling jitter, not missing data
+GAP_INTERVALS = 3.0  # ... and so is one shorter than this many typical sample intervals
+
+
+def gap_threshold(points: list[TimelinePoint]) -> float:
+    """Seconds between two samples of a series above which the line breaks (no data in between)."""
+    steps = sorted(b.ts - a.ts for a, b in pairwise(points))
+    typical = steps[len(steps) // 2] if steps else 1.0
+    return max(GAP_MIN_S, GAP_INTERVALS * typical)
+
+
 def rows(points: list[TimelinePoint], spec: PlotSpec, now: float | None = None) -> list[dict[str, object]]:
     """[{"time": ts, "series": label, "value": v, "profile": p}, …]; missing values are skipped.
 
     Every series also gets one placeholder row (value None) so the plot's legend/colour domain always
     holds all series: Gradio 6.31's LinePlot fixes its colour domain when it (re)builds the chart, and a
     series absent at that moment would never be drawn later.
+
+    Where a series has no value for longer than `gap_threshold` (panel down, engine stopped or starting:
+    an engine figure has no value then), a None row sits in the hole: Vega-Lite breaks the line at it
+    instead of drawing a made-up ramp across (issue 29; docs/telemetry.md, "Gaps and engine events").
     """
     t0 = points[0].ts if points else (now or 0.0)
     out: list[dict[str, object]] = [{"time": t0, "series": label, "value": None, "profile": ""} for _, label in spec.series]
+    gap = gap_threshold(points)
+    last: dict[str, float] = {}
     for p in points:
+        live = not spec.engine_only or p.engine_state == "ready"
         for name, label in spec.series:
-            v = _value(p, name)
-            if v is not None:
-                out.append({"time": p.ts, "series": label, "value": float(v), "profile": p.profile or "—"})
+            v = _value(p, name) if live else None
+            if v is None:
+                continue
+            prev = last.get(label)
+            if prev is not None and p.ts - prev > gap:
+                out.append({"time": (prev + p.ts) / 2, "series": label, "value": None, "profile": ""})
+            last[label] = p.ts
+            out.append({"time": p.ts, "series": label, "value": float(v), "profile": p.profile or "—"})
+    return out
+
+
+@dataclass(frozen=True)
+class Span:
+    """A stretch of the time axis in one engine state ("" state = no samples at all: the panel was down)."""
+
+    start: float
+    end: float
+    state: str
+    profile: str
+
+
+@dataclass(frozen=True)
+class EngineEvent:
+    ts: float
+    kind: str  # "start" | "ready" | "stop" | "fail" | "switch" | "no data" | "data again"
+    text: str
+
+
+def spans(points: list[TimelinePoint]) -> list[Span]:
+    """The window cut where the engine's state or profile changes, or where there are no samples."""
+    out: list[Span] = []
+    gap = gap_threshold(points)
+    for prev, p in zip([None, *points], points, strict=False):
+        if prev is not None and p.ts - prev.ts > gap:
+            out.append(Span(prev.ts, p.ts, "", ""))
+        cur = out[-1] if out else None
+        if cur is not None and cur.state == p.engine_state and cur.profile == p.profile:
+            out[-1] = Span(cur.start, p.ts, cur.state, cur.profile)
+        else:
+            out.append(Span(p.ts, p.ts, p.engine_state, p.profile))  # from its first sample
+    return out
+
+
+def events(points: list[TimelinePoint]) -> list[EngineEvent]:
+    """Engine stop / start / switch (and sampling holes) on the time axis, oldest first."""
+    out: list[EngineEvent] = []
+    ss = spans(points)
+    for a, b in pairwise(ss):
+        if b.state == "":
+            out.append(EngineEvent(b.start, "no data", "no samples (panel not running)"))
+        elif a.state == "":
+            out.append(EngineEvent(b.start, "data again", f"samples again, engine {b.state or 'unknown'}"))
+        elif a.state == "ready" and b.state == "ready" and a.profile != b.profile:
+            out.append(EngineEvent(b.start, "switch", f"switch {a.profile} → {b.profile}"))
+        elif b.state in ("starting", "preflight") and a.state not in ("starting", "preflight"):
+            out.append(EngineEvent(b.start, "start", f"start {b.profile}".strip()))
+        elif b.state == "ready" and a.state != "ready":
+            out.append(EngineEvent(b.start, "ready", f"ready {b.profile}".strip()))
+        elif b.state == "stopped" and a.state != "stopped":
+            out.append(EngineEvent(b.start, "stop", "stopped"))
+        elif b.state == "failed":
+            out.append(EngineEvent(b.start, "fail", "failed"))
+        elif a.profile != b.profile and b.state not in ("stopped", ""):
+            out.append(EngineEvent(b.start, "switch", f"switch {a.profile} → {b.profile}"))
     return out
