@@ -115,15 +115,16 @@ def _status(args: argparse.Namespace, ctl: EngineController) -> int:
             print(f"FP4 pool: {snap.pool_slots} slots x {snap.slot_mib} MiB")
         if snap.container_id and (line := _trace_line(trace)):
             print(line)
-        if snap.message:
-            print(f"note: {snap.message}")
+        d = snap.diagnosis
+        if snap.message and not (d is not None and d.title.lower() in snap.message.lower()):
+            print(f"note: {snap.message}")  # else the diagnosis below says it (issue 29: said twice)
         if (want := ctl.desired()) is not None:  # what the panel's supervisor keeps running (docs/engine.md)
             print(f"should run: {want.key} (set by {want.set_by or '?'} at "
                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(want.since))}); "
                   f"restart policy: {ctl.restart_policy()}")
         if holder is not None:
             print(f"lock: held by {holder.describe()}")
-        _print_diag(snap.diagnosis)
+        _print_diag(snap.diagnosis, snap.message)
         for a in alerts:
             print(f"[{a['severity']}] {a['title']}: {a['meaning']} -> {a['action']}")
     return code
@@ -224,10 +225,12 @@ def _report(args: argparse.Namespace, ctl: EngineController, ticket: Ticket) -> 
     return EXIT_OK if ticket.ok else EXIT_FAILED
 
 
-def _print_diag(d: Diagnosis | None) -> None:
+def _print_diag(d: Diagnosis | None, message: str = "") -> None:
     if d is None:
         return
-    print(f"diagnosis: {d.title}\n  why: {d.explanation}\n  fix: {d.fix}")
+    # the state's message often is the title plus the exit code ("engine stopped outside the panel (exit code 0)")
+    title = message if message and d.title.lower() in message.lower() else d.title
+    print(f"diagnosis: {title}\n  why: {d.explanation}\n  fix: {d.fix}")
     for e in d.evidence:
         print(f"  log: {e}")
 
