@@ -104,7 +104,7 @@ def history_view(messages: list[Message], full: bool = False) -> HistoryView:
     hidden = len(messages) - len(shown)
     if hidden:
         out.insert(0, _sub(f"{hidden:,} earlier messages are not shown (export the conversation to read them all, "
-                           "or tick “Render long messages as Markdown” to show everything)"))
+                           "or tick 'Render long messages as Markdown' to show everything)"))
     return HistoryView(out, budget.plain + (1 if hidden else 0))
 
 

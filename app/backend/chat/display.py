@@ -100,7 +100,7 @@ def plain_text(text: str, tail: bool = False) -> str:
             if len(shown) == len(text) else
             f"shown as plain text, {'last' if tail else 'first'} {len(shown):,} of {len(text):,} characters")
     return (f'<pre class="chat-plain">{html.escape(shown)}</pre>\n\n'
-            f"<sub>{note} · “Render long messages as Markdown” below the chat, or export it</sub>")
+            f"<sub>{note} · 'Render long messages as Markdown' below the chat, or export it</sub>")
 
 
 def bounded(text: str, budget: RenderBudget, tail: bool = False) -> tuple[str, bool]:
