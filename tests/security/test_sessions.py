@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -15,21 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.backend.auth import SessionBook, add_user, load_users, make_checker
-from tests.conftest import close_panel, launch_panel
+from app.backend.auth import SessionBook
 
-PASSWORD = "correct horse battery"
-
-
-@pytest.fixture
-def authed(tmp_path: Path) -> Iterator[Any]:
-    path = tmp_path / "auth"
-    add_user(path, "alice", PASSWORD)
-    p = launch_panel(tmp_path / "data", auth=make_checker(load_users(path)))
-    try:
-        yield p
-    finally:
-        close_panel(p)
+from tests.security.conftest import PASSWORD
 
 
 class CookieCatcher:

@@ -11,18 +11,15 @@ import asyncio
 import statistics
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from app.backend.auth import LoginGuard, LoginNote, LoginThrottle, add_user, client_key, hash_password, load_users, make_checker
-from tests.conftest import close_panel, launch_panel
+from app.backend.auth import LoginGuard, LoginNote, LoginThrottle, client_key, hash_password, make_checker
 
-PASSWORD = "correct horse battery"
+from tests.security.conftest import PASSWORD
 
 
 def run_async(coro: Any) -> Any:
@@ -31,17 +28,6 @@ def run_async(coro: Any) -> Any:
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
-
-
-@pytest.fixture
-def authed(tmp_path: Path) -> Iterator[Any]:
-    path = tmp_path / "auth"
-    add_user(path, "alice", PASSWORD)
-    p = launch_panel(tmp_path / "data", auth=make_checker(load_users(path)))
-    try:
-        yield p
-    finally:
-        close_panel(p)
 
 
 def from_address(n: int) -> httpx.Client:

@@ -8,7 +8,6 @@ import re
 import stat
 import time
 import threading
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -16,22 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from app.backend.auth import add_user, load_users, make_checker
 from app.backend.webgate import PUBLIC_EXACT, PUBLIC_PREFIXES, GatePolicy, is_public, is_unused, parse_allowed_hosts
 from tests.conftest import close_panel, free_port, launch_panel
 
-PASSWORD = "correct horse battery"
-
-
-@pytest.fixture
-def authed(tmp_path: Path) -> Iterator[Any]:
-    path = tmp_path / "auth"
-    add_user(path, "alice", PASSWORD)
-    p = launch_panel(tmp_path / "data", auth=make_checker(load_users(path)))
-    try:
-        yield p
-    finally:
-        close_panel(p)
+from tests.security.conftest import PASSWORD
 
 
 def port_of(url: str) -> int:
