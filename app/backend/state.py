@@ -81,7 +81,6 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     state.gpu = default_gpu_reader(settings, ref, nvml_reader=nvml_reader)
     engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref, supervise=True)
     state.on_close(engine.close)
-    engine.add_op_listener(state.counters.engine_op)  # switches and restarts, for /metrics
 
     chat = state.chat = ChatService(settings.recipe, settings.ensure_state_dir(), snapshot_fn=engine.snapshot)
     state.on_close(chat.close)
