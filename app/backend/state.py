@@ -89,7 +89,6 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref, profiles_fn=state.profiles.list,
                                                    supervise=True)
     state.on_close(engine.close)
-    engine.add_op_listener(state.counters.engine_op)  # switches and restarts, for /metrics
 
     chat = state.chat = ChatService(settings.recipe, settings.ensure_state_dir(), snapshot_fn=engine.snapshot)
     state.on_close(chat.close)

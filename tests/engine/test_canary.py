@@ -17,7 +17,10 @@ def test_healthy_idle_engine_passes_the_canary(make_controller, sim_settings) ->
     ctl = make_controller(**CANARY)
     assert ctl.start("quality").wait(90)
     wait_until(lambda: ctl.snapshot().canary.startswith("ok"), 20, "a canary to pass")
-    assert ctl.snapshot().state is EngineState.READY and ctl.snapshot().stalls_total == 0
+    snap = ctl.snapshot()
+    assert snap.state is EngineState.READY and snap.stalls_total == 0
+    # the reading /metrics exports comes from the snapshot (one source)
+    assert snap.canary_ok is True and snap.canary_at > 0 and snap.canary_latency_s > 0
 
 
 def test_hang_after_ready_is_detected_by_the_canary(make_controller, sim_settings, sim_image) -> None:
@@ -32,6 +35,7 @@ def test_hang_after_ready_is_detected_by_the_canary(make_controller, sim_setting
     snap = ctl.snapshot()
     assert snap.diagnosis is not None and "canary" in snap.diagnosis.title
     assert snap.canary.startswith("failed 2 of 2") and snap.restarts_total == 0  # policy never: left as is
+    assert snap.canary_ok is False and snap.canary_failures_total >= 2
     print(f"hang detected {detect_s:.1f} s after ready (interval 1 s, timeout 1 s)")
 
 

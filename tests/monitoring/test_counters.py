@@ -1,28 +1,24 @@
-"""The panel's counters: switch results as the controller words its tickets, the restarts it makes itself,
-the gate's refusal statuses by reason."""
+"""The panel's counters (the gate's refusal statuses by reason) and the engine's, read from its snapshot."""
 
 from __future__ import annotations
 
-from app.backend.engine.ops import Ticket
+from dataclasses import replace
+
+from app.backend.engine.types import EngineSnapshot
+from app.backend.monitoring.collector import CanaryReading, engine_extras
 from app.backend.monitoring.counters import PanelCounters
 
 
-def _done(action: str, ok: bool, message: str) -> Ticket:
-    return Ticket(1, action, "balanced", True, message, ok=ok)
-
-
-def test_switch_results_and_restarts() -> None:
-    c = PanelCounters()
-    c.engine_op(_done("switch", True, "balanced ready"))
-    c.engine_op(_done("switch", True, "already serving balanced"))
-    c.engine_op(_done("switch", False, "switch to speed failed: CUDA OOM at load; rolled back to balanced"))
-    c.engine_op(_done("switch", False, "switch to speed failed: CUDA OOM at load; rollback to balanced failed too"))
-    c.engine_op(_done("switch", False, "switch to speed cancelled by stop"))
-    c.engine_op(_done("restart", True, "balanced ready"))
-    c.engine_op(_done("start", True, "balanced ready"))  # neither a switch nor a restart
-    c.engine_op(_done("stop", True, "engine stopped"))
-    assert c.switches() == {"ok": 2, "rolled_back": 1, "failed": 1, "cancelled": 1}
-    assert c.restarts == 1
+def test_engine_extras_come_from_the_snapshot() -> None:
+    """Restarts, switches by result and the canary are the snapshot's counts (one source of truth)."""
+    snap = replace(EngineSnapshot(), restarts_total=3, switches_ok=2, switches_rolled_back=1, switches_failed=4,
+                   switches_cancelled=5, canary_ok=False, canary_at=1700000000.0, canary_latency_s=1.5,
+                   canary_failures_total=2)
+    e = engine_extras(snap)
+    assert e.restarts_total == 3
+    assert e.switches == {"ok": 2, "rolled_back": 1, "failed": 4, "cancelled": 5}
+    assert e.canary == CanaryReading(False, 1700000000.0, 1.5, 2)
+    assert engine_extras(EngineSnapshot()).canary is None  # no canary judged yet: the series stay absent
 
 
 def test_refusals_by_reason() -> None:

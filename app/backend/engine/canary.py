@@ -59,6 +59,8 @@ class CanaryState:
         self.failures = 0
         self.sent = 0
         self.yielded = 0
+        self.failures_total = 0  # never reset: a counter for /metrics
+        self.last_at = 0.0  # wall time the last judged (ok/failed) canary was sent
         self._proof_at = time.monotonic()  # last canary success or token movement
         self._counts: tuple[float | None, float | None] | None = None
         self.last: CanaryResult | None = None
@@ -96,6 +98,8 @@ class CanaryState:
         the engine is now judged stalled (FAILS_TO_STALL failures in a row)."""
         self.last = r
         self.sent += 1
+        if r.outcome != "yielded":
+            self.last_at = time.time() - (time.monotonic() - now)
         if r.outcome == "ok":
             self.failures, self._proof_at = 0, now
         elif r.outcome == "yielded":
@@ -103,6 +107,7 @@ class CanaryState:
             self._proof_at = now  # a user request arrived: its tokens will be the proof
         else:
             self.failures += 1
+            self.failures_total += 1
         return self.failures >= FAILS_TO_STALL
 
     def status(self) -> str:

@@ -418,35 +418,37 @@ class EngineController:
         ticket.ok, ticket.message = True, "engine stopped"
 
     def _op_switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> None:
+        result = "failed"
         try:
-            self._switch(ticket, profile_id, spec, overrides)
-        finally:  # counted for the metrics exporter (switches_total{result})
-            snap = self.snapshot()
-            if ticket.ok:
-                self._apply(sm.Supervised(switches_ok=snap.switches_ok + 1))
-            else:
-                self._apply(sm.Supervised(switches_failed=snap.switches_failed + 1))
+            result = self._switch(ticket, profile_id, spec, overrides)
+        finally:  # counted in the snapshot, the one source for /metrics (switches_total{result})
+            s = self.snapshot()
+            self._apply(sm.Supervised(switches_ok=s.switches_ok + 1) if result == "ok" else
+                        sm.Supervised(switches_rolled_back=s.switches_rolled_back + 1) if result == "rolled_back" else
+                        sm.Supervised(switches_cancelled=s.switches_cancelled + 1) if result == "cancelled" else
+                        sm.Supervised(switches_failed=s.switches_failed + 1))
 
-    def _switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> None:
+    def _switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> str:
+        """Returns the result label: ok, rolled_back, failed or cancelled."""
         self._reconcile_now()
         snap = self.snapshot()
         if snap.state is EngineState.READY and snap.profile_id == profile_id:
             ticket.ok, ticket.message = True, f"already serving {profile_id}"
-            return
+            return "ok"
         rollback_to = snap.last_ready_profile
         if not self._stop_and_release(f"switching to {profile_id}"):
             self._finish(ticket, False)
-            return
+            return "failed"
         if self._boot(profile_id, spec, overrides):
             self._finish(ticket, True)
-            return
+            return "ok"
         failure = self.snapshot().diagnosis
         if self._cancel.is_set():
             ticket.ok, ticket.message = False, f"switch to {profile_id} cancelled by stop"
-            return
+            return "cancelled"
         if not (self.options.auto_rollback and rollback_to and rollback_to != profile_id) or self._closed:
             self._finish(ticket, False)
-            return
+            return "failed"
         self._stop_and_release(f"rolling back to {rollback_to}")
         ok = self._boot_profile(rollback_to)
         title = failure.title if failure else "failed"
@@ -457,6 +459,7 @@ class EngineController:
         ticket.ok, ticket.diagnosis = False, failure
         ticket.message = (f"switch to {profile_id} failed: {title}; "
                           + (f"rolled back to {rollback_to}" if ok else f"rollback to {rollback_to} failed too"))
+        return "rolled_back" if ok else "failed"
 
     def _finish(self, ticket: Ticket, ok: bool) -> None:
         snap = self.snapshot()
@@ -894,12 +897,12 @@ class EngineController:
             # one failure: the second try goes at once, if still idle (detection <= interval + 2 x timeout)
             if stalled or result.outcome != "failed" or self._user_arrived() or self._closed:
                 break
-            self._apply(sm.Supervised(canary=self._canary.status()))
+            self._apply(self._canary_event())
         with self._lock:
             if self._busy is not None or self._snap.container_id != snap.container_id or \
                     self._snap.state is not EngineState.READY:
                 return True
-            self._apply(sm.Supervised(canary=self._canary.status()))
+            self._apply(self._canary_event())
             if not stalled:
                 return False
             tail = tuple(ln.text for ln in self.logs.recent(5))
@@ -911,6 +914,15 @@ class EngineController:
             self._restart_stalled(snap.profile_id)
         return True
 
+    def _canary_event(self) -> sm.Supervised:
+        """The canary's status line and its last judged reading, for the snapshot (and /metrics from it)."""
+        c, r = self._canary, self._canary.last
+        judged = r is not None and r.outcome != "yielded"
+        return sm.Supervised(canary=c.status(), canary_failures_total=c.failures_total,
+                             canary_ok=(r.outcome == "ok") if judged and r is not None else None,
+                             canary_at=c.last_at if judged else None,
+                             canary_latency_s=r.seconds if judged and r is not None else None)
+
     def _canary_recovered(self, snap: EngineSnapshot, load: Load) -> bool:
         """A canary-stalled engine (restart off) is re-tried every interval; a success ends the stall."""
         if time.monotonic() - self._canary_retry_at < max(self._canary.interval_s, 1.0) or load.waiting or load.running:
@@ -920,7 +932,7 @@ class EngineController:
         if r.outcome != "ok":
             return False
         self._canary.record(r, time.monotonic())
-        self._apply(sm.Supervised(canary=self._canary.status()))
+        self._apply(self._canary_event())
         return True
 
     def _user_arrived(self) -> bool:

@@ -118,7 +118,13 @@ class Supervised:
     gave_up: bool | None = None
     switches_ok: int | None = None
     switches_failed: int | None = None
+    switches_rolled_back: int | None = None
+    switches_cancelled: int | None = None
     canary: str | None = None
+    canary_ok: bool | None = None
+    canary_at: float | None = None
+    canary_latency_s: float | None = None
+    canary_failures_total: int | None = None
     stalls_total: int | None = None
     message: str | None = None
 

@@ -69,8 +69,14 @@ class EngineSnapshot:
     restart_try: int = 0  # tries in the current restart window (0 = none pending)
     gave_up: bool = False  # the policy gave up (cap reached or a non-healing class): waits for a person
     switches_ok: int = 0
-    switches_failed: int = 0
+    switches_failed: int = 0  # failed, and no rollback either
+    switches_rolled_back: int = 0  # the new profile failed; the previous one serves again
+    switches_cancelled: int = 0  # a stop cancelled the switch
     canary: str = ""  # "" off/not ready, else e.g. "ok (0.04 s)", "failed 1 of 2: timeout"
+    canary_ok: bool | None = None  # the last canary's verdict (None: none judged yet; a yielded one is not judged)
+    canary_at: float = 0.0  # when the last canary ran (Unix time)
+    canary_latency_s: float = 0.0
+    canary_failures_total: int = 0  # canaries that produced no token, since the panel started
     stalls_total: int = 0
 
     @property

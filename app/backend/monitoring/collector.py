@@ -29,7 +29,6 @@ from app.backend.engine.types import LIVE_STATES, EngineSnapshot, EngineState
 from app.backend.telemetry import alerts as alert_rules
 
 if TYPE_CHECKING:
-    from app.backend.monitoring.counters import PanelCounters
     from app.backend.state import AppState
     from app.backend.telemetry.hub import TelemetryFrame
 
@@ -57,8 +56,7 @@ PYTHON = ".".join(map(str, sys.version_info[:3]))
 
 @dataclass(frozen=True)
 class CanaryReading:
-    """The generation canary's last verdict (issue 32's controller). Until its snapshot carries one,
-    `engine_extras` returns None and these series are absent (docs/metrics.md)."""
+    """The generation canary's last judged verdict, from the engine snapshot (docs/engine.md, "Liveness")."""
 
     ok: bool
     last_timestamp_s: float
@@ -69,14 +67,18 @@ class CanaryReading:
 @dataclass(frozen=True)
 class EngineExtras:
     restarts_total: int
+    switches: dict[str, int]  # by result: ok, rolled_back, failed, cancelled
     canary: CanaryReading | None
 
 
-def engine_extras(snap: EngineSnapshot, counters: PanelCounters) -> EngineExtras:
-    """Restarts and the canary. Today the restarts are the panel's own count of the restarts it made
-    (the stall restart; state.counters). When the reconciler's snapshot carries its restart count and
-    the canary (issue 32), each is one line here: `snap.restarts` and `CanaryReading(...)` from it."""
-    return EngineExtras(restarts_total=counters.restarts, canary=None)
+def engine_extras(snap: EngineSnapshot) -> EngineExtras:
+    """Restarts, switches by result and the canary: all from the controller's snapshot, the one source of
+    truth (docs/engine.md, "events out"). The canary series are absent until a canary was judged."""
+    canary = None if snap.canary_ok is None else CanaryReading(snap.canary_ok, snap.canary_at, snap.canary_latency_s,
+                                                              snap.canary_failures_total)
+    switches = {"ok": snap.switches_ok, "rolled_back": snap.switches_rolled_back, "failed": snap.switches_failed,
+                "cancelled": snap.switches_cancelled}
+    return EngineExtras(restarts_total=snap.restarts_total, switches=switches, canary=canary)
 
 
 class _Families:
@@ -195,10 +197,10 @@ class PanelCollector(Collector):
         if snap.profile_id and snap.state in LIVE_STATES:
             b.gauge("moet_panel_engine_profile_info", "The profile the engine runs (always 1; join on profile).", 1,
                     {**m, "profile": snap.profile_id}, sim)
-        extras = engine_extras(snap, self.state.counters)
-        b.counter("moet_panel_engine_restarts", "Engine restarts the panel made by itself (a stalled engine "
-                  "restarted, docs/engine.md).", extras.restarts_total, m, sim)
-        switches = self.state.counters.switches()
+        extras = engine_extras(snap)
+        b.counter("moet_panel_engine_restarts", "Engine restarts the panel's supervisor made (crash, stall, reboot "
+                  "recovery; docs/engine.md, \"Keeps serving\").", extras.restarts_total, m, sim)
+        switches = extras.switches
         for result in ("ok", "rolled_back", "failed", "cancelled"):
             b.counter("moet_panel_profile_switches", "Profile switches finished, by result (rolled_back: the new "
                       "profile failed and the previous one serves again).", switches.get(result, 0),

@@ -1,4 +1,5 @@
-"""Counters of things that happen in the web layer or the engine's operations, kept in the one
+"""Counters of things that happen in the web layer (the engine's restarts, switches and canary are counted in
+its snapshot, the one source: docs/engine.md, "events out"), kept in the one
 AppState (`state.counters`) and read by the /metrics collector (docs/metrics.md).
 
 Each counter is an int bumped under one lock; readers get a copy. Nothing here imports the web gate,
@@ -10,20 +11,11 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
 
 # The gate's refusals by HTTP status (app/backend/webgate.py, in the order it checks): the label a
 # dashboard shows. A status the gate does not use today is counted as "other".
 REFUSAL_REASONS = {421: "host", 400: "forwarding_header", 403: "origin", 404: "unused_route", 405: "method",
                    401: "no_session", 413: "body_too_large"}
-
-
-class FinishedOp(Protocol):
-    """What the counters read of a finished engine operation (app.backend.engine.ops.Ticket)."""
-
-    action: str
-    ok: bool | None
-    message: str
 
 
 @dataclass
@@ -33,8 +25,6 @@ class PanelCounters:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _refusals: Counter[str] = field(default_factory=Counter)
     _logins: Counter[str] = field(default_factory=Counter)
-    _switches: Counter[str] = field(default_factory=Counter)
-    _restarts: int = 0
     _metrics_denied: Counter[str] = field(default_factory=Counter)
 
     # -- writers ---------------------------------------------------------------------------------
@@ -53,23 +43,6 @@ class PanelCounters:
         with self._lock:
             self._metrics_denied[reason] += 1
 
-    def engine_op(self, op: FinishedOp) -> None:
-        """An engine operation finished (the controller's op listener): switches by result, and the
-        restarts the panel made by itself (today the stall restart, docs/engine.md#liveness)."""
-        with self._lock:
-            if op.action == "switch":
-                if op.ok:
-                    result = "ok"
-                elif "cancelled" in op.message:
-                    result = "cancelled"
-                elif "rolled back to" in op.message and "rollback to" not in op.message:
-                    result = "rolled_back"
-                else:
-                    result = "failed"
-                self._switches[result] += 1
-            elif op.action == "restart":
-                self._restarts += 1
-
     # -- readers ---------------------------------------------------------------------------------
     def refusals(self) -> dict[str, int]:
         with self._lock:
@@ -82,12 +55,3 @@ class PanelCounters:
     def metrics_denials(self) -> dict[str, int]:
         with self._lock:
             return dict(self._metrics_denied)
-
-    def switches(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._switches)
-
-    @property
-    def restarts(self) -> int:
-        with self._lock:
-            return self._restarts
