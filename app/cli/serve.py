@@ -186,9 +186,11 @@ def _serve(p: Plan, nvml: NvmlGpuReader | None = None) -> int:
     print(banner(p, url, hub_note), flush=True)
     # Under systemd (Type=notify): ready once the page answers; on SIGTERM say "stopping" and close the panel's
     # threads only — the engine keeps serving (docs/engine.md, "Run as a service").
-    sd_notify("READY=1\nSTATUS=panel at " + url)
+    # The handler goes in before READY: a SIGTERM sent the moment systemd (or a test) reads READY must stop
+    # the panel cleanly, not kill it with the default action.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
+        sd_notify("READY=1\nSTATUS=panel at " + url)
         demo.block_thread()
     except KeyboardInterrupt:
         pass
