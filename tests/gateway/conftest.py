@@ -18,7 +18,8 @@ from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.proxy import Limits
 from app.backend.gateway.readiness import EngineStatus, EngineStatusSource, ProbeSource
 from app.backend.gateway.server import GatewayConfig, GatewayServer
-from app.backend.simengine import SimEngineConfig, SimEngineServer
+from app.backend.simengine import SimEngineServer
+from tests.simengine.conftest import make_sim  # noqa: F401 (the one simulated-engine factory; a fixture)
 
 SERVED = "deepseek-v4-flash"
 
@@ -92,30 +93,7 @@ def home_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def make_sim() -> Iterator[Callable[..., SimEngineServer]]:
-    servers: list[SimEngineServer] = []
-
-    def factory(ready: bool = True, **overrides: Any) -> SimEngineServer:
-        fields: dict[str, Any] = {"port": 0, "boot_s": 0.05, "decode_tok_s": 400.0, "seed": 1,
-                                  "env": {"VLLM_MOE_W2": "1", "VLLM_MOE_W2_DELTA_GB": "7",
-                                          "VLLM_MOE_W2_CKPT_ID": "8863d864b7c75cde7493abc5899bdfe9e6dd16f6dab445961416f6e407c842b8"}}
-        fields.update(overrides)
-        server = SimEngineServer(SimEngineConfig(**fields), log=lambda _line: None)
-        servers.append(server)
-        server.start()
-        if ready:
-            assert server.wait_ready(10), "the simulated engine did not become ready"
-        return server
-
-    try:
-        yield factory
-    finally:
-        for s in servers:
-            s.stop()
-
-
-@pytest.fixture
-def make_gateway(home_data: Path, make_sim: Callable[..., SimEngineServer]) -> Iterator[Callable[..., Gw]]:
+def make_gateway(home_data: Path, make_sim: Callable[..., SimEngineServer]) -> Iterator[Callable[..., Gw]]:  # noqa: F811 (the imported fixture)
     started: list[Gw] = []
 
     def factory(limits: Limits | None = None, sim: SimEngineServer | None = None, source: EngineStatusSource | None = None,
