@@ -47,7 +47,7 @@ def panel(tmp_path):
 
 def test_header_and_telemetry_plots_live_in_demo(panel, browser) -> None:
     engine = panel.state.engine
-    page = browser.new_page(1400, 1600)  # tall enough that all six plots are in the viewport
+    page = browser.new_page(1400, 1600)
     try:
         page.goto(panel.url)
         page.wait_for_selector("#moet-header-strip")
@@ -82,12 +82,16 @@ def test_header_and_telemetry_plots_live_in_demo(panel, browser) -> None:
         page.wait_for_function(
             "() => document.querySelector('#telemetry-details') &&"
             " document.querySelector('#telemetry-details').innerText.includes('slots filled')", timeout=30_000)
-        # churn needs ≥ 2 s of summaries: poll (≤ 30 s) until every plot has drawn a line in the first colour
+        # churn needs ≥ 2 s of summaries: poll (≤ 30 s) until every plot has drawn a line in the first colour.
+        # A full-page shot: the page outgrows any fixed viewport (the last row was cut off under CI load),
+        # so boxes (viewport coordinates) are shifted by the scroll offset into page coordinates.
         counts: dict = {}
         for _ in range(60):
-            shot = page.screenshot()
+            shot = page.screenshot(full_page=True)
+            sx, sy = page.evaluate("() => [window.scrollX, window.scrollY]")
             boxes = {pid: page.locator(f"#telemetry-plot-{pid}").bounding_box() for pid in PLOT_IDS}
-            counts = {pid: _blue_pixels(shot, box) if box else 0 for pid, box in boxes.items()}
+            counts = {pid: _blue_pixels(shot, {**box, "x": box["x"] + sx, "y": box["y"] + sy}) if box else 0
+                      for pid, box in boxes.items()}
             if all(n > 30 for n in counts.values()):
                 break
             page.wait_for_timeout(500)
