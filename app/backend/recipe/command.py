@@ -59,7 +59,7 @@ class RunSpec:
 
     @property
     def command(self) -> EffectiveCommand:
-        """The engine env and args as run (panel additions included), for reading them (docs/recipes.md)."""
+        """The engine env and args as run (panel additions included), for reading them (docs/card.md)."""
         return EffectiveCommand(self.env, self.args)
 
     @property

@@ -1,6 +1,6 @@
 """The effective command of a profile: the engine's env and arguments after the profile's changes.
 
-The one reading of an engine argv in the panel (docs/recipes.md, "The effective command"): the spec builder,
+The one reading of an engine argv in the panel (docs/card.md, "The effective command"): the spec builder,
 the shell rendering, the explanations, the card's finding conditions, custom-profile checks, the self-test
 and the alert policy all ask this object, so none of them parses argv on its own. The rule: an argument
 starting with `--` takes the next token as its value unless that token starts with `--` too (vLLM's own

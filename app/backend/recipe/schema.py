@@ -572,7 +572,7 @@ class Recipe(Strict):
 
     def command(self, profile: ProfileSpec) -> EffectiveCommand:
         """The profile's effective command: serve.env/serve.args with its changes, the card's order kept
-        (replaced values stay in place, additions go last; docs/recipes.md)."""
+        (replaced values stay in place, additions go last; docs/card.md)."""
         cmd = self.serve.command
         for name, value in profile.env_replace.items():
             cmd = cmd.set_env(name, value)
