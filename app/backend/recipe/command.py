@@ -55,7 +55,7 @@ class RunSpec:
 
     @property
     def env_dict(self) -> dict[str, str]:
-        return dict(self.env)
+        return self.command.env_dict
 
     @property
     def command(self) -> EffectiveCommand:
