@@ -22,7 +22,7 @@ from typing import Any
 import tomli_w
 from pydantic import ValidationError
 
-from app.backend.recipe.command import profile_args, profile_env
+from app.backend.recipe.effective import EffectiveCommand
 from app.backend.recipe.schema import ENV_NAME_RE, Finding, ProfileSpec, Recipe, control_char
 from app.backend.recipe.toml_bounded import TomlLimitError, loads_bounded
 from app.backend.settings import Settings
@@ -98,17 +98,16 @@ def slugify(name: str) -> str:
 
 
 def knobs_of(recipe: Recipe, profile: ProfileSpec) -> Knobs:
-    return Knobs(env=dict(profile_env(recipe, profile)), args=_whitelisted_args(profile_args(recipe, profile)))
+    cmd = recipe.command(profile)
+    return Knobs(env=cmd.env_dict, args=_whitelisted_args(cmd))
 
 
-def _whitelisted_args(argv: list[str]) -> dict[str, str | None]:
+def _whitelisted_args(cmd: EffectiveCommand) -> dict[str, str | None]:
+    """The editable args as the editor holds them: None = absent, "" = a bare flag, else the value."""
     args: dict[str, str | None] = {}
     for flag, takes_value in ARG_WHITELIST.items():
-        if flag not in argv:
-            args[flag] = None
-            continue
-        i = argv.index(flag)
-        args[flag] = argv[i + 1] if takes_value and i + 1 < len(argv) else ""
+        value = cmd.arg_value(flag) if takes_value else None
+        args[flag] = (value or "") if cmd.has_arg(flag) else None
     return args
 
 
@@ -192,7 +191,7 @@ def make_custom_profile(
     env_replace = {k: v for k, v in env.items() if k in base_env and v != base_env[k]}
     env_remove = [k for k in base_env if k not in env]
     env_add = {k: v for k, v in env.items() if k not in base_env}
-    base_args = _whitelisted_args(list(recipe.serve.args))
+    base_args = _whitelisted_args(recipe.serve.command)
     args_set: dict[str, str] = {}
     args_remove: list[str] = []
     for flag, value in args.items():
@@ -236,9 +235,8 @@ def _describe(env_add: dict[str, str], env_replace: dict[str, str], env_remove: 
 
 def findings_for(recipe: Recipe, profile: ProfileSpec) -> list[Finding]:
     """The card's measured warnings whose conditions hold for this profile's effective command."""
-    env = dict(profile_env(recipe, profile))
-    argv = profile_args(recipe, profile)
-    return [f for f in recipe.findings if f.applies(env, argv)]
+    cmd = recipe.command(profile)
+    return [f for f in recipe.findings if f.applies(cmd)]
 
 
 # --- persistence -------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The profiles a user can serve: the recipe's, plus custom ones saved in the data dir.
 
-`ProfileRegistry` is the one listing the panel reads (engine, tabs, header): cached, and re-read only when
+`ProfileRegistry` is the one listing the panel reads (engine, tabs, header, alerts, telemetry, self-test, CLI),
+reached as `settings.profiles` (one per Settings, docs/card.md "The effective command"): cached, and re-read only when
 the custom-profile folder changes (a save from the Profiles tab, another panel or the CLI), told by a cheap
 `stat` signature, so a saved profile is selectable everywhere without a restart (issue 29) and the 1 s page
 timer never parses TOML.

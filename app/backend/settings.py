@@ -4,11 +4,16 @@ and the recipe's defaults."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.backend import env
 from app.backend.recipe import DEFAULT_RECIPE, SIMULATED_RECIPE, Recipe, load_recipe
 from app.backend.recipe.command import validate_data_dir
+
+if TYPE_CHECKING:  # types only: profiles reads settings, and is imported when first asked for
+    from app.backend.profiles import ProfileRegistry
 
 STATE_SUBDIR = ".moet-panel"
 
@@ -25,6 +30,14 @@ class Settings:
     def state_dir(self) -> Path:
         """Where the panel keeps journals, logs, SQLite history (inside the data dir)."""
         return self.data_dir / STATE_SUBDIR
+
+    @cached_property
+    def profiles(self) -> ProfileRegistry:
+        """The one profile registry of this recipe and data dir (recipe + custom, cached; app.backend.profiles):
+        every lookup of a profile by id goes through it, so a saved custom profile is seen everywhere."""
+        from app.backend.profiles import ProfileRegistry
+
+        return ProfileRegistry(self)
 
     def ensure_state_dir(self) -> Path:
         """Create the state dir 0700 (and tighten an older one): it holds chat history, logs and

@@ -43,13 +43,13 @@ class AppState:
     notifier: Notifier | None = None  # alerts to a person (Apprise), docs/engine.md "Telling a person"
     alerting: AlertService | None = None
     counters: PanelCounters = field(default_factory=PanelCounters)  # for /metrics (docs/metrics.md)
-    # the one listing of servable profiles (recipe + custom), made from `settings` when not given
+    # the one listing of servable profiles (recipe + custom): `settings.profiles` when not given
     profiles: ProfileRegistry = field(default=None)  # type: ignore[assignment]
     _closers: list[Callable[[], object]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.profiles is None:
-            self.profiles = ProfileRegistry(self.settings)
+            self.profiles = self.settings.profiles
 
     def on_close(self, fn: Callable[[], object]) -> None:
         self._closers.append(fn)

@@ -21,10 +21,8 @@ def register(subs: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
-    from app.backend.profiles import all_profiles  # custom profiles saved in the data dir count too
-
-    spec = build_run_spec(
-        settings.recipe, args.profile, str(settings.data_dir), plain=args.plain, profiles=all_profiles(settings)
+    spec = build_run_spec(  # custom profiles saved in the data dir count too (the one registry)
+        settings.recipe, args.profile, str(settings.data_dir), plain=args.plain, profiles=settings.profiles.list()
     )
     if args.explain:
         print(render_explained(settings.recipe, spec))

@@ -48,8 +48,8 @@ def engine_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, s
     """The engine argv and env this command runs the simulation with."""
     settings = _resolve(args)
     recipe = settings.recipe
-    profile_id = args.profile or next((p.id for p in recipe.profiles if p.recommended), recipe.profiles[0].id)
-    spec = build_run_spec(recipe, profile_id, str(settings.data_dir))
+    profile_id = args.profile or recipe.recommended_profile.id
+    spec = build_run_spec(recipe, profile_id, str(settings.data_dir), profiles=settings.profiles.list())
     sim_env = dict(spec.env)
     sim_env.update(env.inherited(prefixes=OVERRIDE_PREFIXES))
     if args.decode_tok_s:

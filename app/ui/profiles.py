@@ -9,7 +9,6 @@ from typing import Any, Literal
 import gradio as gr
 
 from app.backend import custom_profiles as cp
-from app.backend.profiles import all_profiles
 from app.backend.recipe.command import CommandError, explain_lines, render_shell
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.selftest.report import Standing
@@ -34,18 +33,18 @@ def _choices(profiles: list[ProfileSpec]) -> list[tuple[str, str]]:
 
 
 class _View:
-    """Handlers bound to one AppState (no globals): each reads the profiles fresh from the data dir."""
+    """Handlers bound to one AppState (no globals): each reads the profiles from the one registry (re-read when
+    the custom-profile folder changes)."""
 
     def __init__(self, state: AppState) -> None:
         self.state = state
         self.recipe = state.settings.recipe
 
     def profiles(self) -> list[ProfileSpec]:
-        return all_profiles(self.state.settings)
+        return self.state.profiles.list()
 
     def _find(self, pid: str) -> ProfileSpec:
-        profiles = self.profiles()
-        return next((p for p in profiles if p.id == pid), self.recipe.recommended_profile)
+        return self.state.profiles.find(pid) or self.recipe.recommended_profile
 
     def command(self, pid: str, plain: bool) -> tuple[str, str]:
         """The copyable shell text and the same lines beside the card's reason for each."""

@@ -79,11 +79,13 @@ def test_no_recovery_also_means_the_delta_kill_switch() -> None:
 
 
 def test_legacy_one_test_findings_still_load_and_match() -> None:
+    from app.backend.recipe.effective import EffectiveCommand
     from app.backend.recipe.schema import Finding
 
     old = Finding(id="x", kind="arg_value_above", key="--max-model-len", value="262144", message="m")
-    assert old.applies({}, ["--max-model-len", "294912"]) and not old.applies({}, ["--max-model-len", "262144"])
-    assert Finding(id="y", kind="env_equals", key="A", value="1", message="m").applies({"A": "1"}, [])
+    assert old.applies(EffectiveCommand.of({}, ["--max-model-len", "294912"]))
+    assert not old.applies(EffectiveCommand.of({}, ["--max-model-len", "262144"]))
+    assert Finding(id="y", kind="env_equals", key="A", value="1", message="m").applies(EffectiveCommand.of({"A": "1"}, []))
 
 
 def test_clone_keeps_base_changes_and_describes_the_difference() -> None:

@@ -17,7 +17,6 @@ from app.backend.engine.docker_runtime import DockerRuntime
 from app.backend.engine.process_runtime import ProcessRuntime
 from app.backend.engine.runtime import Runtime, RuntimeUnavailable
 from app.backend.engine.types import EngineSnapshot
-from app.backend.profiles import all_profiles
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.settings import Settings
 from app.backend.telemetry.gpu import make_gpu_reader
@@ -102,7 +101,7 @@ def make_engine_controller(settings: Settings, gpu_reader: GpuReader | None = No
         settings,
         runtime_factory=lambda: select_runtime(settings),
         gpu_reader=reader,
-        profiles_fn=profiles_fn or (lambda: all_profiles(settings)),  # the app's one cached registry when given
+        profiles_fn=profiles_fn or settings.profiles.list,  # the one cached registry (recipe + custom)
         options=options,
         ensure_image=ensure_sim_image,
         artifact_status=artifact_status_fn(settings),

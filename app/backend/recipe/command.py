@@ -13,6 +13,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 
+from app.backend.recipe.effective import EffectiveCommand
 from app.backend.recipe.schema import ENV_NAME_RE, ProfileSpec, Recipe, _no_control
 
 NO_REASON = "the card gives no reason for this line"
@@ -54,7 +55,12 @@ class RunSpec:
 
     @property
     def env_dict(self) -> dict[str, str]:
-        return dict(self.env)
+        return self.command.env_dict
+
+    @property
+    def command(self) -> EffectiveCommand:
+        """The engine env and args as run (panel additions included), for reading them (docs/card.md)."""
+        return EffectiveCommand(self.env, self.args)
 
     @property
     def labels_dict(self) -> dict[str, str]:
@@ -103,55 +109,6 @@ def validate_data_dir(data_dir: str) -> str:
             f"data dir {data_dir!r} must be an absolute path without '..', ':' or ',' (it becomes a docker -v source)"
         )
     return str(p)
-
-
-def profile_env(recipe: Recipe, profile: ProfileSpec) -> list[tuple[str, str]]:
-    """Base env with the profile's changes applied, keeping the card's order."""
-    env: list[tuple[str, str]] = []
-    for k, v in recipe.serve.env.items():
-        if k in profile.env_remove:
-            continue
-        env.append((k, profile.env_replace.get(k, v)))
-    env += list(profile.env_add.items())
-    return env
-
-
-def profile_args(recipe: Recipe, profile: ProfileSpec) -> list[str]:
-    """Base engine args with the profile's args_set/args_remove applied (values replace in place)."""
-    base = list(recipe.serve.args)
-    out: list[str] = []
-    seen: set[str] = set()
-    i = 0
-    while i < len(base):
-        flag = base[i]
-        has_value = i + 1 < len(base) and not base[i + 1].startswith("--")
-        value = base[i + 1] if has_value else None
-        i += 2 if has_value else 1
-        if flag in profile.args_remove:
-            continue
-        if flag in profile.args_set:
-            seen.add(flag)
-            new = profile.args_set[flag]
-            out += [flag, new] if new else [flag]
-            continue
-        out += [flag] if value is None else [flag, value]
-    for flag, new in profile.args_set.items():
-        if flag not in seen:
-            out += [flag, new] if new else [flag]
-    return out
-
-
-def _bind_loopback(args: list[str]) -> list[str]:
-    """`args` with `--host 127.0.0.1`: an existing --host value is replaced (a recipe cannot open the engine
-    to the network through the panel; custom profiles cannot set --host at all, schema.PINNED_FLAGS)."""
-    out = list(args)
-    if "--host" in out:
-        i = out.index("--host")
-        if i + 1 < len(out) and not out[i + 1].startswith("--"):
-            del out[i: i + 2]
-        else:
-            del out[i]
-    return out + ["--host", ENGINE_BIND_HOST]
 
 
 def config_hash(spec: RunSpec) -> str:
@@ -208,17 +165,16 @@ def build_run_spec(
     mounts = tuple(
         MountSpec(str(PurePosixPath(root) / m.source), m.target, m.read_only) for m in recipe.serve.mounts
     )
-    env = profile_env(recipe, profile)
+    cmd = recipe.command(profile)
     additions: list[tuple[str, str]] = []
     name = recipe.serve.container_name
     if not plain:
         name = managed_container_name(recipe, profile)
         additions.append((f"--name {name}", "one container name per profile, so a switch never reuses a name"))
-        present = {k for k, _ in env}
         wanted: list[tuple[str, str, str]] = []
-        if TRACE_ENV not in present:
+        if not cmd.has_env(TRACE_ENV):
             wanted.append((TRACE_ENV, "1", "the card's own verification advice; pool-coverage telemetry reads the [delta] tick lines"))
-        if recipe.simulated and profile.decode and SIM_DECODE_ENV not in present:
+        if recipe.simulated and profile.decode and not cmd.has_env(SIM_DECODE_ENV):
             wanted.append((SIM_DECODE_ENV, f"{profile.decode.value:g}", "simulated engine decodes at the profile's measured speed"))
         for k, v in (extra_env or {}).items():
             if not ENV_NAME_RE.fullmatch(k):
@@ -226,11 +182,12 @@ def build_run_spec(
             _single_line(v, f"env {k}")
             wanted.append((k, v, "panel setting"))
         for k, v, why in wanted:
-            env = [(ek, ev) for ek, ev in env if ek != k] + [(k, v)]
+            cmd = cmd.remove_env(k).set_env(k, v)  # the panel's additions go last (docker: the last -e wins)
             additions.append((f"-e {k}={v}", why))
-    args = profile_args(recipe, profile)
     if not plain:
-        args = _bind_loopback(args)
+        # an existing --host is replaced: a recipe cannot open the engine to the network through the panel;
+        # custom profiles cannot set --host at all (schema.PINNED_FLAGS)
+        cmd = cmd.remove_arg("--host").set_arg("--host", ENGINE_BIND_HOST)
         additions.append((f"--host {ENGINE_BIND_HOST}", HOST_WHY))
     spec = RunSpec(
         name=name,
@@ -240,8 +197,8 @@ def build_run_spec(
         ipc=recipe.serve.ipc,
         shm_size=recipe.serve.shm_size,
         mounts=mounts,
-        env=tuple(env),
-        args=tuple(args),
+        env=cmd.env,
+        args=cmd.args,
     )
     if plain:
         return spec
@@ -262,17 +219,7 @@ def render_shell(spec: RunSpec) -> str:
     body = [" ".join(shlex.quote(x) for x in spec.head())]
     body += [f"  {flag} {shlex.quote(value)}" for flag, value in spec.option_pairs()]
     body.append(f"  {shlex.quote(spec.image)}")
-    args = list(spec.args)
-    chunks: list[str] = []
-    i = 0
-    while i < len(args):
-        if args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
-            chunks.append(f"{args[i]} {shlex.quote(args[i + 1])}")
-            i += 2
-        else:
-            chunks.append(shlex.quote(args[i]))
-            i += 1
-    body += [f"  {c}" for c in chunks]
+    body += [f"  {text}" for _, text in _arg_chunks(spec)]
     return "\n".join(lines + [" \\\n".join(body)])
 
 
@@ -292,18 +239,10 @@ class ExplainedLine:
     source: str  # "card", "panel" or "" (no reason given)
 
 
-def _arg_chunks(args: list[str]) -> list[tuple[str, str]]:
-    """(flag, shell text) for each engine argument with its value, as render_shell groups them."""
-    out: list[tuple[str, str]] = []
-    i = 0
-    while i < len(args):
-        if args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
-            out.append((args[i], f"{args[i]} {shlex.quote(args[i + 1])}"))
-            i += 2
-        else:
-            out.append((args[i], shlex.quote(args[i])))
-            i += 1
-    return out
+def _arg_chunks(spec: RunSpec) -> list[tuple[str, str]]:
+    """(flag, shell text) for each engine argument with its value: one line of the card-style command each."""
+    return [(flag, shlex.quote(flag) if value is None else f"{flag} {shlex.quote(value)}")
+            for flag, value in spec.command.arg_items()]
 
 
 def explain_lines(recipe: Recipe, spec: RunSpec) -> list[ExplainedLine]:
@@ -329,7 +268,7 @@ def explain_lines(recipe: Recipe, spec: RunSpec) -> list[ExplainedLine]:
             out.append(ExplainedLine(text, "", ""))
     out.append(ExplainedLine(shlex.quote(spec.image), "", ""))
     panel_args = {opt.split(" ", 1)[0]: why for opt, why in spec.additions if opt.startswith("--host ")}
-    for flag, text in _arg_chunks(list(spec.args)):
+    for flag, text in _arg_chunks(spec):
         if flag in panel_args:
             out.append(ExplainedLine(text, f"added by moet-panel: {panel_args[flag]}", "panel"))
             continue

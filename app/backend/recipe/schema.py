@@ -16,6 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.backend.recipe.effective import EffectiveCommand
+
 ENV_NAME_RE = re.compile(r"^[A-Z0-9_]+$")
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
 # Docker image reference: [registry/]name[:tag]; conservative subset, no whitespace or shell text.
@@ -240,6 +242,11 @@ class ServeSpec(Strict):
     env: dict[str, str]
     args: list[str]
 
+    @property
+    def command(self) -> EffectiveCommand:
+        """The card's base command (profile 1's env and args)."""
+        return EffectiveCommand.of(self.env, self.args)
+
     @field_validator("container_name")
     @classmethod
     def _name(cls, v: str) -> str:
@@ -435,13 +442,11 @@ class Condition(Strict):
                 raise ValueError(f"matches: not a regular expression: {exc}") from None
         return self
 
-    def holds(self, env: dict[str, str], argv: list[str]) -> bool:
+    def holds(self, cmd: EffectiveCommand) -> bool:
         if self.env:
-            present, value = self.env in env, env.get(self.env)
+            present, value = cmd.has_env(self.env), cmd.env_value(self.env)
         else:
-            present = self.arg in argv
-            i = argv.index(self.arg) if present else -1
-            value = argv[i + 1] if present and i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
+            present, value = cmd.has_arg(self.arg), cmd.arg_value(self.arg)
         if self.absent is not None:
             hit = present != self.absent
         elif self.equals is not None:
@@ -497,10 +502,11 @@ class Finding(Strict):
             legacy = [Condition(arg=self.key, above=float(self.value))]
         return legacy + list(self.when)
 
-    def applies(self, env: dict[str, str], argv: list[str]) -> bool:
-        if not all(c.holds(env, argv) for c in self.conditions()):
+    def applies(self, cmd: EffectiveCommand) -> bool:
+        """Whether the card's warning applies to this effective command (Recipe.command)."""
+        if not all(c.holds(cmd) for c in self.conditions()):
             return False
-        return not self.when_any or any(c.holds(env, argv) for c in self.when_any)
+        return not self.when_any or any(c.holds(cmd) for c in self.when_any)
 
 
 class Recipe(Strict):
@@ -556,13 +562,29 @@ class Recipe(Strict):
         pinned = self.serve.env.get(self.model.ckpt_id_env)
         if pinned is not None and pinned != self.model.ckpt_id:
             raise ValueError(f"serve.env.{self.model.ckpt_id_env}: must equal model.ckpt_id ({self.model.ckpt_id})")
+        base = self.serve.command
         for flag, expected in (("--port", str(self.serve.port)), ("--served-model-name", self.model.served_name)):
-            if flag in self.serve.args:
-                idx = self.serve.args.index(flag)
-                got = self.serve.args[idx + 1] if idx + 1 < len(self.serve.args) else ""
+            if base.has_arg(flag):
+                got = base.arg_value(flag) or ""
                 if got != expected:
                     raise ValueError(f"serve.args: {flag} is {got!r} but the recipe says {expected!r}")
         return self
+
+    def command(self, profile: ProfileSpec) -> EffectiveCommand:
+        """The profile's effective command: serve.env/serve.args with its changes, the card's order kept
+        (replaced values stay in place, additions go last; docs/card.md)."""
+        cmd = self.serve.command
+        for name, value in profile.env_replace.items():
+            cmd = cmd.set_env(name, value)
+        for name in profile.env_remove:
+            cmd = cmd.remove_env(name)
+        for name, value in profile.env_add.items():
+            cmd = cmd.set_env(name, value)
+        for flag in profile.args_remove:
+            cmd = cmd.remove_arg(flag)
+        for flag, value in profile.args_set.items():
+            cmd = cmd.set_arg(flag, value)
+        return cmd
 
     def profile(self, profile_id: str) -> ProfileSpec:
         for p in self.profiles:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from app.backend.jobs import BackgroundJob, JobState
 from app.backend.recipe.command import config_hash
+from app.backend.recipe.effective import EffectiveCommand
 from app.backend.selftest.needle import DEPTHS, build_needle
 from app.backend.selftest.pcie import read_links
 from app.backend.selftest.probe import Cancelled, EngineProbe
@@ -50,9 +51,10 @@ class Step:
     expect_s: float
 
 
-def max_model_len(args: list[str], default: int) -> int:
-    if "--max-model-len" in args:
-        raw = args[args.index("--max-model-len") + 1].lower()
+def max_model_len(cmd: EffectiveCommand, default: int) -> int:
+    """The command's --max-model-len in tokens ('256k' form read too), else `default`."""
+    raw = (cmd.arg_value("--max-model-len") or "").lower()
+    if raw:
         mult = {"k": 1024, "m": 1024 * 1024}.get(raw[-1:], 1)
         return int(float(raw[:-1] if mult > 1 else raw) * mult)
     return default
@@ -163,14 +165,12 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
 
     # --- the job --------------------------------------------------------------------------------------
     def _card_rate(self, profile_id: str) -> float | None:
-        for p in self.engine.profiles():
-            if p.id == profile_id and p.decode is not None:
-                return float(p.decode.value)
-        return None
+        p = self.settings.profiles.find(profile_id)
+        return float(p.decode.value) if p is not None and p.decode is not None else None
 
     def _ctx(self, profile_id: str) -> int:
         try:
-            return max_model_len(list(self.engine.run_spec(profile_id).args), 262144)
+            return max_model_len(self.engine.run_spec(profile_id).command, 262144)
         except (KeyError, ValueError):
             return 262144
 

@@ -288,16 +288,11 @@ def _inputs_for(settings: Settings | None, snapshot: EngineSnapshot | None, trac
 
 
 def profile_policy(settings: Settings, profile_id: str | None) -> str:
-    """Effective VLLM_MOE_W2_DELTA_POLICY of a profile ('' when unknown)."""
-    from app.backend.profiles import all_profiles  # custom profiles count too
-
-    env = dict(settings.recipe.serve.env)
+    """VLLM_MOE_W2_DELTA_POLICY of the profile's effective command, custom profiles included (the base
+    command's when the profile is unknown; '' when not set)."""
     try:
-        profiles = all_profiles(settings)
-    except Exception:
-        profiles = list(settings.recipe.profiles)
-    for p in profiles:
-        if p.id == profile_id:
-            env.update(p.env_add)
-            env.update(p.env_replace)
-    return str(env.get("VLLM_MOE_W2_DELTA_POLICY", ""))
+        profile = settings.profiles.find(profile_id)
+    except Exception:  # an unreadable custom-profile folder: the recipe's own profiles still count
+        profile = next((p for p in settings.recipe.profiles if p.id == profile_id), None)
+    cmd = settings.recipe.command(profile) if profile is not None else settings.recipe.serve.command
+    return cmd.env_value("VLLM_MOE_W2_DELTA_POLICY") or ""

@@ -291,10 +291,8 @@ class TelemetryHub:
     def _expected_decode(self, profile_id: str | None) -> float | None:
         if self.settings is None:
             return None
-        for p in self.settings.recipe.profiles:
-            if p.id == profile_id and p.decode is not None:
-                return float(p.decode.value)
-        return None
+        p = self.settings.profiles.find(profile_id)  # custom profiles too (they carry no figure: None)
+        return float(p.decode.value) if p is not None and p.decode is not None else None
 
     def _track_traffic(self, metrics: MetricsSample | None, trace: TraceSnapshot) -> None:
         if trace.summaries != self._last_summaries:
