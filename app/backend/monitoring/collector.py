@@ -172,7 +172,7 @@ class PanelCollector(Collector):
         model = settings.recipe.model.served_name
         b.gauge("moet_panel_build_info", "moet-panel's version, recipe and mode (always 1).", 1,
                 {"version": VERSION, "python": PYTHON, "recipe": settings.recipe.id,
-                 "mode": "demo" if settings.demo or settings.recipe.simulated else "real"})
+                 "mode": "demo" if settings.demo else "real"})
         frame = s.telemetry.latest() if s.telemetry is not None else None
         snap = s.engine.snapshot() if s.engine is not None else None
         if snap is not None:
