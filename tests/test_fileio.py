@@ -6,6 +6,7 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -73,3 +74,24 @@ def test_a_held_lock_names_its_holder_and_goes_with_its_process(tmp_path: Path) 
             assert time.monotonic() < deadline, "the lock outlived its holder"
             time.sleep(0.05)
     PidLock(path).acquire(wait=True).release()  # free again once released
+
+
+def test_a_note_names_the_holder_and_is_emptied_on_release(tmp_path: Path) -> None:
+    path = tmp_path / "engine.lock"
+    lock = PidLock(path).acquire(note='{"actor": "CLI"}')
+    assert lock.held and PidLock(path).holder() == '{"actor": "CLI"}'
+    with pytest.raises(LockBusy) as info:
+        PidLock(path).acquire()
+    assert info.value.holder == '{"actor": "CLI"}'
+    lock.release()
+    assert not lock.held and PidLock(path).holder() is None and path.read_text() == ""
+
+
+def test_text_is_written_as_utf8_and_a_secret_is_never_looser_than_its_mode(tmp_path: Path) -> None:
+    target = tmp_path / "token"
+    leftover = tmp_path / f".token.{os.getpid()}.{threading.get_ident()}.tmp"
+    leftover.write_text("stale")
+    leftover.chmod(0o666)  # a temporary left by a crash, world-readable
+    atomic_write(target, "hf_é\n", mode=0o600)
+    assert target.read_text(encoding="utf-8") == "hf_é\n" and target.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["token"]

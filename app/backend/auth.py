@@ -13,7 +13,6 @@ import base64
 import hashlib
 import hmac
 import ipaddress
-import os
 import re
 import secrets
 import stat
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.backend import env
+from app.backend.fileio import atomic_write
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P, DKLEN = 2**14, 8, 1, 32
 USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
@@ -120,14 +120,7 @@ def add_user(path: Path, name: str, password: str) -> None:
         lines = ["# moet-panel web UI users (scrypt hashes). Manage with: moet-panel serve --add-user NAME"]
     lines.append(f"{name}:{hash_password(password)}")
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, ("\n".join(lines) + "\n").encode())
-        os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    atomic_write(path, "\n".join(lines) + "\n", mode=0o600)
 
 
 def client_key(address: str) -> str:

@@ -10,9 +10,7 @@ the ones the card has findings about.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ from typing import Any
 import tomli_w
 from pydantic import ValidationError
 
+from app.backend.fileio import atomic_write
 from app.backend.recipe.effective import EffectiveCommand
 from app.backend.recipe.schema import ENV_NAME_RE, Finding, ProfileSpec, Recipe, control_char
 from app.backend.recipe.toml_bounded import TomlLimitError, loads_bounded
@@ -257,11 +256,8 @@ def save_custom_profile(settings: Settings, profile: ProfileSpec) -> Path:
     text = to_toml(profile)
     if _parse(text, settings.recipe, f"{profile.id}.toml") != profile:
         raise CustomProfileError("internal error: the profile did not survive a save/load round trip")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".toml")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
     target = folder / f"{profile.id}.toml"
-    os.replace(tmp, target)
+    atomic_write(target, text, mode=0o600)
     return target
 
 

@@ -15,6 +15,8 @@ import re
 import shutil
 from pathlib import Path
 
+from app.backend.fileio import atomic_write
+
 EXPORTS_SUBDIR = "exports"
 WEB_TEMP_PREFIX = "gradio-"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -48,10 +50,7 @@ def write_export(state_dir: Path, name: str, text: str) -> Path:
     """Write `text` to `<state_dir>/exports/<safe name>` (mode 0600) and return the path: the one call
     every export button uses (chat exports included: `write_export(settings.state_dir, name, text)`)."""
     path = exports_dir(state_dir) / safe_name(name)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(path, 0o600)
+    atomic_write(path, text, mode=0o600)  # a browser fetching it mid-write never gets half a report
     return path
 
 

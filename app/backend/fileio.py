@@ -1,25 +1,36 @@
 """Two file primitives the backend needs in several places, written once: a file replaced atomically and
-durably (`atomic_write`), and a lock a process holds on a file with its pid in it (`PidLock`)."""
+durably (`atomic_write`: journals, intent, settings, secrets, results, custom profiles), and an exclusive
+lock a process holds on a file with a note in it for whoever finds it taken (`PidLock`: a download
+destination, one artifact's run, the engine operation lock in engine/oplock.py)."""
 
 from __future__ import annotations
 
 import errno
 import fcntl
 import os
+import stat
+import threading
 from pathlib import Path
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace `path` with `data`: a temporary file beside it, fsynced, renamed over it, and the folder
-    fsynced, so after a crash the file is the old one or the new one, never half of one.
+def atomic_write(path: Path, data: bytes | str, mode: int = 0o644) -> None:
+    """Replace `path` with `data` (text is written as UTF-8): a temporary file beside it, fsynced, renamed
+    over it, and the folder fsynced, so after a crash the file is the old one or the new one, never half of
+    one. The file is never more open than `mode` (0o600 for secrets), at any moment; the umask still applies.
 
     Raises:
         OSError: the write failed (ENOSPC / EDQUOT included); the old file is intact, no temporary is left.
     """
-    tmp = path.with_name(f".{path.name}.tmp")
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    # One temporary per writer (process and thread): two writers of one file never share a half-written one.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         try:
+            current = stat.S_IMODE(os.fstat(fd).st_mode)
+            if current & ~mode:  # a leftover temporary keeps its old mode through O_CREAT: tighten it
+                os.fchmod(fd, current & mode)
             view = memoryview(data)
             while view:
                 written = os.write(fd, view)
@@ -50,7 +61,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 class LockBusy(Exception):
-    """Another process holds the lock; `holder` is what it wrote into the file (its pid, or '')."""
+    """Another process holds the lock; `holder` is the note it wrote into the file (its pid, or '')."""
 
     def __init__(self, holder: str) -> None:
         super().__init__(holder)
@@ -58,38 +69,69 @@ class LockBusy(Exception):
 
 
 class PidLock:
-    """An exclusive `fcntl.flock` on `path`, holding this process's pid for whoever finds it taken.
+    """An exclusive `fcntl.flock` on `path`, holding a note for whoever finds it taken: this process's pid
+    unless the caller names itself otherwise (the engine lock writes who, what and since, as JSON).
 
     The kernel drops the lock when the descriptor is closed or the process dies (kill -9 included), so a
-    stale file never blocks anyone."""
+    stale file never blocks anyone; the note is only trusted while the lock is held (`holder`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
 
-    def acquire(self, *, wait: bool = False) -> PidLock:
-        """Take the lock; with `wait`, until the holder lets go.
+    @property
+    def held(self) -> bool:
+        """True while this instance holds the lock."""
+        return self._fd is not None
+
+    def acquire(self, *, wait: bool = False, note: str | None = None) -> PidLock:
+        """Take the lock and write `note` (default: this pid) into the file; with `wait`, until the holder
+        lets go.
 
         Raises:
-            LockBusy: held by another process (only without `wait`).
+            LockBusy: held by another process or another instance (only without `wait`).
         """
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip()
+            holder = os.read(fd, 4096).decode(errors="replace").strip()
             os.close(fd)
             raise LockBusy(holder) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        os.pwrite(fd, (str(os.getpid()) if note is None else note).encode(), 0)
         self._fd = fd
         return self
 
     def release(self) -> None:
+        """Let go; the note is emptied first, so no reader finds a stale one."""
         fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)  # closing drops the flock
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)
+        except OSError:
+            pass
+        os.close(fd)  # closing drops the flock
+
+    def holder(self) -> str | None:
+        """The holder's note (any process, this one included), or None when nobody holds the lock. Read-only:
+        a shared lock is tried, never kept."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return None  # nobody holds it: any text in the file is stale
+            except BlockingIOError:
+                pass
+            return os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        finally:
+            os.close(fd)
 
     def __enter__(self) -> PidLock:
         return self.acquire()

@@ -10,12 +10,12 @@ own saved token, then whatever `huggingface_hub.get_token()` finds (its token fi
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from pathlib import Path
 
 from app.backend import env
+from app.backend.fileio import atomic_write
 
 REDACTED = "hf_***"
 # Anything shaped like a Hugging Face user token, even one this process never loaded.
@@ -102,14 +102,7 @@ def save_token(token: str) -> Path:
     KNOWN.add(token)
     path = panel_token_path()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, token.encode() + b"\n")
-        os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    atomic_write(path, token + "\n", mode=0o600)
     return path
 
 

@@ -23,8 +23,12 @@ class Settings:
     recipe_path: Path
     recipe: Recipe
     data_dir: Path
-    demo: bool = False
+    demo: bool = False  # demo mode: the one switch every label, reader and metric reads (never recipe.simulated)
     demo_reason: str = ""  # why demo mode is on (shown on the page), '' when not known or not demo
+
+    def __post_init__(self) -> None:
+        if self.recipe.simulated and not self.demo:  # the SIMULATED recipe is demo mode, however it was loaded
+            object.__setattr__(self, "demo", True)
 
     @property
     def state_dir(self) -> Path:
@@ -67,5 +71,5 @@ def resolve_settings(recipe: str | Path | None = None, data_dir: str | Path | No
     loaded = load_recipe(recipe_path)
     raw_dir = str(data_dir or env.data_dir() or (demo_data_dir() if demo else loaded.default_data_dir))
     resolved = Path(validate_data_dir(str(Path(raw_dir).expanduser().absolute())))
-    return Settings(recipe_path=recipe_path, recipe=loaded, data_dir=resolved, demo=demo or loaded.simulated,
+    return Settings(recipe_path=recipe_path, recipe=loaded, data_dir=resolved, demo=demo,
                     demo_reason=demo_reason)

@@ -80,8 +80,6 @@ SECURITY_HEADERS = (
     (b"cross-origin-opener-policy", b"same-origin"),
 )
 
-# The client address of the request being handled (auth.py's throttle counts per client).
-CLIENT_ADDRESS: ContextVar[str] = ContextVar("moet_panel_client_address", default="")
 # The login in progress (POST /login): the checker reads the client and device key, writes the outcome.
 LOGIN_NOTE: ContextVar[LoginNote | None] = ContextVar("moet_panel_login_note", default=None)
 
@@ -94,11 +92,6 @@ ISSUED_SESSION_HEADER = b"x-moet-session-key"  # on a successful POST /login onl
 ISSUED_DEVICE_HEADER = b"x-moet-device-key"
 LOGIN_PATHS = ("/login", "/login/")
 PAGE_PATHS = ("/",)  # Gradio's HTML page: the page script goes in here
-
-
-def current_client() -> str:
-    """The client address of the request in progress ('' outside a request)."""
-    return CLIENT_ADDRESS.get()
 
 
 def current_login() -> LoginNote | None:
@@ -270,8 +263,6 @@ class WebGate:
         if kind not in ("http", "websocket"):
             await self.app(scope, receive, send)  # lifespan
             return
-        client = scope.get("client")
-        token = CLIENT_ADDRESS.set(str(client[0]) if client else "")
         note_token = LOGIN_NOTE.set(None)
         try:
             user = self._signed_in(scope)
@@ -302,7 +293,6 @@ class WebGate:
             await dict(self.policy.routes).get(scope.get("path", ""), self.app)(scope, receive, send)
         finally:
             LOGIN_NOTE.reset(note_token)
-            CLIENT_ADDRESS.reset(token)
 
     # ---- sessions (auth on) ------------------------------------------------------------------
 

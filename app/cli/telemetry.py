@@ -12,8 +12,7 @@ from app.backend.telemetry.gpu_types import GpuReader, GpuSample
 from app.backend.telemetry.host import HostSample, HostSampler
 from app.backend import env
 from app.cli.main import add_common, settings_from
-
-GIB = 2**30
+from app.backend.units import GiB
 
 
 def register(subs: argparse._SubParsersAction) -> None:
@@ -62,8 +61,8 @@ def sample_dict(reader: GpuReader, host: HostSample) -> dict:
 
 def _gpu_dict(g: GpuSample) -> dict:
     d = asdict(g)
-    d.update(memory_total_gib=round(g.memory_total / GIB, 3), memory_used_gib=round(g.memory_used / GIB, 3),
-             memory_reserved_gib=round(g.memory_reserved / GIB, 3), memory_in_use_gib=round(g.memory_in_use / GIB, 3))
+    d.update(memory_total_gib=round(g.memory_total / GiB, 3), memory_used_gib=round(g.memory_used / GiB, 3),
+             memory_reserved_gib=round(g.memory_reserved / GiB, 3), memory_in_use_gib=round(g.memory_in_use / GiB, 3))
     return d
 
 
@@ -89,12 +88,12 @@ def render_text(d: dict) -> str:
             f"throttle {','.join(s['throttle_reasons']) or 'none'}"
         )
         for p in s["processes"]:
-            mem = "N/A" if p["used_bytes"] is None else f"{p['used_bytes'] / GIB:.2f} GiB"
+            mem = "N/A" if p["used_bytes"] is None else f"{p['used_bytes'] / GiB:.2f} GiB"
             out.append(f"    pid {p['pid']} {p['name'] or '?'} {mem}{' [' + p['container'] + ']' if p['container'] else ''}")
     h = d["host"]
     out.append(
-        f"host: CPU {_n(h['cpu_pct'], '%')}, RAM {_n(h['ram_used_pct'], '%')} of {h['ram_total'] / GIB:.1f} GiB, "
-        f"swap {h['swap_used'] / GIB:.1f}/{h['swap_total'] / GIB:.1f} GiB, disk free {_gib(h['disk_free'])} "
+        f"host: CPU {_n(h['cpu_pct'], '%')}, RAM {_n(h['ram_used_pct'], '%')} of {h['ram_total'] / GiB:.1f} GiB, "
+        f"swap {h['swap_used'] / GiB:.1f}/{h['swap_total'] / GiB:.1f} GiB, disk free {_gib(h['disk_free'])} "
         f"({h['disk_path']}), disk r/w {_rate(h['disk_read_bps'])}/{_rate(h['disk_write_bps'])}, "
         f"net rx/tx {_rate(h['net_rx_bps'])}/{_rate(h['net_tx_bps'])}"
     )
@@ -110,7 +109,7 @@ def _n(v, unit: str) -> str:
 
 
 def _gib(v) -> str:
-    return "N/A" if v is None else f"{v / GIB:.1f} GiB"
+    return "N/A" if v is None else f"{v / GiB:.1f} GiB"
 
 
 def _rate(v) -> str:

@@ -66,7 +66,7 @@ def build_ui(state: AppState) -> gr.Blocks:
     with gr.Blocks(title="moet-panel") as demo:
         setattr(demo, ALLOWED_PATHS_ATTR, [str(exports)])
         timer = gr.Timer(1.0)
-        if state.settings.recipe.simulated or state.settings.demo:
+        if state.settings.demo:
             why = state.settings.demo_reason
             gr.HTML(
                 '<div class="moet-sim-banner" role="status">SIMULATED — demo mode: the engine, GPU and Hub on '

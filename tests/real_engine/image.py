@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from app.backend.engine.imagebuild import docker_py_build
 from app.backend.simengine.image import PYTHON, STDLIB, _add_dir, _add_file, _ldd
 
 TAG = "moet-panel/vllm-cpu-tiny:1"  # = assets/recipes/vllm-cpu-tiny.toml engine.image
@@ -99,7 +100,7 @@ def ensure_image(client: Any, venv: Path) -> str:
             info.size = len(passwd)
             tar.addfile(info, io.BytesIO(passwd))
         (Path(tmp) / "Dockerfile").write_text(DOCKERFILE.format(hash_label=HASH_LABEL, digest=want))
-        for ev in client.api.build(path=tmp, tag=TAG, rm=True, forcerm=True, pull=False, decode=True):
-            if "error" in ev:
-                raise RuntimeError(f"docker build of {TAG} failed: {ev['error'].strip()}")
+        built = docker_py_build(client.api, Path(tmp), "Dockerfile", TAG, lambda ev: None)
+        if not built.ok:
+            raise RuntimeError(f"{TAG}: {built.message}")
     return TAG

@@ -171,14 +171,14 @@ def test_decode_throttle_bits() -> None:
 
 
 def test_selection_and_env_override(monkeypatch, tmp_path) -> None:
-    from app.backend.recipe import SIMULATED_RECIPE
+    from app.backend.recipe import DEFAULT_RECIPE, SIMULATED_RECIPE
     from app.backend.settings import resolve_settings
 
     demo = resolve_settings(SIMULATED_RECIPE, tmp_path, demo=True)
     monkeypatch.delenv(ENV_GPU, raising=False)
     # this CI machine has no libnvidia-ml.so: demo → SIMULATED card, non-demo → "no GPU" state
     assert isinstance(make_gpu_reader(demo), SimulatedGpuReader)
-    real = make_gpu_reader(demo.__class__(demo.recipe_path, demo.recipe, demo.data_dir, demo=False))
+    real = make_gpu_reader(resolve_settings(DEFAULT_RECIPE, tmp_path, demo=False))  # the SIMULATED recipe is demo
     assert isinstance(real, NoGpuReader) and not real.available and "no NVIDIA GPU" in real.error
     monkeypatch.setenv(ENV_GPU, "none")
     assert make_gpu_reader(demo).error == "GPU reading disabled (MOET_PANEL_GPU=none)"

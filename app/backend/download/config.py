@@ -26,7 +26,7 @@ def make_config(settings: Settings, *, dest: Path | None = None, endpoint: str |
     cfg = DownloadConfig(
         endpoint=ep, repo=the_repo, revision=revision or hub.revision, dest=Path(dest or settings.data_dir),
         token=resolve_token(token, token_file), recipe_repo=(the_repo == hub.repo),
-        simulated=settings.recipe.simulated or settings.demo,
+        simulated=settings.demo,
     )
     if connections is not None:
         if not 1 <= connections <= 32:

@@ -110,7 +110,7 @@ _POLICY: ContextVar[_Policy | None] = ContextVar("moet_hub_policy", default=None
 
 
 class ListingTooLargeError(DownloadError):
-    kind = "error"
+    """The listing (or the file count) is past the cap: refused before it is held in memory."""
 
 
 class _CappedStream(httpx2.SyncByteStream):

@@ -90,7 +90,7 @@ class DownloadManager:
     # ---- configuration -------------------------------------------------------------------------
     @property
     def simulated(self) -> bool:
-        return self.settings.recipe.simulated or self.settings.demo
+        return self.settings.demo
 
     def _config(self) -> DownloadConfig:
         endpoint = self._endpoint

@@ -9,11 +9,12 @@ rename, fsync of the directory) so a power cut leaves either the old or the new 
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from app.backend.fileio import atomic_write
 
 DesiredKind = Literal["serve", "stopped"]
 
@@ -29,22 +30,6 @@ class Desired:
     def key(self) -> str:
         """The snapshot's `desired` field: "serve:<profile>" or "stopped"."""
         return f"serve:{self.profile_id}" if self.kind == "serve" else "stopped"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text` so that a crash or power cut leaves the old or the new content, whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself survives a power cut only once the directory is synced
-    finally:
-        os.close(fd)
 
 
 class DesiredStore:
@@ -66,7 +51,8 @@ class DesiredStore:
     def write(self, kind: DesiredKind, profile_id: str | None, set_by: str) -> Desired:
         d = Desired(kind, profile_id if kind == "serve" else None, set_by, time.time())
         try:
-            atomic_write_text(self.path, json.dumps({"kind": d.kind, "profile_id": d.profile_id,
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.path, json.dumps({"kind": d.kind, "profile_id": d.profile_id,
                                                      "set_by": d.set_by, "since": d.since}))
         except OSError:
             pass  # an unwritable data dir: the operation itself still runs (preflight reports the dir)

@@ -32,10 +32,6 @@ class EngineChanged:
     after: EngineSnapshot
     ts: float = field(default_factory=time.time)
 
-    @property
-    def state_changed(self) -> bool:
-        return self.before.state is not self.after.state
-
 
 class Subscription:
     """A subscriber's queue. `get()` waits for the next event; `close()` unsubscribes."""

@@ -3,7 +3,9 @@
 Two builders, same events: the card builds with DOCKER_BUILDKIT=1, which docker-py cannot speak
 (classic builder API only; docs/engine.md "Engine facts"), so BuildKit builds shell out to `docker build` (argument
 list, no shell) with `--progress=plain`; otherwise docker-py's low-level build streams JSON events —
-which never raise on failure, so every event is checked for "error".
+which never raise on failure, so every event is checked for "error". That docker-py build
+(`docker_py_build`) is the panel's one: the SIMULATED engine image (simengine/image.py) and the tests'
+upstream-vLLM image go through it too.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from app.backend import env
 from app.backend.engine.docker_runtime import DockerRuntime, unreachable_message
@@ -115,12 +117,23 @@ def _build_cli(source: Path, dockerfile: str, tag: str, build_env: dict[str, str
 
 def _build_py(source: Path, dockerfile: str, tag: str, on_event: Callable[[BuildEvent], None],
               runtime: DockerRuntime) -> BuildResult:
+    try:
+        api = runtime.client.api
+    except Exception as exc:  # RuntimeUnavailable from the client property
+        return BuildResult(False, tag, str(exc), "docker-py")
+    return docker_py_build(api, source, dockerfile, tag, on_event)
+
+
+def docker_py_build(api: Any, context: Path, dockerfile: str, tag: str,
+                    on_event: Callable[[BuildEvent], None]) -> BuildResult:
+    """Build `context` with docker-py's low-level client `api` (classic builder, no pull), every output line
+    to on_event. Never raises for build or daemon failures."""
     import docker
     import requests
 
     try:
-        events = runtime.client.api.build(path=str(source), dockerfile=dockerfile, tag=tag, rm=True, forcerm=True,
-                                          pull=False, decode=True)
+        events = api.build(path=str(context), dockerfile=dockerfile, tag=tag, rm=True, forcerm=True, pull=False,
+                           decode=True)
         for ev in events:
             if "error" in ev:  # the low-level API does not raise on build errors
                 msg = ((ev.get("errorDetail") or {}).get("message") or ev["error"]).strip()
@@ -133,6 +146,6 @@ def _build_py(source: Path, dockerfile: str, tag: str, on_event: Callable[[Build
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         return BuildResult(False, tag, unreachable_message(exc) if not isinstance(exc, docker.errors.APIError)
                            else f"docker build failed: {exc}", "docker-py")
-    except Exception as exc:  # RuntimeUnavailable from the client property
-        return BuildResult(False, tag, str(exc), "docker-py")
+    except Exception as exc:  # e.g. an unreadable file in the build context
+        return BuildResult(False, tag, f"docker build failed: {exc}", "docker-py")
     return BuildResult(True, tag, f"built {tag}", "docker-py")

@@ -1,21 +1,23 @@
 """One writer across processes: the engine operation lock (docs/engine.md, "One writer").
 
 Every mutating operation (start, stop, switch with its rollback, the stall restart) holds an exclusive
-`fcntl.flock` on `<state_dir>/engine.lock`. The kernel drops the lock when the holder's file is closed or
-its process dies (SIGKILL included), so a crashed panel never leaves the box locked. The holder writes who
-it is into the file (pid, panel or CLI, operation, since) so a refused writer can name it; the content is
-only trusted while the lock is actually held (a dead holder's stale text is ignored).
+`fcntl.flock` on `<state_dir>/engine.lock`, through the backend's one file lock (`fileio.PidLock`). The
+kernel drops the lock when the holder's file is closed or its process dies (SIGKILL included), so a crashed
+panel never leaves the box locked. The holder writes who it is into the file (pid, panel or CLI, operation,
+since) so a refused writer can name it; the content is only trusted while the lock is actually held (a dead
+holder's stale text is ignored).
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from app.backend.fileio import LockBusy, PidLock
 
 LOCK_NAME = "engine.lock"
 
@@ -50,58 +52,32 @@ class EngineLock:
 
     def __init__(self, state_dir: Path) -> None:
         self.path = Path(state_dir) / LOCK_NAME
-        self._fd: int | None = None
+        self._lock = PidLock(self.path)
         self._mutex = threading.Lock()
 
     def acquire(self, actor: str, operation: str, profile: str = "") -> Holder:
         with self._mutex:
-            if self._fd is not None:
+            if self._lock.held:
                 raise LockHeld(self.holder())
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise LockHeld(self.holder()) from None
             me = Holder(os.getpid(), actor, operation, time.time(), profile)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(asdict(me)).encode(), 0)
-            self._fd = fd
+            try:
+                self._lock.acquire(note=json.dumps(asdict(me)))
+            except LockBusy as busy:
+                raise LockHeld(_parse(busy.holder)) from None
             return me
 
     def release(self) -> None:
         with self._mutex:
-            fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        try:
-            os.ftruncate(fd, 0)  # no stale identity for readers
-        except OSError:
-            pass
-        os.close(fd)  # closing drops the flock
-
-    @property
-    def held_here(self) -> bool:
-        return self._fd is not None
+            self._lock.release()
 
     def holder(self) -> Holder | None:
         """The current holder (any process), or None when nobody holds the lock. Read-only."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                return None  # nobody holds it: any text in the file is stale
-            except BlockingIOError:
-                pass
-            raw = os.pread(fd, 4096, 0)
-        finally:
-            os.close(fd)
-        try:
-            return Holder(**json.loads(raw.decode()))
-        except (ValueError, TypeError):
-            return None
+        note = self._lock.holder()
+        return _parse(note) if note is not None else None
+
+
+def _parse(note: str) -> Holder | None:
+    try:
+        return Holder(**json.loads(note))
+    except (ValueError, TypeError):
+        return None  # nothing written yet (the holder is between its flock and its write), or not ours

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from app.backend.engine.types import Diagnosis
-
-GIB = 1 << 30
+from app.backend.units import GiB
 
 
 @dataclass
@@ -42,7 +41,7 @@ class ControllerOptions:
     poll_interval_s: float = 0.25
     pool_line_grace_s: float = 5.0  # after health+models, how long to wait for the pool line
     gpu_release_timeout_s: float = 120.0
-    gpu_release_bytes: int = 2 * GIB  # serverctl's threshold: < 2048 MiB used before the next boot
+    gpu_release_bytes: int = 2 * GiB  # serverctl's threshold: < 2048 MiB used before the next boot
     extra_env: dict[str, str] = field(default_factory=dict)
     extra_labels: dict[str, str] = field(default_factory=dict)
     reattach: bool = True  # False: no adoption and no Docker watch at all (unit tests of one operation)

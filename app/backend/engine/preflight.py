@@ -21,9 +21,9 @@ from app.backend.engine.diagnosis import CARD_PIN
 from app.backend.engine.runtime import Runtime, RuntimeOpError, RuntimeUnavailable
 from app.backend.recipe.schema import Recipe
 from app.backend.telemetry.gpu_types import GpuReader, GpuSample
+from app.backend.units import GiB
 
 Status = Literal["pass", "warn", "fail"]
-GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def _gpu_model(inp: PreflightInputs, gpu: GpuSample) -> PreflightItem:
     title = "GPU model, VRAM, compute capability"
     cc = f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}" if gpu.compute_capability else "?"
     want_sm = req.compute_capability.replace(".", "")
-    detail = f"{gpu.name}, {gpu.memory_total / GIB:.1f} GiB, sm_{cc.replace('.', '')} (recipe: {req.gpu}, sm_{want_sm})"
+    detail = f"{gpu.name}, {gpu.memory_total / GiB:.1f} GiB, sm_{cc.replace('.', '')} (recipe: {req.gpu}, sm_{want_sm})"
     if gpu.memory_total < req.vram_gb * 1e9 * 0.93:
         return PreflightItem("gpu", title, "fail", detail, f"The recipe needs a {req.vram_gb:g} GB card ({req.gpu}).")
     if req.compute_capability and cc != req.compute_capability:
@@ -173,13 +173,13 @@ def _gpu_memory(inp: PreflightInputs, gpu: GpuSample) -> PreflightItem:
     if inp.engine_running:
         return PreflightItem("gpu_memory", title, "pass", "held by this panel's engine (a switch stops it first)")
     used = max(gpu.memory_used, other_bytes)
-    detail = f"{used / GIB:.1f} GiB in use" + (f" by {len(others)} other process(es)" if others else "")
-    need = inp.recipe.vram.expected_gib * GIB
+    detail = f"{used / GiB:.1f} GiB in use" + (f" by {len(others)} other process(es)" if others else "")
+    need = inp.recipe.vram.expected_gib * GiB
     if gpu.memory_total - used < need:
         return PreflightItem("gpu_memory", title, "fail", detail,
                              "Stop the other GPU processes (`nvidia-smi` lists them); the engine needs "
                              f"~{inp.recipe.vram.expected_gib:g} GiB.")
-    if used > 1 * GIB:
+    if used > 1 * GiB:
         return PreflightItem("gpu_memory", title, "warn", detail, "Other processes hold GPU memory.")
     return PreflightItem("gpu_memory", title, "pass", detail)
 
@@ -201,7 +201,7 @@ def _disk(inp: PreflightInputs) -> PreflightItem:
     probe = inp.data_dir
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    free = shutil.disk_usage(probe).free / GIB
+    free = shutil.disk_usage(probe).free / GiB
     title = "Free disk in the data dir"
     detail = f"{free:.1f} GiB free at {probe}"
     if free < 1:

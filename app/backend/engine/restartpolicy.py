@@ -55,10 +55,6 @@ class GiveUp:
 Decision = Restart | GiveUp | None  # None: the policy is "never" (nothing to do, nothing to say)
 
 
-def is_healing(reason: str) -> bool:
-    return reason not in NON_HEALING
-
-
 def decide(cfg: PolicyConfig, reason: str, restarts_at: list[float], now: float) -> Decision:
     """What to do about a failure of class `reason`, given the times of the restarts already made.
 

@@ -27,12 +27,12 @@ from prometheus_client.registry import Collector
 
 from app.backend.engine.types import LIVE_STATES, EngineSnapshot, EngineState
 from app.backend.telemetry import alerts as alert_rules
+from app.backend.units import GiB
 
 if TYPE_CHECKING:
     from app.backend.state import AppState
     from app.backend.telemetry.hub import TelemetryFrame
 
-GIB = 2**30
 # Every alert id the panel raises (app/backend/telemetry/alerts.py), exported 0/1 so a dashboard shows
 # the quiet ones too; an id added later still appears while it fires.
 KNOWN_ALERTS = ("pool_absent", "zero_coverage", "churn_trap", "vram_full", "ecc_on", "throttle_thermal",
@@ -172,14 +172,14 @@ class PanelCollector(Collector):
         model = settings.recipe.model.served_name
         b.gauge("moet_panel_build_info", "moet-panel's version, recipe and mode (always 1).", 1,
                 {"version": VERSION, "python": PYTHON, "recipe": settings.recipe.id,
-                 "mode": "demo" if settings.demo or settings.recipe.simulated else "real"})
+                 "mode": "demo" if settings.demo else "real"})
         frame = s.telemetry.latest() if s.telemetry is not None else None
         snap = s.engine.snapshot() if s.engine is not None else None
         if snap is not None:
             self._engine(b, snap, model)
         if frame is not None and frame.seq:
             self._telemetry(b, frame, snap, model)
-        self._card_and_selftest(b, model, settings.recipe.simulated)
+        self._card_and_selftest(b, model)
         self._downloads(b)
         self._panel(b)
         return b.families()
@@ -279,20 +279,20 @@ class PanelCollector(Collector):
                 "evictions: filling a half-empty pool is not churn; 0 while idle).",
                 0.0 if idle and rep is not None else rep, m, sim)
         b.gauge("moet_panel_pool_host_to_device_bytes_per_second", "Estimated promotion traffic host→device "
-                "(promotions/s × slot size, all ranks).", f.h2d_gib_s * GIB if f.h2d_gib_s is not None else None, m, sim)
+                "(promotions/s × slot size, all ranks).", f.h2d_gib_s * GiB if f.h2d_gib_s is not None else None, m, sim)
         b.gauge("moet_panel_pool_slot_bytes", "Size of one pool slot.", p.slot_bytes if p is not None else None, m, sim)
         b.counter("moet_panel_pool_trace_summaries", "`[delta] tick` summary lines read since the engine booted.",
                   t.summaries, m, sim)
 
     # -- card and self-test ------------------------------------------------------------------------
-    def _card_and_selftest(self, b: _Families, model: str, recipe_sim: bool) -> None:
+    def _card_and_selftest(self, b: _Families, model: str) -> None:
         recipe = self.state.settings.recipe
         for p in recipe.profiles:
             if p.decode is not None:
                 b.gauge("moet_panel_card_decode_tokens_per_second", "The card's single-stream decode figure for the "
                         "profile (the recipe).", p.decode.value, {"model_name": model, "profile": p.id})
         b.gauge("moet_panel_card_vram_bytes", "The card's VRAM in use at 256K context (the recipe's vram.expected_gib).",
-                recipe.vram.expected_gib * GIB, {"model_name": model})
+                recipe.vram.expected_gib * GiB, {"model_name": model})
         for profile, (tok_s, when, sim) in sorted(self._selftest.figures().items()):
             lab = {"model_name": model, "profile": profile}
             b.gauge("moet_panel_selftest_decode_tokens_per_second", "This box's latest self-test decode (median of its "
@@ -315,7 +315,7 @@ class PanelCollector(Collector):
             lab = {"artifact": a.id}
             done = c is not None and c.state is ArtifactState.DONE
             if not done:
-                remaining += int(a.extracted_gib * GIB)
+                remaining += int(a.extracted_gib * GiB)
             b.gauge("moet_panel_download_complete", "1 when the artifact is downloaded, verified and extracted.",
                     int(done), lab, sim)
             if c is None:

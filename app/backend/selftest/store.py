@@ -4,12 +4,11 @@ image id, recipe hash and date (the issue's key), so a changed image or recipe s
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 
 from app.backend.exports import write_export
+from app.backend.fileio import atomic_write
 from app.backend.selftest.types import SelfTestResult
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -24,10 +23,7 @@ class ResultsStore:
         stamp = result.date.replace(":", "").replace("-", "")
         name = f"{_SAFE.sub('_', result.profile_id)}--{result.recipe_hash}--{stamp}.json"
         path = self.root / name
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(result.to_json(), fh, indent=1)
-        os.replace(tmp, path)  # atomic: a crash never leaves half a result
+        atomic_write(path, json.dumps(result.to_json(), indent=1), mode=0o600)  # a crash never leaves half a result
         return path
 
     def all(self, profile_id: str | None = None) -> list[SelfTestResult]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from app.backend.engine.types import EngineSnapshot, EngineState
+from app.backend.units import GiB
 
 if TYPE_CHECKING:
     from app.backend.download.manager import DownloadManager
@@ -24,8 +25,7 @@ if TYPE_CHECKING:
     from app.backend.service.notify import Notifier
     from app.backend.telemetry.hub import TelemetryHub
 
-GIB = 1 << 30
-DISK_LOW_BYTES = 10 * GIB
+DISK_LOW_BYTES = 10 * GiB
 DISK_LOW_FRACTION = 0.05
 DEBOUNCE_S = 0.5  # let the supervisor's decision follow a failure before the first message names it
 
@@ -73,7 +73,7 @@ def disk_conditions(path: Path) -> list[Condition]:
     except OSError:
         return []
     if u.free < DISK_LOW_BYTES or u.free < u.total * DISK_LOW_FRACTION:
-        return [Condition("disk", 1, f"disk low: {u.free / GIB:.1f} GiB free in {probe}",
+        return [Condition("disk", 1, f"disk low: {u.free / GiB:.1f} GiB free in {probe}",
                           "Downloads and engine logs need room; free space or move the data dir.")]
     return []
 

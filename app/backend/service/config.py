@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.backend import env
-from app.backend.engine.desired import atomic_write_text
+from app.backend.fileio import atomic_write
 from app.backend.engine.restartpolicy import RestartPolicy, parse_policy
 
 
@@ -38,7 +38,8 @@ class ServiceConfigStore:
         return ServiceConfig(policy, tuple(str(u) for u in urls if isinstance(u, str) and u.strip()))
 
     def write(self, cfg: ServiceConfig) -> None:
-        atomic_write_text(self.path, json.dumps({"restart_policy": cfg.restart_policy,
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.path, json.dumps({"restart_policy": cfg.restart_policy,
                                                  "notify_urls": list(cfg.notify_urls)}, indent=2))
 
 

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     server = SimEngineServer(cfg)
     stop_requested = threading.Event()
 
-    def on_signal(signum: int, _frame: object) -> None:
+    def on_signal(_signum: int, _frame: object) -> None:
         stop_requested.set()
         threading.Thread(target=server.stop, daemon=True).start()
 

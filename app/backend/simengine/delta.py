@@ -130,10 +130,10 @@ class DeltaSim:
         free = p.slots - self.cached
         if p.policy == "need":
             if p.gate and self._rng.random() < 0.25:  # a gate fire force-promotes a burst
-                self._churn(self._rng.randint(8, 64), mandatory=True)
+                self._churn(self._rng.randint(8, 64))
             return
         if free > 0:
-            self._churn(min(p.promote, free), mandatory=False)
+            self._churn(min(p.promote, free))
             return
         if p.policy == "freq" and p.hyst > 1.0:
             n = 1 if self._rng.random() < 0.0015 else 0
@@ -141,9 +141,9 @@ class DeltaSim:
             n = p.promote if self._rng.random() < 0.93 else self._rng.randint(0, p.promote)
         else:
             n = self._rng.randint(0, p.promote)
-        self._churn(n, mandatory=False)
+        self._churn(n)
 
-    def _churn(self, n: int, mandatory: bool) -> None:
+    def _churn(self, n: int) -> None:
         for _ in range(n):
             if self.cached >= TOTAL_EXPERTS and self.cached < self.plan.slots:
                 return  # a pool larger than the model: everything is resident

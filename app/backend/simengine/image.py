@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from app.backend.engine.imagebuild import docker_py_build
+
 IMAGE_TAG = "moet-panel/sim-engine:1"
 HASH_LABEL = "moet-panel.sim-hash"
 BUILDER_VERSION = "2"  # 2: no MOET_SIM_HOST=0.0.0.0 (loopback by default, issue 31); bump when the rootfs layout changes
@@ -151,13 +153,10 @@ def ensure_image(client: Any = None, rebuild: bool = False,
     with tempfile.TemporaryDirectory(prefix="moet-sim-image-") as tmp:
         build_rootfs(Path(tmp) / "rootfs.tar")
         (Path(tmp) / "Dockerfile").write_text(DOCKERFILE.format(hash_label=HASH_LABEL, digest=digest))
-        events = client.api.build(path=tmp, tag=tag, rm=True, forcerm=True, pull=False, decode=True)
-        for ev in events:  # docker-py's low-level build never raises: errors arrive as events
-            if "error" in ev:
-                detail = (ev.get("errorDetail") or {}).get("message") or ev["error"]
-                raise ImageBuildError(f"docker build of {tag} failed: {detail.strip()}")
-            if progress and ev.get("stream", "").strip():
-                progress(ev["stream"].rstrip())
+        built = docker_py_build(client.api, Path(tmp), "Dockerfile", tag,
+                                lambda ev: progress(ev.line) if progress else None)
+    if not built.ok:
+        raise ImageBuildError(f"{tag}: {built.message}")
     if not image_is_current(client, tag):
         raise ImageBuildError(f"docker build reported success but {tag} is missing or has a stale label")
     return tag

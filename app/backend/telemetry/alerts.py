@@ -25,6 +25,7 @@ from app.backend.telemetry.gpu_types import GpuSample
 from app.backend.telemetry.host import HostSample
 from app.backend.telemetry.metrics import MetricsSample
 from app.backend.telemetry.trace import TraceParser, TraceSnapshot
+from app.backend.units import GiB
 
 Severity = Literal["critical", "warning", "info"]
 CHURN_GIB_S = 20.0
@@ -32,7 +33,7 @@ CHURN_TURNOVER_PER_S = 2.5
 ZERO_COVERAGE_SUMMARIES = 3
 VRAM_FULL_FRACTION = 0.98
 HOST_RAM_LOW_FRACTION = 0.05
-HOST_RAM_LOW_BYTES = 4 * 2**30
+HOST_RAM_LOW_BYTES = 4 * GiB
 TRACE_OFF_AFTER_S = 90.0
 # Quotes in “ ” are the card's exact words (docs/model-card.txt; tests/test_card_wording.py checks them).
 NO_RECOVERY_SCORE = (
@@ -116,7 +117,7 @@ def churn_trap(i: AlertInputs) -> Alert | None:
         rep = r.replacements_per_s
         if rep is None or r.last is None or r.last.slots <= 0:
             continue
-        gib_s = rep * r.slot_bytes / 2**30 if r.slot_bytes else None
+        gib_s = rep * r.slot_bytes / GiB if r.slot_bytes else None
         turnover = rep / r.last.slots
         if (gib_s is not None and gib_s >= CHURN_GIB_S) or turnover >= CHURN_TURNOVER_PER_S:
             est = f"≈ {gib_s:.3g} GiB/s host→device, " if gib_s is not None else ""
@@ -136,7 +137,7 @@ def vram_full(i: AlertInputs) -> Alert | None:
         if g.memory_total and g.memory_in_use / g.memory_total > VRAM_FULL_FRACTION:
             return Alert(
                 "vram_full", "warning", f"GPU {g.index} VRAM above 98%",
-                f"{g.memory_in_use / 2**30:.1f} of {g.memory_total / 2**30:.1f} GiB in use. The card's recipe runs at "
+                f"{g.memory_in_use / GiB:.1f} of {g.memory_total / GiB:.1f} GiB in use. The card's recipe runs at "
                 "~93.8 of 96 GiB (97.7%); beyond that a longer prompt or another process can OOM the engine.",
                 "Close other GPU processes; keep --max-model-len ≤ 262144 and the card's --kv-cache-memory-bytes.",
             )
@@ -180,7 +181,7 @@ def host_ram_low(i: AlertInputs) -> Alert | None:
     if h.ram_available < max(HOST_RAM_LOW_BYTES, 0) or h.ram_available / h.ram_total < HOST_RAM_LOW_FRACTION:
         return Alert(
             "host_ram_low", "warning", "Host RAM low",
-            f"{h.ram_available / 2**30:.1f} GiB available of {h.ram_total / 2**30:.1f} GiB. A planes-cache miss "
+            f"{h.ram_available / GiB:.1f} GiB available of {h.ram_total / GiB:.1f} GiB. A planes-cache miss "
             "is what the card warns of: “the engine re-stages the whole checkpoint (~51 GiB host RAM) and small hosts get "
             "OOM-killed with no moe_w2 log line to explain it”.",
             "Pin VLLM_MOE_W2_CKPT_ID (the recipe does) and close memory-hungry processes.",
@@ -212,7 +213,7 @@ def decode_drift(i: AlertInputs) -> Alert | None:
     if i.trace is not None and any((r.replacements_per_s or 0) >= 2000 for r in i.trace.ranks):
         causes.append("FP4 pool churn (thousands of slot swaps/s load the PCIe link)")
     if i.host is not None and i.host.swap_total and i.host.swap_used / i.host.swap_total > 0.25:
-        causes.append(f"host swap in use ({i.host.swap_used / 2**30:.1f} GiB)")
+        causes.append(f"host swap in use ({i.host.swap_used / GiB:.1f} GiB)")
     cause = "; ".join(causes) or "none visible in the telemetry (check the PCIe link in the self-test, other GPU work)"
     return Alert(
         "decode_drift", "warning", f"Decode {d.live_tok_s:.1f} tok/s, below {d.baseline_tok_s:.1f}",

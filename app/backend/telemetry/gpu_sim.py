@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 from app.backend.engine.types import EngineSnapshot, EngineState
 from app.backend.telemetry.gpu_types import GpuProcess, GpuSample, ReaderStatus
+from app.backend.units import GiB
 
-GIB = 2**30
 SIM_NAME = "RTX PRO 6000 (SIMULATED)"
 SIM_UUID = "GPU-00000000-5151-4d55-4c41-544544000000"
 
@@ -83,7 +83,7 @@ class SimulatedGpuReader(ReaderStatus):
         procs: tuple[GpuProcess, ...] = ()
         if in_use - reserved > 0.01:
             pids = sorted(self.engine_pids_fn() if self.engine_pids_fn else ()) or [4242]
-            procs = (GpuProcess(pid=pids[0], used_bytes=int((in_use - reserved) * GIB),
+            procs = (GpuProcess(pid=pids[0], used_bytes=int((in_use - reserved) * GiB),
                                 name="vllm (SIMULATED)", container=snap.container_name or "engine"),)
         return [
             GpuSample(
@@ -91,9 +91,9 @@ class SimulatedGpuReader(ReaderStatus):
                 uuid=SIM_UUID,
                 name=SIM_NAME,
                 compute_capability=(12, 0),
-                memory_total=int(self._total * GIB),
-                memory_used=int((in_use - reserved) * GIB),
-                memory_reserved=int(reserved * GIB),
+                memory_total=int(self._total * GiB),
+                memory_used=int((in_use - reserved) * GiB),
+                memory_reserved=int(reserved * GiB),
                 util_gpu=util,
                 util_mem=util * 0.6,
                 power_w=round(55.0 + 5.4 * util, 1),
@@ -121,7 +121,7 @@ def sample_from_dict(d: dict[str, Any], index: int = 0) -> GpuSample:
     data = dict(d)
     for key in ("memory_total", "memory_used", "memory_reserved"):
         if f"{key}_gib" in data:
-            data[key] = int(float(data.pop(f"{key}_gib")) * GIB)
+            data[key] = int(float(data.pop(f"{key}_gib")) * GiB)
     data.setdefault("index", index)
     data.setdefault("uuid", f"GPU-fake-{data['index']}")
     data.setdefault("name", "Fake GPU")
@@ -146,7 +146,7 @@ class FakeGpuReader(ReaderStatus):
 
     Examples:
         >>> r = FakeGpuReader.from_dict({"frames": [[{"memory_total_gib": 96, "memory_used_gib": 90}]]})
-        >>> r.read()[0].memory_used // 2**30
+        >>> r.read()[0].memory_used // GiB
         90
         >>> FakeGpuReader(error="no NVIDIA GPU (libnvidia-ml.so not found)").available
         False

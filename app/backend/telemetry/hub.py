@@ -26,8 +26,8 @@ from app.backend.telemetry.host import HostSample, HostSampler
 from app.backend.telemetry.metrics import MetricsSample, MetricsScraper
 from app.backend.telemetry.timeline import Timeline, TimelineDB, TimelinePoint
 from app.backend.telemetry.trace import TraceParser, TraceSnapshot
+from app.backend.units import GiB
 
-GIB = 2**30
 if TYPE_CHECKING:
     from app.backend.selftest.drift import DriftWatch
 
@@ -53,11 +53,11 @@ class TelemetryFrame:
 
     @property
     def vram_used_gib(self) -> float | None:
-        return sum(g.memory_in_use for g in self.gpus) / GIB if self.gpus else None
+        return sum(g.memory_in_use for g in self.gpus) / GiB if self.gpus else None
 
     @property
     def vram_total_gib(self) -> float | None:
-        return sum(g.memory_total for g in self.gpus) / GIB if self.gpus else None
+        return sum(g.memory_total for g in self.gpus) / GiB if self.gpus else None
 
     @property
     def decode_tok_s(self) -> float | None:

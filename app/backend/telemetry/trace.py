@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from app.backend.engine.loglines import pool_sizing
+from app.backend.units import GiB
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 SUMMARY_RE = re.compile(
@@ -175,7 +176,7 @@ class RankView:
         """Estimated host→device traffic: promotions/s × slot size (evictions copy nothing)."""
         if self.promotions_per_s is None or self.slot_bytes is None:
             return None
-        return self.promotions_per_s * self.slot_bytes / 2**30
+        return self.promotions_per_s * self.slot_bytes / GiB
 
 
 @dataclass(frozen=True)

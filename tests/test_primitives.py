@@ -1,0 +1,46 @@
+"""The small primitives are written once (issue 34): a file lock and an atomic write (app/backend/fileio.py),
+GiB (app/backend/units.py), the docker-py image build (app/backend/engine/imagebuild.py) and demo mode
+(`Settings.demo`). A grep, so a second copy is caught where it is written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from app.backend.recipe import SIMULATED_RECIPE, load_recipe
+from app.backend.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "app"
+BACKEND = APP / "backend"
+# The SIMULATED engine runs in its own container with only its own package (simengine/image.py): it cannot
+# import the backend's primitives. Extraction lands each streamed file with its own durability threads.
+SIMENGINE = BACKEND / "simengine"
+
+ONCE = {
+    "file lock (fcntl)": (re.compile(r"^\s*import fcntl\b|^\s*from fcntl\b|\bfcntl\.\w+\("), {BACKEND / "fileio.py"}),
+    "atomic replace": (re.compile(r"\bos\.replace\("), {BACKEND / "fileio.py", BACKEND / "download" / "extract.py"}),
+    "GiB constant": (re.compile(r"2 ?\*\* ?30\b|1 << 30\b|1024 \*\* 3\b|\b1073741824\b"), {BACKEND / "units.py"}),
+    "docker-py build": (re.compile(r"\.api\.build\(|\bapi\.build\("), {BACKEND / "engine" / "imagebuild.py"}),
+    "demo switch": (re.compile(r"simulated or [\w.]*demo\b|\bdemo or [\w.]*simulated\b"), set()),
+}
+
+
+@pytest.mark.parametrize("what", sorted(ONCE))
+def test_written_once(what: str) -> None:
+    pattern, allowed = ONCE[what]
+    offenders = []
+    for path in sorted(APP.rglob("*.py")):
+        if path in allowed or SIMENGINE in path.parents:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not offenders, f"one {what} only ({', '.join(str(p.relative_to(ROOT)) for p in allowed) or 'none'}):\n" \
+        + "\n".join(offenders)
+
+
+def test_the_simulated_recipe_is_demo_mode_however_settings_are_built(tmp_path: Path) -> None:
+    assert Settings(SIMULATED_RECIPE, load_recipe(SIMULATED_RECIPE), tmp_path, demo=False).demo
