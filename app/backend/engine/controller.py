@@ -138,8 +138,8 @@ class EngineController:
 
     # == public API ===========================================================================
     def snapshot(self) -> EngineSnapshot:
-        with self._lock:
-            return self._snap
+        """The snapshot the reconciler last wrote: an immutable object, read without a lock (one reference)."""
+        return self._snap
 
     def wait_for(self, pred: Callable[[EngineSnapshot], bool], timeout: float) -> EngineSnapshot:
         """Block until pred(snapshot) holds or the timeout passes; returns the last snapshot."""
@@ -371,7 +371,8 @@ class EngineController:
                 pass
         self._follower.end()
         for t in [*self._threads, self._reconciler]:
-            t.join(timeout=3)
+            if t is not threading.current_thread():  # close() from a change callback or the reconciler itself
+                t.join(timeout=3)
         self._http.close()
 
     # == operations (worker thread) ===========================================================
