@@ -43,3 +43,30 @@ def test_stuck_subscriber_never_blocks_the_publisher_and_loses_only_its_oldest()
     assert bus.subscribers == 1
     stuck.close()
     assert bus.subscribers == 0
+
+
+def test_only_the_reconciler_thread_writes_engine_state(make_controller, docker_client, monkeypatch) -> None:
+    """Start, a second panel adopting, an outside kill, a start and a stop: every transition of either panel
+    ran on a thread named engine-reconciler (docs/engine.md, "One writer, events out")."""
+    from app.backend.engine.controller import EngineController
+
+    writers: set[str] = set()
+    real = sm.transition
+
+    def spy(snap: EngineSnapshot, event: sm.Event) -> EngineSnapshot:
+        writers.add(threading.current_thread().name)
+        return real(snap, event)
+
+    monkeypatch.setattr(sm, "transition", spy)
+    a: EngineController = make_controller()
+    b: EngineController = make_controller()
+    assert a.start("balanced").wait(60) and a.snapshot().state is EngineState.READY
+    wait_until(lambda: b.snapshot().state is EngineState.READY, 10, "B adopts A's engine")
+    docker_client.containers.get(a.snapshot().container_id).kill()
+    wait_until(lambda: a.snapshot().state is EngineState.FAILED and b.snapshot().state is EngineState.FAILED, 10,
+               "both panels see the kill")
+    assert b.start("speed").wait(60) and b.snapshot().state is EngineState.READY
+    stop = a.stop()
+    assert stop.wait(60) and stop.ok, stop.message
+    assert a.snapshot().state is EngineState.STOPPED
+    assert writers == {"engine-reconciler"}, writers

@@ -1,16 +1,17 @@
 """EngineController: preflight, start/stop/one-click switch with health gating, reattach, diagnosis.
 
-Threading model: every lifecycle operation (start, stop, switch, adopt) runs in ONE worker thread at
-a time (single-flight; a second request while one runs is refused with a message and a refused
-`Ticket`). Mutating operations also hold the cross-process engine lock (`oplock.EngineLock`): a second
-panel or a CLI refuses, naming the holder. Log followers, the Docker event watch and the reconcile run
-in their own threads; outside an operation of this process the snapshot is what Docker shows
-(docs/engine.md, "One truth"): a watch thread reads Docker's event stream for the panel's labels and a
-reconcile thread re-reads the containers on every event and every `resync_s` (the safety net when an
-event is missed), adopting or explaining whatever anyone else did. The liveness check (a /metrics read
-while ready) runs in a thread of its own, so a slow engine never holds up the reconcile. All state
-changes go through `_apply()` -> `statemachine.transition()` under one lock; readers get immutable
-`EngineSnapshot`s. Closing the controller stops its threads, never the engine.
+Threading model (docs/engine.md, "One writer, events out"): ONE thread, the reconciler
+(`engine-reconciler`), is the only code that changes the engine snapshot. Everyone else sends it messages
+(`inbox.py`): the callers of start/stop/switch (the recorded intent), the operation worker (one at a time,
+single-flight; a second request is refused with a refused `Ticket`), the log follower (boot phases), the
+liveness/canary thread (stalled, unstalled, canary readings) and the Docker event pump (a kick). A message
+that proposes a change carries a rule the reconciler evaluates against the snapshot of that moment, so
+"only if the engine still shows this container" never races. The reconciler also re-reads Docker on every
+kick and every `resync_s` (docs/engine.md, "One truth") and runs the supervisor. Each applied event goes
+through `statemachine.transition()` and is published on the `EventBus`. Mutating operations hold the
+cross-process engine lock (`oplock.EngineLock`): a second panel or a CLI is refused, naming the holder.
+Long Docker work (run, stop, waiting for health) stays on the worker thread, which reports results as
+messages. Closing the controller stops its threads, never the engine.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from app.backend.engine.events import EngineChanged, EventBus, Subscription
 from app.backend.engine.exits import NEUTRAL_REASONS, ExitRecords, explain_exit, is_failure
 from app.backend.engine.restartpolicy import GiveUp, PolicyConfig, Restart, RestartPolicy, decide, parse_policy
 from app.backend.engine.following import LogFollower
+from app.backend.engine.inbox import Close, Decide, Inbox, Kick, Message, Propose, Reply, Resync, SyncForOp
 from app.backend.engine.gpurelease import wait_gpu_release
 from app.backend.engine.liveness import LivenessTracker, progress_from_metrics, stall_diagnosis
 from app.backend.engine.loglines import EVERY_LINE, LogFilter
@@ -100,7 +102,10 @@ class EngineController:
         self._exit_records = ExitRecords(settings.state_dir)
         self._explained: set[str] = set()  # exited containers already explained (never twice)
         self._adopted_once = False
-        self._kick = threading.Event()  # wakes the reconcile (a Docker event, a log stream end)
+        # The one writer (docs/engine.md, "One writer, events out"): its inbox, and the flag it raises while it
+        # serves an operation's SyncForOp (that operation asked for Docker's truth: its belief does not win).
+        self._inbox = Inbox()
+        self._syncing_for_op = False
         self._wake_watch = threading.Event()
         self._events_stream: Any = None  # docker-py's CancellableStream while the watch reads it
         self._threads: list[threading.Thread] = []
@@ -122,17 +127,19 @@ class EngineController:
         self._restart_due: tuple[float, str, str] | None = None  # (when, profile, why)
         self._decided_for: tuple[str, float] | None = None  # the failure already decided (container, since)
         self._last_exit: Instance | None = None
+        self._op_listeners: list[Callable[[Ticket], None]] = []  # told of every finished operation (/metrics counts)
+        self._reconciler = threading.Thread(target=self._reconciler_loop, name="engine-reconciler", daemon=True)
+        self._reconciler.start()
         d0 = self.desired_store.read()
         self._apply(sm.Supervised(desired=d0.key if d0 else "", restart_policy=self.restart_policy()))
-        self._op_listeners: list[Callable[[Ticket], None]] = []  # told of every finished operation (/metrics counts)
         if self.options.reattach:
-            self._reconcile()
+            self._resync()
             self._start_watch()
 
     # == public API ===========================================================================
     def snapshot(self) -> EngineSnapshot:
-        with self._lock:
-            return self._snap
+        """The snapshot the reconciler last wrote: an immutable object, read without a lock (one reference)."""
+        return self._snap
 
     def wait_for(self, pred: Callable[[EngineSnapshot], bool], timeout: float) -> EngineSnapshot:
         """Block until pred(snapshot) holds or the timeout passes; returns the last snapshot."""
@@ -181,8 +188,8 @@ class EngineController:
         return self.oplock.holder()
 
     def refresh(self) -> EngineSnapshot:
-        """Re-read Docker now (the watch does this on every event and every resync_s)."""
-        self._reconcile()
+        """Re-read Docker now (the reconciler does this on every event and every resync_s)."""
+        self._resync()
         return self.snapshot()
 
     @property
@@ -274,15 +281,19 @@ class EngineController:
         """An accepted start/stop/switch is the user's intent: persist it (a refused one changes nothing)."""
         if ticket.accepted:
             d = self.desired_store.write(kind, profile_id, self.options.actor)
-            with self._lock:
+
+            def recorded(_: EngineSnapshot) -> list[sm.Event]:  # on the reconciler: the supervisor's bookkeeping
                 self._restarts_at.clear()  # a person acted: the cap counts from here
                 self._restart_due, self._decided_for = None, None
-                self._apply(sm.Supervised(desired=d.key, gave_up=False, restart_try=0))
+                return [sm.Supervised(desired=d.key, gave_up=False, restart_try=0)]
+
+            self._propose(recorded)
         return ticket
 
     def stop(self) -> Ticket:
         """Stop the engine. While a start/switch is booting, the boot is cancelled first (stop wins)."""
-        with self._lock:
+        cancelling: Ticket | None = None
+        with self._lock:  # never held while waiting for the reconciler (the intent below waits for it)
             busy = self._busy
             if busy is not None and busy.action != "stop":
                 have_lock = False
@@ -294,9 +305,11 @@ class EngineController:
                         return self._refused("stop", None, str(exc))
                 self._cancel.set()
                 self._wake.set()
-                ticket = Ticket(next(self._ids), "stop", None, True, f"cancelling the {busy.action}, then stopping")
-                threading.Thread(target=self._stop_after, args=(busy, ticket, have_lock), daemon=True).start()
-                return self._intent(ticket, "stopped", None)
+                cancelling = Ticket(next(self._ids), "stop", None, True, f"cancelling the {busy.action}, then stopping")
+                threading.Thread(target=self._stop_after, args=(busy, cancelling, have_lock), name="engine-stop",
+                                 daemon=True).start()
+        if cancelling is not None:
+            return self._intent(cancelling, "stopped", None)
         return self._intent(self._submit("stop", None, self._op_stop), "stopped", None)
 
     def _stop_after(self, busy: Ticket, ticket: Ticket, have_lock: bool = False) -> None:
@@ -347,7 +360,7 @@ class EngineController:
         """Stop the panel's threads. The engine keeps running (it outlives the panel)."""
         self._closed = True
         self._wake.set()
-        self._kick.set()
+        self._inbox.put(Close())
         self._wake_watch.set()
         with self._lock:
             stream = self._events_stream
@@ -357,8 +370,9 @@ class EngineController:
             except Exception:  # already closed
                 pass
         self._follower.end()
-        for t in self._threads:
-            t.join(timeout=3)
+        for t in [*self._threads, self._reconciler]:
+            if t is not threading.current_thread():  # close() from a change callback or the reconciler itself
+                t.join(timeout=3)
         self._http.close()
 
     # == operations (worker thread) ===========================================================
@@ -402,7 +416,7 @@ class EngineController:
             with self._lock:
                 self._busy = None
                 self._changed.notify_all()
-            self._kick.set()  # re-read Docker now that this process's belief no longer wins
+            self._inbox.kick()  # re-read Docker now that this process's belief no longer wins
             ticket._done.set()
             for cb in list(self._op_listeners):
                 try:
@@ -426,11 +440,12 @@ class EngineController:
         try:
             result = self._switch(ticket, profile_id, spec, overrides)
         finally:  # counted in the snapshot, the one source for /metrics (switches_total{result})
-            s = self.snapshot()
-            self._apply(sm.Supervised(switches_ok=s.switches_ok + 1) if result == "ok" else
-                        sm.Supervised(switches_rolled_back=s.switches_rolled_back + 1) if result == "rolled_back" else
-                        sm.Supervised(switches_cancelled=s.switches_cancelled + 1) if result == "cancelled" else
-                        sm.Supervised(switches_failed=s.switches_failed + 1))
+            self._propose(lambda s: [sm.Supervised(switches_ok=s.switches_ok + 1) if result == "ok" else
+                                     sm.Supervised(switches_rolled_back=s.switches_rolled_back + 1)
+                                     if result == "rolled_back" else
+                                     sm.Supervised(switches_cancelled=s.switches_cancelled + 1)
+                                     if result == "cancelled" else
+                                     sm.Supervised(switches_failed=s.switches_failed + 1)])
 
     def _switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> str:
         """Returns the result label: ok, rolled_back, failed or cancelled."""
@@ -537,11 +552,11 @@ class EngineController:
         want_pool = expects_pool(env, self.recipe.engine.pool_line)
         deadline = time.monotonic() + self.recipe.engine.boot_timeout_s
         pool_deadline: float | None = None
-        while not self._closed and not self._cancel.is_set() and self._shows_booting(inst.id):
+        while not self._closed and not self._cancel.is_set() and _shows_booting(self._snap, inst.id):
             cur = rt.get(inst.id)
             if cur is None or not cur.running:
                 if watch_only:
-                    self._kick.set()
+                    self._inbox.kick()
                     return False
                 self._follower.drain()
                 return self._fail_exited(cur)
@@ -549,11 +564,9 @@ class EngineController:
             if p.health_ok and p.models_ok:
                 prog = self._follower.tracker.progress
                 if not want_pool or (prog.pool_slots or 0) > 0:
-                    with self._lock:
-                        if not self._shows_booting(inst.id):
-                            return False  # the reconcile moved on (replaced / gone) while this probe ran
-                        self._apply(sm.BecameReady(self._ready_message(want_pool)))
-                    return True
+                    # applied only if the reconciler still shows this run booting (it may have moved on: replaced,
+                    # gone) when it reads the message
+                    return self._propose(_if_booting(inst.id, sm.BecameReady(self._ready_message(want_pool))))[0]
                 pool_deadline = pool_deadline or time.monotonic() + self.options.pool_line_grace_s
                 if prog.pool_slots == 0 or time.monotonic() > pool_deadline:
                     return self._fail_and_stop(rt, inst, "pool_not_loaded")
@@ -561,11 +574,6 @@ class EngineController:
                 return self._fail_and_stop(rt, inst, "boot_timeout")
             self._wake.wait(self.options.poll_interval_s)
         return False  # panel closing (engine left as it is), cancelled by stop (the stop op follows), or moved on
-
-    def _shows_booting(self, cid: str) -> bool:
-        """The snapshot still shows this container booting (a preflight before BootBegan counts)."""
-        snap = self._snap
-        return snap.state is EngineState.PREFLIGHT or (snap.state is EngineState.STARTING and snap.container_id == cid)
 
     def _ready_message(self, want_pool: bool) -> str:
         prog = self._follower.tracker.progress
@@ -645,27 +653,26 @@ class EngineController:
 
     # == observed state: Docker events + periodic resync -> reconcile (docs/engine.md, "One truth") ==
     def _writing(self) -> bool:
-        """This process runs a mutating operation: its own belief wins over Docker until it ends. A watch-only
-        op (gating an adopted engine) does not count: the reconcile keeps following Docker."""
+        """This process runs a mutating operation: its own belief wins over Docker until it ends — except while
+        the reconciler serves that operation's SyncForOp (it asked for Docker's truth). A watch-only op (gating
+        an adopted engine) does not count: the reconcile keeps following Docker."""
         busy = self._busy
-        return busy is not None and busy.action in MUTATING
+        return busy is not None and busy.action in MUTATING and not self._syncing_for_op
 
     def _on_boot_progress(self, cid: str, p: BootProgress) -> None:
         """A followed line moved the boot picture; shown while this run boots (lines before BootBegan are only
         tracked, and shown with the next line)."""
-        with self._lock:
-            if self._snap.state is EngineState.STARTING and self._snap.container_id == cid:
-                msg = cache_miss_warning() if p.cache_miss else ""
-                self._apply(sm.BootProgressed(p.phase, p.pool_slots, p.slot_mib, msg))
+        ev = sm.BootProgressed(p.phase, p.pool_slots, p.slot_mib, cache_miss_warning() if p.cache_miss else "")
+        # fire and forget: a follower thread never waits for the reconciler (which may be draining its streams)
+        self._propose(lambda s: [ev] if s.state is EngineState.STARTING and s.container_id == cid else [], wait=False)
 
     def _on_streams_ended(self, cid: str) -> None:
         """Both log streams ended: the engine probably exited; let the reconcile look at Docker now."""
         if not self._closed:
-            self._kick.set()
+            self._inbox.kick()
 
     def _start_watch(self) -> None:
-        loops = ((self._events_loop, "engine-events"), (self._reconcile_loop, "engine-reconcile"),
-                 (self._liveness_loop, "engine-liveness"))
+        loops = ((self._events_loop, "engine-events"), (self._liveness_loop, "engine-liveness"))
         for target, name in loops:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -685,10 +692,10 @@ class EngineController:
                 stream = watch(self._labels())
                 with self._lock:
                     self._events_stream = stream
-                for _ in stream:
+                for _ in stream:  # an observer: it only tells the reconciler to look
                     if self._closed:
                         break
-                    self._kick.set()
+                    self._inbox.kick()
             except Exception:  # daemon restarted / stream cut: the resync covers the gap, retry shortly
                 pass
             finally:
@@ -696,19 +703,119 @@ class EngineController:
                     self._events_stream = None
             self._wake_watch.wait(1.0)
 
-    def _reconcile_loop(self) -> None:
-        while not self._closed:
-            due = self._restart_due
-            wait = self.options.resync_s if due is None else max(0.0, min(self.options.resync_s, due[0] - time.time()))
-            self._kick.wait(wait)
-            self._kick.clear()
-            if self._closed:
-                return
+    # == the one writer (docs/engine.md, "One writer, events out") ===============================
+    def _reconciler_loop(self) -> None:
+        """Take messages one at a time; on a kick, and every resync_s without one, re-read Docker and supervise.
+        The only thread that calls `_write` (nothing else changes the snapshot)."""
+        next_sync = time.monotonic() + self.options.resync_s
+        while True:
+            timeout: float | None = None  # without the watch (reattach=False): messages only
+            if self.options.reattach:
+                timeout = max(0.0, next_sync - time.monotonic())
+                due = self._restart_due
+                if due is not None:
+                    timeout = min(timeout, max(0.05, due[0] - time.time()))
+            msg = self._inbox.get(timeout)
+            if isinstance(msg, Close):
+                break
             try:
-                self._reconcile()
-                self._supervise()
-            except Exception as exc:  # the watch must survive anything; say why once
+                if msg is None or isinstance(msg, Kick):
+                    if self.options.reattach and not self._closed:
+                        self._reconcile()
+                        self._supervise()
+                        next_sync = time.monotonic() + self.options.resync_s
+                else:
+                    self._handle(msg)
+            except Exception as exc:  # the reconciler must survive anything; say why once
                 self._watch_error = f"{type(exc).__name__}: {exc}"
+        for left in self._inbox.drain():  # closed: nothing changes any more; release whoever waits
+            reply = getattr(left, "reply", None)
+            if isinstance(reply, Reply):
+                reply.snap = self._snap
+                reply.done.set()
+
+    def _handle(self, msg: Message) -> None:
+        """Serve one request (a Propose, an operation's SyncForOp, a Resync); errors go back to the sender."""
+        reply = msg.reply if isinstance(msg, (Propose, SyncForOp, Resync)) else None
+        try:
+            if isinstance(msg, Propose):
+                applied, _ = self._decide_and_write(msg.decide)
+                if reply is not None:
+                    reply.applied = applied
+            elif isinstance(msg, SyncForOp):
+                self._syncing_for_op = True
+                try:
+                    self._reconcile()
+                finally:
+                    self._syncing_for_op = False
+            elif isinstance(msg, Resync):
+                self._reconcile()
+        except Exception as exc:
+            if reply is None:
+                raise
+            reply.error = exc
+        finally:
+            if reply is not None:
+                reply.snap = self._snap
+                reply.done.set()
+
+    def _on_reconciler(self) -> bool:
+        return threading.current_thread() is self._reconciler
+
+    def _ask(self, msg: Propose | SyncForOp | Resync, reply: Reply) -> Reply:
+        """Send and wait for the answer (re-raising its error here). After close: answered with no change."""
+        self._inbox.put(msg)
+        while not reply.done.wait(0.5):
+            if not self._reconciler.is_alive():
+                reply.snap = self._snap
+                return reply
+        if reply.error is not None:
+            raise reply.error
+        return reply
+
+    def _propose(self, decide: Decide, *, wait: bool = True) -> tuple[bool, EngineSnapshot]:
+        """A change for the reconciler: `decide(snapshot)` runs there and returns the events to apply.
+        Returns (anything applied, the snapshot after). On the reconciler itself: applied at once."""
+        if self._on_reconciler():
+            return self._decide_and_write(decide)
+        if not wait:
+            self._inbox.put(Propose(decide))
+            return False, self._snap
+        reply = self._ask(Propose(decide, reply := Reply()), reply)
+        return reply.applied, reply.snap or self._snap
+
+    def _apply(self, event: sm.Event) -> EngineSnapshot:
+        """Propose one event unconditionally; returns the snapshot after it."""
+        return self._propose(lambda _: [event])[1]
+
+    def _reconcile_now(self) -> None:
+        """Inside an operation: ask the reconciler to read Docker first, so a start/switch acts on the truth."""
+        self._ask(SyncForOp(reply := Reply()), reply)
+
+    def _resync(self) -> None:
+        if self._on_reconciler():
+            self._reconcile()
+        else:
+            self._ask(Resync(reply := Reply()), reply)
+
+    def _decide_and_write(self, decide: Decide) -> tuple[bool, EngineSnapshot]:
+        # under the op-admission lock: a rule that reads `_busy` is atomic with `_submit` setting it
+        with self._lock:
+            events = list(decide(self._snap))
+            for ev in events:
+                self._write(ev)
+            return bool(events), self._snap
+
+    def _write(self, event: sm.Event) -> EngineSnapshot:
+        """The one place the snapshot changes: transition, wake waiters, publish the change (never blocks)."""
+        if not self._on_reconciler():
+            raise RuntimeError("engine state is written by the reconciler thread only (docs/engine.md)")
+        with self._lock:
+            before = self._snap
+            self._snap = sm.transition(before, event)
+            self._changed.notify_all()
+            self.events.publish(type(event).__name__, before, self._snap)
+            return self._snap
 
     def _liveness_loop(self) -> None:
         while not self._closed:
@@ -722,11 +829,11 @@ class EngineController:
             except Exception as exc:  # like the reconcile: survive, say why
                 self._watch_error = f"{type(exc).__name__}: {exc}"
 
-    def _reconcile(self, own_op: bool = False) -> None:
-        """Make the snapshot say what Docker says (skipped while this process runs an operation, unless that
-        operation asks: `own_op`, at the start of a start/switch)."""
+    def _reconcile(self) -> None:
+        """On the reconciler: make the snapshot say what Docker says (skipped while this process runs a mutating
+        operation, unless that operation asked: its SyncForOp, at the start of a start/switch)."""
         with self._lock:
-            if (self._writing() and not own_op) or self._closed:
+            if self._writing() or self._closed:
                 return
         rt = self._get_runtime()
         if rt is None:
@@ -735,29 +842,29 @@ class EngineController:
             mine = rt.list(self._labels())
         except (RuntimeUnavailable, RuntimeOpError) as exc:
             with self._lock:
-                if (not self._writing() or own_op) and self._snap.state in LIVE_STATES:
+                if not self._writing() and self._snap.state in LIVE_STATES:
                     base = Diagnosis("docker_unreachable", "Docker daemon unreachable", str(exc),
                                      "Is dockerd running (`systemctl status docker`)? Is DOCKER_HOST right?")
                     self._apply(sm.Failed(base, str(exc)))
             return
         running = sorted((i for i in mine if i.running), key=lambda i: i.started_at)
         if running:
-            self._reconcile_running(rt, running, own_op)
+            self._reconcile_running(rt, running)
         else:
-            self._reconcile_nothing_runs(rt, mine, own_op)
+            self._reconcile_nothing_runs(rt, mine)
 
-    def _reconcile_running(self, rt: Runtime, running: list[Instance], own_op: bool) -> None:
+    def _reconcile_running(self, rt: Runtime, running: list[Instance]) -> None:
         snap = self.snapshot()
         inst = running[-1]
         if snap.container_id == inst.id and snap.state in LIVE_STATES | {EngineState.STOPPING}:
-            if snap.state is EngineState.STARTING and not own_op:
+            if snap.state is EngineState.STARTING:
                 with self._lock:  # booting and nobody in this process waits for it (adopted inside an op)
                     if self._busy is None:
                         self._watch_boot(rt, inst)
             return
-        self._adopt(rt, inst, len(running), own_op)
+        self._adopt(rt, inst, len(running))
 
-    def _reconcile_nothing_runs(self, rt: Runtime, mine: list[Instance], own_op: bool) -> None:
+    def _reconcile_nothing_runs(self, rt: Runtime, mine: list[Instance]) -> None:
         """Explain the run the snapshot still shows, or (fresh process) the newest exited run."""
         snap = self.snapshot()
         if snap.state in LIVE_STATES or snap.state is EngineState.STOPPING:
@@ -765,8 +872,8 @@ class EngineController:
         elif snap.state is EngineState.FAILED and snap.container_id:
             if not any(i.id == snap.container_id and i.status != "removing" for i in mine):
                 with self._lock:  # the failed run's container was removed: nothing is there; keep why it failed
-                    if not self._writing() or own_op:
-                        self._apply(sm.Vanished(f"{snap.container_name or 'the engine container'} was removed "
+                    if not self._writing():
+                        self._write(sm.Vanished(f"{snap.container_name or 'the engine container'} was removed "
                                                 "(the last diagnosis is kept below)", snap.diagnosis))
             return  # already explained
         else:
@@ -775,9 +882,9 @@ class EngineController:
                 return
             cid = exited[-1].id
         inst_now = next((i for i in mine if i.id == cid), None)
-        self._explain(rt, inst_now, cid, own_op)
+        self._explain(rt, inst_now, cid)
 
-    def _explain(self, rt: Runtime, inst: Instance | None, cid: str, own_op: bool = False) -> None:
+    def _explain(self, rt: Runtime, inst: Instance | None, cid: str) -> None:
         self._explained.add(cid)
         tracker = BootTracker()
         lines: list[str] = []
@@ -792,7 +899,7 @@ class EngineController:
         d = self._exit_records.read(cid) or explain_exit(inst, lines[-400:], cache_miss=tracker.progress.cache_miss)
         self._last_exit = inst
         with self._lock:
-            if (self._writing() and not own_op) or (self._snap.container_id and self._snap.container_id != cid):
+            if self._writing() or (self._snap.container_id and self._snap.container_id != cid):
                 return  # an operation started meanwhile / already on another container
             if inst is None or inst.id == self._snap.container_id:
                 self._follower.end()
@@ -803,7 +910,7 @@ class EngineController:
             else:
                 self._apply(sm.Vanished(f"engine {d.title}{code}", d))
 
-    def _adopt(self, rt: Runtime, inst: Instance, n_running: int, own_op: bool = False) -> None:
+    def _adopt(self, rt: Runtime, inst: Instance, n_running: int) -> None:
         """Adopt a running panel engine (started by this panel before a restart, another panel or the CLI)."""
         tracker = BootTracker()
         old = rt.read_logs(inst.id, max_lines=20000)
@@ -817,7 +924,7 @@ class EngineController:
         want_pool = expects_pool(inst.env, self.recipe.engine.pool_line)
         ready = p is not None and p.health_ok and p.models_ok and (not want_pool or (prog.pool_slots or 0) > 0)
         with self._lock:
-            if (self._writing() and not own_op) or self._closed:
+            if self._writing() or self._closed:
                 return
             first = self._snap.state is EngineState.STOPPED and not self._snap.container_id and not self._adopted_once
             self._adopted_once = True
@@ -830,7 +937,7 @@ class EngineController:
             if n_running > 1:
                 self._apply(sm.Noted(f"adopted {inst.name}; {n_running - 1} other panel engine(s) are also "
                                      "running — stop them (never started twice by this panel)"))
-            if not ready and not own_op:
+            if not ready and self._busy is None:  # (during an operation's SyncForOp that operation gates it)
                 self._watch_boot(rt, inst)
 
     def _watch_boot(self, rt: Runtime, inst: Instance) -> None:
@@ -859,25 +966,29 @@ class EngineController:
             return
         if self._stall_source != "canary" and self._canary_tick(snap, load, now):
             return
-        with self._lock:
-            if self._busy is not None or self._snap.container_id != snap.container_id:
+        if self._busy is not None or self._snap.container_id != snap.container_id:
+            return
+        cid = snap.container_id
+        if verdict.stalled and self._snap.state is EngineState.READY:
+            tail = tuple(ln.text for ln in self.logs.recent(5))
+            stalled = sm.Stalled(stall_diagnosis(verdict.running, verdict.idle_s, self._stall_after(), tail),
+                                 f"stalled: {int(verdict.running)} request(s) running, no token for "
+                                 f"{verdict.idle_s:.0f} s")
+            if not self._propose(lambda s: [stalled] if self._still_serving(s, cid, EngineState.READY) else [])[0]:
                 return
-            if verdict.stalled and self._snap.state is EngineState.READY:
-                tail = tuple(ln.text for ln in self.logs.recent(5))
-                d = stall_diagnosis(verdict.running, verdict.idle_s, self._stall_after(), tail)
-                self._stall_source = "metrics"
-                self._apply(sm.Stalled(d, f"stalled: {int(verdict.running)} request(s) running, no token for "
-                                          f"{verdict.idle_s:.0f} s"))
-                restart = self._restart_on_stall()
-            elif (not verdict.stalled and self._snap.state is EngineState.STALLED and self._stall_source == "metrics"
-                  or self._stall_source == "canary" and self._canary_recovered(snap, load)):
+            self._stall_source = "metrics"
+            if self._restart_on_stall() and snap.profile_id:
+                self._restart_stalled(snap.profile_id)
+        elif (not verdict.stalled and self._snap.state is EngineState.STALLED and self._stall_source == "metrics"
+              or self._stall_source == "canary" and self._canary_recovered(snap, load)):
+            unstalled = sm.Unstalled("tokens are moving again")
+            if self._propose(lambda s: [unstalled] if self._still_serving(s, cid, EngineState.STALLED) else [])[0]:
                 self._stall_source = ""
-                self._apply(sm.Unstalled("tokens are moving again"))
-                return
-            else:
-                return
-        if restart and snap.profile_id:
-            self._restart_stalled(snap.profile_id)
+
+    def _still_serving(self, s: EngineSnapshot, cid: str, state: EngineState) -> bool:
+        """A liveness verdict's rule, run on the reconciler: the run it judged is still shown, in `state`, and
+        no operation of this process is under way."""
+        return self._busy is None and s.container_id == cid and s.state is state
 
     def _canary_settings(self) -> tuple[float, float]:
         o, e = self.options, self.recipe.engine
@@ -902,19 +1013,18 @@ class EngineController:
             if stalled or result.outcome != "failed" or self._user_arrived() or self._closed:
                 break
             self._apply(self._canary_event())
-        with self._lock:
-            if self._busy is not None or self._snap.container_id != snap.container_id or \
-                    self._snap.state is not EngineState.READY:
-                return True
-            self._apply(self._canary_event())
-            if not stalled:
-                return False
+        events: list[sm.Event] = [self._canary_event()]
+        if stalled:
             tail = tuple(ln.text for ln in self.logs.recent(5))
-            self._stall_source = "canary"
-            self._apply(sm.Stalled(canary_diagnosis(result.detail, self._canary.interval_s, tail),
-                                   f"stalled: the generation canary failed twice ({result.detail})"))
-            restart = self._restart_on_stall()
-        if restart and snap.profile_id:
+            events.append(sm.Stalled(canary_diagnosis(result.detail, self._canary.interval_s, tail),
+                                     f"stalled: the generation canary failed twice ({result.detail})"))
+        cid = snap.container_id
+        if not self._propose(lambda s: events if self._still_serving(s, cid, EngineState.READY) else [])[0]:
+            return True
+        if not stalled:
+            return False
+        self._stall_source = "canary"
+        if self._restart_on_stall() and snap.profile_id:
             self._restart_stalled(snap.profile_id)
         return True
 
@@ -1040,8 +1150,7 @@ class EngineController:
                                                               f"(try {verdict.try_no} of {verdict.of})")
 
     def _schedule(self, when: float, profile_id: str, why: str) -> None:
-        self._restart_due = (when, profile_id, why)
-        self._kick.set()
+        self._restart_due = (when, profile_id, why)  # on the reconciler: its next wait ends at `when`
 
     def _supervised_restart(self, profile_id: str, why: str) -> None:
         def op(t: Ticket) -> None:
@@ -1049,9 +1158,11 @@ class EngineController:
             if self._already_live():  # another panel brought it back first: never a second engine
                 t.ok, t.message = True, "already running"
                 return
-            self._restarts_at.append(time.time())
-            snap = self.snapshot()
-            self._apply(sm.Supervised(restarts_total=snap.restarts_total + 1, message=why))
+            def counted(s: EngineSnapshot) -> list[sm.Event]:  # on the reconciler: it owns the restart history
+                self._restarts_at.append(time.time())
+                return [sm.Supervised(restarts_total=s.restarts_total + 1, message=why)]
+
+            self._propose(counted)
             self._finish(t, self._boot_profile(profile_id))
 
         t = self._submit("restart", profile_id, op)
@@ -1059,14 +1170,6 @@ class EngineController:
             self._decided_for = None
 
     # -- helpers -------------------------------------------------------------------------------
-    def _apply(self, event: sm.Event) -> EngineSnapshot:
-        """The one place the snapshot changes: transition, wake waiters, publish the change (never blocks)."""
-        with self._lock:
-            before = self._snap
-            self._snap = sm.transition(before, event)
-            self._changed.notify_all()
-            self.events.publish(type(event).__name__, before, self._snap)
-            return self._snap
 
     def _fail(self, d: Diagnosis, message: str) -> None:
         snap = self._apply(sm.Failed(d, message))
@@ -1078,15 +1181,23 @@ class EngineController:
         stalled = self.snapshot().diagnosis
 
         if self.options.supervise:  # the policy's cap counts stall restarts too
-            verdict = decide(self._policy_config(), "stalled", self._restarts_at, time.time())
-            if isinstance(verdict, GiveUp):
-                self._apply(sm.Supervised(gave_up=True, message=f"stalled — failed, {verdict.why}"))
+            gave_up = False
+
+            def judged(s: EngineSnapshot) -> list[sm.Event]:  # on the reconciler: it owns the restart history
+                nonlocal gave_up
+                verdict = decide(self._policy_config(), "stalled", self._restarts_at, time.time())
+                if isinstance(verdict, GiveUp):
+                    gave_up = True
+                    return [sm.Supervised(gave_up=True, message=f"stalled — failed, {verdict.why}")]
+                if isinstance(verdict, Restart):
+                    self._restarts_at.append(time.time())
+                    return [sm.Supervised(restarts_total=s.restarts_total + 1, restart_try=verdict.try_no,
+                                          message=f"stalled — restarting, try {verdict.try_no} of {verdict.of}")]
+                return []
+
+            self._propose(judged)
+            if gave_up:
                 return
-            if isinstance(verdict, Restart):
-                self._restarts_at.append(time.time())
-                snap = self.snapshot()
-                self._apply(sm.Supervised(restarts_total=snap.restarts_total + 1, restart_try=verdict.try_no,
-                                          message=f"stalled — restarting, try {verdict.try_no} of {verdict.of}"))
 
         def op(t: Ticket) -> None:
             if not self._stop_and_release(f"restarting {profile_id}: the engine stalled"):
@@ -1098,10 +1209,6 @@ class EngineController:
             self._finish(t, ok)
 
         self._submit("restart", profile_id, op)
-
-    def _reconcile_now(self) -> None:
-        """Inside an operation: read Docker first, so a start/switch acts on the truth, not on belief."""
-        self._reconcile(own_op=True)
 
     def _runtime_failure(self, exc: BaseException) -> Diagnosis:
         if isinstance(exc, RuntimeUnavailable):
@@ -1122,6 +1229,16 @@ class EngineController:
         """Cheap text for the UI (never contacts the daemon)."""
         rt = self._runtime
         return rt.describe() if rt is not None else (self._runtime_error or "not connected yet")
+
+
+def _shows_booting(snap: EngineSnapshot, cid: str) -> bool:
+    """The snapshot shows this container booting (a preflight before BootBegan counts)."""
+    return snap.state is EngineState.PREFLIGHT or (snap.state is EngineState.STARTING and snap.container_id == cid)
+
+
+def _if_booting(cid: str, event: sm.Event) -> Decide:
+    """The rule of a boot gate's verdict: apply `event` only while the snapshot shows `cid` booting."""
+    return lambda s: [event] if _shows_booting(s, cid) else []
 
 
 def _iso_ts(text: str) -> float | None:
