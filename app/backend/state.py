@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from app.backend.contracts import EngineFeed, GpuReader
 from app.backend.monitoring.counters import PanelCounters
 from app.backend.profiles import ProfileRegistry
 from app.backend.settings import Settings
@@ -24,7 +25,8 @@ if TYPE_CHECKING:  # types only: the service packages import settings, never thi
     from app.backend.selftest.runner import SelfTestService
     from app.backend.service.alerting import AlertService
     from app.backend.service.notify import Notifier
-    from app.backend.telemetry.gpu_types import GpuReader
+    from app.backend.contracts import GpuReader
+    from app.backend.telemetry.gpu import engine_gpu_reader
     from app.backend.telemetry.hub import TelemetryHub
     from app.backend.telemetry.nvml import NvmlGpuReader
 
@@ -70,7 +72,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     from app.backend.abtest.runner import ABRunService
     from app.backend.chat.service import ChatService
     from app.backend.download.manager import DownloadManager
-    from app.backend.engine.factory import default_gpu_reader, make_engine_controller
+    from app.backend.engine.factory import make_engine_controller
     from app.backend.selftest.drift import DriftWatch, baseline_from
     from app.backend.selftest.runner import SelfTestService
     from app.backend.telemetry.hub import TelemetryHub
@@ -84,8 +86,8 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # The engine picks Docker (or the SIMULATED process runtime) and reattaches to a running panel engine;
     # its closer stops the panel's threads, never the engine container. One GPU reader for the whole app
     # (engine preflight and release wait, telemetry): made here, injected into both.
-    ref: list[EngineController] = []
-    state.gpu = default_gpu_reader(settings, ref, nvml_reader=nvml_reader)
+    ref: list[EngineFeed] = []
+    state.gpu = engine_gpu_reader(settings, ref, nvml_reader=nvml_reader)
     engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref, profiles_fn=state.profiles.list,
                                                    supervise=True)
     state.on_close(engine.close)

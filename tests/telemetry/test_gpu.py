@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from app.backend.engine.types import EngineSnapshot, EngineState
+from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.env import GPU as ENV_GPU
 from app.backend.telemetry.gpu import NoGpuReader, make_gpu_reader
 from app.backend.telemetry.gpu_sim import FakeGpuReader, SimulatedGpuReader, sample_from_dict

@@ -16,7 +16,7 @@ import httpx
 import openai
 
 from app.backend.recipe.schema import Sampling
-from app.backend.telemetry.metrics import parse_metrics
+from app.backend.engine.metrics_text import parse_metrics
 
 
 class Cancelled(Exception):

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from app.backend.engine.types import EngineSnapshot
+from app.backend.contracts import EngineFeed, EngineSnapshot, GpuReader, GpuSample, ReaderStatus
 from app.backend import env
 from app.backend.env import GpuMode
 from app.backend.settings import Settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader, SimulatedGpuReader
-from app.backend.telemetry.gpu_types import GpuReader, GpuSample, ReaderStatus
 from app.backend.telemetry.nvml import NO_LIBRARY, NvmlGpuReader
 
 class NoGpuReader(ReaderStatus):
@@ -59,6 +58,20 @@ def make_gpu_reader(
     return NoGpuReader(real.error)
 
 
+def engine_gpu_reader(settings: Settings, controller_ref: list[EngineFeed],
+                      nvml_reader: NvmlGpuReader | None = None) -> GpuReader:
+    """The app's one GPU reader, shared by the engine controller and telemetry; `nvml_reader` is the NVML reader
+    the host probe already opened (reused). `controller_ref` gets the controller once it is made."""
+
+    def snap() -> EngineSnapshot:  # late-bound: the controller does not exist yet while the reader is made
+        return controller_ref[0].snapshot() if controller_ref else EngineSnapshot()
+
+    def pids() -> set[int]:
+        return controller_ref[0].container_pids() if controller_ref else set()
+
+    return make_gpu_reader(settings, engine_snapshot_fn=snap, engine_pids_fn=pids, nvml_reader=nvml_reader)
+
+
 def _simulated(settings: Settings | None, snap_fn: Callable[[], EngineSnapshot] | None,
                pids_fn: Callable[[], set[int]] | None) -> SimulatedGpuReader:
     ready, total, boot = 93.8, 96.0, 4.0
@@ -79,4 +92,4 @@ def _engine_name_fn(snap_fn: Callable[[], EngineSnapshot] | None) -> Callable[[]
     return lambda: snap_fn().container_name or "engine"
 
 
-__all__ = ["make_gpu_reader", "NoGpuReader", "NvmlGpuReader", "SimulatedGpuReader", "FakeGpuReader"]
+__all__ = ["engine_gpu_reader", "make_gpu_reader", "NoGpuReader", "NvmlGpuReader", "SimulatedGpuReader", "FakeGpuReader"]

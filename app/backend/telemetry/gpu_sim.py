@@ -18,8 +18,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable
 
-from app.backend.engine.types import EngineSnapshot, EngineState
-from app.backend.telemetry.gpu_types import GpuProcess, GpuSample, ReaderStatus
+from app.backend.contracts import EngineSnapshot, EngineState, GpuProcess, GpuSample, ReaderStatus
 
 GIB = 2**30
 SIM_NAME = "RTX PRO 6000 (SIMULATED)"

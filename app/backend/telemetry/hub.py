@@ -14,14 +14,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from app.backend.engine.types import EngineSnapshot, EngineState, LogLine
+from app.backend.contracts import EngineFeed, EngineSnapshot, EngineState, GpuReader, GpuSample, LogLine
 from app.backend.settings import Settings
 from app.backend.telemetry import alerts as alert_rules
 from app.backend.telemetry.alerts import Alert, AlertInputs
 from app.backend.telemetry.gpu import make_gpu_reader
-from app.backend.telemetry.gpu_types import GpuReader, GpuSample
 from app.backend.telemetry.host import HostSample, HostSampler
 from app.backend.telemetry.metrics import MetricsSample, MetricsScraper
 from app.backend.telemetry.timeline import Timeline, TimelineDB, TimelinePoint
@@ -85,15 +84,6 @@ class TelemetryFrame:
         return 0.0 if self.pool_idle_s is not None and self.trace.h2d_gib_s is not None else self.trace.h2d_gib_s
 
 
-class EngineFeed(Protocol):
-    """What the hub needs of the engine controller (tests hand in a small fake). An engine that also has
-    `recent_logs(n)` and `container_pids()` gets its boot lines replayed and its GPU processes marked."""
-
-    def snapshot(self) -> EngineSnapshot: ...
-
-    def add_log_listener(self, cb: Callable[[LogLine], None]) -> Callable[[], None]: ...
-
-
 class TelemetryHub:
     """Owns the sampler thread. `sample_once()` runs one tick synchronously (tests, CLI)."""
 
@@ -151,13 +141,11 @@ class TelemetryHub:
         if self._unsubscribe is not None:
             self._unsubscribe()
         self._engine = engine
-        recent = getattr(engine, "recent_logs", None)
-        if recent is not None:
-            try:
-                for ln in recent(5000):
-                    self.ingest(ln)
-            except Exception:
-                pass
+        try:
+            for ln in engine.recent_logs(5000):
+                self.ingest(ln)
+        except Exception:  # a replay that fails only loses the boot lines' pool sizing
+            pass
         self._unsubscribe = engine.add_log_listener(self.ingest)
 
     def ingest(self, line: LogLine | str) -> None:
@@ -168,8 +156,7 @@ class TelemetryHub:
         return self._engine.snapshot() if self._engine is not None else EngineSnapshot()
 
     def _engine_pids(self) -> set[int]:
-        fn = getattr(self._engine, "container_pids", None)
-        return set(fn()) if fn is not None else set()
+        return set(self._engine.container_pids()) if self._engine is not None else set()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -194,9 +181,7 @@ class TelemetryHub:
             self._db.close()
             self._db = None
         self._scraper.close()
-        closer = getattr(self._reader, "close", None)
-        if closer is not None:
-            closer()
+        self._reader.close()
 
     def _run(self) -> None:
         next_at = time.monotonic()
@@ -248,7 +233,7 @@ class TelemetryHub:
             alerts = self._alerts(snap, gpus, host, metrics, trace)
             self._seq += 1
             frame = TelemetryFrame(now, self._seq, snap, tuple(gpus), gpu_error,
-                                   bool(getattr(self._reader, "simulated", False)), host, trace, metrics, tuple(alerts))
+                                   self._reader.simulated, host, trace, metrics, tuple(alerts))
             self._latest = frame
             self._record(frame)
             return frame
@@ -316,8 +301,8 @@ class TelemetryHub:
             engine=snap,
             traffic_seen_s=self._traffic_no_tick_s if metrics is not None else None,
             policy=self._policy(snap.profile_id if snap else None),
-            ecc_required_off=bool(req is not None and getattr(req, "ecc", "any") == "off"),
-            ecc_note=getattr(req, "ecc_note", "") if req is not None else "",
+            ecc_required_off=req is not None and req.ecc == "off",
+            ecc_note=req.ecc_note if req is not None else "",
             drift=self.drift.update(time.time(), snap.profile_id if snap else None,
                                     metrics.decode_tok_s if metrics else None, metrics.running if metrics else None)
             if self.drift is not None and live else None,

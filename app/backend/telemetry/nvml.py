@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import pynvml
 
-from app.backend.telemetry.gpu_types import GpuProcess, GpuSample, ReaderStatus
+from app.backend.contracts import GpuProcess, GpuSample, ReaderStatus
 
 # Clocks-event ("throttle") reason bits → short names.
 THROTTLE_BITS: tuple[tuple[int, str], ...] = (

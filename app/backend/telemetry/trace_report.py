@@ -6,7 +6,8 @@ from dataclasses import asdict
 from typing import Any
 
 from app.backend.telemetry.alerts import AlertInputs, churn_trap, pool_absent, zero_coverage
-from app.backend.telemetry.trace import PoolSizing, Summary, TraceParser
+from app.backend.contracts import PoolSizing
+from app.backend.telemetry.trace import Summary, TraceParser
 
 
 def file_stats(sums: list[Summary], slot_mib: float | None) -> dict[str, Any]:
