@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from app.backend.chat import export
+import app.backend.chat.export as export
 from app.backend.chat.client import ChatClient, ChatRequest, SamplingParams
 from app.backend.chat.endpoint import ENGINE_TAB_HINT, Endpoint, HealthProbe, resolve_endpoint
 from app.backend.chat.events import StreamError

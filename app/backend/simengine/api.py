@@ -8,7 +8,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from . import quality, textgen
+from .quality import DECOHERENCE, DEFAULT_NEEDLE_MAX_TOKENS, broken_length, needle_answer
+from .textgen import Plan, answer_tokens, count_prompt_tokens, make_plan, reasoning_tokens, request_rng
 from .config import REASONING_MODES
 
 
@@ -86,7 +87,7 @@ def parse_request(kind: str, body: Any, served_name: str, model_path: str, max_m
             prompt = prompt[0] if prompt else ""
         if not isinstance(prompt, str):
             raise ApiError(400, "prompt must be a string", param="prompt")
-        text, prompt_tokens = prompt, textgen.count_prompt_tokens(prompt)
+        text, prompt_tokens = prompt, count_prompt_tokens(prompt)
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     if kind == "completion" and max_tokens is None:
         max_tokens = 16  # vLLM's CompletionRequest default
@@ -119,7 +120,7 @@ def parse_request(kind: str, body: Any, served_name: str, model_path: str, max_m
 def chat_prompt(messages: list[Any]) -> tuple[str, int]:
     """The prompt text of chat messages and its token count (the same count /tokenize answers)."""
     text = "\n".join(_content_text(m.get("content")) for m in messages if isinstance(m, dict))
-    return text, textgen.count_prompt_tokens(text) + 4 * len(messages)
+    return text, count_prompt_tokens(text) + 4 * len(messages)
 
 
 def tokenize(body: Any, max_model_len: int) -> dict[str, Any]:
@@ -129,7 +130,7 @@ def tokenize(body: Any, max_model_len: int) -> dict[str, Any]:
     if isinstance(body.get("messages"), list) and body["messages"]:
         _, count = chat_prompt(body["messages"])
     elif isinstance(body.get("prompt"), str):
-        count = textgen.count_prompt_tokens(body["prompt"])
+        count = count_prompt_tokens(body["prompt"])
     else:
         raise ApiError(400, "give either prompt (a string) or messages (a non-empty list)", param="prompt")
     return {"count": count, "max_model_len": max_model_len, "tokens": [(i * 7919) % 128000 for i in range(count)],
@@ -137,30 +138,30 @@ def tokenize(body: Any, max_model_len: int) -> dict[str, Any]:
 
 
 def token_source(req: GenRequest, seed: int, tier: int = 0,
-                 needle_ok: int = quality.DEFAULT_NEEDLE_MAX_TOKENS) -> tuple[textgen.Plan, Iterator[tuple[str, str]]]:
+                 needle_ok: int = DEFAULT_NEEDLE_MAX_TOKENS) -> tuple[Plan, Iterator[tuple[str, str]]]:
     """Deterministic (kind, text) tokens: reasoning first (~20-40%), then the answer.
 
     The base answer does not depend on the profile; `tier` (quality.quality_tier) may break it off
     early, and a needle prompt is answered with its code (quality.needle_answer)."""
     key = json.dumps([req.kind, req.prompt_text, req.params.get("seed"), req.params.get("temperature")])
-    rng = textgen.request_rng(seed, key)
-    plan = textgen.make_plan(rng, req.thinking)
-    found = quality.needle_answer(req.prompt_text, req.prompt_tokens, needle_ok)
+    rng = request_rng(seed, key)
+    plan = make_plan(rng, req.thinking)
+    found = needle_answer(req.prompt_text, req.prompt_tokens, needle_ok)
     if found is not None:
         words = found.split()
-        plan = textgen.Plan(natural_tokens=len(words), reasoning_tokens=0)
+        plan = Plan(natural_tokens=len(words), reasoning_tokens=0)
         return plan, _needle_gen(words, rng)
-    cut = quality.broken_length(textgen.request_rng(seed, key + f"\x00tier{tier}"), tier, plan.natural_tokens)
-    tail = quality.DECOHERENCE.split()
+    cut = broken_length(request_rng(seed, key + f"\x00tier{tier}"), tier, plan.natural_tokens)
+    tail = DECOHERENCE.split()
     if cut is not None:
         cut = max(cut, plan.reasoning_tokens + len(tail) + 1)
-        plan = textgen.Plan(natural_tokens=cut, reasoning_tokens=plan.reasoning_tokens)
+        plan = Plan(natural_tokens=cut, reasoning_tokens=plan.reasoning_tokens)
 
     def gen() -> Iterator[tuple[str, str]]:
-        reasoning = textgen.reasoning_tokens(rng)
+        reasoning = reasoning_tokens(rng)
         for _ in range(plan.reasoning_tokens):
             yield "reasoning", next(reasoning)
-        answer = textgen.answer_tokens(rng)
+        answer = answer_tokens(rng)
         if cut is not None:
             for _ in range(cut - plan.reasoning_tokens - len(tail)):
                 yield "content", next(answer)
@@ -175,7 +176,7 @@ def token_source(req: GenRequest, seed: int, tier: int = 0,
 def _needle_gen(words: list[str], rng: Any) -> Iterator[tuple[str, str]]:
     for i, w in enumerate(words):
         yield "content", w if i == 0 else " " + w
-    yield from (("content", t) for t in textgen.answer_tokens(rng, "\n\n"))
+    yield from (("content", t) for t in answer_tokens(rng, "\n\n"))
 
 
 def usage(prompt: int, completion: int) -> dict[str, int]:
