@@ -3,16 +3,16 @@
 Engine control, telemetry, chat, the gateway, the self-test and the UI meet here instead of importing one
 another: a consumer imports a snapshot or a sample type from this module, never the producer's package, so
 the packages form no import cycle (tests/test_import_boundaries.py checks it; docs/architecture.md).
-Only plain data and Protocols live here; this module imports nothing from the app.
+Only plain data, Protocols and type aliases live here; this module imports nothing from the app.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 # -- the engine, as its consumers see it -------------------------------------------------------------------
 
@@ -215,3 +215,12 @@ class ReaderStatus:
 
     def close(self) -> None:
         return None
+
+
+# -- ASGI (the panel's gate, the access log and the gateway's proxy wrap the same callables) -----------------
+
+Scope = MutableMapping[str, Any]  # ASGI's scope and messages are open dicts (asgiref's TypedDicts are unions)
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]

@@ -21,7 +21,7 @@ class SelfTestPlan:
         if not 16 <= self.decode_tokens <= 32768:
             raise ValueError(f"decode tokens must be 16..32768, got {self.decode_tokens}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """What a result stores of its plan (SelfTestResult.plan)."""
         return {"runs": self.runs, "decode_tokens": self.decode_tokens, "ttft_lengths": list(self.ttft_lengths),
                 "needle_lengths": list(self.needle_lengths)}
@@ -88,14 +88,14 @@ class SelfTestResult:
     date: str  # ISO-8601 UTC
     simulated: bool
     card_decode_tok_s: float | None
-    plan: dict[str, Any]
+    plan: dict[str, object]
     decode: list[DecodeRun] = field(default_factory=list)
     ttft: list[TtftPoint] = field(default_factory=list)
     needles: list[NeedleOutcome] = field(default_factory=list)
     telemetry: TelemetrySummary = field(default_factory=TelemetrySummary)
     wall_s: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Iterator
 
 from .quality import DECOHERENCE, DEFAULT_NEEDLE_MAX_TOKENS, broken_length, needle_answer
 from .textgen import Plan, answer_tokens, count_prompt_tokens, make_plan, reasoning_tokens, request_rng
@@ -20,7 +21,7 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type_, param
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
 
 
@@ -42,13 +43,13 @@ class GenRequest:
     ignore_eos: bool
     thinking: bool
     reasoning_mode: str
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, object] = field(default_factory=dict)
     request_id: str = ""
     created: int = 0
     min_tokens: int = 0  # vLLM's min_tokens: EOS is suppressed before this many tokens
 
 
-def _content_text(content: Any) -> str:
+def _content_text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -56,7 +57,7 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def _number(body: dict[str, Any], key: str, lo: float | None = None, hi: float | None = None) -> None:
+def _number(body: dict[str, object], key: str, lo: float | None = None, hi: float | None = None) -> None:
     v = body.get(key)
     if v is None:
         return
@@ -66,7 +67,7 @@ def _number(body: dict[str, Any], key: str, lo: float | None = None, hi: float |
         raise ApiError(400, f"{key} must be in [{lo}, {hi}], got {v}.", param=key)
 
 
-def parse_request(kind: str, body: Any, served_name: str, model_path: str, max_model_len: int,
+def parse_request(kind: str, body: object, served_name: str, model_path: str, max_model_len: int,
                   default_reasoning: str) -> GenRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
@@ -117,13 +118,13 @@ def parse_request(kind: str, body: Any, served_name: str, model_path: str, max_m
     )
 
 
-def chat_prompt(messages: list[Any]) -> tuple[str, int]:
+def chat_prompt(messages: list[object]) -> tuple[str, int]:
     """The prompt text of chat messages and its token count (the same count /tokenize answers)."""
     text = "\n".join(_content_text(m.get("content")) for m in messages if isinstance(m, dict))
     return text, count_prompt_tokens(text) + 4 * len(messages)
 
 
-def tokenize(body: Any, max_model_len: int) -> dict[str, Any]:
+def tokenize(body: object, max_model_len: int) -> dict[str, object]:
     """vLLM's POST /tokenize: {"prompt": str} or {"messages": [...]} -> count, max_model_len, tokens."""
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
@@ -173,7 +174,7 @@ def token_source(req: GenRequest, seed: int, tier: int = 0,
     return plan, gen()
 
 
-def _needle_gen(words: list[str], rng: Any) -> Iterator[tuple[str, str]]:
+def _needle_gen(words: list[str], rng: random.Random) -> Iterator[tuple[str, str]]:
     for i, w in enumerate(words):
         yield "content", w if i == 0 else " " + w
     yield from (("content", t) for t in answer_tokens(rng, "\n\n"))
@@ -221,38 +222,39 @@ def merge_deltas(deltas: list[dict[str, str]]) -> list[dict[str, str]]:
     return out
 
 
-def chat_chunk(req: GenRequest, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+def chat_chunk(req: GenRequest, delta: dict[str, str], finish: str | None = None) -> dict[str, object]:
     return {"id": req.request_id, "object": "chat.completion.chunk", "created": req.created, "model": req.model,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
                          "stop_reason": None}]}
 
 
-def completion_chunk(req: GenRequest, text: str, finish: str | None = None) -> dict[str, Any]:
+def completion_chunk(req: GenRequest, text: str, finish: str | None = None) -> dict[str, object]:
     return {"id": req.request_id, "object": "text_completion", "created": req.created, "model": req.model,
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}]}
 
 
-def usage_chunk(req: GenRequest, completion_tokens: int) -> dict[str, Any]:
+def usage_chunk(req: GenRequest, completion_tokens: int) -> dict[str, object]:
     obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
     return {"id": req.request_id, "object": obj, "created": req.created, "model": req.model, "choices": [],
             "usage": usage(req.prompt_tokens, completion_tokens)}
 
 
-def full_response(req: GenRequest, tokens: list[tuple[str, str]], finish: str) -> dict[str, Any]:
+def full_response(req: GenRequest, tokens: list[tuple[str, str]], finish: str) -> dict[str, object]:
     n = len(tokens)
     if req.kind == "completion":
         text = "".join(t for _, t in tokens)
-        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+        choice: dict[str, object] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
                                   "stop_reason": None}
         return {"id": req.request_id, "object": "text_completion", "created": req.created, "model": req.model,
                 "choices": [choice], "usage": usage(req.prompt_tokens, n)}
     builder = DeltaBuilder(req.reasoning_mode)
-    message: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": []}
+    texts: dict[str, str] = {"content": ""}
     for d in (builder.delta(k, t) for k, t in tokens):
         for key, val in d.items():
-            message[key] = message.get(key, "") + val
+            texts[key] = texts.get(key, "") + val
     if builder.in_think:
-        message["content"] += "</think>"
+        texts["content"] += "</think>"
+    message: dict[str, object] = {"role": "assistant", **texts, "tool_calls": []}
     if req.reasoning_mode == "reasoning":
         message.setdefault("reasoning", None)
     return {"id": req.request_id, "object": "chat.completion", "created": req.created, "model": req.model,

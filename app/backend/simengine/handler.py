@@ -7,7 +7,7 @@ import queue
 import select
 import socket
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .api import (
     ApiError, DeltaBuilder, GenRequest, chat_chunk, completion_chunk,
@@ -54,7 +54,7 @@ class _Handler(BaseHTTPRequestHandler):
     # above the configured rate (docs/real-engine.md, difference 21)
     disable_nagle_algorithm = True
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
         pass  # access lines are written in uvicorn's format by _access()
 
     def _access(self, status: int) -> None:
@@ -75,7 +75,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
         self._access(status)
 
-    def _json(self, status: int, obj: Any) -> None:
+    def _json(self, status: int, obj: object) -> None:
         self._send(status, json.dumps(obj).encode())
 
     def _error(self, err: ApiError) -> None:
@@ -132,7 +132,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._generate(req)
 
-    def _tokenize(self, body: Any) -> None:
+    def _tokenize(self, body: object) -> None:
         if self._loading():
             return
         try:
@@ -140,7 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ApiError as err:
             self._error(err)
 
-    def _read_body(self) -> Any:
+    def _read_body(self) -> object:
         length = int(self.headers.get("content-length") or 0)
         raw = self.rfile.read(length) if length else b""
         try:
@@ -148,7 +148,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             return None
 
-    def _models(self) -> dict[str, Any]:
+    def _models(self) -> dict[str, object]:
         cfg = self.sim.config
         card = {"id": cfg.served_name, "object": "model", "created": int(self.sim.started_at), "owned_by": "vllm",
                 "root": cfg.model, "parent": None, "max_model_len": cfg.max_model_len, "simulated": True,
@@ -255,7 +255,7 @@ class _Handler(BaseHTTPRequestHandler):
         for i, d in enumerate(deltas):
             self._event(chat_chunk(req, d, finish if i == len(deltas) - 1 else None))
 
-    def _event(self, obj: dict[str, Any]) -> None:
+    def _event(self, obj: dict[str, object]) -> None:
         self._chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
 
     def _chunk(self, data: bytes) -> None:

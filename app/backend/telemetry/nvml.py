@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Callable
 
 import pynvml
@@ -45,6 +47,15 @@ def decode_throttle(mask: int | None) -> tuple[str, ...]:
     return tuple(name for bit, name in THROTTLE_BITS if mask & bit)
 
 
+@dataclass(frozen=True)
+class _Static:
+    """What a device says once: its identity."""
+
+    uuid: str
+    name: str
+    cc: tuple[int, int] | None
+
+
 class NvmlGpuReader(ReaderStatus):
     """GpuReader over the real driver. Construct once; `read()` from one (sampler) thread."""
 
@@ -54,7 +65,7 @@ class NvmlGpuReader(ReaderStatus):
         ecc_ttl_s: float = 30.0,
         engine_pids_fn: Callable[[], set[int]] | None = None,
         engine_name_fn: Callable[[], str] | None = None,
-        nvml: Any = None,
+        nvml: ModuleType | None = None,  # a stand-in for the pynvml module (tests)
     ) -> None:
         self.engine_pids_fn = engine_pids_fn
         self.engine_name_fn = engine_name_fn
@@ -62,8 +73,8 @@ class NvmlGpuReader(ReaderStatus):
         self._ecc_ttl = ecc_ttl_s
         self._lock = threading.Lock()
         self._missing: set[str] = set()  # functions the driver lacks (not retried)
-        self._handles: list[Any] = []
-        self._static: list[dict[str, Any]] = []
+        self._handles: list[object] = []  # pynvml's opaque device handles
+        self._static: list[_Static] = []
         self._pcie: dict[int, tuple[float, float | None, float | None]] = {}
         self._ecc: dict[int, tuple[float, bool | None, bool | None]] = {}
         self._proc_names: dict[int, str] = {}
@@ -100,17 +111,14 @@ class NvmlGpuReader(ReaderStatus):
             if h is None:
                 continue
             self._handles.append(h)
-            self._static.append(
-                {
-                    "uuid": self._q("nvmlDeviceGetUUID", h) or "",
-                    "name": self._q("nvmlDeviceGetName", h) or "NVIDIA GPU",
-                    "cc": self._q("nvmlDeviceGetCudaComputeCapability", h),
-                }
-            )
+            cc = self._q("nvmlDeviceGetCudaComputeCapability", h)
+            self._static.append(_Static(str(self._q("nvmlDeviceGetUUID", h) or ""),
+                                        str(self._q("nvmlDeviceGetName", h) or "NVIDIA GPU"),
+                                        (int(cc[0]), int(cc[1])) if cc else None))
         if not self._handles:
             self._error = "no NVIDIA GPU (the driver reports 0 devices)"
 
-    def _q(self, fn: str, *args: Any, key: str = "") -> Any:
+    def _q(self, fn: str, *args: object, key: str = "") -> Any:  # pynvml is untyped: its answers are Any
         """Call pynvml.<fn>; any NVML error → None (N/A); an unsupported call is remembered under `key`."""
         key = key or fn
         if key in self._missing:
@@ -131,7 +139,7 @@ class NvmlGpuReader(ReaderStatus):
         except Exception:
             return set()
 
-    def _memory(self, h: Any) -> tuple[int, int, int]:
+    def _memory(self, h: object) -> tuple[int, int, int]:
         mem = self._q("nvmlDeviceGetMemoryInfo", h, pynvml.nvmlMemory_v2, key="memory_v2")
         if mem is not None and hasattr(mem, "reserved"):
             return int(mem.total), int(mem.used), int(mem.reserved)
@@ -140,7 +148,7 @@ class NvmlGpuReader(ReaderStatus):
             return 0, 0, 0
         return int(mem.total), int(mem.used), 0
 
-    def _sample(self, i: int, h: Any, now: float, pids: set[int]) -> GpuSample:
+    def _sample(self, i: int, h: object, now: float, pids: set[int]) -> GpuSample:
         total, used, reserved = self._memory(h)
         util = self._q("nvmlDeviceGetUtilizationRates", h)
         power = self._q("nvmlDeviceGetPowerUsage", h)
@@ -156,9 +164,9 @@ class NvmlGpuReader(ReaderStatus):
         st = self._static[i]
         return GpuSample(
             index=i,
-            uuid=st["uuid"],
-            name=st["name"],
-            compute_capability=tuple(st["cc"]) if st["cc"] else None,
+            uuid=st.uuid,
+            name=st.name,
+            compute_capability=st.cc,
             memory_total=total,
             memory_used=used,
             memory_reserved=reserved,
@@ -178,7 +186,7 @@ class NvmlGpuReader(ReaderStatus):
             ts=now,
         )
 
-    def _pcie_cached(self, i: int, h: Any, now: float) -> tuple[float | None, float | None]:
+    def _pcie_cached(self, i: int, h: object, now: float) -> tuple[float | None, float | None]:
         t, tx, rx = self._pcie.get(i, (0.0, None, None))
         if now - t >= self._pcie_interval:
             tx = self._q("nvmlDeviceGetPcieThroughput", h, pynvml.NVML_PCIE_UTIL_TX_BYTES, key="pcie_tx")  # ~20 ms
@@ -188,7 +196,7 @@ class NvmlGpuReader(ReaderStatus):
             self._pcie[i] = (now, tx, rx)
         return tx, rx
 
-    def _ecc_cached(self, i: int, h: Any, now: float) -> tuple[bool | None, bool | None]:
+    def _ecc_cached(self, i: int, h: object, now: float) -> tuple[bool | None, bool | None]:
         t, cur, pend = self._ecc.get(i, (0.0, None, None))
         if now - t >= self._ecc_ttl:
             mode = self._q("nvmlDeviceGetEccMode", h)
@@ -196,7 +204,7 @@ class NvmlGpuReader(ReaderStatus):
             self._ecc[i] = (now, cur, pend)
         return cur, pend
 
-    def _processes(self, h: Any, pids: set[int]) -> tuple[GpuProcess, ...]:
+    def _processes(self, h: object, pids: set[int]) -> tuple[GpuProcess, ...]:
         procs = self._q("nvmlDeviceGetComputeRunningProcesses", h) or []
         engine = ""
         if pids and self.engine_name_fn is not None:
