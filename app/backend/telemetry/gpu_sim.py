@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import fields
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from app.backend.contracts import EngineSnapshot, EngineState, GpuProcess, GpuSample, ReaderStatus
@@ -169,11 +170,10 @@ class FakeGpuReader(ReaderStatus):
     def from_json(cls, path: str | Path) -> FakeGpuReader:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
-    def push(self, frame: list[GpuSample] | list[dict[str, Any]]) -> None:
+    def push(self, frame: Sequence[GpuSample | dict[str, Any]]) -> None:
         """Append a frame (tests drive VRAM over time this way)."""
         with self._lock:
-            samples: list[GpuSample | dict[str, Any]] = list(frame)
-            self._frames.append([g if isinstance(g, GpuSample) else sample_from_dict(g, i) for i, g in enumerate(samples)])
+            self._frames.append([g if isinstance(g, GpuSample) else sample_from_dict(g, i) for i, g in enumerate(frame)])
 
     def set_error(self, error: str) -> None:
         self._error = error
