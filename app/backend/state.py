@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from app.backend.contracts import EngineFeed, GpuReader
+from app.backend.contracts import GpuReader
 from app.backend.monitoring.counters import PanelCounters
 from app.backend.profiles import ProfileRegistry
 from app.backend.settings import Settings
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # types only: the service packages import settings, never thi
     from app.backend.service.alerting import AlertService
     from app.backend.service.notify import Notifier
     from app.backend.contracts import GpuReader
-    from app.backend.telemetry.gpu import engine_gpu_reader
+    from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
     from app.backend.telemetry.hub import TelemetryHub
     from app.backend.telemetry.nvml import NvmlGpuReader
 
@@ -86,16 +86,16 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # The engine picks Docker (or the SIMULATED process runtime) and reattaches to a running panel engine;
     # its closer stops the panel's threads, never the engine container. One GPU reader for the whole app
     # (engine preflight and release wait, telemetry): made here, injected into both.
-    ref: list[EngineFeed] = []
-    state.gpu = engine_gpu_reader(settings, ref, nvml_reader=nvml_reader)
-    engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref, profiles_fn=state.profiles.list,
+    state.gpu = make_gpu_reader(settings, nvml_reader=nvml_reader)
+    engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, profiles_fn=state.profiles.list,
                                                    supervise=True)
     state.on_close(engine.close)
+    sim_card = follow_engine(state.gpu, engine)  # demo mode: the SIMULATED card follows this engine
 
     chat = state.chat = ChatService(settings.recipe, settings.ensure_state_dir(), snapshot_fn=engine.snapshot)
     state.on_close(chat.close)
 
-    telemetry = state.telemetry = TelemetryHub(settings, engine=engine, gpu_reader=state.gpu)
+    telemetry = state.telemetry = TelemetryHub(settings, engine=engine, gpu_reader=state.gpu, sim_card=sim_card)
     telemetry.start()
     state.on_close(telemetry.close)
 

@@ -16,7 +16,7 @@ from app.backend.engine.ops import ControllerOptions
 from app.backend.engine.docker_runtime import DockerRuntime
 from app.backend.engine.process_runtime import ProcessRuntime
 from app.backend.engine.runtime import Runtime, RuntimeUnavailable
-from app.backend.contracts import EngineFeed, GpuReader
+from app.backend.contracts import GpuReader
 from app.backend.profiles import all_profiles
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.settings import Settings
@@ -68,15 +68,14 @@ def artifact_status_fn(settings: Settings) -> Callable[[str], str | None]:
 
 def make_engine_controller(settings: Settings, gpu_reader: GpuReader,
                            options: ControllerOptions | None = None,
-                           ref: list[EngineFeed] | None = None,
                            profiles_fn: Callable[[], list[ProfileSpec]] | None = None, *,
                            supervise: bool = False) -> EngineController:
     """The controller with its collaborators. `gpu_reader`: the app's one reader (the callers make it with
-    `telemetry.gpu.engine_gpu_reader(settings, ref)` and pass the same `ref`: the engine never builds a reader).
+    `telemetry.gpu.make_gpu_reader` and, once the controller exists, let a SIMULATED card follow it with
+    `telemetry.gpu.follow_engine`: the engine never builds a reader).
     `supervise`: the panel's controller brings back what should run and restarts crashes (docs/engine.md)."""
     from app.backend.service.config import ServiceConfigStore, effective_policy
 
-    ref = ref if ref is not None else []
     options = options or ControllerOptions()
     store = ServiceConfigStore(settings.state_dir)
     options.restart_policy_fn = lambda: effective_policy(store, settings.recipe.engine.restart)[0]
@@ -90,5 +89,4 @@ def make_engine_controller(settings: Settings, gpu_reader: GpuReader,
         ensure_image=ensure_sim_image,
         artifact_status=artifact_status_fn(settings),
     )
-    ref.append(ctl)
     return ctl

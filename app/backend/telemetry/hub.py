@@ -20,7 +20,8 @@ from app.backend.contracts import EngineFeed, EngineSnapshot, EngineState, GpuRe
 from app.backend.settings import Settings
 from app.backend.telemetry import alerts as alert_rules
 from app.backend.telemetry.alerts import Alert, AlertInputs
-from app.backend.telemetry.gpu import make_gpu_reader
+from app.backend.telemetry.gpu import make_gpu_reader, tag_engine_processes
+from app.backend.telemetry.gpu_sim import SimulatedGpuReader
 from app.backend.telemetry.host import HostSample, HostSampler
 from app.backend.telemetry.metrics import MetricsSample, MetricsScraper
 from app.backend.telemetry.timeline import Timeline, TimelineDB, TimelinePoint
@@ -98,6 +99,7 @@ class TelemetryHub:
         scraper: MetricsScraper | None = None,
         host_sampler: HostSampler | None = None,
         engine_provider: Callable[[], EngineFeed | None] | None = None,
+        sim_card: SimulatedGpuReader | None = None,
     ) -> None:
         self.settings = settings
         self.interval_s = max(float(interval_s), 0.05)
@@ -106,6 +108,10 @@ class TelemetryHub:
         self._unsubscribe: Callable[[], None] | None = None
         self._engine_provider = engine_provider  # attach the engine once it exists
         self._reader = gpu_reader or make_gpu_reader(settings, self._engine_snapshot, self._engine_pids)
+        # The SIMULATED card this hub feeds the decode load (`follow_engine` returns the app's; one made here,
+        # following this hub's engine, is fed too). docs/telemetry.md
+        self._sim_card = sim_card if gpu_reader is not None else (
+            self._reader if isinstance(self._reader, SimulatedGpuReader) else None)
         self._scraper = scraper or MetricsScraper(timeout_s=min(1.0, self.interval_s))
         self._host = host_sampler or HostSampler(settings.data_dir if settings is not None else None)
         self._parser = TraceParser()
@@ -225,7 +231,7 @@ class TelemetryHub:
             snap = self._engine_snapshot() if self._engine is not None else None
             self._track_engine(snap)
             self._drain_logs()
-            gpus, gpu_error = self._read_gpus()
+            gpus, gpu_error = self._read_gpus(snap)
             host = self._host.sample()
             metrics = self._scrape(snap)
             trace = self._parser.snapshot()
@@ -257,9 +263,11 @@ class TelemetryHub:
             ln = q.popleft()
             feed(ln.text, ln.ts)  # receipt time: finer than the line's 1 s stamp, good for rates
 
-    def _read_gpus(self) -> tuple[list[GpuSample], str]:
+    def _read_gpus(self, snap: EngineSnapshot | None) -> tuple[list[GpuSample], str]:
         try:
             gpus = self._reader.read()
+            if snap is not None:  # the readers return raw samples: the engine's processes are marked here
+                gpus = tag_engine_processes(gpus, self._engine_pids(), snap.container_name)
         except Exception as exc:
             return [], f"GPU read failed: {type(exc).__name__}: {exc}"
         return gpus, ("" if self._reader.available else self._reader.error)
@@ -268,9 +276,9 @@ class TelemetryHub:
         if snap is None or not snap.is_ready or not snap.base_url:
             return None
         sample = self._scraper.scrape(snap.base_url)
-        if hasattr(self._reader, "load_hint"):
+        if self._sim_card is not None:
             expected = self._expected_decode(snap.profile_id) or 50.0
-            self._reader.load_hint = min((sample.decode_tok_s or 0.0) / expected, 1.0)
+            self._sim_card.set_load((sample.decode_tok_s or 0.0) / expected)
         return sample
 
     def _expected_decode(self, profile_id: str | None) -> float | None:

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import pynvml
 
@@ -63,12 +63,8 @@ class NvmlGpuReader(ReaderStatus):
         self,
         pcie_interval_s: float = 5.0,
         ecc_ttl_s: float = 30.0,
-        engine_pids_fn: Callable[[], set[int]] | None = None,
-        engine_name_fn: Callable[[], str] | None = None,
         nvml: ModuleType | None = None,  # a stand-in for the pynvml module (tests)
     ) -> None:
-        self.engine_pids_fn = engine_pids_fn
-        self.engine_name_fn = engine_name_fn
         self._pcie_interval = pcie_interval_s
         self._ecc_ttl = ecc_ttl_s
         self._lock = threading.Lock()
@@ -88,8 +84,7 @@ class NvmlGpuReader(ReaderStatus):
             return []
         with self._lock:
             now = time.time()
-            pids = self._engine_pids()
-            return [self._sample(i, h, now, pids) for i, h in enumerate(self._handles)]
+            return [self._sample(i, h, now) for i, h in enumerate(self._handles)]
 
     def close(self) -> None:
         if not self._error and self._nv is not None:
@@ -131,14 +126,6 @@ class NvmlGpuReader(ReaderStatus):
         except Exception:  # any other NVML error (GPU lost, timeout, ...): N/A now, asked again next time
             return None
 
-    def _engine_pids(self) -> set[int]:
-        if self.engine_pids_fn is None:
-            return set()
-        try:
-            return set(self.engine_pids_fn() or ())
-        except Exception:
-            return set()
-
     def _memory(self, h: object) -> tuple[int, int, int]:
         mem = self._q("nvmlDeviceGetMemoryInfo", h, pynvml.nvmlMemory_v2, key="memory_v2")
         if mem is not None and hasattr(mem, "reserved"):
@@ -148,7 +135,7 @@ class NvmlGpuReader(ReaderStatus):
             return 0, 0, 0
         return int(mem.total), int(mem.used), 0
 
-    def _sample(self, i: int, h: object, now: float, pids: set[int]) -> GpuSample:
+    def _sample(self, i: int, h: object, now: float) -> GpuSample:
         total, used, reserved = self._memory(h)
         util = self._q("nvmlDeviceGetUtilizationRates", h)
         power = self._q("nvmlDeviceGetPowerUsage", h)
@@ -182,7 +169,7 @@ class NvmlGpuReader(ReaderStatus):
             pcie_rx_kbs=rx,
             ecc_current=ecc_cur,
             ecc_pending=ecc_pend,
-            processes=self._processes(h, pids),
+            processes=self._processes(h),
             ts=now,
         )
 
@@ -204,20 +191,15 @@ class NvmlGpuReader(ReaderStatus):
             self._ecc[i] = (now, cur, pend)
         return cur, pend
 
-    def _processes(self, h: object, pids: set[int]) -> tuple[GpuProcess, ...]:
+    def _processes(self, h: object) -> tuple[GpuProcess, ...]:
+        """The compute processes as the driver lists them (untagged: the telemetry hub marks the engine's)."""
         procs = self._q("nvmlDeviceGetComputeRunningProcesses", h) or []
-        engine = ""
-        if pids and self.engine_name_fn is not None:
-            try:
-                engine = self.engine_name_fn() or "engine"
-            except Exception:
-                engine = "engine"
         out = []
         for p in procs:
             pid = int(getattr(p, "pid", 0))
             used = getattr(p, "usedGpuMemory", None)
             out.append(GpuProcess(pid=pid, used_bytes=int(used) if used is not None else None,
-                                  name=self._proc_name(pid), container=(engine or "engine") if pid in pids else ""))
+                                  name=self._proc_name(pid)))
         return tuple(out)
 
     def _proc_name(self, pid: int) -> str:
