@@ -1,4 +1,4 @@
-"""The layering holds (docs/architecture.md, "Layers and contracts"): parsed from the source with `ast`, no
+"""The layering holds (README, "Contracts and import boundaries"): parsed from the source with `ast`, no
 import runs. Every import counts here, in functions and under `if TYPE_CHECKING:` too; the cycle check is
 module level, as scripts/import_cycles.py counts it."""
 

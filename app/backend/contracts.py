@@ -2,7 +2,7 @@
 
 Engine control, telemetry, chat, the gateway, the self-test and the UI meet here instead of importing one
 another: a consumer imports a snapshot or a sample type from this module, never the producer's package, so
-the packages form no import cycle (tests/test_import_boundaries.py checks it; docs/architecture.md).
+the packages form no import cycle (tests/test_import_boundaries.py checks it; README, "Contracts and import boundaries").
 Only plain data, Protocols and type aliases live here; this module imports nothing from the app.
 """
 
