@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from app.backend.contracts import GpuReader
 from app.backend.monitoring.counters import PanelCounters
 from app.backend.profiles import ProfileRegistry
 from app.backend.settings import Settings
@@ -26,7 +25,6 @@ if TYPE_CHECKING:  # types only: the service packages import settings, never thi
     from app.backend.service.alerting import AlertService
     from app.backend.service.notify import Notifier
     from app.backend.contracts import GpuReader
-    from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
     from app.backend.telemetry.hub import TelemetryHub
     from app.backend.telemetry.nvml import NvmlGpuReader
 
@@ -75,6 +73,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     from app.backend.engine.factory import make_engine_controller
     from app.backend.selftest.drift import DriftWatch, baseline_from
     from app.backend.selftest.runner import SelfTestService
+    from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
     from app.backend.telemetry.hub import TelemetryHub
 
     state = AppState(settings=settings)

@@ -35,7 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from app.backend import env
 from app.backend.contracts import ASGIApp, Message, Receive, Scope, Send
-from app.backend.auth import DeviceBook, LoginNote, SessionBook
+from app.backend.auth import LOGIN_NOTE, DeviceBook, LoginNote, SessionBook
 
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
@@ -77,8 +77,6 @@ SECURITY_HEADERS = (
 
 # The client address of the request being handled (auth.py's throttle counts per client).
 CLIENT_ADDRESS: ContextVar[str] = ContextVar("moet_panel_client_address", default="")
-# The login in progress (POST /login): the checker reads the client and device key, writes the outcome.
-LOGIN_NOTE: ContextVar[LoginNote | None] = ContextVar("moet_panel_login_note", default=None)
 
 # The session's second secret travels in this header (the page's fetch/XHR wrapper adds it), or in
 # this query parameter on GET requests the page cannot add headers to (file links, images).
@@ -94,11 +92,6 @@ PAGE_PATHS = ("/",)  # Gradio's HTML page: the page script goes in here
 def current_client() -> str:
     """The client address of the request in progress ('' outside a request)."""
     return CLIENT_ADDRESS.get()
-
-
-def current_login() -> LoginNote | None:
-    """The LoginNote of the POST /login in progress (None outside one)."""
-    return LOGIN_NOTE.get()
 
 
 @dataclass
