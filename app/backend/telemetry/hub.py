@@ -266,10 +266,13 @@ class TelemetryHub:
     def _read_gpus(self, snap: EngineSnapshot | None) -> tuple[list[GpuSample], str]:
         try:
             gpus = self._reader.read()
-            if snap is not None:  # the readers return raw samples: the engine's processes are marked here
-                gpus = tag_engine_processes(gpus, self._engine_pids(), snap.container_name)
         except Exception as exc:
             return [], f"GPU read failed: {type(exc).__name__}: {exc}"
+        if snap is not None and gpus:  # the readers return raw samples: the engine's processes are marked here
+            try:
+                gpus = tag_engine_processes(gpus, self._engine_pids(), snap.container_name)
+            except Exception:  # the engine's pids unknown now (runtime unreachable): the samples stay unmarked
+                pass
         return gpus, ("" if self._reader.available else self._reader.error)
 
     def _scrape(self, snap: EngineSnapshot | None) -> MetricsSample | None:
