@@ -9,7 +9,7 @@ from app.backend.engine.diagnosis import classify
 from app.backend.engine.preflight import PreflightInputs, run_preflight
 from app.backend.recipe import DEFAULT_RECIPE, load_recipe
 from app.backend.telemetry.gpu_sim import FakeGpuReader
-from app.backend.telemetry.gpu_types import GpuSample
+from app.backend.contracts import GpuSample
 
 GIB = 2**30
 RECIPE = load_recipe(DEFAULT_RECIPE)

@@ -19,6 +19,7 @@ import stat
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -259,6 +260,16 @@ class LoginNote:
     user: str | None = None  # set on success: the user the device key is issued to
 
 
+# The login in progress (POST /login), set by app.backend.webgate per request: the checker reads the client and
+# device key, writes the outcome.
+LOGIN_NOTE: ContextVar[LoginNote | None] = ContextVar("moet_panel_login_note", default=None)
+
+
+def current_login() -> LoginNote | None:
+    """The LoginNote of the POST /login in progress (None outside one)."""
+    return LOGIN_NOTE.get()
+
+
 @dataclass
 class DeviceBook:
     """Device keys: issued to a browser on a successful login, kept by its page in storage scoped to
@@ -374,8 +385,6 @@ def make_checker(users: dict[str, str], guard: LoginGuard | None = None,
     in progress (default: the HTTP gate's); the checker writes refusals and the signed-in user there.
     `on_failure(reason)` counts failures ("bad_credentials", or "locked_out" for a throttled or busy
     answer) for /metrics."""
-    from app.backend.webgate import current_login
-
     dummy = hash_password(secrets.token_hex(8))
     g = guard or LoginGuard()
     note_for = note_of or current_login

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from app.backend import env
 
 if TYPE_CHECKING:
-    from app.backend.telemetry.gpu_types import GpuReader
+    from app.backend.contracts import GpuReader
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,8 @@ def probe_gpu(reader: "GpuReader | None" = None) -> tuple[bool, str]:
     except Exception as exc:  # NVMLError_DriverNotLoaded and friends
         return False, f"NVML unavailable: {exc.__class__.__name__}: {exc}".rstrip(": ")
     finally:
-        closer = getattr(r, "close", None)
-        if own and closer is not None:
-            closer()
+        if own:
+            r.close()
 
 
 def probe_docker(timeout_s: float = 3.0) -> tuple[bool, str]:

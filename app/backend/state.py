@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # types only: the service packages import settings, never thi
     from app.backend.selftest.runner import SelfTestService
     from app.backend.service.alerting import AlertService
     from app.backend.service.notify import Notifier
-    from app.backend.telemetry.gpu_types import GpuReader
+    from app.backend.contracts import GpuReader
     from app.backend.telemetry.hub import TelemetryHub
     from app.backend.telemetry.nvml import NvmlGpuReader
 
@@ -70,9 +70,10 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     from app.backend.abtest.runner import ABRunService
     from app.backend.chat.service import ChatService
     from app.backend.download.manager import DownloadManager
-    from app.backend.engine.factory import default_gpu_reader, make_engine_controller
+    from app.backend.engine.factory import make_engine_controller
     from app.backend.selftest.drift import DriftWatch, baseline_from
     from app.backend.selftest.runner import SelfTestService
+    from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
     from app.backend.telemetry.hub import TelemetryHub
 
     state = AppState(settings=settings)
@@ -84,16 +85,16 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # The engine picks Docker (or the SIMULATED process runtime) and reattaches to a running panel engine;
     # its closer stops the panel's threads, never the engine container. One GPU reader for the whole app
     # (engine preflight and release wait, telemetry): made here, injected into both.
-    ref: list[EngineController] = []
-    state.gpu = default_gpu_reader(settings, ref, nvml_reader=nvml_reader)
-    engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, ref=ref, profiles_fn=state.profiles.list,
+    state.gpu = make_gpu_reader(settings, nvml_reader=nvml_reader)
+    engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, profiles_fn=state.profiles.list,
                                                    supervise=True)
     state.on_close(engine.close)
+    sim_card = follow_engine(state.gpu, engine)  # demo mode: the SIMULATED card follows this engine
 
     chat = state.chat = ChatService(settings.recipe, settings.ensure_state_dir(), snapshot_fn=engine.snapshot)
     state.on_close(chat.close)
 
-    telemetry = state.telemetry = TelemetryHub(settings, engine=engine, gpu_reader=state.gpu)
+    telemetry = state.telemetry = TelemetryHub(settings, engine=engine, gpu_reader=state.gpu, sim_card=sim_card)
     telemetry.start()
     state.on_close(telemetry.close)
 

@@ -27,21 +27,15 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
-from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from app.backend import env
-from app.backend.auth import DeviceBook, LoginNote, SessionBook
+from app.backend.contracts import ASGIApp, Message, Receive, Scope, Send
+from app.backend.auth import LOGIN_NOTE, DeviceBook, LoginNote, SessionBook
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 FORWARDING_HEADERS = (b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto", b"forwarded", b"x-real-ip")
@@ -80,8 +74,6 @@ SECURITY_HEADERS = (
     (b"cross-origin-opener-policy", b"same-origin"),
 )
 
-# The login in progress (POST /login): the checker reads the client and device key, writes the outcome.
-LOGIN_NOTE: ContextVar[LoginNote | None] = ContextVar("moet_panel_login_note", default=None)
 
 # The session's second secret travels in this header (the page's fetch/XHR wrapper adds it), or in
 # this query parameter on GET requests the page cannot add headers to (file links, images).
@@ -94,9 +86,6 @@ LOGIN_PATHS = ("/login", "/login/")
 PAGE_PATHS = ("/",)  # Gradio's HTML page: the page script goes in here
 
 
-def current_login() -> LoginNote | None:
-    """The LoginNote of the POST /login in progress (None outside one)."""
-    return LOGIN_NOTE.get()
 
 
 @dataclass
@@ -359,7 +348,7 @@ class WebGate:
 
     # ---- refusals ----------------------------------------------------------------------------
 
-    def _refusal(self, scope: Scope, user: str | None) -> tuple[int, Any, list[tuple[bytes, bytes]]] | None:
+    def _refusal(self, scope: Scope, user: str | None) -> tuple[int, str | dict[str, object], list[tuple[bytes, bytes]]] | None:
         p = self.policy
         headers = _headers(scope)
         host = headers.get(b"host", b"").decode("latin-1")
@@ -523,7 +512,7 @@ def _with_security_headers(send: Send) -> Send:
     return wrapped
 
 
-async def _respond(send: Send, status: int, body: Any, extra: list[tuple[bytes, bytes]]) -> None:
+async def _respond(send: Send, status: int, body: str | dict[str, object], extra: list[tuple[bytes, bytes]]) -> None:
     if isinstance(body, str):
         data, ctype = (body + "\n").encode(), b"text/plain; charset=utf-8"
     else:

@@ -55,8 +55,11 @@ def register(subs: argparse._SubParsersAction) -> None:
 def _services(settings: Any) -> tuple[Any, Any]:
     from app.backend.abtest.runner import ABRunService
     from app.backend.engine.factory import make_engine_controller
+    from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
 
-    ctl = make_engine_controller(settings)
+    reader = make_gpu_reader(settings)
+    ctl = make_engine_controller(settings, reader)
+    follow_engine(reader, ctl)
     return ctl, ABRunService(settings, ctl)
 
 

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from app.backend.engine.controller import EngineController
-from app.backend.engine.factory import default_gpu_reader, make_engine_controller
+from app.backend.engine.factory import make_engine_controller
+from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
 from app.backend.engine.imagebuild import BuildEvent, ImageBuildRefused, build_image, check_source
 from app.backend.engine.ops import ControllerOptions, Ticket
-from app.backend.engine.types import Diagnosis, EngineSnapshot, LogLine
+from app.backend.contracts import Diagnosis, EngineSnapshot, LogLine
 from app.backend.hostprobe import detect_demo
 from app.backend.settings import Settings
 from app.backend.telemetry.alerts import run_log_lines, status_alerts, trace_of
@@ -75,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
         nvml.close()
         return _build_image(args, settings)
     opts = ControllerOptions(auto_rollback=not getattr(args, "no_rollback", False), actor="CLI")
-    ref: list[EngineController] = []
-    reader = default_gpu_reader(settings, ref, nvml_reader=nvml)
-    ctl = make_engine_controller(settings, gpu_reader=reader, options=opts, ref=ref)
+    reader = make_gpu_reader(settings, nvml_reader=nvml)
+    ctl = make_engine_controller(settings, gpu_reader=reader, options=opts)
+    follow_engine(reader, ctl)
     try:
         return {
             "status": _status, "preflight": _preflight, "start": _start, "switch": _start, "stop": _stop,

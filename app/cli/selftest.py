@@ -22,6 +22,7 @@ def register(subs: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from app.backend.engine.factory import make_engine_controller
+    from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
     from app.backend.selftest.needle import parse_lengths
     from app.backend.selftest.report import to_json_text, to_markdown
     from app.backend.jobs import JobState
@@ -35,7 +36,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"moet-panel: {exc}", file=sys.stderr)
         return 2
-    ctl = make_engine_controller(settings)
+    reader = make_gpu_reader(settings)
+    ctl = make_engine_controller(settings, reader)
+    follow_engine(reader, ctl)
     try:
         svc = SelfTestService(settings, ctl)
         if why := svc.check(args.profile):

@@ -28,7 +28,7 @@ from app.backend.webgate import parse_allowed_hosts
 from app.cli.main import add_common, settings_from
 
 if TYPE_CHECKING:
-    from app.backend.telemetry.gpu_types import GpuReader
+    from app.backend.contracts import GpuReader
     from app.backend.telemetry.nvml import NvmlGpuReader
 
 log = logging.getLogger("moet_panel.serve")

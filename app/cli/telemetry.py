@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict
 
 from app.backend.telemetry.gpu import make_gpu_reader
-from app.backend.telemetry.gpu_types import GpuReader, GpuSample
+from app.backend.contracts import GpuReader, GpuSample
 from app.backend.telemetry.host import HostSample, HostSampler
 from app.backend import env
 from app.cli.main import add_common, settings_from
@@ -40,9 +40,7 @@ def run(args: argparse.Namespace) -> int:
             time.sleep(interval)
             _emit(reader, host.sample(), args.json)
     finally:
-        closer = getattr(reader, "close", None)
-        if closer is not None:
-            closer()
+        reader.close()
 
 
 def sample_dict(reader: GpuReader, host: HostSample) -> dict:
@@ -52,7 +50,7 @@ def sample_dict(reader: GpuReader, host: HostSample) -> dict:
         "gpu": {
             "available": reader.available,
             "error": reader.error,
-            "simulated": bool(getattr(reader, "simulated", False)),
+            "simulated": reader.simulated,
             "gpus": [_gpu_dict(g) for g in gpus],
         },
         "host": {**asdict(host), "ram_used_pct": host.ram_used_pct},

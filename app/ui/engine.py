@@ -17,7 +17,7 @@ from app.backend.engine.loglines import LogFilter, StreamChoice
 from app.backend.engine.ops import Ticket
 from app.backend.engine.oplock import Holder
 from app.backend.engine.preflight import PreflightReport
-from app.backend.engine.types import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState
+from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState
 from app.backend.profiles import profile_label
 from app.backend.recipe.command import render_shell
 from app.backend.recipe.schema import ProfileSpec

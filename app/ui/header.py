@@ -9,7 +9,7 @@ from typing import Any
 
 import gradio as gr
 
-from app.backend.engine.types import EngineSnapshot, EngineState
+from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.state import AppState
 from app.backend.telemetry.hub import TelemetryFrame
 from app.ui.shell import Shell

@@ -13,7 +13,7 @@ import gradio as gr
 
 from app.backend.engine.controller import EngineController
 from app.backend.engine.loglines import LogFilter, StreamChoice
-from app.backend.engine.types import LogLine
+from app.backend.contracts import LogLine
 from app.backend.exports import copy_export
 from app.backend.state import AppState
 from app.ui.shell import QUICK, Shell

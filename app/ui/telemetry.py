@@ -14,7 +14,7 @@ import pandas as pd
 from app.backend.state import AppState
 from app.backend.telemetry.alerts import Alert
 from app.backend.telemetry.hub import TelemetryFrame, TelemetryHub
-from app.backend.engine.types import EngineState
+from app.backend.contracts import EngineState
 from app.backend.telemetry.plotdata import PLOTS, PLOTS_PER_ROW, WINDOWS, PlotSpec, events, rows, spans, thin
 from app.backend.telemetry.timeline import TimelinePoint
 from app.backend.units import GiB

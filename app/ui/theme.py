@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 import gradio as gr
 
-from app.backend.engine.types import EngineState
+from app.backend.contracts import EngineState
 
 
 def make_theme() -> gr.themes.Base:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState
+from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
 from app.backend.simengine import SimEngineConfig, SimEngineServer
 
 FAST_TOK_S = 2000.0

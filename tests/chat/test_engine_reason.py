@@ -6,7 +6,7 @@ from __future__ import annotations
 from app.backend.chat.endpoint import engine_reason
 from app.backend.engine.diagnosis import classify
 from app.backend.engine.exits import STOPPED_OUTSIDE
-from app.backend.engine.types import EngineSnapshot, EngineState
+from app.backend.contracts import EngineSnapshot, EngineState
 
 
 def test_stopped_outside_the_panel_is_said_once() -> None:

@@ -9,7 +9,7 @@ import pytest
 from app.backend.chat.client import SamplingParams
 from app.backend.chat.service import ChatError
 from app.backend.chat.store import INTERRUPTED
-from app.backend.engine.types import EngineState
+from app.backend.contracts import EngineState
 from app.backend.exports import exports_dir
 
 from tests.chat.chat_helpers import FakeEngine, start_sim, wait_for

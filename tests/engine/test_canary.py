@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from app.backend.engine.types import EngineState
+from app.backend.contracts import EngineState
 from tests.engine.conftest import fail_profile, wait_until
 from tests.engine.test_multi_actor import _settings_with_image
 

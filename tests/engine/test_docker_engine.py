@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from app.backend.engine.controller import EngineController
-from app.backend.engine.types import EngineState
+from app.backend.contracts import EngineState
 
 from .conftest import fail_profile, panel_containers, wait_until
 

@@ -3,7 +3,7 @@ own controller on real Docker with `--network host`, opens no socket beyond 127.
 
 from __future__ import annotations
 
-from app.backend.engine.types import EngineState
+from app.backend.contracts import EngineState
 from app.backend.simengine.image import ensure_image, source_digest
 from app.backend.settings import Settings
 from tests.engine.conftest import wait_until

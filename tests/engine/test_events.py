@@ -7,7 +7,7 @@ import threading
 
 from app.backend.engine import statemachine as sm
 from app.backend.engine.events import EventBus
-from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState
+from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
 from tests.engine.conftest import wait_until
 
 

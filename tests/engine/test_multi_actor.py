@@ -17,7 +17,7 @@ import pytest
 
 from app.backend.engine.controller import EngineController
 from app.backend.engine.oplock import EngineLock, LockHeld
-from app.backend.engine.types import EngineSnapshot, EngineState
+from app.backend.contracts import EngineSnapshot, EngineState
 from tests.engine.conftest import TEST_LABEL, panel_containers, wait_until
 
 CONVERGE_S = 2.0  # every observer shows Docker's truth within 2 s (issue 11); bench/engine_soak measures the p95

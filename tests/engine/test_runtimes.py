@@ -14,7 +14,7 @@ from app.backend.engine.factory import select_runtime
 from app.backend.engine.imagebuild import ImageBuildRefused, build_image, check_source
 from app.backend.engine.process_runtime import ProcessRuntime
 from app.backend.engine.runtime import RuntimeUnavailable
-from app.backend.engine.types import EngineState
+from app.backend.contracts import EngineState
 from app.backend.recipe import DEFAULT_RECIPE, load_recipe
 from app.backend.settings import Settings
 

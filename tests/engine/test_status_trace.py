@@ -10,7 +10,7 @@ import json
 import httpx
 import openai
 
-from app.backend.engine.types import EngineState
+from app.backend.contracts import EngineState
 from app.backend.telemetry.hub import TelemetryHub
 from tests.engine.conftest import wait_until
 from tests.engine.test_multi_actor import _settings_with_image, cli
@@ -21,6 +21,9 @@ class _NoGpu:
 
     def read(self) -> list:
         return []
+
+    def close(self) -> None:
+        pass
 
 
 def test_status_shows_the_coverage_the_header_shows(make_controller, sim_settings, sim_image, recipe_file) -> None:

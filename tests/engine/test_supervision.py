@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from app.backend.engine.desired import DesiredStore
-from app.backend.engine.types import EngineState
+from app.backend.contracts import EngineState
 from tests.engine.conftest import fail_profile, panel_containers, wait_until
 from tests.engine.test_multi_actor import _settings_with_image, cli
 

@@ -14,11 +14,10 @@ from app.backend.engine.docker_runtime import gpu_device_requests
 from app.backend.engine.logstore import LogStore
 from app.backend.engine.preflight import PreflightInputs, run_preflight
 from app.backend.engine.runtime import LineSplitter
-from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState, LogLine
+from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState, GpuProcess, GpuSample, LogLine
 from app.backend.recipe import DEFAULT_RECIPE, load_recipe
 from app.backend.settings import Settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader
-from app.backend.telemetry.gpu_types import GpuProcess, GpuSample
 
 # The genuine engine logs live in the repo (copied from the project's shared fixtures; see their README).
 FIXTURES = Path(__file__).resolve().parents[1] / "telemetry" / "fixtures" / "engine-logs"

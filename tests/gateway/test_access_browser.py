@@ -8,7 +8,7 @@ import dataclasses
 import openai
 import pytest
 
-from app.backend.engine.types import EngineState
+from app.backend.contracts import EngineState
 from app.backend.settings import Settings
 from tests.conftest import free_port, serving
 from tests.engine.conftest import TEST_LABEL, docker_client, sim_recipe, wait_until  # noqa: F401 (fixture)

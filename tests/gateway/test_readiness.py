@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState
+from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
 from app.backend.gateway.readiness import SnapshotSource
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from app.backend.engine.types import EngineSnapshot
+from app.backend.contracts import EngineSnapshot
 from app.backend.monitoring.collector import CanaryReading, engine_extras
 from app.backend.monitoring.counters import PanelCounters
 

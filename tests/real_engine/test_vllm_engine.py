@@ -20,9 +20,9 @@ from app.backend.chat.service import ChatService
 from app.backend.chat.stats import format_stats
 from app.backend.engine.bootlog import BootTracker
 from app.backend.engine.controller import EngineController
-from app.backend.engine.types import EngineState
+from app.backend.contracts import EngineState
 from app.backend.telemetry.hub import TelemetryHub
-from app.backend.telemetry.metrics import parse_metrics
+from app.backend.engine.metrics_text import parse_metrics
 from tests.gateway.sockets import container_listening, non_loopback
 from tests.real_engine.conftest import BOOT_S, Tier
 

@@ -95,7 +95,7 @@ def test_exported_chats_never_show_the_token(tmp_path: Path, monkeypatch: pytest
 
     from app.backend.chat.client import SamplingParams
     from app.backend.chat.service import ChatService
-    from app.backend.engine.types import EngineSnapshot, EngineState
+    from app.backend.contracts import EngineSnapshot, EngineState
     from app.backend.settings import resolve_settings
     from app.backend.simengine import SimEngineConfig, SimEngineServer
 

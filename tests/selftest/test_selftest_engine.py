@@ -7,7 +7,8 @@ from app.backend.selftest.probe import EngineProbe
 from app.backend.selftest.report import card_line, needle_lines, to_json_text, to_markdown, verdict
 from app.backend.jobs import JobState
 from app.backend.selftest.runner import SelfTestService
-from app.backend.selftest.store import ResultsStore, stale_reason
+from app.backend.selftest.report import stale_reason
+from app.backend.selftest.store import ResultsStore
 from app.backend.selftest.types import SelfTestPlan
 from tests.selftest.conftest import FAST_ENV, start_ready
 

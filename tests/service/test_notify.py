@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState
+from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
 from app.backend.service.alerting import AlertTracker, engine_conditions
 from app.backend.service.notify import Notifier, mask_url
 from tests.engine.conftest import panel_containers, wait_until

@@ -8,7 +8,7 @@ from typing import Callable
 
 import pytest
 
-from app.backend.engine.types import EngineSnapshot, EngineState, LogLine
+from app.backend.contracts import EngineSnapshot, EngineState, LogLine
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engine-logs"
 ALL_LOGS = sorted(p.name for p in FIXTURES.glob("*.log"))

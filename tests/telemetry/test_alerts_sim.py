@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from app.backend.engine.types import EngineSnapshot, EngineState
+from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.settings import resolve_settings
 from app.backend.simengine.config import SimEngineConfig

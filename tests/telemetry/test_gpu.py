@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from app.backend.engine.types import EngineSnapshot, EngineState
+from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.env import GPU as ENV_GPU
-from app.backend.telemetry.gpu import NoGpuReader, make_gpu_reader
+from app.backend.telemetry.gpu import NoGpuReader, follow_engine, make_gpu_reader, tag_engine_processes
 from app.backend.telemetry.gpu_sim import FakeGpuReader, SimulatedGpuReader, sample_from_dict
 from app.backend.telemetry.nvml import NO_LIBRARY, NvmlGpuReader, decode_throttle
 
@@ -98,7 +98,7 @@ class FakeNvml:
 
 def test_nvml_reader_reads_every_field() -> None:
     nv = FakeNvml()
-    r = NvmlGpuReader(nvml=nv, engine_pids_fn=lambda: {419}, engine_name_fn=lambda: "ds4-quality")
+    r = NvmlGpuReader(nvml=nv)
     assert r.available and r.error == ""
     g0, g1 = r.read()
     assert (g0.index, g0.uuid, g0.name, g0.compute_capability) == (0, "GPU-h0", "NVIDIA H200", (9, 0))
@@ -108,7 +108,8 @@ def test_nvml_reader_reads_every_field() -> None:
     assert (g0.sm_clock_mhz, g0.mem_clock_mhz) == (1980, 3201)
     assert g0.throttle_reasons == ("sw_power_cap", "sw_thermal")
     assert (g0.pcie_tx_kbs, g0.pcie_rx_kbs, g0.ecc_current, g0.ecc_pending) == (1048, 2096, True, True)
-    engine = [p for p in g0.processes if p.container]
+    assert not any(p.container for p in g0.processes)  # raw samples: the hub marks the engine's processes
+    engine = [p for p in tag_engine_processes([g0], {419}, "ds4-quality")[0].processes if p.container]
     assert [(p.pid, p.container, p.used_bytes) for p in engine] == [(419, "ds4-quality", 2_787_115_008)]
     assert [p.used_bytes for p in g0.processes if p.pid == 77] == [None]  # N/A stays N/A
     assert g1.processes == () and not g0.simulated
@@ -229,3 +230,26 @@ def test_fake_reader_script_and_errors(tmp_path) -> None:
     assert not r.available and r.read() == []
     with pytest.raises(ValueError, match="unknown GPU sample field"):
         sample_from_dict({"vram": 1})
+
+
+def test_simulated_card_is_fed_explicitly() -> None:
+    class Engine:  # the EngineFeed slice the card follows
+        def snapshot(self) -> EngineSnapshot:
+            return EngineSnapshot(state=EngineState.READY, since=0.0, container_name="ds4-sim")
+
+        def container_pids(self) -> set[int]:
+            return {4711}
+
+        def add_log_listener(self, cb):
+            return lambda: None
+
+        def recent_logs(self, n: int = 250) -> list:
+            return []
+
+    card = SimulatedGpuReader(total_gib=96, ready_gib=93.8, clock=lambda: 10.0)
+    assert card.read()[0].memory_in_use == 0  # no engine yet: a stopped one
+    assert follow_engine(card, Engine()) is card and follow_engine(FakeGpuReader(), Engine()) is None
+    idle = card.read()[0]
+    assert [(p.pid, p.container) for p in idle.processes] == [(4711, "ds4-sim")]
+    card.set_load(1.0)  # what the hub measures on /metrics
+    assert card.read()[0].util_gpu > idle.util_gpu

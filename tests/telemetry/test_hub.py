@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from app.backend.engine.types import EngineSnapshot, EngineState
+from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.settings import resolve_settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader
@@ -199,5 +199,19 @@ def test_idle_engine_churn_drops_to_zero_coverage_kept(settings, fake_engine) ->
         later = dataclasses.replace(f, ts=f.ts + 30)  # 30 s without a tick line: the engine idles
         assert later.pool_idle_s == pytest.approx(30, abs=1) and later.churn_per_s == 0.0
         assert later.coverage_pct == 46.5  # last measured coverage stays valid
+    finally:
+        hub.close()
+
+
+def test_hub_marks_the_engines_gpu_processes(settings, fake_engine) -> None:
+    # The readers return raw samples (item 4 of issue 34): the hub, which has the engine, marks its processes.
+    reader = FakeGpuReader.from_dict({"gpus": [_gpu(90, processes=[{"pid": 419, "used_bytes": 2**30},
+                                                                    {"pid": 77, "used_bytes": None}])]})
+    fake_engine.pids = {419}
+    fake_engine.set(container_name="moet-ds4-quality")
+    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=reader, persist=False)
+    try:
+        procs = hub.sample_once().gpus[0].processes
+        assert [(p.pid, p.container) for p in procs] == [(419, "moet-ds4-quality"), (77, "")]
     finally:
         hub.close()

@@ -9,7 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from app.backend.telemetry.metrics import Histogram, MetricsScraper, derive, parse_metrics
+from app.backend.engine.metrics_text import Histogram, parse_metrics
+from app.backend.telemetry.metrics import MetricsScraper, derive
 
 NEW = """# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{{model_name="m",engine="0"}} 1.0

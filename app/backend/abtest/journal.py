@@ -169,7 +169,7 @@ class Journal:
         self.load(run_id)  # a known run only
         self._write(run_id, {"type": "rubric", "text": text.strip()})
 
-    def _write(self, run_id: str, rec: dict[str, Any]) -> None:
+    def _write(self, run_id: str, rec: dict[str, object]) -> None:
         with open(self.path(run_id), "a", encoding="utf-8") as fh:
             fh.write(json.dumps(rec) + "\n")
             fh.flush()

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from app.backend.abtest.journal import ABSpec, Generation, Journal, RunState, Side
 from app.backend.selftest.probe import Cancelled, EngineProbe
 from app.backend.jobs import BackgroundJob, JobState
+
+if TYPE_CHECKING:  # types only: build_app_state hands the controller in
+    from app.backend.engine.controller import EngineController
+    from app.backend.settings import Settings
 
 SWITCH_TIMEOUT_S = 3600.0
 
@@ -34,7 +38,7 @@ class ABProgress:
 
 
 class ABRunService(BackgroundJob[ABProgress]):
-    def __init__(self, settings: Any, engine: Any, probe_factory: Callable[[str], EngineProbe] | None = None):
+    def __init__(self, settings: Settings, engine: EngineController, probe_factory: Callable[[str], EngineProbe] | None = None):
         self.settings = settings
         self.engine = engine
         self.journal = Journal(settings.ensure_state_dir())

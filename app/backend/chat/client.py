@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx2  # the HTTP client the openai SDK is built on (its errors and responses)
 import openai
@@ -38,7 +37,7 @@ class ChatRequest:
     model: str
     messages: list[dict[str, str]]  # [{"role": "system"|"user"|"assistant", "content": str}]
     sampling: SamplingParams
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    extra_body: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ class ChatStream:
     def __init__(self, sdk: openai.OpenAI, request: ChatRequest):
         self._sdk = sdk
         self._request = request
-        self._stream: openai.Stream[Any] | None = None
+        self._stream: openai.Stream[object] | None = None
         self._aborted = threading.Event()
         self._lock = threading.Lock()
 
@@ -111,10 +110,10 @@ class ChatStream:
         if stream is not None:
             _shutdown_socket(stream.response)
 
-    def _open(self) -> openai.Stream[Any]:
+    def _open(self) -> openai.Stream[object]:
         req = self._request
         s = req.sampling
-        body: dict[str, Any] = {
+        body: dict[str, object] = {
             "model": req.model,
             "messages": req.messages,
             "stream": True,
@@ -192,7 +191,7 @@ class ChatStream:
                 pass
 
 
-def _delta_events(delta: Any, splitter: ThinkSplitter, now: float) -> Iterator[ChatEvent]:
+def _delta_events(delta: object, splitter: ThinkSplitter, now: float) -> Iterator[ChatEvent]:
     if not isinstance(delta, dict):
         return
     # `reasoning` first: servers in the rename window sent both fields with the same text.
@@ -233,7 +232,7 @@ def _status_message(exc: openai.APIStatusError) -> str:
     return f"the engine refused the request (HTTP {exc.status_code}): {detail or exc.message}"
 
 
-def _connect_message(base_url: Any, exc: Exception) -> str:
+def _connect_message(base_url: object, exc: Exception) -> str:
     root = str(base_url).rstrip("/").removesuffix("/v1")
     cause = exc.__cause__ or exc
     return f"nothing is answering at {root} ({type(cause).__name__}: {cause})".replace(": )", ")")

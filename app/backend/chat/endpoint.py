@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import httpx
 
 from app.backend.chat.client import server_root
+from app.backend.contracts import Diagnosis, EngineSnapshot, SnapshotFn
 from app.backend.recipe.schema import Recipe
 
 ENGINE_TAB_HINT = "Start or fix it on the Engine tab."
@@ -30,7 +30,7 @@ class Endpoint:
     source: Literal["engine", "recipe", "custom"]
     ready: bool
     reason: str = ""  # why not ready, one or two sentences; "" when ready
-    diagnosis: Any = None  # engine.types.Diagnosis when the controller has one
+    diagnosis: Diagnosis | None = None  # when the controller has one
 
 
 def recipe_base_url(recipe: Recipe) -> str:
@@ -70,9 +70,9 @@ class HealthProbe:
         return False, f"The engine at {base_url} reports unhealthy (HTTP {r.status_code} on /health)."
 
 
-def engine_reason(snapshot: Any) -> str:
+def engine_reason(snapshot: EngineSnapshot) -> str:
     """Why a controller snapshot that is not READY cannot chat, with the diagnosis if there is one."""
-    state = getattr(snapshot.state, "value", str(snapshot.state))
+    state = snapshot.state.value
     # Each fact once: the controller's message often already carries the diagnosis title ("engine stopped
     # outside the panel (exit code 0)"), and a parenthesised message inside parentheses reads badly (issue 29).
     parts = [p for p in (snapshot.phase or snapshot.message,) if p]
@@ -85,7 +85,7 @@ def engine_reason(snapshot: Any) -> str:
 
 def resolve_endpoint(
     recipe: Recipe,
-    snapshot_fn: Callable[[], Any] | None,  # the controller's snapshot(); may return None (no controller)
+    snapshot_fn: SnapshotFn | None,  # the controller's snapshot(); may return None (no controller)
     probe: HealthProbe,
     custom_url: str | None = None,
 ) -> Endpoint:
@@ -96,9 +96,9 @@ def resolve_endpoint(
     snap = snapshot_fn() if snapshot_fn is not None else None
     if snap is not None:
         url = server_root(snap.base_url) if snap.base_url else recipe_base_url(recipe)
-        ready = bool(snap.is_ready)
+        ready = snap.is_ready
         return Endpoint(
-            url, snap.served_name or recipe.model.served_name, snap.profile_id, bool(snap.simulated), "engine",
+            url, snap.served_name or recipe.model.served_name, snap.profile_id, snap.simulated, "engine",
             ready, "" if ready else engine_reason(snap), snap.diagnosis,
         )
     url = recipe_base_url(recipe)

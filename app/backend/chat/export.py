@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
@@ -21,7 +21,7 @@ class ChatImportError(ValueError):
 
 
 def to_json(conv: Conversation) -> str:
-    data: dict[str, Any] = {
+    data: dict[str, object] = {
         "format": FORMAT,
         "version": VERSION,
         "exported": time.time(),
@@ -157,7 +157,7 @@ def to_markdown(conv: Conversation) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _without_id(msg: Message) -> dict[str, Any]:
+def _without_id(msg: Message) -> dict[str, object]:
     data = msg.to_dict()
     data.pop("id", None)
     return data

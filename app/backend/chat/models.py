@@ -28,9 +28,9 @@ class MessageStats:
     tokens_estimated: bool = False  # no usage chunk: completion tokens counted from deltas
     wall_s: float | None = None
     finish_reason: str | None = None
-    sampling: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, object] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
@@ -53,7 +53,7 @@ class Message:
     created: float = field(default_factory=time.time)
     id: int | None = None  # row id once stored
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["stats"] = self.stats.to_dict() if self.stats else None
         return data

@@ -12,9 +12,8 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from app.backend.chat import export
+import app.backend.chat.export as export
 from app.backend.chat.client import ChatClient, ChatRequest, SamplingParams
 from app.backend.chat.endpoint import ENGINE_TAB_HINT, Endpoint, HealthProbe, resolve_endpoint
 from app.backend.chat.events import StreamError
@@ -24,6 +23,7 @@ from app.backend.chat.models import (
 from app.backend.chat.snippets import curl_snippet, python_snippet
 from app.backend.chat.stats import StatsRecorder
 from app.backend.chat.store import ChatStore, ChatStoreError
+from app.backend.contracts import SnapshotFn
 from app.backend.chat.turn import Turn
 from app.backend.exports import write_export
 from app.backend.recipe.schema import Recipe
@@ -69,9 +69,9 @@ class ChatService:
         self,
         recipe: Recipe,
         state_dir: Path,
-        snapshot_fn: Callable[[], Any] | None = None,
+        snapshot_fn: SnapshotFn | None = None,
         checkpoint_s: float = 2.0,
-        extra_body: dict[str, Any] | None = None,  # added to every request (benchmarks: {"ignore_eos": True})
+        extra_body: dict[str, object] | None = None,  # added to every request (benchmarks: {"ignore_eos": True})
         max_streams: int = MAX_STREAMS,
     ):
         self.recipe = recipe
@@ -199,7 +199,7 @@ class ChatService:
         return turn if turn is not None and not turn.done.is_set() else None
 
     def send(self, conv_id: str, text: str, sampling: SamplingParams, custom_url: str | None = None,
-             extra_body: dict[str, Any] | None = None) -> Turn:
+             extra_body: dict[str, object] | None = None) -> Turn:
         text = text.strip()
         if not text:
             raise ChatError("Type a message first.")
@@ -231,7 +231,7 @@ class ChatService:
         return send(conv_id, text, sampling, custom_url=custom_url), first
 
     def regenerate(self, conv_id: str, sampling: SamplingParams, custom_url: str | None = None,
-                   extra_body: dict[str, Any] | None = None, expected_revision: int | None = None) -> Turn:
+                   extra_body: dict[str, object] | None = None, expected_revision: int | None = None) -> Turn:
         """Drop the last reply and ask again with the same history."""
         self.check_revision(conv_id, expected_revision)
         conv, ep = self._prepare(conv_id, custom_url)
@@ -241,7 +241,7 @@ class ChatService:
         return self._start_reply(conv, ep, sampling, extra_body)
 
     def edit_last(self, conv_id: str, text: str, sampling: SamplingParams, custom_url: str | None = None,
-                  extra_body: dict[str, Any] | None = None) -> Turn:
+                  extra_body: dict[str, object] | None = None) -> Turn:
         """Replace the last user message, drop what followed it, and resend."""
         text = text.strip()
         if not text:
@@ -285,7 +285,7 @@ class ChatService:
         return conv.messages[idx]
 
     def _start_reply(self, conv: Conversation, ep: Endpoint, sampling: SamplingParams,
-                     extra_body: dict[str, Any] | None, persist_first: Callable[[], None] | None = None,
+                     extra_body: dict[str, object] | None, persist_first: Callable[[], None] | None = None,
                      unsaved: list[Message] | None = None) -> Turn:
         """Send the request first, then write history while the engine prefills (TTFT is not spent
         on SQLite). The turn's writes wait until the rows exist."""
@@ -355,8 +355,7 @@ class ChatService:
             d = snap.diagnosis
             return f"{text} Diagnosis: {d.title} — {d.explanation} Fix: {d.fix}"
         if not snap.is_ready:
-            state = getattr(snap.state, "value", snap.state)
-            return f"{text} The engine is now {state}{f' ({snap.message})' if snap.message else ''}. {ENGINE_TAB_HINT}"
+            return f"{text} The engine is now {snap.state.value}{f' ({snap.message})' if snap.message else ''}. {ENGINE_TAB_HINT}"
         return text
 
     # ---- export / import ----------------------------------------------------------------------

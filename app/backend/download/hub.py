@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote, urljoin, urlsplit
 
 import httpx2
@@ -116,7 +116,7 @@ class ListingTooLargeError(DownloadError):
 class _CappedStream(httpx2.SyncByteStream):
     """Counts body bytes as they arrive and stops past the cap (no 700 MB JSON held in memory)."""
 
-    def __init__(self, inner: Any, cap: int, url: str) -> None:
+    def __init__(self, inner: Any, cap: int, url: str) -> None:  # httpx2 types it sync-or-async; a sync client's
         self.inner, self.cap, self.url = inner, cap, url
 
     def __iter__(self) -> Iterator[bytes]:
@@ -276,7 +276,17 @@ def explain(exc: BaseException, cfg: DownloadConfig, what: str) -> BaseException
     return exc
 
 
-def raise_for_hub_status(resp: Any, cfg: DownloadConfig, what: str, url: str = "") -> None:
+class HttpAnswer(Protocol):
+    """An HTTP answer's status and headers (httpx's, or libcurl's as download/fetch.py hands them in)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+
+def raise_for_hub_status(resp: HttpAnswer, cfg: DownloadConfig, what: str, url: str = "") -> None:
     """An HTTP answer (status_code + headers; e.g. libcurl's) classified by hf_raise_for_status, then explained."""
     if resp.status_code < 400:
         return
@@ -318,7 +328,7 @@ def plain_name(name: str) -> bool:
         and not any(ord(c) < 32 or ord(c) == 127 for c in name)
 
 
-def parse_listing(info: Any, cfg: DownloadConfig) -> tuple[str, str, list[TreeEntry]]:
+def parse_listing(info: object, cfg: DownloadConfig) -> tuple[str, str, list[TreeEntry]]:
     """The model-info JSON -> (commit, repo id, entries), every field type-checked before use.
 
     The JSON's values come as the server wrote them (a size may be a string, a name a number), so
@@ -355,10 +365,19 @@ def parse_listing(info: Any, cfg: DownloadConfig) -> tuple[str, str, list[TreeEn
     return commit, repo_id, out
 
 
+T = TypeVar("T")
+
+
+class _Call(Protocol):
+    """Run fn(*args) with the Hub's retry policy and error explanations (HubClient._retrying)."""
+
+    def __call__(self, fn: Callable[..., T], *args: object) -> T: ...
+
+
 class HubClient:
     """One download's view of the Hub. Interface used by plan.py, fetch.py, job.py (kept stable)."""
 
-    def __init__(self, cfg: DownloadConfig, sleep: Callable[[float], Any] = time.sleep) -> None:
+    def __init__(self, cfg: DownloadConfig, sleep: Callable[[float], None] = time.sleep) -> None:
         check_scheme(cfg.endpoint, "the endpoint")
         install_guards()
         self.cfg = cfg
@@ -379,12 +398,12 @@ class HubClient:
         finally:
             _POLICY.reset(reset)
 
-    def _retrying(self, what: str) -> Callable[..., Any]:
+    def _retrying(self, what: str) -> _Call:
         retrying = Retrying(stop=stop_after_attempt(self.cfg.api_attempts), wait=make_wait(self.cfg),
                             retry=retry_if_exception(is_transient), reraise=True, sleep=self._sleep)
 
-        def call(fn: Callable[..., Any], *args: Any) -> Any:
-            def once() -> Any:
+        def call(fn: Callable[..., T], *args: object) -> T:
+            def once() -> T:
                 refuse_offline(self.cfg)
                 try:
                     return fn(*args)

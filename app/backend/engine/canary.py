@@ -22,8 +22,8 @@ from typing import Callable, Literal
 
 import httpx
 
-from app.backend.engine.types import Diagnosis
-from app.backend.telemetry.metrics import GEN_TOKENS, PROMPT_TOKENS, RUNNING, WAITING, parse_metrics
+from app.backend.contracts import Diagnosis
+from app.backend.engine.metrics_text import GEN_TOKENS, PROMPT_TOKENS, RUNNING, WAITING, parse_metrics
 
 FAILS_TO_STALL = 2
 ARRIVAL_POLL_S = 0.05

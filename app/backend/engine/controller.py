@@ -50,7 +50,7 @@ from app.backend.engine.types import LIVE_STATES, Diagnosis, EngineSnapshot, Eng
 from app.backend.recipe.command import RunSpec, build_run_spec
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.settings import Settings
-from app.backend.telemetry.gpu_types import GpuReader
+from app.backend.contracts import GpuReader
 
 __all__ = ["ControllerOptions", "EngineController", "expects_pool"]
 

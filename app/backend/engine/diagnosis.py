@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from app.backend.engine.types import Diagnosis
+from app.backend.contracts import Diagnosis
 
 CARD_ECC = "“Turn ECC off (sudo nvidia-smi -e 0 + reboot). Server-Edition cards ship with it enabled; it costs ~6 GiB”."
 CARD_NO_RECOVERY = (

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import builtins
 import threading
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, Protocol, TypeVar
 
 import docker
 import requests
+from docker.types.daemon import CancellableStream
 
 from app.backend import env
 from app.backend.engine.runtime import (
@@ -28,6 +30,7 @@ from app.backend.engine.runtime import (
 from app.backend.recipe.command import RunSpec
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+T = TypeVar("T")
 _TRANSPORT_ERRORS = (requests.exceptions.RequestException, ConnectionError, OSError)
 
 
@@ -58,16 +61,20 @@ def gpu_device_requests(gpus: str) -> list[docker.types.DeviceRequest]:
     raise RuntimeOpError(f"unsupported --gpus value {gpus!r}", reason="bad_spec")
 
 
+class _Closeable(Protocol):
+    def close(self) -> None: ...
+
+
 class _Follow:
     """Two follow streams (stdout, stderr) of one container; close() cancels both."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._streams: list[Any] = []
+        self._streams: list[_Closeable] = []
         self._closed = False
         self.threads: list[threading.Thread] = []
 
-    def register(self, stream: Any) -> bool:
+    def register(self, stream: _Closeable) -> bool:
         with self._lock:
             if self._closed:
                 return False
@@ -108,7 +115,7 @@ class DockerRuntime:
                     raise RuntimeUnavailable(unreachable_message(exc)) from None
             return self._client
 
-    def _api(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _api(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         try:
             return fn(*args, **kwargs)
         except docker.errors.NotFound:
@@ -155,7 +162,7 @@ class DockerRuntime:
             return None
         return _instance(raw)
 
-    def events(self, labels: dict[str, str]) -> Any:
+    def events(self, labels: dict[str, str]) -> CancellableStream[dict[str, Any]]:
         """Docker's event stream for containers with these labels (docker-py CancellableStream; close() ends
         it). Used by the controller's watch to see outside starts/stops/kills within a second."""
         flt = {"type": "container", "label": [f"{k}={v}" for k, v in labels.items()]}
@@ -193,7 +200,7 @@ class DockerRuntime:
         except RuntimeOpError:
             self._api(container.remove, force=True)  # created-but-unstartable: don't leave it behind
             raise
-        inst = self.get(container.id)
+        inst = self.get(container.id or spec.name)  # docker-py types the id optional; a created one has it
         if inst is None:
             raise RuntimeOpError(f"container {spec.name} vanished right after start", reason="unexpected_exit")
         return inst
@@ -246,7 +253,7 @@ class DockerRuntime:
             t.start()
         return follow
 
-    def _pump(self, ident: str, stream: Stream, sink: LineSink, follow: _Follow, tail: Any) -> None:
+    def _pump(self, ident: str, stream: Stream, sink: LineSink, follow: _Follow, tail: Literal["all"] | int) -> None:
         splitter = LineSplitter()
         try:
             gen = self.client.api.logs(

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from app.backend.engine.types import EngineSnapshot
+from app.backend.contracts import EngineSnapshot
 
 DEFAULT_QUEUE = 256
 

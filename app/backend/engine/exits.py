@@ -15,7 +15,7 @@ from typing import Iterable
 
 from app.backend.engine.diagnosis import classify
 from app.backend.engine.runtime import Instance
-from app.backend.engine.types import Diagnosis
+from app.backend.contracts import Diagnosis
 
 SIGKILL_CODES = (137, -9)
 SIGTERM_CODES = (0, 143, -15)

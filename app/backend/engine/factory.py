@@ -16,12 +16,9 @@ from app.backend.engine.ops import ControllerOptions
 from app.backend.engine.docker_runtime import DockerRuntime
 from app.backend.engine.process_runtime import ProcessRuntime
 from app.backend.engine.runtime import Runtime, RuntimeUnavailable
-from app.backend.engine.types import EngineSnapshot
+from app.backend.contracts import GpuReader
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.settings import Settings
-from app.backend.telemetry.gpu import make_gpu_reader
-from app.backend.telemetry.gpu_types import GpuReader
-from app.backend.telemetry.nvml import NvmlGpuReader
 
 
 def select_runtime(settings: Settings, *, allow_process: bool = True) -> tuple[Runtime | None, str]:
@@ -68,43 +65,27 @@ def artifact_status_fn(settings: Settings) -> Callable[[str], str | None]:
     return lambda art_id: journal_artifact_status(settings, art_id)
 
 
-def default_gpu_reader(settings: Settings, controller_ref: list[EngineController],
-                       nvml_reader: NvmlGpuReader | None = None) -> GpuReader:
-    """The app's one GPU reader; `nvml_reader` is the NVML reader the host probe already opened (reused)."""
-
-    def snap() -> EngineSnapshot:  # late-bound: the controller does not exist yet while the reader is made
-        return controller_ref[0].snapshot() if controller_ref else EngineSnapshot()
-
-    def pids() -> set[int]:
-        return controller_ref[0].container_pids() if controller_ref else set()
-
-    return make_gpu_reader(settings, engine_snapshot_fn=snap, engine_pids_fn=pids, nvml_reader=nvml_reader)
-
-
-def make_engine_controller(settings: Settings, gpu_reader: GpuReader | None = None,
+def make_engine_controller(settings: Settings, gpu_reader: GpuReader,
                            options: ControllerOptions | None = None,
-                           ref: list[EngineController] | None = None,
                            profiles_fn: Callable[[], list[ProfileSpec]] | None = None, *,
                            supervise: bool = False) -> EngineController:
-    """The controller with its collaborators. `gpu_reader`: the app's one reader (build_app_state makes it
-    with `default_gpu_reader(settings, ref)` and passes the same `ref`); without one a reader is made here.
+    """The controller with its collaborators. `gpu_reader`: the app's one reader (the callers make it with
+    `telemetry.gpu.make_gpu_reader` and, once the controller exists, let a SIMULATED card follow it with
+    `telemetry.gpu.follow_engine`: the engine never builds a reader).
     `supervise`: the panel's controller brings back what should run and restarts crashes (docs/engine.md)."""
     from app.backend.service.config import ServiceConfigStore, effective_policy
 
-    ref = ref if ref is not None else []
     options = options or ControllerOptions()
     store = ServiceConfigStore(settings.state_dir)
     options.restart_policy_fn = lambda: effective_policy(store, settings.recipe.engine.restart)[0]
     options.supervise = options.supervise or supervise
-    reader = gpu_reader if gpu_reader is not None else default_gpu_reader(settings, ref)
     ctl = EngineController(
         settings,
         runtime_factory=lambda: select_runtime(settings),
-        gpu_reader=reader,
+        gpu_reader=gpu_reader,
         profiles_fn=profiles_fn or settings.profiles.list,  # the one cached registry (recipe + custom)
         options=options,
         ensure_image=ensure_sim_image,
         artifact_status=artifact_status_fn(settings),
     )
-    ref.append(ctl)
     return ctl

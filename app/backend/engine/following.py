@@ -17,7 +17,7 @@ from typing import Callable
 from app.backend.engine.bootlog import BootProgress, BootTracker
 from app.backend.engine.logstore import LogStore
 from app.backend.engine.runtime import Instance, LogFollow, Runtime, Stream
-from app.backend.engine.types import LogLine
+from app.backend.contracts import LogLine
 
 BootCallback = Callable[[str, BootProgress], None]  # (container id, progress after the line)
 

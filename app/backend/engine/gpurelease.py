@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
-from app.backend.telemetry.gpu_types import GpuReader
+from app.backend.contracts import GpuReader, GpuSample
 
 
 def wait_gpu_release(reader: GpuReader | None, old_pids: set[int], *, threshold: int, timeout_s: float,
@@ -31,9 +31,9 @@ def wait_gpu_release(reader: GpuReader | None, old_pids: set[int], *, threshold:
     return True
 
 
-def _released(sample: object, old_pids: set[int], threshold: int) -> bool:
-    procs = getattr(sample, "processes", ())
+def _released(sample: GpuSample, old_pids: set[int], threshold: int) -> bool:
+    procs = sample.processes
     if any(p.pid in old_pids for p in procs):
         return False
     others = sum(p.used_bytes or 0 for p in procs if p.pid not in old_pids)
-    return getattr(sample, "memory_used", 0) - others < threshold
+    return sample.memory_used - others < threshold

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.backend.engine.types import Diagnosis
-from app.backend.telemetry.metrics import GEN_TOKENS, PROMPT_TOKENS, RUNNING, parse_metrics
+from app.backend.contracts import Diagnosis
+from app.backend.engine.metrics_text import GEN_TOKENS, PROMPT_TOKENS, RUNNING, parse_metrics
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from app.backend.engine.types import LogLine
+from app.backend.contracts import LogLine, PoolSizing
 
 _TIER = re.compile(r"moe_w2 delta tier: (?P<slots>\d+) slots x (?P<mib>[\d.]+) MiB(?: \((?P<gib>[\d.]+) GiB pool\))?")
 _AUTO = re.compile(
@@ -28,36 +28,23 @@ _DEFERRED = re.compile(r"moe_w2 delta tier: auto-sizing deferred(?: .*\(slot (?P
                        r"(?P<reserve>[\d.]+) GiB\))?")
 
 
-@dataclass(frozen=True)
-class PoolSizingLine:
-    """What one sizing line says. slots: None = sizing deferred until after the KV cache; 0 = disabled."""
-
-    slots: int | None
-    slot_mib: float | None = None
-    pool_gib: float | None = None
-    auto: bool = False
-    deferred: bool = False
-    free_after_kv_gib: float | None = None
-    reserve_gib: float | None = None
-
-
 def _f(v: str | None) -> float | None:
     return float(v) if v is not None else None
 
 
-def pool_sizing(msg: str) -> PoolSizingLine | None:
+def pool_sizing(msg: str) -> PoolSizing | None:
     """Parse a pool sizing line (the message part, prefix removed); None for any other line."""
     if "delta tier" not in msg:
         return None
     if m := _AUTO.search(msg):
-        return PoolSizingLine(int(m["slots"]), float(m["mib"]), _f(m["gib"]), True, False, _f(m["free"]),
+        return PoolSizing(int(m["slots"]), float(m["mib"]), _f(m["gib"]), True, False, _f(m["free"]),
                               _f(m["reserve"]))
     if m := _AUTO_OFF.search(msg):
-        return PoolSizingLine(0, None, 0.0, True, False, _f(m["free"]), _f(m["reserve"]))
+        return PoolSizing(0, None, 0.0, True, False, _f(m["free"]), _f(m["reserve"]))
     if m := _DEFERRED.search(msg):
-        return PoolSizingLine(None, _f(m["mib"]), None, True, True, None, _f(m["reserve"]))
+        return PoolSizing(None, _f(m["mib"]), None, True, True, None, _f(m["reserve"]))
     if m := _TIER.search(msg):
-        return PoolSizingLine(int(m["slots"]), float(m["mib"]), _f(m["gib"]))
+        return PoolSizing(int(m["slots"]), float(m["mib"]), _f(m["gib"]))
     return None
 
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable, IO
 
-from app.backend.engine.types import LogLine
+from app.backend.contracts import LogLine
 
 Listener = Callable[[LogLine], None]
 DEFAULT_TAIL = 2000  # ≥ 250 required: the root cause sits above the API server's long traceback

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from app.backend.engine.types import Diagnosis
+from app.backend.contracts import Diagnosis
 from app.backend.units import GiB
 
 

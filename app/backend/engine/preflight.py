@@ -20,7 +20,7 @@ import psutil
 from app.backend.engine.diagnosis import CARD_PIN
 from app.backend.engine.runtime import Runtime, RuntimeOpError, RuntimeUnavailable
 from app.backend.recipe.schema import Recipe
-from app.backend.telemetry.gpu_types import GpuReader, GpuSample
+from app.backend.contracts import GpuReader, GpuSample
 from app.backend.units import GiB
 
 Status = Literal["pass", "warn", "fail"]

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 import psutil
 
@@ -26,7 +26,19 @@ from app.backend import env
 from app.backend.engine.runtime import Instance, LineSink, LineSplitter, RuntimeOpError, Stream
 from app.backend.recipe.command import RunSpec
 
-Record = dict[str, Any]  # one engine process's registry entry (JSON)
+class Record(TypedDict, total=False):
+    """One engine process's registry entry (a JSON file; entries written by older panels may lack keys)."""
+
+    id: str
+    name: str
+    pid: int
+    create_time: float
+    labels: dict[str, str]
+    env: dict[str, str]
+    started_at: str
+    stdout: str
+    stderr: str
+    exit_code: int | None
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SIM_MODULE = "app.backend.simengine"
@@ -93,8 +105,8 @@ class ProcessRuntime:
             if code is None:
                 return "running", None
             return "exited", 128 - code if code < 0 else code  # -9 -> 137, as Docker reports
-        if rec.get("exit_code") is not None:
-            return "exited", int(rec["exit_code"])
+        if (exit_code := rec.get("exit_code")) is not None:
+            return "exited", int(exit_code)
         try:
             p = psutil.Process(int(rec["pid"]))
             if abs(p.create_time() - float(rec["create_time"])) < 1 and p.status() != psutil.STATUS_ZOMBIE:
@@ -145,7 +157,7 @@ class ProcessRuntime:
             )
         with self._lock:
             self._procs[ident] = proc
-        rec = {
+        rec: Record = {
             "id": ident, "name": spec.name, "pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(),
             "labels": {**spec.labels_dict, **(extra_labels or {})}, "env": spec.env_dict,
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

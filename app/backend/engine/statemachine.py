@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Union
 
-from app.backend.engine.types import Diagnosis, EngineSnapshot, EngineState
+from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
 
 
 

@@ -14,19 +14,15 @@ import json
 import math
 import socket
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
+from app.backend.contracts import Receive, Scope, Send
 from app.backend.gateway.keys import DEFAULT_SCOPE, ActivityRecord, KeyStore
 from app.backend.gateway.readiness import EngineStatusSource
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 # The routes a client of the card's model needs (docs/gateway.md#routes): the model list and the two
 # generation APIs. Everything else vLLM serves — /pause, /abort_requests, /update_weights, /tokenize,
@@ -414,7 +410,7 @@ class GatewayApp:
             # chunk carries only the role
             c0 = choices[0]
             raw_delta = c0.get("delta")
-            delta: dict[str, Any] = raw_delta if isinstance(raw_delta, dict) else {}
+            delta: dict[str, object] = raw_delta if isinstance(raw_delta, dict) else {}
             if c0.get("text") or any(delta.get(k) for k in ("content", "reasoning", "reasoning_content", "tool_calls")):
                 trace.first_token = time.monotonic()
         if isinstance(usage, dict):

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import httpx
+
+from app.backend.contracts import SnapshotFn
 
 
 @dataclass(frozen=True)
@@ -54,19 +55,20 @@ def reason_for(state: str, phase: str = "", diagnosis: str = "") -> str:
 class SnapshotSource:
     """In the panel: the engine controller's snapshot (a dictionary read, no I/O)."""
 
-    def __init__(self, snapshot_fn: Callable[[], Any], fallback_base_url: str):
+    def __init__(self, snapshot_fn: SnapshotFn, fallback_base_url: str):
         self._snapshot_fn = snapshot_fn
         self._fallback = fallback_base_url
 
     def status(self) -> EngineStatus:
         snap = self._snapshot_fn()
-        state = getattr(getattr(snap, "state", None), "value", str(getattr(snap, "state", "")))
-        base = getattr(snap, "base_url", "") or self._fallback
-        name = getattr(snap, "served_name", "") or ""
-        if state == "ready":
-            return EngineStatus(True, base, name, state=state)
-        diag = getattr(getattr(snap, "diagnosis", None), "title", "") or ""
-        return EngineStatus(False, base, name, reason_for(state, getattr(snap, "phase", "") or "", diag), state)
+        if snap is None:  # no controller: nothing is known to serve
+            return EngineStatus(False, self._fallback, "", reason_for(""), "")
+        state = snap.state.value
+        base = snap.base_url or self._fallback
+        if snap.is_ready:
+            return EngineStatus(True, base, snap.served_name, state=state)
+        diag = snap.diagnosis.title if snap.diagnosis is not None else ""
+        return EngineStatus(False, base, snap.served_name, reason_for(state, snap.phase, diag), state)
 
     async def start(self) -> None:
         return None

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
+from app.backend.contracts import SnapshotFn
 from app.backend.gateway.keys import ActivityRecord, CreatedKey, KeyInfo, KeyStore
 from app.backend.gateway.readiness import SnapshotSource
 from app.backend.gateway.server import GatewayConfig, GatewayConfigError, GatewayServer
@@ -44,7 +43,7 @@ class GatewayView:
 
 
 class GatewayService:
-    def __init__(self, state_dir: Path, config: GatewayConfig, snapshot_fn: Callable[[], Any], engine_base_url: str):
+    def __init__(self, state_dir: Path, config: GatewayConfig, snapshot_fn: SnapshotFn, engine_base_url: str):
         self.keys = KeyStore(state_dir)
         self.config = config
         self._source = SnapshotSource(snapshot_fn, engine_base_url)

@@ -14,24 +14,20 @@ from __future__ import annotations
 
 import hmac
 import stat
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from app.backend import env
+from app.backend.contracts import Receive, Scope, Send
 from app.backend.monitoring.collector import PanelCollector
 
 if TYPE_CHECKING:
     from app.backend.state import AppState
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 PATH = "/metrics"
 METRICS_SCOPE = "metrics"  # the key store's scope for it (app/backend/gateway/keys.py SCOPES)

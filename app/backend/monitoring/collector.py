@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from app.backend.engine.types import LIVE_STATES, EngineSnapshot, EngineState
+from app.backend.contracts import LIVE_STATES, EngineSnapshot, EngineState
 from app.backend.telemetry import alerts as alert_rules
 from app.backend.units import GiB
 
@@ -159,8 +159,8 @@ class PanelCollector(Collector):
 
     def __init__(self, state: AppState) -> None:
         self.state = state
-        store = getattr(state.selftest, "store", None)
-        self._selftest = SelfTestFigures(store.root if store is not None else state.settings.state_dir / "selftest")
+        st = state.selftest
+        self._selftest = SelfTestFigures(st.store.root if st is not None else state.settings.state_dir / "selftest")
 
     def describe(self) -> list[Metric]:
         return []  # built at scrape time; nothing to describe ahead of it

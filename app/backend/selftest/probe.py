@@ -10,13 +10,14 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 import httpx
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from app.backend.recipe.schema import Sampling
-from app.backend.telemetry.metrics import parse_metrics
+from app.backend.engine.metrics_text import parse_metrics
 
 
 class Cancelled(Exception):
@@ -76,7 +77,7 @@ class EngineProbe:
                  ignore_eos: bool = False, seed: int | None = None, thinking: bool = True,
                  cancel: threading.Event | None = None) -> Timing:
         """Stream one answer with the card's sampling; raises Cancelled when `cancel` is set."""
-        extra: dict[str, Any] = {"chat_template_kwargs": {"thinking": thinking}}
+        extra: dict[str, object] = {"chat_template_kwargs": {"thinking": thinking}}
         if self.sampling is not None:
             extra["min_p"] = self.sampling.min_p
         if min_tokens:
@@ -86,7 +87,8 @@ class EngineProbe:
         t0 = time.monotonic()
         first = last = 0.0
         usage_tokens, prompt_tokens, finish, parts = 0, 0, "", []
-        sdk_messages: Any = messages  # plain role/content dicts: the SDK's TypedDict union is structural
+        # plain role/content dicts: the SDK's TypedDict union accepts them structurally
+        sdk_messages = cast("list[ChatCompletionMessageParam]", messages)
         stream = self._sdk.chat.completions.create(
             model=self.model, messages=sdk_messages, max_tokens=max_tokens, stream=True, seed=seed,
             temperature=self.sampling.temperature if self.sampling else None,

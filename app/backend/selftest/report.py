@@ -83,9 +83,17 @@ class Standing:
     date: str
 
 
-def standing_of(r: SelfTestResult, image_id: str, recipe_hash: str) -> Standing:
-    from app.backend.selftest.store import stale_reason
+def stale_reason(result: SelfTestResult, image_id: str, recipe_hash: str) -> str:
+    """Why a stored result no longer describes this box's setup ('' when it still does)."""
+    why = []
+    if image_id and result.image_id and image_id != result.image_id:
+        why.append(f"the engine image changed ({result.image_id[:19]} → {image_id[:19]})")
+    if recipe_hash and result.recipe_hash != recipe_hash:
+        why.append("the profile's command changed since")
+    return "; ".join(why)
 
+
+def standing_of(r: SelfTestResult, image_id: str, recipe_hash: str) -> Standing:
     return Standing(r.profile_id, card_line(r), verdict(r), stale_reason(r, image_id, recipe_hash), r.date)
 
 

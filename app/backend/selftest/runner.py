@@ -12,7 +12,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from app.backend.jobs import BackgroundJob, JobState
 from app.backend.recipe.command import config_hash
@@ -25,6 +25,11 @@ from app.backend.selftest.store import ResultsStore
 from app.backend.selftest.types import (
     DecodeRun, NeedleOutcome, SelfTestPlan, SelfTestResult, TelemetrySummary, TtftPoint,
 )
+
+if TYPE_CHECKING:  # types only: the controller and the hub are handed in by build_app_state
+    from app.backend.engine.controller import EngineController
+    from app.backend.settings import Settings
+    from app.backend.telemetry.hub import TelemetryFrame
 
 ASSUMED_PREFILL_TOK_S = 6000.0  # for the estimate only, before a TTFT point is measured
 DECODE_PROMPT = [{"role": "user", "content": "Write a long, detailed explanation of how a lock-free multi-producer "
@@ -47,8 +52,9 @@ class SelfTestProgress:
 class Step:
     kind: str  # decode | ttft | needle
     label: str
-    arg: Any
+    n: int  # decode: the run's index (its seed); ttft, needle: the prompt length in tokens
     expect_s: float
+    depth: float = 0.0  # needle: where the needle sits (0..1)
 
 
 def max_model_len(cmd: EffectiveCommand, default: int) -> int:
@@ -68,8 +74,8 @@ def plan_steps(plan: SelfTestPlan, decode_tok_s: float, ctx: int) -> list[Step]:
               for n in plan.ttft_lengths if n < ctx]
     for n in plan.needle_lengths:
         for d in DEPTHS:
-            steps.append(Step("needle", f"needle {n // 1024}K @ {d:g}", (n, d),
-                              n / ASSUMED_PREFILL_TOK_S + plan.needle_answer_tokens / decode_tok_s + 1))
+            steps.append(Step("needle", f"needle {n // 1024}K @ {d:g}", n,
+                              n / ASSUMED_PREFILL_TOK_S + plan.needle_answer_tokens / decode_tok_s + 1, d))
     return steps
 
 
@@ -77,7 +83,7 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
     """Owned by AppState; `engine` is the EngineController (public methods only), `frame_fn` the
     telemetry hub's latest frame (or None)."""
 
-    def __init__(self, settings: Any, engine: Any, frame_fn: Callable[[], Any] | None = None,
+    def __init__(self, settings: Settings, engine: EngineController, frame_fn: Callable[[], TelemetryFrame | None] | None = None,
                  probe_factory: Callable[[str], EngineProbe] | None = None):
         self.settings = settings
         self.engine = engine
@@ -219,7 +225,7 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
         if step.kind == "decode":
             before, t_start = probe.generation_tokens_total(), time.monotonic()
             t = probe.generate(DECODE_PROMPT, plan.decode_tokens, min_tokens=plan.decode_tokens, ignore_eos=True,
-                               seed=step.arg, cancel=self._cancel)
+                               seed=step.n, cancel=self._cancel)
             after, wall = probe.generation_tokens_total(), time.monotonic() - t_start
             m = (after - before - 1) / (wall - t.ttft_s) if before is not None and after is not None and wall > t.ttft_s else None
             if t.decode_tok_s is None:
@@ -227,11 +233,11 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
             result.decode.append(DecodeRun(round(t.decode_tok_s, 3), t.completion_tokens, round(t.ttft_s, 3),
                                            round(m, 3) if m is not None else None))
         elif step.kind == "ttft":
-            msgs = [{"role": "user", "content": "word " * int(step.arg / 1.3) + "\nSay hi."}]
+            msgs = [{"role": "user", "content": "word " * int(step.n / 1.3) + "\nSay hi."}]
             t = probe.generate(msgs, 1, thinking=False, cancel=self._cancel)
             result.ttft.append(TtftPoint(t.prompt_tokens or probe.tokenize(msgs), round(t.ttft_s, 3)))
         else:
-            length, depth = step.arg
+            length, depth = step.n, step.depth
             target = min(length, ctx - plan.needle_answer_tokens - 8)
             if length > ctx:
                 result.needles.append(NeedleOutcome(length, depth, 0, "", False, "",
@@ -245,7 +251,7 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
 class _TelemetryWatch:
     """Samples the telemetry hub's latest frame once a second while the self-test runs."""
 
-    def __init__(self, frame_fn: Callable[[], Any]):
+    def __init__(self, frame_fn: Callable[[], TelemetryFrame | None]):
         self._frame_fn = frame_fn
         self._stop = threading.Event()
         self._sum = TelemetrySummary()
@@ -276,12 +282,12 @@ class _TelemetryWatch:
         if churn:
             self._sum.churn_per_s = round(statistics.median(churn), 1)
 
-    def _take(self, f: Any, churn: list[float]) -> None:
+    def _take(self, f: TelemetryFrame | None, churn: list[float]) -> None:
         if f is None:
             return
         s = self._sum
         if f.gpus:
-            used, total = f.vram_used_gib, f.vram_total_gib
+            used, total = f.vram_used_gib or 0.0, f.vram_total_gib or 0.0  # both known: the frame has GPUs
             s.vram_peak_gib = max(s.vram_peak_gib or 0.0, round(used, 2))
             s.vram_total_gib = round(total, 2)
             clocks = [g.sm_clock_mhz for g in f.gpus if g.sm_clock_mhz]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from app.backend.exports import write_export
 from app.backend.fileio import atomic_write
+from app.backend.selftest.report import to_json_text, to_markdown
 from app.backend.selftest.types import SelfTestResult
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -43,20 +44,8 @@ class ResultsStore:
         return found[0] if found else None
 
 
-def stale_reason(result: SelfTestResult, image_id: str, recipe_hash: str) -> str:
-    """Why a stored result no longer describes this box's setup ('' when it still does)."""
-    why = []
-    if image_id and result.image_id and image_id != result.image_id:
-        why.append(f"the engine image changed ({result.image_id[:19]} → {image_id[:19]})")
-    if recipe_hash and result.recipe_hash != recipe_hash:
-        why.append("the profile's command changed since")
-    return "; ".join(why)
-
-
 def export_file(state_dir: Path, result: SelfTestResult, fmt: str) -> Path:
     """Write the result as Markdown ('md') or JSON ('json') under <state>/exports/ for download."""
-    from app.backend.selftest.report import to_json_text, to_markdown
-
     if fmt not in ("md", "json"):
         raise ValueError(f"export format must be md or json, got {fmt!r}")
     stamp = result.date[:19].replace(":", "").replace("-", "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,18 +22,19 @@ class SelfTestPlan:
         if not 16 <= self.decode_tokens <= 32768:
             raise ValueError(f"decode tokens must be 16..32768, got {self.decode_tokens}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """What a result stores of its plan (SelfTestResult.plan)."""
         return {"runs": self.runs, "decode_tokens": self.decode_tokens, "ttft_lengths": list(self.ttft_lengths),
                 "needle_lengths": list(self.needle_lengths)}
 
     @classmethod
-    def from_dict(cls, profile_id: str, d: dict[str, Any]) -> "SelfTestPlan":
-        """The plan of a stored result, to run the same test again (missing keys: the defaults)."""
+    def from_dict(cls, profile_id: str, d: Mapping[str, object]) -> "SelfTestPlan":
+        """The plan of a stored result, to run the same test again (missing keys: the defaults).
+        TypeError / ValueError: a value of the wrong kind."""
         base = cls(profile_id)
-        return cls(profile_id, runs=int(d.get("runs", base.runs)), decode_tokens=int(d.get("decode_tokens", base.decode_tokens)),
-                   ttft_lengths=tuple(int(x) for x in d.get("ttft_lengths", base.ttft_lengths)),
-                   needle_lengths=tuple(int(x) for x in d.get("needle_lengths", base.needle_lengths)))
+        return cls(profile_id, runs=_int(d.get("runs", base.runs)), decode_tokens=_int(d.get("decode_tokens", base.decode_tokens)),
+                   ttft_lengths=_ints(d.get("ttft_lengths", base.ttft_lengths)),
+                   needle_lengths=_ints(d.get("needle_lengths", base.needle_lengths)))
 
 
 @dataclass(frozen=True)
@@ -88,14 +90,14 @@ class SelfTestResult:
     date: str  # ISO-8601 UTC
     simulated: bool
     card_decode_tok_s: float | None
-    plan: dict[str, Any]
+    plan: dict[str, object]
     decode: list[DecodeRun] = field(default_factory=list)
     ttft: list[TtftPoint] = field(default_factory=list)
     needles: list[NeedleOutcome] = field(default_factory=list)
     telemetry: TelemetrySummary = field(default_factory=TelemetrySummary)
     wall_s: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
@@ -107,3 +109,15 @@ class SelfTestResult:
             needles=[NeedleOutcome(**x) for x in d.get("needles", [])],
             telemetry=TelemetrySummary(**d.get("telemetry", {})), wall_s=float(d.get("wall_s", 0.0)),
         )
+
+
+def _int(v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise TypeError(f"expected a number, got {v!r}")
+    return int(v)
+
+
+def _ints(v: object) -> tuple[int, ...]:
+    if not isinstance(v, (list, tuple)):
+        raise TypeError(f"expected a list of numbers, got {v!r}")
+    return tuple(_int(x) for x in v)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from app.backend.engine.types import EngineSnapshot, EngineState
+from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.units import GiB
 
 if TYPE_CHECKING:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Iterator
 
-from . import quality, textgen
+from .quality import DECOHERENCE, DEFAULT_NEEDLE_MAX_TOKENS, broken_length, needle_answer
+from .textgen import Plan, answer_tokens, count_prompt_tokens, make_plan, reasoning_tokens, request_rng
 from .config import REASONING_MODES
 
 
@@ -19,7 +21,7 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type_, param
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
 
 
@@ -41,13 +43,13 @@ class GenRequest:
     ignore_eos: bool
     thinking: bool
     reasoning_mode: str
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, object] = field(default_factory=dict)
     request_id: str = ""
     created: int = 0
     min_tokens: int = 0  # vLLM's min_tokens: EOS is suppressed before this many tokens
 
 
-def _content_text(content: Any) -> str:
+def _content_text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -55,7 +57,7 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def _number(body: dict[str, Any], key: str, lo: float | None = None, hi: float | None = None) -> None:
+def _number(body: dict[str, object], key: str, lo: float | None = None, hi: float | None = None) -> None:
     v = body.get(key)
     if v is None:
         return
@@ -65,7 +67,7 @@ def _number(body: dict[str, Any], key: str, lo: float | None = None, hi: float |
         raise ApiError(400, f"{key} must be in [{lo}, {hi}], got {v}.", param=key)
 
 
-def parse_request(kind: str, body: Any, served_name: str, model_path: str, max_model_len: int,
+def parse_request(kind: str, body: object, served_name: str, model_path: str, max_model_len: int,
                   default_reasoning: str) -> GenRequest:
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
@@ -86,7 +88,7 @@ def parse_request(kind: str, body: Any, served_name: str, model_path: str, max_m
             prompt = prompt[0] if prompt else ""
         if not isinstance(prompt, str):
             raise ApiError(400, "prompt must be a string", param="prompt")
-        text, prompt_tokens = prompt, textgen.count_prompt_tokens(prompt)
+        text, prompt_tokens = prompt, count_prompt_tokens(prompt)
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     if kind == "completion" and max_tokens is None:
         max_tokens = 16  # vLLM's CompletionRequest default
@@ -116,20 +118,20 @@ def parse_request(kind: str, body: Any, served_name: str, model_path: str, max_m
     )
 
 
-def chat_prompt(messages: list[Any]) -> tuple[str, int]:
+def chat_prompt(messages: list[object]) -> tuple[str, int]:
     """The prompt text of chat messages and its token count (the same count /tokenize answers)."""
     text = "\n".join(_content_text(m.get("content")) for m in messages if isinstance(m, dict))
-    return text, textgen.count_prompt_tokens(text) + 4 * len(messages)
+    return text, count_prompt_tokens(text) + 4 * len(messages)
 
 
-def tokenize(body: Any, max_model_len: int) -> dict[str, Any]:
+def tokenize(body: object, max_model_len: int) -> dict[str, object]:
     """vLLM's POST /tokenize: {"prompt": str} or {"messages": [...]} -> count, max_model_len, tokens."""
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
     if isinstance(body.get("messages"), list) and body["messages"]:
         _, count = chat_prompt(body["messages"])
     elif isinstance(body.get("prompt"), str):
-        count = textgen.count_prompt_tokens(body["prompt"])
+        count = count_prompt_tokens(body["prompt"])
     else:
         raise ApiError(400, "give either prompt (a string) or messages (a non-empty list)", param="prompt")
     return {"count": count, "max_model_len": max_model_len, "tokens": [(i * 7919) % 128000 for i in range(count)],
@@ -137,30 +139,30 @@ def tokenize(body: Any, max_model_len: int) -> dict[str, Any]:
 
 
 def token_source(req: GenRequest, seed: int, tier: int = 0,
-                 needle_ok: int = quality.DEFAULT_NEEDLE_MAX_TOKENS) -> tuple[textgen.Plan, Iterator[tuple[str, str]]]:
+                 needle_ok: int = DEFAULT_NEEDLE_MAX_TOKENS) -> tuple[Plan, Iterator[tuple[str, str]]]:
     """Deterministic (kind, text) tokens: reasoning first (~20-40%), then the answer.
 
     The base answer does not depend on the profile; `tier` (quality.quality_tier) may break it off
     early, and a needle prompt is answered with its code (quality.needle_answer)."""
     key = json.dumps([req.kind, req.prompt_text, req.params.get("seed"), req.params.get("temperature")])
-    rng = textgen.request_rng(seed, key)
-    plan = textgen.make_plan(rng, req.thinking)
-    found = quality.needle_answer(req.prompt_text, req.prompt_tokens, needle_ok)
+    rng = request_rng(seed, key)
+    plan = make_plan(rng, req.thinking)
+    found = needle_answer(req.prompt_text, req.prompt_tokens, needle_ok)
     if found is not None:
         words = found.split()
-        plan = textgen.Plan(natural_tokens=len(words), reasoning_tokens=0)
+        plan = Plan(natural_tokens=len(words), reasoning_tokens=0)
         return plan, _needle_gen(words, rng)
-    cut = quality.broken_length(textgen.request_rng(seed, key + f"\x00tier{tier}"), tier, plan.natural_tokens)
-    tail = quality.DECOHERENCE.split()
+    cut = broken_length(request_rng(seed, key + f"\x00tier{tier}"), tier, plan.natural_tokens)
+    tail = DECOHERENCE.split()
     if cut is not None:
         cut = max(cut, plan.reasoning_tokens + len(tail) + 1)
-        plan = textgen.Plan(natural_tokens=cut, reasoning_tokens=plan.reasoning_tokens)
+        plan = Plan(natural_tokens=cut, reasoning_tokens=plan.reasoning_tokens)
 
     def gen() -> Iterator[tuple[str, str]]:
-        reasoning = textgen.reasoning_tokens(rng)
+        reasoning = reasoning_tokens(rng)
         for _ in range(plan.reasoning_tokens):
             yield "reasoning", next(reasoning)
-        answer = textgen.answer_tokens(rng)
+        answer = answer_tokens(rng)
         if cut is not None:
             for _ in range(cut - plan.reasoning_tokens - len(tail)):
                 yield "content", next(answer)
@@ -172,10 +174,10 @@ def token_source(req: GenRequest, seed: int, tier: int = 0,
     return plan, gen()
 
 
-def _needle_gen(words: list[str], rng: Any) -> Iterator[tuple[str, str]]:
+def _needle_gen(words: list[str], rng: random.Random) -> Iterator[tuple[str, str]]:
     for i, w in enumerate(words):
         yield "content", w if i == 0 else " " + w
-    yield from (("content", t) for t in textgen.answer_tokens(rng, "\n\n"))
+    yield from (("content", t) for t in answer_tokens(rng, "\n\n"))
 
 
 def usage(prompt: int, completion: int) -> dict[str, int]:
@@ -220,38 +222,39 @@ def merge_deltas(deltas: list[dict[str, str]]) -> list[dict[str, str]]:
     return out
 
 
-def chat_chunk(req: GenRequest, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+def chat_chunk(req: GenRequest, delta: dict[str, str], finish: str | None = None) -> dict[str, object]:
     return {"id": req.request_id, "object": "chat.completion.chunk", "created": req.created, "model": req.model,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
                          "stop_reason": None}]}
 
 
-def completion_chunk(req: GenRequest, text: str, finish: str | None = None) -> dict[str, Any]:
+def completion_chunk(req: GenRequest, text: str, finish: str | None = None) -> dict[str, object]:
     return {"id": req.request_id, "object": "text_completion", "created": req.created, "model": req.model,
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}]}
 
 
-def usage_chunk(req: GenRequest, completion_tokens: int) -> dict[str, Any]:
+def usage_chunk(req: GenRequest, completion_tokens: int) -> dict[str, object]:
     obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
     return {"id": req.request_id, "object": obj, "created": req.created, "model": req.model, "choices": [],
             "usage": usage(req.prompt_tokens, completion_tokens)}
 
 
-def full_response(req: GenRequest, tokens: list[tuple[str, str]], finish: str) -> dict[str, Any]:
+def full_response(req: GenRequest, tokens: list[tuple[str, str]], finish: str) -> dict[str, object]:
     n = len(tokens)
     if req.kind == "completion":
         text = "".join(t for _, t in tokens)
-        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+        choice: dict[str, object] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
                                   "stop_reason": None}
         return {"id": req.request_id, "object": "text_completion", "created": req.created, "model": req.model,
                 "choices": [choice], "usage": usage(req.prompt_tokens, n)}
     builder = DeltaBuilder(req.reasoning_mode)
-    message: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": []}
+    texts: dict[str, str] = {"content": ""}
     for d in (builder.delta(k, t) for k, t in tokens):
         for key, val in d.items():
-            message[key] = message.get(key, "") + val
+            texts[key] = texts.get(key, "") + val
     if builder.in_think:
-        message["content"] += "</think>"
+        texts["content"] += "</think>"
+    message: dict[str, object] = {"role": "assistant", **texts, "tool_calls": []}
     if req.reasoning_mode == "reasoning":
         message.setdefault("reasoning", None)
     return {"id": req.request_id, "object": "chat.completion", "created": req.created, "model": req.model,

@@ -7,9 +7,12 @@ import queue
 import select
 import socket
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from . import api
+from .api import (
+    ApiError, DeltaBuilder, GenRequest, chat_chunk, completion_chunk,
+    full_response, merge_deltas, parse_request, token_source, tokenize, usage_chunk,
+)
 from .boot import VLLM_VERSION
 from .engine import SimRequest
 
@@ -51,7 +54,7 @@ class _Handler(BaseHTTPRequestHandler):
     # above the configured rate (docs/real-engine.md, difference 21)
     disable_nagle_algorithm = True
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
         pass  # access lines are written in uvicorn's format by _access()
 
     def _access(self, status: int) -> None:
@@ -72,10 +75,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
         self._access(status)
 
-    def _json(self, status: int, obj: Any) -> None:
+    def _json(self, status: int, obj: object) -> None:
         self._send(status, json.dumps(obj).encode())
 
-    def _error(self, err: api.ApiError) -> None:
+    def _error(self, err: ApiError) -> None:
         self.sim.record_error()
         self._json(err.status, err.body())
 
@@ -121,23 +124,23 @@ class _Handler(BaseHTTPRequestHandler):
         cfg = self.sim.config
         try:
             if body is None:
-                raise api.ApiError(400, "request body is not valid JSON")
-            req = api.parse_request(kinds[path], body, cfg.served_name, cfg.model, cfg.max_model_len,
+                raise ApiError(400, "request body is not valid JSON")
+            req = parse_request(kinds[path], body, cfg.served_name, cfg.model, cfg.max_model_len,
                                     cfg.reasoning_mode)
-        except api.ApiError as err:
+        except ApiError as err:
             self._error(err)
             return
         self._generate(req)
 
-    def _tokenize(self, body: Any) -> None:
+    def _tokenize(self, body: object) -> None:
         if self._loading():
             return
         try:
-            self._json(200, api.tokenize(body, self.sim.config.max_model_len))
-        except api.ApiError as err:
+            self._json(200, tokenize(body, self.sim.config.max_model_len))
+        except ApiError as err:
             self._error(err)
 
-    def _read_body(self) -> Any:
+    def _read_body(self) -> object:
         length = int(self.headers.get("content-length") or 0)
         raw = self.rfile.read(length) if length else b""
         try:
@@ -145,7 +148,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             return None
 
-    def _models(self) -> dict[str, Any]:
+    def _models(self) -> dict[str, object]:
         cfg = self.sim.config
         card = {"id": cfg.served_name, "object": "model", "created": int(self.sim.started_at), "owned_by": "vllm",
                 "root": cfg.model, "parent": None, "max_model_len": cfg.max_model_len, "simulated": True,
@@ -157,8 +160,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     # --- generation ---------------------------------------------------------------------------------
 
-    def _generate(self, req: api.GenRequest) -> None:
-        plan, source = api.token_source(req, self.sim.config.seed, self.sim.quality_tier, self.sim.needle_max_tokens)
+    def _generate(self, req: GenRequest) -> None:
+        plan, source = token_source(req, self.sim.config.seed, self.sim.quality_tier, self.sim.needle_max_tokens)
         room = max(1, self.sim.config.max_model_len - req.prompt_tokens)  # vLLM cuts max_tokens to the room left
         limit = min(req.max_tokens, room) if req.max_tokens else room
         sim_req = SimRequest(request_id=req.request_id, prompt_tokens=req.prompt_tokens, limit=limit,
@@ -202,28 +205,28 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    def _whole(self, req: api.GenRequest, sim_req: SimRequest) -> None:
+    def _whole(self, req: GenRequest, sim_req: SimRequest) -> None:
         tokens: list[tuple[str, str]] = []
         while True:
             for kind, a, b in self._next_items(sim_req):
                 if kind == "tok":
                     tokens.append((a, b))
                 elif kind == "end":
-                    self._json(200, api.full_response(req, tokens, a))
+                    self._json(200, full_response(req, tokens, a))
                     return
                 else:
                     self._cut()
                     return
 
-    def _stream(self, req: api.GenRequest, sim_req: SimRequest) -> None:
+    def _stream(self, req: GenRequest, sim_req: SimRequest) -> None:
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
         self._access(200)
-        builder = api.DeltaBuilder(req.reasoning_mode)
+        builder = DeltaBuilder(req.reasoning_mode)
         if req.kind == "chat":
-            self._event(api.chat_chunk(req, {"role": "assistant", "content": ""}))
+            self._event(chat_chunk(req, {"role": "assistant", "content": ""}))
         while True:
             items = self._next_items(sim_req)
             finish = next((a for k, a, _ in items if k == "end"), None)
@@ -234,25 +237,25 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_tokens(req, builder, toks, finish)
             if finish is not None:
                 if req.include_usage:
-                    self._event(api.usage_chunk(req, sim_req.produced))
+                    self._event(usage_chunk(req, sim_req.produced))
                 self._chunk(b"data: [DONE]\n\n")
                 self._chunk(b"")
                 return
 
-    def _send_tokens(self, req: api.GenRequest, builder: api.DeltaBuilder, toks: list[tuple[str, str]],
+    def _send_tokens(self, req: GenRequest, builder: DeltaBuilder, toks: list[tuple[str, str]],
                      finish: str | None) -> None:
         if req.kind == "completion":
-            self._event(api.completion_chunk(req, "".join(t for _, t in toks), finish))
+            self._event(completion_chunk(req, "".join(t for _, t in toks), finish))
             return
-        deltas = api.merge_deltas([builder.delta(k, t) for k, t in toks])
+        deltas = merge_deltas([builder.delta(k, t) for k, t in toks])
         if finish is not None and builder.in_think:
             deltas.append({"content": "</think>"})
         if not deltas:
             deltas = [{}] if finish is not None else []
         for i, d in enumerate(deltas):
-            self._event(api.chat_chunk(req, d, finish if i == len(deltas) - 1 else None))
+            self._event(chat_chunk(req, d, finish if i == len(deltas) - 1 else None))
 
-    def _event(self, obj: dict[str, Any]) -> None:
+    def _event(self, obj: dict[str, object]) -> None:
         self._chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
 
     def _chunk(self, data: bytes) -> None:

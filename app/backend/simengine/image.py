@@ -15,7 +15,10 @@ import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
+
+if TYPE_CHECKING:  # docker-py is imported where used (the package itself is stdlib only)
+    from docker import DockerClient
 
 from app.backend.engine.imagebuild import docker_py_build
 
@@ -124,7 +127,7 @@ def build_rootfs(dest: Path) -> None:
             _add_file(tar, p, f"/opt/simengine/simengine/{p.name}")
 
 
-def image_is_current(client: Any, tag: str = IMAGE_TAG) -> bool:
+def image_is_current(client: DockerClient, tag: str = IMAGE_TAG) -> bool:
     import docker.errors
 
     try:
@@ -141,7 +144,7 @@ def content_tag() -> str:
     return f"{IMAGE_TAG.rsplit(':', 1)[0]}:src-{source_digest()}"
 
 
-def ensure_image(client: Any = None, rebuild: bool = False,
+def ensure_image(client: DockerClient | None = None, rebuild: bool = False,
                  progress: Callable[[str], None] | None = None, tag: str = IMAGE_TAG) -> str:
     """Build `tag` (default `moet-panel/sim-engine:1`) unless it exists with the same source hash. Returns it."""
     import docker

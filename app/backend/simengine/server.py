@@ -7,13 +7,13 @@ stopped | dead (fatal error: listening socket closed, `exit_code` set, `wait()` 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from http.server import ThreadingHTTPServer
 from collections.abc import Callable
-from typing import Any
 
 from .boot import FATAL_TRACEBACK, BootSequence, SimExit, Stopped
 from .config import SimEngineConfig
@@ -34,14 +34,14 @@ class SimStats:
     aborted: int = 0  # client disconnected mid-generation
     errors: int = 0  # answered with a 4xx
     tokens: int = 0
-    last_params: dict[str, Any] = field(default_factory=dict)
+    last_params: dict[str, object] = field(default_factory=dict)
 
 
 class _Http(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
+    def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: object) -> None:
         if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
             return  # a client hanging up between requests is normal, not an error worth a traceback
         super().handle_error(request, client_address)
@@ -132,7 +132,7 @@ class SimEngineServer:
 
     # --- internals used by the handler -------------------------------------------------------------
 
-    def record_request(self, params: dict[str, Any]) -> None:
+    def record_request(self, params: dict[str, object]) -> None:
         with self._lock:
             self._stats.requests += 1
             self._stats.last_params = params

@@ -28,7 +28,6 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from app.backend.simhub.faults import Fault, FaultBook
@@ -535,17 +534,17 @@ def _blob_id(f: HubFile) -> str:
     return hashlib.sha1(f"blob {f.size}\0{f.sha256}".encode()).hexdigest()
 
 
-def _tree_entries(repo: HubRepo) -> list[dict[str, Any]]:
+def _tree_entries(repo: HubRepo) -> list[dict[str, object]]:
     dirs: set[str] = set()
-    entries = []
+    entries: list[dict[str, object]] = []
     for f in repo.files.values():
         parent = f.path.rsplit("/", 1)[0] if "/" in f.path else ""
         while parent and parent not in dirs:
             dirs.add(parent)
             parent = parent.rsplit("/", 1)[0] if "/" in parent else ""
-        entry = {"type": "file", "path": f.path, "size": f.size, "oid": _blob_id(f)}
+        entry: dict[str, object] = {"type": "file", "path": f.path, "size": f.size, "oid": _blob_id(f)}
         if f.lfs:
             entry["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": 134}
         entries.append(entry)
     entries += [{"type": "directory", "path": d, "size": 0, "oid": fake_commit(d)} for d in dirs]
-    return sorted(entries, key=lambda e: e["path"])
+    return sorted(entries, key=lambda e: str(e["path"]))

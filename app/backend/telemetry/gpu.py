@@ -7,14 +7,14 @@ GPU box follow the simulated engine, `none` to keep the panel off NVML entirely)
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
-from app.backend.engine.types import EngineSnapshot
+from app.backend.contracts import EngineFeed, EngineSnapshot, GpuReader, GpuSample, ReaderStatus
 from app.backend import env
 from app.backend.env import GpuMode
 from app.backend.settings import Settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader, SimulatedGpuReader
-from app.backend.telemetry.gpu_types import GpuReader, GpuSample, ReaderStatus
 from app.backend.telemetry.nvml import NO_LIBRARY, NvmlGpuReader
 
 class NoGpuReader(ReaderStatus):
@@ -36,6 +36,8 @@ def make_gpu_reader(
 ) -> GpuReader:
     """Real NVML if available, else SIMULATED in demo mode, else NoGpuReader (see module doc).
 
+    The engine functions feed only the SIMULATED card (its VRAM follows that engine; `follow_engine` gives it
+    one later); a real reader returns raw samples and the telemetry hub marks the engine's processes.
     `nvml_reader`: the NVML reader this process already opened (serve's host probe) — reused, so the
     process opens NVML once; closed here when the choice is not NVML."""
     mode = mode or env.gpu_mode()
@@ -46,17 +48,29 @@ def make_gpu_reader(
         return NoGpuReader(f"GPU reading disabled ({env.GPU}=none)")
     if mode == "simulated":
         return _simulated(settings, engine_snapshot_fn, engine_pids_fn)
-    name_fn = _engine_name_fn(engine_snapshot_fn)
-    if nvml_reader is not None:
-        real = nvml_reader
-        real.engine_pids_fn, real.engine_name_fn = engine_pids_fn, name_fn
-    else:
-        real = NvmlGpuReader(engine_pids_fn=engine_pids_fn, engine_name_fn=name_fn)
+    real = nvml_reader if nvml_reader is not None else NvmlGpuReader()
     if real.available or mode == "nvml":
         return real
     if demo:
         return _simulated(settings, engine_snapshot_fn, engine_pids_fn)
     return NoGpuReader(real.error)
+
+
+def follow_engine(reader: GpuReader, engine: EngineFeed) -> SimulatedGpuReader | None:
+    """Wire the app's one reader to the engine once the controller exists: the SIMULATED card follows that
+    engine's lifecycle (returned, so the telemetry hub can feed it the decode load); a real card needs nothing."""
+    if not isinstance(reader, SimulatedGpuReader):
+        return None
+    reader.follow(engine)
+    return reader
+
+
+def tag_engine_processes(samples: list[GpuSample], pids: set[int], engine_name: str) -> list[GpuSample]:
+    """Mark the GPU processes that belong to the engine (its container's pids) with the engine's name."""
+    if not pids:
+        return samples
+    return [replace(g, processes=tuple(replace(p, container=p.container or engine_name or "engine") if p.pid in pids
+                                       else p for p in g.processes)) for g in samples]
 
 
 def _simulated(settings: Settings | None, snap_fn: Callable[[], EngineSnapshot] | None,
@@ -68,15 +82,8 @@ def _simulated(settings: Settings | None, snap_fn: Callable[[], EngineSnapshot] 
             boot = float(settings.recipe.serve.env.get("MOET_SIM_BOOT_S", boot))
         except (TypeError, ValueError):
             pass
-    reader = SimulatedGpuReader(snap_fn, total_gib=total, ready_gib=ready, boot_s=boot)
-    reader.engine_pids_fn = pids_fn
-    return reader
+    return SimulatedGpuReader(snap_fn, total_gib=total, ready_gib=ready, boot_s=boot, engine_pids_fn=pids_fn)
 
 
-def _engine_name_fn(snap_fn: Callable[[], EngineSnapshot] | None) -> Callable[[], str] | None:
-    if snap_fn is None:
-        return None
-    return lambda: snap_fn().container_name or "engine"
-
-
-__all__ = ["make_gpu_reader", "NoGpuReader", "NvmlGpuReader", "SimulatedGpuReader", "FakeGpuReader"]
+__all__ = ["follow_engine", "make_gpu_reader", "tag_engine_processes", "NoGpuReader", "NvmlGpuReader",
+           "SimulatedGpuReader", "FakeGpuReader"]

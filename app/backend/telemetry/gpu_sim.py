@@ -2,7 +2,9 @@
 
 `SimulatedGpuReader` is what demo mode shows: an "RTX PRO 6000 (SIMULATED)" 96 GiB card whose VRAM
 follows the engine snapshot (0 stopped, ramping while it boots, the card's ~93.8 GiB when ready,
-freed after stop). Every sample carries `simulated=True` so the UI labels it.
+freed after stop). Every sample carries `simulated=True` so the UI labels it. It is fed explicitly:
+the engine it pretends to serve through `follow(engine)` (or the functions given to the constructor),
+the decode load through `set_load()` (the telemetry hub, from /metrics).
 
 `FakeGpuReader` replays samples given as dicts/JSON (or GpuSample objects); tests and the engine
 helper use it to script VRAM for preflight and memory-release waits.
@@ -16,10 +18,10 @@ import threading
 import time
 from dataclasses import fields
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Callable
 
-from app.backend.engine.types import EngineSnapshot, EngineState
-from app.backend.telemetry.gpu_types import GpuProcess, GpuSample, ReaderStatus
+from app.backend.contracts import EngineFeed, EngineSnapshot, EngineState, GpuProcess, GpuSample, ReaderStatus
 from app.backend.units import GiB
 
 SIM_NAME = "RTX PRO 6000 (SIMULATED)"
@@ -39,10 +41,11 @@ class SimulatedGpuReader(ReaderStatus):
         boot_s: float = 4.0,
         release_s: float = 2.0,
         clock: Callable[[], float] = time.time,
+        engine_pids_fn: Callable[[], set[int]] | None = None,
     ) -> None:
-        self.engine_snapshot_fn = engine_snapshot_fn
-        self.engine_pids_fn: Callable[[], set[int]] | None = None
-        self.load_hint = 0.0  # 0..1, set by the hub from /metrics (decode busy → util up)
+        self._snapshot_fn = engine_snapshot_fn
+        self._pids_fn = engine_pids_fn
+        self._load = 0.0  # 0..1 (decode busy → util up)
         self._total = total_gib
         self._ready = ready_gib
         self._boot_s = max(boot_s, 0.1)
@@ -50,11 +53,19 @@ class SimulatedGpuReader(ReaderStatus):
         self._clock = clock
         self._reserved = 0.45  # GiB the driver keeps for itself on a real card
 
+    def follow(self, engine: EngineFeed) -> None:
+        """Pretend to be this engine's GPU: its lifecycle drives the VRAM, its process holds it."""
+        self._snapshot_fn, self._pids_fn = engine.snapshot, engine.container_pids
+
+    def set_load(self, fraction: float) -> None:
+        """How busy decoding is (0..1: measured decode speed / the card's); drives utilisation and power."""
+        self._load = min(max(fraction, 0.0), 1.0)
+
     def _snapshot(self) -> EngineSnapshot:
-        if self.engine_snapshot_fn is None:
+        if self._snapshot_fn is None:
             return EngineSnapshot()
         try:
-            return self.engine_snapshot_fn()
+            return self._snapshot_fn()
         except Exception:
             return EngineSnapshot()
 
@@ -78,11 +89,11 @@ class SimulatedGpuReader(ReaderStatus):
         snap = self._snapshot()
         in_use = self.vram_in_use_gib(snap, now)
         reserved = min(self._reserved, in_use)
-        busy = snap.state is EngineState.READY and self.load_hint > 0.05
-        util = min(97.0, 20.0 + 77.0 * self.load_hint) if busy else (35.0 if snap.state is EngineState.STARTING else 0.0)
+        busy = snap.state is EngineState.READY and self._load > 0.05
+        util = min(97.0, 20.0 + 77.0 * self._load) if busy else (35.0 if snap.state is EngineState.STARTING else 0.0)
         procs: tuple[GpuProcess, ...] = ()
         if in_use - reserved > 0.01:
-            pids = sorted(self.engine_pids_fn() if self.engine_pids_fn else ()) or [4242]
+            pids = sorted(self._pids_fn() if self._pids_fn else ()) or [4242]
             procs = (GpuProcess(pid=pids[0], used_bytes=int((in_use - reserved) * GiB),
                                 name="vllm (SIMULATED)", container=snap.container_name or "engine"),)
         return [
@@ -157,7 +168,6 @@ class FakeGpuReader(ReaderStatus):
         self._error = error
         self._lock = threading.Lock()
         self.read_count = 0
-        self.engine_pids_fn: Callable[[], set[int]] | None = None
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> FakeGpuReader:
@@ -170,11 +180,10 @@ class FakeGpuReader(ReaderStatus):
     def from_json(cls, path: str | Path) -> FakeGpuReader:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
-    def push(self, frame: list[GpuSample] | list[dict[str, Any]]) -> None:
+    def push(self, frame: Sequence[GpuSample | dict[str, Any]]) -> None:
         """Append a frame (tests drive VRAM over time this way)."""
         with self._lock:
-            samples: list[GpuSample | dict[str, Any]] = list(frame)
-            self._frames.append([g if isinstance(g, GpuSample) else sample_from_dict(g, i) for i, g in enumerate(samples)])
+            self._frames.append([g if isinstance(g, GpuSample) else sample_from_dict(g, i) for i, g in enumerate(frame)])
 
     def set_error(self, error: str) -> None:
         self._error = error

@@ -14,14 +14,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from app.backend.engine.types import EngineSnapshot, EngineState, LogLine
+from app.backend.contracts import EngineFeed, EngineSnapshot, EngineState, GpuReader, GpuSample, LogLine
 from app.backend.settings import Settings
 from app.backend.telemetry import alerts as alert_rules
 from app.backend.telemetry.alerts import Alert, AlertInputs
-from app.backend.telemetry.gpu import make_gpu_reader
-from app.backend.telemetry.gpu_types import GpuReader, GpuSample
+from app.backend.telemetry.gpu import make_gpu_reader, tag_engine_processes
+from app.backend.telemetry.gpu_sim import SimulatedGpuReader
 from app.backend.telemetry.host import HostSample, HostSampler
 from app.backend.telemetry.metrics import MetricsSample, MetricsScraper
 from app.backend.telemetry.timeline import Timeline, TimelineDB, TimelinePoint
@@ -85,15 +85,6 @@ class TelemetryFrame:
         return 0.0 if self.pool_idle_s is not None and self.trace.h2d_gib_s is not None else self.trace.h2d_gib_s
 
 
-class EngineFeed(Protocol):
-    """What the hub needs of the engine controller (tests hand in a small fake). An engine that also has
-    `recent_logs(n)` and `container_pids()` gets its boot lines replayed and its GPU processes marked."""
-
-    def snapshot(self) -> EngineSnapshot: ...
-
-    def add_log_listener(self, cb: Callable[[LogLine], None]) -> Callable[[], None]: ...
-
-
 class TelemetryHub:
     """Owns the sampler thread. `sample_once()` runs one tick synchronously (tests, CLI)."""
 
@@ -108,6 +99,7 @@ class TelemetryHub:
         scraper: MetricsScraper | None = None,
         host_sampler: HostSampler | None = None,
         engine_provider: Callable[[], EngineFeed | None] | None = None,
+        sim_card: SimulatedGpuReader | None = None,
     ) -> None:
         self.settings = settings
         self.interval_s = max(float(interval_s), 0.05)
@@ -116,6 +108,10 @@ class TelemetryHub:
         self._unsubscribe: Callable[[], None] | None = None
         self._engine_provider = engine_provider  # attach the engine once it exists
         self._reader = gpu_reader or make_gpu_reader(settings, self._engine_snapshot, self._engine_pids)
+        # The SIMULATED card this hub feeds the decode load (`follow_engine` returns the app's; one made here,
+        # following this hub's engine, is fed too). docs/telemetry.md
+        self._sim_card = sim_card if gpu_reader is not None else (
+            self._reader if isinstance(self._reader, SimulatedGpuReader) else None)
         self._scraper = scraper or MetricsScraper(timeout_s=min(1.0, self.interval_s))
         self._host = host_sampler or HostSampler(settings.data_dir if settings is not None else None)
         self._parser = TraceParser()
@@ -151,13 +147,11 @@ class TelemetryHub:
         if self._unsubscribe is not None:
             self._unsubscribe()
         self._engine = engine
-        recent = getattr(engine, "recent_logs", None)
-        if recent is not None:
-            try:
-                for ln in recent(5000):
-                    self.ingest(ln)
-            except Exception:
-                pass
+        try:
+            for ln in engine.recent_logs(5000):
+                self.ingest(ln)
+        except Exception:  # a replay that fails only loses the boot lines' pool sizing
+            pass
         self._unsubscribe = engine.add_log_listener(self.ingest)
 
     def ingest(self, line: LogLine | str) -> None:
@@ -168,8 +162,7 @@ class TelemetryHub:
         return self._engine.snapshot() if self._engine is not None else EngineSnapshot()
 
     def _engine_pids(self) -> set[int]:
-        fn = getattr(self._engine, "container_pids", None)
-        return set(fn()) if fn is not None else set()
+        return set(self._engine.container_pids()) if self._engine is not None else set()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -194,9 +187,7 @@ class TelemetryHub:
             self._db.close()
             self._db = None
         self._scraper.close()
-        closer = getattr(self._reader, "close", None)
-        if closer is not None:
-            closer()
+        self._reader.close()
 
     def _run(self) -> None:
         next_at = time.monotonic()
@@ -240,7 +231,7 @@ class TelemetryHub:
             snap = self._engine_snapshot() if self._engine is not None else None
             self._track_engine(snap)
             self._drain_logs()
-            gpus, gpu_error = self._read_gpus()
+            gpus, gpu_error = self._read_gpus(snap)
             host = self._host.sample()
             metrics = self._scrape(snap)
             trace = self._parser.snapshot()
@@ -248,7 +239,7 @@ class TelemetryHub:
             alerts = self._alerts(snap, gpus, host, metrics, trace)
             self._seq += 1
             frame = TelemetryFrame(now, self._seq, snap, tuple(gpus), gpu_error,
-                                   bool(getattr(self._reader, "simulated", False)), host, trace, metrics, tuple(alerts))
+                                   self._reader.simulated, host, trace, metrics, tuple(alerts))
             self._latest = frame
             self._record(frame)
             return frame
@@ -272,20 +263,25 @@ class TelemetryHub:
             ln = q.popleft()
             feed(ln.text, ln.ts)  # receipt time: finer than the line's 1 s stamp, good for rates
 
-    def _read_gpus(self) -> tuple[list[GpuSample], str]:
+    def _read_gpus(self, snap: EngineSnapshot | None) -> tuple[list[GpuSample], str]:
         try:
             gpus = self._reader.read()
         except Exception as exc:
             return [], f"GPU read failed: {type(exc).__name__}: {exc}"
+        if snap is not None and gpus:  # the readers return raw samples: the engine's processes are marked here
+            try:
+                gpus = tag_engine_processes(gpus, self._engine_pids(), snap.container_name)
+            except Exception:  # the engine's pids unknown now (runtime unreachable): the samples stay unmarked
+                pass
         return gpus, ("" if self._reader.available else self._reader.error)
 
     def _scrape(self, snap: EngineSnapshot | None) -> MetricsSample | None:
         if snap is None or not snap.is_ready or not snap.base_url:
             return None
         sample = self._scraper.scrape(snap.base_url)
-        if hasattr(self._reader, "load_hint"):
+        if self._sim_card is not None:
             expected = self._expected_decode(snap.profile_id) or 50.0
-            self._reader.load_hint = min((sample.decode_tok_s or 0.0) / expected, 1.0)
+            self._sim_card.set_load((sample.decode_tok_s or 0.0) / expected)
         return sample
 
     def _expected_decode(self, profile_id: str | None) -> float | None:
@@ -314,8 +310,8 @@ class TelemetryHub:
             engine=snap,
             traffic_seen_s=self._traffic_no_tick_s if metrics is not None else None,
             policy=self._policy(snap.profile_id if snap else None),
-            ecc_required_off=bool(req is not None and getattr(req, "ecc", "any") == "off"),
-            ecc_note=getattr(req, "ecc_note", "") if req is not None else "",
+            ecc_required_off=req is not None and req.ecc == "off",
+            ecc_note=req.ecc_note if req is not None else "",
             drift=self.drift.update(time.time(), snap.profile_id if snap else None,
                                     metrics.decode_tok_s if metrics else None, metrics.running if metrics else None)
             if self.drift is not None and live else None,

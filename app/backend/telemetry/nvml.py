@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 import pynvml
 
-from app.backend.telemetry.gpu_types import GpuProcess, GpuSample, ReaderStatus
+from app.backend.contracts import GpuProcess, GpuSample, ReaderStatus
 
 # Clocks-event ("throttle") reason bits → short names.
 THROTTLE_BITS: tuple[tuple[int, str], ...] = (
@@ -45,6 +47,15 @@ def decode_throttle(mask: int | None) -> tuple[str, ...]:
     return tuple(name for bit, name in THROTTLE_BITS if mask & bit)
 
 
+@dataclass(frozen=True)
+class _Static:
+    """What a device says once: its identity."""
+
+    uuid: str
+    name: str
+    cc: tuple[int, int] | None
+
+
 class NvmlGpuReader(ReaderStatus):
     """GpuReader over the real driver. Construct once; `read()` from one (sampler) thread."""
 
@@ -52,18 +63,14 @@ class NvmlGpuReader(ReaderStatus):
         self,
         pcie_interval_s: float = 5.0,
         ecc_ttl_s: float = 30.0,
-        engine_pids_fn: Callable[[], set[int]] | None = None,
-        engine_name_fn: Callable[[], str] | None = None,
-        nvml: Any = None,
+        nvml: ModuleType | None = None,  # a stand-in for the pynvml module (tests)
     ) -> None:
-        self.engine_pids_fn = engine_pids_fn
-        self.engine_name_fn = engine_name_fn
         self._pcie_interval = pcie_interval_s
         self._ecc_ttl = ecc_ttl_s
         self._lock = threading.Lock()
         self._missing: set[str] = set()  # functions the driver lacks (not retried)
-        self._handles: list[Any] = []
-        self._static: list[dict[str, Any]] = []
+        self._handles: list[object] = []  # pynvml's opaque device handles
+        self._static: list[_Static] = []
         self._pcie: dict[int, tuple[float, float | None, float | None]] = {}
         self._ecc: dict[int, tuple[float, bool | None, bool | None]] = {}
         self._proc_names: dict[int, str] = {}
@@ -77,8 +84,7 @@ class NvmlGpuReader(ReaderStatus):
             return []
         with self._lock:
             now = time.time()
-            pids = self._engine_pids()
-            return [self._sample(i, h, now, pids) for i, h in enumerate(self._handles)]
+            return [self._sample(i, h, now) for i, h in enumerate(self._handles)]
 
     def close(self) -> None:
         if not self._error and self._nv is not None:
@@ -100,17 +106,14 @@ class NvmlGpuReader(ReaderStatus):
             if h is None:
                 continue
             self._handles.append(h)
-            self._static.append(
-                {
-                    "uuid": self._q("nvmlDeviceGetUUID", h) or "",
-                    "name": self._q("nvmlDeviceGetName", h) or "NVIDIA GPU",
-                    "cc": self._q("nvmlDeviceGetCudaComputeCapability", h),
-                }
-            )
+            cc = self._q("nvmlDeviceGetCudaComputeCapability", h)
+            self._static.append(_Static(str(self._q("nvmlDeviceGetUUID", h) or ""),
+                                        str(self._q("nvmlDeviceGetName", h) or "NVIDIA GPU"),
+                                        (int(cc[0]), int(cc[1])) if cc else None))
         if not self._handles:
             self._error = "no NVIDIA GPU (the driver reports 0 devices)"
 
-    def _q(self, fn: str, *args: Any, key: str = "") -> Any:
+    def _q(self, fn: str, *args: object, key: str = "") -> Any:  # pynvml is untyped: its answers are Any
         """Call pynvml.<fn>; any NVML error → None (N/A); an unsupported call is remembered under `key`."""
         key = key or fn
         if key in self._missing:
@@ -123,15 +126,7 @@ class NvmlGpuReader(ReaderStatus):
         except Exception:  # any other NVML error (GPU lost, timeout, ...): N/A now, asked again next time
             return None
 
-    def _engine_pids(self) -> set[int]:
-        if self.engine_pids_fn is None:
-            return set()
-        try:
-            return set(self.engine_pids_fn() or ())
-        except Exception:
-            return set()
-
-    def _memory(self, h: Any) -> tuple[int, int, int]:
+    def _memory(self, h: object) -> tuple[int, int, int]:
         mem = self._q("nvmlDeviceGetMemoryInfo", h, pynvml.nvmlMemory_v2, key="memory_v2")
         if mem is not None and hasattr(mem, "reserved"):
             return int(mem.total), int(mem.used), int(mem.reserved)
@@ -140,7 +135,7 @@ class NvmlGpuReader(ReaderStatus):
             return 0, 0, 0
         return int(mem.total), int(mem.used), 0
 
-    def _sample(self, i: int, h: Any, now: float, pids: set[int]) -> GpuSample:
+    def _sample(self, i: int, h: object, now: float) -> GpuSample:
         total, used, reserved = self._memory(h)
         util = self._q("nvmlDeviceGetUtilizationRates", h)
         power = self._q("nvmlDeviceGetPowerUsage", h)
@@ -156,9 +151,9 @@ class NvmlGpuReader(ReaderStatus):
         st = self._static[i]
         return GpuSample(
             index=i,
-            uuid=st["uuid"],
-            name=st["name"],
-            compute_capability=tuple(st["cc"]) if st["cc"] else None,
+            uuid=st.uuid,
+            name=st.name,
+            compute_capability=st.cc,
             memory_total=total,
             memory_used=used,
             memory_reserved=reserved,
@@ -174,11 +169,11 @@ class NvmlGpuReader(ReaderStatus):
             pcie_rx_kbs=rx,
             ecc_current=ecc_cur,
             ecc_pending=ecc_pend,
-            processes=self._processes(h, pids),
+            processes=self._processes(h),
             ts=now,
         )
 
-    def _pcie_cached(self, i: int, h: Any, now: float) -> tuple[float | None, float | None]:
+    def _pcie_cached(self, i: int, h: object, now: float) -> tuple[float | None, float | None]:
         t, tx, rx = self._pcie.get(i, (0.0, None, None))
         if now - t >= self._pcie_interval:
             tx = self._q("nvmlDeviceGetPcieThroughput", h, pynvml.NVML_PCIE_UTIL_TX_BYTES, key="pcie_tx")  # ~20 ms
@@ -188,7 +183,7 @@ class NvmlGpuReader(ReaderStatus):
             self._pcie[i] = (now, tx, rx)
         return tx, rx
 
-    def _ecc_cached(self, i: int, h: Any, now: float) -> tuple[bool | None, bool | None]:
+    def _ecc_cached(self, i: int, h: object, now: float) -> tuple[bool | None, bool | None]:
         t, cur, pend = self._ecc.get(i, (0.0, None, None))
         if now - t >= self._ecc_ttl:
             mode = self._q("nvmlDeviceGetEccMode", h)
@@ -196,20 +191,15 @@ class NvmlGpuReader(ReaderStatus):
             self._ecc[i] = (now, cur, pend)
         return cur, pend
 
-    def _processes(self, h: Any, pids: set[int]) -> tuple[GpuProcess, ...]:
+    def _processes(self, h: object) -> tuple[GpuProcess, ...]:
+        """The compute processes as the driver lists them (untagged: the telemetry hub marks the engine's)."""
         procs = self._q("nvmlDeviceGetComputeRunningProcesses", h) or []
-        engine = ""
-        if pids and self.engine_name_fn is not None:
-            try:
-                engine = self.engine_name_fn() or "engine"
-            except Exception:
-                engine = "engine"
         out = []
         for p in procs:
             pid = int(getattr(p, "pid", 0))
             used = getattr(p, "usedGpuMemory", None)
             out.append(GpuProcess(pid=pid, used_bytes=int(used) if used is not None else None,
-                                  name=self._proc_name(pid), container=(engine or "engine") if pid in pids else ""))
+                                  name=self._proc_name(pid)))
         return tuple(out)
 
     def _proc_name(self, pid: int) -> str:

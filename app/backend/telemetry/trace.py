@@ -23,9 +23,10 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from app.backend.contracts import PoolSizing
 from app.backend.engine.loglines import pool_sizing
 from app.backend.units import GiB
 
@@ -69,23 +70,6 @@ class Summary:
     cum_evicted: int
     ts: float | None = None
     old_format: bool = False
-
-
-@dataclass(frozen=True)
-class PoolSizing:
-    """Boot sizing (the `delta tier` line, docs/simengine.md): slots and slot size; slots == 0 means no FP4 pool."""
-
-    slots: int | None
-    slot_mib: float | None
-    pool_gib: float | None = None
-    auto: bool = False
-    deferred: bool = False
-    free_after_kv_gib: float | None = None
-    reserve_gib: float | None = None
-
-    @property
-    def disabled(self) -> bool:
-        return self.slots == 0
 
 
 @dataclass
@@ -415,17 +399,9 @@ class TraceParser:
         ps = pool_sizing(msg)  # the one sizing parser, shared with engine/bootlog.py
         if ps is None:
             return
-        if ps.deferred:
-            st.sizing = PoolSizing(None, ps.slot_mib, None, auto=True, deferred=True, reserve_gib=ps.reserve_gib)
-        elif ps.slots == 0 and ps.auto:
-            mib = st.sizing.slot_mib if st.sizing else None
-            st.sizing = PoolSizing(0, mib, 0.0, auto=True, free_after_kv_gib=ps.free_after_kv_gib,
-                                   reserve_gib=ps.reserve_gib)
-        elif ps.auto:
-            st.sizing = PoolSizing(ps.slots, ps.slot_mib, ps.pool_gib, auto=True, free_after_kv_gib=ps.free_after_kv_gib,
-                                   reserve_gib=ps.reserve_gib)
-        else:
-            st.sizing = PoolSizing(ps.slots, ps.slot_mib, ps.pool_gib)
+        if ps.disabled and ps.auto:  # the AUTO "pool disabled" line names no slot size: keep the deferred line's
+            ps = replace(ps, slot_mib=st.sizing.slot_mib if st.sizing else None)
+        st.sizing = ps
 
     # -- output ------------------------------------------------------------------------------
     def rank_states(self) -> dict[str, RankState]:
@@ -468,4 +444,4 @@ def parse_text(text: str, year: int | None = None) -> TraceParser:
     return parser
 
 
-__all__ = ["Summary", "PoolSizing", "RankState", "RankView", "TraceSnapshot", "TraceParser", "parse_text"]
+__all__ = ["Summary", "RankState", "RankView", "TraceSnapshot", "TraceParser", "parse_text"]

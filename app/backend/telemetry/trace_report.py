@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
 
 from app.backend.telemetry.alerts import AlertInputs, churn_trap, pool_absent, zero_coverage
-from app.backend.telemetry.trace import PoolSizing, Summary, TraceParser
+from app.backend.contracts import PoolSizing
+from app.backend.telemetry.trace import Summary, TraceParser
 
 
-def file_stats(sums: list[Summary], slot_mib: float | None) -> dict[str, Any]:
+def file_stats(sums: list[Summary], slot_mib: float | None) -> dict[str, object]:
     """Rates over the whole file: Σ window(+p/-e) after the first summary ÷ first→last wall time."""
-    out: dict[str, Any] = {"summaries": len(sums), "span_s": None, "promotions_per_s": None, "evictions_per_s": None,
+    out: dict[str, object] = {"summaries": len(sums), "span_s": None, "promotions_per_s": None, "evictions_per_s": None,
                  "churn_per_s": None, "h2d_gib_s": None, "coverage_mean_pct": None,
                  "coverage_min_pct": None, "coverage_max_pct": None}
     if sums:
@@ -30,7 +30,7 @@ def file_stats(sums: list[Summary], slot_mib: float | None) -> dict[str, Any]:
     return out
 
 
-def summarize_parser(parser: TraceParser, seen: dict[str, list[Summary]]) -> dict[str, Any]:
+def summarize_parser(parser: TraceParser, seen: dict[str, list[Summary]]) -> dict[str, object]:
     snap = parser.snapshot()
     states = parser.rank_states()
     ranks = []

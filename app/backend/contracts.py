@@ -1,0 +1,226 @@
+"""The types that cross package lines: what the engine publishes, what a GPU reader returns, the pool sizing.
+
+Engine control, telemetry, chat, the gateway, the self-test and the UI meet here instead of importing one
+another: a consumer imports a snapshot or a sample type from this module, never the producer's package, so
+the packages form no import cycle (tests/test_import_boundaries.py checks it; README, "Contracts and import boundaries").
+Only plain data, Protocols and type aliases live here; this module imports nothing from the app.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal, Protocol
+
+# -- the engine, as its consumers see it -------------------------------------------------------------------
+
+
+class EngineState(str, Enum):
+    STOPPED = "stopped"
+    PREFLIGHT = "preflight"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    FAILED = "failed"
+    STALLED = "stalled"  # ready, but requests run and no token moved for stall_after_s (docs/engine.md)
+
+
+# An engine container exists and is meant to serve (the states a start must refuse, a stop must act on).
+LIVE_STATES = frozenset({EngineState.STARTING, EngineState.READY, EngineState.STALLED})
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line of engine output. `stream` is kept apart so stdout/stderr can be filtered."""
+
+    text: str
+    stream: Literal["stdout", "stderr"] = "stdout"
+    ts: float = field(default_factory=time.time)
+    container_id: str = ""
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A classified failure: what happened, and the fix (from the card where it has one)."""
+
+    reason: str  # machine id, e.g. "cuda_oom_at_load", "pool_not_loaded"
+    title: str  # one line for the badge
+    explanation: str
+    fix: str
+    evidence: tuple[str, ...] = ()  # log lines that led to the classification
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """What is running, as the panel knows it right now. Immutable; the controller replaces it."""
+
+    state: EngineState = EngineState.STOPPED
+    profile_id: str | None = None
+    phase: str = ""  # human boot phase, e.g. "planes from cache 12/43"
+    base_url: str = ""
+    served_name: str = ""
+    container_id: str = ""
+    container_name: str = ""
+    simulated: bool = False
+    pool_slots: int | None = None  # from the delta-tier sizing line; 0 = pool disabled
+    slot_mib: float | None = None
+    diagnosis: Diagnosis | None = None
+    message: str = ""
+    since: float = field(default_factory=time.time)
+    last_ready_profile: str | None = None
+    # Supervision (docs/engine.md, "Keeps serving"): what should run, the restart policy and its counters, the
+    # canary. Exported as metrics from the snapshot (restarts_total, switches_total{result}).
+    desired: str = ""  # "serve:<profile>" | "stopped" | "" (never set)
+    restart_policy: str = "on-failure"  # "on-failure" | "never"
+    restarts_total: int = 0  # restarts the supervisor made (crash, stall, reboot recovery)
+    restart_try: int = 0  # tries in the current restart window (0 = none pending)
+    gave_up: bool = False  # the policy gave up (cap reached or a non-healing class): waits for a person
+    switches_ok: int = 0
+    switches_failed: int = 0  # failed, and no rollback either
+    switches_rolled_back: int = 0  # the new profile failed; the previous one serves again
+    switches_cancelled: int = 0  # a stop cancelled the switch
+    canary: str = ""  # "" off/not ready, else e.g. "ok (0.04 s)", "failed 1 of 2: timeout"
+    canary_ok: bool | None = None  # the last canary's verdict (None: none judged yet; a yielded one is not judged)
+    canary_at: float = 0.0  # when the last canary ran (Unix time)
+    canary_latency_s: float = 0.0
+    canary_failures_total: int = 0  # canaries that produced no token, since the panel started
+    stalls_total: int = 0
+
+    @property
+    def is_ready(self) -> bool:
+        return self.state is EngineState.READY
+
+
+SnapshotFn = Callable[[], "EngineSnapshot | None"]  # the controller's snapshot(); None: no controller
+
+
+class EngineFeed(Protocol):
+    """What a reader of the engine (telemetry, alerting, tests' fakes) may call on the controller: the
+    snapshot, the log stream with its recent lines (boot sizing lines are replayed from them), and the pids
+    of the engine's processes (to tag its GPU processes)."""
+
+    def snapshot(self) -> EngineSnapshot: ...
+
+    def add_log_listener(self, cb: Callable[[LogLine], None]) -> Callable[[], None]: ...
+
+    def recent_logs(self, n: int = ...) -> Iterable[LogLine]: ...
+
+    def container_pids(self) -> set[int]: ...
+
+
+# -- the FP4 pool's sizing (docs/engine.md, "Engine facts") -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolSizing:
+    """What a boot sizing line (`moe_w2 delta tier ...`) says; the boot tracker and the pool telemetry read
+    the same value. slots: None = sizing deferred until after the KV cache; 0 = the FP4 pool is disabled."""
+
+    slots: int | None
+    slot_mib: float | None = None
+    pool_gib: float | None = None
+    auto: bool = False
+    deferred: bool = False
+    free_after_kv_gib: float | None = None
+    reserve_gib: float | None = None
+
+    @property
+    def disabled(self) -> bool:
+        return self.slots == 0
+
+
+# -- the GPUs ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_bytes: int | None
+    name: str = ""
+    container: str = ""  # engine container name when the pid belongs to it
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    index: int
+    uuid: str
+    name: str
+    compute_capability: tuple[int, int] | None
+    memory_total: int
+    memory_used: int  # v2 "used" (excludes driver-reserved)
+    memory_reserved: int
+    util_gpu: float | None = None
+    util_mem: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temperature_c: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    throttle_reasons: tuple[str, ...] = ()
+    pcie_tx_kbs: float | None = None
+    pcie_rx_kbs: float | None = None
+    ecc_current: bool | None = None
+    ecc_pending: bool | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    ts: float = 0.0
+    simulated: bool = False  # from the demo-mode SIMULATED reader, never a real card
+
+    @property
+    def memory_in_use(self) -> int:
+        """What nvidia-smi calls used (v1): v2 used + driver-reserved."""
+        return self.memory_used + self.memory_reserved
+
+
+class GpuReader(Protocol):
+    """Anything that can read the GPUs now (real NVML, the SIMULATED card, the CI fake, none)."""
+
+    @property
+    def available(self) -> bool: ...
+
+    @property
+    def error(self) -> str:
+        """Why no GPU can be read ("no NVIDIA GPU: libnvidia-ml.so not found"), '' when available."""
+        ...
+
+    @property
+    def simulated(self) -> bool:
+        """The demo-mode SIMULATED card (never a real one): the UI labels what it shows."""
+        ...
+
+    def read(self) -> list[GpuSample]: ...
+
+    def close(self) -> None: ...
+
+
+class ReaderStatus:
+    """`available` / `error` / `simulated` derived from one `_error` sentence, and a `close()` that has
+    nothing to release (shared by the readers)."""
+
+    _error: str = ""
+    _simulated: bool = False
+
+    @property
+    def available(self) -> bool:
+        return not self._error
+
+    @property
+    def error(self) -> str:
+        return self._error
+
+    @property
+    def simulated(self) -> bool:
+        return self._simulated
+
+    def close(self) -> None:
+        return None
+
+
+# -- ASGI (the panel's gate, the access log and the gateway's proxy wrap the same callables) -----------------
+
+Scope = MutableMapping[str, Any]  # ASGI's scope and messages are open dicts (asgiref's TypedDicts are unions)
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]

@@ -1,0 +1,88 @@
+"""The layering holds (README, "Contracts and import boundaries"): parsed from the source with `ast`, no
+import runs. Every import counts here, in functions and under `if TYPE_CHECKING:` too; the cycle check counts
+as scripts/import_cycles.py does (TYPE_CHECKING imports left out), at module level and inside functions."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Libraries that reach a daemon, a driver, the network or a database: the UI asks the backend's services.
+UI_FORBIDDEN = ("docker", "pynvml", "httpx", "requests", "aiohttp", "openai", "pycurl", "websockets", "urllib.request",
+                "http.client", "http.server", "socket", "socketserver", "sqlite3")
+
+
+@functools.cache
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("import_cycles", ROOT / "scripts" / "import_cycles.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@functools.cache
+def _all_imports() -> dict[str, set[str]]:
+    """Module -> every absolute name it imports anywhere (relative imports resolved)."""
+    out: dict[str, set[str]] = {}
+    for name, f in _script().module_files(ROOT).items():
+        is_pkg = f.name == "__init__.py"
+        names: set[str] = set()
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.Import):
+                names.update(a.name for a in n.names)
+            elif isinstance(n, ast.ImportFrom):
+                base = n.module or ""
+                if n.level:
+                    parts = name.split(".") if is_pkg else name.split(".")[:-1]
+                    parts = parts[: len(parts) - (n.level - 1)]
+                    base = ".".join([*parts, base] if base else parts)
+                names.add(base)
+                names.update(f"{base}.{a.name}" for a in n.names)
+        out[name] = names
+    return out
+
+
+def _hits(importers: str, forbidden: tuple[str, ...], allowed: tuple[str, ...] = ()) -> list[str]:
+    def under(name: str, prefixes: tuple[str, ...]) -> bool:
+        return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+    return sorted(f"{mod} imports {imp}" for mod, names in _all_imports().items() if under(mod, (importers,))
+                  for imp in names if under(imp, forbidden) and not under(imp, allowed))
+
+
+def test_ui_reaches_no_daemon_driver_network_or_database() -> None:
+    assert _hits("app.ui", UI_FORBIDDEN) == []
+
+
+def test_backend_imports_no_gradio_and_no_ui() -> None:
+    assert _hits("app.backend", ("gradio", "app.ui")) == []
+
+
+def test_engine_reads_telemetry_only_through_the_contracts() -> None:
+    # The GPU sample and reader types, the snapshot and the pool sizing are app.backend.contracts'; the
+    # /metrics parser is the engine's own (engine/metrics_text.py), which telemetry imports.
+    assert _hits("app.backend.engine", ("app.backend.telemetry",)) == []
+
+
+def test_contracts_import_nothing_from_the_app() -> None:
+    assert _hits("app.backend.contracts", ("app",)) == []
+
+
+def test_no_import_cycles() -> None:
+    script = _script()
+    assert script.cycles(script.graph(ROOT)) == []  # module level
+    assert script.cycles(script.graph(ROOT, deep=True)) == []  # imports inside functions too
+
+
+def test_the_checks_see_a_violation() -> None:
+    # Guard against a parser that finds nothing: the UI does import the backend, the engine the contracts.
+    names = _all_imports()
+    assert any(n.startswith("app.backend.") for n in names["app.ui.app"])
+    assert "app.backend.contracts" in names["app.backend.engine.gpurelease"]
+    assert _hits("app.backend.telemetry", ("app.backend.engine",))  # the allowed direction is seen
