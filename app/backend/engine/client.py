@@ -42,6 +42,10 @@ def connect_host(host: str) -> str:
     return LOOPBACK if host in WILDCARD_HOSTS else host
 
 
+def is_loopback(url: str) -> bool:
+    return httpx.URL(url).host in (LOOPBACK, "localhost", "::1")
+
+
 def base_url(recipe: Recipe) -> str:
     """The engine's server root for this recipe, e.g. http://127.0.0.1:8000 (no /v1)."""
     return f"http://{connect_host(recipe.serve.host)}:{recipe.serve.port}"
@@ -194,7 +198,8 @@ class EngineClient:
         self.base_url = server_root(url)
         self._api_key = api_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        self._http = httpx.Client(timeout=DEFAULT_TIMEOUT, headers=headers)
+        # An engine on loopback is never reached through a proxy from the environment (HTTPS_PROXY for downloads).
+        self._http = httpx.Client(timeout=DEFAULT_TIMEOUT, headers=headers, trust_env=not is_loopback(self.base_url))
         self._sdk: openai.OpenAI | None = None
         self._last_metrics: MetricsRead | None = None
         self._lock = threading.Lock()

@@ -78,10 +78,11 @@ class EngineProbe:
             body["min_tokens"] = min_tokens
         if ignore_eos:
             body["ignore_eos"] = True
+        stream = self._client.stream_chat(body)  # before t0: the first call builds the SDK client
         t0 = time.monotonic()
         first = last = 0.0
         usage_tokens, prompt_tokens, finish, parts = 0, 0, "", []
-        with self._client.stream_chat(body) as stream:
+        with stream:
             for chunk in stream:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled()
