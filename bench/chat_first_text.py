@@ -70,7 +70,7 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     import app.ui.app as ui_app
-    from app.backend.chat.client import ChatClient
+    import app.backend.chat.service as chat_service
     from app.backend.chat.service import ChatService
     from app.backend.settings import resolve_settings
     from app.backend.state import AppState, build_app_state
@@ -78,13 +78,13 @@ def main() -> int:
     from tests.conftest import free_port
 
     sent: list[float] = []
-    original = ChatClient.stream
+    original = chat_service.ChatStream
 
-    def stream(self: ChatClient, request: Any) -> Any:
+    def stream(client: Any, request: Any) -> Any:  # when the chat sends its request
         sent.append(time.time())
-        return original(self, request)
+        return original(client, request)
 
-    ChatClient.stream = stream  # type: ignore[method-assign]
+    chat_service.ChatStream = stream  # type: ignore[misc, assignment]
     home = Path.home() / ".cache" / "moet-panel-bench"
     home.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=home) as tmp:

@@ -19,7 +19,7 @@ driver, which also streams the same requests from the engine directly (openai SD
       node (or changed text) that contains the first token's text (the sim is deterministic per
       prompt, so it is the first delta of the direct stream) and has a layout box
       (`getClientRects()`); i.e. the token is in the chat's DOM, displayed, before the next paint;
-    - direct: the driver's `ChatClient.stream()` on a fresh client (its own TCP connect), first
+    - direct: the driver's `ChatStream` on a fresh `EngineClient` (its own TCP connect), first
       reasoning/answer delta − just before the request.
 * tokens lost on a long answer (target 0): panel text vs the direct stream of the same request
   (the simulated engine is deterministic per prompt), run side by side.
@@ -110,10 +110,11 @@ def serve_panel(engine_url: str, port: int, data_dir: str) -> None:
 
 def direct(engine_url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, str, str, int, str]:
     """Stream the same request from the engine: (TTFT s, thinking, answer, completion tokens, first delta)."""
-    from app.backend.chat.client import ChatClient, ChatRequest, SamplingParams
+    from app.backend.chat.client import ChatRequest, ChatStream, SamplingParams
     from app.backend.chat.events import ContentDelta, ReasoningDelta, UsageReport
+    from app.backend.engine.client import EngineClient
 
-    client = ChatClient(engine_url)
+    client = EngineClient(engine_url)
     req = ChatRequest(model, [{"role": "user", "content": prompt}], SamplingParams(1.0, 1.0, 0.05, max_tokens),
                       {"ignore_eos": True})
     t0 = time.perf_counter()
@@ -122,7 +123,7 @@ def direct(engine_url: str, model: str, prompt: str, max_tokens: int) -> tuple[f
     thinking: list[str] = []
     answer: list[str] = []
     tokens = 0
-    for ev in client.stream(req):
+    for ev in ChatStream(client, req):
         if isinstance(ev, (ReasoningDelta, ContentDelta)):
             if first is None:
                 first, first_text = time.perf_counter() - t0, ev.text

@@ -106,7 +106,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     state.on_close(abtest.cancel)  # finished answers stay journalled; resume continues
 
     # The API gateway reads the engine through the controller's snapshot; off until the Access tab's switch.
-    from app.backend.engine.readiness import base_url
+    from app.backend.engine.client import base_url
     from app.backend.gateway.server import config_from_env
     from app.backend.gateway.service import GatewayService
 

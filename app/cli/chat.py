@@ -12,11 +12,11 @@ import time
 
 from rich.console import Console
 
-from app.backend.chat.client import ChatClient, ChatRequest, SamplingParams
-from app.backend.chat.endpoint import recipe_base_url
+from app.backend.chat.client import ChatRequest, ChatStream, SamplingParams
 from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, ReclassifyAsReasoning, StreamError
 from app.backend.chat.models import MessageStats
 from app.backend.chat.stats import StatsRecorder, format_stats
+from app.backend.engine.client import EngineClient, base_url
 from app.cli.main import add_common, settings_from
 
 
@@ -36,11 +36,11 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _pick_model(client: ChatClient, wanted: str | None, recipe_name: str) -> str:
+def _pick_model(client: EngineClient, wanted: str | None, recipe_name: str) -> str:
     if wanted:
         return wanted
     try:
-        served = client.list_models()
+        served = client.models()
     except Exception:  # the chat request itself reports an unreachable server clearly
         return recipe_name
     return recipe_name if (recipe_name in served or not served) else served[0]
@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if sampling.temperature <= 0:
         err.print(f"warning: temperature 0 — {s.never_zero_note}", style="yellow", markup=False)
-    base_url = args.base_url or recipe_base_url(recipe)
-    client = ChatClient(base_url, api_key=args.api_key)
+    url = args.base_url or base_url(recipe)
+    client = EngineClient(url, api_key=args.api_key)
     model = _pick_model(client, args.model, recipe.model.served_name)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": prompt}
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     failure: StreamError | None = None
     finish: str | None = None
     try:
-        for ev in client.stream(ChatRequest(model, messages, sampling)):
+        for ev in ChatStream(client, ChatRequest(model, messages, sampling)):
             recorder.observe(ev)
             if isinstance(ev, ReasoningDelta) and not args.hide_reasoning:
                 in_reasoning = True
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         hint = " Start the engine (`moet-panel engine start`) or pass --base-url." if failure.kind == "connect" else ""
         err.print(f"moet-panel chat: {failure.message}.{hint}", markup=False)
         return 1
-    stats = recorder.finish(time.monotonic(), MessageStats(model=model, base_url=base_url))
+    stats = recorder.finish(time.monotonic(), MessageStats(model=model, base_url=url))
     stats.finish_reason = finish
     out.print("")
     if failure is not None:

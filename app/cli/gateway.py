@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from app.backend import env
-from app.backend.engine.readiness import base_url
+from app.backend.engine.client import base_url
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.proxy import Limits
 from app.backend.gateway.readiness import ProbeSource

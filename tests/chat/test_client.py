@@ -2,14 +2,15 @@
 
 import pytest
 
-from app.backend.chat.client import ChatClient, ChatRequest, SamplingParams
+from app.backend.chat.client import ChatRequest, ChatStream, SamplingParams
 from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, StreamError, UsageReport
+from app.backend.engine.client import EngineClient
 
 SAMPLING = SamplingParams(1.0, 1.0, 0.05, None)
 
 
-def collect(client: ChatClient, model: str, extra: dict | None = None, sampling: SamplingParams = SAMPLING):
-    events = list(client.stream(ChatRequest(model, [{"role": "user", "content": "hi"}], sampling, extra or {})))
+def collect(client: EngineClient, model: str, extra: dict | None = None, sampling: SamplingParams = SAMPLING):
+    events = list(ChatStream(client, ChatRequest(model, [{"role": "user", "content": "hi"}], sampling, extra or {})))
     reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
     content = "".join(e.text for e in events if isinstance(e, ContentDelta))
     return events, reasoning, content
@@ -17,7 +18,7 @@ def collect(client: ChatClient, model: str, extra: dict | None = None, sampling:
 
 @pytest.mark.parametrize("mode", ["reasoning", "reasoning_content", "think_tags"])
 def test_reasoning_arrives_every_way(sim, mode: str) -> None:
-    client = ChatClient(sim.base_url)
+    client = EngineClient(sim.base_url)
     try:
         ref_events, ref_reasoning, ref_content = collect(client, sim.config.served_name, {"sim_reasoning_mode": "reasoning"})
         events, reasoning, content = collect(client, sim.config.served_name, {"sim_reasoning_mode": mode})
@@ -35,7 +36,7 @@ def test_reasoning_arrives_every_way(sim, mode: str) -> None:
 
 
 def test_usage_chunk_and_min_p_reach_the_server(sim) -> None:
-    client = ChatClient(sim.base_url)
+    client = EngineClient(sim.base_url)
     try:
         events, reasoning, content = collect(client, sim.config.served_name, sampling=SamplingParams(0.7, 0.9, 0.05, 40))
     finally:
@@ -49,7 +50,7 @@ def test_usage_chunk_and_min_p_reach_the_server(sim) -> None:
 
 
 def test_nothing_listening_is_a_connect_error() -> None:
-    client = ChatClient("http://127.0.0.1:9")
+    client = EngineClient("http://127.0.0.1:9")
     try:
         events, _, _ = collect(client, "m")
     finally:
@@ -59,7 +60,7 @@ def test_nothing_listening_is_a_connect_error() -> None:
 
 
 def test_server_refusal_is_an_http_error(sim) -> None:
-    client = ChatClient(sim.base_url)
+    client = EngineClient(sim.base_url)
     try:
         events, _, _ = collect(client, "no-such-model")
     finally:

@@ -14,11 +14,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.backend.chat.client import ChatClient, ChatRequest, SamplingParams
+from app.backend.chat.client import ChatRequest, ChatStream, SamplingParams
 from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, UsageReport
 from app.backend.chat.service import ChatService
 from app.backend.chat.stats import format_stats
 from app.backend.engine.bootlog import BootTracker
+from app.backend.engine.client import EngineClient
 from app.backend.engine.controller import EngineController
 from app.backend.contracts import EngineState
 from app.backend.telemetry.hub import TelemetryHub
@@ -101,10 +102,10 @@ def test_boot_phases_from_vllms_own_lines(served) -> None:
 def test_chat_streams_reasoning_then_content_with_usage(served) -> None:
     tier, ctl = served
     model = tier.model
-    client = ChatClient(ctl.snapshot().base_url)
+    client = EngineClient(ctl.snapshot().base_url)
     try:
         req = ChatRequest("tiny-think", [{"role": "user", "content": "how do engines work?"}], CARD)
-        events = list(client.stream(req))
+        events = list(ChatStream(client, req))
     finally:
         client.close()
     kinds = [type(e) for e in events]
@@ -153,9 +154,9 @@ def test_metrics_parsed_into_the_timeline_with_vllms_names(served) -> None:
     hub = TelemetryHub(tier.settings, engine=ctl, persist=False, interval_s=0.5)
     try:
         hub.sample_once()
-        client = ChatClient(base)
+        client = EngineClient(base)
         try:
-            list(client.stream(ChatRequest("tiny-think", [{"role": "user", "content": "again"}], CARD)))
+            list(ChatStream(client, ChatRequest("tiny-think", [{"role": "user", "content": "again"}], CARD)))
         finally:
             client.close()
         frame = hub.sample_once()

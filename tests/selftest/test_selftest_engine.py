@@ -21,16 +21,13 @@ def test_needle_builder_counts_in_engine_tokens_and_places_depth(make_controller
     ctl = make_controller(extra_env=FAST_ENV)
     snap = start_ready(ctl)
     probe = EngineProbe(snap.base_url, "deepseek-v4-flash")
-    try:
-        for depth in (0.05, 0.5, 0.95):
-            np_ = build_needle(probe.tokenize, 4096, depth)
-            assert np_.tokens == probe.tokenize(np_.messages) and 4096 - 60 <= np_.tokens <= 4096
-            text = np_.messages[0]["content"]
-            pos = text.index(np_.code) / len(text)
-            assert abs(pos - depth) < 0.03, (depth, pos)
-        assert len({build_needle(probe.tokenize, 2048, d).code for d in (0.05, 0.5, 0.95)}) == 3
-    finally:
-        probe.close()
+    for depth in (0.05, 0.5, 0.95):
+        np_ = build_needle(probe.tokenize, 4096, depth)
+        assert np_.tokens == probe.tokenize(np_.messages) and 4096 - 60 <= np_.tokens <= 4096
+        text = np_.messages[0]["content"]
+        pos = text.index(np_.code) / len(text)
+        assert abs(pos - depth) < 0.03, (depth, pos)
+    assert len({build_needle(probe.tokenize, 2048, d).code for d in (0.05, 0.5, 0.95)}) == 3
 
 
 def test_parse_lengths_errors_are_clear() -> None:

@@ -75,19 +75,16 @@ class ABRunService(BackgroundJob[ABProgress]):
                     continue
                 self._ensure_profile(profile)
                 probe = self._probe_factory(self.engine.snapshot().base_url)
-                try:
-                    for pid, seed in todo:
-                        if self._cancel.is_set():
-                            raise Cancelled()
-                        self._set(replace(self.progress(), step=f"{side} = {profile}: {pid} seed {seed}"))
-                        g = self._generate(probe, st, side, pid, seed)
-                        self.journal.append(st.spec.run_id, g)
-                        st.gens[(g.side, pid, seed)] = g
-                        made += 1
-                        per = (time.monotonic() - t0) / made
-                        self._set(replace(self.progress(), done=st.generated, eta_s=per * (st.total - st.generated)))
-                finally:
-                    probe.close()
+                for pid, seed in todo:
+                    if self._cancel.is_set():
+                        raise Cancelled()
+                    self._set(replace(self.progress(), step=f"{side} = {profile}: {pid} seed {seed}"))
+                    g = self._generate(probe, st, side, pid, seed)
+                    self.journal.append(st.spec.run_id, g)
+                    st.gens[(g.side, pid, seed)] = g
+                    made += 1
+                    per = (time.monotonic() - t0) / made
+                    self._set(replace(self.progress(), done=st.generated, eta_s=per * (st.total - st.generated)))
             self._set(replace(self.progress(), state=JobState.DONE, step="done", eta_s=0.0,
                               message="all answers generated: grade them blind"))
         except Cancelled:

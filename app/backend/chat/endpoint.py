@@ -14,8 +14,8 @@ from typing import Literal
 
 import httpx
 
-from app.backend.chat.client import server_root
 from app.backend.contracts import Diagnosis, EngineSnapshot, SnapshotFn
+from app.backend.engine.client import base_url, engine_client, server_root
 from app.backend.recipe.schema import Recipe
 
 ENGINE_TAB_HINT = "Start or fix it on the Engine tab."
@@ -31,11 +31,6 @@ class Endpoint:
     ready: bool
     reason: str = ""  # why not ready, one or two sentences; "" when ready
     diagnosis: Diagnosis | None = None  # when the controller has one
-
-
-def recipe_base_url(recipe: Recipe) -> str:
-    host = recipe.serve.host if recipe.serve.host not in ("0.0.0.0", "") else "127.0.0.1"
-    return f"http://{host}:{recipe.serve.port}"
 
 
 class HealthProbe:
@@ -60,14 +55,14 @@ class HealthProbe:
 
     def _probe(self, base_url: str) -> tuple[bool, str]:
         try:
-            r = httpx.get(server_root(base_url) + "/health", timeout=self._timeout)
+            status = engine_client(base_url).health(self._timeout)
         except httpx.ConnectError:
             return False, f"Nothing is listening at {base_url} (connection refused)."
         except httpx.HTTPError as exc:
             return False, f"The engine at {base_url} did not answer its health check ({type(exc).__name__})."
-        if r.status_code == 200:
+        if status == 200:
             return True, ""
-        return False, f"The engine at {base_url} reports unhealthy (HTTP {r.status_code} on /health)."
+        return False, f"The engine at {base_url} reports unhealthy (HTTP {status} on /health)."
 
 
 def engine_reason(snapshot: EngineSnapshot) -> str:
@@ -95,12 +90,12 @@ def resolve_endpoint(
         return Endpoint(url, recipe.model.served_name, None, False, "custom", ok, reason)
     snap = snapshot_fn() if snapshot_fn is not None else None
     if snap is not None:
-        url = server_root(snap.base_url) if snap.base_url else recipe_base_url(recipe)
+        url = server_root(snap.base_url) if snap.base_url else base_url(recipe)
         ready = snap.is_ready
         return Endpoint(
             url, snap.served_name or recipe.model.served_name, snap.profile_id, snap.simulated, "engine",
             ready, "" if ready else engine_reason(snap), snap.diagnosis,
         )
-    url = recipe_base_url(recipe)
+    url = base_url(recipe)
     ok, reason = probe.check(url)
     return Endpoint(url, recipe.model.served_name, None, recipe.simulated, "recipe", ok, reason)

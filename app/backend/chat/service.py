@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import app.backend.chat.export as export
-from app.backend.chat.client import ChatClient, ChatRequest, SamplingParams
+from app.backend.chat.client import ChatRequest, ChatStream, SamplingParams
 from app.backend.chat.endpoint import ENGINE_TAB_HINT, Endpoint, HealthProbe, resolve_endpoint
 from app.backend.chat.events import StreamError
 from app.backend.chat.models import (
@@ -25,6 +25,7 @@ from app.backend.chat.stats import StatsRecorder
 from app.backend.chat.store import ChatStore, ChatStoreError
 from app.backend.contracts import SnapshotFn
 from app.backend.chat.turn import Turn
+from app.backend.engine.client import engine_client
 from app.backend.exports import write_export
 from app.backend.recipe.schema import Recipe
 
@@ -84,7 +85,6 @@ class ChatService:
         self._lock = threading.RLock()
         self._convs: dict[str, Conversation] = {}
         self._turns: dict[str, Turn] = {}
-        self._clients: dict[str, ChatClient] = {}
         self._state_dir = Path(state_dir)
         self._exported: set[Path] = set()  # export files this service wrote: removed at close
         # Revisions (docs/chat.md#several-tabs): a conversation's bumps when its messages change (a turn
@@ -298,7 +298,7 @@ class ChatService:
         reply = Message(role="assistant", content="", status="streaming", stats=base)
         conv.messages.append(reply)
         body = {**self._extra_body, **(extra_body or {})}
-        stream = self._client(ep.base_url).stream(ChatRequest(ep.model, history, sampling, body))
+        stream = ChatStream(engine_client(ep.base_url), ChatRequest(ep.model, history, sampling, body))
         stored = threading.Event()
         turn = Turn(stream, reply, StatsRecorder(started=time.monotonic()),
                     on_checkpoint=lambda m: self._store.update_message(m) if stored.is_set() else None,
@@ -332,13 +332,6 @@ class ChatService:
         except ChatStoreError as exc:  # keep the reply on screen and say it is not in the history
             msg = turn.message
             msg.error = f"{msg.error} History not saved: {exc}".strip()
-
-    def _client(self, base_url: str) -> ChatClient:
-        with self._lock:
-            client = self._clients.get(base_url)
-            if client is None:
-                client = self._clients[base_url] = ChatClient(base_url)
-            return client
 
     def _diagnose(self, err: StreamError, ep: Endpoint) -> str:
         """The error text kept on a failed reply: what broke, plus the controller's diagnosis."""
@@ -404,12 +397,9 @@ class ChatService:
     def close(self) -> None:
         with self._lock:
             turns = list(self._turns.values())
-            clients = list(self._clients.values())
         for turn in turns:
             if not turn.done.is_set():
                 turn.stop(2.0)
-        for client in clients:
-            client.close()
         self._store.close()
         with self._lock:  # the export files were handed to the browser already (issue 30: none left behind)
             exported, self._exported = self._exported, set()

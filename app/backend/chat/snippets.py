@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import shlex
 
-from app.backend.chat.client import SamplingParams, api_base
+from app.backend.chat.client import SamplingParams
+from app.backend.engine.client import api_base
 
 
 def _messages(system_prompt: str, prompt: str) -> list[dict[str, str]]:

@@ -3,7 +3,7 @@
 Behind a small interface (`EngineStatusSource`) because the engine controller is being rewritten into an
 event-publishing reconciler: in the panel the gateway reads the controller's snapshot
 (`SnapshotSource`); run on its own (`moet-panel gateway`) it probes the engine's `/health` and
-`/v1/models` once a second (`ProbeSource`). A `subscribe`-style source can replace either later.
+`/v1/models` once a second through the engine client (`ProbeSource`). A `subscribe`-style source can replace either later.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Protocol
 import httpx
 
 from app.backend.contracts import SnapshotFn
+from app.backend.engine.client import engine_client
 
 
 @dataclass(frozen=True)
@@ -87,36 +88,41 @@ class ProbeSource:
         self._timeout = timeout_s
         self._status = EngineStatus(False, self.base_url, served_name, "the gateway has not reached the engine yet", "unknown")
         self._task: asyncio.Task[None] | None = None
-        self._client: httpx.AsyncClient | None = None
         self.checked_at = 0.0
 
     def status(self) -> EngineStatus:
         return self._status
 
     async def probe_once(self) -> EngineStatus:
-        assert self._client is not None
-        url = self.base_url
-        try:
-            r = await self._client.get(url + "/health")
-            if r.status_code != 200:
-                st = EngineStatus(False, url, self.served_name,
-                                  f"the engine is starting (its /health answers {r.status_code}); try again in a minute", "starting")
-            else:
-                m = await self._client.get(url + "/v1/models")
-                ids = [d.get("id") for d in m.json().get("data", [])] if m.status_code == 200 else []
-                if self.served_name and self.served_name not in ids:
-                    st = EngineStatus(False, url, self.served_name,
-                                      f"the engine does not serve {self.served_name!r} (it lists {ids}); it may be switching",
-                                      "switching")
-                else:
-                    st = EngineStatus(True, url, self.served_name or (ids[0] if ids else ""), state="ready")
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            st = EngineStatus(False, url, self.served_name,
-                              f"the engine does not answer at {url} ({type(exc).__name__}): it is stopped or starting; "
-                              "start it on the panel's Engine tab or with `moet-panel engine start`", "stopped")
+        # The engine client is synchronous and kept alive per base URL (engine/client.py): one probe a second
+        # in a worker thread costs less than a second HTTP stack.
+        st = await asyncio.to_thread(self._probe)
         self._status = st
         self.checked_at = time.monotonic()
         return st
+
+    def _probe(self) -> EngineStatus:
+        url, client = self.base_url, engine_client(self.base_url)
+        try:
+            status = client.health(self._timeout)
+            if status != 200:
+                return EngineStatus(False, url, self.served_name,
+                                    f"the engine is starting (its /health answers {status}); try again in a minute",
+                                    "starting")
+            try:
+                ids = list(client.models(self._timeout))
+            except httpx.HTTPStatusError:
+                ids = []
+            if self.served_name and self.served_name not in ids:
+                return EngineStatus(False, url, self.served_name,
+                                    f"the engine does not serve {self.served_name!r} (it lists {ids}); it may be "
+                                    "switching", "switching")
+            return EngineStatus(True, url, self.served_name or (ids[0] if ids else ""), state="ready")
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            return EngineStatus(False, url, self.served_name,
+                                f"the engine does not answer at {url} ({type(exc).__name__}): it is stopped or "
+                                "starting; start it on the panel's Engine tab or with `moet-panel engine start`",
+                                "stopped")
 
     async def _loop(self) -> None:
         while True:
@@ -124,7 +130,6 @@ class ProbeSource:
             await asyncio.sleep(self._interval)
 
     async def start(self) -> None:
-        self._client = httpx.AsyncClient(timeout=self._timeout, trust_env=False)
         await self.probe_once()
         self._task = asyncio.create_task(self._loop())
 
@@ -135,5 +140,3 @@ class ProbeSource:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
-        if self._client is not None:
-            await self._client.aclose()

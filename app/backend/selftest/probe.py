@@ -10,12 +10,11 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import cast
+
 
 import httpx
-import openai
-from openai.types.chat import ChatCompletionMessageParam
 
+from app.backend.engine.client import engine_client
 from app.backend.recipe.schema import Sampling
 from app.backend.engine.metrics_text import parse_metrics
 
@@ -43,75 +42,66 @@ class Timing:
 
 
 class EngineProbe:
-    """One engine base URL (http://host:port). Close it when done."""
+    """The self-test's and the A/B run's reads of one engine base URL (http://host:port), through the shared
+    engine client (engine/client.py)."""
 
-    def __init__(self, base_url: str, model: str, sampling: Sampling | None = None, timeout_s: float = 900.0):
-        self.base_url = base_url.rstrip("/")
+    def __init__(self, base_url: str, model: str, sampling: Sampling | None = None):
+        self._client = engine_client(base_url)
+        self.base_url = self._client.base_url
         self.model = model
         self.sampling = sampling
-        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=5.0))
-        self._sdk = openai.OpenAI(base_url=self.base_url + "/v1", api_key="EMPTY", max_retries=0, timeout=timeout_s)
-
-    def close(self) -> None:
-        self._http.close()
-        self._sdk.close()
 
     def tokenize(self, messages: list[dict[str, str]]) -> int:
         """Prompt tokens of chat messages, counted by the engine itself (vLLM's POST /tokenize)."""
-        resp = self._http.post(self.base_url + "/tokenize", json={"model": self.model, "messages": messages})
-        if resp.status_code == 404:
-            raise RuntimeError("the engine has no /tokenize route (vLLM serves it by default; is this vLLM?)")
-        resp.raise_for_status()
-        return int(resp.json()["count"])
+        return self._client.tokenize(self.model, messages)
 
     def generation_tokens_total(self) -> float | None:
         """vllm:generation_tokens_total from /metrics (None when unreadable)."""
         try:
-            resp = self._http.get(self.base_url + "/metrics", timeout=5.0)
-            resp.raise_for_status()
-            return parse_metrics(resp.text).first(("vllm:generation_tokens_total", "vllm:generation_tokens"))
+            text = self._client.metrics().text
+            return parse_metrics(text).first(("vllm:generation_tokens_total", "vllm:generation_tokens"))
         except (httpx.HTTPError, ValueError):
             return None
 
     def generate(self, messages: list[dict[str, str]], max_tokens: int, *, min_tokens: int = 0,
                  ignore_eos: bool = False, seed: int | None = None, thinking: bool = True,
                  cancel: threading.Event | None = None) -> Timing:
-        """Stream one answer with the card's sampling; raises Cancelled when `cancel` is set."""
-        extra: dict[str, object] = {"chat_template_kwargs": {"thinking": thinking}}
+        """Stream one answer with the card's sampling; raises Cancelled when `cancel` is set, StreamFailure when
+        the engine fails."""
+        body: dict[str, object] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
+                                "chat_template_kwargs": {"thinking": thinking}}
         if self.sampling is not None:
-            extra["min_p"] = self.sampling.min_p
+            body.update(temperature=self.sampling.temperature, top_p=self.sampling.top_p, min_p=self.sampling.min_p)
+        if seed is not None:
+            body["seed"] = seed
         if min_tokens:
-            extra["min_tokens"] = min_tokens
+            body["min_tokens"] = min_tokens
         if ignore_eos:
-            extra["ignore_eos"] = True
+            body["ignore_eos"] = True
+        stream = self._client.stream_chat(body)  # before t0: the first call builds the SDK client
         t0 = time.monotonic()
         first = last = 0.0
         usage_tokens, prompt_tokens, finish, parts = 0, 0, "", []
-        # plain role/content dicts: the SDK's TypedDict union accepts them structurally
-        sdk_messages = cast("list[ChatCompletionMessageParam]", messages)
-        stream = self._sdk.chat.completions.create(
-            model=self.model, messages=sdk_messages, max_tokens=max_tokens, stream=True, seed=seed,
-            temperature=self.sampling.temperature if self.sampling else None,
-            top_p=self.sampling.top_p if self.sampling else None,
-            stream_options={"include_usage": True}, extra_body=extra)
         with stream:
             for chunk in stream:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled()
                 now = time.monotonic()
-                if chunk.usage is not None:
-                    usage_tokens, prompt_tokens = chunk.usage.completion_tokens, chunk.usage.prompt_tokens
-                for ch in chunk.choices:
-                    delta = ch.delta
-                    piece = (delta.content or "") + (getattr(delta, "reasoning", None) or "") \
-                        + (getattr(delta, "reasoning_content", None) or "")
+                usage = chunk.get("usage")
+                if usage:
+                    usage_tokens = int(usage.get("completion_tokens") or 0)
+                    prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                for ch in chunk.get("choices") or ():
+                    delta = ch.get("delta") or {}
+                    content = delta.get("content") or ""
+                    piece = content + (delta.get("reasoning") or "") + (delta.get("reasoning_content") or "")
                     if piece:
                         first = first or now
                         last = now
-                        if delta.content:
-                            parts.append(delta.content)
-                    if ch.finish_reason:
-                        finish = ch.finish_reason
+                        if content:
+                            parts.append(content)
+                    if ch.get("finish_reason"):
+                        finish = str(ch["finish_reason"])
         return Timing(ttft_s=(first or time.monotonic()) - t0, decode_s=max(0.0, last - first),
                       completion_tokens=usage_tokens, prompt_tokens=prompt_tokens, text="".join(parts),
                       finish_reason=finish)

@@ -218,8 +218,6 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
         except Exception as exc:  # the engine went away, a bad answer...: say so, keep the panel up
             watch.stop()
             self._set(replace(self.progress(), state=JobState.FAILED, message=f"failed at {self.progress().step}: {exc}"))
-        finally:
-            probe.close()
 
     def _do(self, step: Step, plan: SelfTestPlan, probe: EngineProbe, result: SelfTestResult, ctx: int) -> None:
         if step.kind == "decode":

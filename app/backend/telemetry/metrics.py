@@ -13,6 +13,7 @@ import httpx
 
 from app.backend.engine.metrics_text import GEN_TOKENS, ITL, KV_USAGE, PROMPT_TOKENS, RUNNING, TTFT, WAITING, Histogram, \
     RawMetrics, parse_metrics
+from app.backend.engine.client import engine_client
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,11 @@ def _window(cur: Histogram | None, prev: Histogram | None) -> Histogram | None:
 
 
 class MetricsScraper:
-    """Keeps the previous scrape so each call yields rates; one instance per engine base URL."""
+    """Keeps the previous scrape so each call yields rates; one instance per engine base URL. The GET is the
+    shared engine client's (engine/client.py), whose last read the liveness check reuses."""
 
-    def __init__(self, timeout_s: float = 1.0, client: httpx.Client | None = None) -> None:
-        self._client = client or httpx.Client(timeout=timeout_s)
+    def __init__(self, timeout_s: float = 1.0) -> None:
+        self._timeout = timeout_s
         self._prev: RawMetrics | None = None
         self._base = ""
         self._last_quantiles: MetricsSample | None = None
@@ -86,9 +88,8 @@ class MetricsScraper:
         if base_url != self._base:
             self._base, self._prev, self._last_quantiles = base_url, None, None
         try:
-            resp = self._client.get(base_url.rstrip("/") + "/metrics")
-            resp.raise_for_status()
-            raw = parse_metrics(resp.text)
+            read = engine_client(base_url).metrics(timeout=self._timeout)
+            raw = parse_metrics(read.text, read.ts)
         except (httpx.HTTPError, ValueError) as exc:
             return MetricsSample(ts=time.time(), error=f"/metrics unavailable: {exc.__class__.__name__}: {exc}")
         sample = _keep_quantiles(derive(raw, self._prev), self._last_quantiles)
@@ -101,7 +102,7 @@ class MetricsScraper:
         self._last_quantiles = None
 
     def close(self) -> None:
-        self._client.close()
+        """Nothing to release: the kept-alive client is shared per base URL (engine/client.py)."""
 
 
 def _keep_quantiles(sample: MetricsSample, last: MetricsSample | None) -> MetricsSample:
