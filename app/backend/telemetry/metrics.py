@@ -22,6 +22,10 @@ WAITING = ("vllm:num_requests_waiting",)
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 TTFT = ("vllm:time_to_first_token_seconds",)
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+# What `derive` reads. A real vLLM /metrics holds dozens of other families (about 40 histograms); parsing only
+# these costs a fraction (issue 29: the idle panel's CPU; docs/telemetry.md, "Cost").
+COUNTS = GEN_TOKENS + PROMPT_TOKENS + RUNNING + WAITING + KV_USAGE
+DERIVED = COUNTS + TTFT + ITL
 
 
 @dataclass(frozen=True)
@@ -96,8 +100,19 @@ class MetricsSample:
     error: str = ""
 
 
-def parse_metrics(text: str, ts: float | None = None) -> RawMetrics:
-    """Parse Prometheus text into summed values and histograms."""
+def select_families(text: str, names: tuple[str, ...]) -> str:
+    """The lines of the families whose names start with one of `names` (a name also prefixes its samples:
+    `_total`, `_created`, `_bucket`, `_sum`, `_count`), their `# HELP`/`# TYPE` lines included."""
+    keep = [ln for ln in text.splitlines() if (ln[7:] if ln.startswith(("# HELP ", "# TYPE ")) else ln).startswith(names)]
+    return "\n".join(keep) + "\n"
+
+
+def parse_metrics(text: str, ts: float | None = None, only: tuple[str, ...] | None = None) -> RawMetrics:
+    """Parse Prometheus text into summed values and histograms; `only`: just those families (select_families).
+    ValueError: not Prometheus text (with `only`, checked on the whole page when none of them is there)."""
+    if only:
+        raw = parse_metrics(select_families(text, only), ts)
+        return raw if raw.values or raw.histograms else parse_metrics(text, raw.ts)
     values: dict[str, float] = {}
     hists: dict[str, Histogram] = {}
     for fam in text_string_to_metric_families(text):
@@ -165,15 +180,16 @@ class MetricsScraper:
         self._prev: RawMetrics | None = None
         self._base = ""
         self._last_quantiles: MetricsSample | None = None
+        self._moved = True  # token counters moved at the last scrape (histograms parsed again)
 
     def scrape(self, base_url: str) -> MetricsSample:
         """GET {base_url}/metrics; network or parse errors come back in `.error`, never raised."""
         if base_url != self._base:
-            self._base, self._prev, self._last_quantiles = base_url, None, None
+            self._base, self._prev, self._last_quantiles, self._moved = base_url, None, None, True
         try:
             resp = self._client.get(base_url.rstrip("/") + "/metrics")
             resp.raise_for_status()
-            raw = parse_metrics(resp.text)
+            raw = self._parse(resp.text)
         except (httpx.HTTPError, ValueError) as exc:
             return MetricsSample(ts=time.time(), error=f"/metrics unavailable: {exc.__class__.__name__}: {exc}")
         sample = _keep_quantiles(derive(raw, self._prev), self._last_quantiles)
@@ -181,8 +197,22 @@ class MetricsScraper:
         self._last_quantiles = sample
         return sample
 
+    def _parse(self, text: str) -> RawMetrics:
+        """The counters and gauges, and the latency histograms only when tokens were counted in the last two
+        scrapes: TTFT and ITL are observed as tokens are made, so unmoved token counters mean unchanged
+        histograms (an idle engine's scrape then parses 5 families, not 7 with ~45 buckets). Two, not one: an
+        engine may update a counter a moment before the histogram, and a scrape can fall between."""
+        raw = parse_metrics(text, only=COUNTS)
+        prev = self._prev
+        moved = prev is None or any(raw.first(n) != prev.first(n) for n in (GEN_TOKENS, PROMPT_TOKENS))
+        moved_before, self._moved = self._moved, moved
+        if prev is not None and not moved and not moved_before:
+            return replace(raw, histograms=prev.histograms)
+        return replace(raw, histograms=parse_metrics(text, raw.ts, only=TTFT + ITL).histograms)
+
     def reset(self) -> None:
         self._prev = None
+        self._moved = True
         self._last_quantiles = None
 
     def close(self) -> None:
