@@ -109,6 +109,10 @@ class EngineFeed(Protocol):
 
     def container_pids(self) -> set[int]: ...
 
+    def log_tail(self, container_id: str, n: int) -> list[tuple[str, str]]:
+        """The last `n` lines of that run's stdout then stderr, (stream, text); [] without a runtime."""
+        ...
+
 
 # -- the FP4 pool's sizing (docs/engine.md, "Engine facts") -------------------------------------------------
 

@@ -13,9 +13,10 @@ import getpass
 import logging
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.backend.auth import (SESSION_IDLE_S, SESSION_LIFETIME_S, AuthError, BindingError, add_user, auth_file_warning,
                               check_binding, default_auth_path, load_users, make_checker)
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from app.backend.telemetry.nvml import NvmlGpuReader
 
 log = logging.getLogger("moet_panel.serve")
+MAIN_WAKE_S = 5.0  # the main thread only waits for a signal or the page server to close
 
 
 def register(subs: argparse._SubParsersAction) -> None:
@@ -152,6 +154,13 @@ def run(args: argparse.Namespace) -> int:
     return _serve(p, nvml)
 
 
+def wait_until_closed(demo: Any) -> None:
+    """Gradio's `block_thread()` without its 0.1 s poll (10 wake-ups a second, docs/ui-and-safety.md "Idle
+    cost"): SIGINT/SIGTERM still end the wait at once (their handler raises into the sleep, PEP 475)."""
+    while demo.is_running:
+        time.sleep(MAIN_WAKE_S)
+
+
 def _serve(p: Plan, nvml: NvmlGpuReader | None = None) -> int:
     from app.backend.state import build_app_state
     from app.ui.app import build_ui, launch
@@ -191,7 +200,7 @@ def _serve(p: Plan, nvml: NvmlGpuReader | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         sd_notify("READY=1\nSTATUS=panel at " + url)
-        demo.block_thread()
+        wait_until_closed(demo)
     except KeyboardInterrupt:
         pass
     finally:

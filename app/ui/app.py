@@ -21,7 +21,7 @@ from app.backend import env
 from app.backend.exports import exports_dir, remove_web_temp_dir, sweep_web_temp_dirs, web_temp_dir
 from app.backend.state import AppState
 from app.backend.webgate import GatePolicy, SessionGuard, WebGate
-from app.ui import header
+from app.ui import header, idlequeue
 from app.ui.shell import Shell
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -176,6 +176,7 @@ def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], A
 
     # An IPv6 literal goes to Gradio in brackets: it builds its own URLs as f"http://{name}:{port}/".
     server_name = f"[{host.strip('[]')}]" if ":" in host.strip("[]") else host
+    idlequeue.install(blocks)  # before launch: the queue's loop starts with it (no 1 ms idle poll)
     app, url, _ = blocks.launch(server_name=server_name, server_port=port, prevent_thread_lock=True,
                                 app_kwargs={"lifespan": _gate_lifespan(policy_for),
                                             # no FastAPI schema/docs pages: the panel is not an API product
@@ -185,20 +186,4 @@ def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], A
     if not isinstance(app.middleware_stack, WebGate):  # never serve without the gate
         blocks.close()
         raise RuntimeError("the panel's HTTP gate is not installed; refusing to serve")
-    slow_down_idle_queue(blocks)
     return str(url)
-
-
-# Gradio 6.31's event queue polls for work every 1 ms while idle, and for progress updates every 10 ms:
-# ~1,100 event-loop wake-ups a second, ~5% of a core on this 2-core box with no browser open
-# (bench/idle_cpu.py). 10 ms adds at most 10 ms (5 ms on average) before an event starts; the panel
-# uses no gr.Progress, so progress is checked 4 times a second.
-QUEUE_POLL_S = 0.01
-PROGRESS_POLL_S = 0.25
-
-
-def slow_down_idle_queue(blocks: gr.Blocks) -> None:
-    queue = getattr(blocks, "_queue", None)
-    if queue is not None and hasattr(queue, "sleep_when_free"):  # private attributes: skip if Gradio renames them
-        queue.sleep_when_free = QUEUE_POLL_S
-        queue.progress_update_sleep_when_free = PROGRESS_POLL_S

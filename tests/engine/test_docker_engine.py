@@ -130,6 +130,11 @@ def test_new_controller_reattaches_without_second_container(make_controller, doc
     assert not refused.accepted and "switch" in refused.message
     assert len(panel_containers(docker_client, sim_settings.recipe.id)) == 1
     assert second.recent_logs(50)  # log tail restored from the container
+    tail = second.runtime.tail_logs(cid, 5)  # the hub seeds the pool figures from this (issue 29)
+    whole = second.runtime.read_logs(cid)
+    for stream in ("stdout", "stderr"):  # the last lines (Docker counts entries, not lines)
+        got, ws = [t for s, t in tail if s == stream], [t for s, t in whole if s == stream]
+        assert 0 < len(got) <= 5 and any(ws[i:i + len(got)] == got for i in range(max(0, len(ws) - len(got) - 20), len(ws)))
 
 
 def test_foreign_container_holding_the_name_is_not_clobbered(make_controller, docker_client, sim_settings) -> None:

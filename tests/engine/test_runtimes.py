@@ -63,6 +63,11 @@ def test_process_runtime_start_reattach_stop(tmp_path: Path) -> None:
         a.close()
         b = EngineController(st, ProcessRuntime(st.state_dir), options=opts)
         assert b.snapshot().state is EngineState.READY and b.snapshot().profile_id == "quality"
+        rt, cid = ProcessRuntime(st.state_dir), b.snapshot().container_id
+        tail, whole = rt.tail_logs(cid, 5), rt.read_logs(cid)  # the hub's seed of the pool figures (issue 29)
+        for stream in ("stdout", "stderr"):  # the last lines (Docker counts entries, not lines)
+            got, ws = [t for s, t in tail if s == stream], [t for s, t in whole if s == stream]
+            assert 0 < len(got) <= 5 and any(ws[i:i + len(got)] == got for i in range(max(0, len(ws) - len(got) - 20), len(ws)))
         s = b.stop()
         assert s.wait(20) and s.ok
         assert b.snapshot().state is EngineState.STOPPED

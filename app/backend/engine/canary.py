@@ -39,7 +39,7 @@ class Load:
 
 
 def load_from_metrics(text: str) -> Load:
-    raw = parse_metrics(text, time.time())
+    raw = parse_metrics(text, time.time(), only=RUNNING + WAITING + GEN_TOKENS + PROMPT_TOKENS)
     return Load(raw.first(RUNNING) or 0.0, raw.first(WAITING) or 0.0, raw.first(GEN_TOKENS), raw.first(PROMPT_TOKENS))
 
 

@@ -210,6 +210,11 @@ class EngineController:
         return build_run_spec(self.recipe, profile_id, str(self.settings.data_dir), plain=plain,
                               extra_env=self.options.extra_env or None, profiles=self.profiles())
 
+    def log_tail(self, container_id: str, n: int) -> list[tuple[str, str]]:
+        """The last `n` lines of that run's stdout then stderr (the telemetry seeds a run it did not see boot)."""
+        rt = self._runtime
+        return list(rt.tail_logs(container_id, n)) if rt is not None else []
+
     def container_pids(self) -> set[int]:
         snap = self.snapshot()
         rt = self._runtime

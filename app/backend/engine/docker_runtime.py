@@ -292,6 +292,18 @@ class DockerRuntime:
                 continue
         return out
 
+    def tail_logs(self, ident: str, lines: int) -> builtins.list[tuple[Stream, str]]:
+        out: list[tuple[Stream, str]] = []
+        for stream in ("stdout", "stderr"):
+            splitter = LineSplitter()
+            try:
+                raw = self.client.api.logs(ident, stdout=stream == "stdout", stderr=stream == "stderr", stream=False,
+                                           follow=False, tail=max(int(lines), 0))
+            except (docker.errors.DockerException, *_TRANSPORT_ERRORS):
+                continue
+            out += [(stream, ln) for ln in splitter.feed(raw) + splitter.flush()]
+        return out
+
 
 def _reason_of(exc: docker.errors.APIError) -> str:
     text = str(exc.explanation or exc)

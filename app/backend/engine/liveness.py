@@ -28,7 +28,7 @@ class Verdict:
 
 
 def progress_from_metrics(text: str, ts: float) -> Progress:
-    raw = parse_metrics(text, ts)
+    raw = parse_metrics(text, ts, only=RUNNING + GEN_TOKENS + PROMPT_TOKENS)  # 3 families of dozens
     return Progress(ts, raw.first(RUNNING), raw.first(GEN_TOKENS), raw.first(PROMPT_TOKENS))
 
 

@@ -78,8 +78,20 @@ class RawMetrics:
         return None
 
 
-def parse_metrics(text: str, ts: float | None = None) -> RawMetrics:
-    """Parse Prometheus text into summed values and histograms."""
+def select_families(text: str, names: tuple[str, ...]) -> str:
+    """The lines of the families whose names start with one of `names` (a name also prefixes its samples:
+    `_total`, `_created`, `_bucket`, `_sum`, `_count`), their `# HELP`/`# TYPE` lines included."""
+    keep = [ln for ln in text.splitlines() if (ln[7:] if ln.startswith(("# HELP ", "# TYPE ")) else ln).startswith(names)]
+    return "\n".join(keep) + "\n"
+
+
+def parse_metrics(text: str, ts: float | None = None, only: tuple[str, ...] | None = None) -> RawMetrics:
+    """Parse Prometheus text into summed values and histograms; `only`: just those families (select_families:
+    a real vLLM page holds dozens, issue 29's idle CPU). ValueError: not Prometheus text (with `only`, checked
+    on the whole page when none of them is there)."""
+    if only:
+        raw = parse_metrics(select_families(text, only), ts)
+        return raw if raw.values or raw.histograms else parse_metrics(text, raw.ts)
     values: dict[str, float] = {}
     hists: dict[str, Histogram] = {}
     for fam in text_string_to_metric_families(text):

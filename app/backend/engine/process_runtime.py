@@ -9,7 +9,7 @@ restarted panel re-adopts a running simulated engine instead of starting a secon
 from __future__ import annotations
 
 import builtins
-
+import collections
 import json
 import os
 import signal
@@ -286,4 +286,18 @@ class ProcessRuntime:
                         out.append((stream, ln.decode("utf-8", "replace").rstrip("\r\n")))
             except OSError:
                 continue
+        return out
+
+    def tail_logs(self, ident: str, lines: int) -> builtins.list[tuple[Stream, str]]:
+        rec = self._find(ident)
+        out: list[tuple[Stream, str]] = []
+        if rec is None or lines <= 0:
+            return out
+        for stream in ("stdout", "stderr"):
+            try:
+                with open(str(rec[stream]), "rb") as fh:
+                    last = collections.deque(fh, maxlen=lines)
+            except OSError:
+                continue
+            out += [(stream, ln.decode("utf-8", "replace").rstrip("\r\n")) for ln in last]
         return out

@@ -117,6 +117,10 @@ class Runtime(Protocol):
         """The run's log from the beginning (bounded), stdout then stderr; for re-deriving boot state."""
         ...
 
+    def tail_logs(self, ident: str, lines: int) -> builtins.list[tuple[Stream, str]]:
+        """The last `lines` lines of stdout, then of stderr; for seeding figures of a run already going."""
+        ...
+
     def pids(self, ident: str) -> set[int]: ...
 
 

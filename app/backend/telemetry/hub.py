@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 PERSIST_EVERY = 10  # ticks between SQLite batches
 POOL_IDLE_S = 10.0  # no tick line for this long = no steps = no churn (an idle engine prints no ticks)
 LOG_QUEUE_MAX = 200_000
+# An engine found already serving (the panel restarted, or another panel started it): the pool figures start
+# from the last this many lines of each of its streams, read from the runtime, not blank (issue 29). Its
+# access log alone writes 2 lines a second while the panel scrapes it.
+SEED_LINES = 5000
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,8 @@ class TelemetryHub:
         self._last_summaries = 0
         self._traffic_no_tick_s = 0.0
         self._policies: dict[str | None, str] = {}
+        self._boot_seen = ""  # the container whose boot this hub watched (its lines came live)
+        self._seeded = ""  # the container whose log tail seeded the parser
         self.last_error = ""
         self._db: TimelineDB | None = None
         if persist and settings is not None:
@@ -230,6 +236,7 @@ class TelemetryHub:
                     self.attach_engine(engine)
             snap = self._engine_snapshot() if self._engine is not None else None
             self._track_engine(snap)
+            self._seed_from_tail(snap)
             self._drain_logs()
             gpus, gpu_error = self._read_gpus(snap)
             host = self._host.sample()
@@ -255,6 +262,31 @@ class TelemetryHub:
             self._policies.clear()  # a (re)start may follow an edit of a custom profile
             self._scraper.reset()
         self._last_state = state
+
+    def _seed_from_tail(self, snap: EngineSnapshot | None) -> None:
+        """A run that was already serving when this hub first saw it: a fresh parser fed with its log tail
+        (the controller hands on only the last few hundred lines it re-read when it adopted the run)."""
+        cid = snap.container_id if snap else ""
+        if not cid or snap is None:
+            return
+        if snap.state in (EngineState.PREFLIGHT, EngineState.STARTING):
+            self._boot_seen = cid
+        if cid in (self._boot_seen, self._seeded) or snap.state not in (EngineState.READY, EngineState.STALLED):
+            return
+        self._seeded = cid
+        if self._engine is None:
+            return
+        self._logq.clear()  # lines queued so far are in the tail too
+        try:
+            lines = self._engine.log_tail(cid, SEED_LINES)
+        except Exception as exc:  # Docker gone for a moment: the live lines still come
+            self.last_error = f"log tail for the pool figures: {type(exc).__name__}: {exc}"
+            return
+        parser, now = TraceParser(), time.time()
+        for _, text in lines:
+            parser.feed_line(text, now)  # one burst: no rates from it (trace.RankState.rates), coverage at once
+        self._parser = parser
+        self._last_summaries = 0
 
     def _drain_logs(self) -> None:
         q = self._logq

@@ -11,9 +11,15 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from app.backend.engine.metrics_text import GEN_TOKENS, ITL, KV_USAGE, PROMPT_TOKENS, RUNNING, TTFT, WAITING, Histogram, \
-    RawMetrics, parse_metrics
 from app.backend.engine.client import engine_client
+from app.backend.engine.metrics_text import (
+    GEN_TOKENS, ITL, KV_USAGE, PROMPT_TOKENS, RUNNING, TTFT, WAITING, Histogram, RawMetrics, parse_metrics,
+)
+
+# What `derive` reads. A real vLLM /metrics holds dozens of other families (about 40 histograms); parsing only
+# these costs a fraction (issue 29: the idle panel's CPU; docs/telemetry.md, "Cost").
+COUNTS = GEN_TOKENS + PROMPT_TOKENS + RUNNING + WAITING + KV_USAGE
+DERIVED = COUNTS + TTFT + ITL
 
 
 @dataclass(frozen=True)
@@ -82,14 +88,15 @@ class MetricsScraper:
         self._prev: RawMetrics | None = None
         self._base = ""
         self._last_quantiles: MetricsSample | None = None
+        self._moved = True  # token counters moved at the last scrape (histograms parsed again)
 
     def scrape(self, base_url: str) -> MetricsSample:
         """GET {base_url}/metrics; network or parse errors come back in `.error`, never raised."""
         if base_url != self._base:
-            self._base, self._prev, self._last_quantiles = base_url, None, None
+            self._base, self._prev, self._last_quantiles, self._moved = base_url, None, None, True
         try:
             read = engine_client(base_url).metrics(timeout=self._timeout)
-            raw = parse_metrics(read.text, read.ts)
+            raw = self._parse(read.text, read.ts)
         except (httpx.HTTPError, ValueError) as exc:
             return MetricsSample(ts=time.time(), error=f"/metrics unavailable: {exc.__class__.__name__}: {exc}")
         sample = _keep_quantiles(derive(raw, self._prev), self._last_quantiles)
@@ -97,8 +104,22 @@ class MetricsScraper:
         self._last_quantiles = sample
         return sample
 
+    def _parse(self, text: str, ts: float) -> RawMetrics:
+        """The counters and gauges, and the latency histograms only when tokens were counted in the last two
+        scrapes: TTFT and ITL are observed as tokens are made, so unmoved token counters mean unchanged
+        histograms (an idle engine's scrape then parses 5 families, not 7 with ~45 buckets). Two, not one: an
+        engine may update a counter a moment before the histogram, and a scrape can fall between."""
+        raw = parse_metrics(text, ts, only=COUNTS)
+        prev = self._prev
+        moved = prev is None or any(raw.first(n) != prev.first(n) for n in (GEN_TOKENS, PROMPT_TOKENS))
+        moved_before, self._moved = self._moved, moved
+        if prev is not None and not moved and not moved_before:
+            return replace(raw, histograms=prev.histograms)
+        return replace(raw, histograms=parse_metrics(text, raw.ts, only=TTFT + ITL).histograms)
+
     def reset(self) -> None:
         self._prev = None
+        self._moved = True
         self._last_quantiles = None
 
     def close(self) -> None:
