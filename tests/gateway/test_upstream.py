@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -61,7 +62,22 @@ class Engine:
 
 
 def run(coro: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(coro(), 20))
+    """On a thread of its own: Playwright's sync API (the session's browser fixture) keeps a loop running on
+    the main thread, where asyncio.run() is refused."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            asyncio.run(asyncio.wait_for(coro(), 20))
+        except BaseException as exc:  # raised again in the test's thread
+            errors.append(exc)
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "the upstream test's loop did not finish within 30 s"
+    if errors:
+        raise errors[0]
 
 
 def test_kept_alive_connection_is_reused() -> None:
