@@ -35,6 +35,7 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._high = high_water
         self.lost = False
+        self.in_use = False  # a request of ours is out on it (bytes at any other time: the connection is dropped)
         self.idle_since = 0.0
         self._begin()
 
@@ -60,6 +61,10 @@ class _Conn(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        if not self.in_use:
+            self.error = "the engine wrote on an idle connection"
+            self.close()
+            return
         self.got_bytes = True
         try:
             self.parser.feed_data(data)
@@ -197,7 +202,7 @@ class UpstreamPool:
         now = time.monotonic()
         while conns:
             conn = conns.pop()
-            if not conn.lost and now - conn.idle_since < self._idle_s:
+            if not conn.lost and not conn.error and now - conn.idle_since < self._idle_s:
                 return conn
             conn.close()
         return None
@@ -207,6 +212,7 @@ class UpstreamPool:
         if self._closed or len(conns) >= self._max_idle:
             conn.close()
             return
+        conn.in_use = False
         conn.idle_since = time.monotonic()
         conns.append(conn)
 
@@ -224,6 +230,7 @@ class UpstreamPool:
         for conn in ([reused] if reused is not None else []) + [None]:
             conn = conn or await self._connect(key)
             conn._begin()
+            conn.in_use = True
             assert conn.transport is not None
             conn.transport.write(data)
             try:
