@@ -254,6 +254,14 @@ def test_bad_input_gets_a_clear_4xx_and_others_are_unaffected(make_gateway):
     with socket.create_connection(("127.0.0.1", gw.server.port), timeout=10) as s:
         s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
         assert s.recv(100) == b""  # closed by the gateway (a timeout here would raise)
+    # headers without end are refused at 64 KiB (431, closed), not buffered until the deadline
+    with socket.create_connection(("127.0.0.1", gw.server.port), timeout=10) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 70_000)
+        try:
+            answer = s.recv(100)
+        except ConnectionResetError:  # closed with bytes still unread: a reset instead of the answer
+            answer = b"HTTP/1.1 431"
+        assert answer.startswith(b"HTTP/1.1 431"), answer
     with gw.client(key) as c:  # still serving
         assert c.models.list().data
 

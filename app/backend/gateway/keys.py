@@ -165,7 +165,9 @@ class _Pending:
 
 
 class KeyStore:
-    """The gateway's SQLite file. Thread-safe (one connection, one lock); each call is short."""
+    """The gateway's SQLite file. Thread-safe; each call is short. The request path (`authenticate`, `record`)
+    never waits on a write: keys are checked in memory, reloaded through a second, read-only connection,
+    and usage/activity go to an in-memory buffer that `flush()` (a thread, once a second) writes."""
 
     def __init__(self, state_dir: Path, recheck_s: float = 0.25):
         self.path = Path(state_dir) / DB_NAME
@@ -177,6 +179,11 @@ class KeyStore:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
             self._db.commit()
+        # the keys' reader: its own connection and lock, so a reload never waits behind a flush's commit
+        self._watch_lock = threading.Lock()
+        self._watch = sqlite3.connect(str(self.path), check_same_thread=False, timeout=10)
+        self._buf_lock = threading.Lock()  # the usage/activity buffer only (held for microseconds)
+        self._flush_lock = threading.Lock()
         self._recheck_s = recheck_s
         self._checked = 0.0
         self._version = -1
@@ -188,6 +195,8 @@ class KeyStore:
         self.flush()
         with self._lock:
             self._db.close()
+        with self._watch_lock:
+            self._watch.close()
 
     # -- keys -------------------------------------------------------------------------------------
     def create(self, name: str, expires_days: float | None = None, scope: str = DEFAULT_SCOPE) -> CreatedKey:
@@ -221,23 +230,27 @@ class KeyStore:
         self._checked = 0.0
         return cur.rowcount > 0
 
-    def _records(self) -> list[KeyRecord]:
-        rows = self._db.execute("SELECT name, hash, hint, scope, created, expires, revoked FROM keys ORDER BY created")
+    @staticmethod
+    def _records_of(db: sqlite3.Connection) -> list[KeyRecord]:
+        rows = db.execute("SELECT name, hash, hint, scope, created, expires, revoked FROM keys ORDER BY created")
         return [KeyRecord(*r) for r in rows]
+
+    def _records(self) -> list[KeyRecord]:
+        return self._records_of(self._db)
 
     def _refresh(self) -> None:
         now = time.monotonic()
         if now - self._checked < self._recheck_s:
             return
-        with self._lock:
+        with self._watch_lock:
             self._checked = now
-            version = int(self._db.execute("PRAGMA data_version").fetchone()[0])
-            count = self._db.execute("SELECT total_changes()").fetchone()[0]
-            marker = version * 1_000_003 + int(count)
-            if marker == self._version:
+            # data_version moves when any other connection commits: another process's `keys revoke` and
+            # this store's own writer connection alike (sqlite.org/pragma.html#pragma_data_version)
+            version = int(self._watch.execute("PRAGMA data_version").fetchone()[0])
+            if version == self._version:
                 return
-            self._version = marker
-            self._by_hash = {r.hash: r for r in self._records()}
+            self._version = version
+            self._by_hash = {r.hash: r for r in self._records_of(self._watch)}
 
     def authenticate(self, key: str, scope: str = DEFAULT_SCOPE) -> KeyRecord | None:
         """The active key record for `key` with `scope`, or None. The lookup is by hash (the key never
@@ -270,7 +283,7 @@ class KeyStore:
 
     # -- usage and activity (buffered in memory, written by flush(): one short transaction a second) ---
     def record(self, rec: ActivityRecord, error: bool) -> None:
-        with self._lock:
+        with self._buf_lock:
             p = self._pending.setdefault(rec.key_name, _Pending())
             p.requests += 1
             p.prompt_tokens += rec.prompt_tokens or 0
@@ -280,11 +293,19 @@ class KeyStore:
             self._activity.append(rec)
 
     def flush(self) -> None:
-        with self._lock:
+        with self._flush_lock:  # a second flush (a reader's) waits until the first one's rows are written
+            self._write(*self._take_buffer())
+
+    def _take_buffer(self) -> tuple[dict[str, _Pending], list[ActivityRecord]]:
+        with self._buf_lock:
             pending, self._pending = self._pending, {}
             activity, self._activity = self._activity, []
-            if not pending and not activity:
-                return
+        return pending, activity
+
+    def _write(self, pending: dict[str, _Pending], activity: list[ActivityRecord]) -> None:
+        if not pending and not activity:
+            return
+        with self._lock:
             for name, p in pending.items():
                 self._db.execute("INSERT OR IGNORE INTO usage (name) VALUES (?)", (name,))
                 self._db.execute(

@@ -3,8 +3,8 @@ engine's OpenAI-compatible API on loopback (docs/gateway.md).
 
 A plain ASGI callable (run by uvicorn) rather than a framework router: every request takes the same
 short path — allow-list, key, limits, engine readiness, body checks — and a stream is copied event by
-event as it arrives (never buffered), with one `httpx.AsyncClient` to the engine. A client that hangs up
-cancels the copy, which closes the upstream connection: the engine aborts the request.
+event as it arrives (never buffered), over kept-alive connections to the engine (`upstream.UpstreamPool`).
+A client that hangs up cancels the copy, which closes the upstream connection: the engine aborts the request.
 """
 
 from __future__ import annotations
@@ -12,16 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import httpx
-
 from app.backend.contracts import Receive, Scope, Send
 from app.backend.gateway.keys import DEFAULT_SCOPE, ActivityRecord, KeyStore
 from app.backend.gateway.readiness import EngineStatusSource
+from app.backend.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 
 # The routes a client of the card's model needs (docs/gateway.md#routes): the model list and the two
@@ -83,20 +81,14 @@ class GatewayApp:
         self.engine = engine
         self.limits = limits
         self._buckets: dict[str, _Bucket] = {}
-        self._client: httpx.AsyncClient | None = None
+        self._upstream: UpstreamPool | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._on_event = on_event
 
     # -- lifespan ----------------------------------------------------------------------------------
     async def startup(self) -> None:
-        # one client, one pool to the engine; no read timeout (a long answer streams for minutes),
-        # no proxies from the environment (the engine is on loopback)
-        # TCP_NODELAY toward the engine too: httpx writes a request's headers and body separately, and Nagle
-        # could hold the body for the engine's delayed ACK (the client side's +40 ms: server.bind_socket)
-        transport = httpx.AsyncHTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-        self._client = httpx.AsyncClient(
-            transport=transport, timeout=httpx.Timeout(None, connect=self.limits.upstream_connect_s),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64), trust_env=False)
+        # one pool to the engine; no read timeout (a long answer streams for minutes), no proxies (loopback)
+        self._upstream = UpstreamPool(connect_timeout_s=self.limits.upstream_connect_s)
         await self.engine.start()
         self._flusher = asyncio.create_task(self._flush_loop())
 
@@ -104,8 +96,8 @@ class GatewayApp:
         if self._flusher is not None:
             self._flusher.cancel()
         await self.engine.stop()
-        if self._client is not None:
-            await self._client.aclose()
+        if self._upstream is not None:
+            await self._upstream.aclose()
         await asyncio.to_thread(self.keys.flush)
 
     async def _flush_loop(self) -> None:
@@ -299,16 +291,15 @@ class GatewayApp:
             await self._reply(send, 503, f"the model is not available: {engine.reason}", "service_unavailable",
                               [(b"retry-after", b"10")])
             return 503, f"engine not ready: {engine.state}", captured
-        assert self._client is not None
+        assert self._upstream is not None
         fwd_headers = {"content-type": "application/json", "accept": headers.get("accept", b"*/*").decode("latin-1")}
-        req = self._client.build_request(method, engine.base_url + path, content=body if method == "POST" else None,
-                                         headers=fwd_headers)
         try:
-            resp = await self._client.send(req, stream=True)
-        except httpx.HTTPError as exc:
-            await self._reply(send, 502, f"the engine did not answer ({type(exc).__name__}); it may be restarting",
+            resp = await self._upstream.request(engine.base_url, method, path, fwd_headers,
+                                                body if method == "POST" else b"")
+        except UpstreamError as exc:
+            await self._reply(send, 502, f"the engine did not answer ({exc}); it may be restarting",
                               "service_unavailable", [(b"retry-after", b"10")])
-            return 502, f"upstream: {type(exc).__name__}", captured
+            return 502, "upstream: no answer", captured
         try:
             status = resp.status_code
             streaming = resp.headers.get("content-type", "").startswith("text/event-stream")
@@ -323,7 +314,7 @@ class GatewayApp:
                 await self._watched(self._whole(resp, send, trace), receive, trace)
             return status, "" if status < 400 else f"engine answered {status}", captured
         finally:
-            await resp.aclose()
+            resp.close()
 
     @staticmethod
     def _usage_from(data: bytes, trace: _Trace) -> None:
@@ -335,8 +326,8 @@ class GatewayApp:
             trace.prompt_tokens = usage.get("prompt_tokens")
             trace.completion_tokens = usage.get("completion_tokens")
 
-    async def _whole(self, resp: httpx.Response, send: Send, trace: _Trace) -> None:
-        data = await resp.aread()
+    async def _whole(self, resp: UpstreamResponse, send: Send, trace: _Trace) -> None:
+        data = await resp.read()
         trace.first_token = time.monotonic()
         self._usage_from(data, trace)
         if self.limits.capture_bodies:
@@ -347,7 +338,7 @@ class GatewayApp:
     @staticmethod
     async def _watched(work: Awaitable[None], receive: Receive, trace: _Trace) -> None:
         """Run `work` (the copy of the engine's answer) while watching for the client hanging up; a hang-up
-        cancels it, and the caller's `resp.aclose()` then closes the engine connection (the engine aborts)."""
+        cancels it, and the caller's `resp.close()` then closes the engine connection (the engine aborts)."""
         pump = asyncio.ensure_future(work)
 
         async def watch() -> None:
@@ -369,10 +360,10 @@ class GatewayApp:
         finally:
             watcher.cancel()
 
-    async def _pump(self, resp: httpx.Response, send: Send, trace: _Trace, strip_usage: bool) -> None:
+    async def _pump(self, resp: UpstreamResponse, send: Send, trace: _Trace, strip_usage: bool) -> None:
         buf = b""
         cap = self.limits.capture_cap_bytes if self.limits.capture_bodies else 0
-        async for chunk in resp.aiter_raw():
+        async for chunk in resp.chunks():
             buf += chunk
             if b"\n\n" not in buf:
                 continue

@@ -12,8 +12,10 @@ import ipaddress
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -112,29 +114,56 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def header_deadline_protocol(timeout_s: float) -> type:
-    """uvicorn's h11 protocol with a deadline for a request's headers: uvicorn bounds the idle time between
-    requests (keep-alive) but not a client that sends its headers a byte at a time (slowloris). The
-    body has its own deadline in the app (Limits.body_timeout_s)."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+MAX_HEAD_BYTES = 64 * 1024  # a request's line and headers together (the h11 parser's cap, enforced for httptools)
 
-    class HeaderDeadline(H11Protocol):
+
+def http_protocol_base() -> type:
+    """uvicorn's httptools protocol (llhttp, in C) when installed, else its pure-Python h11 one: the parse of
+    each request is on the gateway's added latency (docs/gateway.md#benchmark)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        return HttpToolsProtocol
+    except ImportError:  # httptools missing: the same behaviour, slower
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        return H11Protocol
+
+
+def header_deadline_protocol(timeout_s: float, max_head_bytes: int = MAX_HEAD_BYTES) -> type:
+    """uvicorn's HTTP protocol with a deadline and a size cap for a request's headers: uvicorn bounds the
+    idle time between requests (keep-alive) but not a client that sends its headers a byte at a time
+    (slowloris), nor, with httptools, headers without end. The body has its own deadline in the app
+    (Limits.body_timeout_s)."""
+    base: Any = http_protocol_base()
+
+    class HeaderDeadline(base):  # type: ignore[misc]
         _deadline: asyncio.TimerHandle | None = None
+        _head_bytes: int = 0
 
         def _waiting_for_headers(self) -> bool:
             cycle = getattr(self, "cycle", None)
             return cycle is None or bool(getattr(cycle, "response_complete", False))
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
             self._deadline = self.loop.call_later(timeout_s, self._too_slow)
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
+            if self.transport.is_closing():
+                return
             if not self._waiting_for_headers():
+                self._head_bytes = 0
                 if self._deadline is not None:
                     self._deadline.cancel()
                     self._deadline = None
+                return
+            self._head_bytes += len(data)
+            if self._head_bytes > max_head_bytes:
+                self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
+                                     b"connection: close\r\n\r\n")
+                self.transport.close()
             elif self._deadline is None:  # the first bytes of the next request on a kept-alive connection
                 self._deadline = self.loop.call_later(timeout_s, self._too_slow)
 
@@ -151,6 +180,15 @@ def header_deadline_protocol(timeout_s: float) -> type:
     return HeaderDeadline
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop's loop when installed (libuv: fewer Python frames per socket event), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
 class GatewayServer:
     """One uvicorn server for one GatewayApp; `run()` blocks, `start()` runs it on a thread."""
 
@@ -164,7 +202,7 @@ class GatewayServer:
             self.app, log_level="warning", access_log=False,  # the activity log is ours: metadata, no keys
             lifespan="on", ssl_certfile=str(cfg.tls_cert) if cfg.tls_cert else None,
             ssl_keyfile=str(cfg.tls_key) if cfg.tls_key else None,
-            timeout_keep_alive=75, h11_max_incomplete_event_size=64 * 1024,
+            timeout_keep_alive=75, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
             http=header_deadline_protocol(cfg.limits.header_timeout_s),
             limit_concurrency=cfg.limits.max_connections,  # beyond it uvicorn answers 503 at once
             server_header=False, date_header=False))
@@ -182,7 +220,8 @@ class GatewayServer:
     def run(self) -> None:
         """Serve until stopped (SIGINT/SIGTERM in the foreground)."""
         try:
-            asyncio.run(self._server.serve(sockets=[self.sock]))
+            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+                runner.run(self._server.serve(sockets=[self.sock]))
         finally:
             self.sock.close()
 
