@@ -169,7 +169,8 @@ def test_fresh_process_classifies_an_exited_container(mode, reason, state, docke
     inst = rt.run(spec, dict(TEST_LABEL))
     try:
         if mode in ("sigkill", "clean_stop", "crash_mid_generation"):
-            from app.backend.engine.readiness import base_url, probe
+            from app.backend.engine.client import base_url
+            from app.backend.engine.readiness import probe
 
             url = base_url(st.recipe)
             wait_until(lambda: probe(url, st.recipe.model.served_name).models_ok, 30, "engine ready")

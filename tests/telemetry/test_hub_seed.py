@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.backend.engine.types import EngineSnapshot, EngineState
+from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.settings import resolve_settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader

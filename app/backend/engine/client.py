@@ -94,7 +94,7 @@ class CompletionStream:
     the first iteration. `abort()` may be called from any thread: it unblocks a pending read and closes the
     connection, which makes vLLM abort the request (docs/chat.md); iteration then just ends."""
 
-    def __init__(self, sdk: openai.OpenAI, body: Mapping[str, Any]) -> None:
+    def __init__(self, sdk: openai.OpenAI, body: Mapping[str, object]) -> None:
         self._sdk = sdk
         self._body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         self._stream: openai.Stream[object] | None = None
@@ -238,7 +238,7 @@ class EngineClient:
         r.raise_for_status()
         return int(r.json()["count"])
 
-    def stream_chat(self, body: Mapping[str, Any]) -> CompletionStream:
+    def stream_chat(self, body: Mapping[str, object]) -> CompletionStream:
         """A streamed `POST /v1/chat/completions` of `body` (model, messages, sampling...; `stream` and
         `stream_options.include_usage` are set here). Opens when iterated."""
         return CompletionStream(self._openai(), body)

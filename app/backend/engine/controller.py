@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable
 
 import httpx
 
@@ -43,10 +43,11 @@ from app.backend.engine.logstore import LogStore
 from app.backend.engine.ops import ControllerOptions, Ticket, expects_pool
 from app.backend.engine.oplock import EngineLock, Holder, LockHeld
 from app.backend.engine.preflight import PreflightInputs, PreflightReport, run_preflight
-from app.backend.engine.readiness import base_url, port_in_use, probe
+from app.backend.engine.client import base_url, engine_client
+from app.backend.engine.readiness import port_in_use, probe
 from app.backend.exports import exports_dir
-from app.backend.engine.runtime import MANAGED_LABEL, RECIPE_LABEL, Instance, Runtime, RuntimeOpError, RuntimeUnavailable
-from app.backend.engine.types import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, LogLine
+from app.backend.engine.runtime import MANAGED_LABEL, RECIPE_LABEL, EventStream, Instance, Runtime, RuntimeOpError, RuntimeUnavailable
+from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, LogLine
 from app.backend.recipe.command import RunSpec, build_run_spec
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.settings import Settings
@@ -107,7 +108,7 @@ class EngineController:
         self._inbox = Inbox()
         self._syncing_for_op = False
         self._wake_watch = threading.Event()
-        self._events_stream: Any = None  # docker-py's CancellableStream while the watch reads it
+        self._events_stream: EventStream | None = None  # docker-py's CancellableStream while the watch reads it
         self._threads: list[threading.Thread] = []
         self._watch_error = ""
         self._liveness = LivenessTracker(self._stall_after())
@@ -117,9 +118,6 @@ class EngineController:
         self.canary_in_flight = threading.Event()  # set while a canary request is out (bench/canary_cost.py)
         self._stall_source = ""  # "metrics" (tokens froze with requests running) | "canary"
         self.events = EventBus()  # every applied change, to subscribers (docs/engine.md, "events out")
-        # One kept-alive client for the liveness reads of /metrics: a new client per read built an SSL context
-        # each second, ~3% of a core on an idle panel (bench/idle_cpu.py).
-        self._http = httpx.Client(timeout=httpx.Timeout(2.0, connect=1.0))
         # Supervision (docs/engine.md, "Keeps serving"): the desired state on disk, restart history, the exit
         # the reconcile explained last (its container record decides "stopped by the reboot").
         self.desired_store = DesiredStore(settings.state_dir)
@@ -378,7 +376,6 @@ class EngineController:
         for t in [*self._threads, self._reconciler]:
             if t is not threading.current_thread():  # close() from a change callback or the reconciler itself
                 t.join(timeout=3)
-        self._http.close()
 
     # == operations (worker thread) ===========================================================
     def _submit(self, action: str, profile_id: str | None, fn: Callable[[Ticket], None]) -> Ticket:
@@ -651,7 +648,7 @@ class EngineController:
 
     def _wait_gpu_release(self, old_pids: set[int]) -> bool:
         """Poll the GPU reader until the old engine's memory is gone (deadline from options)."""
-        no_gpu = self.recipe.requirements.gpu_count == 0 and not getattr(self._gpu, "simulated", False)
+        no_gpu = self.recipe.requirements.gpu_count == 0 and not (self._gpu is not None and self._gpu.simulated)
         return wait_gpu_release(self._gpu, old_pids, threshold=self.options.gpu_release_bytes,
                                 timeout_s=self.options.gpu_release_timeout_s,
                                 poll_s=min(0.5, self.options.poll_interval_s * 2), stop=self._wake, skip=no_gpu)
@@ -689,12 +686,11 @@ class EngineController:
     def _events_loop(self) -> None:
         while not self._closed:
             rt = self._runtime
-            watch: Callable[[dict[str, str]], Iterator[Any]] | None = getattr(rt, "events", None)
-            if watch is None:  # no runtime yet, or one without events (process runtime): resync only
-                self._wake_watch.wait(1.0)
-                continue
             try:
-                stream = watch(self._labels())
+                stream = rt.events(self._labels()) if rt is not None else None
+                if stream is None:  # no runtime yet, or one without events (process runtime): resync only
+                    self._wake_watch.wait(1.0)
+                    continue
                 with self._lock:
                     self._events_stream = stream
                 for _ in stream:  # an observer: it only tells the reconciler to look
@@ -734,8 +730,8 @@ class EngineController:
             except Exception as exc:  # the reconciler must survive anything; say why once
                 self._watch_error = f"{type(exc).__name__}: {exc}"
         for left in self._inbox.drain():  # closed: nothing changes any more; release whoever waits
-            reply = getattr(left, "reply", None)
-            if isinstance(reply, Reply):
+            reply = left.reply if isinstance(left, (Propose, SyncForOp, Resync)) else None
+            if reply is not None:
                 reply.snap = self._snap
                 reply.done.set()
 
@@ -961,12 +957,13 @@ class EngineController:
         if snap.state is EngineState.READY:
             self._stall_source = ""
         try:
-            r = self._http.get(f"{snap.base_url}/metrics")
-            if r.status_code != 200:
-                return
+            # The one engine client's read, shared with the telemetry's scrape of the same second
+            # (docs/engine.md, "Engine client"): one GET /metrics a second, not two.
+            read = engine_client(snap.base_url).metrics(max_age_s=self.options.liveness_poll_s,
+                                                        timeout=httpx.Timeout(2.0, connect=1.0))
             now = time.monotonic()
-            verdict = self._liveness.feed(progress_from_metrics(r.text, now))
-            load = load_from_metrics(r.text)
+            verdict = self._liveness.feed(progress_from_metrics(read.text, read.monotonic))
+            load = load_from_metrics(read.text)
         except (httpx.HTTPError, ValueError):
             return
         if self._stall_source != "canary" and self._canary_tick(snap, load, now):
@@ -1058,8 +1055,8 @@ class EngineController:
         """While a canary runs: does a request wait (it would wait behind the canary with --max-num-seqs 1)?"""
         url = self._snap.base_url
         try:
-            r = self._http.get(f"{url}/metrics", timeout=httpx.Timeout(1.0, connect=0.5))
-            return load_from_metrics(r.text).waiting > 0
+            read = engine_client(url).metrics(timeout=httpx.Timeout(1.0, connect=0.5))  # fresh: no max_age_s
+            return load_from_metrics(read.text).waiting > 0
         except (httpx.HTTPError, ValueError):
             return False
 

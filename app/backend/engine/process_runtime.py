@@ -218,6 +218,10 @@ class ProcessRuntime:
         self._remember_exit(rec)
         return self._instance(rec)
 
+    def events(self, labels: dict[str, str]) -> None:
+        """No event stream for local processes: the controller re-reads on its timer."""
+        return None
+
     def pids(self, ident: str) -> set[int]:
         rec = self._find(ident)
         if rec is None or not self._instance(rec).running:

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import httpx
 
-from app.backend.engine.client import base_url as base_url  # re-exported: controller.py imports it from here
 from app.backend.engine.client import connect_host, engine_client
 
 CONNECT_TIMEOUT_S = 1.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Callable, Literal, Protocol
 
 from app.backend.recipe.command import LABEL_PREFIX, RunSpec
@@ -70,6 +71,14 @@ class LogFollow(Protocol):
     def close(self) -> None: ...
 
 
+class EventStream(Protocol):
+    """A runtime's stream of container events (docker-py's CancellableStream): close() ends it."""
+
+    def __iter__(self) -> Iterator[dict[str, object]]: ...
+
+    def close(self) -> None: ...
+
+
 class Runtime(Protocol):
     kind: Literal["docker", "process"]
 
@@ -122,6 +131,11 @@ class Runtime(Protocol):
         ...
 
     def pids(self, ident: str) -> set[int]: ...
+
+    def events(self, labels: dict[str, str]) -> EventStream | None:
+        """Container events for these labels, or None where the runtime has none (the process runtime): the
+        controller then re-reads on its timer only."""
+        ...
 
 
 class LineSplitter:

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Iterable, Literal
+from typing import TYPE_CHECKING, Iterable, Literal
 
 from app.backend.engine.runtime import Runtime
-from app.backend.engine.types import EngineSnapshot, EngineState, LogLine
+from app.backend.contracts import EngineSnapshot, EngineState, GpuSample, LogLine
 from app.backend.settings import Settings
-from app.backend.telemetry.gpu_types import GpuSample
 from app.backend.telemetry.host import HostSample
 from app.backend.telemetry.metrics import MetricsSample
 from app.backend.telemetry.trace import TraceParser, TraceSnapshot
 from app.backend.units import GiB
+
+if TYPE_CHECKING:  # the self-test package reads telemetry; the type only, no import at run time
+    from app.backend.selftest.drift import DriftReading
 
 Severity = Literal["critical", "warning", "info"]
 CHURN_GIB_S = 20.0
@@ -68,7 +70,7 @@ class AlertInputs:
     policy: str = ""  # VLLM_MOE_W2_DELTA_POLICY of the active profile
     ecc_required_off: bool = False
     ecc_note: str = ""
-    drift: Any = None  # app.backend.selftest.drift.DriftReading (decode_drift below)
+    drift: DriftReading | None = None  # decode_drift below
 
 
 def pool_absent(i: AlertInputs) -> Alert | None:
@@ -281,8 +283,8 @@ def _inputs_for(settings: Settings | None, snapshot: EngineSnapshot | None, trac
     policy, ecc_off, ecc_note = "", False, ""
     if settings is not None:
         req = settings.recipe.requirements
-        ecc_off = getattr(req, "ecc", "any") == "off"
-        ecc_note = getattr(req, "ecc_note", "") or ""
+        ecc_off = req.ecc == "off"
+        ecc_note = req.ecc_note
         policy = profile_policy(settings, snapshot.profile_id if snapshot else None)
     return AlertInputs(trace=trace, gpus=gpus, engine=snapshot, policy=policy,
                        ecc_required_off=ecc_off, ecc_note=ecc_note)
