@@ -9,13 +9,17 @@ timer never parses TOML.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import builtins
 import os
 import threading
 
 from app.backend.custom_profiles import load_custom_profiles, profiles_dir
 from app.backend.recipe.schema import ProfileSpec
-from app.backend.settings import Settings
+
+if TYPE_CHECKING:  # settings.profiles builds the registry: a type here, no import at run time
+    from app.backend.settings import Settings
 
 Signature = tuple[tuple[str, int, int], ...]
 
