@@ -47,6 +47,11 @@ class FakeEngine:
     def container_pids(self) -> set[int]:
         return set(self.pids)
 
+    runtime = None  # a test hands in one with `tail_logs` (the log tail of a run the hub did not see boot)
+
+    def log_tail(self, container_id: str, n: int) -> list[tuple[str, str]]:
+        return self.runtime.tail_logs(container_id, n) if self.runtime is not None else []
+
     def emit(self, text: str) -> None:
         ln = LogLine(text=text)
         self._recent.append(ln)
