@@ -400,7 +400,9 @@ def make_checker(users: dict[str, str], guard: LoginGuard | None = None,
             return False
         if slot.wait_s > 0:
             await asyncio.sleep(slot.wait_s)  # a paced login waits here: a sleeping coroutine, no thread
-        if g.in_flight >= g.max_checking + g.max_waiting:
+        # A browser that signed in before (its device key) is never turned away as busy: its own logins are
+        # paced on that key, so a flood of strangers' guesses cannot keep the owner out (issue 30).
+        if device is None and g.in_flight >= g.max_checking + g.max_waiting:
             g.throttle.record(slot, True)  # not checked: does not count as a failure
             note.busy, note.retry_after_s = True, 2.0
             if on_failure is not None:

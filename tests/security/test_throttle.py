@@ -119,6 +119,30 @@ def test_checked_logins_cost_one_scrypt_each_and_scrypt_in_flight_is_bounded(mon
     assert calls[0] == 2
 
 
+def test_the_owners_device_is_checked_while_the_scrypt_queue_is_full() -> None:
+    """The full-suite failure under load: the owner's browser was answered 503 "busy" behind a flood of
+    strangers' guesses. A device key's login is paced on that key alone and is never turned away as busy."""
+    guard = LoginGuard(throttle=LoginThrottle(free_account=100, free_client=100), max_checking=1, max_waiting=3)
+    users = {"alice": hash_password(PASSWORD)}
+    owner = LoginNote(address="127.0.0.1", device="dev-1", device_user="alice")
+    stranger = LoginNote(address="127.0.0.1")
+
+    async def flood_then_owner() -> tuple[list[bool], bool, bool]:
+        guesses = [asyncio.ensure_future(make_checker(users, guard, note_of=lambda: LoginNote(address="127.0.0.9"))
+                                         ("alice", f"guess-{i}")) for i in range(8)]
+        await asyncio.sleep(0)  # the guesses fill the queue (1 checking + 3 waiting)
+        assert guard.in_flight == 4
+        late = make_checker(users, guard, note_of=lambda: stranger)("alice", PASSWORD)
+        mine = make_checker(users, guard, note_of=lambda: owner)("alice", PASSWORD)
+        late_ok, mine_ok = await asyncio.gather(late, mine)
+        return list(await asyncio.gather(*guesses)), late_ok, mine_ok
+
+    guesses, late_ok, mine_ok = run_async(flood_then_owner())
+    assert not any(guesses)
+    assert not late_ok and stranger.busy  # a browser without a device key is told to retry
+    assert mine_ok and owner.user == "alice" and not owner.busy
+
+
 def test_thirty_guesses_from_thirty_loopback_addresses_are_throttled(authed) -> None:
     """Issue 30 finding 3: 30 guesses from 30 addresses in 5 s, then the right password was accepted."""
     start = time.monotonic()
