@@ -51,9 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     if code == 137:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would (ignored where this is its container's PID 1)
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # os._exit, not sys.exit: the daemon threads (HTTP handlers, the engine loop) end with the process instead of
+    # racing the interpreter's shutdown, which now and then died of SIGSEGV (exit 139 where 137 was simulated).
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
