@@ -113,7 +113,9 @@ def main() -> int:
     import psutil
 
     env = {**os.environ, "MOET_SIM_DECODE_TOK_S": str(args.tok_s), "MOET_SIM_BOOT_S": "0",
-           "MOET_SIM_REASONING_MODE": "none", "PYTHONPATH": str(ROOT)}
+           "MOET_SIM_REASONING_MODE": "none",
+           # keep a PYTHONPATH the caller set (packages carried as wheels on another host), as download_bench does
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     sim_port, gw_port = free_port(), free_port()
     engine, gateway = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
     procs: list[subprocess.Popen[bytes]] = []
