@@ -1,6 +1,7 @@
 """The small primitives are written once (issue 34): a file lock and an atomic write (app/backend/fileio.py),
-GiB (app/backend/units.py), the docker-py image build (app/backend/engine/imagebuild.py) and demo mode
-(`Settings.demo`). A grep, so a second copy is caught where it is written."""
+GiB (app/backend/units.py), the docker-py image build (app/backend/engine/imagebuild.py), demo mode
+(`Settings.demo`) and the single-flight job runner with its stop signal (app/backend/jobs.py). A grep, so a
+second copy is caught where it is written."""
 
 from __future__ import annotations
 
@@ -25,6 +26,13 @@ ONCE = {
     "GiB constant": (re.compile(r"2 ?\*\* ?30\b|1 << 30\b|1024 \*\* 3\b|\b1073741824\b"), {BACKEND / "units.py"}),
     "docker-py build": (re.compile(r"\.api\.build\(|\bapi\.build\("), {BACKEND / "engine" / "imagebuild.py"}),
     "demo switch": (re.compile(r"simulated or [\w.]*demo\b|\bdemo or [\w.]*simulated\b"), set()),
+    # the single-flight job runner (jobs.SingleFlight: the self-test, the A/B, the downloads) and its stop
+    "stop signal": (re.compile(r"\(threading\.Event\)"), {BACKEND / "jobs.py"}),
+    # a thread's liveness as "a job runs" is the runner's; the others watch threads that are not jobs: the
+    # gateway's server, the engine's reconciler, a decoder thread, the CLI's foreground download
+    "single-flight runner": (re.compile(r"\bis_alive\(\)"), {
+        BACKEND / "jobs.py", BACKEND / "gateway" / "server.py", BACKEND / "engine" / "controller.py",
+        BACKEND / "download" / "extract.py", APP / "cli" / "download.py"}),
 }
 
 

@@ -64,8 +64,7 @@ class EngineSnapshot:
     container_id: str = ""
     container_name: str = ""
     simulated: bool = False
-    pool_slots: int | None = None  # from the delta-tier sizing line; 0 = pool disabled
-    slot_mib: float | None = None
+    pool: PoolSizing | None = None  # the boot's delta-tier sizing line (None: none yet)
     diagnosis: Diagnosis | None = None
     message: str = ""
     since: float = field(default_factory=time.time)
@@ -133,6 +132,11 @@ class PoolSizing:
     @property
     def disabled(self) -> bool:
         return self.slots == 0
+
+
+def slots_of(pool: PoolSizing | None) -> int | None:
+    """The slots a boot's sizing says: None before a sizing line or while deferred, 0 = the pool is disabled."""
+    return pool.slots if pool is not None else None
 
 
 # -- the GPUs ----------------------------------------------------------------------------------------------

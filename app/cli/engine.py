@@ -91,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
 def _snap_dict(snap: EngineSnapshot) -> dict[str, Any]:
     d = asdict(snap)
     d["state"] = snap.state.value
+    # the JSON keeps its flat pool fields: a deferred sizing has no slots and no slot size yet
+    del d["pool"]
+    pool = snap.pool if snap.pool is not None and not snap.pool.deferred else None
+    d["pool_slots"], d["slot_mib"] = (pool.slots, pool.slot_mib) if pool is not None else (None, None)
     return d
 
 
@@ -112,8 +116,8 @@ def _status(args: argparse.Namespace, ctl: EngineController) -> int:
         print(f"runtime: {_runtime_text(ctl)}")
         if snap.container_name:
             print(f"container: {snap.container_name}  url: {snap.base_url}  served: {snap.served_name}")
-        if snap.pool_slots is not None:
-            print(f"FP4 pool: {snap.pool_slots} slots x {snap.slot_mib} MiB")
+        if snap.pool is not None and snap.pool.slots is not None:
+            print(f"FP4 pool: {snap.pool.slots} slots x {snap.pool.slot_mib} MiB")
         if snap.container_id and (line := _trace_line(trace)):
             print(line)
         d = snap.diagnosis

@@ -37,8 +37,9 @@ def status_html(snap: EngineSnapshot, runtime: str, busy: str) -> str:
     sim = ' <span class="moet-sim-tag">SIMULATED</span>' if snap.simulated else ""
     phase = "" if snap.state is EngineState.READY or not snap.phase else f" · {escape(snap.phase)}"
     pool = ""
-    if snap.pool_slots is not None:
-        pool = f"FP4 pool: {snap.pool_slots} slots" + (f" × {snap.slot_mib:g} MiB" if snap.slot_mib else "")
+    if snap.pool is not None and snap.pool.slots is not None:
+        ps = snap.pool
+        pool = f"FP4 pool: {ps.slots} slots" + (f" × {ps.slot_mib:g} MiB" if ps.slot_mib else "")
     rows = [
         f'<span data-testid="engine-state" data-state="{snap.state.value}"'
         f' data-profile="{escape(snap.profile_id or "")}" style="background:{color};color:#fff;'

@@ -217,6 +217,40 @@ def start_under_way(cfg, specs: list[ArtifactSpec], board: ProgressBoard,
     return worker, outcome
 
 
+def test_a_part_waiting_to_retry_leaves_its_connection_to_another_artifact(settings, three, tmp_path):
+    """One connection for two artifacts; the store's first request is answered 429 Retry-After 60. While
+    the store waits, the model takes the connection and completes: a worker holds no slot while it
+    waits to retry. Before, it held the slot through the wait, so an artifact with none yet could not
+    start until the other's part went through (the cancel test's "never got all three under way" under
+    load: the late artifact's process found every slot held by the others' trickling last parts)."""
+    store, model = three.specs[2], three.specs[0]
+    hub = hub_for(three)
+    hub.add_fault(three.parts["store"][0].name, Fault("ratelimit", retry_after=60))
+    board, stop = ProgressBoard(), threading.Event()
+    cfg = fast_config(settings, hub.endpoint, tmp_path / "dest", artifact_jobs=2, connections=1)
+    outcome: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            run_download(cfg, [store, model], board, stop)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        wait_until(lambda: len(board.ids()) == 2 and board.state("model") == ArtifactState.DONE or outcome,
+                   timeout=40, what="the model did not complete while the store waited to retry")
+        assert not outcome, outcome
+        assert hub.stats.cdn_requests(three.parts["store"][0].name) >= 1, "the store was answered 429"
+        assert board.state("store") != ArtifactState.DONE, "the store still waits for its Retry-After"
+    finally:
+        stop.set()
+        worker.join(30)
+        hub.stop()
+    assert not worker.is_alive()
+
+
 def _began_reason(board: ProgressBoard, art: str) -> str:
     return next(e.reason for e in board.events if isinstance(e, StateChanged) and e.artifact == art
                 and e.state == ArtifactState.DOWNLOADING)

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from app.backend.engine.controller import EngineController
-from app.backend.contracts import EngineState
+from app.backend.contracts import EngineState, slots_of
 
 from .conftest import fail_profile, panel_containers, wait_until
 
@@ -29,7 +29,7 @@ def test_start_reaches_ready_with_pool_and_persisted_logs(make_controller, docke
     _ready(ctl, "quality")
     snap = ctl.snapshot()
     assert snap.state is EngineState.READY and snap.profile_id == "quality"
-    assert snap.pool_slots and snap.pool_slots > 0 and snap.simulated
+    assert (slots_of(snap.pool) or 0) > 0 and snap.simulated
     [c] = panel_containers(docker_client, sim_settings.recipe.id)
     assert c.id == snap.container_id
     assert c.labels["moet-panel.profile"] == "quality" and c.labels["moet-panel.test"] == "1"
@@ -125,7 +125,7 @@ def test_new_controller_reattaches_without_second_container(make_controller, doc
     second = make_controller()
     snap = second.snapshot()
     assert snap.state is EngineState.READY and snap.container_id == cid and snap.profile_id == "balanced"
-    assert snap.pool_slots and snap.pool_slots > 0  # re-derived from the container's own log
+    assert (slots_of(snap.pool) or 0) > 0  # re-derived from the container's own log
     refused = second.start("quality")
     assert not refused.accepted and "switch" in refused.message
     assert len(panel_containers(docker_client, sim_settings.recipe.id)) == 1
@@ -206,7 +206,7 @@ def test_reattach_while_booting_adopts_and_gates_on_ready(make_controller, docke
     second = make_controller()
     assert second.snapshot().state in (EngineState.STARTING, EngineState.READY)
     snap = second.wait_for(lambda s: s.state is EngineState.READY, 30)
-    assert snap.state is EngineState.READY and snap.profile_id == "speed" and snap.pool_slots
+    assert snap.state is EngineState.READY and snap.profile_id == "speed" and slots_of(snap.pool)
     assert len(panel_containers(docker_client, sim_settings.recipe.id)) == 1
 
 

@@ -14,7 +14,7 @@ from app.backend.engine.factory import select_runtime
 from app.backend.engine.imagebuild import ImageBuildRefused, build_image, check_source
 from app.backend.engine.process_runtime import ProcessRuntime
 from app.backend.engine.runtime import RuntimeUnavailable
-from app.backend.contracts import EngineState
+from app.backend.contracts import EngineState, slots_of
 from app.backend.recipe import DEFAULT_RECIPE, load_recipe
 from app.backend.settings import Settings
 
@@ -57,7 +57,7 @@ def test_process_runtime_start_reattach_stop(tmp_path: Path) -> None:
     try:
         t = a.start("quality")
         assert t.wait(30) and t.ok, t.message
-        assert a.snapshot().simulated and a.snapshot().pool_slots
+        assert a.snapshot().simulated and slots_of(a.snapshot().pool)
         pids = a.container_pids()
         assert pids
         a.close()

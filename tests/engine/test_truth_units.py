@@ -32,7 +32,7 @@ def test_boot_tracker_and_trace_parser_agree_on_the_pool(line: str) -> None:
     parser = TraceParser()
     parser.feed_line(line, 1.0)
     sizing = parser.snapshot().sizing
-    assert sizing is not None and tracker.progress.pool_slots == sizing.slots
+    assert sizing is not None and tracker.progress.pool == sizing  # one PoolSizing, the same value in both
     assert pool_sizing(line.split("] ", 1)[1]) is not None
 
 

@@ -35,13 +35,13 @@ def _feed(lines: list[str]) -> BootTracker:
 def test_pool_line_from_genuine_engine_log() -> None:
     path = FIXTURES / "boot_tp1_5.5gib_packstore_trace1_nodump.log"
     p = _feed(path.read_text().splitlines()).progress
-    assert (p.pool_slots, p.slot_mib) == (469, 12.0)
+    assert p.pool is not None and (p.pool.slots, p.pool.slot_mib) == (469, 12.0)
 
 
 def test_auto_pool_disabled_line_means_zero_slots() -> None:
     path = FIXTURES / "disabled_auto_0slots_trace1_every64.log"
     p = _feed(path.read_text().splitlines()).progress
-    assert p.pool_slots == 0
+    assert p.pool is not None and p.pool.slots == 0 and p.pool.disabled
     assert "DISABLED" in p.phase
 
 
@@ -54,7 +54,7 @@ def test_boot_phases_in_order_and_cache_miss() -> None:
     t.feed(pre + "moe_w2: layer 1 planes from cache")
     assert t.progress.phase == "planes from cache 2/43"
     t.feed(pre + "moe_w2 delta tier: 597 slots x 12.0 MiB (7.00 GiB pool)")
-    assert t.progress.pool_slots == 597 and "pool sized" in t.progress.phase
+    assert t.progress.pool is not None and t.progress.pool.slots == 597 and "pool sized" in t.progress.phase
     t.feed(pre + "Available KV cache memory: 10.78 GiB")
     assert t.progress.phase == "KV cache"
     t.feed(pre + "Graph capturing finished in 1 secs, took 0.52 GiB")

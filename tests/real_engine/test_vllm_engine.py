@@ -96,7 +96,7 @@ def test_boot_phases_from_vllms_own_lines(served) -> None:
     order = ["preflight checks", *phases, "ready"]
     assert tier.phases_shown[-1] == "ready" and "container started" in tier.phases_shown
     assert [order.index(ph) for ph in tier.phases_shown] == sorted(order.index(ph) for ph in tier.phases_shown)
-    assert tracker.progress.pool_slots is None  # no FP4 pool line: the recipe says pool_line = "never"
+    assert tracker.progress.pool is None  # no FP4 pool line: the recipe says pool_line = "never"
 
 
 def test_chat_streams_reasoning_then_content_with_usage(served) -> None:

@@ -20,7 +20,7 @@ def test_the_head_of_a_real_cpu_boot_moves_no_pool_or_cache_phase() -> None:
     for ln in _lines("vllm-0.32.0-cpu-boot-head.log"):
         t.feed(ln)
     p = t.progress
-    assert p.pool_slots is None and not p.cache_miss and not p.api_up and p.cache_warnings == ()
+    assert p.pool is None and not p.cache_miss and not p.api_up and p.cache_warnings == ()
     assert p.lines_seen == 27
 
 
@@ -49,7 +49,7 @@ def test_a_whole_real_cpu_boot_walks_the_phases_in_order() -> None:
     assert phases == ["container started", "loading weights", "weights loaded", "KV cache", "engine initialised",
                       "API up"]
     p = t.progress
-    assert p.api_up and p.pool_slots is None and not p.cache_miss
+    assert p.api_up and p.pool is None and not p.cache_miss
 
 
 def test_a_kill_after_a_real_boot_is_diagnosed_killed() -> None:

@@ -76,7 +76,7 @@ class ABRunService(BackgroundJob[ABProgress]):
                 self._ensure_profile(profile)
                 probe = self._probe_factory(self.engine.snapshot().base_url)
                 for pid, seed in todo:
-                    if self._cancel.is_set():
+                    if self._stop.is_set():
                         raise Cancelled()
                     self._set(replace(self.progress(), step=f"{side} = {profile}: {pid} seed {seed}"))
                     g = self._generate(probe, st, side, pid, seed)
@@ -103,7 +103,7 @@ class ABRunService(BackgroundJob[ABProgress]):
         if not ticket.accepted:
             raise RuntimeError(ticket.message)
         while not ticket.wait(0.5):
-            if self._cancel.is_set():
+            if self._stop.is_set():
                 raise Cancelled()
         snap = self.engine.wait_for(lambda s: s.is_ready or s.state.value == "failed", SWITCH_TIMEOUT_S)
         if not (snap.is_ready and snap.profile_id == profile):
@@ -112,7 +112,7 @@ class ABRunService(BackgroundJob[ABProgress]):
     def _generate(self, probe: EngineProbe, st: RunState, side: Side, pid: str, seed: int) -> Generation:
         prompt = next(p for p in st.spec.prompts if p.id == pid)
         t0 = time.monotonic()
-        t = probe.generate(prompt.messages(), st.spec.max_tokens, seed=seed, cancel=self._cancel)
+        t = probe.generate(prompt.messages(), st.spec.max_tokens, seed=seed, cancel=self._stop)
         return Generation(side, pid, seed, t.text, t.completion_tokens,
                           round(t.decode_tok_s, 3) if t.decode_tok_s else None, round(time.monotonic() - t0, 3),
                           t.finish_reason)

@@ -40,13 +40,17 @@ class _NoProgressStop:
 def fetch_range(hub: HubClient, getter: RangeGetter, part: PartInfo, start: int, end: int, fd: int,
                 stop: threading.Event,
                 on_wire: Callable[[int], None], on_useful: Callable[[int], None],
-                on_retry: Callable[[str], None]) -> None:
-    """Write bytes [start, end) of `part` at the same offsets of fd. Raises Stopped / DownloadError."""
+                on_retry: Callable[[str], None], between: Callable[[float], None] | None = None) -> None:
+    """Write bytes [start, end) of `part` at the same offsets of fd. Raises Stopped / DownloadError.
+
+    `between(seconds)` waits before a retry (raising Stopped); without it the wait is on `stop`."""
     cfg: DownloadConfig = hub.cfg
     pos = [start]
 
     def sleep(seconds: float) -> None:
-        if stop.wait(seconds):
+        if between is not None:
+            between(seconds)
+        elif stop.wait(seconds):
             raise Stopped()
 
     def before_sleep(retry_state: RetryCallState) -> None:

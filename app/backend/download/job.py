@@ -318,12 +318,13 @@ class ArtifactRun:
             assert s.fd is not None  # admitted parts are open until verified
             with self.journal_lock:
                 s.landed[start] = 0
+            held = [True]  # this worker holds a connection slot (not while it waits to retry)
             self.board.flight(pid, +1)
             try:
                 fetch_range(self.hub, getter, s.info, start, end, s.fd, self.halt,
                             on_wire=lambda n: self.board.add_wire(pid, n),
                             on_useful=partial(self._landing, s, start),
-                            on_retry=partial(self._retrying, s))
+                            on_retry=partial(self._retrying, s), between=partial(self._between, s, held))
             except Stopped:
                 return
             except OSError as exc:
@@ -334,8 +335,20 @@ class ArtifactRun:
                 return
             finally:
                 self.board.flight(pid, -1)
-                self.group.budget.release(self.rank)
+                if held[0]:
+                    self.group.budget.release(self.rank)
             self._segment_done(s, start // self.segment_size)
+
+    def _between(self, s: PartSlot, held: list[bool], seconds: float) -> None:
+        """A retry's wait (backoff, Retry-After) without a connection slot: another artifact's request
+        takes it meanwhile. A held slot would starve an artifact that had none yet for as long as this
+        part kept failing (a part trickling forever, Retry-After up to 300 s)."""
+        self.group.budget.release(self.rank)
+        held[0] = False
+        if self.halt.wait(seconds) or not self.group.budget.acquire(lambda: s.idx <= self.next_needed,
+                                                                     self.halt, self.rank):
+            raise Stopped()
+        held[0] = True
 
     def _landing(self, s: PartSlot, start: int, n: int) -> None:
         """n more bytes of the range from `start` are on disk, in order: the extractor may read them now

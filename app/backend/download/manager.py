@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from app.backend import hf_token
+from app.backend.jobs import SingleFlight
 from app.backend.download.ckpt import CkptCheck, check_ckpt_id
 from app.backend.download.config import make_config
 from app.backend.download.extract import free_bytes
@@ -71,10 +72,9 @@ class DownloadManager:
         self._endpoint, self._repo, self._revision = endpoint, repo, revision
         self._connections = connections
         self._overrides = overrides
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._flight = SingleFlight("downloads")  # the run: one at a time, paused or cancelled by its StopSignal
+        self._lock = self._flight.lock  # also guards the demo hub and the lister, as the launch sees them
         self._lister: threading.Thread | None = None
-        self._stop = StopSignal()
         self._board = ProgressBoard()
         self._rows: list[ArtifactRow] = []
         self._message = ""
@@ -142,27 +142,27 @@ class DownloadManager:
     # ---- control -------------------------------------------------------------------------------
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._flight.alive()
 
     def start(self, artifact_ids: list[str] | None = None) -> str:
         """Start (or resume) in the background. A second click while running changes nothing."""
-        with self._lock:
-            if self.running:
-                return "a download is already running"
+        run: list[tuple[list[ArtifactSpec], ProgressBoard]] = []
+
+        def setup(_: StopSignal) -> None:  # under the runner's lock, only when nothing runs
             ids = artifact_ids or self._selection or [a.id for a in self.settings.recipe.artifacts]
             specs = [self.settings.recipe.artifact(i) for i in ids]
             self._selection = ids
-            self._stop = StopSignal()
             self._retire_board()
             self._board = ProgressBoard()
             self._error = ""
             self._message = "starting…"
-            self._thread = threading.Thread(target=self._run, args=(specs, self._stop, self._board),
-                                            name="downloads", daemon=True)
-            self._thread.start()
-            return "download started"
+            run.append((specs, self._board))
 
-    def _run(self, specs: list[ArtifactSpec], stop: StopSignal, board: ProgressBoard) -> None:
+        if not self._flight.launch(lambda stop: self._run(*run[0], stop), setup):
+            return "a download is already running"
+        return "download started"
+
+    def _run(self, specs: list[ArtifactSpec], board: ProgressBoard, stop: StopSignal) -> None:
         stopped = "paused; Resume continues where it stopped (verified data is kept)"
         try:
             cfg = self._config()
@@ -191,11 +191,7 @@ class DownloadManager:
         self._message = f"downloading from commit {prepared.commit[:12]}"
 
     def _stop_run(self, *, cancel: bool) -> bool:
-        if not self.running:
-            return False
-        self._stop.request(cancel=cancel)
-        self._thread.join(timeout=10)  # type: ignore[union-attr]
-        return True
+        return self._flight.stop_and_join(cancel=cancel, timeout=10)
 
     def pause(self) -> str:
         return "paused; verified data is kept" if self._stop_run(cancel=False) else "nothing is running"
@@ -313,7 +309,7 @@ class DownloadManager:
         """
         demo_hub = self._endpoint is None and self.settings.recipe.simulated
         with self._lock:
-            if demo_hub or self._rows or self._lister is not None or self._thread is not None:
+            if demo_hub or self._rows or self._lister is not None or self._flight.started:
                 return
             self._lister = threading.Thread(target=self._list_quietly, name="downloads-list", daemon=True)
             self._lister.start()
@@ -323,7 +319,7 @@ class DownloadManager:
             message = self._list()
         except DownloadError as exc:  # not an error of anything the user did yet: say it, keep Start usable
             message = f"could not list the repo yet: {exc.message}"
-        if self._thread is None:  # a Start in the meantime writes its own message
+        if not self._flight.started:  # a Start in the meantime writes its own message
             self._message = message
 
     def _idle_rows(self) -> list[ArtifactProgress]:
@@ -354,9 +350,7 @@ class DownloadManager:
         return DiskPicture(free=free_bytes(probe), needed=needed, staging_budget=0, path=str(probe))
 
     def close(self) -> None:
-        if self.running:
-            self._stop.request(cancel=False)
-            self._thread.join(timeout=10)  # type: ignore[union-attr]
+        self._flight.stop_and_join(cancel=False, timeout=10)
         if self._demo is not None:
             self._demo.stop()
             self._demo = None

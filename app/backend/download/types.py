@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
 from app.backend.hf_token import redact
+# the user's stop (Pause or Cancel; both keep the data): the one every job has, named here too
+from app.backend.jobs import StopSignal as StopSignal
 
 MiB = 1 << 20
 
@@ -247,18 +248,6 @@ class TransientError(Exception):
     def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(redact(message))
         self.retry_after = retry_after
-
-
-class StopSignal(threading.Event):
-    """The user's stop: set by Pause or Cancel; `cancelled` tells the two apart (both keep the data)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.cancelled = False
-
-    def request(self, *, cancel: bool) -> None:
-        self.cancelled = self.cancelled or cancel
-        self.set()
 
 
 class Stopped(Exception):

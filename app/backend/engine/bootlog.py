@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from app.backend.contracts import PoolSizing
 from app.backend.engine.loglines import pool_sizing
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
@@ -50,9 +51,7 @@ class BootProgress:
     """What the log has told us about this boot so far."""
 
     phase: str = "container started"
-    pool_slots: int | None = None  # None = no sizing line yet; 0 = pool disabled
-    slot_mib: float | None = None
-    pool_deferred: bool = False
+    pool: PoolSizing | None = None  # the last sizing line (None: none yet; a disabled pool keeps the slot size)
     layers_from_cache: int = 0
     layers_built: int = 0
     cache_warnings: tuple[str, ...] = ()
@@ -91,10 +90,11 @@ def _advance(p: BootProgress, msg: str) -> BootProgress:
     p = replace(p, lines_seen=p.lines_seen + 1)
     if (ps := pool_sizing(msg)) is not None:  # the one sizing parser, shared with telemetry/trace.py
         if ps.deferred:
-            return replace(p, pool_deferred=True, phase="pool sizing deferred until after KV cache")
+            return replace(p, pool=ps, phase="pool sizing deferred until after KV cache")
         slots = ps.slots or 0
-        return replace(p, pool_slots=slots, slot_mib=ps.slot_mib if slots else p.slot_mib, pool_deferred=False,
-                       phase=_pool_phase(slots))
+        if not slots:  # the slot size a sized line gave before stays known (a deferred line's is only planned)
+            ps = replace(ps, slot_mib=p.pool.slot_mib if p.pool is not None and not p.pool.deferred else None)
+        return replace(p, pool=ps, phase=_pool_phase(slots))
     if m := FROM_CACHE_RE.search(msg):
         n = p.layers_from_cache + 1
         return replace(p, layers_from_cache=n, phase=f"planes from cache {n}/{p.n_layers}")

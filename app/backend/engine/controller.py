@@ -47,7 +47,7 @@ from app.backend.engine.client import base_url, engine_client
 from app.backend.engine.readiness import port_in_use, probe
 from app.backend.exports import exports_dir
 from app.backend.engine.runtime import MANAGED_LABEL, RECIPE_LABEL, EventStream, Instance, Runtime, RuntimeOpError, RuntimeUnavailable
-from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, LogLine
+from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, LogLine, slots_of
 from app.backend.recipe.command import RunSpec, build_run_spec
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.settings import Settings
@@ -565,12 +565,12 @@ class EngineController:
             p = probe(url, name)
             if p.health_ok and p.models_ok:
                 prog = self._follower.tracker.progress
-                if not want_pool or (prog.pool_slots or 0) > 0:
+                if not want_pool or (slots_of(prog.pool) or 0) > 0:
                     # applied only if the reconciler still shows this run booting (it may have moved on: replaced,
                     # gone) when it reads the message
                     return self._propose(_if_booting(inst.id, sm.BecameReady(self._ready_message(want_pool))))[0]
                 pool_deadline = pool_deadline or time.monotonic() + self.options.pool_line_grace_s
-                if prog.pool_slots == 0 or time.monotonic() > pool_deadline:
+                if slots_of(prog.pool) == 0 or time.monotonic() > pool_deadline:
                     return self._fail_and_stop(rt, inst, "pool_not_loaded")
             if time.monotonic() > deadline:
                 return self._fail_and_stop(rt, inst, "boot_timeout")
@@ -664,7 +664,7 @@ class EngineController:
     def _on_boot_progress(self, cid: str, p: BootProgress) -> None:
         """A followed line moved the boot picture; shown while this run boots (lines before BootBegan are only
         tracked, and shown with the next line)."""
-        ev = sm.BootProgressed(p.phase, p.pool_slots, p.slot_mib, cache_miss_warning() if p.cache_miss else "")
+        ev = sm.BootProgressed(p.phase, p.pool, cache_miss_warning() if p.cache_miss else "")
         # fire and forget: a follower thread never waits for the reconciler (which may be draining its streams)
         self._propose(lambda s: [ev] if s.state is EngineState.STARTING and s.container_id == cid else [], wait=False)
 
@@ -923,7 +923,7 @@ class EngineController:
         p = probe(base_url(self.recipe), self.recipe.model.served_name, read_timeout_s=ADOPT_PROBE_S) \
             if prog.api_up else None
         want_pool = expects_pool(inst.env, self.recipe.engine.pool_line)
-        ready = p is not None and p.health_ok and p.models_ok and (not want_pool or (prog.pool_slots or 0) > 0)
+        ready = p is not None and p.health_ok and p.models_ok and (not want_pool or (slots_of(prog.pool) or 0) > 0)
         with self._lock:
             if self._writing() or self._closed:
                 return
@@ -934,7 +934,7 @@ class EngineController:
             self._liveness.reset()
             self._apply(sm.Adopted(inst.profile_id, inst.id, inst.name, base_url(self.recipe),
                                    self.recipe.model.served_name, self.recipe.simulated, ready, prog.phase,
-                                   prog.pool_slots, prog.slot_mib, note))
+                                   prog.pool, note))
             if n_running > 1:
                 self._apply(sm.Noted(f"adopted {inst.name}; {n_running - 1} other panel engine(s) are also "
                                      "running — stop them (never started twice by this panel)"))

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Union
 
-from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
+from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState, PoolSizing
 
 
 
@@ -45,8 +45,7 @@ class BootBegan:
 @dataclass(frozen=True)
 class BootProgressed:
     phase: str
-    pool_slots: int | None = None
-    slot_mib: float | None = None
+    pool: PoolSizing | None = None
     message: str = ""
 
 
@@ -65,8 +64,7 @@ class Adopted:
     simulated: bool
     ready: bool
     phase: str
-    pool_slots: int | None = None
-    slot_mib: float | None = None
+    pool: PoolSizing | None = None
     message: str = "reattached to the running engine"
 
 
@@ -173,11 +171,11 @@ def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
         return replace(
             snap, state=EngineState.STARTING, profile_id=event.profile_id, container_id=event.container_id,
             container_name=event.container_name, base_url=event.base_url, served_name=event.served_name,
-            simulated=event.simulated, phase="container started", pool_slots=None, slot_mib=None,
+            simulated=event.simulated, phase="container started", pool=None,
             message="", diagnosis=None, since=now,
         )
     if isinstance(event, BootProgressed):
-        return replace(snap, phase=event.phase, pool_slots=event.pool_slots, slot_mib=event.slot_mib,
+        return replace(snap, phase=event.phase, pool=event.pool,
                        message=event.message or snap.message)
     if isinstance(event, BecameReady):
         return replace(snap, state=EngineState.READY, phase="ready", message=event.message, since=now,
@@ -187,14 +185,14 @@ def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
             snap, state=EngineState.READY if event.ready else EngineState.STARTING, profile_id=event.profile_id,
             container_id=event.container_id, container_name=event.container_name, base_url=event.base_url,
             served_name=event.served_name, simulated=event.simulated, phase="ready" if event.ready else event.phase,
-            pool_slots=event.pool_slots, slot_mib=event.slot_mib, diagnosis=None, since=now,
+            pool=event.pool, diagnosis=None, since=now,
             message=event.message, last_ready_profile=event.profile_id if event.ready else snap.last_ready_profile,
         )
     if isinstance(event, StopBegan):
         return replace(snap, state=EngineState.STOPPING, phase="stopping", message=event.message, since=now)
     if isinstance(event, Stopped):
         return replace(snap, state=EngineState.STOPPED, phase="", container_id="", container_name="", base_url="",
-                       pool_slots=None, slot_mib=None, message=event.message, since=now)
+                       pool=None, message=event.message, since=now)
     if isinstance(event, Failed):
         cid = snap.container_id if event.container_id is None else event.container_id
         name = snap.container_name if event.container_name is None else event.container_name
@@ -202,7 +200,7 @@ def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
                        container_name=name, message=event.message or event.diagnosis.title, since=now)
     if isinstance(event, Vanished):
         return replace(snap, state=EngineState.STOPPED, phase="", container_id="", container_name="", base_url="",
-                       pool_slots=None, slot_mib=None, message=event.message, diagnosis=event.diagnosis, since=now)
+                       pool=None, message=event.message, diagnosis=event.diagnosis, since=now)
     if isinstance(event, Stalled):
         return replace(snap, state=EngineState.STALLED, phase="stalled", diagnosis=event.diagnosis,
                        message=event.message or event.diagnosis.title, since=now, stalls_total=snap.stalls_total + 1)

@@ -199,7 +199,7 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
         done_s = 0.0
         try:
             for step in steps:
-                if self._cancel.is_set():
+                if self._stop.is_set():
                     raise Cancelled()
                 if (why := self.check(plan.profile_id)):
                     raise RuntimeError(f"stopped: {why}")
@@ -223,7 +223,7 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
         if step.kind == "decode":
             before, t_start = probe.generation_tokens_total(), time.monotonic()
             t = probe.generate(DECODE_PROMPT, plan.decode_tokens, min_tokens=plan.decode_tokens, ignore_eos=True,
-                               seed=step.n, cancel=self._cancel)
+                               seed=step.n, cancel=self._stop)
             after, wall = probe.generation_tokens_total(), time.monotonic() - t_start
             m = (after - before - 1) / (wall - t.ttft_s) if before is not None and after is not None and wall > t.ttft_s else None
             if t.decode_tok_s is None:
@@ -232,7 +232,7 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
                                            round(m, 3) if m is not None else None))
         elif step.kind == "ttft":
             msgs = [{"role": "user", "content": "word " * int(step.n / 1.3) + "\nSay hi."}]
-            t = probe.generate(msgs, 1, thinking=False, cancel=self._cancel)
+            t = probe.generate(msgs, 1, thinking=False, cancel=self._stop)
             result.ttft.append(TtftPoint(t.prompt_tokens or probe.tokenize(msgs), round(t.ttft_s, 3)))
         else:
             length, depth = step.n, step.depth
@@ -242,7 +242,7 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
                                                     skipped=f"past this profile's --max-model-len {ctx}"))
                 return
             np_ = build_needle(probe.tokenize, target, depth, salt=result.date)
-            t = probe.generate(np_.messages, plan.needle_answer_tokens, thinking=False, cancel=self._cancel)
+            t = probe.generate(np_.messages, plan.needle_answer_tokens, thinking=False, cancel=self._stop)
             result.needles.append(NeedleOutcome(length, depth, np_.tokens, np_.code, np_.code in t.text, t.text[:200]))
 
 
