@@ -200,12 +200,12 @@ def render(state: AppState, shell: Shell) -> None:
         busy_text = busy_line(busy, ctl.lock_holder())
         shown = (seq, busy_text, ctl.describe_runtime())
         if drawn is not None and tuple(drawn) == shown:
-            status, diag = gr.skip(), gr.skip()
+            status_out, diag_out = gr.skip(), gr.skip()
         else:
-            status = status_html(snap, shown[2], busy_text)
-            diag = diagnosis_html(snap.diagnosis) if drawn is None or drawn[0] != seq else gr.skip()
+            status_out = status_html(snap, shown[2], busy_text)
+            diag_out = diagnosis_html(snap.diagnosis) if drawn is None or drawn[0] != seq else gr.skip()
         logbox_out, logs_now = log_redraw(ctl, (s, n or ""), logs_drawn, lambda: _logs(ctl, s, n))
-        head = (status, diag, logbox_out)
+        head = (status_out, diag_out, logbox_out)
         tail = (shown, logs_now)
         key = view_key(snap)
         if key == last:

@@ -26,7 +26,12 @@ class Shell:
     loaders: list[tuple[Callable[..., Any], list[Any], list[Any]]] = field(default_factory=list)
     tickers: list[tuple[Callable[..., Any], list[Any], list[Any]]] = field(default_factory=list)
     # The page's view of the engine: one watch for the whole UI (made by build_ui, closed with the state). A
-    # redraw keeps the `seq` it last drew and skips while no change event came (`engine_now`).
+    # redraw keeps the `seq` it last drew in a gr.State and answers gr.skip() while no change event came
+    # (`engine_now`). Why the 1 s timer stays rather than a generator per page that yields on each event
+    # (docs/engine.md, "Who listens"): Gradio 6.31 runs each step of a sync generator on anyio's worker threads
+    # (one 40-thread limit shared by every sync handler), so a page parked in a wait holds one of them for the
+    # whole wait, and a closed tab is noticed only when its stream loop next wakes (up to 10 s); some dozens of
+    # open pages would stall every click. The timer holds no thread between ticks and costs one small event.
     engine: EngineWatch | None = None
 
     def engine_now(self) -> tuple[int, EngineSnapshot]:
