@@ -122,6 +122,8 @@ def home_engine_panel(docker_client):
         try:
             with serving(state) as panel:
                 yield panel.url, state
+            # the UI's one watch, the hub's, the chat's and the alert service's queue ended with the panel
+            assert state.engine.events.subscribers == 0
         finally:
             for c in docker_client.containers.list(all=True, filters={"label": f"moet-panel.recipe={recipe.id}"}):
                 c.remove(force=True)
@@ -187,6 +189,7 @@ def test_idle_page_is_not_redrawn_and_an_engine_change_shows_at_once(home_engine
     page.get_by_role("tab", name="Engine").click()
     page.wait_for_selector('[data-testid="engine-state"][data-state="stopped"]')
     page.wait_for_selector('[data-testid="hdr-engine"][data-state="stopped"]')
+    subscribers = state.engine.events.subscribers  # one per consumer (the UI's, hub, chat, alert service ...)
     page.evaluate(OBSERVE_JS)
     page.wait_for_function("() => window.__moet.ticks >= 2", timeout=30_000)  # the first redraws are sent
     page.evaluate("() => { for (const k in window.__sent) window.__sent[k] = 0; window.__moet.ticks = 0; }")
@@ -195,6 +198,7 @@ def test_idle_page_is_not_redrawn_and_an_engine_change_shows_at_once(home_engine
     sent = page.evaluate("() => window.__sent")
     assert sent["messages"] > 0, sent  # the stream is read (the copy works)
     assert (sent["header"], sent["status"], sent["diag"]) == (0, 0, 0), sent  # ... and nothing sent again
+    assert state.engine.events.subscribers == subscribers  # redraws subscribe nothing per page or per tick
     # a change: the engine starts (from this process, as the CLI's would be adopted), then stops
     assert state.engine.start("quality").accepted
     page.wait_for_selector('[data-testid="hdr-engine"][data-state="ready"]', timeout=60_000)
