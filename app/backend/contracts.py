@@ -95,10 +95,37 @@ class EngineSnapshot:
 SnapshotFn = Callable[[], "EngineSnapshot | None"]  # the controller's snapshot(); None: no controller
 
 
-class EngineFeed(Protocol):
-    """What a reader of the engine (telemetry, alerting, tests' fakes) may call on the controller: the
-    snapshot, the log stream with its recent lines (boot sizing lines are replayed from them), and the pids
-    of the engine's processes (to tag its GPU processes)."""
+class EngineWatch(Protocol):
+    """The newest engine snapshot and the seq of the change event that made it, kept up to date by the engine's
+    publisher (app/backend/engine/events.py `SnapshotWatch`; docs/engine.md, "Who listens"). A reader keeps the
+    last seq it acted on: an equal seq means nothing changed. `close()` unsubscribes."""
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def snapshot(self) -> EngineSnapshot: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def current(self) -> tuple[int, EngineSnapshot]: ...
+
+    def wait(self, after: int, timeout: float) -> tuple[int, EngineSnapshot]: ...
+
+    def close(self) -> None: ...
+
+
+class EngineEvents(Protocol):
+    """Something whose changes can be watched: the controller (`watch`), a test's fake engine."""
+
+    def watch(self, on_change: Callable[[], None] | None = None) -> EngineWatch: ...
+
+
+class EngineFeed(EngineEvents, Protocol):
+    """What a reader of the engine (telemetry, alerting, tests' fakes) may call on the controller: its change
+    events (`watch`), the snapshot, the log stream with its recent lines (boot sizing lines are replayed from
+    them), and the pids of the engine's processes (to tag its GPU processes)."""
 
     def snapshot(self) -> EngineSnapshot: ...
 

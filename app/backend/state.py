@@ -91,7 +91,9 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     state.on_close(engine.close)
     sim_card = follow_engine(state.gpu, engine)  # demo mode: the SIMULATED card follows this engine
 
-    chat = state.chat = ChatService(settings.recipe, settings.ensure_state_dir(), snapshot_fn=engine.snapshot)
+    # The chat and the telemetry hub follow the engine's change events: each makes its one watch here (through
+    # `engine=`) and closes it with itself (docs/engine.md, "Who listens").
+    chat = state.chat = ChatService(settings.recipe, settings.ensure_state_dir(), engine=engine)
     state.on_close(chat.close)
 
     telemetry = state.telemetry = TelemetryHub(settings, engine=engine, gpu_reader=state.gpu, sim_card=sim_card)

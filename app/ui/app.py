@@ -76,6 +76,9 @@ def build_ui(state: AppState) -> gr.Blocks:
             )
         # The header strip sits above the tabs; it needs the shared timer but not the Tabs object.
         shell = Shell(timer=timer, blocks=demo)
+        if state.engine is not None:  # one subscription for every page (docs/engine.md, "Who listens")
+            shell.engine = state.engine.watch()
+            state.on_close(shell.engine.close)
         header.render(state, shell)
         # "wrap": on a narrow window every tab stays in sight on a second row (Gradio's default hid five of
         # the eight behind "…" at 420 px, issue 29)

@@ -294,10 +294,14 @@ def render(state: AppState, shell: Shell) -> None:
 
     def tick(rid: str | None, last: str) -> tuple[Any, ...]:
         now = svc.progress().state
+        # Start and Resume answer "already running" while a run goes: disabled then, enabled when it ends
+        # (sent when the job state moved, as the page last drew it)
+        can = now is not JobState.RUNNING
+        buttons = (gr.Button(interactive=can), gr.Button(interactive=can)) if now.value != last else (gr.skip(),) * 2
         if now is JobState.RUNNING:
-            return progress_html(svc, rid), *(gr.skip() for _ in range(5)), now.value
+            return progress_html(svc, rid), *(gr.skip() for _ in range(5)), now.value, *buttons
         if last == JobState.RUNNING.value:  # just finished: the pairs are ready to grade
-            return (*views(rid), now.value)
-        return (*(gr.skip() for _ in range(6)), now.value)
+            return (*views(rid), now.value, *buttons)
+        return (*(gr.skip() for _ in range(6)), now.value, *buttons)
 
-    shell.on_tick(tick, [run_sel, seen], [*view_out, seen])
+    shell.on_tick(tick, [run_sel, seen], [*view_out, seen, start, resume])

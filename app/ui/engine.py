@@ -2,7 +2,9 @@
 per-item overrides, the equivalent `docker run`, the last diagnosis, and a filterable log tail.
 
 Thin: every action calls `state.engine` (EngineController). Start/Switch/Stop return at once with a
-ticket; the shared 1 s page timer redraws the badge, phase and log tail from the controller's snapshot.
+ticket; on the shared 1 s page timer the badge, phase, diagnosis and log tail are sent again only when they
+changed: an engine change event (the page keeps the seq it drew), this panel's operation or the lock holder,
+new log lines (docs/engine.md, "Who listens").
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from app.backend.profiles import profile_label
 from app.backend.recipe.command import render_shell
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.state import AppState
-from app.ui.logs import STREAMS, log_text
+from app.ui.logs import STREAMS, log_redraw, log_text
 from app.ui.profile_html import profile_cards
 from app.ui.shell import QUICK, Shell
 from app.ui.theme import BAD, BUSY, GOOD, STATE_COLOURS
@@ -187,24 +189,38 @@ def render(state: AppState, shell: Shell) -> None:
     download.click(lambda s, n: str(ctl.export_logs(LogFilter(s, n or ""))), [stream, needle], [download], **QUICK)
 
     seen = gr.State("")  # per browser tab: the view_key last drawn ('' after a reload)
+    # per browser tab, what its status box and its log tail show (None after a reload: draw). The engine part is
+    # the seq of the last change event drawn; the busy line and the runtime are no engine events (this panel's
+    # own operation, another process's lock), so they are compared as shown.
+    status_drawn = gr.State(None)
+    log_drawn = gr.State(None)
 
-    def _tick(s: StreamChoice, n: str | None, last: str) -> tuple[Any, ...]:
-        snap = ctl.snapshot()
+    def _tick(s: StreamChoice, n: str | None, last: str, drawn: Any, logs_drawn: Any) -> tuple[Any, ...]:
+        seq, snap = shell.engine_now()
         busy = ctl.busy()
         busy_text = busy_line(busy, ctl.lock_holder())
-        head = (status_html(snap, ctl.describe_runtime(), busy_text), diagnosis_html(snap.diagnosis), _logs(ctl, s, n))
+        shown = (seq, busy_text, ctl.describe_runtime())
+        if drawn is not None and tuple(drawn) == shown:
+            status_out, diag_out = gr.skip(), gr.skip()
+        else:
+            status_out = status_html(snap, shown[2], busy_text)
+            diag_out = diagnosis_html(snap.diagnosis) if drawn is None or drawn[0] != seq else gr.skip()
+        logbox_out, logs_now = log_redraw(ctl, (s, n or ""), logs_drawn, lambda: _logs(ctl, s, n))
+        head = (status_out, diag_out, logbox_out)
+        tail = (shown, logs_now)
         key = view_key(snap)
         if key == last:
-            return (*head, gr.skip(), gr.skip(), gr.skip(), gr.skip(), last)
+            return (*head, gr.skip(), gr.skip(), gr.skip(), gr.skip(), last, *tail)
         # The truth moved (or the page was reloaded): the selector shows what serves, stale action lines go,
         # buttons that cannot act are disabled.
         live = bool(snap.profile_id) and snap.state is not EngineState.STOPPED
         # the selector moves to the serving profile, so Switch (to that same profile) has nothing to do
         can_start, can_switch = controls(snap, snap.profile_id if live else None)
         radio = gr.Radio(value=snap.profile_id) if live else gr.skip()
-        return (*head, radio, "", gr.Button(interactive=can_start), gr.Button(interactive=can_switch), key)
+        return (*head, radio, "", gr.Button(interactive=can_start), gr.Button(interactive=can_switch), key, *tail)
 
-    shell.on_tick(_tick, [stream, needle, seen], [status, diag, logbox, profile, action, start_btn, switch_btn, seen])
+    shell.on_tick(_tick, [stream, needle, seen, status_drawn, log_drawn],
+                  [status, diag, logbox, profile, action, start_btn, switch_btn, seen, status_drawn, log_drawn])
     needle.submit(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
     stream.change(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
 

@@ -1,6 +1,7 @@
 """Header strip shown above every tab: engine state + profile, VRAM bar, decode tok/s, pool coverage,
-alert count. It reads only cached values (`state.telemetry.latest()`, `state.engine.snapshot()`);
-the shared 1 s page timer re-renders it."""
+alert count. It reads only cached values (the engine watch's snapshot, `state.telemetry.latest()`); on the
+shared 1 s page timer it is sent again only when something it shows changed: an engine change event (its seq)
+or a telemetry figure as shown."""
 
 from __future__ import annotations
 
@@ -49,6 +50,16 @@ def _vram_cell(frame: TelemetryFrame | None) -> str:
 
 def header_html(state: AppState, snap: EngineSnapshot | None, frame: TelemetryFrame | None) -> str:
     """Pure formatting (tested without a browser)."""
+    return _strip(_engine_cell(state, snap), _telemetry_cells(frame))
+
+
+def _strip(engine: str, telemetry: str) -> str:
+    return ('<div id="moet-header-strip" style="display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start;'
+            'padding:8px 12px;border:1px solid rgba(127,127,127,.3);border-radius:8px">'
+            f"{engine}{telemetry}</div>")
+
+
+def _engine_cell(state: AppState, snap: EngineSnapshot | None) -> str:
     snap = snap or EngineSnapshot()
     colour = STATE_COLOURS[snap.state]
     sim = " (SIMULATED)" if snap.simulated else ""
@@ -59,6 +70,10 @@ def header_html(state: AppState, snap: EngineSnapshot | None, frame: TelemetryFr
         f'<span style="{VALUE}"><span style="color:{colour}">●</span> {_e(snap.state.value)}{phase}</span>'
         f'<span style="font-size:12px">{_e(_profile_label(state, snap.profile_id))}</span></div>'
     )
+    return engine
+
+
+def _telemetry_cells(frame: TelemetryFrame | None) -> str:
     tok = frame.decode_tok_s if frame is not None else None
     tok_s = "—" if tok is None else f"{tok:.1f}"
     decode = (f'<div style="{CELL}" data-testid="hdr-decode" data-decode="{tok_s}"><span style="{LABEL}">Decode</span>'
@@ -82,18 +97,23 @@ def header_html(state: AppState, snap: EngineSnapshot | None, frame: TelemetryFr
     alert = (f'<div style="{CELL}" data-testid="hdr-alerts" data-alerts="{len(alerts)}" title="{_e(titles)}">'
              f'<span style="{LABEL}">Alerts</span><span style="{VALUE};color:{a_col}">{len(alerts)}'
              f'{" " + _e(worst) if worst else ""}</span></div>')
-    return ('<div id="moet-header-strip" style="display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start;'
-            'padding:8px 12px;border:1px solid rgba(127,127,127,.3);border-radius:8px">'
-            f"{engine}{_vram_cell(frame)}{decode}{coverage}{alert}</div>")
+    return f"{_vram_cell(frame)}{decode}{coverage}{alert}"
 
 
-def _tick(state: AppState) -> str:
-    snap = state.engine.snapshot() if state.engine is not None else None
+def redraw(state: AppState, shell: Shell, drawn: Any) -> tuple[Any, Any]:
+    """(the strip, or gr.skip() when the page already shows it; what it shows now). `drawn`: the page's
+    (engine seq, telemetry cells) last sent — None after a (re)load."""
+    seq, snap = shell.engine_now()
     frame = state.telemetry.latest() if state.telemetry is not None else None
-    return header_html(state, snap, frame)
+    cells = _telemetry_cells(frame)
+    now = (seq, cells)
+    if drawn is not None and tuple(drawn) == now:
+        return gr.skip(), drawn
+    return _strip(_engine_cell(state, snap), cells), now
 
 
 def render(state: AppState, shell: Shell) -> None:
-    """Called by app.ui.app above the tabs; re-rendered on the shared page timer."""
-    strip = gr.HTML(_tick(state), elem_id="moet-header")
-    shell.on_tick(lambda: _tick(state), None, [strip])
+    """Called by app.ui.app above the tabs; redrawn on the shared page timer when it changed."""
+    strip = gr.HTML(redraw(state, shell, None)[0], elem_id="moet-header")
+    drawn = gr.State(None)  # per browser tab: (engine seq, telemetry cells) the strip shows
+    shell.on_tick(lambda last: redraw(state, shell, last), [drawn], [strip, drawn])

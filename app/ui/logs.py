@@ -6,7 +6,7 @@ the backend's one `LogFilter`; downloads are files the backend writes or already
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import gradio as gr
@@ -29,6 +29,21 @@ def log_text(lines: Iterable[LogLine], view: LogFilter, show: int) -> str:
     kept = view.apply(lines)[-show:]
     tag = view.stream == "both"
     return "\n".join((f"{ln.stream[3:]} | " if tag else "") + ln.text for ln in kept)
+
+
+def log_redraw(ctl: EngineController, view: tuple[Any, ...], drawn: Any, lines: Callable[[], str]) -> tuple[Any, Any]:
+    """A live tail for the 1 s page timer: (the text, or gr.skip() when the page shows it already; what it shows
+    now). `view`: the filter's settings; `drawn`: the page's (log version, *view, hash of the text) last sent,
+    None after a (re)load. No new line and the same view: not even filtered again; new lines the view hides (the
+    panel's own probes, each second while the engine is ready): not sent."""
+    version = ctl.logs.version
+    if drawn is not None and tuple(drawn[:-1]) == (version, *view):
+        return gr.skip(), drawn
+    text = lines()
+    now = (version, *view, hash(text))
+    if drawn is not None and tuple(drawn[1:]) == now[1:]:
+        return gr.skip(), now
+    return text, now
 
 
 def _sources(ctl: EngineController) -> list[str]:
@@ -108,9 +123,11 @@ def render(state: AppState, shell: Shell) -> None:
     download.click(lambda src, st, text, pr: _download(ctl, src, LogFilter(st, text or "", pr)), inputs, [download],
                    **QUICK)
 
-    def tick(src: str, st: StreamChoice, text: str | None, pr: bool, on: bool) -> Any:
-        if not on or src != LIVE:
-            return gr.skip()
-        return show(src, st, text, pr)
+    drawn = gr.State(None)  # per browser tab: what its live box shows (log_redraw)
 
-    shell.on_tick(tick, inputs + [follow], [box])
+    def tick(src: str, st: StreamChoice, text: str | None, pr: bool, on: bool, last: Any) -> tuple[Any, Any]:
+        if not on or src != LIVE:
+            return gr.skip(), None  # a saved run or a paused view: the next live redraw sends the tail again
+        return log_redraw(ctl, (st, text or "", bool(pr)), last, lambda: show(src, st, text, pr))
+
+    shell.on_tick(tick, inputs + [follow, drawn], [box, drawn])

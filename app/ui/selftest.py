@@ -51,19 +51,32 @@ def _plan(profile: str, runs: float, tokens: float, needles: str) -> SelfTestPla
 
 
 def status_html(svc: SelfTestService, profile: str, runs: float, tokens: float, needles: str) -> str:
+    return run_status(svc, profile, runs, tokens, needles)[0]
+
+
+def run_status(svc: SelfTestService, profile: str, runs: float, tokens: float, needles: str) -> tuple[str, bool]:
+    """The line above Run, and whether Run can act now: it is disabled exactly while that line says why not
+    (a run in progress, a plan that does not parse, an engine not serving this profile)."""
     p = svc.progress()
     if p.state is JobState.RUNNING:
         pct = int(p.fraction * 100)
         return (f'<div id="st-progress" data-state="running"><progress max="100" value="{pct}"></progress> '
-                f"{pct}% · {html.escape(p.step)} · {p.elapsed_s:.0f} s of about {p.estimate_s:.0f} s</div>")
+                f"{pct}% · {html.escape(p.step)} · {p.elapsed_s:.0f} s of about {p.estimate_s:.0f} s</div>"), False
     try:
         est = svc.estimate_s(_plan(profile, runs, tokens, needles))
     except ValueError as exc:
-        return f'<div id="st-progress" data-state="invalid" role="alert">{html.escape(str(exc))}</div>'
+        return f'<div id="st-progress" data-state="invalid" role="alert">{html.escape(str(exc))}</div>', False
     why = svc.check(profile)
     last = f"<br>last run: {html.escape(p.message)}" if p.state is not JobState.IDLE and p.profile_id == profile else ""
     ready = (f"ready to run: about {est / 60:.1f} min" if not why else f"cannot run now: {html.escape(why)}")
-    return f'<div id="st-progress" data-state="{p.state.value}">{ready}{last}</div>'
+    return f'<div id="st-progress" data-state="{p.state.value}">{ready}{last}</div>', not why
+
+
+def status_out(svc: SelfTestService, profile: str, runs: float, tokens: float, needles: str) -> tuple[Any, Any, Any]:
+    """(the line, the Run button, what the page now shows): every handler that redraws the line sends all three,
+    so the timer's redraw (which skips what the page shows) never compares against a line another handler replaced."""
+    line, can = run_status(svc, profile, runs, tokens, needles)
+    return line, gr.Button(interactive=can), (line, can)
 
 
 def result_md(svc: SelfTestService, profile: str) -> str:
@@ -104,32 +117,36 @@ def render(state: AppState, shell: Shell) -> None:
         tokens = gr.Number(2000, label="Tokens per run", precision=0, minimum=16, elem_id="st-tokens")
         needles = gr.Textbox("64k,256k", label="Needle lengths", elem_id="st-needles")
     inputs = [profile, runs, tokens, needles]
-    status = gr.HTML(status_html(svc, profile.value, 3, 2000, "64k,256k"), elem_id="st-status")
+    line0, can0 = run_status(svc, profile.value, 3, 2000, "64k,256k")
+    status = gr.HTML(line0, elem_id="st-status")
     with gr.Row():
-        run = gr.Button("Run self-test", variant="primary", elem_id="st-run")
+        run = gr.Button("Run self-test", variant="primary", elem_id="st-run", interactive=can0)
         cancel = gr.Button("Cancel", elem_id="st-cancel")
         md0, json0 = exports(svc, profile.value)
         dl_md = gr.DownloadButton("Export Markdown", md0, elem_id="st-export-md")
         dl_json = gr.DownloadButton("Export JSON", json0, elem_id="st-export-json")
     result = gr.Markdown(result_md(svc, profile.value), elem_id="st-result")
+    shown = gr.State(None)  # per browser tab: (the line, Run can act) the page shows; None after a (re)load
+    status_outs = [status, run, shown]
 
-    def start(pid: str, n: float, t: float, nd: str) -> str:
+    def start(pid: str, n: float, t: float, nd: str) -> tuple[Any, ...]:
         try:
             svc.start(_plan(pid, n, t, nd))
         except ValueError as exc:
-            return f'<div id="st-progress" data-state="invalid" role="alert">{html.escape(str(exc))}</div>'
-        return status_html(svc, pid, n, t, nd)
+            line = f'<div id="st-progress" data-state="invalid" role="alert">{html.escape(str(exc))}</div>'
+            return line, gr.skip(), None
+        return status_out(svc, pid, n, t, nd)
 
-    run.click(start, inputs, [status], **QUICK)
-    def do_cancel(pid: str, n: float, t: float, nd: str) -> str:
+    run.click(start, inputs, status_outs, **QUICK)
+    def do_cancel(pid: str, n: float, t: float, nd: str) -> tuple[Any, ...]:
         svc.cancel()
-        return status_html(svc, pid, n, t, nd)
+        return status_out(svc, pid, n, t, nd)
 
-    cancel.click(do_cancel, inputs, [status], **QUICK)
+    cancel.click(do_cancel, inputs, status_outs, **QUICK)
     for ev in (runs.change, tokens.change, needles.change):
-        ev(lambda *a: status_html(svc, *a), inputs, [status], **QUICK)
-    profile.change(lambda *a: (status_html(svc, *a), result_md(svc, a[0]), *exports(svc, a[0])), inputs,
-                   [status, result, dl_md, dl_json], **QUICK)
+        ev(lambda *a: status_out(svc, *a), inputs, status_outs, **QUICK)
+    profile.change(lambda *a: (*status_out(svc, *a), result_md(svc, a[0]), *exports(svc, a[0])), inputs,
+                   [*status_outs, result, dl_md, dl_json], **QUICK)
     seen = gr.State(JobState.IDLE.value)  # per browser session: the job state its page last drew
 
     def on_load(pid: str | None, n: float, t: float, nd: str) -> tuple[Any, ...]:
@@ -137,7 +154,7 @@ def render(state: AppState, shell: Shell) -> None:
         as the default, its latest result and exports."""
         pick = default_profile(pid)
         return (gr.Dropdown(choices=registry.choices(), value=pick), figures_html(svc, registry.list()),
-                status_html(svc, pick, n, t, nd), result_md(svc, pick), *exports(svc, pick))
+                *status_out(svc, pick, n, t, nd), result_md(svc, pick), *exports(svc, pick))
 
     def on_tab(pid: str | None) -> tuple[Any, ...]:
         # opened again: the image or a profile may have changed meanwhile; the pick stays the user's
@@ -146,19 +163,28 @@ def render(state: AppState, shell: Shell) -> None:
         return (gr.Dropdown(choices=registry.choices()) if keep else
                 gr.Dropdown(choices=registry.choices(), value=default_profile()), figures_html(svc, registry.list()))
 
-    shell.on_load(on_load, inputs, [profile, figures, status, result, dl_md, dl_json])
+    shell.on_load(on_load, inputs, [profile, figures, *status_outs, result, dl_md, dl_json])
     shell.on_tab(TITLE, on_tab, [profile], [profile, figures])
 
-    def tick(pid: str, n: float, t: float, nd: str, last: str) -> tuple[Any, ...]:
+    def redraw_status(pid: str, n: float, t: float, nd: str, drawn: Any) -> tuple[Any, Any, Any]:
+        """The line and the Run button as they are now (Run follows the engine becoming ready, or not), each
+        sent only when it differs from what the page shows."""
+        line, can = run_status(svc, pid, n, t, nd)
+        old_line, old_can = tuple(drawn) if drawn is not None else (None, None)
+        return (gr.skip() if line == old_line else line, gr.skip() if can == old_can else gr.Button(interactive=can),
+                (line, can))
+
+    def tick(pid: str, n: float, t: float, nd: str, last: str, drawn: Any) -> tuple[Any, ...]:
         p = svc.progress()
         now = p.state
         # a run started elsewhere (the Profiles card's "run it again", the CLI) for another profile: follow it
         follow = gr.Dropdown(value=p.profile_id) if now is JobState.RUNNING and p.profile_id != pid \
             and p.profile_id in registry.ids() else gr.skip()
         finished = last == JobState.RUNNING.value and now is not JobState.RUNNING
+        line, button, drawn_now = redraw_status(pid, n, t, nd, drawn)
         if not finished:
-            return status_html(svc, pid, n, t, nd), follow, gr.skip(), gr.skip(), gr.skip(), gr.skip(), now.value
-        return (status_html(svc, pid, n, t, nd), follow, figures_html(svc, registry.list()), result_md(svc, pid),
+            return line, button, drawn_now, follow, gr.skip(), gr.skip(), gr.skip(), gr.skip(), now.value
+        return (line, button, drawn_now, follow, figures_html(svc, registry.list()), result_md(svc, pid),
                 *exports(svc, pid), now.value)
 
-    shell.on_tick(tick, inputs + [seen], [status, profile, figures, result, dl_md, dl_json, seen])
+    shell.on_tick(tick, inputs + [seen, shown], [*status_outs, profile, figures, result, dl_md, dl_json, seen])

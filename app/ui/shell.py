@@ -11,6 +11,8 @@ from typing import Any, Literal, TypedDict
 
 import gradio as gr
 
+from app.backend.contracts import EngineSnapshot, EngineWatch
+
 log = logging.getLogger("moet_panel.ui")
 
 
@@ -23,6 +25,18 @@ class Shell:
     blocks: gr.Blocks | None = None  # the page, for its load event
     loaders: list[tuple[Callable[..., Any], list[Any], list[Any]]] = field(default_factory=list)
     tickers: list[tuple[Callable[..., Any], list[Any], list[Any]]] = field(default_factory=list)
+    # The page's view of the engine: one watch for the whole UI (made by build_ui, closed with the state). A
+    # redraw keeps the `seq` it last drew in a gr.State and answers gr.skip() while no change event came
+    # (`engine_now`). Why the 1 s timer stays rather than a generator per page that yields on each event
+    # (docs/engine.md, "Who listens"): Gradio 6.31 runs each step of a sync generator on anyio's worker threads
+    # (one 40-thread limit shared by every sync handler), so a page parked in a wait holds one of them for the
+    # whole wait, and a closed tab is noticed only when its stream loop next wakes (up to 10 s); some dozens of
+    # open pages would stall every click. The timer holds no thread between ticks and costs one small event.
+    engine: EngineWatch | None = None
+
+    def engine_now(self) -> tuple[int, EngineSnapshot]:
+        """(seq of the last engine change, the snapshot it made); (0, a blank snapshot) without an engine."""
+        return self.engine.current() if self.engine is not None else (0, EngineSnapshot())
 
     def on_tick(self, fn: Callable[..., Any], inputs: list[Any] | None, outputs: list[Any]) -> None:
         """Redraw `outputs` from `fn(*inputs)` on the 1 s page timer. Every tab's redraw runs in ONE event

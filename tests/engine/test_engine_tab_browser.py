@@ -103,3 +103,118 @@ def test_reload_radio_follows_the_serving_profile_and_logs_follow_and_filter(eng
     page.wait_for_function("() => { const ta = document.querySelector('#logs-text textarea');"
                            " return ta.scrollHeight > ta.clientHeight &&"
                            " ta.scrollHeight - ta.scrollTop - ta.clientHeight < 30; }", timeout=20_000)
+
+
+@pytest.fixture
+def home_engine_panel(docker_client):
+    """engine_panel with its data dir where users keep theirs (~/.local/share/moet-panel-test-*/data)."""
+    from app.backend.recipe import SIMULATED_RECIPE
+    from app.backend.state import build_app_state
+    from tests.journey.conftest import user_data_dir
+
+    recipe = sim_recipe(free_port())
+    with user_data_dir() as data:
+        settings = Settings(SIMULATED_RECIPE, recipe, data, True)
+        settings.ensure_state_dir()
+        state = build_app_state(settings)
+        state.engine.options.extra_env = {"MOET_SIM_BOOT_S": "1"}
+        state.engine.options.extra_labels = dict(TEST_LABEL)
+        try:
+            with serving(state) as panel:
+                yield panel.url, state
+            # the UI's one watch, the hub's, the chat's and the alert service's queue ended with the panel
+            assert state.engine.events.subscribers == 0
+        finally:
+            for c in docker_client.containers.list(all=True, filters={"label": f"moet-panel.recipe={recipe.id}"}):
+                c.remove(force=True)
+
+
+# What the server sends an open page: Gradio's client reads its queue's event stream with fetch; this copy
+# of each /queue/data stream counts, per view, the messages that carry that view's HTML again.
+COUNT_SENT_JS = """(() => {
+  window.__sent = {header: 0, status: 0, diag: 0, messages: 0};
+  const marks = [['header', 'moet-header-strip'], ['status', 'engine-status-box'], ['diag', 'No failure recorded']];
+  const realFetch = window.fetch.bind(window);
+  window.fetch = async (...args) => {
+    const resp = await realFetch(...args);
+    const url = String(args[0] && args[0].url ? args[0].url : args[0]);
+    if (!url.includes('/queue/data') || !resp.body) return resp;
+    const [mine, theirs] = resp.body.tee();
+    (async () => {
+      const reader = mine.getReader(), dec = new TextDecoder();
+      let buf = '';
+      for (;;) {
+        const {done, value} = await reader.read();
+        if (done) return;
+        buf += dec.decode(value, {stream: true});
+        let at;
+        while ((at = buf.indexOf('\\n\\n')) >= 0) {  // one SSE message
+          const msg = buf.slice(0, at); buf = buf.slice(at + 2);
+          window.__sent.messages += 1;
+          for (const [name, mark] of marks) if (msg.includes(mark)) window.__sent[name] += 1;
+        }
+      }
+    })();
+    return new Response(theirs, {status: resp.status, statusText: resp.statusText, headers: resp.headers});
+  };
+})()"""
+
+# When the header's engine state moved (page clock), and the page-timer events answered: Gradio's status
+# tracker on the header changes on every event of the timer, whether anything is sent or not.
+OBSERVE_JS = """() => {
+  window.__moet = {ticks: 0, states: []};
+  new MutationObserver(records => {
+    const header = document.querySelector('#moet-header');
+    for (const r of records) {
+      const el = r.target.nodeType === 1 ? r.target : r.target.parentElement;
+      const tracker = el && el.closest('div.wrap.default, div.wrap.center');
+      if (tracker && r.type === 'attributes' && header.contains(tracker)) window.__moet.ticks += 1;
+    }
+    const h = document.querySelector('[data-testid="hdr-engine"]');
+    const st = window.__moet.states;
+    if (h && (!st.length || st[st.length - 1][1] !== h.dataset.state)) st.push([Date.now() / 1000, h.dataset.state]);
+  }).observe(document.body, {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
+
+
+def test_idle_page_is_not_redrawn_and_an_engine_change_shows_at_once(home_engine_panel, browser) -> None:
+    """Issue 32 ("One writer, events out"): the header and the Engine tab's state views are sent again only
+    when an engine change event came (or what they show changed); an idle page's timer sends nothing for
+    them. A change (a stop) still shows within the 1 s page timer."""
+    url, state = home_engine_panel
+    page = browser.new_page(1280, 1000)
+    page.add_init_script(COUNT_SENT_JS)
+    page.goto(url)
+    page.wait_for_selector('#moet-loaded [data-loaded="1"]', state="attached", timeout=60_000)
+    page.get_by_role("tab", name="Engine").click()
+    page.wait_for_selector('[data-testid="engine-state"][data-state="stopped"]')
+    page.wait_for_selector('[data-testid="hdr-engine"][data-state="stopped"]')
+    subscribers = state.engine.events.subscribers  # one per consumer (the UI's, hub, chat, alert service ...)
+    page.evaluate(OBSERVE_JS)
+    page.wait_for_function("() => window.__moet.ticks >= 2", timeout=30_000)  # the first redraws are sent
+    page.evaluate("() => { for (const k in window.__sent) window.__sent[k] = 0; window.__moet.ticks = 0; }")
+    # idle: several page-timer events answered (the header's status tracker cycles once per event) ...
+    page.wait_for_function("() => window.__moet.ticks >= 8", timeout=30_000)
+    sent = page.evaluate("() => window.__sent")
+    assert sent["messages"] > 0, sent  # the stream is read (the copy works)
+    assert (sent["header"], sent["status"], sent["diag"]) == (0, 0, 0), sent  # ... and nothing sent again
+    assert state.engine.events.subscribers == subscribers  # redraws subscribe nothing per page or per tick
+    # a change: the engine starts (from this process, as the CLI's would be adopted), then stops
+    assert state.engine.start("quality").accepted
+    page.wait_for_selector('[data-testid="hdr-engine"][data-state="ready"]', timeout=60_000)
+    page.wait_for_selector('[data-testid="engine-state"][data-state="ready"]', timeout=10_000)
+    page.evaluate("() => { window.__moet.states = []; }")
+    sub = state.engine.subscribe()
+    try:
+        assert state.engine.stop().accepted
+        ev = None
+        while ev is None or ev.after.state.value != "stopped":
+            ev = sub.get(timeout=30)
+            assert ev is not None, "no stopped event within 30 s"
+    finally:
+        sub.close()
+    # the header shows it within 3 page-timer periods of the event (its timer ticks every second)
+    page.wait_for_selector('[data-testid="hdr-engine"][data-state="stopped"]', timeout=3_000)
+    page.wait_for_selector('[data-testid="engine-state"][data-state="stopped"]', timeout=1_000)
+    shown = next(t for t, s in page.evaluate("() => window.__moet.states") if s == "stopped")
+    assert shown - ev.ts < 3.0, (shown - ev.ts)

@@ -45,6 +45,24 @@ def test_stuck_subscriber_never_blocks_the_publisher_and_loses_only_its_oldest()
     assert bus.subscribers == 0
 
 
+def test_watch_keeps_the_newest_snapshot_and_wakes_a_waiter() -> None:
+    """A SnapshotWatch (docs/engine.md, "Who listens"): set by the publisher itself, so a reader never lags
+    the writer; `wait` wakes on the next change; a closed watch is left alone."""
+    bus = EventBus()
+    a, b, c = EngineSnapshot(), EngineSnapshot(state=EngineState.STARTING), EngineSnapshot(state=EngineState.READY)
+    flags: list[int] = []
+    w = bus.watch(a, on_change=lambda: flags.append(1))
+    assert w.current() == (0, a) and bus.subscribers == 1
+    bus.publish("BootBegan", a, b)
+    assert w.current() == (1, b) and flags == [1]  # in line: no thread, no queue between
+    assert w.wait(1, 0.01) == (1, b)  # nothing new: back after the timeout
+    threading.Timer(0.1, lambda: bus.publish("BecameReady", b, c)).start()
+    assert w.wait(1, 10) == (2, c)  # woken by the change (a deadline, not a timing)
+    w.close()
+    bus.publish("Stopped", c, a)
+    assert w.current() == (2, c) and bus.subscribers == 0 and w.wait(2, 10) == (2, c)  # closed: returns at once
+
+
 def test_only_the_reconciler_thread_writes_engine_state(make_controller, docker_client, monkeypatch) -> None:
     """Start, a second panel adopting, an outside kill, a start and a stop: every transition of either panel
     ran on a thread named engine-reconciler (docs/engine.md, "One writer, events out")."""

@@ -133,13 +133,16 @@ def test_build_app_state_wires_every_collaborator(monkeypatch, tmp_path: Path) -
         assert ctl._artifact_status is not None and ctl._artifact_status("planescache") is None  # journals read
         assert state.telemetry._engine is ctl  # engine into telemetry
         assert state.chat is not None and state.downloads is not None
-        assert state.chat._snapshot_fn == ctl.snapshot  # chat reads the engine's snapshot
+        # chat and telemetry follow the engine's change events, one watch each (docs/engine.md, "Who listens")
+        assert state.chat._watch is not None and state.chat._watch.snapshot is ctl.snapshot()
+        assert state.telemetry._watch is not None
         assert state.selftest is not None and state.abtest is not None
         assert state.telemetry.drift is not None  # the self-test's baseline feeds the drift alert
         assert state.gpu.read() is not None  # the shared reader follows the engine's snapshot
     finally:
         state.close()
     assert state.telemetry._thread is None  # close() stopped the sampler
+    assert ctl.events.subscribers == 0  # every listener unsubscribed on close (none leaked)
 
 
 def test_serve_opens_nvml_once_and_the_app_state_keeps_that_reader(monkeypatch, tmp_path: Path) -> None:

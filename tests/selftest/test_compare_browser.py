@@ -62,7 +62,11 @@ def test_blind_ab_from_chat_history_graded_by_pick_and_score(demo_state: AppStat
         page.fill("#ab-max input", "800")
         page.dispatch_event("#ab-start", "click")
         page.wait_for_selector("#ab-progress[data-state=running]")
+        # Start and Resume answer "already running" meanwhile: disabled while the run goes, enabled after it
+        page.wait_for_function("() => document.querySelector('#ab-start')?.disabled === true"
+                               " && document.querySelector('#ab-resume')?.disabled === true")
         page.wait_for_selector("#ab-pair-head[data-left='4']", timeout=120_000)
+        page.wait_for_function("() => document.querySelector('#ab-start')?.disabled === false")
         assert engine.snapshot().profile_id == "speed"  # switched for B through the controller
         rid = abtest.journal.runs()[0]
         spec = abtest.journal.load(rid).spec

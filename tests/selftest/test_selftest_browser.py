@@ -27,14 +27,18 @@ def test_selftest_tab_runs_cancels_shows_card_beside_box(demo_state: AppState, b
         assert card.inner_text() == "this box: not self-tested yet"
         page.get_by_role("tab", name="Self-test").click()
         page.wait_for_function("() => document.querySelector('#st-status')?.innerText.includes('start profile quality first')")
+        # Run is disabled while the line says it cannot run, and follows the engine becoming ready
+        page.wait_for_function("() => document.querySelector('#st-run')?.disabled === true")
         assert engine.start("quality").accepted
         assert engine.wait_for(lambda s: s.is_ready, 90).is_ready
         page.wait_for_function("() => document.querySelector('#st-status')?.innerText.includes('ready to run')")
+        page.wait_for_function("() => document.querySelector('#st-run')?.disabled === false")
         # cancel: a long run, cancelled from the page, saves nothing and leaves the engine up
         page.fill("#st-needles textarea, #st-needles input", "")
         page.fill("#st-tokens input", "4000")
         page.click("#st-run")
         page.wait_for_selector("#st-progress[data-state=running] progress")
+        page.wait_for_function("() => document.querySelector('#st-run')?.disabled === true")  # one run at a time
         page.click("#st-cancel")
         page.wait_for_function("() => document.querySelector('#st-status')?.innerText.includes('cancelled')")
         assert selftest.store.latest("quality") is None and engine.snapshot().is_ready

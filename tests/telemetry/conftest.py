@@ -22,7 +22,10 @@ class FakeEngine:
     """The slice of EngineController the hub uses: snapshot, log listeners, recent logs, pids."""
 
     def __init__(self, snapshot: EngineSnapshot | None = None) -> None:
+        from app.backend.engine.events import EventBus
+
         self._snap = snapshot or EngineSnapshot()
+        self.events = EventBus()  # `set` publishes like the controller's reconciler
         self._listeners: list[Callable[[LogLine], None]] = []
         self._recent: list[LogLine] = []
         self._lock = threading.Lock()
@@ -34,7 +37,11 @@ class FakeEngine:
     def set(self, **kw) -> None:
         import dataclasses
 
-        self._snap = dataclasses.replace(self._snap, **kw)
+        before, self._snap = self._snap, dataclasses.replace(self._snap, **kw)
+        self.events.publish("FakeChange", before, self._snap)
+
+    def watch(self, on_change=None):
+        return self.events.watch(self._snap, on_change)
 
     def add_log_listener(self, cb):
         with self._lock:

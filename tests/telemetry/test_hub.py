@@ -215,3 +215,48 @@ def test_hub_marks_the_engines_gpu_processes(settings, fake_engine) -> None:
         assert [(p.pid, p.container) for p in procs] == [(419, "moet-ds4-quality"), (77, "")]
     finally:
         hub.close()
+
+
+def _until(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_engine_change_shows_at_once_without_a_tick(settings, fake_engine) -> None:
+    """The hub follows the engine's change events: with a 60 s tick, a stop still clears the pool alert and
+    marks the state band at once, from the last GPU reading (no new sample: those stay on the tick)."""
+    reader = FakeGpuReader.from_dict({"gpus": [_gpu(40)]})
+    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=reader, persist=False, interval_s=60)
+    try:
+        for line in log_text("disabled_auto_0slots_trace1_every64.log").splitlines():
+            fake_engine.emit(line)
+        hub.start()
+        _until(lambda: hub.latest().seq >= 1, 10, "the first tick")
+        assert "pool_absent" in [a.id for a in hub.latest().alerts]
+        assert hub.timeline.latest().engine_state == "ready"
+        fake_engine.set(phase="still ready")  # a change that moves no band: a frame, no timeline point
+        _until(lambda: hub.latest().engine.phase == "still ready", 5, "the phase change")
+        assert len(hub.timeline) == 1
+        fake_engine.set(state=EngineState.STOPPED)
+        _until(lambda: hub.latest().engine.state is EngineState.STOPPED, 5, "the stop, before the next tick")
+        f = hub.latest()
+        assert [a.id for a in f.alerts] == []  # no trace alerts for a stopped engine
+        assert f.vram_used_gib == pytest.approx(40)  # the last reading, carried
+        assert hub.timeline.latest().engine_state == "stopped" and len(hub.timeline) == 2
+        assert reader.read_count == 1  # the GPU was read on the one tick only
+    finally:
+        hub.close()
+    assert fake_engine.events.subscribers == 0  # the watch closed with the hub
+    assert fake_engine.listener_count == 0
+
+
+def test_engine_change_after_close_wakes_nothing(settings, fake_engine) -> None:
+    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=FakeGpuReader(), persist=False, interval_s=60)
+    hub.start()
+    _until(lambda: hub.latest().seq >= 1, 10, "the first tick")
+    hub.close()
+    seq = hub.latest().seq
+    fake_engine.set(state=EngineState.STOPPED)
+    assert hub.latest().seq == seq and fake_engine.events.subscribers == 0

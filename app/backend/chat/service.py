@@ -1,6 +1,8 @@
 """ChatService: conversations, streamed replies and their stats, for the UI, the CLI and benches.
 
-`state.chat` in the panel. Thread-safe; one reply streams per conversation at a time.
+`state.chat` in the panel. Thread-safe; one reply streams per conversation at a time. In the panel it
+follows the engine's change events (`engine=`: one watch, closed with the service; docs/engine.md, "Who
+listens"): whether it can talk to the engine now, and why not, comes from the snapshot the events keep.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from app.backend.chat.models import (
 from app.backend.chat.snippets import curl_snippet, python_snippet
 from app.backend.chat.stats import StatsRecorder
 from app.backend.chat.store import ChatStore, ChatStoreError
-from app.backend.contracts import SnapshotFn
+from app.backend.contracts import EngineEvents, EngineSnapshot, SnapshotFn
 from app.backend.chat.turn import Turn
 from app.backend.engine.client import engine_client
 from app.backend.exports import write_export
@@ -70,15 +72,17 @@ class ChatService:
         self,
         recipe: Recipe,
         state_dir: Path,
-        snapshot_fn: SnapshotFn | None = None,
+        snapshot_fn: SnapshotFn | None = None,  # a fixed source (CLI, benches); `engine` wins when given
         checkpoint_s: float = 2.0,
         extra_body: dict[str, object] | None = None,  # added to every request (benchmarks: {"ignore_eos": True})
         max_streams: int = MAX_STREAMS,
+        engine: EngineEvents | None = None,  # the controller: followed through its change events
     ):
         self.recipe = recipe
         self.max_streams = max_streams
         self._extra_body = dict(extra_body or {})
-        self._snapshot_fn = snapshot_fn
+        self._watch = engine.watch() if engine is not None else None
+        self._snapshot_fn: SnapshotFn | None = self._watched if self._watch is not None else snapshot_fn
         self._store = ChatStore(Path(state_dir) / DB_NAME)
         self._probe = HealthProbe()
         self._checkpoint_s = checkpoint_s
@@ -94,6 +98,15 @@ class ChatService:
         self._list_rev = 0
 
     # ---- endpoint and sampling ----------------------------------------------------------------
+    def _watched(self) -> EngineSnapshot | None:
+        return self._watch.snapshot if self._watch is not None else None
+
+    @property
+    def engine_seq(self) -> int:
+        """The seq of the last engine change the service has seen (0 without events): a page that keeps it
+        knows whether `endpoint()` can have changed since (a custom URL's probe aside)."""
+        return self._watch.seq if self._watch is not None else 0
+
     def endpoint(self, custom_url: str | None = None) -> Endpoint:
         return resolve_endpoint(self.recipe, self._snapshot_fn, self._probe, custom_url)
 
@@ -341,9 +354,17 @@ class ChatService:
         if ep.source != "engine" or snapshot_fn is None or snap is None:
             return f"{text} Check the engine (`moet-panel engine status`)."
         deadline = time.monotonic() + DIAGNOSIS_WAIT_S
+        watch = self._watch
+        seq = watch.seq if watch is not None else 0
         while snap.diagnosis is None and snap.is_ready and time.monotonic() < deadline:
-            time.sleep(0.1)  # the controller notices a dead engine within its own poll interval
-            snap = snapshot_fn() or snap
+            # the controller notices a dead engine within its own poll interval: wake on its next change event
+            if watch is not None:
+                if watch.closed:  # the service is closing: no more events will come
+                    break
+                seq, snap = watch.wait(seq, deadline - time.monotonic())
+            else:  # a fixed source has no events: look again shortly
+                time.sleep(0.1)
+                snap = snapshot_fn() or snap
         if snap.diagnosis is not None:
             d = snap.diagnosis
             return f"{text} Diagnosis: {d.title} — {d.explanation} Fix: {d.fix}"
@@ -395,6 +416,8 @@ class ChatService:
             raise ChatError(f"{Path(path).name}: {exc}") from exc
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()  # unsubscribe; endpoint() keeps the last snapshot it saw
         with self._lock:
             turns = list(self._turns.values())
         for turn in turns:

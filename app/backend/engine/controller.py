@@ -31,7 +31,7 @@ from app.backend.engine.bootlog import BootProgress, BootTracker
 from app.backend.engine.diagnosis import cache_miss_warning
 from app.backend.engine.canary import CanaryState, Load, canary_diagnosis, load_from_metrics, send_canary
 from app.backend.engine.desired import Desired, DesiredKind, DesiredStore
-from app.backend.engine.events import EngineChanged, EventBus, Subscription
+from app.backend.engine.events import EngineChanged, EventBus, SnapshotWatch, Subscription
 from app.backend.engine.exits import NEUTRAL_REASONS, ExitRecords, explain_exit, is_failure
 from app.backend.engine.restartpolicy import GiveUp, PolicyConfig, Restart, RestartPolicy, decide, parse_policy
 from app.backend.engine.following import LogFollower
@@ -157,6 +157,13 @@ class EngineController:
     def on_change(self, cb: Callable[[EngineChanged], None], name: str = "engine-listener") -> Callable[[], None]:
         """Call `cb(EngineChanged)` for every change, on a thread of its own; returns the unsubscribe function."""
         return self.events.subscribe_callback(cb, name)
+
+    def watch(self, on_change: Callable[[], None] | None = None) -> SnapshotWatch:
+        """The newest snapshot and its event seq, kept by the publisher (`.close()` to unsubscribe). Made under
+        the lock `_write` publishes under: no change falls between the snapshot it starts from and the first
+        event it gets."""
+        with self._lock:
+            return self.events.watch(self._snap, on_change)
 
     def add_log_listener(self, cb: Callable[[LogLine], None]) -> Callable[[], None]:
         return self.logs.add_listener(cb)

@@ -5,7 +5,9 @@ llama-swap's shape (../shared/reference/style.md): the writer publishes a change
 of polling. Publishing never blocks the writer: each subscriber has its own bounded queue, and a subscriber
 that falls behind loses its OLDEST events (the newest snapshot is what matters; `dropped` counts the loss).
 A callback subscriber gets a daemon thread of its own that drains its queue, so a slow callback (an Apprise
-send, a UI push) delays nobody else.
+send, a UI push) delays nobody else. A `SnapshotWatch` keeps only the newest snapshot and its event number, set
+by the publisher in line: for a reader that asks "what is it now, and did it change since I looked" (the
+telemetry hub, the chat, the page's redraw; docs/engine.md, "Who listens").
 """
 
 from __future__ import annotations
@@ -87,13 +89,70 @@ class Subscription:
                     pass
 
 
+class SnapshotWatch:
+    """The newest snapshot and the `seq` of the event that made it (0: none since the watch began).
+
+    Set by the publisher in line (one assignment and a notify: never behind the writer, no thread, no queue),
+    so a reader that keeps the last `seq` it acted on knows at once whether anything changed, and `wait()`
+    wakes on the next change. `on_change` runs in the writer's thread right after the assignment: it may only
+    flag (an `Event.set()`), never block or call back into the engine."""
+
+    def __init__(self, bus: EventBus, seq: int, snapshot: EngineSnapshot,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self._bus = bus
+        self._cond = threading.Condition()
+        self._state = (seq, snapshot)  # one reference: a reader never sees a seq with another event's snapshot
+        self._on_change = on_change
+        self.closed = False
+
+    @property
+    def seq(self) -> int:
+        return self._state[0]
+
+    @property
+    def snapshot(self) -> EngineSnapshot:
+        return self._state[1]
+
+    def current(self) -> tuple[int, EngineSnapshot]:
+        return self._state
+
+    def wait(self, after: int, timeout: float) -> tuple[int, EngineSnapshot]:
+        """(seq, snapshot) as soon as seq differs from `after`, else when the timeout passed or the watch closed."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._state[0] == after and not self.closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return self._state
+
+    def _set(self, ev: EngineChanged) -> None:
+        with self._cond:
+            self._state = (ev.seq, ev.after)
+            self._cond.notify_all()
+        if self._on_change is not None:
+            try:
+                self._on_change()
+            except Exception:  # a listener's bug must not reach the writer
+                pass
+
+    def close(self) -> None:
+        self.closed = True
+        self._bus._remove_watch(self)
+        with self._cond:
+            self._cond.notify_all()
+
+
 class EventBus:
-    """Fan-out of EngineChanged to subscribers (queues or callbacks)."""
+    """Fan-out of EngineChanged to subscribers (queues, callbacks, watches)."""
 
     def __init__(self) -> None:
         self._subs: list[Subscription] = []
+        self._watches: list[SnapshotWatch] = []
         self._lock = threading.Lock()
         self._seq = itertools.count(1)
+        self.last_seq = 0  # the seq of the last event published (0: none yet)
 
     def subscribe(self, maxsize: int = DEFAULT_QUEUE) -> Subscription:
         sub = Subscription(self, maxsize)
@@ -119,13 +178,30 @@ class EventBus:
         threading.Thread(target=pump, name=name, daemon=True).start()
         return sub.close
 
+    def watch(self, current: EngineSnapshot, on_change: Callable[[], None] | None = None) -> SnapshotWatch:
+        """A SnapshotWatch starting from `current` (the publisher's snapshot now: the caller makes both under the
+        lock it publishes under, `EngineController.watch`, so no change falls between them)."""
+        w = SnapshotWatch(self, self.last_seq, current, on_change)
+        with self._lock:
+            self._watches.append(w)
+        return w
+
     def publish(self, event: str, before: EngineSnapshot, after: EngineSnapshot) -> EngineChanged:
         ev = EngineChanged(next(self._seq), event, before, after)
+        self.last_seq = ev.seq
         with self._lock:
             subs = list(self._subs)
+            watches = list(self._watches)
+        for w in watches:  # first: a reader woken by the controller's own waiters already sees it in its watch
+            w._set(ev)
         for sub in subs:
             sub._offer(ev)
         return ev
+
+    def _remove_watch(self, w: SnapshotWatch) -> None:
+        with self._lock:
+            if w in self._watches:
+                self._watches.remove(w)
 
     def _remove(self, sub: Subscription) -> None:
         with self._lock:
@@ -134,5 +210,6 @@ class EventBus:
 
     @property
     def subscribers(self) -> int:
+        """Queues, callbacks and watches listening now (a leak shows here)."""
         with self._lock:
-            return len(self._subs)
+            return len(self._subs) + len(self._watches)

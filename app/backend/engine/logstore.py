@@ -63,6 +63,11 @@ class LogStore:
         self._files: RunLogFiles | None = None
         self._max_bytes = max_bytes
         self._keep = keep_runs
+        self._version = 0  # bumps with every line and every new run: a view that kept it knows the tail is the same
+
+    @property
+    def version(self) -> int:
+        return self._version
 
     @property
     def directory(self) -> Path:
@@ -74,6 +79,7 @@ class LogStore:
             if self._files is not None:
                 self._files.close()
             self._tail.clear()
+            self._version += 1
             self._files = None
             if persist:
                 try:
@@ -91,6 +97,7 @@ class LogStore:
     def append(self, line: LogLine, *, persist: bool = True) -> None:
         with self._lock:
             self._tail.append(line)
+            self._version += 1
             files = self._files if persist else None
             listeners = list(self._listeners)
             if files is not None:

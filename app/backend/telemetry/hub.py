@@ -5,6 +5,12 @@ page timers never trigger NVML or HTTP themselves, so N open tabs cost N dict re
 
 Engine log lines arrive through `engine.add_log_listener` on the engine's thread; the listener only
 appends to a bounded queue and the hub thread parses them (the parser is single-threaded).
+
+The engine's state comes from its change events, not from reading the controller each tick: one watch
+(`engine.watch`, made when the engine is attached) keeps the snapshot, and a change wakes the hub thread,
+which makes a new frame at once from the new state and the last GPU / host / metrics sample (alerts, the
+state band). The GPU, host and /metrics are sampled on the tick only: they are readings, not events
+(docs/engine.md, "Who listens").
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from app.backend.contracts import EngineFeed, EngineSnapshot, EngineState, GpuReader, GpuSample, LogLine
+from app.backend.contracts import EngineFeed, EngineSnapshot, EngineState, EngineWatch, GpuReader, GpuSample, LogLine
 from app.backend.settings import Settings
 from app.backend.telemetry import alerts as alert_rules
 from app.backend.telemetry.alerts import Alert, AlertInputs
@@ -29,7 +35,7 @@ from app.backend.telemetry.trace import TraceParser, TraceSnapshot
 from app.backend.units import GiB
 
 if TYPE_CHECKING:
-    from app.backend.selftest.drift import DriftWatch
+    from app.backend.selftest.drift import DriftReading, DriftWatch
 
 PERSIST_EVERY = 10  # ticks between SQLite batches
 POOL_IDLE_S = 10.0  # no tick line for this long = no steps = no churn (an idle engine prints no ticks)
@@ -110,6 +116,10 @@ class TelemetryHub:
         self.timeline = Timeline(capacity)
         self._engine: EngineFeed | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._watch: EngineWatch | None = None  # the engine's change events (attach_engine)
+        self._engine_seen = -1  # the watch's seq the latest frame was made from
+        self._wake = threading.Event()  # set by an engine change (in the writer: a flag only) and by close()
+        self._last_drift: DriftReading | None = None  # the last tick's reading, kept by a frame between ticks
         self._engine_provider = engine_provider  # attach the engine once it exists
         self._reader = gpu_reader or make_gpu_reader(settings, self._engine_snapshot, self._engine_pids)
         # The SIMULATED card this hub feeds the decode load (`follow_engine` returns the app's; one made here,
@@ -149,10 +159,14 @@ class TelemetryHub:
         return self._reader
 
     def attach_engine(self, engine: EngineFeed) -> None:
-        """Subscribe to the engine's log lines (and replay its recent ones: boot sizing lines)."""
+        """Subscribe to the engine's changes and log lines (and replay its recent ones: boot sizing lines)."""
         if self._unsubscribe is not None:
             self._unsubscribe()
+        if self._watch is not None:
+            self._watch.close()
         self._engine = engine
+        self._watch = engine.watch(on_change=self._wake.set)
+        self._engine_seen = -1
         try:
             for ln in engine.recent_logs(5000):
                 self.ingest(ln)
@@ -165,7 +179,7 @@ class TelemetryHub:
         self._logq.append(line if isinstance(line, LogLine) else LogLine(text=line))
 
     def _engine_snapshot(self) -> EngineSnapshot:
-        return self._engine.snapshot() if self._engine is not None else EngineSnapshot()
+        return self._watch.snapshot if self._watch is not None else EngineSnapshot()
 
     def _engine_pids(self) -> set[int]:
         return set(self._engine.container_pids()) if self._engine is not None else set()
@@ -179,6 +193,7 @@ class TelemetryHub:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
@@ -188,6 +203,8 @@ class TelemetryHub:
             except Exception:
                 pass
             self._unsubscribe = None
+        if self._watch is not None:
+            self._watch.close()
         self._flush_db()
         if self._db is not None:
             self._db.close()
@@ -199,14 +216,17 @@ class TelemetryHub:
         next_at = time.monotonic()
         while not self._stop.is_set():
             try:
-                self.sample_once()
+                if time.monotonic() >= next_at:
+                    self.sample_once()
+                    next_at += self.interval_s
+                    if next_at < time.monotonic():  # fell behind (slow NVML call): don't burst to catch up
+                        next_at = time.monotonic()
+                else:  # woken between ticks: an engine change (a frame now; the tick keeps its rhythm)
+                    self.engine_changed()
             except Exception as exc:  # the thread must survive anything
                 self.last_error = f"{type(exc).__name__}: {exc}"
-            next_at += self.interval_s
-            delay = next_at - time.monotonic()
-            if delay < 0:  # fell behind (slow NVML call): don't burst to catch up
-                next_at, delay = time.monotonic(), 0
-            self._stop.wait(delay)
+            if self._wake.wait(max(0.0, next_at - time.monotonic())):
+                self._wake.clear()  # before the work it asks for: a change during that work wakes us again
 
     # -- reading -----------------------------------------------------------------------------
     def latest(self) -> TelemetryFrame:
@@ -234,7 +254,7 @@ class TelemetryHub:
                 engine = self._engine_provider()
                 if engine is not None:
                     self.attach_engine(engine)
-            snap = self._engine_snapshot() if self._engine is not None else None
+            snap = self._take_engine()
             self._track_engine(snap)
             self._seed_from_tail(snap)
             self._drain_logs()
@@ -243,13 +263,51 @@ class TelemetryHub:
             metrics = self._scrape(snap)
             trace = self._parser.snapshot()
             self._track_traffic(metrics, trace)
-            alerts = self._alerts(snap, gpus, host, metrics, trace)
+            self._last_drift = (self.drift.update(now, snap.profile_id if snap else None,
+                                                  metrics.decode_tok_s if metrics else None,
+                                                  metrics.running if metrics else None)
+                                if self.drift is not None and _live(snap) else None)
+            alerts = self._alerts(snap, gpus, host, metrics, trace, self._last_drift)
             self._seq += 1
             frame = TelemetryFrame(now, self._seq, snap, tuple(gpus), gpu_error,
                                    self._reader.simulated, host, trace, metrics, tuple(alerts))
             self._latest = frame
             self._record(frame)
             return frame
+
+    def engine_changed(self) -> TelemetryFrame | None:
+        """A frame now for an engine change seen between two ticks (None: nothing changed since the last
+        frame). The new state and alerts, with the last tick's GPU, host and /metrics readings (the latter only
+        while the same run stays ready); a timeline point only when the state or profile moved (the band)."""
+        with self._lock:
+            if self._watch is None or self._watch.seq == self._engine_seen:
+                return None
+            prev = self._latest
+            snap = self._take_engine()
+            assert snap is not None
+            self._track_engine(snap)
+            self._seed_from_tail(snap)
+            self._drain_logs()
+            trace = self._parser.snapshot()
+            before = prev.engine
+            same_run = before is not None and before.container_id == snap.container_id
+            metrics = prev.metrics if snap.is_ready and same_run else None
+            drift = self._last_drift if _live(snap) else None
+            alerts = self._alerts(snap, list(prev.gpus), prev.host, metrics, trace, drift)
+            self._seq += 1
+            frame = TelemetryFrame(time.time(), self._seq, snap, prev.gpus, prev.gpu_error, prev.gpu_simulated,
+                                   prev.host, trace, metrics, tuple(alerts))
+            self._latest = frame
+            if before is None or (before.state, before.profile_id) != (snap.state, snap.profile_id):
+                self._record(frame)
+            return frame
+
+    def _take_engine(self) -> EngineSnapshot | None:
+        """The watched snapshot, noted as seen (None: no engine attached yet)."""
+        if self._watch is None:
+            return None
+        self._engine_seen, snap = self._watch.current()
+        return snap
 
     def _track_engine(self, snap: EngineSnapshot | None) -> None:
         state = snap.state if snap else None
@@ -330,8 +388,8 @@ class TelemetryHub:
             self._traffic_no_tick_s += self.interval_s
 
     def _alerts(self, snap: EngineSnapshot | None, gpus: list[GpuSample], host: HostSample | None,
-                metrics: MetricsSample | None, trace: TraceSnapshot) -> list[Alert]:
-        live = snap is None or snap.state in (EngineState.STARTING, EngineState.READY)
+                metrics: MetricsSample | None, trace: TraceSnapshot, drift: DriftReading | None) -> list[Alert]:
+        live = _live(snap)
         s = self.settings
         req = s.recipe.requirements if s is not None else None
         inputs = AlertInputs(
@@ -344,9 +402,7 @@ class TelemetryHub:
             policy=self._policy(snap.profile_id if snap else None),
             ecc_required_off=req is not None and req.ecc == "off",
             ecc_note=req.ecc_note if req is not None else "",
-            drift=self.drift.update(time.time(), snap.profile_id if snap else None,
-                                    metrics.decode_tok_s if metrics else None, metrics.running if metrics else None)
-            if self.drift is not None and live else None,
+            drift=drift,
         )
         return alert_rules.evaluate(inputs)
 
@@ -375,6 +431,11 @@ class TelemetryHub:
             self._db.insert(batch)
         except Exception as exc:
             self.last_error = f"telemetry history write failed: {exc}"
+
+
+def _live(snap: EngineSnapshot | None) -> bool:
+    """The engine's pool figures and decode speed mean something (no engine attached: a bare hub, CLI)."""
+    return snap is None or snap.state in (EngineState.STARTING, EngineState.READY)
 
 
 def point_from_frame(f: TelemetryFrame) -> TimelinePoint:
