@@ -161,6 +161,11 @@ def test_the_switch_is_remembered_and_restored_after_a_panel_restart(home_data: 
         snap = wait_for(lambda: (s := second.snapshot()).state is GatewayState.ON and s, 30, "the gateway restored")
         assert snap.restored and "restored after the panel restarted" in snap.message
         assert listener_pid(port) == snap.pid
+        from app.ui.access import status_html  # what the Access tab shows
+
+        shown = status_html(second.view())
+        assert 'data-restored="1"' in shown and "restored after the panel restarted" in shown
+        assert f"pid {snap.pid}" in shown
         second.stop()  # a click: off is remembered
         assert load_desired(state_dir) == DesiredGateway(on=False, port=port)
     finally:

@@ -107,6 +107,7 @@ class PipeSource:
         self._status = EngineStatus(False, fallback_base_url, "", "the gateway has not heard from the panel yet",
                                     "unknown")
         self._thread: threading.Thread | None = None
+        self._heard = threading.Event()
         self.updates = 0
 
     def status(self) -> EngineStatus:
@@ -116,6 +117,7 @@ class PipeSource:
         try:
             self._status = EngineStatus.from_line(line)
             self.updates += 1
+            self._heard.set()
         except ValueError:
             pass
 
@@ -127,12 +129,15 @@ class PipeSource:
             pass
         self._status = EngineStatus(False, self._status.base_url, self._status.served_name,
                                     "the panel stopped; the gateway is shutting down", "unknown")
+        self._heard.set()
         self._on_eof()
 
-    async def start(self) -> None:
+    async def start(self, first_within_s: float = 5.0) -> None:
         # a plain thread: a blocking readline() on a pipe, nothing on the event loop's path
         self._thread = threading.Thread(target=self._read, name="gateway-status-pipe", daemon=True)
         self._thread.start()
+        # the panel writes the first status before the child listens: serve with it, not with "not heard yet"
+        await asyncio.to_thread(self._heard.wait, first_within_s)
 
     async def stop(self) -> None:
         return None
