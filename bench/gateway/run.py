@@ -54,18 +54,35 @@ def wait_http(url: str, headers: dict[str, str] | None = None, timeout: float = 
     import httpx
 
     deadline = time.monotonic() + timeout
+    last = "no answer"
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url, headers=headers, timeout=2).status_code == 200:
+            r = httpx.get(url, headers=headers, timeout=2)
+            if r.status_code == 200:
                 return
-        except httpx.HTTPError:
-            pass
+            last = f"{r.status_code} {r.text[:300]}"
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
         time.sleep(0.1)
-    raise SystemExit(f"{url} did not answer 200 within {timeout:.0f} s")
+    raise SystemExit(f"{url} did not answer 200 within {timeout:.0f} s (last: {last})")
 
 
-def stream(client: Any, url: str, key: str | None, prompt: str, max_tokens: int) -> dict[str, Any]:
+class KeyRing:
+    """Keys taken in turn: the panel's gateway keeps its default per-key rate (120/min), so the bench spreads
+    its requests over several keys instead of changing the panel's limits."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys, self.i = keys, 0
+
+    def next(self) -> str:
+        self.i += 1
+        return self.keys[self.i % len(self.keys)]
+
+
+def stream(client: Any, url: str, key: str | KeyRing | None, prompt: str, max_tokens: int) -> dict[str, Any]:
     """One streamed chat: TTFT, first/last token times, token count (from content chunks), text."""
+    if isinstance(key, KeyRing):
+        key = key.next()
     body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "stream": True, "ignore_eos": True, "chat_template_kwargs": {"thinking": False},
             "stream_options": {"include_usage": True}}
@@ -111,6 +128,8 @@ def main() -> int:
     ap.add_argument("--stream-tokens", type=int, default=2000, help="tokens per stream in the RSS/CPU part")
     ap.add_argument("--busy", action=argparse.BooleanOptionalAction, default=True,
                     help="measure TTFT and the long stream again with a busy panel (browser on its Telemetry tab)")
+    ap.add_argument("--standalone", action=argparse.BooleanOptionalAction, default=True,
+                    help="the standalone `moet-panel gateway` parts (--no-standalone: only the panel's own gateway)")
     ap.add_argument("--panel-gateway", action=argparse.BooleanOptionalAction, default=True,
                     help="with --busy: measure the busy panel's own gateway (its child process) too (needs Docker)")
     args = ap.parse_args()
@@ -126,6 +145,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="moet-bench-gw-") as tmp:
         cli = [sys.executable, "-m", "app.cli.main", "--demo", "--data-dir", tmp]
         try:
+            if not args.standalone:
+                return panel_gateway_part(args, Path(tmp), httpx, psutil)
             procs.append(subprocess.Popen([sys.executable, "-m", "app.backend.simengine", "--port", str(sim_port),
                                            "--served-model-name", MODEL, "--max-num-seqs", "256"], env=env, cwd=ROOT,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -148,15 +169,7 @@ def main() -> int:
                     print(f"  (meanwhile: panel CPU {busy.panel_cpu():.0f} % of a core, Chromium "
                           f"{busy.browser_cpu():.0f} %)")
             if args.busy and args.panel_gateway:
-                with BusyPanel(Path(tmp), gateway=True, tok_s=args.tok_s) as busy:
-                    print(f"\n--- the panel's own gateway (its child process, pid {busy.gateway_pid}; the panel pid "
-                          f"{busy.proc.pid}) in front of the panel's SIMULATED engine on Docker, the panel busy "
-                          f"(Chromium on its Telemetry tab, {busy.url}) ---")
-                    busy.mark()
-                    run(args, busy.engine_url, busy.gateway_url, busy.key, psutil.Process(busy.gateway_pid), httpx,
-                        quick=True)
-                    print(f"  (meanwhile: panel CPU {busy.panel_cpu():.0f} % of a core, Chromium "
-                          f"{busy.browser_cpu():.0f} %)")
+                panel_gateway_part(args, Path(tmp), httpx, psutil)
             return code
         finally:
             for p in procs:  # only the processes this bench started
@@ -166,6 +179,18 @@ def main() -> int:
                     p.wait(10)
                 except subprocess.TimeoutExpired:
                     p.kill()
+
+
+def panel_gateway_part(args: argparse.Namespace, tmp: Path, httpx: Any, psutil: Any) -> int:
+    with BusyPanel(tmp, gateway=True, tok_s=args.tok_s) as busy:
+        print(f"\n--- the panel's own gateway (its child process, pid {busy.gateway_pid}; the panel pid "
+              f"{busy.proc.pid}) in front of the panel's SIMULATED engine on Docker, the panel busy "
+              f"(Chromium on its Telemetry tab, {busy.url}) ---")
+        busy.mark()
+        code = run(args, busy.engine_url, busy.gateway_url, busy.key, psutil.Process(busy.gateway_pid), httpx,
+                   quick=True)
+        print(f"  (meanwhile: panel CPU {busy.panel_cpu():.0f} % of a core, Chromium {busy.browser_cpu():.0f} %)")
+    return code
 
 
 class BusyPanel:
@@ -187,7 +212,7 @@ class BusyPanel:
         self.env = env
         self.cli = [sys.executable, "-m", "app.cli.main", "--demo", "--recipe", str(recipe), "--data-dir",
                     str(self.dir / "data")]
-        self.key = ""
+        self.key = KeyRing([""])
         self.gateway_pid = 0
         self.gateway_url = self.engine_url = ""
         self._engine_started = False
@@ -204,9 +229,12 @@ class BusyPanel:
             m = re.search(r"^port = (\d+)", text, re.M)
             assert m, "no serve port in the recipe copy"
             self.engine_url = f"http://127.0.0.1:{m.group(1)}"
-            out = subprocess.run([*self.cli, "keys", "create", "bench", "--json"], env=env, cwd=ROOT, check=True,
-                                 capture_output=True, text=True).stdout
-            self.key = json.loads(out)["key"]
+            made = []
+            for i in range(20):  # 20 × 120 requests a minute (the panel's default per-key rate)
+                out = subprocess.run([*self.cli, "keys", "create", f"bench{i}", "--json"], env=env, cwd=ROOT,
+                                     check=True, capture_output=True, text=True).stdout
+                made.append(json.loads(out)["key"])
+            self.key = KeyRing(made)
             gw_port = free_port()
             self.gateway_url = f"http://127.0.0.1:{gw_port}"
             # the switch left on: the panel starts its gateway process at start-up, as after a restart
@@ -238,7 +266,11 @@ class BusyPanel:
                     raise SystemExit(f"the panel's engine did not start: {started.stdout[-2000:]}{started.stderr[-2000:]}")
                 wait_http(self.engine_url + "/health", timeout=120)
                 # 200 through the panel's gateway: its child got the panel's "ready" on stdin
-                wait_http(self.gateway_url + "/v1/models", {"Authorization": f"Bearer {self.key}"}, timeout=120)
+                try:
+                    wait_http(self.gateway_url + "/v1/models", {"Authorization": f"Bearer {self.key.keys[0]}"},
+                              timeout=120)
+                except SystemExit as exc:
+                    raise SystemExit(f"{exc}\npanel log:\n{(self.dir / 'panel.log').read_text()[-3000:]}") from None
                 kids = [p for p in self.ps.children() if "--status-from-stdin" in p.cmdline()]
                 if len(kids) != 1:
                     raise SystemExit(f"expected one gateway child of the panel, found {kids}")
@@ -304,7 +336,7 @@ class BusyPanel:
             self.log.close()
 
 
-def run(args: argparse.Namespace, engine: str, gateway: str, key: str, gw_proc: Any, httpx: Any,
+def run(args: argparse.Namespace, engine: str, gateway: str, key: str | KeyRing, gw_proc: Any, httpx: Any,
         quick: bool = False) -> int:
     """TTFT pairs, the long stream side by side and (unless `quick`) RSS/CPU with idle clients and streams."""
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)

@@ -93,7 +93,9 @@ def save_desired(state_dir: Path, desired: DesiredGateway) -> None:
 
 
 def child_argv(cfg: GatewayConfig, state_dir: Path) -> list[str]:
-    """`moet-panel gateway` as the panel runs it: settings on argv (nothing secret: keys stay in the store)."""
+    """`moet-panel gateway` as the panel runs it: settings on argv (nothing secret: keys stay in the store).
+    The limits the CLI takes are carried; the other `Limits` fields (timeouts, the connection cap) have no
+    panel setting and stay at their defaults on both sides."""
     lim = cfg.limits
     argv = [sys.executable, "-m", "app.cli.main", "gateway", "--status-from-stdin", "--state-dir", str(state_dir),
             "--host", cfg.host, "--port", str(cfg.port), "--max-concurrent", str(lim.max_concurrent),
