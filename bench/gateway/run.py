@@ -50,7 +50,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, headers: dict[str, str] | None = None, timeout: float = 60.0) -> None:
+def wait_http(url: str, headers: dict[str, str] | None = None, timeout: float = 60.0, interval: float = 0.1) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout
@@ -63,7 +63,7 @@ def wait_http(url: str, headers: dict[str, str] | None = None, timeout: float = 
             last = f"{r.status_code} {r.text[:300]}"
         except httpx.HTTPError as exc:
             last = f"{type(exc).__name__}: {exc}"
-        time.sleep(0.1)
+        time.sleep(interval)
     raise SystemExit(f"{url} did not answer 200 within {timeout:.0f} s (last: {last})")
 
 
@@ -267,8 +267,10 @@ class BusyPanel:
                 wait_http(self.engine_url + "/health", timeout=120)
                 # 200 through the panel's gateway: its child got the panel's "ready" on stdin
                 try:
+                    # once a second: a key's default rate is 2 a second, and a faster poll while the panel has
+                    # not yet seen the engine ready would keep that key at 429 after it has
                     wait_http(self.gateway_url + "/v1/models", {"Authorization": f"Bearer {self.key.keys[0]}"},
-                              timeout=120)
+                              timeout=120, interval=1.0)
                 except SystemExit as exc:
                     raise SystemExit(f"{exc}\npanel log:\n{(self.dir / 'panel.log').read_text()[-3000:]}") from None
                 kids = [p for p in self.ps.children() if "--status-from-stdin" in p.cmdline()]

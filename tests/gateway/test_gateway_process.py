@@ -177,38 +177,63 @@ def test_the_switch_is_remembered_and_restored_after_a_panel_restart(home_data: 
         third.close()
 
 
-def test_a_killed_panel_leaves_no_gateway_listening(home_data: Path) -> None:
-    """`moet-panel serve --demo` with the switch left on: its gateway (restored at start) runs in a child; kill -9
-    of the panel closes the child's stdin, and the gateway's port closes — no orphan on the LAN."""
-    gw_port, panel_port = free_port(), free_port()
+def _serve(data: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOET_PANEL_")}
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--demo", "--data-dir", str(data),
+                                 "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _gateway_child_of(proc: subprocess.Popen[bytes], gw_port: int) -> int:
+    child = wait_for(lambda: proc.poll() is None and listener_pid(gw_port), 120, "the restored gateway listening",
+                     interval=0.2)
+    assert proc.poll() is None, "the panel exited"
+    assert child != proc.pid and psutil.Process(child).ppid() == proc.pid  # the panel's child, not the panel
+    return int(child)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_stopped_or_killed_panel_leaves_no_gateway_listening(home_data: Path) -> None:
+    """`moet-panel serve --demo` with the switch left on: its gateway (restored at start, no click) runs in a
+    child. SIGTERM of the panel stops it and keeps the switch on (the next start restores it again); kill -9 of
+    the panel closes the child's stdin and the gateway's port closes: no orphan on the LAN."""
+    gw_port = free_port()
     (home_data / ".moet-panel").mkdir(mode=0o700)
     save_desired(home_data / ".moet-panel", DesiredGateway(on=True, port=gw_port))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOET_PANEL_")}
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--demo", "--data-dir", str(home_data),
-                             "--port", str(panel_port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    child: int | None = None
+    procs: list[subprocess.Popen[bytes]] = []
+    children: list[int] = []
     try:
-        child = wait_for(lambda: proc.poll() is None and listener_pid(gw_port), 120,
-                         "the restored gateway listening", interval=0.2)
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-        assert child != proc.pid and psutil.Process(child).ppid() == proc.pid
+        log = home_data.parent / "panel.log"
+        procs.append(proc := _serve(home_data, free_port(), log))
+        children.append(child := _gateway_child_of(proc, gw_port))
+        # the banner printed: the panel's SIGTERM handler is in (before it, SIGTERM's default action ends the
+        # panel, and the child goes by EOF as after a kill)
+        wait_for(lambda: b"moet-panel is running" in log.read_bytes(), 120, "the panel's banner", interval=0.2)
+        proc.send_signal(signal.SIGTERM)  # systemd's stop, a terminal's kill
+        assert proc.wait(60) == 0
+        assert not port_open(gw_port) and _gone(child)
+        assert load_desired(home_data / ".moet-panel").on  # the panel closing is not a switch-off
+
+        procs.append(proc := _serve(home_data, free_port(), log))  # restarted: restored again
+        children.append(child := _gateway_child_of(proc, gw_port))
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         wait_for(lambda: not port_open(gw_port), 5, "the gateway's port closed after the panel's kill -9")
-        wait_for(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE,
-                 15, "the gateway process gone")
+        wait_for(lambda: _gone(child), 15, "the gateway process gone")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        if child is not None and psutil.pid_exists(child):
-            try:
-                os.kill(child, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if proc.stderr is not None:
-            proc.stderr.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        for pid in children:  # only the children these panels started
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_the_status_line_round_trips() -> None:
