@@ -107,14 +107,16 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     abtest = state.abtest = ABRunService(settings, engine)
     state.on_close(abtest.cancel)  # finished answers stay journalled; resume continues
 
-    # The API gateway reads the engine through the controller's snapshot; off until the Access tab's switch.
+    # The API gateway: a process of its own, fed the engine's status on every change event; off until the
+    # Access tab's switch, or started again here when the switch was left on (docs/gateway.md).
     from app.backend.engine.client import base_url
     from app.backend.gateway.server import config_from_env
     from app.backend.gateway.service import GatewayService
 
     gateway = state.gateway = GatewayService(settings.ensure_state_dir(), config_from_env(), engine.snapshot,
-                                             base_url(settings.recipe))
+                                             base_url(settings.recipe), subscribe=engine.on_change)
     state.on_close(gateway.close)
+    gateway.restore()
     # Alerts to a person: woken by the engine's change events, sent on the notifier's own thread.
     from app.backend.service.alerting import AlertService
     from app.backend.service.config import ServiceConfigStore, effective_notify_urls

@@ -1,17 +1,25 @@
 """`moet-panel gateway [--host H] [--port P] [--tls-cert F --tls-key F] [--insecure-http]`: the API gateway in
-the foreground, in front of the engine on loopback (docs/gateway.md). Ctrl-C stops it."""
+the foreground, in front of the engine on loopback (docs/gateway.md). Ctrl-C stops it.
+
+The panel runs this same command as its gateway process, with `--status-from-stdin --state-dir DIR`: the engine's
+status comes as JSON lines on stdin instead of probes, one JSON line on stdout says it listens, and EOF on
+stdin (the panel gone) stops it (docs/gateway.md, "How the panel runs it")."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 from app.backend import env
 from app.backend.engine.client import base_url
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.proxy import Limits
-from app.backend.gateway.readiness import ProbeSource
+from app.backend.gateway.readiness import EngineStatusSource, PipeSource, ProbeSource
 from app.backend.gateway.server import DEFAULT_PORT, GatewayConfig, GatewayConfigError, GatewayServer
 from app.cli.keys import cli_settings
 from app.cli.main import add_common
@@ -32,6 +40,9 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--capture-bodies", type=int, default=0, metavar="BYTES",
                    help="keep the first BYTES of each request and answer in the activity log (default 0: metadata only)")
     p.add_argument("--engine-url", metavar="URL", help="the engine's server root (default: the recipe's, on loopback)")
+    # the panel's own way to run it (app/backend/gateway/service.py), not for a terminal
+    p.add_argument("--status-from-stdin", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--state-dir", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -51,19 +62,50 @@ def config_from(args: argparse.Namespace) -> GatewayConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = cli_settings(args)
-    keys = KeyStore(settings.ensure_state_dir())
-    engine = ProbeSource(args.engine_url or base_url(settings.recipe), settings.recipe.model.served_name)
+    piped = bool(args.status_from_stdin)
+    engine: EngineStatusSource
+    if piped:
+        # the panel's child: the state dir given (no recipe or host probe to resolve), the status pushed
+        keys = KeyStore(Path(args.state_dir) if args.state_dir else cli_settings(args).ensure_state_dir())
+        server_box: list[GatewayServer] = []
+
+        def panel_gone() -> None:
+            if server_box:
+                server_box[0].request_exit()
+            # a last resort: never outlive the panel by more than a few seconds, whatever hangs
+            last = threading.Timer(10.0, lambda: os._exit(3))
+            last.daemon = True  # a clean shutdown before it exits 0 at once
+            last.start()
+
+        engine = PipeSource(sys.stdin.buffer, panel_gone, args.engine_url or "http://127.0.0.1:8000")
+        where = "the panel's engine"
+    else:
+        settings = cli_settings(args)
+        keys = KeyStore(settings.ensure_state_dir())
+        probe = ProbeSource(args.engine_url or base_url(settings.recipe), settings.recipe.model.served_name)
+        engine, where = probe, probe.base_url
     try:
         server = GatewayServer(config_from(args), keys, engine)
     except (GatewayConfigError, ValueError) as exc:
         print(f"moet-panel: {exc}", file=sys.stderr)
         keys.close()
         return 2
-    print(f"moet-panel gateway: {server.url}/v1 -> engine {engine.base_url} "
-          f"({'TLS' if server.cfg.tls else 'plain HTTP'}; {keys.active_count()} active key(s); Ctrl-C stops)", flush=True)
+    if piped:
+        server_box.append(server)
+        threading.Thread(target=_say_listening, args=(server,), name="gateway-started", daemon=True).start()
+    else:
+        print(f"moet-panel gateway: {server.url}/v1 -> engine {where} "
+              f"({'TLS' if server.cfg.tls else 'plain HTTP'}; {keys.active_count()} active key(s); Ctrl-C stops)",
+              flush=True)
     try:
         server.run()
     finally:
         keys.close()
     return 0
+
+
+def _say_listening(server: GatewayServer) -> None:
+    """The panel's child: one JSON line on stdout once uvicorn serves (the panel waits for it)."""
+    while not server.started:
+        time.sleep(0.01)
+    print(json.dumps({"listening": server.url, "port": server.port, "pid": os.getpid()}), flush=True)

@@ -33,9 +33,11 @@ def status_html(view: GatewayView) -> str:
     engine = "engine ready" if s.engine_ready else f"engine not ready — clients get 503: {s.engine_reason}"
     where = (f'<code id="gw-url">{html.escape(s.url)}/v1</code>' if s.state is GatewayState.ON
              else f"would listen on <code>{html.escape(s.url)}</code>")
-    return (f'<div id="gw-status" class="moet-gw-status" data-state="{word}"><b>Gateway: {word}</b> — {where}<br>'
+    proc = f" The gateway runs as its own process (pid {s.pid}), stopped with the panel." if s.pid else ""
+    return (f'<div id="gw-status" class="moet-gw-status" data-state="{word}" data-restored="{int(s.restored)}">'
+            f"<b>Gateway: {word}</b> — {where}<br>"
             f"{html.escape(s.message)}<br><small>{html.escape(engine)}. The engine itself listens on 127.0.0.1 only."
-            "</small></div>")
+            f"{proc}</small></div>")
 
 
 def keys_html(keys: tuple[KeyInfo, ...]) -> str:

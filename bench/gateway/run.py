@@ -16,6 +16,10 @@ process; this driver talks to both with raw SSE over httpx (one client per side,
   panel (`moet-panel serve --demo`, engine stopped, its own recipe id and port) with headless Chromium
   (Debian's, through Playwright) on its Telemetry tab, charts updating; the panel's and the browser's CPU
   are printed beside (goal: p99 added ≤ 5 ms).
+* then the same with **the panel's own gateway** (`--panel-gateway`, default on with `--busy`): a demo panel
+  whose gateway switch was left on (restored at start, so it runs as the panel's child process, fed the
+  engine's status on stdin), its SIMULATED engine started on Docker (`moet-panel engine start`, this run's
+  recipe copy: its own id and port, --tok-s, boot 0 s), Chromium on its Telemetry tab; direct = that engine.
 
 Figures on a shared 2-core box are noisy: read them side by side, not against a fixed number.
 """
@@ -46,22 +50,39 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, headers: dict[str, str] | None = None, timeout: float = 60.0) -> None:
+def wait_http(url: str, headers: dict[str, str] | None = None, timeout: float = 60.0, interval: float = 0.1) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout
+    last = "no answer"
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url, headers=headers, timeout=2).status_code == 200:
+            r = httpx.get(url, headers=headers, timeout=2)
+            if r.status_code == 200:
                 return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"{url} did not answer 200 within {timeout:.0f} s")
+            last = f"{r.status_code} {r.text[:300]}"
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        time.sleep(interval)
+    raise SystemExit(f"{url} did not answer 200 within {timeout:.0f} s (last: {last})")
 
 
-def stream(client: Any, url: str, key: str | None, prompt: str, max_tokens: int) -> dict[str, Any]:
+class KeyRing:
+    """Keys taken in turn: the panel's gateway keeps its default per-key rate (120/min), so the bench spreads
+    its requests over several keys instead of changing the panel's limits."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys, self.i = keys, 0
+
+    def next(self) -> str:
+        self.i += 1
+        return self.keys[self.i % len(self.keys)]
+
+
+def stream(client: Any, url: str, key: str | KeyRing | None, prompt: str, max_tokens: int) -> dict[str, Any]:
     """One streamed chat: TTFT, first/last token times, token count (from content chunks), text."""
+    if isinstance(key, KeyRing):
+        key = key.next()
     body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "stream": True, "ignore_eos": True, "chat_template_kwargs": {"thinking": False},
             "stream_options": {"include_usage": True}}
@@ -107,6 +128,10 @@ def main() -> int:
     ap.add_argument("--stream-tokens", type=int, default=2000, help="tokens per stream in the RSS/CPU part")
     ap.add_argument("--busy", action=argparse.BooleanOptionalAction, default=True,
                     help="measure TTFT and the long stream again with a busy panel (browser on its Telemetry tab)")
+    ap.add_argument("--standalone", action=argparse.BooleanOptionalAction, default=True,
+                    help="the standalone `moet-panel gateway` parts (--no-standalone: only the panel's own gateway)")
+    ap.add_argument("--panel-gateway", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --busy: measure the busy panel's own gateway (its child process) too (needs Docker)")
     args = ap.parse_args()
 
     import httpx
@@ -122,6 +147,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="moet-bench-gw-") as tmp:
         cli = [sys.executable, "-m", "app.cli.main", "--demo", "--data-dir", tmp]
         try:
+            if not args.standalone:
+                return panel_gateway_part(args, Path(tmp), httpx, psutil)
             procs.append(subprocess.Popen([sys.executable, "-m", "app.backend.simengine", "--port", str(sim_port),
                                            "--served-model-name", MODEL, "--max-num-seqs", "256"], env=env, cwd=ROOT,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -143,6 +170,8 @@ def main() -> int:
                     run(args, engine, gateway, key, psutil.Process(gw.pid), httpx, quick=True)
                     print(f"  (meanwhile: panel CPU {busy.panel_cpu():.0f} % of a core, Chromium "
                           f"{busy.browser_cpu():.0f} %)")
+            if args.busy and args.panel_gateway:
+                panel_gateway_part(args, Path(tmp), httpx, psutil)
             return code
         finally:
             for p in procs:  # only the processes this bench started
@@ -154,25 +183,67 @@ def main() -> int:
                     p.kill()
 
 
+def panel_gateway_part(args: argparse.Namespace, tmp: Path, httpx: Any, psutil: Any) -> int:
+    with BusyPanel(tmp, gateway=True, tok_s=args.tok_s) as busy:
+        print(f"\n--- the panel's own gateway (its child process, pid {busy.gateway_pid}; the panel pid "
+              f"{busy.proc.pid}) in front of the panel's SIMULATED engine on Docker, the panel busy "
+              f"(Chromium on its Telemetry tab, {busy.url}) ---")
+        busy.mark()
+        code = run(args, busy.engine_url, busy.gateway_url, busy.key, psutil.Process(busy.gateway_pid), httpx,
+                   quick=True)
+        print(f"  (meanwhile: panel CPU {busy.panel_cpu():.0f} % of a core, Chromium {busy.browser_cpu():.0f} %)")
+    return code
+
+
 class BusyPanel:
     """A demo panel (engine stopped, its own recipe id and port, XDG_DATA_HOME under `tmp`) and headless Chromium
     on its Telemetry tab, for the duration of a `with` block; both stopped at its end."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, gateway: bool = False, tok_s: float = 200.0) -> None:
         import psutil
 
         from bench.idle_cpu import recipe_copy
 
-        self.dir = tmp / "busy-panel"
+        self.dir = tmp / ("busy-panel-gateway" if gateway else "busy-panel")
         self.dir.mkdir()
-        recipe, _ = recipe_copy(ROOT, self.dir)
+        recipe, self.recipe_id = recipe_copy(ROOT, self.dir)
+        self.gateway = gateway
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MOET_PANEL_", "GRADIO_"))}
         env.update(XDG_DATA_HOME=str(self.dir / "share"), PYTHONPATH=str(ROOT))
+        self.env = env
+        self.cli = [sys.executable, "-m", "app.cli.main", "--demo", "--recipe", str(recipe), "--data-dir",
+                    str(self.dir / "data")]
+        self.key = KeyRing([""])
+        self.gateway_pid = 0
+        self.gateway_url = self.engine_url = ""
+        self._engine_started = False
+        if gateway:
+            import re
+
+            from app.backend.gateway.service import DesiredGateway, save_desired
+
+            # the engine: several sequences (the side-by-side stream), the bench's decode rate, no boot wait
+            text = recipe.read_text().replace('"--max-num-seqs", "1"', '"--max-num-seqs", "256"')
+            text = text.replace('MOET_SIM_BOOT_S = "4"', f'MOET_SIM_BOOT_S = "0"\nMOET_SIM_DECODE_TOK_S = "{tok_s:g}"'
+                                '\nMOET_SIM_REASONING_MODE = "none"')
+            recipe.write_text(text)
+            m = re.search(r"^port = (\d+)", text, re.M)
+            assert m, "no serve port in the recipe copy"
+            self.engine_url = f"http://127.0.0.1:{m.group(1)}"
+            made = []
+            for i in range(20):  # 20 × 120 requests a minute (the panel's default per-key rate)
+                out = subprocess.run([*self.cli, "keys", "create", f"bench{i}", "--json"], env=env, cwd=ROOT,
+                                     check=True, capture_output=True, text=True).stdout
+                made.append(json.loads(out)["key"])
+            self.key = KeyRing(made)
+            gw_port = free_port()
+            self.gateway_url = f"http://127.0.0.1:{gw_port}"
+            # the switch left on: the panel starts its gateway process at start-up, as after a restart
+            save_desired(self.dir / "data" / ".moet-panel", DesiredGateway(on=True, port=gw_port))
         self.log = open(self.dir / "panel.log", "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--demo", "--recipe", str(recipe),
-                                      "--port", str(self.port)], cwd=ROOT, env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen([*self.cli, "serve", "--port", str(self.port)], cwd=ROOT, env=env,
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self.ps = psutil.Process(self.proc.pid)
         self.pw: Any = None
         self.browser: Any = None
@@ -189,6 +260,25 @@ class BusyPanel:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("the panel did not start:\n" + (self.dir / "panel.log").read_text()[-3000:])
                 time.sleep(0.2)
+            if self.gateway:
+                self._engine_started = True
+                started = subprocess.run([*self.cli, "engine", "start", "--profile", "quality"], env=self.env, cwd=ROOT,
+                                         capture_output=True, text=True, timeout=300)
+                if started.returncode != 0:
+                    raise SystemExit(f"the panel's engine did not start: {started.stdout[-2000:]}{started.stderr[-2000:]}")
+                wait_http(self.engine_url + "/health", timeout=120)
+                # 200 through the panel's gateway: its child got the panel's "ready" on stdin
+                try:
+                    # once a second: a key's default rate is 2 a second, and a faster poll while the panel has
+                    # not yet seen the engine ready would keep that key at 429 after it has
+                    wait_http(self.gateway_url + "/v1/models", {"Authorization": f"Bearer {self.key.keys[0]}"},
+                              timeout=120, interval=1.0)
+                except SystemExit as exc:
+                    raise SystemExit(f"{exc}\npanel log:\n{(self.dir / 'panel.log').read_text()[-3000:]}") from None
+                kids = [p for p in self.ps.children() if "--status-from-stdin" in p.cmdline()]
+                if len(kids) != 1:
+                    raise SystemExit(f"expected one gateway child of the panel, found {kids}")
+                self.gateway_pid = kids[0].pid
             from playwright.sync_api import sync_playwright
 
             self.pw = sync_playwright().start()
@@ -236,6 +326,12 @@ class BusyPanel:
             if self.pw is not None:
                 self.pw.stop()
         finally:
+            if self._engine_started:  # only this run's engine: its recipe copy's own id
+                subprocess.run([*self.cli, "engine", "stop"], env=self.env, cwd=ROOT, capture_output=True, timeout=120)
+                ids = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=moet-panel.recipe={self.recipe_id}"],
+                                     capture_output=True, text=True, timeout=60).stdout.split()
+                if ids:
+                    subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, timeout=120)
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
                 self.proc.wait(timeout=30)
@@ -244,7 +340,7 @@ class BusyPanel:
             self.log.close()
 
 
-def run(args: argparse.Namespace, engine: str, gateway: str, key: str, gw_proc: Any, httpx: Any,
+def run(args: argparse.Namespace, engine: str, gateway: str, key: str | KeyRing, gw_proc: Any, httpx: Any,
         quick: bool = False) -> int:
     """TTFT pairs, the long stream side by side and (unless `quick`) RSS/CPU with idle clients and streams."""
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)

@@ -1,17 +1,21 @@
 """Whether the engine can take a request now, and why not: the gateway's one question about the engine.
 
-Behind a small interface (`EngineStatusSource`) because the engine controller is being rewritten into an
-event-publishing reconciler: in the panel the gateway reads the controller's snapshot
-(`SnapshotSource`); run on its own (`moet-panel gateway`) it probes the engine's `/health` and
-`/v1/models` once a second through the engine client (`ProbeSource`). A `subscribe`-style source can replace either later.
+Behind a small interface (`EngineStatusSource`): run by the panel, the gateway is a child process that the
+panel tells the engine's status, one JSON line on its stdin per change (`PipeSource`; the panel computes the
+line from the reconciler's snapshot with `SnapshotSource` and pushes it on every change event); run on its own
+(`moet-panel gateway`) it probes the engine's `/health` and `/v1/models` once a second through the engine
+client (`ProbeSource`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 import time
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import IO, Protocol
 
 import httpx
 
@@ -26,6 +30,19 @@ class EngineStatus:
     served_name: str = ""
     reason: str = ""  # why not ready: one sentence a client can act on ("" when ready)
     state: str = ""  # the controller's state word (starting, switching, stopped, stalled, ...) when known
+
+    def to_line(self) -> bytes:
+        """One JSON line, as the panel writes it to its gateway's stdin (`PipeSource`)."""
+        return (json.dumps(asdict(self), separators=(",", ":")) + "\n").encode()
+
+    @classmethod
+    def from_line(cls, line: bytes | str) -> EngineStatus:
+        """Raises ValueError (json.JSONDecodeError included) for a line that is not one status object."""
+        d = json.loads(line)
+        if not isinstance(d, dict) or not isinstance(d.get("ready"), bool) or not isinstance(d.get("base_url"), str):
+            raise ValueError("not an engine status line")
+        return cls(d["ready"], d["base_url"], str(d.get("served_name") or ""), str(d.get("reason") or ""),
+                   str(d.get("state") or ""))
 
 
 class EngineStatusSource(Protocol):
@@ -73,6 +90,54 @@ class SnapshotSource:
 
     async def start(self) -> None:
         return None
+
+    async def stop(self) -> None:
+        return None
+
+
+class PipeSource:
+    """In the panel's gateway process: the status the panel pushes, one JSON line per change on `stream`
+    (the child's stdin), read on a thread. EOF means the panel is gone (stopped, crashed, killed: the kernel
+    closes its end of the pipe) and calls `on_eof`, which shuts the gateway down: nothing stays listening
+    without the panel. A line that does not parse is skipped (the previous status stands)."""
+
+    def __init__(self, stream: IO[bytes], on_eof: Callable[[], None], fallback_base_url: str = "http://127.0.0.1:8000"):
+        self._stream = stream
+        self._on_eof = on_eof
+        self._status = EngineStatus(False, fallback_base_url, "", "the gateway has not heard from the panel yet",
+                                    "unknown")
+        self._thread: threading.Thread | None = None
+        self._heard = threading.Event()
+        self.updates = 0
+
+    def status(self) -> EngineStatus:
+        return self._status
+
+    def feed(self, line: bytes | str) -> None:
+        try:
+            self._status = EngineStatus.from_line(line)
+            self.updates += 1
+            self._heard.set()
+        except ValueError:
+            pass
+
+    def _read(self) -> None:
+        try:
+            for line in iter(self._stream.readline, b""):
+                self.feed(line)
+        except (OSError, ValueError):  # a closed or broken pipe: the panel is gone all the same
+            pass
+        self._status = EngineStatus(False, self._status.base_url, self._status.served_name,
+                                    "the panel stopped; the gateway is shutting down", "unknown")
+        self._heard.set()
+        self._on_eof()
+
+    async def start(self, first_within_s: float = 5.0) -> None:
+        # a plain thread: a blocking readline() on a pipe, nothing on the event loop's path
+        self._thread = threading.Thread(target=self._read, name="gateway-status-pipe", daemon=True)
+        self._thread.start()
+        # the panel writes the first status before the child listens: serve with it, not with "not heard yet"
+        await asyncio.to_thread(self._heard.wait, first_within_s)
 
     async def stop(self) -> None:
         return None

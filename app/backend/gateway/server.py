@@ -1,4 +1,5 @@
-"""Run the gateway with uvicorn: in the foreground (`moet-panel gateway`) or on a thread (the panel).
+"""Run the gateway with uvicorn: in the foreground (`moet-panel gateway`, and the panel's gateway process, which is
+the same command fed by the panel: docs/gateway.md "How the panel runs it") or on a thread (tests, benches).
 
 The bind rule mirrors the panel's own (docs/gateway.md#binding): loopback needs nothing; any other
 address needs TLS (a certificate and key you point it at) or an explicit `--insecure-http`, and at
@@ -250,6 +251,14 @@ class GatewayServer:
                 return False
             time.sleep(0.02)
         return bool(self._server.started)
+
+    def request_exit(self, grace_s: float = 5.0) -> None:
+        """Stop from any thread, without waiting: the listener closes at uvicorn's next tick (0.1 s); answers
+        still streaming get `grace_s`, then are cut."""
+        self._server.should_exit = True
+        timer = threading.Timer(grace_s, lambda: setattr(self._server, "force_exit", True))
+        timer.daemon = True
+        timer.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._server.should_exit = True

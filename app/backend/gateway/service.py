@@ -1,22 +1,48 @@
 """The gateway as a panel service: one switch (off → on → off), its state, the keys and the activity.
 
-The panel's Access tab calls this; the gateway reads the engine through the controller's snapshot
-(`SnapshotSource`), never by probing it. Keys created here are the same keys `moet-panel keys` manages
-(one SQLite file in the state dir).
+The panel's Access tab calls this. The gateway runs as a **process of its own** — `moet-panel gateway
+--status-from-stdin`, the same code as the terminal command — not on a thread of the panel: a thread would
+share the panel's GIL with Gradio and the telemetry hub, putting the page work in every token's path
+(issue 31, docs/gateway.md "How the panel runs it"). The panel pushes the engine's status to it, one JSON
+line on its stdin at start and on every change event of the engine reconciler; the child exits on EOF, so it
+never outlives the panel. Keys are the same SQLite file `moet-panel keys` manages; the child opens it
+itself (revocation from here reaches it as from any other process: within a second).
+
+The switch's position is remembered in the state dir (`gateway.json`): a panel restarted with the gateway
+on starts it again, with no click.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
+from typing import IO
 
+import app as _app_package
+from app.backend import env
 from app.backend.contracts import SnapshotFn
+from app.backend.fileio import atomic_write
 from app.backend.gateway.keys import ActivityRecord, CreatedKey, KeyInfo, KeyStore
-from app.backend.gateway.readiness import SnapshotSource
-from app.backend.gateway.server import GatewayConfig, GatewayConfigError, GatewayServer
+from app.backend.gateway.readiness import EngineStatus, SnapshotSource
+from app.backend.gateway.server import GatewayConfig
+
+DESIRED_FILE = "gateway.json"
+START_TIMEOUT_S = 30.0  # a Python start on a loaded box; the child answers in about a second when idle
+STOP_TIMEOUT_S = 10.0
+OFF_MESSAGE = "off: other machines cannot reach the model"
+ON_MESSAGE = "serving: clients need a key (Authorization: Bearer …)"
+RESTORED_NOTE = " — restored after the panel restarted"
+
+# `subscribe(callback) -> unsubscribe`: the engine controller's `on_change` (a thread of its own per listener)
+Subscribe = Callable[[Callable[[object], None]], Callable[[], None]]
 
 
 class GatewayState(str, Enum):
@@ -33,6 +59,8 @@ class GatewaySnapshot:
     message: str = ""  # why it failed, or what it is doing
     engine_ready: bool = False
     engine_reason: str = ""
+    pid: int | None = None  # the gateway process (when on)
+    restored: bool = False  # started by the panel's start-up from the remembered switch, not by a click
 
 
 @dataclass(frozen=True)
@@ -42,55 +70,274 @@ class GatewayView:
     activity: tuple[ActivityRecord, ...]
 
 
+@dataclass(frozen=True)
+class DesiredGateway:
+    """The switch as the user left it: restored when the panel starts (reboot, crash, systemd restart)."""
+
+    on: bool = False
+    port: int | None = None
+
+
+def load_desired(state_dir: Path) -> DesiredGateway:
+    try:
+        d = json.loads((state_dir / DESIRED_FILE).read_text())
+        port = d.get("port")
+        return DesiredGateway(on=d.get("on") is True, port=int(port) if isinstance(port, int) else None)
+    except (OSError, ValueError, AttributeError):
+        return DesiredGateway()  # none yet, or unreadable: off (never expose the model on a guess)
+
+
+def save_desired(state_dir: Path, desired: DesiredGateway) -> None:
+    atomic_write(state_dir / DESIRED_FILE,
+                 json.dumps({"on": desired.on, "port": desired.port, "at": time.time()}) + "\n", mode=0o600)
+
+
+def child_argv(cfg: GatewayConfig, state_dir: Path) -> list[str]:
+    """`moet-panel gateway` as the panel runs it: settings on argv (nothing secret: keys stay in the store).
+    The limits the CLI takes are carried; the other `Limits` fields (timeouts, the connection cap) have no
+    panel setting and stay at their defaults on both sides."""
+    lim = cfg.limits
+    argv = [sys.executable, "-m", "app.cli.main", "gateway", "--status-from-stdin", "--state-dir", str(state_dir),
+            "--host", cfg.host, "--port", str(cfg.port), "--max-concurrent", str(lim.max_concurrent),
+            "--rate", repr(lim.rate_per_min), "--max-body-mb", repr(lim.max_body_bytes / 2**20)]
+    if lim.capture_bodies:
+        argv += ["--capture-bodies", str(lim.capture_cap_bytes)]
+    if cfg.tls_cert is not None:
+        argv += ["--tls-cert", str(cfg.tls_cert)]
+    if cfg.tls_key is not None:
+        argv += ["--tls-key", str(cfg.tls_key)]
+    if cfg.insecure_http:
+        argv.append("--insecure-http")
+    return argv
+
+
+def child_env() -> dict[str, str]:
+    """What the child needs to run Python, nothing more: no tokens, no notify URLs, no panel settings (its
+    own settings come on argv)."""
+    return env.inherited(("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV",
+                          "PYTHONDONTWRITEBYTECODE"))
+
+
+class GatewayProcess:
+    """One `moet-panel gateway --status-from-stdin` child: spawn, wait until it listens, push statuses, stop."""
+
+    def __init__(self, cfg: GatewayConfig, state_dir: Path):
+        self.proc = subprocess.Popen(
+            child_argv(cfg, state_dir), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=child_env(), cwd=str(Path(_app_package.__file__).resolve().parents[1]),
+            start_new_session=True)  # a terminal's Ctrl-C reaches the panel, which stops its child itself
+        self.pid = self.proc.pid
+        self.url = ""
+        self.port = 0
+        self._listening = threading.Event()
+        self._stderr: deque[str] = deque(maxlen=20)
+        self._write_lock = threading.Lock()
+        self._readers = [threading.Thread(target=self._read_stdout, name="gateway-child-out", daemon=True),
+                         threading.Thread(target=self._read_stderr, name="gateway-child-err", daemon=True)]
+        for t in self._readers:
+            t.start()
+
+    def _read_stdout(self) -> None:
+        out: IO[bytes] | None = self.proc.stdout
+        if out is None:
+            return
+        for raw in iter(out.readline, b""):
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(msg, dict) and "listening" in msg:
+                self.url, self.port = str(msg["listening"]), int(msg.get("port") or 0)
+                self._listening.set()
+
+    def _read_stderr(self) -> None:
+        err: IO[bytes] | None = self.proc.stderr
+        if err is None:
+            return
+        for raw in iter(err.readline, b""):
+            line = raw.decode("utf-8", "replace").strip()
+            if line:
+                self._stderr.append(line)
+
+    def wait_listening(self, timeout: float) -> bool:
+        """True once the child listens; False when it exited first or the timeout passed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._listening.wait(0.05):
+                return True
+            if self.proc.poll() is not None:
+                return self._listening.is_set()
+        return self._listening.is_set()
+
+    def send(self, status: EngineStatus) -> bool:
+        """Write one status line; False when the child is gone (a broken pipe is its exit, seen elsewhere)."""
+        stdin = self.proc.stdin
+        if stdin is None:
+            return False
+        with self._write_lock:
+            try:
+                stdin.write(status.to_line())
+                stdin.flush()
+                return True
+            except (OSError, ValueError):  # BrokenPipeError, or closed by stop()
+                return False
+
+    def reason(self) -> str:
+        """Why it ended, in the child's own words (its last error line), with the exit status."""
+        for t in self._readers:
+            t.join(2)  # the last lines are in before they are read
+        code = self.proc.returncode
+        lines = [ln for ln in self._stderr if not ln.startswith(("Traceback", "File ", "INFO:"))]
+        said = lines[-1] if lines else ""
+        said = said.removeprefix("moet-panel: ")
+        how = (f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}")
+        return f"{said} ({how})" if said else how
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """EOF on its stdin (its normal way out: listener closed at once, running answers get a grace), then
+        SIGTERM, then SIGKILL."""
+        with self._write_lock:
+            try:
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
+            except OSError:
+                pass
+        for action in (None, self.proc.terminate, self.proc.kill):
+            if action is not None:
+                try:
+                    action()
+                except OSError:
+                    pass
+            try:
+                self.proc.wait(timeout)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass
+
+
 class GatewayService:
-    def __init__(self, state_dir: Path, config: GatewayConfig, snapshot_fn: SnapshotFn, engine_base_url: str):
+    def __init__(self, state_dir: Path, config: GatewayConfig, snapshot_fn: SnapshotFn, engine_base_url: str,
+                 subscribe: Subscribe | None = None):
         self.keys = KeyStore(state_dir)
+        self.state_dir = state_dir
         self.config = config
         self._source = SnapshotSource(snapshot_fn, engine_base_url)
-        self._lock = threading.Lock()
-        self._server: GatewayServer | None = None
-        self._snap = GatewaySnapshot(GatewayState.OFF, url=config.url(), message="off: other machines cannot reach the model")
+        self._lock = threading.Lock()  # start/stop/close, one at a time
+        self._child: GatewayProcess | None = None
+        self._sent: EngineStatus | None = None
+        self._closed = False
+        self._snap = GatewaySnapshot(GatewayState.OFF, url=config.url(), message=OFF_MESSAGE)
         self._view: GatewayView | None = None
         self._view_at = 0.0
+        self._view_lock = threading.Lock()
+        # every engine change reaches the child at once (no polling); the listener has a thread of its own
+        self._unsubscribe = subscribe(lambda _ev: self.push()) if subscribe is not None else None
 
+    # -- state ---------------------------------------------------------------------------------------
     def snapshot(self) -> GatewaySnapshot:
         st = self._source.status()
-        snap = self._snap
-        server = self._server
-        if snap.state is GatewayState.ON and server is not None and server.error:
-            snap = self._snap = GatewaySnapshot(GatewayState.FAILED, message=f"the gateway stopped: {server.error}")
-        return replace(snap, engine_ready=st.ready, engine_reason=st.reason)
+        return replace(self._snap, engine_ready=st.ready, engine_reason=st.reason)
 
-    def start(self, port: int | None = None) -> GatewaySnapshot:
-        """Start serving (idempotent); a refused configuration leaves it off with the reason."""
+    @property
+    def pid(self) -> int | None:
+        child = self._child
+        return child.pid if child is not None else None
+
+    def push(self) -> None:
+        """Send the engine's status to the child when it changed (called on every engine change event)."""
+        child = self._child
+        if child is None:
+            return
+        st = self._source.status()
+        if st != self._sent and child.send(st):
+            self._sent = st
+
+    def start(self, port: int | None = None, *, restored: bool = False) -> GatewaySnapshot:
+        """Start serving (idempotent); a refused configuration leaves it off with the reason. A click records
+        the switch as on (restored at the next panel start); `restored` is that start-up's own call."""
         with self._lock:
-            if self._server is not None:
+            if self._closed:
+                return self.snapshot()
+            if self._child is not None and self._child.proc.poll() is None:
                 return self.snapshot()
             cfg = self.config if port is None else replace(self.config, port=port)
-            self._snap = GatewaySnapshot(GatewayState.STARTING, message="starting")
+            self._snap = GatewaySnapshot(GatewayState.STARTING, url=cfg.url(), message="starting", restored=restored)
             try:
-                server = GatewayServer(cfg, self.keys, self._source)
-            except GatewayConfigError as exc:
-                self._snap = GatewaySnapshot(GatewayState.FAILED, message=str(exc))
+                child = GatewayProcess(cfg, self.state_dir)
+            except OSError as exc:
+                self._snap = GatewaySnapshot(GatewayState.FAILED, url=cfg.url(), message=f"cannot start the gateway "
+                                             f"process: {exc}", restored=restored)
                 return self.snapshot()
-            server.start()
-            if not server.wait_started(10):
-                server.stop(2)
-                self._snap = GatewaySnapshot(GatewayState.FAILED, message=server.error or "the gateway did not start")
+            self._child, self._sent = child, None
+            self.push()  # the first status, before it serves a request
+            if not child.wait_listening(START_TIMEOUT_S):
+                self._child = None
+                child.stop(2)
+                self._snap = GatewaySnapshot(GatewayState.FAILED, url=cfg.url(), message=child.reason()
+                                             if child.proc.returncode is not None else "the gateway did not start "
+                                             f"within {START_TIMEOUT_S:.0f} s", restored=restored)
                 return self.snapshot()
-            self._server = server
-            self._snap = GatewaySnapshot(GatewayState.ON, url=server.url, message="serving: clients need a key (Authorization: Bearer …)")
+            self.push()  # a change between the first line and now
+            self._snap = GatewaySnapshot(GatewayState.ON, url=child.url, pid=child.pid, restored=restored,
+                                         message=ON_MESSAGE + (RESTORED_NOTE if restored else ""))
+            if not restored:
+                self._save(DesiredGateway(on=True, port=cfg.port))
+            threading.Thread(target=self._watch, args=(child,), name="gateway-child-watch", daemon=True).start()
             return self.snapshot()
+
+    def _watch(self, child: GatewayProcess) -> None:
+        """The child ending while it should serve: FAILED with its own reason (the Access tab shows it)."""
+        child.proc.wait()
+        with self._lock:
+            if self._child is not child:
+                return  # stopped on purpose
+            self._child = None
+            self._snap = GatewaySnapshot(GatewayState.FAILED, url=self._snap.url,
+                                         message=f"the gateway stopped: {child.reason()}")
 
     def stop(self) -> GatewaySnapshot:
+        """Switch off (a click): the child stops and the switch is recorded as off."""
+        snap = self._halt()
+        self._save(DesiredGateway(on=False, port=self.desired().port))
+        return snap
+
+    def _halt(self) -> GatewaySnapshot:
         with self._lock:
-            server, self._server = self._server, None
-            if server is not None:
-                server.stop()
-            self._snap = GatewaySnapshot(GatewayState.OFF, url=self.config.url(),
-                                         message="off: other machines cannot reach the model")
+            child, self._child = self._child, None
+            if child is not None:
+                child.stop()
+            self._snap = GatewaySnapshot(GatewayState.OFF, url=self.config.url(), message=OFF_MESSAGE)
             return self.snapshot()
 
+    # -- the remembered switch -----------------------------------------------------------------------
+    def desired(self) -> DesiredGateway:
+        return load_desired(self.state_dir)
+
+    def _save(self, desired: DesiredGateway) -> None:
+        try:
+            save_desired(self.state_dir, desired)
+        except OSError:
+            pass  # a full disk: the gateway still runs; only a restart would forget the switch
+
+    def restore(self) -> threading.Thread | None:
+        """At panel start-up: the switch was left on → start again, on a thread (the panel does not wait)."""
+        desired = self.desired()
+        if not desired.on:
+            return None
+        self._snap = GatewaySnapshot(GatewayState.STARTING, url=self.config.url(desired.port),
+                                     message="starting: restoring the gateway after the panel restarted", restored=True)
+        t = threading.Thread(target=self.start, args=(desired.port,), kwargs={"restored": True},
+                             name="gateway-restore", daemon=True)
+        t.start()
+        return t
+
+    # -- keys and activity ---------------------------------------------------------------------------
     def create_key(self, name: str, expires_days: float | None = None) -> CreatedKey:
         created = self.keys.create(name, expires_days)
         self._invalidate()
@@ -111,19 +358,24 @@ class GatewayService:
         """Snapshot, keys with usage and recent activity for a page timer: read from the file at most every
         `max_age_s` (a key created or revoked here refreshes it at once)."""
         now = time.monotonic()
-        with self._lock:
+        with self._view_lock:
             cached = self._view
             if cached is not None and now - self._view_at < max_age_s:
                 return replace(cached, snapshot=self.snapshot())
         view = GatewayView(self.snapshot(), tuple(self.keys.infos()), tuple(self.keys.activity(50)))
-        with self._lock:
+        with self._view_lock:
             self._view, self._view_at = view, now
         return view
 
     def _invalidate(self) -> None:
-        with self._lock:
+        with self._view_lock:
             self._view = None
 
     def close(self) -> None:
-        self.stop()
+        """The panel closes: the child stops, the switch stays as the user left it (restored next start)."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        with self._lock:
+            self._closed = True  # a restore still starting gives up
+        self._halt()
         self.keys.close()
