@@ -43,8 +43,9 @@ def test_start_then_switch_in_engine_tab(engine_panel, browser) -> None:
     page.wait_for_selector('[data-testid="engine-state"][data-state="ready"]', timeout=40_000)
     assert "quality" in page.inner_text("#engine-status")
     page.locator("#engine-profile").get_by_text("#2 quality / speed", exact=False).click()
-    page.click("#engine-switch")
-    page.click("#engine-switch")  # double click: refused, never a second engine
+    # a double click: the second click lands while the first is handled (a plain second click would wait
+    # for the button, which the first click disables), and it must never start a second engine
+    page.dblclick("#engine-switch")
     page.wait_for_selector('[data-testid="engine-state"]:not([data-state="ready"])', timeout=10_000)
     page.wait_for_selector('[data-testid="engine-state"][data-state="ready"][data-profile="balanced"]', timeout=40_000)
     assert state.engine.snapshot().profile_id == "balanced"
