@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,24 +32,10 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.panelproc import free_port, panel_env, recipe_copy, stop_group, wait_running  # noqa: E402
 TABS = ["Profiles", "Downloads", "Engine", "Logs", "Telemetry", "Self-test", "Compare", "Chat"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def recipe_copy(root: Path, tmp: Path) -> tuple[Path, str]:
-    text = (root / "assets" / "recipes" / "simulated.toml").read_text()
-    rid = f"bench-idle-{os.getpid()}"
-    port = free_port()
-    text = text.replace('id = "simulated"', f'id = "{rid}"', 1).replace("port = 8000", f"port = {port}")
-    text = text.replace('"--port", "8000"', f'"--port", "{port}"')
-    path = tmp / "recipe.toml"
-    path.write_text(text)
-    return path, rid
 
 
 class Panel:
@@ -58,19 +43,13 @@ class Panel:
         self.root, self.tmp, self.recipe = root, tmp, recipe
         self.port = free_port()
         self.stacks = tmp / "stacks.json"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("MOET_PANEL_", "GRADIO_"))}
-        self.env["XDG_DATA_HOME"] = str(tmp / "share")
-        self.env["PYTHONPATH"] = str(root)
+        self.env = panel_env(root, tmp)
         self.log = open(tmp / "panel.log", "w")
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "bench" / "idle_cpu_probe.py"), str(self.stacks), "serve", "--demo",
              "--recipe", str(recipe), "--port", str(self.port)],
             cwd=root, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while "moet-panel is running" not in (tmp / "panel.log").read_text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("panel did not start:\n" + (tmp / "panel.log").read_text()[-3000:])
-            time.sleep(0.2)
+        wait_running(self.proc, tmp / "panel.log")
         self.ps = psutil.Process(self.proc.pid)
 
     @property
@@ -110,11 +89,7 @@ class Panel:
         return pct, diff
 
     def close(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_group(self.proc)
         self.log.close()
 
 
@@ -135,7 +110,7 @@ def run(root: Path, seconds: float, engines: tuple[str, ...] = ("stopped", "read
     results: dict[str, tuple[float, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="moet-idle-") as t:
         tmp = Path(t)
-        recipe, rid = recipe_copy(root, tmp)
+        recipe, rid = recipe_copy(root, tmp, f"bench-idle-{os.getpid()}")
         panel = Panel(root, tmp, recipe)
         try:
             time.sleep(5)  # start-up work settles

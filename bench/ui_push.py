@@ -24,7 +24,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.panelproc import free_port, panel_env, recipe_copy, stop_group, wait_running  # noqa: E402
+
 HOME_TMP = Path.home()
 
 OBSERVER_JS = """() => {
@@ -62,40 +65,17 @@ OBSERVER_JS = """() => {
 }"""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def recipe_copy(root: Path, tmp: Path) -> tuple[Path, str]:
-    text = (root / "assets" / "recipes" / "simulated.toml").read_text()
-    rid = f"bench-push-{os.getpid()}-{tmp.name[-6:]}".replace("_", "-").lower()
-    port = free_port()
-    text = text.replace('id = "simulated"', f'id = "{rid}"', 1).replace("port = 8000", f"port = {port}")
-    text = text.replace('"--port", "8000"', f'"--port", "{port}"').replace('MOET_SIM_BOOT_S = "4"', 'MOET_SIM_BOOT_S = "1"')
-    path = tmp / "recipe.toml"
-    path.write_text(text)
-    return path, rid
-
-
 class Panel:
     def __init__(self, root: Path, tmp: Path, recipe: Path) -> None:
         self.root, self.recipe = root, recipe
         self.port = free_port()
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("MOET_PANEL_", "GRADIO_"))}
-        self.env["XDG_DATA_HOME"] = str(tmp / "share")
-        self.env["PYTHONPATH"] = str(root)
+        self.env = panel_env(root, tmp)
         self.logpath = tmp / "panel.log"
         self.log = open(self.logpath, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli.main", "serve", "--demo", "--recipe", str(recipe), "--port", str(self.port)],
             cwd=root, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while "moet-panel is running" not in self.logpath.read_text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("panel did not start:\n" + self.logpath.read_text()[-3000:])
-            time.sleep(0.2)
+        wait_running(self.proc, self.logpath)
 
     @property
     def url(self) -> str:
@@ -106,11 +86,7 @@ class Panel:
                        cwd=self.root, env=self.env, check=True, stdout=subprocess.DEVNULL, timeout=300)
 
     def close(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_group(self.proc)
         self.log.close()
 
 
@@ -196,7 +172,8 @@ def run(root: Path, seconds: float, cycles: int) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     tmp = Path(tempfile.mkdtemp(prefix="moet-try-ui-push-", dir=HOME_TMP))
-    recipe, rid = recipe_copy(root, tmp)
+    recipe, rid = recipe_copy(root, tmp, f"bench-push-{os.getpid()}-{tmp.name[-6:]}".replace("_", "-").lower(),
+                              boot_s="1")
     panel = Panel(root, tmp, recipe)
     docker_times = DockerTimes(rid)
     try:

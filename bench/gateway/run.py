@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -41,13 +40,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from bench.panelproc import free_port, panel_env, recipe_copy, stop_group, wait_running  # noqa: E402
+
 MODEL = "deepseek-v4-flash"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, headers: dict[str, str] | None = None, timeout: float = 60.0, interval: float = 0.1) -> None:
@@ -202,15 +198,12 @@ class BusyPanel:
     def __init__(self, tmp: Path, gateway: bool = False, tok_s: float = 200.0) -> None:
         import psutil
 
-        from bench.idle_cpu import recipe_copy
-
         self.dir = tmp / ("busy-panel-gateway" if gateway else "busy-panel")
         self.dir.mkdir()
-        recipe, self.recipe_id = recipe_copy(ROOT, self.dir)
+        recipe, self.recipe_id = recipe_copy(ROOT, self.dir, f"bench-gw-{os.getpid()}")
         self.gateway = gateway
         self.port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("MOET_PANEL_", "GRADIO_"))}
-        env.update(XDG_DATA_HOME=str(self.dir / "share"), PYTHONPATH=str(ROOT))
+        env = panel_env(ROOT, self.dir)
         self.env = env
         self.cli = [sys.executable, "-m", "app.cli.main", "--demo", "--recipe", str(recipe), "--data-dir",
                     str(self.dir / "data")]
@@ -255,11 +248,7 @@ class BusyPanel:
 
     def __enter__(self) -> BusyPanel:
         try:
-            deadline = time.monotonic() + 120
-            while "moet-panel is running" not in (self.dir / "panel.log").read_text():
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the panel did not start:\n" + (self.dir / "panel.log").read_text()[-3000:])
-                time.sleep(0.2)
+            wait_running(self.proc, self.dir / "panel.log")
             if self.gateway:
                 self._engine_started = True
                 started = subprocess.run([*self.cli, "engine", "start", "--profile", "quality"], env=self.env, cwd=ROOT,
@@ -332,11 +321,7 @@ class BusyPanel:
                                      capture_output=True, text=True, timeout=60).stdout.split()
                 if ids:
                     subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, timeout=120)
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=30)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            stop_group(self.proc)
             self.log.close()
 
 
