@@ -196,23 +196,26 @@ def serving(state: Any) -> Iterator[Panel]:
         close_panel(panel)
 
 
-@pytest.fixture(scope="session")
-def shared_panel() -> Iterator[Panel]:
-    """One demo panel for read-only browser tests (building the services costs seconds)."""
-    with tempfile.TemporaryDirectory(prefix="moet-panel-shared-") as tmp:
+@contextmanager
+def demo_panel(prefix: str) -> Iterator[Panel]:
+    """The panel in demo mode (simulated recipe) on a free loopback port, with a temp data dir."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         p = launch_panel(Path(tmp))
         try:
             yield p
         finally:
             close_panel(p)
+
+
+@pytest.fixture(scope="session")
+def shared_panel() -> Iterator[Panel]:
+    """One demo panel for read-only browser tests (building the services costs seconds)."""
+    with demo_panel("moet-panel-shared-") as p:
+        yield p
 
 
 @pytest.fixture
 def panel() -> Iterator[Panel]:
     """The panel in demo mode (simulated recipe) on a free loopback port, with a temp data dir."""
-    with tempfile.TemporaryDirectory(prefix="moet-panel-test-") as tmp:
-        p = launch_panel(Path(tmp))
-        try:
-            yield p
-        finally:
-            close_panel(p)
+    with demo_panel("moet-panel-test-") as p:
+        yield p
