@@ -11,8 +11,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -156,6 +160,28 @@ class Panel:
     data_dir: Path
 
 
+@contextmanager
+def serve_demo_process(port: int, log_path: Path, env: dict[str, str], timeout: float) -> Iterator[subprocess.Popen[bytes]]:
+    """`moet-panel serve --demo` in a process group of its own, its output in `log_path`: yielded once its banner
+    says it runs (within `timeout`), stopped on exit (SIGTERM to the group; SIGKILL after 30 s)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--demo", "--port", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while "moet-panel is running" not in log_path.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)  # polling with a deadline
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
 def launch_panel(data_dir: Path, *, recipe: str | Path | None = None, auth: Any = None, demo: bool = True) -> Panel:
     from app.backend.recipe import SIMULATED_RECIPE
     from app.backend.settings import resolve_settings
@@ -196,23 +222,26 @@ def serving(state: Any) -> Iterator[Panel]:
         close_panel(panel)
 
 
-@pytest.fixture(scope="session")
-def shared_panel() -> Iterator[Panel]:
-    """One demo panel for read-only browser tests (building the services costs seconds)."""
-    with tempfile.TemporaryDirectory(prefix="moet-panel-shared-") as tmp:
+@contextmanager
+def demo_panel(prefix: str) -> Iterator[Panel]:
+    """The panel in demo mode (simulated recipe) on a free loopback port, with a temp data dir."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         p = launch_panel(Path(tmp))
         try:
             yield p
         finally:
             close_panel(p)
+
+
+@pytest.fixture(scope="session")
+def shared_panel() -> Iterator[Panel]:
+    """One demo panel for read-only browser tests (building the services costs seconds)."""
+    with demo_panel("moet-panel-shared-") as p:
+        yield p
 
 
 @pytest.fixture
 def panel() -> Iterator[Panel]:
     """The panel in demo mode (simulated recipe) on a free loopback port, with a temp data dir."""
-    with tempfile.TemporaryDirectory(prefix="moet-panel-test-") as tmp:
-        p = launch_panel(Path(tmp))
-        try:
-            yield p
-        finally:
-            close_panel(p)
+    with demo_panel("moet-panel-test-") as p:
+        yield p

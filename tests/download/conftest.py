@@ -76,6 +76,16 @@ def hub(artifact: Artifact) -> Iterator[SimHub]:
         h.stop()
 
 
+@pytest.fixture
+def private_hub(artifact: Artifact) -> Iterator[SimHub]:
+    """The artifact's repo behind a token (KNOWN_TOKEN): a private repository."""
+    h = start_hub(artifact, token=KNOWN_TOKEN)
+    try:
+        yield h
+    finally:
+        h.stop()
+
+
 def fast_config(settings: Settings, endpoint: str, dest: Path, **kw) -> DownloadConfig:
     """Small segments, a 0.5 s stall watchdog and millisecond backoff: fault tests stay fast."""
     base = make_config(settings, endpoint=endpoint, dest=dest)

@@ -14,17 +14,8 @@ from app.backend.simhub.artifacts import HOSTILE_KINDS, build_hostile_artifact
 from app.backend.simhub.faults import Fault
 from app.backend.simhub.server import SimHub
 
-from .conftest import KNOWN_TOKEN, PREFIX, fast_config, run, start_hub
+from .conftest import KNOWN_TOKEN, PREFIX, fast_config, run
 
-
-
-@pytest.fixture
-def private_hub(artifact):
-    h = start_hub(artifact, token=KNOWN_TOKEN)
-    try:
-        yield h
-    finally:
-        h.stop()
 
 
 def test_missing_token_says_how_to_provide_one(settings, private_hub, tmp_path):

@@ -19,7 +19,7 @@ from huggingface_hub.hf_api import RepoFile
 from app.backend.simhub.faults import Fault
 from app.backend.simhub.server import SimHub
 
-from .conftest import KNOWN_TOKEN, PREFIX, start_hub
+from .conftest import KNOWN_TOKEN, PREFIX
 
 REPO = "moet-panel/simulated-cache"
 PART1 = PREFIX + "001"
@@ -59,20 +59,16 @@ def test_get_hf_file_metadata_stops_at_the_cdn(hub, artifact):
     assert meta.location.startswith(hub.cdn_endpoint + "/cdn/"), meta.location
 
 
-def test_private_hub_errors_are_the_librarys_own(artifact, tmp_path):
-    h = start_hub(artifact, token=KNOWN_TOKEN)
-    try:
-        url = hf_hub_url(REPO, PART1, endpoint=h.endpoint)
-        with pytest.raises(RepositoryNotFoundError) as err:  # 401 without a token: private or missing
-            get_hf_file_metadata(url, token=False)
-        assert err.value.response.status_code == 401
-        with pytest.raises(HfHubHTTPError) as bad:  # a wrong token: 401 "Invalid credentials"
-            get_hf_file_metadata(url, token="hf_WrongTokenWrongToken000000")
-        assert bad.value.response.status_code == 401 and not isinstance(bad.value, RepositoryNotFoundError)
-        got = hf_hub_download(REPO, PART1, endpoint=h.endpoint, cache_dir=tmp_path / "c", token=KNOWN_TOKEN)
-        assert Path(got).read_bytes() == artifact.files[PART1].read_bytes()
-    finally:
-        h.stop()
+def test_private_hub_errors_are_the_librarys_own(artifact, private_hub, tmp_path):
+    url = hf_hub_url(REPO, PART1, endpoint=private_hub.endpoint)
+    with pytest.raises(RepositoryNotFoundError) as err:  # 401 without a token: private or missing
+        get_hf_file_metadata(url, token=False)
+    assert err.value.response.status_code == 401
+    with pytest.raises(HfHubHTTPError) as bad:  # a wrong token: 401 "Invalid credentials"
+        get_hf_file_metadata(url, token="hf_WrongTokenWrongToken000000")
+    assert bad.value.response.status_code == 401 and not isinstance(bad.value, RepositoryNotFoundError)
+    got = hf_hub_download(REPO, PART1, endpoint=private_hub.endpoint, cache_dir=tmp_path / "c", token=KNOWN_TOKEN)
+    assert Path(got).read_bytes() == artifact.files[PART1].read_bytes()
 
 
 def test_gated_repo_raises_gated_repo_error(artifact, tmp_path):

@@ -20,7 +20,7 @@ from app.backend.simhub.artifacts import file_digest_tree
 from app.backend.simhub.faults import Fault
 from app.backend.simhub.server import SimHub
 
-from .conftest import KNOWN_TOKEN, PREFIX, fast_config, run, start_hub
+from .conftest import KNOWN_TOKEN, PREFIX, fast_config, run
 
 REPO = "moet-panel/simulated-cache"
 PART1, PART2 = PREFIX + "001", PREFIX + "002"
@@ -35,13 +35,9 @@ def gated_hub(artifact):
         yield h
 
 
-def test_no_token_for_a_private_repo_says_how_to_give_one(settings, artifact, tmp_path):
-    h = start_hub(artifact, token=KNOWN_TOKEN)
-    try:
-        with pytest.raises(AuthError) as err:
-            run(settings, h.endpoint, tmp_path / "d")
-    finally:
-        h.stop()
+def test_no_token_for_a_private_repo_says_how_to_give_one(settings, private_hub, tmp_path):
+    with pytest.raises(AuthError) as err:
+        run(settings, private_hub.endpoint, tmp_path / "d")
     msg = str(err.value)
     assert "401" in msg and "needs a token" in msg and "HF_TOKEN" in msg and "--token-file" in msg
 
@@ -157,23 +153,19 @@ def test_token_file_flag_beats_hf_token(settings, tmp_path, monkeypatch):
     assert replace(make_config(settings, token="hf_explicit0000000000"), dest=tmp_path).token == "hf_explicit0000000000"
 
 
-def test_cli_token_file_beats_hf_token_and_a_missing_one_is_an_error(settings, artifact, tmp_path, monkeypatch,
-                                                                     capsys):
+def test_cli_token_file_beats_hf_token_and_a_missing_one_is_an_error(settings, artifact, private_hub, tmp_path,
+                                                                     monkeypatch, capsys):
     from app.cli.main import main
 
-    h = start_hub(artifact, token=KNOWN_TOKEN)
-    try:
-        monkeypatch.setenv("HF_TOKEN", "hf_WrongTokenFromEnvironment0")
-        f = tmp_path / "tok"
-        f.write_text(KNOWN_TOKEN + "\n")
-        base = ["download", "--recipe", "assets/recipes/simulated.toml", "--endpoint", h.endpoint,
-                "--connections", "2"]
-        assert main([*base, "--dest", str(tmp_path / "d"), "--token-file", str(f)]) == 0
-        assert file_digest_tree(tmp_path / "d") == artifact.reference
-        assert main([*base, "--dest", str(tmp_path / "e"), "--token-file", str(tmp_path / "missing")]) == 2
-        assert "--token-file" in capsys.readouterr().err
-        assert main([*base, "--dest", str(tmp_path / "e")]) == 1  # HF_TOKEN alone: rejected, clearly
-        err = capsys.readouterr().err
-        assert "token was rejected" in err and "hf_WrongTokenFromEnvironment0" not in err
-    finally:
-        h.stop()
+    monkeypatch.setenv("HF_TOKEN", "hf_WrongTokenFromEnvironment0")
+    f = tmp_path / "tok"
+    f.write_text(KNOWN_TOKEN + "\n")
+    base = ["download", "--recipe", "assets/recipes/simulated.toml", "--endpoint", private_hub.endpoint,
+            "--connections", "2"]
+    assert main([*base, "--dest", str(tmp_path / "d"), "--token-file", str(f)]) == 0
+    assert file_digest_tree(tmp_path / "d") == artifact.reference
+    assert main([*base, "--dest", str(tmp_path / "e"), "--token-file", str(tmp_path / "missing")]) == 2
+    assert "--token-file" in capsys.readouterr().err
+    assert main([*base, "--dest", str(tmp_path / "e")]) == 1  # HF_TOKEN alone: rejected, clearly
+    err = capsys.readouterr().err
+    assert "token was rejected" in err and "hf_WrongTokenFromEnvironment0" not in err

@@ -25,7 +25,7 @@ from app.backend.download.types import DownloadError
 from app.backend.simhub.artifacts import file_digest_tree
 from app.backend.simhub.faults import Fault
 
-from .conftest import KNOWN_TOKEN, PREFIX, run, start_hub
+from .conftest import KNOWN_TOKEN, PREFIX, run
 
 REPO = "moet-panel/simulated-cache"
 PART1 = PREFIX + "001"
@@ -98,15 +98,6 @@ def tcp() -> Iterator[tuple[Listener, int]]:
         stop.set()
         t.join(5)
         sock.close()
-
-
-@pytest.fixture
-def private_hub(artifact):
-    h = start_hub(artifact, token=KNOWN_TOKEN)
-    try:
-        yield h
-    finally:
-        h.stop()
 
 
 def hostile_targets(port: int) -> list[str]:

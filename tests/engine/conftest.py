@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -100,6 +101,25 @@ def make_controller(docker_client, sim_settings) -> Iterator[Callable[..., Engin
         # by the test's own recipe id (simtest-<its port>), not the test label: a CLI the test runs in-process
         # (abtest switching profiles) starts containers through its own controller, without that label
         for c in panel_containers(docker_client, sim_settings.recipe.id, running_only=False):
+            c.remove(force=True)
+
+
+@contextmanager
+def sim_panel_state(docker_client, data_dir: Path) -> Iterator[Any]:
+    """An AppState for a browser test's panel: its own simulated recipe (own port and id), a 1 s boot, test-labelled
+    containers and its data in `data_dir`. Every container of that recipe is removed on exit."""
+    from app.backend.state import build_app_state
+
+    recipe = sim_recipe(free_port())
+    settings = Settings(SIMULATED_RECIPE, recipe, data_dir, True)
+    settings.ensure_state_dir()
+    state = build_app_state(settings)
+    state.engine.options.extra_env = {"MOET_SIM_BOOT_S": "1"}
+    state.engine.options.extra_labels = dict(TEST_LABEL)
+    try:
+        yield state
+    finally:
+        for c in docker_client.containers.list(all=True, filters={"label": f"moet-panel.recipe={recipe.id}"}):
             c.remove(force=True)
 
 

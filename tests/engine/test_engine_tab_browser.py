@@ -6,31 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from app.backend.settings import Settings
-from tests.conftest import ARTIFACTS, free_port, serving
+from tests.conftest import ARTIFACTS, serving
 
-from .conftest import TEST_LABEL, sim_recipe
+from .conftest import sim_panel_state
 
 pytestmark = [pytest.mark.browser, pytest.mark.docker, pytest.mark.slow]
 
 
 @pytest.fixture
 def engine_panel(docker_client, tmp_path: Path):
-    from app.backend.recipe import SIMULATED_RECIPE
-    from app.backend.state import build_app_state
-
-    recipe = sim_recipe(free_port())
-    settings = Settings(SIMULATED_RECIPE, recipe, tmp_path / "data", True)
-    settings.ensure_state_dir()
-    state = build_app_state(settings)
-    state.engine.options.extra_env = {"MOET_SIM_BOOT_S": "1"}
-    state.engine.options.extra_labels = dict(TEST_LABEL)
-    try:
-        with serving(state) as panel:
-            yield panel.url, state
-    finally:
-        for c in docker_client.containers.list(all=True, filters={"label": f"moet-panel.recipe={recipe.id}"}):
-            c.remove(force=True)
+    with sim_panel_state(docker_client, tmp_path / "data") as state, serving(state) as panel:
+        yield panel.url, state
 
 
 def test_start_then_switch_in_engine_tab(engine_panel, browser) -> None:
@@ -109,25 +95,13 @@ def test_reload_radio_follows_the_serving_profile_and_logs_follow_and_filter(eng
 @pytest.fixture
 def home_engine_panel(docker_client):
     """engine_panel with its data dir where users keep theirs (~/.local/share/moet-panel-test-*/data)."""
-    from app.backend.recipe import SIMULATED_RECIPE
-    from app.backend.state import build_app_state
     from tests.journey.conftest import user_data_dir
 
-    recipe = sim_recipe(free_port())
-    with user_data_dir() as data:
-        settings = Settings(SIMULATED_RECIPE, recipe, data, True)
-        settings.ensure_state_dir()
-        state = build_app_state(settings)
-        state.engine.options.extra_env = {"MOET_SIM_BOOT_S": "1"}
-        state.engine.options.extra_labels = dict(TEST_LABEL)
-        try:
-            with serving(state) as panel:
-                yield panel.url, state
-            # the UI's one watch, the hub's, the chat's and the alert service's queue ended with the panel
-            assert state.engine.events.subscribers == 0
-        finally:
-            for c in docker_client.containers.list(all=True, filters={"label": f"moet-panel.recipe={recipe.id}"}):
-                c.remove(force=True)
+    with user_data_dir() as data, sim_panel_state(docker_client, data) as state:
+        with serving(state) as panel:
+            yield panel.url, state
+        # the UI's one watch, the hub's, the chat's and the alert service's queue ended with the panel
+        assert state.engine.events.subscribers == 0
 
 
 # What the server sends an open page: Gradio's client reads its queue's event stream with fetch; this copy

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 from app.backend.gateway.keys import KeyStore
@@ -34,6 +35,15 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:.2f}s waiting for {what}")
         time.sleep(interval)
+
+
+def key_refused(c: openai.OpenAI) -> bool:
+    """The gateway answers this client's key with 401 (revoked or expired)."""
+    try:
+        c.models.list()
+        return False
+    except openai.AuthenticationError:
+        return True
 
 
 def running_requests(sim: SimEngineServer) -> float:

@@ -9,32 +9,20 @@ import openai
 import pytest
 
 from app.backend.contracts import EngineState
-from app.backend.settings import Settings
 from tests.conftest import free_port, serving
-from tests.engine.conftest import TEST_LABEL, docker_client, sim_recipe, wait_until  # noqa: F401 (fixture)
+from tests.engine.conftest import docker_client, sim_panel_state, wait_until  # noqa: F401 (fixture)
+from tests.gateway.conftest import key_refused
 
 pytestmark = [pytest.mark.browser, pytest.mark.docker, pytest.mark.slow]
 
 
 @pytest.fixture
 def access_panel(docker_client, tmp_path_factory: pytest.TempPathFactory):  # noqa: F811 (the fixture above)
-    from app.backend.recipe import SIMULATED_RECIPE
-    from app.backend.state import build_app_state
-
-    recipe = sim_recipe(free_port())
     home = tmp_path_factory.mktemp("home")
-    settings = Settings(SIMULATED_RECIPE, recipe, home / ".local" / "share" / "moet-panel" / "data", True)
-    settings.ensure_state_dir()
-    state = build_app_state(settings)
-    state.engine.options.extra_env = {"MOET_SIM_BOOT_S": "1"}
-    state.engine.options.extra_labels = dict(TEST_LABEL)
-    state.gateway.config = dataclasses.replace(state.gateway.config, port=free_port())
-    try:
+    with sim_panel_state(docker_client, home / ".local" / "share" / "moet-panel" / "data") as state:
+        state.gateway.config = dataclasses.replace(state.gateway.config, port=free_port())
         with serving(state) as panel:
             yield panel.url, state
-    finally:
-        for c in docker_client.containers.list(all=True, filters={"label": f"moet-panel.recipe={recipe.id}"}):
-            c.remove(force=True)
 
 
 def test_access_tab_switch_create_use_revoke(access_panel, browser) -> None:
@@ -94,15 +82,7 @@ def test_access_tab_switch_create_use_revoke(access_panel, browser) -> None:
     page.click("#gw-revoke")
     page.wait_for_function("() => document.querySelector(\"#gw-keys tr[data-key='laptop']\")?.innerText.includes('revoked')")
     with openai.OpenAI(base_url=gw_url, api_key=key, max_retries=0, timeout=10) as c:
-        wait_until(lambda: _refused(c), 1.0, "the revoked key refused within 1 s")
+        wait_until(lambda: key_refused(c), 1.0, "the revoked key refused within 1 s")
     page.locator("#gw-switch input").uncheck()
     page.wait_for_selector('#gw-status[data-state="off"]')
     assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors
-
-
-def _refused(c: openai.OpenAI) -> bool:
-    try:
-        c.models.list()
-        return False
-    except openai.AuthenticationError:
-        return True

@@ -15,7 +15,7 @@ import pytest
 from app.backend.gateway.keys import KeyStore, KeyStoreError
 from app.backend.gateway.proxy import Limits
 from app.backend.gateway.readiness import EngineStatus
-from tests.gateway.conftest import SERVED, FixedSource, running_requests, wait_for
+from tests.gateway.conftest import SERVED, FixedSource, key_refused, running_requests, wait_for
 
 MSG = [{"role": "user", "content": "Say something about mixtures of experts."}]
 
@@ -95,24 +95,16 @@ def test_no_wrong_expired_and_revoked_keys_are_401(make_gateway):
     # expiry: a key that expires 0.5 s after creation works, then is refused
     short = gw.key("short", expires_days=0.5 / 86400)
     with gw.client(short) as c:
-        wait_for(lambda: _refused(c), 3, "the expired key to be refused")
+        wait_for(lambda: key_refused(c), 3, "the expired key to be refused")
     # revocation from another process's connection (as `moet-panel keys revoke` does) holds within 1 s
     with gw.client(good) as c:
         assert c.models.list().data
         other = KeyStore(gw.data / ".moet-panel")
         assert other.revoke("good")
         revoked_at = time.monotonic()
-        wait_for(lambda: _refused(c), 1.0, "the revoked key to be refused within 1 s")
+        wait_for(lambda: key_refused(c), 1.0, "the revoked key to be refused within 1 s")
         assert time.monotonic() - revoked_at < 1.0
         other.close()
-
-
-def _refused(c: openai.OpenAI) -> bool:
-    try:
-        c.models.list()
-        return False
-    except openai.AuthenticationError:
-        return True
 
 
 ENGINE_ROUTES = ["/pause", "/resume", "/abort_requests", "/update_weights", "/tokenize", "/detokenize",

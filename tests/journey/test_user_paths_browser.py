@@ -157,14 +157,9 @@ def test_a_second_panel_serves_none_of_the_first_ones_files(browser: BrowserSess
     """Panel A (this process) hands out an export; panel B (`moet-panel serve --demo`, its own process and
     data dir under the same fake home) must not serve it, nor A's exports folder; B's web cache folder is
     private while it runs and gone after it stops (issue 30 item 3/4)."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
     import httpx
 
-    from tests.conftest import free_port
+    from tests.conftest import free_port, serve_demo_process
 
     with user_data_dir() as data:
         panel = launch_panel(data)
@@ -189,30 +184,17 @@ def test_a_second_panel_serves_none_of_the_first_ones_files(browser: BrowserSess
             port = free_port()
             env = {k: v for k, v in os.environ.items() if not k.startswith(("MOET_PANEL_", "GRADIO_"))}
             env["XDG_DATA_HOME"] = str(data.parent / "share")  # B's demo data dir: a sibling of A's
-            with open(log_path, "w") as log:
-                proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--demo", "--port", str(port)],
-                                        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            deadline = time.monotonic() + 120
-            while "moet-panel is running" not in log_path.read_text():
-                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-                time.sleep(0.2)  # polling with a deadline
-            b_state = data.parent / "share" / "moet-panel" / "demo" / ".moet-panel"
-            b_tmp = b_state / f"gradio-{proc.pid}"
-            assert own_mode(b_tmp) == 0o700
-            export = next((state_dir / "exports").glob("selftest-*.md"))
-            with httpx.Client(timeout=15) as c:
-                assert c.get(url).status_code == 200  # A serves its own file
-                for path in (served, str(export)):
-                    r = c.get(f"http://127.0.0.1:{port}/gradio_api/file={path}")
-                    assert r.status_code in (403, 404), (path, r.status_code)
+            with serve_demo_process(port, log_path, env, 120) as proc:
+                b_state = data.parent / "share" / "moet-panel" / "demo" / ".moet-panel"
+                b_tmp = b_state / f"gradio-{proc.pid}"
+                assert own_mode(b_tmp) == 0o700
+                export = next((state_dir / "exports").glob("selftest-*.md"))
+                with httpx.Client(timeout=15) as c:
+                    assert c.get(url).status_code == 200  # A serves its own file
+                    for path in (served, str(export)):
+                        r = c.get(f"http://127.0.0.1:{port}/gradio_api/file={path}")
+                        assert r.status_code in (403, 404), (path, r.status_code)
         finally:
-            if proc is not None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=10)
             close_panel(panel)
         b_log = log_path.read_text()
         assert proc is not None and proc.returncode == 0, b_log[-2000:]

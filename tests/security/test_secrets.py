@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from app.backend.redact import install_log_redaction
-from tests.conftest import free_port
+from tests.conftest import free_port, serve_demo_process
 
 TOKEN = "hf_MoetPanelTestTokenDoNotLeak1234567890"
 ODD_TOKEN = "mirror-token-Zq8v3-not-hf-shaped"  # a non-hf_-shaped token the process has loaded
@@ -49,15 +47,7 @@ def test_log_records_are_redacted_whoever_logs_them(caplog: pytest.LogCaptureFix
 def test_serve_banner_pages_and_logs_never_show_the_token(tmp_path: Path) -> None:
     port = free_port()
     log_path = tmp_path / "serve.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--demo", "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, env=_env(tmp_path), start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while "moet-panel is running" not in log_path.read_text():
-            assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
+    with serve_demo_process(port, log_path, _env(tmp_path), 90) as proc:
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(timeout=15) as c:
             for path in ("/", "/config", "/gradio_api/info", "/gradio_api/openapi.json"):
@@ -69,13 +59,6 @@ def test_serve_banner_pages_and_logs_never_show_the_token(tmp_path: Path) -> Non
         assert f"http://127.0.0.1:{port}" in banner
         assert "demo     : yes" in banner and "auth     : off" in banner
         assert str(tmp_path / "share" / "moet-panel" / "demo") in banner  # per-user demo data dir
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
     assert TOKEN not in log_path.read_text()
     assert proc.returncode == 0, log_path.read_text()[-2000:]
 

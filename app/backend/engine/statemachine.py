@@ -33,13 +33,20 @@ class PreflightBegan:
 
 
 @dataclass(frozen=True)
-class BootBegan:
+class _Container:
+    """The engine container an event points the snapshot at (one it booted, or one it found running)."""
+
     profile_id: str
     container_id: str
     container_name: str
     base_url: str
     served_name: str
     simulated: bool
+
+
+@dataclass(frozen=True)
+class BootBegan(_Container):
+    pass
 
 
 @dataclass(frozen=True)
@@ -55,13 +62,7 @@ class BecameReady:
 
 
 @dataclass(frozen=True)
-class Adopted:
-    profile_id: str
-    container_id: str
-    container_name: str
-    base_url: str
-    served_name: str
-    simulated: bool
+class Adopted(_Container):
     ready: bool
     phase: str
     pool: PoolSizing | None = None
@@ -159,6 +160,18 @@ ALLOWED: dict[type, frozenset[EngineState]] = {
 }
 
 
+def _pointed_at(snap: EngineSnapshot, event: _Container) -> EngineSnapshot:
+    return replace(snap, profile_id=event.profile_id, container_id=event.container_id,
+                   container_name=event.container_name, base_url=event.base_url, served_name=event.served_name,
+                   simulated=event.simulated)
+
+
+def _gone(snap: EngineSnapshot, message: str, diagnosis: Diagnosis | None, now: float) -> EngineSnapshot:
+    """Stopped here or vanished outside: no container left to point at."""
+    return replace(snap, state=EngineState.STOPPED, phase="", container_id="", container_name="", base_url="",
+                   pool=None, message=message, diagnosis=diagnosis, since=now)
+
+
 def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
     """Apply one event. Raises IllegalTransition when the event is not allowed in this state."""
     if snap.state not in ALLOWED[type(event)]:
@@ -168,12 +181,8 @@ def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
         return replace(snap, state=EngineState.PREFLIGHT, profile_id=event.profile_id, phase="preflight checks",
                        message="", since=now, diagnosis=None)
     if isinstance(event, BootBegan):
-        return replace(
-            snap, state=EngineState.STARTING, profile_id=event.profile_id, container_id=event.container_id,
-            container_name=event.container_name, base_url=event.base_url, served_name=event.served_name,
-            simulated=event.simulated, phase="container started", pool=None,
-            message="", diagnosis=None, since=now,
-        )
+        return replace(_pointed_at(snap, event), state=EngineState.STARTING, phase="container started", pool=None,
+                       message="", diagnosis=None, since=now)
     if isinstance(event, BootProgressed):
         return replace(snap, phase=event.phase, pool=event.pool,
                        message=event.message or snap.message)
@@ -182,25 +191,21 @@ def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
                        last_ready_profile=snap.profile_id)
     if isinstance(event, Adopted):
         return replace(
-            snap, state=EngineState.READY if event.ready else EngineState.STARTING, profile_id=event.profile_id,
-            container_id=event.container_id, container_name=event.container_name, base_url=event.base_url,
-            served_name=event.served_name, simulated=event.simulated, phase="ready" if event.ready else event.phase,
-            pool=event.pool, diagnosis=None, since=now,
+            _pointed_at(snap, event), state=EngineState.READY if event.ready else EngineState.STARTING,
+            phase="ready" if event.ready else event.phase, pool=event.pool, diagnosis=None, since=now,
             message=event.message, last_ready_profile=event.profile_id if event.ready else snap.last_ready_profile,
         )
     if isinstance(event, StopBegan):
         return replace(snap, state=EngineState.STOPPING, phase="stopping", message=event.message, since=now)
     if isinstance(event, Stopped):
-        return replace(snap, state=EngineState.STOPPED, phase="", container_id="", container_name="", base_url="",
-                       pool=None, message=event.message, since=now)
+        return _gone(snap, event.message, snap.diagnosis, now)
     if isinstance(event, Failed):
         cid = snap.container_id if event.container_id is None else event.container_id
         name = snap.container_name if event.container_name is None else event.container_name
         return replace(snap, state=EngineState.FAILED, phase="", diagnosis=event.diagnosis, container_id=cid,
                        container_name=name, message=event.message or event.diagnosis.title, since=now)
     if isinstance(event, Vanished):
-        return replace(snap, state=EngineState.STOPPED, phase="", container_id="", container_name="", base_url="",
-                       pool=None, message=event.message, diagnosis=event.diagnosis, since=now)
+        return _gone(snap, event.message, event.diagnosis, now)
     if isinstance(event, Stalled):
         return replace(snap, state=EngineState.STALLED, phase="stalled", diagnosis=event.diagnosis,
                        message=event.message or event.diagnosis.title, since=now, stalls_total=snap.stalls_total + 1)
