@@ -35,3 +35,16 @@ def test_a_yielded_canary_is_neither_pass_nor_fail() -> None:
     assert not c.record(CanaryResult("yielded", "yielded to a user request", 0.01), 1.0)
     assert c.failures == 1 and c.yielded == 1
     assert not CanaryState(0, 10).enabled and CanaryState(0, 10).status() == "off"
+
+
+def test_the_canarys_own_token_is_not_taken_for_user_traffic() -> None:
+    """The canary moves the token counters itself; the read after it must not postpone the next canary
+    (that added up to one liveness poll to every interval, and to the time to detect a hang)."""
+    c = CanaryState(interval_s=2, timeout_s=1)
+    c._proof_at = 0.0
+    assert c.due(IDLE, 2.0)
+    assert not c.record(CanaryResult("ok", "0.01 s", 0.01), 2.0)
+    assert not c.due(Load(0, 0, 11, 6), 3.0)  # the canary's own prompt and token moved the counters
+    assert c.due(Load(0, 0, 11, 6), 4.0)  # due two seconds after it was sent, not two after that read
+    assert not c.due(Load(0, 0, 40, 6), 5.0)  # a user's tokens after that are proof again
+    assert not c.due(Load(0, 0, 40, 6), 6.9) and c.due(Load(0, 0, 40, 6), 7.0)

@@ -98,6 +98,9 @@ class CanaryState:
         the engine is now judged stalled (FAILS_TO_STALL failures in a row)."""
         self.last = r
         self.sent += 1
+        # the canary's own token moves the engine's counters: the next read takes them as its new baseline,
+        # not as a user's proof of life (which would push the next canary back by one poll)
+        self._counts = None
         if r.outcome != "yielded":
             self.last_at = time.time() - (time.monotonic() - now)
         if r.outcome == "ok":
