@@ -48,3 +48,12 @@ def test_the_canarys_own_token_is_not_taken_for_user_traffic() -> None:
     assert c.due(Load(0, 0, 11, 6), 4.0)  # due two seconds after it was sent, not two after that read
     assert not c.due(Load(0, 0, 40, 6), 5.0)  # a user's tokens after that are proof again
     assert not c.due(Load(0, 0, 40, 6), 6.9) and c.due(Load(0, 0, 40, 6), 7.0)
+
+
+def test_a_new_runs_interval_counts_from_when_it_became_ready() -> None:
+    """The liveness thread sees a new ready engine up to a poll later; the first canary is still due one
+    interval after ready (the controller passes the READY state's time)."""
+    c = CanaryState(interval_s=2, timeout_s=1)
+    c.reset(proof_at=100.0)
+    assert c.seconds_until_due(100.5) == 1.5
+    assert c.due(IDLE, 102.0)

@@ -65,9 +65,11 @@ class CanaryState:
         self._counts: tuple[float | None, float | None] | None = None
         self.last: CanaryResult | None = None
 
-    def reset(self) -> None:
+    def reset(self, proof_at: float | None = None) -> None:
+        """A new run: its own history; `proof_at` (monotonic) is when it was last known to serve, e.g. when it
+        became ready (default: now)."""
         self.failures, self._counts, self.last = 0, None, None
-        self._proof_at = time.monotonic()
+        self._proof_at = time.monotonic() if proof_at is None else proof_at
 
     @property
     def enabled(self) -> bool:

@@ -960,7 +960,8 @@ class EngineController:
             return
         if snap.container_id != self._canary_for:  # a new run: its own canary history
             self._canary_for = snap.container_id
-            self._canary.reset()
+            # its interval runs from when it became ready, not from this check up to a poll later
+            self._canary.reset(time.monotonic() - max(0.0, time.time() - snap.since))
         if snap.state is EngineState.READY:
             self._stall_source = ""
         try:
