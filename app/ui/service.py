@@ -58,6 +58,8 @@ def render(state: AppState, shell: Shell) -> None:
     # Its own slow timer: this tab's figures change rarely, and every tick of the shared 1 s timer is one more
     # event per open page.
     gr.Timer(3.0).tick(refresh, outputs=[status], **QUICK)
+    # That timer starts with the tab, not the page: drawn at once when the tab opens, not 3 s of page-load truth.
+    shell.on_tab(TITLE, refresh, None, [status])
     save_policy.click(lambda p: panel.set_policy(state, p), inputs=[policy], outputs=[note])
     save_urls.click(lambda t: (panel.set_notify_urls(state, t), ""), inputs=[urls], outputs=[note, urls])
     clear_urls.click(lambda: panel.clear_notify_urls(state), outputs=[note])
