@@ -29,6 +29,7 @@ INVOCATIONS: dict[str, list[str]] = {
     "keys": ["keys", "list"],
     "gateway": ["gateway", "--port", "0"],
     "service": ["service", "install", "--user", "--print"],
+    "logs": ["logs", "--panel"],
 }
 
 

@@ -86,10 +86,22 @@ class EngineSnapshot:
     canary_latency_s: float = 0.0
     canary_failures_total: int = 0  # canaries that produced no token, since the panel started
     stalls_total: int = 0
+    # Drain (docs/engine.md "Keeps serving"): a stop or switch first lets the answers in flight finish.
+    draining: bool = False  # True while a stop/switch waits for answers in flight (new ones are refused)
+    drain_in_flight: int = 0  # answers still running when last counted (gateway + Chat tab)
+    drain_deadline: float = 0.0  # Unix time the grace ends; the stop goes on then, or at "Switch now"
+    expected_back_s: float = 0.0  # seconds until the engine serves again (a Retry-After); 0: unknown
 
     @property
     def is_ready(self) -> bool:
         return self.state is EngineState.READY
+
+
+class AnswerCounter(Protocol):
+    """Something that streams the engine's answers to someone (the gateway, the Chat tab): a stop or switch
+    waits until its count is 0 or the grace ends (docs/engine.md "Keeps serving")."""
+
+    def answers_in_flight(self) -> int: ...
 
 
 SnapshotFn = Callable[[], "EngineSnapshot | None"]  # the controller's snapshot(); None: no controller

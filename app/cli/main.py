@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("app.cli.gateway", "serve the model to other machines: API keys, limits, usage (foreground)"),
     "keys": ("app.cli.keys", "API keys of the gateway: create (shown once), revoke, list with usage"),
     "service": ("app.cli.service", "run the panel as a systemd service (install the unit)"),
+    "logs": ("app.cli.logs", "the panel's operator log (decisions, restarts, alerts, caught errors)"),
 }
 
 

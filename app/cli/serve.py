@@ -134,11 +134,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     env.set_default("GRADIO_ANALYTICS_ENABLED", "False")
     env.set_default("HF_HUB_DISABLE_TELEMETRY", "1")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from app.backend.redact import install_log_redaction
+    from app.backend import oplog
 
-    install_log_redaction()
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per internal request is noise
+    oplog.configure(None)  # stderr (journald under systemd); the state dir's file joins once it exists
     from app.backend.telemetry.nvml import NvmlGpuReader
 
     nvml = NvmlGpuReader()  # the process's one NVML client: the host probe reads it, the app state keeps it
@@ -173,6 +171,9 @@ def _serve(p: Plan, nvml: NvmlGpuReader | None = None) -> int:
         print(f"moet-panel: cannot create the panel's state dir {p.settings.state_dir} ({exc.strerror or exc}). "
               "Create the data dir with write access for this user, or pass --data-dir DIR.", file=sys.stderr)
         return 2
+    from app.backend import oplog
+
+    oplog.configure(p.settings.state_dir)
     state = build_app_state(p.settings, nvml_reader=nvml)
     # Demo downloads: the download service starts the SIMULATED local Hub itself on first use.
     hub_note = "SIMULATED local demo Hub on 127.0.0.1 (started on the first download)" if p.settings.recipe.simulated else None
