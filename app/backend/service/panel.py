@@ -40,7 +40,7 @@ def view(state: AppState) -> ServiceView:
     policy, psrc = effective_policy(store, state.settings.recipe.engine.restart)
     urls, usrc = effective_notify_urls(store)
     snap = state.engine.snapshot() if state.engine is not None else None
-    sent = tuple(t for t, _ in (state.alerting.sent[-5:] if state.alerting is not None else []))
+    sent = tuple(m.title for m in (state.alerting.sent[-5:] if state.alerting is not None else []))
     return ServiceView(
         policy, psrc, (snap.desired or "not set yet") if snap else "-", snap.state.value if snap else "-",
         snap.restarts_total if snap else 0, snap.restart_try if snap else 0, bool(snap and snap.gave_up),

@@ -226,6 +226,37 @@ def decode_drift(i: AlertInputs) -> Alert | None:
     )
 
 
+@dataclass(frozen=True)
+class HoldDown:
+    """How long a condition must hold before a person is told (`start_s`), and stay clear before "resolved" is
+    sent (`clear_s`): no message for a blip, no flapping on a line the box sits on (docs/telemetry.md#hold-down)."""
+
+    start_s: float
+    clear_s: float
+
+
+# Per alert id. Why these: VRAM sits at the card's own 97.7 % beside the 98 % line, so a crossing must last
+# minutes to count; a throttle or a churn burst of seconds is normal under load; a boot fact (pool absent, ECC)
+# does not blink, so it is told at once and resolved only once it has stayed gone a minute.
+HOLD_DOWN = MappingProxyType({
+    "pool_absent": HoldDown(0.0, 60.0),
+    "zero_coverage": HoldDown(60.0, 120.0),
+    "churn_trap": HoldDown(30.0, 120.0),
+    "vram_full": HoldDown(120.0, 300.0),
+    "ecc_on": HoldDown(0.0, 60.0),
+    "throttle_thermal": HoldDown(60.0, 120.0),
+    "throttle_power": HoldDown(60.0, 120.0),
+    "host_ram_low": HoldDown(30.0, 120.0),
+    "trace_off": HoldDown(0.0, 120.0),  # the rule itself waits 90 s of traffic
+    "decode_drift": HoldDown(0.0, 120.0),  # the drift reading has its own sustained window
+})
+DEFAULT_HOLD_DOWN = HoldDown(30.0, 60.0)
+
+
+def hold_down(alert_id: str) -> HoldDown:
+    return HOLD_DOWN.get(alert_id, DEFAULT_HOLD_DOWN)
+
+
 RULES = (pool_absent, zero_coverage, churn_trap, vram_full, ecc_on, throttling, host_ram_low, trace_off, decode_drift)
 ORDER = MappingProxyType({"critical": 0, "warning": 1, "info": 2})
 
