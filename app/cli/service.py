@@ -39,9 +39,27 @@ def common_serve_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def _data_dir(args: argparse.Namespace, serve_args: list[str]) -> Path:
+    """The data dir the service will use (its ReadWritePaths=): `--data-dir` in the serve arguments, else what
+    `serve` with these common options resolves (flag, MOET_PANEL_DATA_DIR, the recipe's default)."""
+    for i, a in enumerate(serve_args):
+        if a == "--data-dir" and i + 1 < len(serve_args):
+            return Path(serve_args[i + 1]).expanduser().absolute()
+        if a.startswith("--data-dir="):
+            return Path(a.split("=", 1)[1]).expanduser().absolute()
+    from app.cli.main import settings_from
+
+    return settings_from(args).data_dir
+
+
 def run(args: argparse.Namespace) -> int:
     serve_args = common_serve_args(args) + [a for a in args.serve_args if a != "--"]
-    spec = systemd.default_spec(args.user, serve_args, REPO, systemd.current_python())
+    data_dir = _data_dir(args, serve_args)
+    spec = systemd.default_spec(args.user, serve_args, REPO, systemd.current_python(), data_dir)
+    if not args.user and str(data_dir).startswith(("/tmp/", "/var/tmp/")):
+        print(f"moet-panel: warning: the data dir {data_dir} is under /tmp: the unit's PrivateTmp=yes gives the panel "
+              "a private /tmp that Docker does not see (the engine's mounts would miss it); pick another --data-dir",
+              file=sys.stderr)
     if args.print_only:
         print(systemd.unit_text(spec), end="")
         return 0

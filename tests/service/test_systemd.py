@@ -23,15 +23,31 @@ def _verify(path: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("user_mode", [False, True])
 def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path, user_mode: bool) -> None:
-    spec = systemd.UnitSpec((sys.executable, "-m", "app.cli.main", "serve", "--data-dir", str(tmp_path / "my data")),
+    data = tmp_path / "my data"
+    must, maybe = systemd.writable_paths(data)
+    spec = systemd.UnitSpec((sys.executable, "-m", "app.cli.main", "serve", "--data-dir", str(data)),
                             REPO, user_mode, user="" if user_mode else "root",
-                            environment=(("MOET_PANEL_RECIPE", "/srv/100% \"odd\" recipe.toml"),))
+                            environment=(("MOET_PANEL_RECIPE", "/srv/100% \"odd\" recipe.toml"),),
+                            rw_paths=must, optional_rw_paths=maybe + (tmp_path / "100% missing",))
     res = systemd.install(spec, tmp_path / systemd.UNIT_NAME, enable=False)
     assert not res.enabled and any("systemctl" in ln and "enable --now" in ln for ln in res.lines)
     out = _verify(res.path)
     assert out.returncode == 0, out.stderr
     text = res.path.read_text()
     assert "Type=notify" in text and "KillMode=process" in text and "100%% " in text
+    # issue 39 item 6: a watchdog, hardening, a start limit (in [Unit], where systemd reads it)
+    unit, service = text.split("[Service]")
+    assert "StartLimitIntervalSec=600" in unit and "StartLimitBurst=5" in unit
+    for line in ("WatchdogSec=30", "NoNewPrivileges=yes", "UMask=0077"):
+        assert line in service.splitlines(), line
+    if user_mode:  # a user manager needs a user namespace for these, which loses the docker group
+        assert "ProtectSystem" not in text and "PrivateTmp" not in text
+    else:
+        assert "ProtectSystem=strict" in service and "PrivateTmp=yes" in service
+        (rw,) = [ln for ln in service.splitlines() if ln.startswith("ReadWritePaths=")]
+        assert f'"{data}"' in rw and f'"{data / ".moet-panel"}"' in rw and str(must[2]) in rw
+        assert f'"-{tmp_path}/100%% missing"' in rw  # optional: a missing one does not fail the start
+        assert data.is_dir()  # made at install: a missing ReadWritePaths= folder fails the start
     # the check is real: the same unit with a relative ExecStart is refused
     bad = tmp_path / "bad" / systemd.UNIT_NAME
     bad.parent.mkdir()
