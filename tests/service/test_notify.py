@@ -158,3 +158,11 @@ def test_service_json_is_private_and_its_urls_never_reach_a_page_or_log(tmp_path
     shown = mask_url(store.read().notify_urls[0])
     for secret in ("bob", "Pa55wordXYZ", "TopSecretPath", "QuerySecret1"):
         assert secret not in shown
+
+
+def test_secrets_in_a_urls_path_and_user_are_masked_too() -> None:
+    """issue 40 item 7: Apprise's privacy rendering kept the path (`json://host/hook/SecretPath`, an ntfy topic)
+    and the user name."""
+    assert mask_url("json://example.org/hook/SecretPath123") == "json://example.org/***/***"
+    assert "my-private-topic" not in mask_url("ntfy://ntfy.sh/my-private-topic")
+    assert "someone" not in mask_url("json://someone:pw@example.org/x")

@@ -192,7 +192,6 @@ class AlertService:
                 return
             try:
                 self.evaluate()
-                self._errors.ok("evaluating the alerts")
             except Exception as exc:  # an alert source's bug must not end the alerts
                 self._errors.caught(exc, "evaluating the alerts")
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Iterable, Literal
 
+from app.backend import oplog
 from app.backend.engine.runtime import Runtime
 from app.backend.contracts import EngineSnapshot, EngineState, GpuSample, LogLine
 from app.backend.settings import Settings
@@ -305,8 +306,8 @@ def run_log_lines(runtime: Runtime | None, container_id: str, fallback: Iterable
     if runtime is not None and container_id:
         try:
             return [text for _, text in runtime.read_logs(container_id, max_lines=RUN_LOG_MAX_LINES)]
-        except Exception:  # gone meanwhile / daemon hiccup: the tail is the best left
-            pass
+        except Exception as exc:  # gone meanwhile / daemon hiccup: the tail is the best left
+            oplog.caught("telemetry", exc, "reading the run's whole log (the in-memory tail is used)")
     return [ln.text for ln in fallback]
 
 
@@ -326,7 +327,8 @@ def profile_policy(settings: Settings, profile_id: str | None) -> str:
     command's when the profile is unknown; '' when not set)."""
     try:
         profile = settings.profiles.find(profile_id)
-    except Exception:  # an unreadable custom-profile folder: the recipe's own profiles still count
+    except Exception as exc:  # an unreadable custom-profile folder: the recipe's own profiles still count
+        oplog.caught("telemetry", exc, "finding the profile's pool policy (custom profiles unreadable)")
         profile = next((p for p in settings.recipe.profiles if p.id == profile_id), None)
     cmd = settings.recipe.command(profile) if profile is not None else settings.recipe.serve.command
     return cmd.env_value("VLLM_MOE_W2_DELTA_POLICY") or ""
