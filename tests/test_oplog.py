@@ -121,3 +121,11 @@ def test_a_repeating_error_from_a_loop_is_logged_once(configured: tuple[Path, io
     once.caught(OSError("docker away"), "reading the engine log tail")  # a lasting fault, with its count
     assert oplog.error_counts()["telemetry"] == before + 4
     assert "repeated=0" not in stream.getvalue()
+
+
+def test_a_registered_urls_plain_words_are_not_starred_everywhere() -> None:
+    from app.backend import redact
+
+    redact.register_url("ntfy://ntfy.sh/alerts")
+    redact.register_url("json://example.org/webhook/k7Hq2ZpX")
+    assert redact.redact("evaluating the alerts; webhook k7Hq2ZpX failed") == "evaluating the alerts; webhook *** failed"

@@ -77,15 +77,23 @@ def mask_url(url: str) -> str:
     return out
 
 
+def _tokenish(part: str) -> bool:
+    """A piece that looks like a secret (a token, a topic, an id) rather than a word: starring every "alerts" or
+    "webhook" in the log because a URL's path holds one would blind the log, not protect anything."""
+    if len(part) >= 20:
+        return True
+    return len(part) >= MIN_PART and (any(c.isdigit() for c in part) or any(c in "-_.~" for c in part)
+                                      or (any(c.isupper() for c in part) and any(c.islower() for c in part)))
+
+
 def _secret_parts(url: str) -> set[str]:
-    """The pieces of a notify URL that are secret, raw and percent-decoded."""
+    """The pieces of a notify URL that are secret, raw and percent-decoded (the whole URL is handled apart)."""
     parts = _split(url.strip())
     if parts is None:
         return set()
     _, userinfo, hostport, path, query, fragment = parts
-    found = {url.strip()}
     user, _, password = userinfo.partition(":")
-    found |= {user, password}
+    found = {user}
     if _host_shown(hostport) == STAR:
         found.add(hostport)
         found.update(hostport.split(":"))
@@ -93,7 +101,10 @@ def _secret_parts(url: str) -> set[str]:
     found.update(v for _, v in parse_qsl(query, keep_blank_values=True))
     found.add(fragment)
     found |= {unquote(p) for p in found}
-    return {p for p in found if len(p) >= MIN_PART}
+    secret = {p for p in found if _tokenish(p)}
+    if len(password) >= 4:  # a password is a secret whatever it looks like
+        secret |= {password, unquote(password)}
+    return secret
 
 
 class _KnownUrlParts:

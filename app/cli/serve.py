@@ -198,9 +198,11 @@ def _serve(p: Plan, nvml: NvmlGpuReader | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     oplog.decision("panel", "started", who=oplog.CLI, url=url, demo=bool(p.demo_reason), auth=p.auth_file is not None,
                    recipe=p.settings.recipe.id)
-    watchdog = start_watchdog(state, lambda: bool(demo.is_running))
+    watchdog = None
     try:
         sd_notify("READY=1\nSTATUS=panel at " + url)
+        # after READY: systemd arms the watchdog once the start is complete (a slow start is TimeoutStartSec's)
+        watchdog = start_watchdog(state, lambda: bool(demo.is_running))
         wait_until_closed(demo)
     except KeyboardInterrupt:
         oplog.decision("panel", "stopping", who=oplog.OUTSIDE, reason="SIGTERM or Ctrl+C")

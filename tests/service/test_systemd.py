@@ -76,15 +76,20 @@ def test_sd_notify_ready_and_sigterm_leaves_the_engine_running(tmp_path: Path, d
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(sock_path))
     sock.settimeout(180)  # a deadline for the panel's start on a loaded box, not a sleep
-    env = {**os.environ, "NOTIFY_SOCKET": str(sock_path), "MOET_PANEL_GPU": "none", "MOET_SIM_BOOT_S": "1"}
+    env = {**os.environ, "NOTIFY_SOCKET": str(sock_path), "MOET_PANEL_GPU": "none", "MOET_SIM_BOOT_S": "1",
+           "WATCHDOG_USEC": "2000000"}  # WatchdogSec=2: a ping a second, earned (service/watchdog.py)
+    env.pop("WATCHDOG_PID", None)
     proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve", "--recipe", str(recipe_file),
                              "--data-dir", str(data), "--port", str(free_port()), "--demo"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         msg = sock.recv(4096).decode()
         assert msg.startswith("READY=1") and "STATUS=panel at http://127.0.0.1:" in msg
+        assert sock.recv(4096).decode() == "WATCHDOG=1"  # the watchdog pings once the panel is ready
         proc.send_signal(signal.SIGTERM)
-        assert sock.recv(4096).decode() == "STOPPING=1"
+        while (msg := sock.recv(4096).decode()) == "WATCHDOG=1":  # pings already on their way
+            pass
+        assert msg == "STOPPING=1"
         assert proc.wait(60) == 0
         (c,) = panel_containers(docker_client, sim_settings.recipe.id)  # the engine kept serving
         assert c.status == "running"
