@@ -125,6 +125,7 @@ class Turn:
                     self._checkpoint()
         except Exception as exc:  # a bug or an unexpected SDK error must still end the turn visibly
             final = StreamError("broken", f"{type(exc).__name__}: {exc}", time.monotonic())
+            oplog.caught("chat", exc, "streaming a reply (ended as broken)", traceback=True)
         self._finalize(final)
 
     def _checkpoint(self) -> None:
