@@ -107,3 +107,27 @@ def test_sd_notify_ready_and_sigterm_leaves_the_engine_running(tmp_path: Path, d
 def test_sd_notify_without_systemd_is_a_no_op(monkeypatch) -> None:
     monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     assert systemd.sd_notify("READY=1") is False
+
+
+def test_cli_service_status_shows_urls_masked() -> None:
+    """issue 40 item 7: the CLI shows notify URLs through the one masking function, like the Service tab."""
+    import json
+    import shutil
+    import uuid
+
+    base = Path.home() / f"moet-test-ops-status-{uuid.uuid4().hex[:8]}"
+    try:
+        state = base / "data" / ".moet-panel"
+        state.mkdir(parents=True)
+        (state / "service.json").write_text(json.dumps({"restart_policy": "never", "notify_urls": [
+            "json://carol:Hunter2Secret@example.org/hooks/AbC123TokenPath?token=QuErY999"]}))
+        env = {k: v for k, v in os.environ.items() if k != "MOET_PANEL_NOTIFY"}
+        out = subprocess.run([sys.executable, "-m", "app.cli.main", "service", "status", "--demo", "--data-dir",
+                              str(base / "data")], capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+        assert out.returncode == 0, out.stderr
+        assert "restart policy : never (from the panel setting)" in out.stdout
+        assert "json://***:***@example.org/***/***?token=***" in out.stdout
+        for secret in ("carol", "Hunter2Secret", "AbC123TokenPath", "QuErY999"):
+            assert secret not in out.stdout + out.stderr
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
