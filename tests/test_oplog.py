@@ -66,3 +66,66 @@ def test_no_hf_token_reaches_the_log(configured: tuple[Path, io.StringIO]) -> No
         oplog.caught("downloads", exc, "listing the repo", traceback=True)
     assert token not in stream.getvalue()
     assert token not in oplog.log_path(state_dir).read_text()
+
+
+def test_no_api_key_nor_notify_url_secret_reaches_the_log(configured: tuple[Path, io.StringIO]) -> None:
+    """issue 39 item 4: an HF token, a gateway API key and a notify URL's credentials (user, password, tokens
+    in the path and the query) through decision(), caught() and a traceback: 0 occurrences in either sink."""
+    from app.backend import redact
+
+    state_dir, stream = configured
+    token = "hf_" + "Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5"
+    api_key = "mpk-" + "q1W2e3R4t5Y6u7I8o9P0a1S2d3F4g5H6j7K8l9Z0x1C"
+    notify = "json://ops-user:S3cretPassw0rd@hooks.example.org:8443/inbox/Tok3nInPathXYZ?apikey=QueryS3cretABC"
+    tg = "tgram://123456789:BotTokenSecretXYZ/987654321"
+    redact.register_url(notify)
+    oplog.decision("service", "notify_urls_saved", who=oplog.user("alice"), urls=f"{notify} {tg}", key=api_key,
+                   hf=token)
+    oplog.caught("service", ConnectionError(f"POST {notify} refused; chat Tok3nInPathXYZ"), "sending an alert")
+    try:
+        raise RuntimeError(f"apprise: {tg} failed with key {api_key} and {token}")
+    except RuntimeError as exc:
+        oplog.caught("service", exc, "sending an alert", traceback=True)
+    logging.getLogger("apprise").warning("Failed to send to %s (password S3cretPassw0rd)", notify)
+    secrets = (token, api_key, "S3cretPassw0rd", "ops-user", "Tok3nInPathXYZ", "QueryS3cretABC", "BotTokenSecretXYZ",
+               "123456789:")
+    for sink, text in (("stderr", stream.getvalue()), ("file", oplog.log_path(state_dir).read_text())):
+        assert "traceback=" in text and "hooks.example.org" in text, sink  # the record is there, masked
+        for secret in secrets:
+            assert text.count(secret) == 0, (sink, secret, text)
+
+
+def test_mask_url_stars_user_password_path_and_query() -> None:
+    from app.backend.redact import mask_url
+
+    assert mask_url("json://alice:pw1234567@example.org:8080/hook/Secret?token=abc&x=1") == \
+        "json://***:***@example.org:8080/***/***?token=***&x=***"
+    assert mask_url("tgram://123456789:BotToken/42") == "tgram://***/***"  # a token in the host's place
+    assert mask_url("ntfy://ntfy.sh/my-private-topic") == "ntfy://ntfy.sh/***"
+    assert mask_url("no url") == "(not a URL)"
+
+
+def test_a_repeating_error_from_a_loop_is_logged_once(configured: tuple[Path, io.StringIO]) -> None:
+    _, stream = configured
+    now = [0.0]
+    once = oplog.Once("telemetry", every_s=600.0, clock=lambda: now[0])
+    before = oplog.error_counts().get("telemetry", 0)
+    for _ in range(50):
+        once.caught(OSError("docker away"), "reading the engine log tail")
+        now[0] += 1.0
+    assert stream.getvalue().count("docker away") == 1
+    once.caught(OSError("permission denied"), "reading the engine log tail")  # a new error is news
+    once.ok("reading the engine log tail")
+    once.caught(OSError("docker away"), "reading the engine log tail")  # after it healed, news again
+    now[0] += 700.0
+    once.caught(OSError("docker away"), "reading the engine log tail")  # a lasting fault, with its count
+    assert oplog.error_counts()["telemetry"] == before + 4
+    assert "repeated=0" not in stream.getvalue()
+
+
+def test_a_registered_urls_plain_words_are_not_starred_everywhere() -> None:
+    from app.backend import redact
+
+    redact.register_url("ntfy://ntfy.sh/alerts")
+    redact.register_url("json://example.org/webhook/k7Hq2ZpX")
+    assert redact.redact("evaluating the alerts; webhook k7Hq2ZpX failed") == "evaluating the alerts; webhook *** failed"

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import hmac
 import ipaddress
+import logging
 import re
 import secrets
 import stat
@@ -23,7 +24,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.backend import env
+from app.backend import env, oplog
 from app.backend.fileio import atomic_write
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P, DKLEN = 2**14, 8, 1, 32
@@ -393,18 +394,24 @@ def make_checker(users: dict[str, str], guard: LoginGuard | None = None,
         note = note_for() or LoginNote()
         device = note.device if note.device and note.device_user == username else None  # its own user only
         slot = g.throttle.reserve(username, note.address, device)
+        who = oplog.user(_shown_name(username))
         if slot.refused:
             note.refused, note.retry_after_s = True, slot.retry_after_s
+            oplog.decision("auth", "login_refused", who=who, level=logging.WARNING, address=note.address,
+                           reason="paced: too many failed logins", retry_after_s=round(slot.retry_after_s, 1))
             if on_failure is not None:
                 on_failure("locked_out")
             return False
         if slot.wait_s > 0:
+            oplog.decision("auth", "login_paced", who=who, address=note.address, wait_s=round(slot.wait_s, 1))
             await asyncio.sleep(slot.wait_s)  # a paced login waits here: a sleeping coroutine, no thread
         # A browser that signed in before (its device key) is never turned away as busy: its own logins are
         # paced on that key, so a flood of strangers' guesses cannot keep the owner out (issue 30).
         if device is None and g.in_flight >= g.max_checking + g.max_waiting:
             g.throttle.record(slot, True)  # not checked: does not count as a failure
             note.busy, note.retry_after_s = True, 2.0
+            oplog.decision("auth", "login_refused", who=who, level=logging.WARNING, address=note.address,
+                           reason="busy: too many logins being checked")
             if on_failure is not None:
                 on_failure("locked_out")
             return False
@@ -421,11 +428,21 @@ def make_checker(users: dict[str, str], guard: LoginGuard | None = None,
         g.throttle.record(slot, ok)
         if ok:
             note.user = username
-        elif on_failure is not None:
-            on_failure("bad_credentials")
+            oplog.decision("auth", "login", who=who, address=note.address)
+        else:
+            oplog.decision("auth", "login_failed", who=who, level=logging.WARNING, address=note.address,
+                           reason="bad credentials")
+            if on_failure is not None:
+                on_failure("bad_credentials")
         return ok
 
     return check
+
+
+def _shown_name(name: str) -> str:
+    """A typed user name as the log may show it: printable, at most 64 characters (it is the stranger's text)."""
+    shown = "".join(c if c.isprintable() else "?" for c in (name or ""))[:64]
+    return shown or "(empty)"
 
 
 def is_loopback(host: str) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 import tomli_w
 from pydantic import ValidationError
 
+from app.backend import oplog
 from app.backend.fileio import atomic_write
 from app.backend.recipe.effective import EffectiveCommand
 from app.backend.recipe.schema import ENV_NAME_RE, Finding, ProfileSpec, Recipe, control_char
@@ -251,8 +252,9 @@ def to_toml(profile: ProfileSpec) -> str:
     return "# moet-panel custom profile (not measured). Edit in the panel; validated on load.\n" + tomli_w.dumps(data)
 
 
-def save_custom_profile(settings: Settings, profile: ProfileSpec) -> Path:
-    """Write atomically; the written file is read back and validated before it replaces anything."""
+def save_custom_profile(settings: Settings, profile: ProfileSpec, who: str = oplog.PAGE) -> Path:
+    """Write atomically; the written file is read back and validated before it replaces anything. `who`: who
+    asked (the operator's log)."""
     if profile.measured:
         raise CustomProfileError("custom profiles are never 'measured'")
     folder = profiles_dir(settings)
@@ -262,16 +264,18 @@ def save_custom_profile(settings: Settings, profile: ProfileSpec) -> Path:
         raise CustomProfileError("internal error: the profile did not survive a save/load round trip")
     target = folder / f"{profile.id}.toml"
     atomic_write(target, text, mode=0o600)
+    oplog.decision("profiles", "setting_changed", who=who, setting="custom_profile", profile=profile.id, new="saved")
     return target
 
 
-def delete_custom_profile(settings: Settings, profile_id: str) -> bool:
+def delete_custom_profile(settings: Settings, profile_id: str, who: str = oplog.PAGE) -> bool:
     if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,47}", profile_id):
         return False
     path = profiles_dir(settings) / f"{profile_id}.toml"
     if not path.exists():
         return False
     path.unlink()
+    oplog.decision("profiles", "setting_changed", who=who, setting="custom_profile", profile=profile_id, new="deleted")
     return True
 
 

@@ -38,6 +38,8 @@ GATEWAY_TLS_KEY = "MOET_PANEL_GATEWAY_TLS_KEY"
 ENGINE_RESTART = "MOET_PANEL_ENGINE_RESTART"
 NOTIFY = "MOET_PANEL_NOTIFY"
 NOTIFY_SOCKET = "NOTIFY_SOCKET"  # systemd's sd_notify socket (Type=notify units)
+WATCHDOG_USEC = "WATCHDOG_USEC"  # systemd's WatchdogSec= in µs, with WATCHDOG_PID (sd_watchdog_enabled(3))
+WATCHDOG_PID = "WATCHDOG_PID"
 
 GpuMode = Literal["nvml", "simulated", "none"]
 _TRUE = {"1", "ON", "YES", "TRUE"}
@@ -161,6 +163,19 @@ def notify_urls() -> list[str]:
 def notify_socket() -> str | None:
     """systemd's notification socket path (set by systemd for Type=notify), or None."""
     return _get(NOTIFY_SOCKET)
+
+
+def watchdog_usec() -> int | None:
+    """systemd's watchdog period for this process (µs), or None when no watchdog is set (or it is another
+    process's: $WATCHDOG_PID names the pid it is meant for, as sd_watchdog_enabled(3) checks)."""
+    raw, pid = _get(WATCHDOG_USEC), _get(WATCHDOG_PID)
+    if raw is None or (pid is not None and pid != str(os.getpid())):
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if value > 0 else None
 
 
 def config_home() -> Path:

@@ -58,8 +58,11 @@ def copy_export(state_dir: Path, src: Path, name: str) -> Path:
     """A copy of a file the panel keeps elsewhere in its state dir (a saved engine-log run), under the
     exports folder, mode 0600: what a download button hands to the browser."""
     path = exports_dir(state_dir) / safe_name(name)
-    shutil.copyfile(src, path)
-    os.chmod(path, 0o600)
+    # created 0600 (never a moment at the umask's 0644) and tightened if an older copy was looser
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
+        shutil.copyfileobj(inp, out)
     return path
 
 

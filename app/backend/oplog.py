@@ -24,9 +24,9 @@ import logging.handlers
 import os
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, cast
 
 ROOT = "moet_panel"
 LOG_FILE = "panel.log"
@@ -208,3 +208,38 @@ def follow(state_dir: Path, poll_s: float = 0.5) -> Iterator[str]:
             yield from done
         else:
             time.sleep(poll_s)
+
+
+class Once:
+    """`caught()` for a loop: a repeating error is logged (and counted) once, not once per turn. The same
+    error in the same context is logged again only when it changed, after `ok(context)` (it healed), or every
+    `every_s` with how many times it repeated meanwhile (so a lasting fault still shows in a tailing log)."""
+
+    def __init__(self, component: str, *, every_s: float = 600.0, clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.component = component
+        self.every_s = every_s
+        self._clock = clock or time.monotonic
+        self._last: dict[str, tuple[str, float, int]] = {}  # context -> (error text, logged at, repeats since)
+        self._mu = threading.Lock()
+
+    def caught(self, exc: BaseException, context: str, *, traceback: bool = False, **fields: object) -> bool:
+        """Log `exc` unless it repeats the last one of `context`; True when it was logged."""
+        text = f"{type(exc).__name__}: {exc}"
+        now = self._clock()
+        with self._mu:
+            last = self._last.get(context)
+            if last is not None and last[0] == text and now - last[1] < self.every_s:
+                self._last[context] = (last[0], last[1], last[2] + 1)
+                return False
+            repeats = last[2] if last is not None and last[0] == text else 0
+            self._last[context] = (text, now, 0)
+        fields["repeated"] = repeats or None
+        caught(self.component, exc, context, traceback=traceback, **cast(dict[str, Any], fields))
+        return True
+
+    def ok(self, context: str) -> None:
+        """The context worked again: its next error is news."""
+        with self._mu:
+            self._last.pop(context, None)

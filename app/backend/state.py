@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from app.backend import oplog
 from app.backend.monitoring.counters import PanelCounters
 from app.backend.profiles import ProfileRegistry
 from app.backend.settings import Settings
@@ -59,8 +60,8 @@ class AppState:
         for fn in reversed(self._closers):
             try:
                 fn()
-            except Exception:  # closing must not mask the others
-                pass
+            except Exception as exc:  # closing must not mask the others
+                oplog.caught("panel", exc, f"closing {getattr(fn, '__qualname__', fn)}", traceback=True)
         self._closers.clear()
 
 

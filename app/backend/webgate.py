@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from urllib.parse import parse_qs, urlsplit
 
-from app.backend import env
+from app.backend import env, oplog
 from app.backend.contracts import ASGIApp, Message, Receive, Scope, Send
 from app.backend.auth import LOGIN_NOTE, DeviceBook, LoginNote, SessionBook
 
@@ -317,8 +317,10 @@ class WebGate:
         if path.rstrip("/") == "/logout" and user is not None:
             async def logout_send(message: Message) -> None:
                 if message.get("type") == "http.response.start" and message.get("status", 500) < 400:
-                    for token in guard.book.close_user(user):  # every session of this user: everywhere
+                    closed = guard.book.close_user(user)
+                    for token in closed:  # every session of this user: everywhere
                         guard.forget(token)
+                    oplog.decision("auth", "logout", who=oplog.user(user), sessions_closed=len(closed))
                 await send(message)
             return logout_send
         return send

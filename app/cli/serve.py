@@ -16,13 +16,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from app.backend.auth import (SESSION_IDLE_S, SESSION_LIFETIME_S, AuthError, BindingError, add_user, auth_file_warning,
                               check_binding, default_auth_path, load_users, make_checker)
-from app.backend import env
+from app.backend import env, oplog
 from app.backend.hostprobe import HostProbe, detect_demo
 from app.backend.service.systemd import sd_notify
+from app.backend.service.watchdog import Heartbeat, Watchdog, timings
 from app.backend.monitoring.access import MetricsTokenError, load_token, token_file
 from app.backend.settings import Settings
 from app.backend.webgate import parse_allowed_hosts
@@ -134,8 +135,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     env.set_default("GRADIO_ANALYTICS_ENABLED", "False")
     env.set_default("HF_HUB_DISABLE_TELEMETRY", "1")
-    from app.backend import oplog
-
     oplog.configure(None)  # stderr (journald under systemd); the state dir's file joins once it exists
     from app.backend.telemetry.nvml import NvmlGpuReader
 
@@ -171,8 +170,6 @@ def _serve(p: Plan, nvml: NvmlGpuReader | None = None) -> int:
         print(f"moet-panel: cannot create the panel's state dir {p.settings.state_dir} ({exc.strerror or exc}). "
               "Create the data dir with write access for this user, or pass --data-dir DIR.", file=sys.stderr)
         return 2
-    from app.backend import oplog
-
     oplog.configure(p.settings.state_dir)
     state = build_app_state(p.settings, nvml_reader=nvml)
     # Demo downloads: the download service starts the SIMULATED local Hub itself on first use.
@@ -199,13 +196,34 @@ def _serve(p: Plan, nvml: NvmlGpuReader | None = None) -> int:
     # The handler goes in before READY: a SIGTERM sent the moment systemd (or a test) reads READY must stop
     # the panel cleanly, not kill it with the default action.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    oplog.decision("panel", "started", who=oplog.CLI, url=url, demo=bool(p.demo_reason), auth=p.auth_file is not None,
+                   recipe=p.settings.recipe.id)
+    watchdog = None
     try:
         sd_notify("READY=1\nSTATUS=panel at " + url)
+        # after READY: systemd arms the watchdog once the start is complete (a slow start is TimeoutStartSec's)
+        watchdog = start_watchdog(state, lambda: bool(demo.is_running))
         wait_until_closed(demo)
     except KeyboardInterrupt:
-        pass
+        oplog.decision("panel", "stopping", who=oplog.OUTSIDE, reason="SIGTERM or Ctrl+C")
     finally:
         sd_notify("STOPPING=1")
+        if watchdog is not None:
+            watchdog.close()
         demo.close()
         state.close()
+    oplog.decision("panel", "stopped", who=oplog.PANEL)
     return 0
+
+
+def start_watchdog(state: Any, alive: Callable[[], bool]) -> Watchdog | None:
+    """systemd's watchdog when the unit asks for one ($WATCHDOG_USEC): pings earned by the engine reconciler's
+    heartbeat, or by the page server alone when there is no engine controller (app/backend/service/watchdog.py)."""
+    usec = env.watchdog_usec()
+    if usec is None:
+        return None
+    interval_s, stale_s = timings(usec)
+    engine = state.engine if isinstance(state.engine, Heartbeat) else None
+    oplog.decision("panel", "watchdog_on", who=oplog.PANEL, period_s=usec / 1e6,
+                   earned_by="engine reconciler heartbeat" if engine is not None else "panel liveness")
+    return Watchdog(sd_notify, interval_s=interval_s, stale_s=stale_s, engine=engine, alive=alive).start()

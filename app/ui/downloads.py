@@ -6,9 +6,11 @@ Thin: every action calls `state.downloads` (DownloadManager); the page timer rea
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 
 import gradio as gr
 
+from app.backend import oplog
 from app.backend.download.manager import DownloadManager
 from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadSnapshot
 from app.backend.state import AppState
@@ -141,8 +143,18 @@ def render(state: AppState, shell: Shell) -> None:
         save = gr.Button("Save token", elem_id="dl-token-save")
         token_msg = gr.Markdown()
     outs = [table, disk, ckpt, status]
-    for btn, fn in ((start, lambda: dl.start()), (pause, dl.pause), (resume, dl.resume), (cancel, dl.cancel),
-                    (refresh, dl.refresh), (clean, dl.clean)):
+    def asked(fn: Callable[..., str]) -> Callable[[gr.Request], str]:
+        """The button's action with who asked (the signed-in user) for the operator's log."""
+        def handler(request: gr.Request) -> str:
+            return fn(who=oplog.user(request.username))
+        return handler
+
+    for btn, fn in ((start, asked(dl.start)), (pause, asked(dl.pause)), (resume, asked(dl.resume)),
+                    (cancel, asked(dl.cancel)), (refresh, lambda: dl.refresh()), (clean, asked(dl.clean))):
         btn.click(fn, outputs=status, concurrency_limit=None, api_visibility="private").then(lambda: _tick(dl), outputs=outs)
-    save.click(lambda t: ("", dl.save_token(t or "")), inputs=token, outputs=[token, token_msg], api_visibility="private")
+
+    def on_save(t: str, request: gr.Request) -> tuple[str, str]:
+        return "", dl.save_token(t or "", who=oplog.user(request.username))
+
+    save.click(on_save, inputs=token, outputs=[token, token_msg], api_visibility="private")
     shell.on_tick(lambda: _tick(dl), None, outs)

@@ -7,6 +7,7 @@ import html
 
 import gradio as gr
 
+from app.backend import oplog
 from app.backend.service import panel
 from app.backend.state import AppState
 from app.ui.shell import QUICK, Shell
@@ -60,7 +61,20 @@ def render(state: AppState, shell: Shell) -> None:
     gr.Timer(3.0).tick(refresh, outputs=[status], **QUICK)
     # That timer starts with the tab, not the page: drawn at once when the tab opens, not 3 s of page-load truth.
     shell.on_tab(TITLE, refresh, None, [status])
-    save_policy.click(lambda p: panel.set_policy(state, p), inputs=[policy], outputs=[note])
-    save_urls.click(lambda t: (panel.set_notify_urls(state, t), ""), inputs=[urls], outputs=[note, urls])
-    clear_urls.click(lambda: panel.clear_notify_urls(state), outputs=[note])
-    test.click(lambda: panel.send_test(state), outputs=[note])
+    # Each handler names who asked (the signed-in user, from Gradio's request) for the operator's log.
+    def on_policy(p: str, request: gr.Request) -> str:
+        return panel.set_policy(state, p, who=oplog.user(request.username))
+
+    def on_urls(t: str, request: gr.Request) -> tuple[str, str]:
+        return panel.set_notify_urls(state, t, who=oplog.user(request.username)), ""
+
+    def on_clear(request: gr.Request) -> str:
+        return panel.clear_notify_urls(state, who=oplog.user(request.username))
+
+    def on_test(request: gr.Request) -> str:
+        return panel.send_test(state, who=oplog.user(request.username))
+
+    save_policy.click(on_policy, inputs=[policy], outputs=[note])
+    save_urls.click(on_urls, inputs=[urls], outputs=[note, urls])
+    clear_urls.click(on_clear, outputs=[note])
+    test.click(on_test, outputs=[note])

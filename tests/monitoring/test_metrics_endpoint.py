@@ -61,7 +61,7 @@ def test_every_series_from_a_simulated_source_is_labelled(live: Live) -> None:
                           "moet_panel_download_", "moet_panel_selftest_")
     real_prefixes = ("moet_panel_build_info", "moet_panel_host_", "moet_panel_disk_", "moet_panel_card_",
                      "moet_panel_login_", "moet_panel_http_", "moet_panel_metrics_", "moet_panel_alerts_",
-                     "moet_panel_telemetry_")
+                     "moet_panel_telemetry_", "moet_panel_errors_")
     for name, rows in samples(live.text).items():
         for labels, _ in rows:
             if name.startswith(simulated_prefixes):
@@ -142,3 +142,29 @@ def test_docs_list_every_exported_series(live: Live) -> None:
     known = {m.group(2) + ("_total" if m.group(1) == "counter" else "")
              for m in re.finditer(r'b\.(gauge|counter)\("(moet_panel_[a-z_]+)"', source)}
     assert not listed - known, f"docs/metrics.md lists series the collector never makes: {sorted(listed - known)}"
+
+
+def test_caught_errors_are_counted_by_component(live: Live) -> None:
+    """issue 39 item 4: every caught error is one log line and one count of moet_panel_errors_total."""
+    from app.backend import oplog
+
+    def errors(component: str) -> float:
+        got = [v for lab, v in samples(scrape(live.panel.url).text).get("moet_panel_errors_total", [])
+               if lab.get("component") == component]
+        assert len(got) == 1, got
+        return got[0]
+
+    before = errors("service")
+    oplog.caught("service", OSError(28, "No space left on device"), "writing service.json")
+    assert errors("service") == before + 1
+    assert errors("gateway") >= 0  # the known components are exported from the start
+
+
+def test_no_label_carries_a_filesystem_path(live: Live) -> None:
+    """issue 40 item 7: /metrics labels never show where the data lives (the disk gauges said `path=...`)."""
+    data_dir = str(live.panel.data_dir)
+    for name, rows in samples(live.text).items():
+        for labels, _ in rows:
+            for key, value in labels.items():
+                assert data_dir not in value and not value.startswith("/"), f"{name}{{{key}={value!r}}}"
+    assert any(lab == {"disk": "data_dir"} for lab, _ in samples(live.text)["moet_panel_disk_free_bytes"])

@@ -129,3 +129,40 @@ def test_no_message_before_the_supervisor_has_decided() -> None:
     assert not decision_pending(EngineSnapshot(state=EngineState.FAILED, diagnosis=d, desired="serve:quality",
                                                restart_policy="never"))
     assert not decision_pending(EngineSnapshot(state=EngineState.FAILED, diagnosis=d, desired="stopped"))
+
+
+def test_the_apprise_notify_type_reaches_the_receiver(receiver: Receiver) -> None:
+    """issue 39 item 5: a crash is sent as `failure`, a resolution as `success` (every message was `info`)."""
+    n = Notifier(lambda: (receiver.url,))
+    try:
+        n.send("engine killed", "SIGKILL", "failure")
+        n.send("engine ready again — resolved", "", "success")
+        wait_until(lambda: len(receiver.bodies) == 2, 30, "both messages delivered")
+        assert [b["type"] for b in receiver.bodies] == ["failure", "success"]
+    finally:
+        n.close()
+
+
+def test_service_json_is_private_and_its_urls_never_reach_a_page_or_log(tmp_path) -> None:
+    """issue 40 item 7: service.json held Apprise passwords at 0644."""
+    import os
+    import stat
+
+    from app.backend.service.config import ServiceConfig, ServiceConfigStore
+
+    store = ServiceConfigStore(tmp_path)
+    store.path.write_text("{}")
+    os.chmod(store.path, 0o644)  # an older, looser file is replaced by a private one
+    store.write(ServiceConfig(None, ("json://bob:Pa55wordXYZ@example.org/hook/TopSecretPath?token=QuerySecret1",)))
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+    shown = mask_url(store.read().notify_urls[0])
+    for secret in ("bob", "Pa55wordXYZ", "TopSecretPath", "QuerySecret1"):
+        assert secret not in shown
+
+
+def test_secrets_in_a_urls_path_and_user_are_masked_too() -> None:
+    """issue 40 item 7: Apprise's privacy rendering kept the path (`json://host/hook/SecretPath`, an ntfy topic)
+    and the user name."""
+    assert mask_url("json://example.org/hook/SecretPath123") == "json://example.org/***/***"
+    assert "my-private-topic" not in mask_url("ntfy://ntfy.sh/my-private-topic")
+    assert "someone" not in mask_url("json://someone:pw@example.org/x")

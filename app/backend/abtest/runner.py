@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
+from app.backend import oplog
 from app.backend.abtest.journal import ABSpec, Generation, Journal, RunState, Side
 from app.backend.selftest.probe import Cancelled, EngineProbe
 from app.backend.jobs import BackgroundJob, JobState
@@ -46,7 +47,7 @@ class ABRunService(BackgroundJob[ABProgress]):
                                                                         settings.recipe.sampling))
         super().__init__(ABProgress(), "abtest")
 
-    def start(self, spec: ABSpec) -> ABProgress:
+    def start(self, spec: ABSpec, who: str = oplog.PAGE) -> ABProgress:
         known = {p.id for p in self.engine.profiles()}
         for pid in (spec.profile_a, spec.profile_b):
             if pid not in known:
@@ -54,18 +55,21 @@ class ABRunService(BackgroundJob[ABProgress]):
         if self.running():
             raise ValueError(ALREADY_RUNNING)
         self.journal.create(spec)
-        return self.resume(spec.run_id)
+        return self.resume(spec.run_id, who=who)
 
-    def resume(self, run_id: str) -> ABProgress:
+    def resume(self, run_id: str, who: str = oplog.PAGE) -> ABProgress:
+        """Start or resume `run_id` in the background; `who`: who asked (the operator's log has start and end)."""
         if self.running():
             raise ValueError(ALREADY_RUNNING)
         st = self.journal.load(run_id)
         first = ABProgress(JobState.RUNNING, run_id, st.generated, st.total, step="starting", message="running")
-        if not self._launch(first, lambda: self._run(st)):
+        if not self._launch(first, lambda: self._run(st, who)):
             raise ValueError(ALREADY_RUNNING)
+        oplog.decision("abtest", "start", who=who, run=run_id, a=st.spec.profile_a, b=st.spec.profile_b,
+                       done=st.generated, total=st.total)
         return self.progress()
 
-    def _run(self, st: RunState) -> None:
+    def _run(self, st: RunState, who: str = oplog.PAGE) -> None:
         t0, made = time.monotonic(), 0
         try:
             sides: tuple[tuple[Side, str], ...] = (("A", st.spec.profile_a), ("B", st.spec.profile_b))
@@ -87,12 +91,17 @@ class ABRunService(BackgroundJob[ABProgress]):
                     self._set(replace(self.progress(), done=st.generated, eta_s=per * (st.total - st.generated)))
             self._set(replace(self.progress(), state=JobState.DONE, step="done", eta_s=0.0,
                               message="all answers generated: grade them blind"))
+            oplog.decision("abtest", "end", who=who, run=st.spec.run_id, result="done", made=made)
         except Cancelled:
             self._set(replace(self.progress(), state=JobState.CANCELLED,
                               message="cancelled: finished answers are kept; resume to continue"))
+            oplog.decision("abtest", "end", who=who, run=st.spec.run_id, result="cancelled", made=made)
         except Exception as exc:  # engine gone, switch failed: the journal keeps what was done
+            step = self.progress().step
             self._set(replace(self.progress(), state=JobState.FAILED,
-                              message=f"stopped at {self.progress().step}: {exc} — resume to continue"))
+                              message=f"stopped at {step}: {exc} — resume to continue"))
+            oplog.caught("abtest", exc, f"generating the A/B answers (at {step})", who=who, run=st.spec.run_id,
+                         result="failed", made=made)
 
     def _ensure_profile(self, profile: str) -> None:
         snap = self.engine.snapshot()

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from app.backend import oplog
 from app.backend.chat.client import ChatStream
 from app.backend.chat.events import (
     ContentDelta, Finished, ReasoningDelta, ReclassifyAsReasoning, StreamError, UsageReport,
@@ -72,6 +73,7 @@ class Turn:
     ):
         self.message = message
         self._stream = stream
+        self._errors = oplog.Once("chat")  # a checkpoint fails the same way many times in one reply
         self._rec = recorder
         self._on_checkpoint = on_checkpoint
         self._on_done = on_done
@@ -123,6 +125,7 @@ class Turn:
                     self._checkpoint()
         except Exception as exc:  # a bug or an unexpected SDK error must still end the turn visibly
             final = StreamError("broken", f"{type(exc).__name__}: {exc}", time.monotonic())
+            oplog.caught("chat", exc, "streaming a reply (ended as broken)", traceback=True)
         self._finalize(final)
 
     def _checkpoint(self) -> None:
@@ -131,8 +134,8 @@ class Turn:
             self.message.reasoning = self._reasoning.text()
         try:
             self._on_checkpoint(self.message)
-        except Exception:  # a failed checkpoint must not kill the stream; the final write reports
-            pass
+        except Exception as exc:  # a failed checkpoint must not kill the stream; the final write reports
+            self._errors.caught(exc, "saving a checkpoint of the reply")
 
     def _finalize(self, final: Finished | StreamError | None) -> None:
         now = time.monotonic()
@@ -170,8 +173,8 @@ class Turn:
         for wake in wakers:
             try:
                 wake()
-            except Exception:  # a follower's bug must not stop the reply
-                pass
+            except Exception as exc:  # a follower's bug must not stop the reply
+                oplog.caught("chat", exc, "waking a follower of the reply", traceback=True)
 
     # ---- followers --------------------------------------------------------------------------
     def stop(self, timeout: float = 5.0) -> bool:

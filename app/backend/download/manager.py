@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from app.backend import hf_token
+from app.backend import hf_token, oplog
 from app.backend.jobs import SingleFlight
 from app.backend.download.ckpt import CkptCheck, check_ckpt_id
 from app.backend.download.config import make_config
@@ -144,8 +144,9 @@ class DownloadManager:
     def running(self) -> bool:
         return self._flight.alive()
 
-    def start(self, artifact_ids: list[str] | None = None) -> str:
-        """Start (or resume) in the background. A second click while running changes nothing."""
+    def start(self, artifact_ids: list[str] | None = None, who: str = oplog.PAGE) -> str:
+        """Start (or resume) in the background. A second click while running changes nothing. `who`: who asked
+        (the operator's log: a decision per start, pause, cancel and end, never per byte)."""
         run: list[tuple[list[ArtifactSpec], ProgressBoard]] = []
 
         def setup(_: StopSignal) -> None:  # under the runner's lock, only when nothing runs
@@ -160,14 +161,17 @@ class DownloadManager:
 
         if not self._flight.launch(lambda stop: self._run(*run[0], stop), setup):
             return "a download is already running"
+        oplog.decision("downloads", "start", who=who, artifacts=",".join(self._selection or []), source=self.source)
         return "download started"
 
     def _run(self, specs: list[ArtifactSpec], board: ProgressBoard, stop: StopSignal) -> None:
         stopped = "paused; Resume continues where it stopped (verified data is kept)"
+        ids = ",".join(s.id for s in specs)
         try:
             cfg = self._config()
             prepared = run_download(cfg, specs, board, stop, on_prepared=self._on_prepared)
             self._message = f"all {len(specs)} artifact(s) complete and verified"
+            oplog.decision("downloads", "complete", who=oplog.PANEL, artifacts=ids)
             del prepared
         except Stopped:
             self._message = CANCELLED if stop.cancelled else stopped
@@ -176,8 +180,10 @@ class DownloadManager:
                 self._message = CANCELLED if stop.cancelled else stopped
             else:
                 self._error = exc.message
-        except Exception as exc:  # never let the thread die silently
+                oplog.decision("downloads", "failed", who=oplog.PANEL, level=30, artifacts=ids, reason=exc.message)
+        except Exception as exc:  # never let the thread die silently: a bug, said on the page and in the log
             self._error = hf_token.redact(f"internal error: {type(exc).__name__}: {exc}")
+            oplog.caught("downloads", exc, "running a download", level=40, traceback=True, artifacts=ids)
         finally:
             self._ckpt = None  # re-read after any run
 
@@ -193,19 +199,23 @@ class DownloadManager:
     def _stop_run(self, *, cancel: bool) -> bool:
         return self._flight.stop_and_join(cancel=cancel, timeout=10)
 
-    def pause(self) -> str:
-        return "paused; verified data is kept" if self._stop_run(cancel=False) else "nothing is running"
+    def pause(self, who: str = oplog.PAGE) -> str:
+        if not self._stop_run(cancel=False):
+            return "nothing is running"
+        oplog.decision("downloads", "pause", who=who, artifacts=",".join(self._selection or []))
+        return "paused; verified data is kept"
 
-    def resume(self) -> str:
-        return self.start(self._selection)
+    def resume(self, who: str = oplog.PAGE) -> str:
+        return self.start(self._selection, who=who)
 
-    def cancel(self) -> str:
+    def cancel(self, who: str = oplog.PAGE) -> str:
         if not self._stop_run(cancel=True):
             return "nothing is running"
+        oplog.decision("downloads", "cancel", who=who, artifacts=",".join(self._selection or []))
         self._message = CANCELLED
         return self._message
 
-    def clean(self) -> str:
+    def clean(self, who: str = oplog.PAGE) -> str:
         if self.running:
             return "pause or cancel the download before cleaning"
         cfg_dest = self.settings.data_dir
@@ -217,14 +227,16 @@ class DownloadManager:
         self._retire_board()
         self._board = ProgressBoard()
         self._message = f"partial data removed ({freed / GiB:.2f} GiB freed)"
+        oplog.decision("downloads", "clean", who=who, freed_bytes=freed)
         return self._message
 
     # ---- token -----------------------------------------------------------------------------------
-    def save_token(self, token: str) -> str:
+    def save_token(self, token: str, who: str = oplog.PAGE) -> str:
         try:
             path = hf_token.save_token(token)
         except ValueError as exc:
             return str(exc)
+        oplog.decision("downloads", "setting_changed", who=who, setting="hf_token", new="saved (0600)")
         return f"token saved (mode 0600) in {path}; it is used for the next download"
 
     def token_status(self) -> str:

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 # the quiet ones too; an id added later still appears while it fires.
 KNOWN_ALERTS = ("pool_absent", "zero_coverage", "churn_trap", "vram_full", "ecc_on", "throttle_thermal",
                 "throttle_power", "host_ram_low", "trace_off", "decode_drift")
+# The operator's log components (app/backend/oplog.py), exported at 0 too so a rate() has a series from the start.
+ERROR_COMPONENTS = ("engine", "gateway", "service", "downloads", "telemetry", "selftest", "abtest", "chat", "auth",
+                    "panel")
 # NVML's decoded clock-event reasons (app/backend/telemetry/nvml.py THROTTLE_BITS), exported 0/1.
 THROTTLE_REASONS = ("gpu_idle", "applications_clocks", "sw_power_cap", "hw_slowdown", "sync_boost", "sw_thermal",
                     "hw_thermal", "hw_power_brake", "display_clocks")
@@ -240,7 +243,7 @@ class PanelCollector(Collector):
             h = f.host
             b.gauge("moet_panel_host_memory_available_bytes", "Host RAM available.", h.ram_available or None)
             b.gauge("moet_panel_host_memory_total_bytes", "Host RAM in total.", h.ram_total or None)
-            disk = {"path": h.disk_path}
+            disk = {"disk": "data_dir"}  # a name, never the path: labels must not show where the data lives
             b.gauge("moet_panel_disk_free_bytes", "Free space on the data dir's disk.", h.disk_free, disk)
             b.gauge("moet_panel_disk_total_bytes", "Size of the data dir's disk.", h.disk_total, disk)
         if snap is not None and snap.state in LIVE_STATES:
@@ -335,6 +338,13 @@ class PanelCollector(Collector):
     # -- the panel itself ---------------------------------------------------------------------------
     def _panel(self, b: _Families) -> None:
         c = self.state.counters
+        from app.backend import oplog
+
+        errors = oplog.error_counts()
+        for component in (*ERROR_COMPONENTS, *sorted(set(errors) - set(ERROR_COMPONENTS))):
+            b.counter("moet_panel_errors", "Errors the panel caught and handled, by component (each is one line "
+                      "in the operator's log, docs/engine.md#the-operators-log).", errors.get(component, 0),
+                      {"component": component})
         logins = c.login_failures()
         for reason in ("bad_credentials", "locked_out"):
             b.counter("moet_panel_login_failures", "Failed sign-ins (locked_out: refused by the throttle unchecked).",

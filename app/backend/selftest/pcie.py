@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.backend import oplog
+
 
 @dataclass(frozen=True)
 class PcieLink:
@@ -27,7 +29,7 @@ def read_links() -> list[PcieLink]:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:
+    except Exception:  # no NVML here (no GPU, demo mode): no link figures is the answer, nothing went wrong
         return []
     try:
         out = []
@@ -36,10 +38,11 @@ def read_links() -> list[PcieLink]:
             out.append(PcieLink(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h), pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
                                 pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h), pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)))
         return out
-    except Exception:
+    except Exception as exc:  # a GPU lost mid-read: no link figures this time
+        oplog.caught("selftest", exc, "reading the PCIe links")
         return []
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
+        except Exception as exc:
+            oplog.caught("selftest", exc, "shutting NVML down after reading the PCIe links")

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
+from app.backend import oplog
 from app.backend.jobs import BackgroundJob, JobState
 from app.backend.recipe.command import config_hash
 from app.backend.recipe.effective import EffectiveCommand
@@ -108,7 +109,8 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
         try:
             rt = self.engine.runtime
             resolved = rt.image_id(image) if rt is not None else ""
-        except Exception:  # Docker unreachable: the name is a fine fallback key
+        except Exception as exc:  # Docker unreachable: the name is a fine fallback key
+            oplog.caught("selftest", exc, "resolving the engine image's id (the name is used instead)")
             resolved = ""
         return resolved or image, recipe_hash
 
@@ -141,8 +143,9 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
             return "the engine is busy with a start/stop/switch: wait for it"
         return ""
 
-    def start(self, plan: SelfTestPlan) -> SelfTestProgress:
-        """Start in the background; a refusal comes back as a FAILED progress with the reason."""
+    def start(self, plan: SelfTestPlan, who: str = oplog.PAGE) -> SelfTestProgress:
+        """Start in the background; a refusal comes back as a FAILED progress with the reason. `who`: who asked
+        (the operator's log has the start and the end)."""
         busy = replace(self.progress(), message="a self-test is already running: wait or cancel it")
         if self.running():
             return busy
@@ -150,14 +153,15 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
             return SelfTestProgress(JobState.FAILED, plan.profile_id, message=f"refused: {why}")
         first = SelfTestProgress(JobState.RUNNING, plan.profile_id, "starting", 0.0, self.estimate_s(plan),
                                  message="running")
-        if not self._launch(first, lambda: self._run(plan)):
+        if not self._launch(first, lambda: self._run(plan, who)):
             return busy
+        oplog.decision("selftest", "start", who=who, profile=plan.profile_id)
         return self.progress()
 
     def run_blocking(self, plan: SelfTestPlan, on_progress: Callable[[SelfTestProgress], None] | None = None,
                      poll_s: float = 0.5) -> SelfTestProgress:
         """For the CLI: start, report progress until finished (Ctrl-C cancels)."""
-        p = self.start(plan)
+        p = self.start(plan, who=oplog.CLI)
         if p.state is not JobState.RUNNING:
             return p
         try:
@@ -184,7 +188,7 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
         r = self.settings.recipe
         return EngineProbe(base_url, r.model.served_name, r.sampling)
 
-    def _run(self, plan: SelfTestPlan) -> None:
+    def _run(self, plan: SelfTestPlan, who: str = oplog.PAGE) -> None:
         t0 = time.monotonic()
         card = self._card_rate(plan.profile_id)
         ctx = self._ctx(plan.profile_id)
@@ -212,12 +216,18 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
             self.store.save(result)
             self._set(replace(self.progress(), state=JobState.DONE, step="done", fraction=1.0,
                               elapsed_s=result.wall_s, message="done", result=result))
+            oplog.decision("selftest", "end", who=who, profile=plan.profile_id, result="done",
+                           wall_s=round(result.wall_s, 1))
         except Cancelled:
             watch.stop()
             self._set(replace(self.progress(), state=JobState.CANCELLED, message="cancelled: nothing was saved"))
+            oplog.decision("selftest", "end", who=who, profile=plan.profile_id, result="cancelled")
         except Exception as exc:  # the engine went away, a bad answer...: say so, keep the panel up
             watch.stop()
-            self._set(replace(self.progress(), state=JobState.FAILED, message=f"failed at {self.progress().step}: {exc}"))
+            at = self.progress().step
+            self._set(replace(self.progress(), state=JobState.FAILED, message=f"failed at {at}: {exc}"))
+            oplog.caught("selftest", exc, f"running the self-test (step {at})", who=who, profile=plan.profile_id,
+                         result="failed")
 
     def _do(self, step: Step, plan: SelfTestPlan, probe: EngineProbe, result: SelfTestResult, ctx: int) -> None:
         if step.kind == "decode":
@@ -270,11 +280,12 @@ class _TelemetryWatch:
 
     def _loop(self) -> None:
         churn: list[float] = []
+        errors = oplog.Once("selftest")
         while True:
             try:
                 self._take(self._frame_fn(), churn)
-            except Exception:  # telemetry is best-effort during a self-test
-                pass
+            except Exception as exc:  # telemetry is best-effort during a self-test: said once, not per second
+                errors.caught(exc, "sampling telemetry during the self-test")
             if self._stop.wait(1.0):
                 break
         if churn:

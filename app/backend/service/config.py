@@ -1,5 +1,8 @@
 """The Service tab's settings, kept in `<state_dir>/service.json` (docs/engine.md, "Keeps serving").
 
+The file holds Apprise URLs with passwords and tokens: it is written 0600 (issue 40 item 7), and every URL read
+is registered with `app.backend.redact`, so no log line shows its secrets.
+
 Precedence for each: the environment (MOET_PANEL_ENGINE_RESTART, MOET_PANEL_NOTIFY; read in env.py) wins,
 then this file (set in the panel), then the recipe's default.
 """
@@ -10,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.backend import env
+from app.backend import env, redact
 from app.backend.fileio import atomic_write
 from app.backend.engine.restartpolicy import RestartPolicy, parse_policy
 
@@ -34,13 +37,18 @@ class ServiceConfigStore:
             policy = parse_policy(raw["restart_policy"]) if raw.get("restart_policy") else None
         except (ValueError, AttributeError):
             policy = None
-        urls = raw.get("notify_urls") or []
-        return ServiceConfig(policy, tuple(str(u) for u in urls if isinstance(u, str) and u.strip()))
+        urls = tuple(str(u) for u in (raw.get("notify_urls") or []) if isinstance(u, str) and u.strip())
+        for u in urls:
+            redact.register_url(u)
+        return ServiceConfig(policy, urls)
 
     def write(self, cfg: ServiceConfig) -> None:
+        """Raises OSError (the old file intact). The file is created 0600 and an older, looser one tightened."""
+        for u in cfg.notify_urls:
+            redact.register_url(u)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(self.path, json.dumps({"restart_policy": cfg.restart_policy,
-                                                 "notify_urls": list(cfg.notify_urls)}, indent=2))
+                                            "notify_urls": list(cfg.notify_urls)}, indent=2), mode=0o600)
 
 
 def effective_policy(store: ServiceConfigStore, recipe_default: RestartPolicy) -> tuple[RestartPolicy, str]:
@@ -58,5 +66,7 @@ def effective_notify_urls(store: ServiceConfigStore) -> tuple[tuple[str, ...], s
     """(urls, where they come from). MOET_PANEL_NOTIFY, when set, replaces the panel's list."""
     from_env = env.notify_urls()
     if from_env:
+        for u in from_env:
+            redact.register_url(u)
         return tuple(from_env), "environment (MOET_PANEL_NOTIFY)"
     return store.read().notify_urls, "panel setting"

@@ -13,18 +13,21 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from app.backend import oplog, redact
+
 
 def mask_url(url: str) -> str:
-    """The URL as it may be shown: passwords and tokens starred by Apprise, query dropped; unparsable -> scheme."""
+    """The URL as it may be shown (`app.backend.redact.mask_url`: user, password, a token host, path and query
+    starred), or its scheme with a note when Apprise cannot use it."""
     try:
         import apprise
 
         obj = apprise.Apprise.instantiate(url)
-    except Exception:  # a plugin's own parser can raise on odd input
+    except Exception:  # a plugin's own parser can raise on odd input: the URL is unusable, said below
         obj = None
     if obj is None:
         return (url.split("://", 1)[0] + "://… (not a valid Apprise URL)") if "://" in url else "(not a URL)"
-    return str(obj.url(privacy=True)).split("?", 1)[0]  # type: ignore[no-untyped-call]
+    return redact.mask_url(url)
 
 
 def check_urls(urls: list[str] | tuple[str, ...]) -> list[str]:
@@ -55,20 +58,22 @@ class Notifier:
 
     def __init__(self, urls_fn: Callable[[], tuple[str, ...]]) -> None:
         self._urls_fn = urls_fn
-        self._q: queue.Queue[tuple[str, str, threading.Event | None, list[bool]]] = queue.Queue(maxsize=200)
+        self._q: queue.Queue[tuple[str, str, str, threading.Event | None, list[bool]]] = queue.Queue(maxsize=200)
         self.history: collections.deque[Sent] = collections.deque(maxlen=50)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="notify-sender", daemon=True)
         self._thread.start()
 
-    def send(self, title: str, body: str) -> bool:
-        """Queue a message; False when there is no URL to send to (or the queue is full)."""
+    def send(self, title: str, body: str, kind: str = "info") -> bool:
+        """Queue a message of Apprise notify type `kind` (info, success, warning, failure); False when there is
+        no URL to send to (or the queue is full)."""
         if not self._urls_fn():
             return False
         try:
-            self._q.put_nowait((title, body, None, []))
+            self._q.put_nowait((title, body, kind, None, []))
             return True
         except queue.Full:
+            oplog.decision("service", "alert_dropped", who=oplog.PANEL, title=title, reason="the send queue is full")
             return False
 
     def send_test(self, timeout_s: float = 30.0) -> str:
@@ -79,8 +84,8 @@ class Notifier:
         if bad := check_urls(urls):
             return "not sent: " + "; ".join(bad)
         done, result = threading.Event(), list[bool]()
-        self._q.put(("moet-panel: test notification", "If you read this, alerts from the panel reach you.", done,
-                     result))
+        self._q.put(("moet-panel: test notification", "If you read this, alerts from the panel reach you.", "info",
+                     done, result))
         if not done.wait(timeout_s):
             return f"still sending after {timeout_s:.0f} s to {', '.join(mask_url(u) for u in urls)}"
         where = ", ".join(mask_url(u) for u in urls)
@@ -89,18 +94,18 @@ class Notifier:
     def _run(self) -> None:
         while not self._closed:
             try:
-                title, body, done, result = self._q.get(timeout=0.5)
+                title, body, kind, done, result = self._q.get(timeout=0.5)
             except queue.Empty:
                 continue
             urls = self._urls_fn()
-            ok = self._deliver(urls, title, body)
+            ok = self._deliver(urls, title, body, kind)
             self.history.append(Sent(time.time(), title, ok, tuple(mask_url(u) for u in urls)))
             result.append(ok)
             if done is not None:
                 done.set()
 
     @staticmethod
-    def _deliver(urls: tuple[str, ...], title: str, body: str) -> bool:
+    def _deliver(urls: tuple[str, ...], title: str, body: str, kind: str = "info") -> bool:
         if not urls:
             return False
         try:
@@ -108,10 +113,17 @@ class Notifier:
 
             ap = apprise.Apprise()
             for u in urls:
+                redact.register_url(u)  # whatever Apprise logs or raises about it is starred
                 ap.add(u)
-            return bool(ap.notify(body=body or title, title=title))  # Apprise sends nothing without a body
-        except Exception:  # a plugin's failure must not end the sender thread
+            # Apprise sends nothing without a body; the type picks the colour/icon/priority on the receiver
+            ok = bool(ap.notify(body=body or title, title=title, notify_type=apprise.NotifyType(kind)))
+        except Exception as exc:  # a plugin's failure must not end the sender thread
+            oplog.caught("service", exc, "sending a notification", title=title)
             return False
+        if not ok:
+            oplog.decision("service", "notify_failed", who=oplog.PANEL, title=title,
+                           targets=" ".join(redact.mask_url(u) for u in urls), reason="Apprise reported a failure")
+        return ok
 
     def close(self) -> None:
         self._closed = True

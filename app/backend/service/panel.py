@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.backend import env
+from app.backend import env, oplog
+from app.backend.redact import redact, register_url
 from app.backend.engine.restartpolicy import NON_HEALING, parse_policy
 from app.backend.service.config import ServiceConfig, ServiceConfigStore, effective_notify_urls, effective_policy
 from app.backend.service.notify import check_urls, mask_url
@@ -40,16 +41,17 @@ def view(state: AppState) -> ServiceView:
     policy, psrc = effective_policy(store, state.settings.recipe.engine.restart)
     urls, usrc = effective_notify_urls(store)
     snap = state.engine.snapshot() if state.engine is not None else None
-    sent = tuple(t for t, _ in (state.alerting.sent[-5:] if state.alerting is not None else []))
+    sent = tuple(redact(m.title) for m in (state.alerting.sent[-5:] if state.alerting is not None else []))
     return ServiceView(
         policy, psrc, (snap.desired or "not set yet") if snap else "-", snap.state.value if snap else "-",
         snap.restarts_total if snap else 0, snap.restart_try if snap else 0, bool(snap and snap.gave_up),
         (snap.canary or "off / not ready") if snap else "-", snap.stalls_total if snap else 0,
-        snap.switches_ok if snap else 0, snap.switches_failed if snap else 0, snap.message if snap else "",
+        snap.switches_ok if snap else 0, snap.switches_failed if snap else 0, redact(snap.message) if snap else "",
         tuple(mask_url(u) for u in urls), usrc, sent)
 
 
-def set_policy(state: AppState, value: str) -> str:
+def set_policy(state: AppState, value: str, who: str = oplog.PAGE) -> str:
+    """`who`: who asked (oplog.user(name) from the page), for the operator's log."""
     try:
         policy = parse_policy(value)
     except ValueError as exc:
@@ -59,39 +61,49 @@ def set_policy(state: AppState, value: str) -> str:
     try:
         store.write(ServiceConfig(policy, cfg.notify_urls))
     except OSError as exc:
+        oplog.caught("service", exc, "saving the restart policy", who=who)
         return f"not saved: cannot write {store.path} ({exc.strerror or exc})"
+    oplog.decision("service", "setting_changed", who=who, setting="restart_policy", old=cfg.restart_policy or "recipe",
+                   new=policy)
     note = (f" — but {env.ENGINE_RESTART}={env.engine_restart()} is set and wins until it is unset"
             if env.engine_restart() else "")
     return f"restart policy saved: {policy}{note}"
 
 
-def set_notify_urls(state: AppState, text: str) -> str:
+def set_notify_urls(state: AppState, text: str, who: str = oplog.PAGE) -> str:
     """Replace the list with the URLs in `text` (one per line or space-separated); '' keeps the list."""
     urls = tuple(text.split())
     if not urls:
         return "nothing entered: the list is unchanged (use Clear to remove every URL)"
+    for u in urls:
+        register_url(u)  # before anything can log or show it
     if bad := check_urls(urls):
         return "not saved: " + "; ".join(bad)
-    return _save_urls(state, urls, f"saved {len(urls)} URL(s): " + ", ".join(mask_url(u) for u in urls))
+    return _save_urls(state, urls, f"saved {len(urls)} URL(s): " + ", ".join(mask_url(u) for u in urls), who)
 
 
-def clear_notify_urls(state: AppState) -> str:
-    return _save_urls(state, (), "notification URLs cleared")
+def clear_notify_urls(state: AppState, who: str = oplog.PAGE) -> str:
+    return _save_urls(state, (), "notification URLs cleared", who)
 
 
-def _save_urls(state: AppState, urls: tuple[str, ...], ok: str) -> str:
+def _save_urls(state: AppState, urls: tuple[str, ...], ok: str, who: str) -> str:
     store = _store(state)
     try:
         store.write(ServiceConfig(store.read().restart_policy, urls))
     except OSError as exc:
+        oplog.caught("service", exc, "saving the notification URLs", who=who)
         return f"not saved: cannot write {store.path} ({exc.strerror or exc})"
+    oplog.decision("service", "setting_changed", who=who, setting="notify_urls",
+                   new=" ".join(mask_url(u) for u in urls) or "(none)")
     return ok + (f" — {env.NOTIFY} is set and replaces this list while it is" if env.notify_urls() else "")
 
 
-def send_test(state: AppState) -> str:
+def send_test(state: AppState, who: str = oplog.PAGE) -> str:
     if state.notifier is None:
         return "notifications are not available in this panel"
-    return state.notifier.send_test()
+    answer = state.notifier.send_test()
+    oplog.decision("service", "test_notification", who=who, result=answer)
+    return answer
 
 
 def non_healing_table() -> list[list[str]]:

@@ -4,6 +4,13 @@
 systemd; otherwise it says what to run), and `sd_notify()` tells systemd the panel is ready — the
 protocol is one datagram on the unix socket in $NOTIFY_SOCKET (sd_notify(3)), so no library is needed.
 
+Hardening (docs/engine.md "Run as a service"): `WatchdogSec=` with the panel's earned pings
+(app/backend/service/watchdog.py), `NoNewPrivileges`, `UMask=0077`, a start limit, and for a system unit
+`ProtectSystem=strict` + `PrivateTmp` with `ReadWritePaths=` for the data, state and config dirs. Docker keeps
+working: /run/docker.sock is in no private or read-only way (a read-only mount does not stop a connect() to
+a socket, and PrivateTmp touches /tmp and /var/tmp only). A user unit leaves the mount sandbox out: in a user
+manager it needs a user namespace, where the `docker` group is lost and the socket refuses the panel.
+
 The unit stops the panel with SIGTERM to its main process only (`KillMode=process`): the engine is a Docker
 container (dockerd's child, not ours) — and in demo mode without Docker a local process the panel reattaches
 to — so a `systemctl stop` or a panel upgrade never stops what is serving.
@@ -20,7 +27,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.backend import env
+from app.backend import env, oplog
 
 UNIT_NAME = "moet-panel.service"
 
@@ -47,6 +54,19 @@ class UnitSpec:
     user_mode: bool
     user: str = ""  # system units run as this user (the one who installs)
     environment: tuple[tuple[str, str], ...] = ()
+    rw_paths: tuple[Path, ...] = ()  # writable under ProtectSystem=strict (must exist when the unit starts)
+    optional_rw_paths: tuple[Path, ...] = ()  # writable if they exist ("-" prefix: a missing one is skipped)
+    watchdog_s: int = 30
+    start_limit_interval_s: int = 600
+    start_limit_burst: int = 5
+
+
+def _path_arg(p: Path, optional: bool = False) -> str:
+    """One ReadWritePaths= word: the "-" prefix (skip if missing) inside the quotes a path with blanks needs."""
+    text = ("-" if optional else "") + str(p)
+    if any(c.isspace() or c in "\\\"'" for c in text):
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return _pct(text)
 
 
 def _pct(text: str) -> str:
@@ -66,6 +86,9 @@ def unit_text(spec: UnitSpec) -> str:
         "Documentation=file://" + str(spec.working_dir / "docs" / "engine.md"),
         "After=network-online.target" + ("" if spec.user_mode else " docker.service"),
         "Wants=network-online.target",
+        # at most `burst` starts in `interval`: a panel that cannot start stops being restarted (status says so)
+        f"StartLimitIntervalSec={spec.start_limit_interval_s}",
+        f"StartLimitBurst={spec.start_limit_burst}",
         "",
         "[Service]",
         "Type=notify",
@@ -78,7 +101,14 @@ def unit_text(spec: UnitSpec) -> str:
         "KillMode=process",  # SIGTERM to the panel only: the engine keeps serving
         "TimeoutStartSec=300",
         "TimeoutStopSec=30",
+        # WATCHDOG=1 only while the engine reconciler turns (service/watchdog.py): a wedged panel is restarted
+        f"WatchdogSec={spec.watchdog_s}",
+        "NoNewPrivileges=yes",
+        "UMask=0077",  # every file the panel makes is the owner's alone (secrets, logs, databases)
     ]
+    if not spec.user_mode:
+        rw = [_path_arg(p) for p in spec.rw_paths] + [_path_arg(p, True) for p in spec.optional_rw_paths]
+        lines += ["ProtectSystem=strict", "PrivateTmp=yes", *([f"ReadWritePaths={' '.join(rw)}"] if rw else [])]
     if not spec.user_mode and spec.user:
         lines.append(f"User={spec.user}")
     lines += ["", "[Install]", f"WantedBy={'default.target' if spec.user_mode else 'multi-user.target'}", ""]
@@ -107,6 +137,11 @@ def install(spec: UnitSpec, path: Path | None = None, *, enable: bool = True) ->
     """Write the unit; enable and start it when systemctl is usable, else say what to run."""
     target = path or unit_path(spec.user_mode)
     target.parent.mkdir(parents=True, exist_ok=True)
+    for p in spec.rw_paths:  # ReadWritePaths= must exist when the unit starts, or the start fails
+        try:
+            p.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:  # a system unit's data dir may belong to its user: the start then names it
+            oplog.caught("service", exc, "creating a ReadWritePaths= folder of the unit", path=p)
     target.write_text(unit_text(spec), encoding="utf-8")
     ctl = ["systemctl", "--user"] if spec.user_mode else ["systemctl"]
     name = UNIT_NAME.removesuffix(".service")
@@ -134,13 +169,27 @@ def install(spec: UnitSpec, path: Path | None = None, *, enable: bool = True) ->
     return InstallResult(target, enabled, tuple(out))
 
 
-def default_spec(user_mode: bool, serve_args: list[str], working_dir: Path, python: str) -> UnitSpec:
+def writable_paths(data_dir: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+    """(paths the panel must write, paths it writes if they exist) under ProtectSystem=strict: the data dir and
+    its state dir, the panel's config dir (HF token, auth file); the demo data dir and ~/.cache (huggingface_hub's
+    locks and Xet cache) when present."""
+    from app.backend.settings import STATE_SUBDIR
+
+    must = (data_dir, data_dir / STATE_SUBDIR, env.config_home() / "moet-panel")
+    maybe = (env.data_home() / "moet-panel", Path.home() / ".cache")
+    return must, tuple(p for p in maybe if p not in must)
+
+
+def default_spec(user_mode: bool, serve_args: list[str], working_dir: Path, python: str,
+                 data_dir: Path | None = None) -> UnitSpec:
     """The panel as `run-panel.sh` starts it: this checkout's Python, `-m app.cli.main serve ARGS`."""
     # MOET_PANEL_NOTIFY stays out: unit files are world-readable and its URLs hold secrets (set them in the
     # Service tab instead: <state_dir>/service.json is the user's own file).
     keep = tuple((k, v) for k, v in sorted(env.inherited(prefixes=("MOET_PANEL_",)).items()) if k != env.NOTIFY)
+    must, maybe = writable_paths(data_dir) if data_dir is not None else ((), ())
     return UnitSpec((python, "-m", "app.cli.main", "serve", *serve_args), working_dir, user_mode,
-                    user="" if user_mode else getpass.getuser(), environment=keep)
+                    user="" if user_mode else getpass.getuser(), environment=keep, rw_paths=must,
+                    optional_rw_paths=maybe)
 
 
 def current_python() -> str:

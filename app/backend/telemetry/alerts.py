@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Iterable, Literal
 
+from app.backend import oplog
 from app.backend.engine.runtime import Runtime
 from app.backend.contracts import EngineSnapshot, EngineState, GpuSample, LogLine
 from app.backend.settings import Settings
@@ -226,6 +227,37 @@ def decode_drift(i: AlertInputs) -> Alert | None:
     )
 
 
+@dataclass(frozen=True)
+class HoldDown:
+    """How long a condition must hold before a person is told (`start_s`), and stay clear before "resolved" is
+    sent (`clear_s`): no message for a blip, no flapping on a line the box sits on (docs/telemetry.md#hold-down)."""
+
+    start_s: float
+    clear_s: float
+
+
+# Per alert id. Why these: VRAM sits at the card's own 97.7 % beside the 98 % line, so a crossing must last
+# minutes to count; a throttle or a churn burst of seconds is normal under load; a boot fact (pool absent, ECC)
+# does not blink, so it is told at once and resolved only once it has stayed gone a minute.
+HOLD_DOWN = MappingProxyType({
+    "pool_absent": HoldDown(0.0, 60.0),
+    "zero_coverage": HoldDown(60.0, 120.0),
+    "churn_trap": HoldDown(30.0, 120.0),
+    "vram_full": HoldDown(120.0, 300.0),
+    "ecc_on": HoldDown(0.0, 60.0),
+    "throttle_thermal": HoldDown(60.0, 120.0),
+    "throttle_power": HoldDown(60.0, 120.0),
+    "host_ram_low": HoldDown(30.0, 120.0),
+    "trace_off": HoldDown(0.0, 120.0),  # the rule itself waits 90 s of traffic
+    "decode_drift": HoldDown(0.0, 120.0),  # the drift reading has its own sustained window
+})
+DEFAULT_HOLD_DOWN = HoldDown(30.0, 60.0)
+
+
+def hold_down(alert_id: str) -> HoldDown:
+    return HOLD_DOWN.get(alert_id, DEFAULT_HOLD_DOWN)
+
+
 RULES = (pool_absent, zero_coverage, churn_trap, vram_full, ecc_on, throttling, host_ram_low, trace_off, decode_drift)
 ORDER = MappingProxyType({"critical": 0, "warning": 1, "info": 2})
 
@@ -274,8 +306,8 @@ def run_log_lines(runtime: Runtime | None, container_id: str, fallback: Iterable
     if runtime is not None and container_id:
         try:
             return [text for _, text in runtime.read_logs(container_id, max_lines=RUN_LOG_MAX_LINES)]
-        except Exception:  # gone meanwhile / daemon hiccup: the tail is the best left
-            pass
+        except Exception as exc:  # gone meanwhile / daemon hiccup: the tail is the best left
+            oplog.caught("telemetry", exc, "reading the run's whole log (the in-memory tail is used)")
     return [ln.text for ln in fallback]
 
 
@@ -295,7 +327,8 @@ def profile_policy(settings: Settings, profile_id: str | None) -> str:
     command's when the profile is unknown; '' when not set)."""
     try:
         profile = settings.profiles.find(profile_id)
-    except Exception:  # an unreadable custom-profile folder: the recipe's own profiles still count
+    except Exception as exc:  # an unreadable custom-profile folder: the recipe's own profiles still count
+        oplog.caught("telemetry", exc, "finding the profile's pool policy (custom profiles unreadable)")
         profile = next((p for p in settings.recipe.profiles if p.id == profile_id), None)
     cmd = settings.recipe.command(profile) if profile is not None else settings.recipe.serve.command
     return cmd.env_value("VLLM_MOE_W2_DELTA_POLICY") or ""

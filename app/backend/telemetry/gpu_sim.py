@@ -21,6 +21,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Callable
 
+from app.backend import oplog
 from app.backend.contracts import EngineFeed, EngineSnapshot, EngineState, GpuProcess, GpuSample, ReaderStatus
 from app.backend.units import GiB
 
@@ -44,6 +45,7 @@ class SimulatedGpuReader(ReaderStatus):
         engine_pids_fn: Callable[[], set[int]] | None = None,
     ) -> None:
         self._snapshot_fn = engine_snapshot_fn
+        self._errors = oplog.Once("telemetry")
         self._pids_fn = engine_pids_fn
         self._load = 0.0  # 0..1 (decode busy → util up)
         self._total = total_gib
@@ -66,7 +68,8 @@ class SimulatedGpuReader(ReaderStatus):
             return EngineSnapshot()
         try:
             return self._snapshot_fn()
-        except Exception:
+        except Exception as exc:  # the SIMULATED readings go on as if idle
+            self._errors.caught(exc, "reading the engine snapshot for the SIMULATED GPU")
             return EngineSnapshot()
 
     def vram_in_use_gib(self, snap: EngineSnapshot, now: float) -> float:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from app.backend.contracts import EngineFeed, EngineSnapshot, EngineState, EngineWatch, GpuReader, GpuSample, LogLine
 from app.backend.settings import Settings
+from app.backend import oplog
 from app.backend.telemetry import alerts as alert_rules
 from app.backend.telemetry.alerts import Alert, AlertInputs
 from app.backend.telemetry.gpu import make_gpu_reader, tag_engine_processes
@@ -144,12 +145,14 @@ class TelemetryHub:
         self._boot_seen = ""  # the container whose boot this hub watched (its lines came live)
         self._seeded = ""  # the container whose log tail seeded the parser
         self.last_error = ""
+        self._errors = oplog.Once("telemetry")  # the loop's errors: once each, not once a second
         self._db: TimelineDB | None = None
         if persist and settings is not None:
             try:
                 self._db = TimelineDB(settings.ensure_state_dir() / "telemetry.sqlite")
             except Exception as exc:  # read-only data dir etc.: keep running in memory
                 self.last_error = f"telemetry history disabled: {exc}"
+                oplog.caught("telemetry", exc, "opening the telemetry history (kept in memory only)")
         if engine is not None:
             self.attach_engine(engine)
 
@@ -170,8 +173,8 @@ class TelemetryHub:
         try:
             for ln in engine.recent_logs(5000):
                 self.ingest(ln)
-        except Exception:  # a replay that fails only loses the boot lines' pool sizing
-            pass
+        except Exception as exc:  # a replay that fails only loses the boot lines' pool sizing
+            oplog.caught("telemetry", exc, "replaying the engine's recent log lines")
         self._unsubscribe = engine.add_log_listener(self.ingest)
 
     def ingest(self, line: LogLine | str) -> None:
@@ -200,8 +203,8 @@ class TelemetryHub:
         if self._unsubscribe is not None:
             try:
                 self._unsubscribe()
-            except Exception:
-                pass
+            except Exception as exc:  # closing goes on: the rest must still be released
+                oplog.caught("telemetry", exc, "unsubscribing from the engine's log lines")
             self._unsubscribe = None
         if self._watch is not None:
             self._watch.close()
@@ -223,8 +226,9 @@ class TelemetryHub:
                         next_at = time.monotonic()
                 else:  # woken between ticks: an engine change (a frame now; the tick keeps its rhythm)
                     self.engine_changed()
-            except Exception as exc:  # the thread must survive anything
+            except Exception as exc:  # the thread must survive anything (a bug: with its traceback, once)
                 self.last_error = f"{type(exc).__name__}: {exc}"
+                self._errors.caught(exc, "the telemetry loop", traceback=True)
             if self._wake.wait(max(0.0, next_at - time.monotonic())):
                 self._wake.clear()  # before the work it asks for: a change during that work wakes us again
 
@@ -339,6 +343,7 @@ class TelemetryHub:
             lines = self._engine.log_tail(cid, SEED_LINES)
         except Exception as exc:  # Docker gone for a moment: the live lines still come
             self.last_error = f"log tail for the pool figures: {type(exc).__name__}: {exc}"
+            self._errors.caught(exc, "reading the engine's log tail for the pool figures")
             return
         parser, now = TraceParser(), time.time()
         for _, text in lines:
@@ -357,12 +362,13 @@ class TelemetryHub:
         try:
             gpus = self._reader.read()
         except Exception as exc:
+            self._errors.caught(exc, "reading the GPUs")
             return [], f"GPU read failed: {type(exc).__name__}: {exc}"
         if snap is not None and gpus:  # the readers return raw samples: the engine's processes are marked here
             try:
                 gpus = tag_engine_processes(gpus, self._engine_pids(), snap.container_name)
-            except Exception:  # the engine's pids unknown now (runtime unreachable): the samples stay unmarked
-                pass
+            except Exception as exc:  # the engine's pids unknown now (runtime unreachable): the samples stay unmarked
+                self._errors.caught(exc, "finding the engine's GPU processes")
         return gpus, ("" if self._reader.available else self._reader.error)
 
     def _scrape(self, snap: EngineSnapshot | None) -> MetricsSample | None:
@@ -431,6 +437,7 @@ class TelemetryHub:
             self._db.insert(batch)
         except Exception as exc:
             self.last_error = f"telemetry history write failed: {exc}"
+            self._errors.caught(exc, "writing the telemetry history")
 
 
 def _live(snap: EngineSnapshot | None) -> bool:

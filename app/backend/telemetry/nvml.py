@@ -21,6 +21,7 @@ from typing import Any
 
 import pynvml
 
+from app.backend import oplog
 from app.backend.contracts import GpuProcess, GpuSample, ReaderStatus
 
 # Clocks-event ("throttle") reason bits → short names.
@@ -69,6 +70,7 @@ class NvmlGpuReader(ReaderStatus):
         self._ecc_ttl = ecc_ttl_s
         self._lock = threading.Lock()
         self._missing: set[str] = set()  # functions the driver lacks (not retried)
+        self._errors = oplog.Once("telemetry")  # a lost GPU fails every read: logged once per call
         self._handles: list[object] = []  # pynvml's opaque device handles
         self._static: list[_Static] = []
         self._pcie: dict[int, tuple[float, float | None, float | None]] = {}
@@ -123,7 +125,8 @@ class NvmlGpuReader(ReaderStatus):
         except (AttributeError, *UNSUPPORTED):
             self._missing.add(key)
             return None
-        except Exception:  # any other NVML error (GPU lost, timeout, ...): N/A now, asked again next time
+        except Exception as exc:  # any other NVML error (GPU lost, timeout, ...): N/A now, asked again next time
+            self._errors.caught(exc, f"NVML {key}")
             return None
 
     def _memory(self, h: object) -> tuple[int, int, int]:
