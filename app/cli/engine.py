@@ -21,6 +21,7 @@ from app.backend.engine.controller import EngineController
 from app.backend.engine.factory import make_engine_controller
 from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
 from app.backend.engine.imagebuild import BuildEvent, ImageBuildRefused, build_image, check_source
+from app.backend import oplog
 from app.backend.engine.ops import ControllerOptions, Ticket
 from app.backend.contracts import Diagnosis, EngineSnapshot, LogLine
 from app.backend.hostprobe import detect_demo
@@ -182,7 +183,7 @@ def _preflight(args: argparse.Namespace, ctl: EngineController) -> int:
 
 def _start(args: argparse.Namespace, ctl: EngineController) -> int:
     op = ctl.start if args.engine_cmd == "start" else ctl.switch
-    ticket = op(args.profile, tuple(args.override))
+    ticket = op(args.profile, tuple(args.override), who=oplog.CLI)
     if not ticket.accepted:
         print(ticket.message, file=sys.stderr)
         return EXIT_REFUSED
@@ -209,7 +210,7 @@ def _start(args: argparse.Namespace, ctl: EngineController) -> int:
 
 
 def _stop(args: argparse.Namespace, ctl: EngineController) -> int:
-    ticket = ctl.stop()
+    ticket = ctl.stop(who=oplog.CLI)
     if not ticket.accepted:
         print(ticket.message, file=sys.stderr)
         return EXIT_REFUSED

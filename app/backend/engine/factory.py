@@ -78,6 +78,7 @@ def make_engine_controller(settings: Settings, gpu_reader: GpuReader,
     options = options or ControllerOptions()
     store = ServiceConfigStore(settings.state_dir)
     options.restart_policy_fn = lambda: effective_policy(store, settings.recipe.engine.restart)[0]
+    options.drain_grace_fn = options.drain_grace_fn or (lambda: store.read().drain_grace_s)
     options.supervise = options.supervise or supervise
     ctl = EngineController(
         settings,

@@ -19,6 +19,7 @@ from app.backend.engine.restartpolicy import RestartPolicy, parse_policy
 class ServiceConfig:
     restart_policy: RestartPolicy | None = None  # None = the recipe's engine.restart
     notify_urls: tuple[str, ...] = field(default_factory=tuple)
+    drain_grace_s: float | None = None  # None = the recipe's engine.drain_grace_s (docs/engine.md "Keeps serving")
 
 
 class ServiceConfigStore:
@@ -35,12 +36,15 @@ class ServiceConfigStore:
         except (ValueError, AttributeError):
             policy = None
         urls = raw.get("notify_urls") or []
-        return ServiceConfig(policy, tuple(str(u) for u in urls if isinstance(u, str) and u.strip()))
+        grace = raw.get("drain_grace_s")
+        return ServiceConfig(policy, tuple(str(u) for u in urls if isinstance(u, str) and u.strip()),
+                             float(grace) if isinstance(grace, (int, float)) and 0 <= grace <= 3600 else None)
 
     def write(self, cfg: ServiceConfig) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(self.path, json.dumps({"restart_policy": cfg.restart_policy,
-                                                 "notify_urls": list(cfg.notify_urls)}, indent=2))
+                                                 "notify_urls": list(cfg.notify_urls),
+                                                 "drain_grace_s": cfg.drain_grace_s}, indent=2))
 
 
 def effective_policy(store: ServiceConfigStore, recipe_default: RestartPolicy) -> tuple[RestartPolicy, str]:

@@ -57,7 +57,7 @@ def set_policy(state: AppState, value: str) -> str:
     store = _store(state)
     cfg = store.read()
     try:
-        store.write(ServiceConfig(policy, cfg.notify_urls))
+        store.write(ServiceConfig(policy, cfg.notify_urls, cfg.drain_grace_s))
     except OSError as exc:
         return f"not saved: cannot write {store.path} ({exc.strerror or exc})"
     note = (f" — but {env.ENGINE_RESTART}={env.engine_restart()} is set and wins until it is unset"
@@ -82,10 +82,25 @@ def clear_notify_urls(state: AppState) -> str:
 def _save_urls(state: AppState, urls: tuple[str, ...], ok: str) -> str:
     store = _store(state)
     try:
-        store.write(ServiceConfig(store.read().restart_policy, urls))
+        cfg = store.read()
+        store.write(ServiceConfig(cfg.restart_policy, urls, cfg.drain_grace_s))
     except OSError as exc:
         return f"not saved: cannot write {store.path} ({exc.strerror or exc})"
     return ok + (f" — {env.NOTIFY} is set and replaces this list while it is" if env.notify_urls() else "")
+
+
+def set_drain_grace(state: AppState, value: float | None) -> str:
+    """How long a stop/switch waits for the answers in flight (docs/engine.md "Keeps serving"); None: the recipe's."""
+    if value is not None and not 0 <= value <= 3600:
+        return "not saved: the drain grace is 0 to 3600 seconds (0 = stop at once)"
+    store = _store(state)
+    cfg = store.read()
+    try:
+        store.write(ServiceConfig(cfg.restart_policy, cfg.notify_urls, value))
+    except OSError as exc:
+        return f"not saved: cannot write {store.path} ({exc.strerror or exc})"
+    return (f"drain grace saved: {value:g} s" if value is not None else
+            f"drain grace: the recipe's {state.settings.recipe.engine.drain_grace_s:g} s")
 
 
 def send_test(state: AppState) -> str:
