@@ -49,6 +49,7 @@ ENV_MAX_DELAY_S = 10.0
 # preflight failure stays until someone fixes it). "image" heals only while a build runs.
 PREFLIGHT_CAUSES: dict[str, str] = {"docker": "docker_unreachable", "gpu_memory": "gpu_not_released",
                                     "port": "port_in_use", "image": "image_building"}
+NEEDS_DOCKER = frozenset({"image", "nvidia_runtime"})  # items that fail with Docker, not on their own
 
 
 @dataclass(frozen=True)
@@ -80,13 +81,15 @@ def preflight_cause(blocking_ids: list[str], image_building: bool = False) -> st
     (the first one names it), else "preflight_failed" (never retried).
 
     Examples:
-        >>> preflight_cause(["docker", "image"])
-        'preflight_failed'
-        >>> preflight_cause(["docker", "image"], image_building=True)
+        >>> preflight_cause(["docker", "nvidia_runtime", "image"])
         'docker_unreachable'
+        >>> preflight_cause(["image"])
+        'preflight_failed'
         >>> preflight_cause(["port", "artifact:model"])
         'preflight_failed'
     """
+    if "docker" in blocking_ids:  # the items read through Docker cannot be judged while it is away
+        blocking_ids = [i for i in blocking_ids if i not in NEEDS_DOCKER]
     healing = [i for i in blocking_ids if i in PREFLIGHT_CAUSES and (i != "image" or image_building)]
     if not blocking_ids or len(healing) != len(blocking_ids):
         return "preflight_failed"
