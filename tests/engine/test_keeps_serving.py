@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 import threading
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +16,8 @@ from app.backend.engine.controller import ControllerOptions, EngineController
 from app.backend.engine.desired import DesiredStore
 from app.backend.engine.runtime import RuntimeUnavailable
 from tests.engine.conftest import TEST_LABEL, fail_profile, panel_containers, wait_until
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 SUP = dict(supervise=True, resync_s=0.5, restart_backoff_s=0.3, restart_max_tries=2)
 
