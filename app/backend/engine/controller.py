@@ -14,6 +14,7 @@ never races; every ask has a deadline. Closing the controller stops its threads,
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from app.backend.engine.core import MUTATING
 from app.backend.engine.canary import CanaryState
 from app.backend.engine.desired import Desired, DesiredStore
 from app.backend.engine.events import EngineChanged, EventBus, SnapshotWatch, Subscription
+from app.backend.engine.errlog import ErrorsOnce
 from app.backend.engine.exits import ExitRecords
 from app.backend.engine.following import LogFollower
 from app.backend.engine.history import SupervisionStore
@@ -102,7 +104,7 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self._wake_watch = threading.Event()
         self._events_stream = None  # docker-py's CancellableStream while the watch reads it
         self._threads: list[threading.Thread] = []
-        self._last_errors: dict[str, str] = {}
+        self._errors = ErrorsOnce()
         self._liveness = LivenessTracker(self._stall_after())
         self._canary = CanaryState(*self._canary_settings())
         self._canary_for = ""  # the container the canary history belongs to
@@ -335,7 +337,7 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
             try:
                 stream.close()
             except Exception as exc:  # already closed by the daemon: nothing left to end
-                oplog.logger("engine").debug("closing the event stream: %s", exc)
+                self._caught("closing the Docker event stream", exc, level=logging.DEBUG)
         self._follower.end()
         for t in [*self._threads, self._observer, self._reconciler]:
             if t is not threading.current_thread():  # close() from a change callback or the reconciler itself

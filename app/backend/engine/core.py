@@ -18,6 +18,7 @@ from app.backend.contracts import AnswerCounter, Diagnosis, EngineSnapshot, GpuR
 from app.backend.engine import statemachine as sm
 from app.backend.engine.canary import CanaryState
 from app.backend.engine.desired import DesiredStore
+from app.backend.engine.errlog import ErrorsOnce
 from app.backend.engine.events import EventBus
 from app.backend.engine.exits import ExitRecords
 from app.backend.engine.following import LogFollower
@@ -94,7 +95,7 @@ class Core:
     _running_seen: dict[str, float]
     _docker_away_at: float
     _env_tries: int
-    _last_errors: dict[str, str]  # context -> the error last logged for it (logged once)
+    _errors: ErrorsOnce  # caught errors, each logged once
 
     # -- cross-seam calls (each implemented by one part) --------------------------------------
     def _propose(self, decide: Decide, *, wait: bool = True) -> tuple[bool, EngineSnapshot]:
@@ -106,7 +107,7 @@ class Core:
     def _writing(self) -> bool:
         raise NotImplementedError
 
-    def _caught(self, context: str, exc: BaseException, *, traceback: bool = False) -> None:
+    def _caught(self, context: str, exc: BaseException, *, traceback: bool = False, level: int = 30) -> None:
         raise NotImplementedError
 
     def _recovered(self, context: str) -> bool:

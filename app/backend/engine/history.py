@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from app.backend.engine.desired import Desired
+from app.backend.engine.errlog import ENGINE_ERRORS
 from app.backend.fileio import atomic_write
 
 KEEP = 50  # restart times kept (the cap looks at a 15-minute window; the rest is for the log)
@@ -72,8 +73,8 @@ class SupervisionStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(self.path, json.dumps(body))
-        except OSError:
-            pass  # an unwritable data dir: the supervisor still acts; preflight reports the dir
+        except OSError as exc:  # an unwritable data dir: the supervisor still acts; preflight reports the dir
+            ENGINE_ERRORS.caught(f"recording the restart history in {self.path}", exc)
         return s
 
     def restarted(self, at: float, *, capped: bool = True) -> Supervision:

@@ -10,6 +10,7 @@ a deadline all the same (`ASK_DEADLINE_S`). The loop turns at least every `HEART
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -125,15 +126,11 @@ class Reconciler(Core):
             self.events.publish(type(event).__name__, before, self._snap)
             return self._snap
 
-    def _caught(self, context: str, exc: BaseException, *, traceback: bool = False) -> None:
-        """oplog.caught once per distinct error of a context: a poll that fails the same way every second
-        writes one line, and a line again only when the error changes or came back after `_recovered`."""
-        text = f"{type(exc).__name__}: {exc}"
-        if self._last_errors.get(context) == text:
-            return
-        self._last_errors[context] = text
-        oplog.caught("engine", exc, context, traceback=traceback)
+    def _caught(self, context: str, exc: BaseException, *, traceback: bool = False, level: int = logging.WARNING) -> None:
+        """oplog.caught once per distinct error of a context (errlog.py): a poll that fails the same way every
+        second writes one line."""
+        self._errors.caught(context, exc, traceback=traceback, level=level)
 
     def _recovered(self, context: str) -> bool:
         """The context works again; True when it had failed (the caller may log the recovery once)."""
-        return self._last_errors.pop(context, None) is not None
+        return self._errors.recovered(context)
