@@ -227,3 +227,32 @@ def test_chat_refuses_to_start_an_answer_while_the_engine_drains(tmp_path: Path)
         assert [m.content for m in chat.get(conv.id).messages] == []  # nothing lost, nothing half-sent
     finally:
         chat.close()
+
+
+# -- the operator's log ----------------------------------------------------------------------------
+def test_decisions_and_caught_errors_reach_the_log_once(tmp_path: Path, controllers, caplog) -> None:
+    """Docker away: every 0.1 s pass fails the same way and the log says so ONCE; it says when Docker is back;
+    a person's stop is logged with who asked."""
+    caplog.set_level("INFO", logger="moet_panel")
+    st = _settings(tmp_path)
+    rt = FakeRuntime()
+    rt.away = True
+    ctl = EngineController(st, rt, options=ControllerOptions(resync_s=0.1))
+    controllers.append(ctl)
+    passes = threading.Semaphore(0)
+    real_list = rt.list
+
+    def counted(labels: dict[str, str], include_stopped: bool = True) -> list[Instance]:
+        passes.release()
+        return real_list(labels, include_stopped)
+
+    rt.list = counted  # type: ignore[method-assign]
+    for _ in range(5):  # five failing passes of the observer
+        assert passes.acquire(timeout=10)
+    away = [r.getMessage() for r in caplog.records if 'context="reading Docker"' in r.getMessage()]
+    assert len(away) == 1 and "RuntimeUnavailable" in away[0], away
+    rt.away = False
+    wait_until(lambda: any("action=docker_back" in r.getMessage() for r in caplog.records), 10, "Docker back logged")
+    assert ctl.stop(who="user:alice").wait(10)
+    stops = [r.getMessage() for r in caplog.records if "action=stop" in r.getMessage()]
+    assert stops and "who=user:alice" in stops[0] and "component=engine" in stops[0]
