@@ -41,6 +41,10 @@ def render(state: AppState, shell: Shell) -> None:
         policy = gr.Radio(["on-failure", "never"], value=panel.view(state).policy, label="Restart policy",
                           elem_id="service-policy")
         save_policy = gr.Button("Save policy", elem_id="service-save-policy")
+        # a stop/switch first waits this long for the answers in flight (docs/engine.md "Keeps serving")
+        grace = gr.Number(panel.drain_grace(state), label="Drain grace (s): answers in flight may finish",
+                          minimum=0, maximum=3600, elem_id="service-drain-grace")
+        save_grace = gr.Button("Save grace", elem_id="service-save-grace")
     urls = gr.Textbox(label="Apprise URLs (space-separated; replaces the list; saved URLs are never shown back)",
                       type="password", placeholder="ntfy://ntfy.sh/my-topic  mailto://user:pass@example.com",
                       elem_id="service-urls")
@@ -61,6 +65,8 @@ def render(state: AppState, shell: Shell) -> None:
     # That timer starts with the tab, not the page: drawn at once when the tab opens, not 3 s of page-load truth.
     shell.on_tab(TITLE, refresh, None, [status])
     save_policy.click(lambda p: panel.set_policy(state, p), inputs=[policy], outputs=[note])
+    save_grace.click(lambda g: panel.set_drain_grace(state, None if g is None else float(g)), inputs=[grace],
+                     outputs=[note])
     save_urls.click(lambda t: (panel.set_notify_urls(state, t), ""), inputs=[urls], outputs=[note, urls])
     clear_urls.click(lambda: panel.clear_notify_urls(state), outputs=[note])
     test.click(lambda: panel.send_test(state), outputs=[note])

@@ -256,3 +256,17 @@ def test_decisions_and_caught_errors_reach_the_log_once(tmp_path: Path, controll
     assert ctl.stop(who="user:alice").wait(10)
     stops = [r.getMessage() for r in caplog.records if "action=stop" in r.getMessage()]
     assert stops and "who=user:alice" in stops[0] and "component=engine" in stops[0]
+
+
+def test_the_drain_grace_comes_from_the_service_setting_else_the_recipe(tmp_path: Path, controllers) -> None:
+    from app.backend.service.config import ServiceConfig, ServiceConfigStore
+
+    st = _settings(tmp_path)
+    store = ServiceConfigStore(st.state_dir)
+    store.write(ServiceConfig("never", (), 12.0))
+    ctl = EngineController(st, FakeRuntime(), options=ControllerOptions(
+        reattach=False, drain_grace_fn=lambda: store.read().drain_grace_s))
+    controllers.append(ctl)
+    assert ctl.drain_grace_s() == 12.0
+    store.write(ServiceConfig("on-failure", (), None))
+    assert ctl.drain_grace_s() == st.recipe.engine.drain_grace_s == 60.0

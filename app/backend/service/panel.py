@@ -89,6 +89,12 @@ def _save_urls(state: AppState, urls: tuple[str, ...], ok: str) -> str:
     return ok + (f" — {env.NOTIFY} is set and replaces this list while it is" if env.notify_urls() else "")
 
 
+def drain_grace(state: AppState) -> float:
+    """The drain grace in effect (the Service setting, else the recipe's)."""
+    saved = _store(state).read().drain_grace_s
+    return saved if saved is not None else float(state.settings.recipe.engine.drain_grace_s)
+
+
 def set_drain_grace(state: AppState, value: float | None) -> str:
     """How long a stop/switch waits for the answers in flight (docs/engine.md "Keeps serving"); None: the recipe's."""
     if value is not None and not 0 <= value <= 3600:
