@@ -38,11 +38,12 @@ class Operations(Supervisor):
         oplog.decision("engine", ticket.action, who=who, profile=profile_id, accepted=ticket.accepted,
                        note=None if ticket.accepted else ticket.message)
         if ticket.accepted:
-            d = self.desired_store.write(kind, profile_id, self.options.actor)
-            try:
-                self._apply(sm.Supervised(desired=d.key, gave_up=False, restart_try=0))
-            except ReconcilerTimeout as exc:  # the operation runs regardless; the supervisor re-reads the file
-                self._caught("recording the desired state", exc)
+            with self._wish_lock:  # the supervisor never publishes what it read of the files before this wish
+                d = self.desired_store.write(kind, profile_id, self.options.actor)
+                try:
+                    self._apply(sm.Supervised(desired=d.key, gave_up=False, restart_try=0))
+                except ReconcilerTimeout as exc:  # the operation runs regardless; the supervisor re-reads the file
+                    self._caught("recording the desired state", exc)
         return ticket
 
     def _stop_after(self, busy: Ticket, ticket: Ticket, who: str, have_lock: bool = False) -> None:

@@ -215,7 +215,8 @@ def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
         cid = snap.container_id if event.container_id is None else event.container_id
         name = snap.container_name if event.container_name is None else event.container_name
         return replace(snap, state=EngineState.FAILED, phase="", diagnosis=event.diagnosis, container_id=cid,
-                       container_name=name, message=event.message or event.diagnosis.title, since=now)
+                       container_name=name, message=event.message or event.diagnosis.title, since=now,
+                       expected_back_s=0.0)
     if isinstance(event, Vanished):
         return _gone(snap, event.message, event.diagnosis, now)
     if isinstance(event, Stalled):

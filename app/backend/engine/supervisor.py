@@ -126,18 +126,8 @@ class Supervisor(Core):
         return sm.Supervised(desired=desired.key if desired else "", restart_policy=self.restart_policy(),
                              restarts_total=hist.restarts_total, gave_up=hist.gave_up_on(desired) is not None)
 
-    def _supervise(self) -> None:
-        """Compare the desired state with the snapshot and act. On the observer thread, after each pass."""
-        if not self.options.supervise or self._closed:
-            return
-        desired = self.desired_store.read()
-        if desired is not None and desired.since != self._wish_since:  # a new wish, from any process
-            self._wish_since = desired.since
-            self._restart_due, self._decided_for, self._env_tries = None, None, 0
-        if self._snap.state is EngineState.READY:
-            if self.history.read().gave_up is not None:
-                self.history.clear_failure()
-            self._env_tries = 0
+    def _sync_supervision(self, desired: Desired | None) -> EngineSnapshot:
+        """Publish what the files say (a wish, restart or give-up of any process); the snapshot after."""
         fields = self._supervision_fields(desired)
 
         def sync(s: EngineSnapshot) -> list[sm.Event]:
@@ -148,7 +138,22 @@ class Supervisor(Core):
                 desired=fields.desired, restart_policy=fields.restart_policy, restarts_total=fields.restarts_total,
                 gave_up=False, restart_try=0)]
 
-        snap = self._propose(sync)[1]
+        return self._propose(sync)[1]
+
+    def _supervise(self) -> None:
+        """Compare the desired state with the snapshot and act. On the observer thread, after each pass."""
+        if not self.options.supervise or self._closed:
+            return
+        with self._wish_lock:  # read and published together: a click's wish in between is never overwritten
+            desired = self.desired_store.read()
+            snap = self._sync_supervision(desired)
+        if desired is not None and desired.since != self._wish_since:  # a new wish, from any process
+            self._wish_since = desired.since
+            self._restart_due, self._decided_for, self._env_tries = None, None, 0
+        if snap.state is EngineState.READY:
+            if self.history.read().gave_up is not None:
+                self.history.clear_failure()
+            self._env_tries = 0
         if self._busy is not None:
             return
         if desired is None or desired.kind == "stopped" or desired.profile_id is None:
@@ -178,9 +183,13 @@ class Supervisor(Core):
         if isinstance(action, BringBack):
             self._schedule(now, desired.profile_id, action.why, capped=False)
         elif isinstance(action, Respect):
-            d = self.desired_store.write("stopped", None, "supervisor (stopped outside the panel)")
-            self._wish_since = d.since
-            self._apply(sm.Supervised(desired=d.key, restart_try=0, message=action.message))
+            with self._wish_lock:
+                now_wish = self.desired_store.read()
+                if now_wish is None or now_wish.since != desired.since:
+                    return  # a person's wish came meanwhile: it wins over the outside stop
+                d = self.desired_store.write("stopped", None, "supervisor (stopped outside the panel)")
+                self._wish_since = d.since
+                self._apply(sm.Supervised(desired=d.key, restart_try=0, message=action.message))
             oplog.decision("engine", "outside_stop_respected", who=oplog.OUTSIDE, desired=d.key)
         elif isinstance(action, GiveUpNow):
             self.history.give_up(desired, action.reason, action.why)
