@@ -270,3 +270,17 @@ def test_the_drain_grace_comes_from_the_service_setting_else_the_recipe(tmp_path
     assert ctl.drain_grace_s() == 12.0
     store.write(ServiceConfig("on-failure", (), None))
     assert ctl.drain_grace_s() == st.recipe.engine.drain_grace_s == 60.0
+
+
+def test_an_image_build_in_progress_is_seen_by_every_process(tmp_path: Path) -> None:
+    """`moet-panel engine build-image` holds the build mark: "image missing" then heals (retried, not given up)."""
+    from app.backend.engine.imagebuild import build_mark, image_build_running
+
+    assert not image_build_running(tmp_path)
+    mark = build_mark(tmp_path, "vllm-moet-sm120:v026")
+    try:
+        assert image_build_running(tmp_path)
+        assert preflight_cause(["image"], image_building=image_build_running(tmp_path)) == "image_building"
+    finally:
+        mark.release()
+    assert not image_build_running(tmp_path)
