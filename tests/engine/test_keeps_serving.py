@@ -93,6 +93,21 @@ def test_docker_away_while_the_engine_stops_is_retried_and_served_again(make_fla
     assert ctl.snapshot().desired == "serve:quality"
 
 
+def test_docker_away_while_the_engine_serves_keeps_it_serving(make_flaky) -> None:
+    """Docker unreachable (a cut socket) but the engine still answers: observed truth says it serves."""
+    ctl, rt = make_flaky(**SUP)
+    assert ctl.start("quality").wait(90) and _ready(ctl)
+    cid = ctl.snapshot().container_id
+    sub = ctl.subscribe()
+    rt.away = True
+    wait_until(lambda: "Docker is unreachable; the engine still answers" in ctl.snapshot().message, 20,
+               "the panel notes Docker away")
+    rt.away = False
+    wait_until(lambda: ctl.snapshot().restart_try == 0 and _ready(ctl), 20, "still ready")
+    assert ctl.snapshot().container_id == cid
+    assert all(e.after.state is EngineState.READY for e in sub.drain())  # never shown failed meanwhile
+
+
 def test_a_busy_port_is_retried_until_it_is_free(make_flaky, sim_settings) -> None:
     """The engine's port briefly held by another process: a healing cause, not "Preflight check failed"."""
     serve = sim_settings.recipe.serve

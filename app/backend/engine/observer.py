@@ -150,6 +150,15 @@ class Observer(Reconciler):
             mine = rt.list(self._labels())
         except (RuntimeUnavailable, RuntimeOpError) as exc:
             self._docker_away(exc, DOCKER)
+            snap = self._snap
+            if snap.state in (EngineState.READY, EngineState.STALLED) and snap.base_url and \
+                    probe(snap.base_url, snap.served_name, read_timeout_s=ADOPT_PROBE_S).health_ok:
+                # observed truth: the engine still answers, only Docker is away (a cut socket, a daemon with
+                # live-restore): it keeps serving; the next pass looks again
+                note = sm.Noted(f"Docker is unreachable; the engine still answers ({exc})", snap.diagnosis)
+                self._propose(lambda s: [note] if not self._writing() and s.container_id == snap.container_id
+                              and s.message != note.message else [])
+                return
             failed = sm.Failed(Diagnosis("docker_unreachable", "Docker daemon unreachable", str(exc),
                                          "Is dockerd running (`systemctl status docker`)? Is DOCKER_HOST right?"),
                                str(exc))
