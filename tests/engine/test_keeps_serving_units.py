@@ -293,3 +293,23 @@ def test_the_engine_tab_says_what_a_drain_waits_for() -> None:
     assert drain_line(snap) in ("waiting for 3 answer(s) to finish (up to 45 s)",
                                 "waiting for 3 answer(s) to finish (up to 44 s)")
     assert drain_line(EngineSnapshot(state=EngineState.READY)) == ""
+
+
+def test_an_operation_that_ends_makes_the_observer_read_docker_at_once(tmp_path: Path, controllers) -> None:
+    """The end of an operation kicks the observer (this process's belief no longer wins): Docker is re-read at once,
+    not at the next resync (60 s here)."""
+    rt = FakeRuntime()
+    observer_reads = threading.Semaphore(0)
+    real_list = rt.list
+
+    def counted(labels: dict[str, str], include_stopped: bool = True) -> list[Instance]:
+        if threading.current_thread().name == "engine-observer":
+            observer_reads.release()
+        return real_list(labels, include_stopped)
+
+    rt.list = counted  # type: ignore[method-assign]
+    ctl = EngineController(_settings(tmp_path), rt, options=ControllerOptions(resync_s=60))
+    controllers.append(ctl)
+    assert observer_reads.acquire(timeout=10)  # the constructor's read
+    assert ctl.stop().wait(10)
+    assert observer_reads.acquire(timeout=10), "the observer was not kicked when the stop ended"

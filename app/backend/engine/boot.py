@@ -122,7 +122,7 @@ class Boot(Core):
             cur = rt.get(inst.id)
             if cur is None or not cur.running:
                 if watch_only:
-                    self._inbox.kick()
+                    self._obs.kick()
                     return False
                 self._follower.drain()
                 return self._fail_exited(cur)

@@ -124,7 +124,7 @@ class Operations(Supervisor):
             with self._lock:
                 self._busy = None
                 self._changed.notify_all()
-            self._inbox.kick()  # re-read Docker now that this process's belief no longer wins
+            self._obs.kick()  # re-read Docker now that this process's belief no longer wins
             ticket._done.set()
             for cb in list(self._op_listeners):
                 try:
