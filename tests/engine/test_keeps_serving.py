@@ -194,9 +194,15 @@ def test_a_switch_lets_a_streaming_answer_finish_whole(make_controller) -> None:
     seen = [e.after for e in sub.drain()]
     drained = [s for s in seen if s.draining]
     assert drained and drained[0].drain_in_flight == 1 and drained[0].expected_back_s > 0  # Retry-After: quality's boot
-    # "Switch now": an answer that never ends does not hold a stop for the whole grace
+    # an answer that never ends: a Stop during the switch's drain cancels the switch and keeps its deadline (not a
+    # second full grace); "Switch now" ends the wait
     counter.n = 1
+    sw = ctl.switch("balanced")
+    wait_until(lambda: ctl.snapshot().draining, 10, "the switch drains")
+    deadline = ctl.snapshot().drain_deadline
     stop = ctl.stop()
-    wait_until(lambda: ctl.snapshot().draining, 10, "the stop drains")
+    assert sw.wait(10) and sw.ok is False and "cancelled" in sw.message
+    wait_until(lambda: stop.done or ctl.snapshot().draining, 10, "the stop drains")
+    assert ctl.snapshot().draining and ctl.snapshot().drain_deadline == deadline
     ctl.switch_now()
     assert stop.wait(30) and stop.ok and ctl.snapshot().state is EngineState.STOPPED

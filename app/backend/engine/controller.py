@@ -126,6 +126,7 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self._op_listeners: list[Callable[[Ticket], None]] = []  # told of every finished operation (/metrics counts)
         self._counters: list[AnswerCounter] = []  # what streams answers (gateway, Chat tab): a stop drains them
         self._drain_now = threading.Event()
+        self._drain_carry = 0.0
         self._wish_lock = threading.Lock()
         d0 = self.desired_store.read()
         self._wish_since = d0.since if d0 else 0.0

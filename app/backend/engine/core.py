@@ -92,6 +92,7 @@ class Core:
     _op_listeners: list[Callable[[Ticket], None]]
     _counters: list[AnswerCounter]
     _drain_now: threading.Event
+    _drain_carry: float  # the deadline of a drain a stop cancelled: that stop's own drain keeps it
     _wish_lock: threading.Lock  # a recorded wish and the supervisor's read of the files never interleave
     _running_seen: dict[str, float]
     _docker_away_at: float

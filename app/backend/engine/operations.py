@@ -247,6 +247,9 @@ class Operations(Supervisor):
             self._apply(sm.Draining(False, 0, 0.0, expected_back_s))  # the gateway's Retry-After for the boot
             return
         deadline = time.time() + grace
+        if self._drain_carry > time.time():  # a stop that cancelled a switch's drain keeps its deadline
+            deadline = min(deadline, self._drain_carry)
+        self._drain_carry = 0.0
         self._apply(sm.Draining(True, n, deadline, expected_back_s))
         oplog.decision("engine", "drain", who=who, op=ticket.action, in_flight=n, grace_s=grace)
         while n > 0 and time.time() < deadline and not (self._drain_now.is_set() or self._cancel.is_set()
@@ -258,5 +261,7 @@ class Operations(Supervisor):
                 self._apply(sm.Draining(True, n, deadline, expected_back_s))
         ended = ("answers finished" if n == 0 else "switch now" if self._drain_now.is_set() else
                  "cancelled" if self._cancel.is_set() or self._closed else "grace ended")
+        if ended == "cancelled":
+            self._drain_carry = deadline
         oplog.decision("engine", "drain_end", who=who, op=ticket.action, left=n, ended=ended)
         self._apply(sm.Draining(False, 0, 0.0, expected_back_s))
