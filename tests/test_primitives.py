@@ -29,9 +29,10 @@ ONCE = {
     # the single-flight job runner (jobs.SingleFlight: the self-test, the A/B, the downloads) and its stop
     "stop signal": (re.compile(r"\(threading\.Event\)"), {BACKEND / "jobs.py"}),
     # a thread's liveness as "a job runs" is the runner's; the others watch threads that are not jobs: the
-    # gateway's server, the engine's reconciler, a decoder thread, the CLI's foreground download
+    # gateway's server, the engine's reconciler and observer (reconciler.wait_reply), a decoder thread, the CLI's
+    # foreground download
     "single-flight runner": (re.compile(r"\bis_alive\(\)"), {
-        BACKEND / "jobs.py", BACKEND / "gateway" / "server.py", BACKEND / "engine" / "controller.py",
+        BACKEND / "jobs.py", BACKEND / "gateway" / "server.py", BACKEND / "engine" / "reconciler.py",
         BACKEND / "download" / "extract.py", APP / "cli" / "download.py"}),
 }
 

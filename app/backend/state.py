@@ -95,6 +95,8 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # The chat and the telemetry hub follow the engine's change events: each makes its one watch here (through
     # `engine=`) and closes it with itself (docs/engine.md, "Who listens").
     chat = state.chat = ChatService(settings.recipe, settings.ensure_state_dir(), engine=engine)
+    engine.add_answer_counter(chat)  # a stop/switch lets the Chat tab's answers finish (docs/engine.md "Keeps serving")
+    # engine.add_answer_counter(gateway): the gateway's answers in flight (GatewayService.answers_in_flight) — at merge
     state.on_close(chat.close)
 
     telemetry = state.telemetry = TelemetryHub(settings, engine=engine, gpu_reader=state.gpu, sim_card=sim_card)

@@ -20,7 +20,9 @@ from typing import Any
 from app.backend.engine.controller import EngineController
 from app.backend.engine.factory import make_engine_controller
 from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
-from app.backend.engine.imagebuild import BuildEvent, ImageBuildRefused, build_image, check_source
+from app.backend.engine.imagebuild import BuildEvent, ImageBuildRefused, build_image, build_mark, check_source
+from app.backend.fileio import LockBusy
+from app.backend import oplog
 from app.backend.engine.ops import ControllerOptions, Ticket
 from app.backend.contracts import Diagnosis, EngineSnapshot, LogLine
 from app.backend.hostprobe import detect_demo
@@ -182,7 +184,7 @@ def _preflight(args: argparse.Namespace, ctl: EngineController) -> int:
 
 def _start(args: argparse.Namespace, ctl: EngineController) -> int:
     op = ctl.start if args.engine_cmd == "start" else ctl.switch
-    ticket = op(args.profile, tuple(args.override))
+    ticket = op(args.profile, tuple(args.override), who=oplog.CLI)
     if not ticket.accepted:
         print(ticket.message, file=sys.stderr)
         return EXIT_REFUSED
@@ -209,7 +211,7 @@ def _start(args: argparse.Namespace, ctl: EngineController) -> int:
 
 
 def _stop(args: argparse.Namespace, ctl: EngineController) -> int:
-    ticket = ctl.stop()
+    ticket = ctl.stop(who=oplog.CLI)
     if not ticket.accepted:
         print(ticket.message, file=sys.stderr)
         return EXIT_REFUSED
@@ -298,6 +300,15 @@ def _build_image(args: argparse.Namespace, settings: Settings) -> int:
         prefix = f"[step {ev.step[0]}/{ev.step[1]}] " if ev.step else ""
         print(prefix + ev.line, file=sys.stderr if ev.error else sys.stdout, flush=True)
 
-    result = build_image(src, dockerfile, args.tag or eng.image, dict(eng.build_env), show)
+    tag = args.tag or eng.image
+    try:  # while it builds, a panel waiting for this image retries instead of giving up (docs/engine.md)
+        mark = build_mark(settings.state_dir, tag)
+    except (LockBusy, OSError) as exc:
+        print(f"moet-panel: another build of the engine image runs ({exc})", file=sys.stderr)
+        return EXIT_REFUSED
+    try:
+        result = build_image(src, dockerfile, tag, dict(eng.build_env), show)
+    finally:
+        mark.release()
     print(result.message, file=sys.stdout if result.ok else sys.stderr)
     return EXIT_OK if result.ok else EXIT_FAILED

@@ -9,11 +9,13 @@ new log lines (docs/engine.md, "Who listens").
 
 from __future__ import annotations
 
+import time
 from html import escape
 from typing import Any
 
 import gradio as gr
 
+from app.backend import oplog
 from app.backend.engine.controller import EngineController
 from app.backend.engine.loglines import LogFilter, StreamChoice
 from app.backend.engine.ops import Ticket
@@ -127,6 +129,8 @@ def render(state: AppState, shell: Shell) -> None:
         start_btn = gr.Button("Start", variant="primary", elem_id="engine-start", interactive=can_start)
         switch_btn = gr.Button("Switch to selected profile", elem_id="engine-switch", interactive=can_switch)
         stop_btn = gr.Button("Stop", variant="stop", elem_id="engine-stop")
+        # while a stop/switch drains the answers in flight (docs/engine.md "Keeps serving"): end the wait now
+        now_btn = gr.Button("Switch now", variant="stop", elem_id="engine-drain-now", visible=snap.draining)
         pre_btn = gr.Button("Run preflight", elem_id="engine-preflight-run")
     action = gr.Markdown("", elem_id="engine-action")
     with gr.Accordion("Profile cards (the card's figures)", open=False):
@@ -148,11 +152,18 @@ def render(state: AppState, shell: Shell) -> None:
         logbox = gr.Textbox(_logs(ctl, "both", ""), lines=14, max_lines=14, label="Log", interactive=False,
                             autoscroll=True, elem_id="engine-log", elem_classes=["moet-code"])
 
-    def _start(pid: str, over: list[str]) -> str:
-        return _ticket_text(ctl.start(pid, tuple(over or ())))
+    def _start(pid: str, over: list[str], request: gr.Request) -> str:
+        return _ticket_text(ctl.start(pid, tuple(over or ()), who=_who(request)))
 
-    def _switch(pid: str, over: list[str]) -> str:
-        return _ticket_text(ctl.switch(pid, tuple(over or ())))
+    def _switch(pid: str, over: list[str], request: gr.Request) -> str:
+        return _ticket_text(ctl.switch(pid, tuple(over or ()), who=_who(request)))
+
+    def _stop(request: gr.Request) -> str:
+        return _ticket_text(ctl.stop(who=_who(request)))
+
+    def _now() -> str:
+        ctl.switch_now()
+        return "✔ not waiting for the answers any more: stopping now"
 
     def _preflight(pid: str, over: list[str]) -> tuple[str, Any, Any]:
         report = ctl.preflight(pid, frozenset(over or ()))
@@ -183,7 +194,8 @@ def render(state: AppState, shell: Shell) -> None:
 
     start_btn.click(_start, [profile, overrides], [action], api_name="engine_start", **QUICK)
     switch_btn.click(_switch, [profile, overrides], [action], api_name="engine_switch", **QUICK)
-    stop_btn.click(lambda: _ticket_text(ctl.stop()), None, [action], api_name="engine_stop", **QUICK)
+    stop_btn.click(_stop, None, [action], api_name="engine_stop", **QUICK)
+    now_btn.click(_now, None, [action], api_name="engine_switch_now", **QUICK)
     pre_btn.click(_preflight, [profile, overrides], [checklist, overrides, pre_box], api_name="engine_preflight")
     profile.change(_select, [profile], [cards, command, switch_btn], **QUICK)
     download.click(lambda s, n: str(ctl.export_logs(LogFilter(s, n or ""))), [stream, needle], [download], **QUICK)
@@ -198,15 +210,16 @@ def render(state: AppState, shell: Shell) -> None:
     def _tick(s: StreamChoice, n: str | None, last: str, drawn: Any, logs_drawn: Any) -> tuple[Any, ...]:
         seq, snap = shell.engine_now()
         busy = ctl.busy()
-        busy_text = busy_line(busy, ctl.lock_holder())
+        busy_text = " · ".join(t for t in (busy_line(busy, ctl.lock_holder()), drain_line(snap)) if t)
         shown = (seq, busy_text, ctl.describe_runtime())
         if drawn is not None and tuple(drawn) == shown:
-            status_out, diag_out = gr.skip(), gr.skip()
+            status_out, diag_out, now_out = gr.skip(), gr.skip(), gr.skip()
         else:
             status_out = status_html(snap, shown[2], busy_text)
             diag_out = diagnosis_html(snap.diagnosis) if drawn is None or drawn[0] != seq else gr.skip()
+            now_out = gr.Button(visible=snap.draining)
         logbox_out, logs_now = log_redraw(ctl, (s, n or ""), logs_drawn, lambda: _logs(ctl, s, n))
-        head = (status_out, diag_out, logbox_out)
+        head = (status_out, diag_out, logbox_out, now_out)
         tail = (shown, logs_now)
         key = view_key(snap)
         if key == last:
@@ -220,7 +233,7 @@ def render(state: AppState, shell: Shell) -> None:
         return (*head, radio, "", gr.Button(interactive=can_start), gr.Button(interactive=can_switch), key, *tail)
 
     shell.on_tick(_tick, [stream, needle, seen, status_drawn, log_drawn],
-                  [status, diag, logbox, profile, action, start_btn, switch_btn, seen, status_drawn, log_drawn])
+                  [status, diag, logbox, now_btn, profile, action, start_btn, switch_btn, seen, status_drawn, log_drawn])
     needle.submit(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
     stream.change(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
 
@@ -236,6 +249,18 @@ def busy_line(busy: Ticket | None, holder: Holder | None) -> str:
     if watching:
         return f"following a start of {busy.profile_id or 'the engine'} made outside this panel…"
     return f"{busy.action} {busy.profile_id or ''} in progress…"
+
+
+def drain_line(snap: EngineSnapshot) -> str:
+    """While a stop/switch drains: how many answers it waits for and for how long at most."""
+    if not snap.draining:
+        return ""
+    left = max(0, round(snap.drain_deadline - time.time()))
+    return f"waiting for {snap.drain_in_flight} answer(s) to finish (up to {left} s)"
+
+
+def _who(request: gr.Request | None) -> str:
+    return oplog.user(getattr(request, "username", None))
 
 
 def _ticket_text(t: Ticket) -> str:

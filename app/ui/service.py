@@ -42,6 +42,10 @@ def render(state: AppState, shell: Shell) -> None:
         policy = gr.Radio(["on-failure", "never"], value=panel.view(state).policy, label="Restart policy",
                           elem_id="service-policy")
         save_policy = gr.Button("Save policy", elem_id="service-save-policy")
+        # a stop/switch first waits this long for the answers in flight (docs/engine.md "Keeps serving")
+        grace = gr.Number(panel.drain_grace(state), label="Drain grace (s): answers in flight may finish",
+                          minimum=0, maximum=3600, elem_id="service-drain-grace")
+        save_grace = gr.Button("Save grace", elem_id="service-save-grace")
     urls = gr.Textbox(label="Apprise URLs (space-separated; replaces the list; saved URLs are never shown back)",
                       type="password", placeholder="ntfy://ntfy.sh/my-topic  mailto://user:pass@example.com",
                       elem_id="service-urls")
@@ -74,7 +78,11 @@ def render(state: AppState, shell: Shell) -> None:
     def on_test(request: gr.Request) -> str:
         return panel.send_test(state, who=oplog.user(request.username))
 
+    def on_grace(g: float | None, request: gr.Request) -> str:
+        return panel.set_drain_grace(state, None if g is None else float(g), who=oplog.user(request.username))
+
     save_policy.click(on_policy, inputs=[policy], outputs=[note])
+    save_grace.click(on_grace, inputs=[grace], outputs=[note])
     save_urls.click(on_urls, inputs=[urls], outputs=[note, urls])
     clear_urls.click(on_clear, outputs=[note])
     test.click(on_test, outputs=[note])

@@ -206,6 +206,12 @@ class ChatService:
         return conv
 
     # ---- replies ------------------------------------------------------------------------------
+    def answers_in_flight(self) -> int:
+        """Replies streaming now (contracts.AnswerCounter): a stop or switch of the engine waits for them to
+        finish, up to its drain grace (docs/engine.md "Keeps serving")."""
+        with self._lock:
+            return sum(1 for t in self._turns.values() if not t.done.is_set())
+
     def active_turn(self, conv_id: str) -> Turn | None:
         with self._lock:
             turn = self._turns.get(conv_id)
@@ -283,6 +289,11 @@ class ChatService:
         if self.active_turn(conv_id) is not None:
             raise ChatError("A reply is still streaming in this conversation: wait for it or press Stop.")
         conv = self.get(conv_id)
+        snap = self._snapshot_fn() if self._snapshot_fn is not None and custom_url is None else None
+        if snap is not None and snap.draining:  # a stop/switch waits for the answers in flight: none starts now
+            raise ChatError(f"The engine is about to stop or switch: it is waiting for {snap.drain_in_flight} "
+                            f"answer(s) to finish (up to {max(0, round(snap.drain_deadline - time.time()))} s). "
+                            "Send again when it is back.")
         ep = self.endpoint(custom_url)
         if not ep.ready:
             raise ChatError(ep.reason or f"The engine is not ready. {ENGINE_TAB_HINT}")

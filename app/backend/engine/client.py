@@ -10,6 +10,7 @@ canary so that closing it aborts the canary in vLLM.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
+from app.backend.engine.errlog import ENGINE_ERRORS
 from app.backend.recipe.schema import Recipe
 
 if TYPE_CHECKING:  # imported when first streamed: the hub, the controller and the CLI's reads never stream
@@ -143,8 +145,8 @@ class CompletionStream:
         if stream is not None:
             try:
                 stream.close()
-            except Exception:  # closing a broken connection may raise; nothing left to do
-                pass
+            except Exception as exc:  # closing a broken connection may raise; nothing left to do
+                ENGINE_ERRORS.caught("closing an engine stream", exc, level=logging.DEBUG)
 
     def _open(self) -> openai.Stream[object]:
         import openai

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from app.backend.engine.errlog import ENGINE_ERRORS
 from app.backend.fileio import atomic_write
 
 DesiredKind = Literal["serve", "stopped"]
@@ -54,6 +55,6 @@ class DesiredStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(self.path, json.dumps({"kind": d.kind, "profile_id": d.profile_id,
                                                      "set_by": d.set_by, "since": d.since}))
-        except OSError:
-            pass  # an unwritable data dir: the operation itself still runs (preflight reports the dir)
+        except OSError as exc:  # an unwritable data dir: the operation itself still runs (preflight reports the dir)
+            ENGINE_ERRORS.caught(f"recording the desired state in {self.path}", exc)
         return d

@@ -242,6 +242,11 @@ HINTS: dict[str, Diagnosis] = {
         "Inspect it (`docker ps -a`); remove or rename it yourself — the panel does not clobber containers it "
         "does not own.",
     ),
+    "image_building": Diagnosis(
+        "image_building", "Engine image still being built",
+        "The engine image is not present yet, but a build of it is running.",
+        "Nothing to do: the panel starts the engine when the build has finished.",
+    ),
     "docker_unreachable": Diagnosis(
         "docker_unreachable", "Docker daemon unreachable",
         "The panel could not talk to the Docker daemon.",

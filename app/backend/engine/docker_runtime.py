@@ -10,6 +10,7 @@ its own line buffer; a missing image is reported, never pulled (there is no regi
 from __future__ import annotations
 
 import builtins
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any, Literal, Protocol, TypeVar
@@ -19,6 +20,7 @@ import requests
 from docker.types.daemon import CancellableStream
 
 from app.backend import env
+from app.backend.engine.errlog import ENGINE_ERRORS
 from app.backend.engine.runtime import (
     Instance,
     LineSink,
@@ -88,8 +90,8 @@ class _Follow:
         for s in streams:
             try:
                 s.close()
-            except Exception:  # already closed by the daemon
-                pass
+            except Exception as exc:  # already closed by the daemon
+                ENGINE_ERRORS.caught("closing a Docker log stream", exc, level=logging.DEBUG)
 
     @property
     def closed(self) -> bool:
@@ -267,8 +269,8 @@ class DockerRuntime:
                     sink(stream, line)
             for line in splitter.flush():
                 sink(stream, line)
-        except Exception:  # cancelled by close(), container removed, daemon gone: the stream just ends
-            pass
+        except Exception as exc:  # cancelled by close(), container removed, daemon gone: the stream just ends
+            ENGINE_ERRORS.caught(f"following the {stream} log", exc, level=logging.DEBUG)
         finally:
             sink(stream, None)
 

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from app.backend.engine.errlog import ENGINE_ERRORS
 from app.backend.contracts import EngineSnapshot
 
 DEFAULT_QUEUE = 256
@@ -134,8 +135,8 @@ class SnapshotWatch:
         if self._on_change is not None:
             try:
                 self._on_change()
-            except Exception:  # a listener's bug must not reach the writer
-                pass
+            except Exception as exc:  # a listener's bug must not reach the writer
+                ENGINE_ERRORS.caught("a snapshot watch's change callback", exc, traceback=True)
 
     def close(self) -> None:
         self.closed = True
@@ -172,8 +173,8 @@ class EventBus:
                     continue
                 try:
                     cb(ev)
-                except Exception:  # a listener's bug must not end its own stream of events
-                    pass
+                except Exception as exc:  # a listener's bug must not end its own stream of events
+                    ENGINE_ERRORS.caught(f"the engine listener {name}", exc, traceback=True)
 
         threading.Thread(target=pump, name=name, daemon=True).start()
         return sub.close

@@ -14,6 +14,7 @@ from app.backend import env
 from app.backend.engine.controller import EngineController
 from app.backend.engine.ops import ControllerOptions
 from app.backend.engine.docker_runtime import DockerRuntime
+from app.backend.engine.imagebuild import image_build_running
 from app.backend.engine.process_runtime import ProcessRuntime
 from app.backend.engine.runtime import Runtime, RuntimeUnavailable
 from app.backend.contracts import GpuReader
@@ -78,6 +79,8 @@ def make_engine_controller(settings: Settings, gpu_reader: GpuReader,
     options = options or ControllerOptions()
     store = ServiceConfigStore(settings.state_dir)
     options.restart_policy_fn = lambda: effective_policy(store, settings.recipe.engine.restart)[0]
+    options.drain_grace_fn = options.drain_grace_fn or (lambda: store.read().drain_grace_s)
+    options.image_building_fn = options.image_building_fn or (lambda: image_build_running(settings.state_dir))
     options.supervise = options.supervise or supervise
     ctl = EngineController(
         settings,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+from app.backend.engine.errlog import ENGINE_ERRORS
 from app.backend.contracts import GpuReader, GpuSample
 
 
@@ -21,7 +22,8 @@ def wait_gpu_release(reader: GpuReader | None, old_pids: set[int], *, threshold:
     while not stop.is_set():
         try:
             samples = reader.read()
-        except Exception:  # a flaky driver read counts as "not yet"
+        except Exception as exc:  # a flaky driver read counts as "not yet"
+            ENGINE_ERRORS.caught("reading the GPU while waiting for its memory to be released", exc)
             samples = None
         if samples is not None and all(_released(s, old_pids, threshold) for s in samples):
             return True

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from app.backend import env
 from app.backend.engine.docker_runtime import DockerRuntime, unreachable_message
+from app.backend.fileio import PidLock
 
 CLASSIC_STEP_RE = re.compile(r"^Step (?P<k>\d+)/(?P<n>\d+) :")
 BUILDKIT_STEP_RE = re.compile(r"^#\d+ \[(?:[\w.-]+ )?(?P<k>\d+)/(?P<n>\d+)\]")
@@ -149,3 +150,18 @@ def docker_py_build(api: Any, context: Path, dockerfile: str, tag: str,
     except Exception as exc:  # e.g. an unreadable file in the build context
         return BuildResult(False, tag, f"docker build failed: {exc}", "docker-py")
     return BuildResult(True, tag, f"built {tag}", "docker-py")
+
+
+BUILD_LOCK = "engine-image-build.lock"
+
+
+def build_mark(state_dir: Path, tag: str) -> PidLock:
+    """Held while `moet-panel engine build-image` builds `tag`: the supervisor then treats "image missing" as a
+    cause that heals (docs/engine.md "Keeps serving"). A kernel lock: a killed build never leaves it set."""
+    return PidLock(Path(state_dir) / BUILD_LOCK).acquire(note=tag)
+
+
+def image_build_running(state_dir: Path) -> bool:
+    """Does a build of the engine image run now (any process on this data dir)?"""
+    return PidLock(Path(state_dir) / BUILD_LOCK).holder() is not None
+

@@ -1,5 +1,6 @@
-"""The reconciler's inbox: the messages other threads send to the ONE thread that writes engine state
-(docs/engine.md, "One writer, events out").
+"""The inboxes of the engine's two owner threads (docs/engine.md, "One writer, events out"): the reconciler's,
+the ONE thread that writes engine state (Propose, Close), and the observer's, the one that reads Docker
+(Kick, SyncForOp, Resync, Close).
 
 llama-swap's shape (../shared/reference/style.md): one goroutine owns a process's state; everyone else
 sends it requests. Here the operation workers, the log follower, the liveness/canary thread, the Docker
@@ -50,7 +51,7 @@ class SyncForOp:
 
 @dataclass
 class Resync:
-    """`refresh()`: re-read Docker now."""
+    """`refresh()` and the constructor: re-read Docker now."""
 
     reply: Reply
 

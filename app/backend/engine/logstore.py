@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable, IO
 
+from app.backend.engine.errlog import ENGINE_ERRORS
 from app.backend.contracts import LogLine
 
 Listener = Callable[[LogLine], None]
@@ -108,8 +109,8 @@ class LogStore:
         for cb in listeners:
             try:
                 cb(line)
-            except Exception:  # a broken listener must not stop log following
-                pass
+            except Exception as exc:  # a broken listener must not stop log following
+                ENGINE_ERRORS.caught("a log listener", exc, traceback=True)
 
     def add_listener(self, cb: Listener) -> Callable[[], None]:
         with self._lock:

@@ -60,6 +60,11 @@ class ControllerOptions:
     boot_time_fn: Callable[[], float] | None = None  # None = psutil.boot_time (tests inject a reboot)
     canary_interval_s: float | None = None  # None = the recipe's engine.canary_interval_s (supervised only)
     canary_timeout_s: float | None = None
+    image_building_fn: Callable[[], bool] | None = None  # a build of the engine image runs: "image missing" heals
+    # Drain (docs/engine.md "Keeps serving"): a stop/switch waits up to this for the answers in flight; None =
+    # drain_grace_fn, else the recipe's engine.drain_grace_s
+    drain_grace_s: float | None = None
+    drain_grace_fn: Callable[[], float | None] | None = None  # the Service tab's setting (None: not set there)
 
 
 def expects_pool(env: dict[str, str], pool_line: str = "from_env") -> bool:

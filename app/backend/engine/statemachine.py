@@ -129,6 +129,16 @@ class Supervised:
 
 
 @dataclass(frozen=True)
+class Draining:
+    """No state change: a stop/switch waits for the answers in flight (docs/engine.md "Keeps serving")."""
+
+    draining: bool
+    in_flight: int = 0
+    deadline: float = 0.0
+    expected_back_s: float = 0.0  # the gateway's Retry-After until the engine serves again (0: unknown/never)
+
+
+@dataclass(frozen=True)
 class Noted:
     """No state change: a message and/or the last diagnosis (e.g. 'rolled back to quality')."""
 
@@ -137,7 +147,7 @@ class Noted:
 
 
 Event = Union[PreflightBegan, BootBegan, BootProgressed, BecameReady, Adopted, StopBegan, Stopped, Failed, Noted,
-              Vanished, Stalled, Unstalled, Supervised]
+              Vanished, Stalled, Unstalled, Supervised, Draining]
 
 STOPPED, PREFLIGHT, STARTING, READY, STOPPING, FAILED, STALLED = (
     EngineState.STOPPED, EngineState.PREFLIGHT, EngineState.STARTING, EngineState.READY, EngineState.STOPPING,
@@ -157,6 +167,7 @@ ALLOWED: dict[type, frozenset[EngineState]] = {
     Unstalled: frozenset({STALLED}),
     Noted: frozenset(EngineState),
     Supervised: frozenset(EngineState),
+    Draining: frozenset(EngineState),
 }
 
 
@@ -188,12 +199,13 @@ def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
                        message=event.message or snap.message)
     if isinstance(event, BecameReady):
         return replace(snap, state=EngineState.READY, phase="ready", message=event.message, since=now,
-                       last_ready_profile=snap.profile_id)
+                       last_ready_profile=snap.profile_id, expected_back_s=0.0)
     if isinstance(event, Adopted):
         return replace(
             _pointed_at(snap, event), state=EngineState.READY if event.ready else EngineState.STARTING,
             phase="ready" if event.ready else event.phase, pool=event.pool, diagnosis=None, since=now,
             message=event.message, last_ready_profile=event.profile_id if event.ready else snap.last_ready_profile,
+            expected_back_s=0.0 if event.ready else snap.expected_back_s,
         )
     if isinstance(event, StopBegan):
         return replace(snap, state=EngineState.STOPPING, phase="stopping", message=event.message, since=now)
@@ -203,7 +215,8 @@ def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
         cid = snap.container_id if event.container_id is None else event.container_id
         name = snap.container_name if event.container_name is None else event.container_name
         return replace(snap, state=EngineState.FAILED, phase="", diagnosis=event.diagnosis, container_id=cid,
-                       container_name=name, message=event.message or event.diagnosis.title, since=now)
+                       container_name=name, message=event.message or event.diagnosis.title, since=now,
+                       expected_back_s=0.0)
     if isinstance(event, Vanished):
         return _gone(snap, event.message, event.diagnosis, now)
     if isinstance(event, Stalled):
@@ -214,6 +227,9 @@ def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
     if isinstance(event, Supervised):
         changes = {k: v for k, v in vars(event).items() if v is not None}
         return replace(snap, **changes)
+    if isinstance(event, Draining):
+        return replace(snap, draining=event.draining, drain_in_flight=event.in_flight, drain_deadline=event.deadline,
+                       expected_back_s=event.expected_back_s)
     if isinstance(event, Noted):
         return replace(snap, message=event.message, diagnosis=event.diagnosis or snap.diagnosis)
     raise IllegalTransition(f"unknown event {event!r}")

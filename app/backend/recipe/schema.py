@@ -189,6 +189,9 @@ class EngineSource(Strict):
     # Generation canary while ready and idle: a 1-token completion every N s (0 = off); two failures = stalled.
     canary_interval_s: float = Field(30.0, ge=0, le=3600)
     canary_timeout_s: float = Field(10.0, ge=1, le=600)
+    # Drain (docs/engine.md "Keeps serving"): a stop or switch first waits up to this for the answers streaming
+    # through the gateway and the Chat tab (0 = stop at once). The Service tab overrides it.
+    drain_grace_s: float = Field(60.0, ge=0, le=3600)
     vllm_fork_commit: str = ""
     quantizer_abi: str = ""
     # Readiness demands the FP4 pool sizing line when the env asks for a pool ("from_env", docs/engine.md);

@@ -22,6 +22,7 @@ from app.backend.engine.restartpolicy import RestartPolicy, parse_policy
 class ServiceConfig:
     restart_policy: RestartPolicy | None = None  # None = the recipe's engine.restart
     notify_urls: tuple[str, ...] = field(default_factory=tuple)
+    drain_grace_s: float | None = None  # None = the recipe's engine.drain_grace_s (docs/engine.md "Keeps serving")
 
 
 class ServiceConfigStore:
@@ -40,7 +41,9 @@ class ServiceConfigStore:
         urls = tuple(str(u) for u in (raw.get("notify_urls") or []) if isinstance(u, str) and u.strip())
         for u in urls:
             redact.register_url(u)
-        return ServiceConfig(policy, urls)
+        grace = raw.get("drain_grace_s")
+        return ServiceConfig(policy, urls,
+                             float(grace) if isinstance(grace, (int, float)) and 0 <= grace <= 3600 else None)
 
     def write(self, cfg: ServiceConfig) -> None:
         """Raises OSError (the old file intact). The file is created 0600 and an older, looser one tightened."""
@@ -48,7 +51,8 @@ class ServiceConfigStore:
             redact.register_url(u)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(self.path, json.dumps({"restart_policy": cfg.restart_policy,
-                                            "notify_urls": list(cfg.notify_urls)}, indent=2), mode=0o600)
+                                            "notify_urls": list(cfg.notify_urls),
+                                            "drain_grace_s": cfg.drain_grace_s}, indent=2), mode=0o600)
 
 
 def effective_policy(store: ServiceConfigStore, recipe_default: RestartPolicy) -> tuple[RestartPolicy, str]:

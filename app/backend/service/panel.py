@@ -59,7 +59,7 @@ def set_policy(state: AppState, value: str, who: str = oplog.PAGE) -> str:
     store = _store(state)
     cfg = store.read()
     try:
-        store.write(ServiceConfig(policy, cfg.notify_urls))
+        store.write(ServiceConfig(policy, cfg.notify_urls, cfg.drain_grace_s))
     except OSError as exc:
         oplog.caught("service", exc, "saving the restart policy", who=who)
         return f"not saved: cannot write {store.path} ({exc.strerror or exc})"
@@ -89,13 +89,37 @@ def clear_notify_urls(state: AppState, who: str = oplog.PAGE) -> str:
 def _save_urls(state: AppState, urls: tuple[str, ...], ok: str, who: str) -> str:
     store = _store(state)
     try:
-        store.write(ServiceConfig(store.read().restart_policy, urls))
+        cfg = store.read()
+        store.write(ServiceConfig(cfg.restart_policy, urls, cfg.drain_grace_s))
     except OSError as exc:
         oplog.caught("service", exc, "saving the notification URLs", who=who)
         return f"not saved: cannot write {store.path} ({exc.strerror or exc})"
     oplog.decision("service", "setting_changed", who=who, setting="notify_urls",
                    new=" ".join(mask_url(u) for u in urls) or "(none)")
     return ok + (f" — {env.NOTIFY} is set and replaces this list while it is" if env.notify_urls() else "")
+
+
+def drain_grace(state: AppState) -> float:
+    """The drain grace in effect (the Service setting, else the recipe's)."""
+    saved = _store(state).read().drain_grace_s
+    return saved if saved is not None else float(state.settings.recipe.engine.drain_grace_s)
+
+
+def set_drain_grace(state: AppState, value: float | None, who: str = oplog.PAGE) -> str:
+    """How long a stop/switch waits for the answers in flight (docs/engine.md "Keeps serving"); None: the recipe's."""
+    if value is not None and not 0 <= value <= 3600:
+        return "not saved: the drain grace is 0 to 3600 seconds (0 = stop at once)"
+    store = _store(state)
+    cfg = store.read()
+    try:
+        store.write(ServiceConfig(cfg.restart_policy, cfg.notify_urls, value))
+    except OSError as exc:
+        oplog.caught("service", exc, "saving the drain grace", who=who)
+        return f"not saved: cannot write {store.path} ({exc.strerror or exc})"
+    oplog.decision("service", "setting_changed", who=who, setting="drain_grace_s", old=cfg.drain_grace_s,
+                   new=value)
+    return (f"drain grace saved: {value:g} s" if value is not None else
+            f"drain grace: the recipe's {state.settings.recipe.engine.drain_grace_s:g} s")
 
 
 def send_test(state: AppState, who: str = oplog.PAGE) -> str:

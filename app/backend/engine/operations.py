@@ -1,0 +1,267 @@
+"""Operations, each on its own worker thread (docs/engine.md, "Start, stop, switch"): admission (one at a time,
+the cross-process engine lock), tickets, the desired state a person's start/stop/switch records, the drain
+before a stop or switch, and the switch with its rollback.
+
+Drain (docs/engine.md, "Keeps serving"): a stop or switch of a serving engine first marks the snapshot
+`draining` (the gateway refuses new requests with 503 and a Retry-After of `expected_back_s`; the Chat tab
+refuses to start an answer), waits until every registered `AnswerCounter` reports 0 or the grace ends
+(`switch_now()` ends it at once), and only then stops the engine: an answer a client is reading is never cut
+within the grace.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from app.backend import oplog
+from app.backend.contracts import LIVE_STATES, Diagnosis, EngineState
+from app.backend.engine import statemachine as sm
+from app.backend.engine.core import MUTATING
+from app.backend.engine.desired import DesiredKind
+from app.backend.engine.ops import Ticket
+from app.backend.engine.oplock import LockHeld
+from app.backend.engine.reconciler import ReconcilerTimeout
+from app.backend.engine.runtime import RuntimeUnavailable
+from app.backend.engine.supervisor import Supervisor
+from app.backend.recipe.command import RunSpec
+
+DRAIN_POLL_S = 0.2
+
+
+class Operations(Supervisor):
+    def _intent(self, ticket: Ticket, kind: DesiredKind, profile_id: str | None, who: str) -> Ticket:
+        """An accepted start/stop/switch is the user's intent: persist it (a refused one changes nothing) and log
+        the decision with who asked. A new wish clears a give-up and restarts the cap (history.py), for every
+        process on the data dir: the supervisor derives both from the wish's time."""
+        oplog.decision("engine", ticket.action, who=who, profile=profile_id, accepted=ticket.accepted,
+                       note=None if ticket.accepted else ticket.message)
+        if ticket.accepted:
+            with self._wish_lock:  # the supervisor never publishes what it read of the files before this wish
+                d = self.desired_store.write(kind, profile_id, self.options.actor)
+                try:
+                    self._apply(sm.Supervised(desired=d.key, gave_up=False, restart_try=0))
+                except ReconcilerTimeout as exc:  # the operation runs regardless; the supervisor re-reads the file
+                    self._caught("recording the desired state", exc)
+        return ticket
+
+    def _stop_after(self, busy: Ticket, ticket: Ticket, who: str, have_lock: bool = False) -> None:
+        busy.wait()
+        with self._lock:
+            while self._busy is not None:  # another op slipped in; wait for it too
+                self._changed.wait(0.5)
+            self._busy = ticket
+        try:
+            if not have_lock:
+                self.oplock.acquire(self.options.actor, "stop")
+        except LockHeld as exc:  # another process took over between the cancelled op and this stop
+            ticket.ok, ticket.message = False, str(exc)
+            with self._lock:
+                self._busy = None
+            ticket._done.set()
+            return
+        self._run_op(ticket, lambda t: self._op_stop(t, who))
+
+    def _spec_for(self, action: str, profile_id: str) -> RunSpec | Ticket:
+        """The operation's one spec (one profile lookup), or its refusal naming the operation."""
+        try:
+            return self.run_spec(profile_id)
+        except (KeyError, ValueError) as exc:
+            return self._refused(action, profile_id, f"refused: {exc.args[0] if exc.args else exc}")
+
+    def _already_live(self) -> str:
+        """Why a start must be refused now ('' = it may go): an engine already runs (switch changes profile)."""
+        snap = self.snapshot()
+        if snap.state not in LIVE_STATES:
+            return ""
+        return (f"refused: an engine is already {snap.state.value} (profile {snap.profile_id}); "
+                "use switch to change profile")
+
+    def _refused(self, action: str, profile_id: str | None, message: str) -> Ticket:
+        t = Ticket(next(self._ids), action, profile_id, False, message, ok=False)
+        t._done.set()
+        return t
+
+    def _submit(self, action: str, profile_id: str | None, fn: Callable[[Ticket], None]) -> Ticket:
+        with self._lock:
+            if self._closed:
+                return self._refused(action, profile_id, "refused: the panel is shutting down")
+            if self._busy is not None:
+                b = self._busy
+                if action in MUTATING and b.action not in MUTATING and (holder := self.oplock.holder()) is not None:
+                    return self._refused(action, profile_id, str(LockHeld(holder)))  # the writer whose boot we watch
+                what = f"{b.action} to {b.profile_id}" if b.profile_id else b.action
+                return self._refused(action, profile_id, f"refused: a {what} is already in progress — wait for it to finish")
+            if action in MUTATING:
+                try:
+                    self.oplock.acquire(self.options.actor, action, profile_id or "")
+                except LockHeld as exc:
+                    return self._refused(action, profile_id, str(exc))
+                except OSError as exc:
+                    return self._refused(action, profile_id, f"refused: cannot take the engine lock {self.oplock.path} "
+                                                             f"({exc.strerror or exc}); is the data dir writable?")
+            ticket = Ticket(next(self._ids), action, profile_id, True, f"{action} accepted")
+            self._busy = ticket
+        threading.Thread(target=self._run_op, args=(ticket, fn), name=f"engine-{action}", daemon=True).start()
+        return ticket
+
+    def _run_op(self, ticket: Ticket, fn: Callable[[Ticket], None]) -> None:
+        if ticket.action == "stop":
+            self._cancel.clear()
+            self._wake.clear()
+        try:
+            fn(ticket)
+        except Exception as exc:  # a bug or a vanished daemon: surface it, never leave the op hanging
+            d = self._runtime_failure(exc)
+            self._fail(d, f"{ticket.action} failed: {exc}")
+            ticket.ok, ticket.diagnosis, ticket.message = False, d, f"{ticket.action} failed: {exc}"
+            oplog.caught("engine", exc, f"the {ticket.action} operation", traceback=not isinstance(exc, RuntimeUnavailable))
+        finally:
+            ticket.finished = time.time()
+            if ticket.action in MUTATING:
+                self.oplock.release()
+            with self._lock:
+                self._busy = None
+                self._changed.notify_all()
+            self._obs.kick()  # re-read Docker now that this process's belief no longer wins
+            ticket._done.set()
+            for cb in list(self._op_listeners):
+                try:
+                    cb(ticket)
+                except Exception as exc:  # a listener (the /metrics counters) never breaks an operation
+                    self._caught("an operation listener", exc, traceback=True)
+
+    def _op_start(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> None:
+        self._reconcile_now()  # Docker may show an engine this snapshot did not know of yet
+        if why := self._already_live():
+            ticket.ok, ticket.message = False, why
+            return
+        self._finish(ticket, self._boot(profile_id, spec, overrides))
+
+    def _op_stop(self, ticket: Ticket, who: str) -> None:
+        self._drain(ticket, who, expected_back_s=0.0)
+        self._stop_engine("stopped by user" if self.options.actor == "panel" else f"stopped by {self.options.actor}")
+        ticket.ok, ticket.message = True, "engine stopped"
+
+    def _op_switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str], who: str) -> None:
+        result = "failed"
+        try:
+            result = self._switch(ticket, profile_id, spec, overrides, who)
+        finally:  # counted in the snapshot, the one source for /metrics (switches_total{result})
+            self._propose(lambda s: [sm.Supervised(switches_ok=s.switches_ok + 1) if result == "ok" else
+                                     sm.Supervised(switches_rolled_back=s.switches_rolled_back + 1)
+                                     if result == "rolled_back" else
+                                     sm.Supervised(switches_cancelled=s.switches_cancelled + 1)
+                                     if result == "cancelled" else
+                                     sm.Supervised(switches_failed=s.switches_failed + 1)])
+
+    def _switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str], who: str) -> str:
+        """Returns the result label: ok, rolled_back, failed or cancelled."""
+        self._reconcile_now()
+        snap = self.snapshot()
+        if snap.state is EngineState.READY and snap.profile_id == profile_id:
+            ticket.ok, ticket.message = True, f"already serving {profile_id}"
+            return "ok"
+        rollback_to = snap.last_ready_profile
+        self._drain(ticket, who, expected_back_s=self.expected_boot_s(profile_id))
+        if self._cancel.is_set():  # a stop came during the drain: it stops the engine; nothing to boot
+            ticket.ok, ticket.message = False, f"switch to {profile_id} cancelled by stop"
+            return "cancelled"
+        if not self._stop_and_release(f"switching to {profile_id}"):
+            self._finish(ticket, False)
+            return "failed"
+        if self._boot(profile_id, spec, overrides):
+            self._finish(ticket, True)
+            return "ok"
+        failure = self.snapshot().diagnosis
+        if self._cancel.is_set():
+            ticket.ok, ticket.message = False, f"switch to {profile_id} cancelled by stop"
+            return "cancelled"
+        if not (self.options.auto_rollback and rollback_to and rollback_to != profile_id) or self._closed:
+            self._finish(ticket, False)
+            return "failed"
+        self._stop_and_release(f"rolling back to {rollback_to}")
+        ok = self._boot_profile(rollback_to)
+        title = failure.title if failure else "failed"
+        oplog.decision("engine", "rollback", who=oplog.PANEL, failed=profile_id, to=rollback_to, ok=ok, why=title)
+        if ok:
+            self._apply(sm.Noted(f"switch to {profile_id} failed ({title}); rolled back to {rollback_to}", failure))
+            d = self.desired_store.write("serve", rollback_to, f"{self.options.actor} (rollback)")
+            self._apply(sm.Supervised(desired=d.key))
+        ticket.ok, ticket.diagnosis = False, failure
+        ticket.message = (f"switch to {profile_id} failed: {title}; "
+                          + (f"rolled back to {rollback_to}" if ok else f"rollback to {rollback_to} failed too"))
+        return "rolled_back" if ok else "failed"
+
+    def _finish(self, ticket: Ticket, ok: bool) -> None:
+        snap = self.snapshot()
+        ticket.ok = ok
+        ticket.diagnosis = None if ok else snap.diagnosis
+        ticket.message = (f"{snap.profile_id} ready" if ok else
+                          f"{ticket.action} failed: {snap.diagnosis.title if snap.diagnosis else snap.message}")
+
+    def _fail(self, d: Diagnosis, message: str) -> None:
+        snap = self._apply(sm.Failed(d, message))
+        if snap.container_id:  # a run this panel judged (pool not loaded, boot timeout): any process reads it
+            self._exit_records.record(snap.container_id, d)
+
+    # -- drain (docs/engine.md, "Keeps serving") ---------------------------------------------
+    def drain_grace_s(self) -> float:
+        """Seconds a stop/switch waits for the answers in flight: options, else the Service tab, else the recipe."""
+        o = self.options
+        if o.drain_grace_s is not None:
+            return max(0.0, o.drain_grace_s)
+        if o.drain_grace_fn is not None:
+            try:
+                v = o.drain_grace_fn()
+            except (OSError, ValueError) as exc:  # an unreadable settings file: the recipe's value
+                self._caught("reading the drain grace setting", exc)
+                v = None
+            if v is not None:
+                return max(0.0, float(v))
+        return float(self.recipe.engine.drain_grace_s)
+
+    def expected_boot_s(self, profile_id: str | None = None) -> float:
+        """Seconds until the engine serves again after a stop of the current run: the last measured boot of
+        that profile (history.py); 0 when never measured (the gateway then says "unknown")."""
+        pid = profile_id or self._snap.profile_id
+        return self.history.read().boot_seconds(pid) or 0.0
+
+    def _answers_in_flight(self) -> int:
+        n = 0
+        for c in list(self._counters):
+            try:
+                n += max(0, int(c.answers_in_flight()))
+            except Exception as exc:  # a broken counter never blocks a stop: it counts as 0
+                self._caught("counting the answers in flight", exc, traceback=True)
+        return n
+
+    def _drain(self, ticket: Ticket, who: str, *, expected_back_s: float) -> None:
+        """Wait, draining, until no answer is in flight, the grace ends, `switch_now()`, or a stop cancels."""
+        self._drain_now.clear()
+        snap = self._snap
+        n = self._answers_in_flight() if snap.state in (EngineState.READY, EngineState.STALLED) else 0
+        grace = self.drain_grace_s()
+        if n == 0 or grace <= 0:
+            self._apply(sm.Draining(False, 0, 0.0, expected_back_s))  # the gateway's Retry-After for the boot
+            return
+        deadline = time.time() + grace
+        if self._drain_carry > time.time():  # a stop that cancelled a switch's drain keeps its deadline
+            deadline = min(deadline, self._drain_carry)
+        self._drain_carry = 0.0
+        self._apply(sm.Draining(True, n, deadline, expected_back_s))
+        oplog.decision("engine", "drain", who=who, op=ticket.action, in_flight=n, grace_s=grace)
+        while n > 0 and time.time() < deadline and not (self._drain_now.is_set() or self._cancel.is_set()
+                                                         or self._closed):
+            self._drain_now.wait(DRAIN_POLL_S)
+            m = self._answers_in_flight()
+            if m != n:
+                n = m
+                self._apply(sm.Draining(True, n, deadline, expected_back_s))
+        ended = ("answers finished" if n == 0 else "switch now" if self._drain_now.is_set() else
+                 "cancelled" if self._cancel.is_set() or self._closed else "grace ended")
+        if ended == "cancelled":
+            self._drain_carry = deadline
+        oplog.decision("engine", "drain_end", who=who, op=ticket.action, left=n, ended=ended)
+        self._apply(sm.Draining(False, 0, 0.0, expected_back_s))
