@@ -113,7 +113,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     from app.backend.gateway.server import config_from_env
     from app.backend.gateway.service import GatewayService
 
-    gateway = state.gateway = GatewayService(settings.ensure_state_dir(), config_from_env(), engine.snapshot,
+    gateway = state.gateway = GatewayService(settings.ensure_state_dir(), config_from_env(recipe=settings.recipe), engine.snapshot,
                                              base_url(settings.recipe), subscribe=engine.on_change)
     state.on_close(gateway.close)
     gateway.restore()
