@@ -5,6 +5,7 @@ The SIMULATED engine in-process, the real openai SDK and raw sockets; no sleeps 
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -275,3 +276,62 @@ def test_a_stop_signal_lets_the_running_answer_finish_and_refuses_new_ones(make_
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 60  # whole
     assert any(ch.choices and ch.choices[0].finish_reason == "length" for ch in chunks)
     wait_for(lambda: gw.server.app.answers_in_flight() == 0, 3, "no answer in flight")
+
+
+# -- the panel's side: answers in flight, figures, the operator's log -------------------------------------
+def test_the_panels_gateway_reports_answers_in_flight_figures_and_logs_without_keys(home_data, make_sim, caplog):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from app.backend.contracts import EngineSnapshot, EngineState
+    from app.backend.gateway.gwmetrics import families
+    from app.backend.gateway.server import GatewayConfig
+    from app.backend.gateway.service import GatewayService
+    from tests.conftest import free_port
+
+    caplog.set_level(logging.INFO, logger="moet_panel")
+    sim = make_sim(decode_tok_s=40.0)
+    snap = EngineSnapshot(state=EngineState.READY, base_url=sim.base_url, served_name=SERVED)
+    state_dir = home_data / ".moet-panel"
+    svc = GatewayService(state_dir, GatewayConfig(port=free_port()), lambda: snap, sim.base_url)
+    try:
+        assert svc.answers_in_flight() == 0
+        svc.start()
+        key = svc.create_key("reporter").key
+        url = svc.snapshot().url
+        with openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30) as c:
+            stream = c.chat.completions.create(model=SERVED, messages=MSG, max_tokens=80, stream=True)
+            it = iter(stream)
+            next(it)
+            wait_for(lambda: svc.answers_in_flight() == 1, 5, "the child to report one answer in flight")
+            list(it)
+            with pytest.raises(openai.AuthenticationError):
+                openai.OpenAI(base_url=url + "/v1", api_key="mpk-nope", max_retries=0).models.list()
+        wait_for(lambda: svc.answers_in_flight() == 0, 5, "the child to report none in flight")
+
+        class _C:
+            def collect(self):
+                return families(*svc.metrics())
+
+        def exported() -> str:
+            reg = CollectorRegistry()
+            reg.register(_C())  # type: ignore[arg-type]
+            return generate_latest(reg).decode()
+
+        def served() -> str | None:
+            t = exported()
+            return t if 'moet_panel_gateway_requests_total{key="reporter",status="200"} 1.0' in t else None
+
+        text = wait_for(served, 10, "the figures on the panel's export")
+        assert 'moet_panel_gateway_refusals_total{reason="bad_key"} 1.0' in text
+        assert "moet_panel_gateway_ttft_seconds_bucket" in text and "moet_panel_gateway_up 1.0" in text
+        def logged() -> str | None:
+            p = state_dir / "panel.log"
+            t = p.read_text() if p.exists() else ""
+            return t if "component=gateway action=started" in t else None
+
+        log = wait_for(logged, 5, "the child's lines in the operator's log")
+        assert any("action=key_created" in r.getMessage() and "key_name=reporter" in r.getMessage()
+                   for r in caplog.records)  # the panel's side (its own oplog sinks in a real panel)
+        assert key not in log and key not in text and all(key not in r.getMessage() for r in caplog.records)
+    finally:
+        svc.close()
