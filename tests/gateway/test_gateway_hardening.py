@@ -78,9 +78,9 @@ def test_idle_connections_from_one_address_leave_keyed_requests_served(make_gate
 
 # -- 2. hang-ups ------------------------------------------------------------------------------------------
 def test_an_abandoned_non_streaming_request_frees_the_engine_and_bills_nothing(make_gateway):
-    gw = make_gateway(decode_tok_s=20.0)  # 400 tokens: 20 s of engine time for nobody, before
+    gw = make_gateway(decode_tok_s=100.0)  # 2,000 tokens: 20 s of engine time for nobody, before
     key = gw.key("leaver")
-    body = json.dumps({"model": SERVED, "messages": MSG, "max_tokens": 400}).encode()
+    body = json.dumps({"model": SERVED, "messages": MSG, "max_tokens": 2000, "ignore_eos": True}).encode()
     s = socket.create_connection(("127.0.0.1", gw.server.port), timeout=10)
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() +
               b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
