@@ -23,6 +23,13 @@ QUEUE_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 REFUSAL_REASONS = ("no_key", "bad_key", "revoked_key", "rate_limited", "queue_full", "body_too_large",
                    "header_too_large", "bad_request", "not_ready", "too_many_connections", "not_found")
 
+_HISTOGRAMS = ("moet_panel_gateway_ttft_seconds", "moet_panel_gateway_request_duration_seconds",
+               "moet_panel_gateway_queue_wait_seconds")
+# every sample name `families` can write (docs/metrics.md lists them; tests/monitoring checks both ways)
+SERIES = ("moet_panel_gateway_up", "moet_panel_gateway_requests_total", "moet_panel_gateway_refusals_total",
+          "moet_panel_gateway_in_flight", "moet_panel_gateway_queue_length",
+          *(h + suffix for h in _HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")))
+
 
 @dataclass
 class Histogram:
