@@ -61,7 +61,7 @@ def test_every_series_from_a_simulated_source_is_labelled(live: Live) -> None:
                           "moet_panel_download_", "moet_panel_selftest_")
     real_prefixes = ("moet_panel_build_info", "moet_panel_host_", "moet_panel_disk_", "moet_panel_card_",
                      "moet_panel_login_", "moet_panel_http_", "moet_panel_metrics_", "moet_panel_alerts_",
-                     "moet_panel_telemetry_")
+                     "moet_panel_telemetry_", "moet_panel_gateway_")
     for name, rows in samples(live.text).items():
         for labels, _ in rows:
             if name.startswith(simulated_prefixes):

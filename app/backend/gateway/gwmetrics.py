@@ -88,12 +88,11 @@ def _hist(name: str, doc: str, bounds: tuple[float, ...], data: Mapping[str, Any
 
 
 def families(data: Mapping[str, Any] | None, running: bool) -> Iterator[Metric]:
-    """The panel's export of the latest report (`data` None: the gateway never reported)."""
+    """The panel's export of the latest report (`data` None: the gateway never reported; all at 0)."""
     up = Metric("moet_panel_gateway_up", "1 while the panel's gateway process serves.", "gauge")
     up.add_sample("moet_panel_gateway_up", {}, float(running))
     yield up
-    if not data:
-        return
+    data = data or {}  # never reported: the families at 0, so rules and panels see series, not gaps
     req = Metric("moet_panel_gateway_requests", "Requests through the gateway by key and HTTP status (refusals "
                  "before a key was known are in moet_panel_gateway_refusals_total).", "counter")
     for row in data.get("requests") or []:
