@@ -337,3 +337,23 @@ def test_the_panels_gateway_reports_answers_in_flight_figures_and_logs_without_k
         assert key not in log and key not in text and all(key not in r.getMessage() for r in caplog.records)
     finally:
         svc.close()
+
+
+def test_strangers_from_many_addresses_cannot_fill_the_global_cap(make_gateway):
+    # 127.0.0.0/8 is all loopback: each 127.0.0.N is a source of its own
+    gw = make_gateway(limits=Limits(max_connections=80, max_conn_per_source=10, first_header_timeout_s=30.0))
+    key = gw.key("owner")
+    idle: list[socket.socket] = []
+    try:
+        for n in range(2, 14):  # 12 sources x 10 = 120 idle connections, over the global 80
+            for _ in range(10):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.bind((f"127.0.0.{n}", 0))
+                s.connect(("127.0.0.1", gw.server.port))
+                idle.append(s)
+        with gw.client(key, timeout=10) as c:
+            assert c.chat.completions.create(model=SERVED, messages=MSG, max_tokens=3).usage.completion_tokens == 3
+        assert gw.server.guard.evicted >= 120 - 80
+    finally:
+        for s in idle:
+            s.close()

@@ -5,7 +5,9 @@ client opening 2,200 idle connections got every keyed request a 503. Here each s
 an IPv6 /64 (what one host is usually given) — holds at most `per_source` connections. When a source is at its
 cap, its oldest connection that has not yet shown a valid key and is waiting for a request is closed to make
 room (so a flood from an address evicts only its own idle connections, and a keyed client behind the same
-address still gets in); when there is none, the new connection is refused.
+address still gets in); when there is none, the new connection is refused. The same rule holds for all
+sources together just below the global cap (`total`): there the oldest such connection of any source makes
+room, so strangers from many addresses cannot fill the global cap either.
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ def source_of(host: str) -> str:
 class ConnGuard:
     """Shared by the protocol instances of one server (all on its event loop: no lock)."""
 
-    def __init__(self, per_source: int, on_refusal: Callable[[str], None] | None = None):
+    def __init__(self, per_source: int, on_refusal: Callable[[str], None] | None = None, total: int = 0):
         self.per_source = max(1, per_source)
+        self.total = total  # 0: no global rule here
+        self._all: dict[int, Guarded] = {}  # every connection, oldest first
         self._by_source: dict[str, dict[int, Guarded]] = {}  # insertion order: oldest first
         self._by_peer: dict[tuple[str, int], Guarded] = {}
         self.on_refusal = on_refusal
@@ -62,15 +66,26 @@ class ConnGuard:
                 self.refusal("too_many_connections")
                 return False
             conns.pop(id(victim), None)
+            self._all.pop(id(victim), None)
             self.evicted += 1
             victim.evict()
+        elif self.total and len(self._all) >= self.total:
+            victim = next((c for c in self._all.values() if c.evictable()), None)
+            if victim is not None:  # none: uvicorn's own cap answers 503
+                self._all.pop(id(victim), None)
+                for other in self._by_source.values():
+                    other.pop(id(victim), None)
+                self.evicted += 1
+                victim.evict()
         conns[id(conn)] = conn
+        self._all[id(conn)] = conn
         self._by_peer[(peer[0], peer[1])] = conn
         return True
 
     def closed(self, conn: Guarded, peer: tuple[str, int] | None) -> None:
         if peer is None:
             return
+        self._all.pop(id(conn), None)
         src = source_of(peer[0])
         conns = self._by_source.get(src)
         if conns is not None:

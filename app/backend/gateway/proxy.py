@@ -51,7 +51,7 @@ class Limits:
     header_timeout_s: float = 10.0  # ... and a request's headers within this (server.header_deadline_protocol)
     first_header_timeout_s: float = 3.0  # a connection that has shown no valid key: its first request's headers
     max_connections: int = 2048  # connections and requests at once, all sources together
-    max_conn_per_source: int = 64  # connections from one address (IPv6: one /64), connguard.py
+    max_conn_per_source: int = 128  # connections from one address (IPv6: one /64), connguard.py
     upstream_connect_s: float = 5.0
     capture_bodies: bool = False  # activity keeps bodies only when asked (docs/gateway.md#activity)
     capture_cap_bytes: int = 4096

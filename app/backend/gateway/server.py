@@ -278,7 +278,9 @@ class GatewayServer:
         self.cfg = cfg
         self.fd_limit = raise_fd_limit()
         self.app = GatewayApp(keys, engine, cfg.limits, report=report)
-        self.guard = ConnGuard(cfg.limits.max_conn_per_source, on_refusal=self.app.note_refusal)
+        # the global rule a little below uvicorn's cap, whose count includes running tasks
+        self.guard = ConnGuard(cfg.limits.max_conn_per_source, on_refusal=self.app.note_refusal,
+                               total=max(1, cfg.limits.max_connections - 32))
         self.app.guard = self.guard
         self.sock = bind_socket(cfg.host, cfg.port)
         self.port = int(self.sock.getsockname()[1])
