@@ -23,11 +23,15 @@ MSG = [{"role": "user", "content": "Say something about mixtures of experts."}]
 
 
 def _post(gw, key: str | None, body: dict | bytes, timeout: float = 10.0) -> httpx.Response:
+    return _post_url(gw.url, key, body, timeout)
+
+
+def _post_url(url: str, key: str | None, body: dict | bytes, timeout: float = 10.0) -> httpx.Response:
     headers = {"Content-Type": "application/json"}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(gw.url + "/v1/chat/completions", content=data, headers=headers, timeout=timeout)
+    return httpx.post(url + "/v1/chat/completions", content=data, headers=headers, timeout=timeout)
 
 
 def _openai_error(r: httpx.Response, status: int) -> dict:
@@ -357,3 +361,41 @@ def test_strangers_from_many_addresses_cannot_fill_the_global_cap(make_gateway):
     finally:
         for s in idle:
             s.close()
+
+
+def test_the_panels_draining_snapshot_reaches_its_gateway_process_and_the_answer_finishes_whole(home_data, make_sim):
+    """The engine controller's snapshot says draining (a stop or switch waits): the panel pushes it to its gateway
+    child; new requests get 503 with Retry-After from expected_back_s, the running stream ends whole."""
+    from app.backend.contracts import EngineSnapshot, EngineState
+    from app.backend.gateway.server import GatewayConfig
+    from app.backend.gateway.service import GatewayService
+    from tests.conftest import free_port
+    from tests.gateway.test_gateway_process import FakeEngine
+
+    sim = make_sim(decode_tok_s=40.0)
+    engine = FakeEngine(EngineSnapshot(state=EngineState.READY, base_url=sim.base_url, served_name=SERVED))
+    svc = GatewayService(home_data / ".moet-panel", GatewayConfig(port=free_port()), engine.snapshot, sim.base_url,
+                         subscribe=engine.on_change)
+    try:
+        svc.start()
+        key = svc.create_key("drainer").key
+        url = svc.snapshot().url
+        with openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30) as c:
+            stream = c.chat.completions.create(model=SERVED, messages=MSG, max_tokens=80, stream=True,
+                                               stream_options={"include_usage": True})
+            it = iter(stream)
+            next(it)
+            wait_for(lambda: svc.answers_in_flight() == 1, 5, "one answer in flight, as the controller counts it")
+            engine.become(state=EngineState.READY, draining=True, expected_back_s=29.2)
+
+            def refused() -> httpx.Response | None:
+                r = _post_url(url, key, {"model": SERVED, "messages": MSG, "max_tokens": 3})
+                return r if r.status_code == 503 else None
+
+            r = wait_for(refused, 5, "new requests refused while draining", interval=0.1)
+            assert r.headers["retry-after"] == "30" and "about to stop or switch" in r.json()["error"]["message"]
+            chunks = list(it)
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 80
+        wait_for(lambda: svc.answers_in_flight() == 0, 5, "no answer in flight: the stop may go on")
+    finally:
+        svc.close()
