@@ -597,6 +597,7 @@ class GatewayApp:
                 resp = await self._upstream.request(engine.base_url, method, path, fwd_headers,
                                                     body if method == "POST" else b"")
             except UpstreamError as exc:
+                oplog.caught("gateway", exc, "forwarding a request to the engine", route=f"{method} {path}")
                 await self._reply(send, 502, f"the engine did not answer ({exc}); it may be restarting",
                                   "service_unavailable", retry_after(self.engine.status()))
                 return 502, "upstream: no answer"

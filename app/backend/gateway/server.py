@@ -67,7 +67,8 @@ def limits_for_recipe(recipe: Recipe, base: Limits | None = None) -> Limits:
     try:
         seqs_arg = recipe.command(recipe.recommended_profile).arg_value("--max-num-seqs")
         seqs = int(seqs_arg) if seqs_arg else 256
-    except (ValueError, KeyError, AttributeError):
+    except (ValueError, KeyError, AttributeError) as exc:  # a hand-edited recipe: the default slots
+        oplog.caught("gateway", exc, "reading the recipe's --max-num-seqs", recipe=recipe.id)
         seqs = base.engine_slots
     return replace(base, max_tokens=max(1, int(recipe.context.validated_max_tokens)), engine_slots=max(1, seqs))
 

@@ -152,7 +152,8 @@ class GatewayProcess:
         for raw in iter(out.readline, b""):
             try:
                 msg = json.loads(raw)
-            except ValueError:
+            except ValueError as exc:  # not one of its report lines: skipped
+                oplog.caught("gateway", exc, "reading a line of the gateway process's stdout", level=logging.DEBUG)
                 continue
             if not isinstance(msg, dict):
                 continue
