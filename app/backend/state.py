@@ -110,11 +110,12 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # The API gateway: a process of its own, fed the engine's status on every change event; off until the
     # Access tab's switch, or started again here when the switch was left on (docs/gateway.md).
     from app.backend.engine.client import base_url
-    from app.backend.gateway.server import config_from_env
+    from app.backend.gateway.server import config_from_env, engine_slots_of
     from app.backend.gateway.service import GatewayService
 
     gateway = state.gateway = GatewayService(settings.ensure_state_dir(), config_from_env(recipe=settings.recipe), engine.snapshot,
-                                             base_url(settings.recipe), subscribe=engine.on_change)
+                                             base_url(settings.recipe), subscribe=engine.on_change,
+                                             slots_for=lambda pid: engine_slots_of(settings.recipe, state.profiles.find(pid)))
     state.on_close(gateway.close)
     gateway.restore()
     # Alerts to a person: woken by the engine's change events, sent on the notifier's own thread.

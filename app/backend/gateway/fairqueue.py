@@ -64,8 +64,20 @@ class FairQueue:
             if not dq:
                 del self._waiting[key]
 
+    def resize(self, slots: int) -> None:
+        """The engine now runs `slots` sequences (another profile): more slots go to waiters at once; fewer
+        take effect as running requests end."""
+        self.slots = max(1, slots)
+        while self.busy < self.slots and self._hand_over():
+            self.busy += 1
+
     def release(self) -> None:
         """A request left the engine: its slot goes to the waiting key served least recently."""
+        if self.busy > self.slots or not self._hand_over():  # shrunk (another profile), or nobody waits
+            self.busy = max(0, self.busy - 1)
+
+    def _hand_over(self) -> bool:
+        """Give a slot to the waiting key served least recently; False when nobody waits."""
         while self._waiting:
             key = min(self._waiting, key=lambda k: self._last.get(k, -1))
             dq = self._waiting[key]
@@ -76,5 +88,5 @@ class FairQueue:
             if not fut.done():
                 self._last[key] = next(self._turns)
                 fut.set_result(None)  # the slot passes on: `busy` stays
-                return
-        self.busy = max(0, self.busy - 1)
+                return True
+        return False

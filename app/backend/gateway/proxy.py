@@ -414,6 +414,8 @@ class GatewayApp:
             try:
                 body, strip_usage, req_capture = await self._checked_body(receive, method, headers)
                 engine = self.engine.status()
+                if engine.slots and engine.slots != self.queue.slots:  # the profile running now
+                    self.queue.resize(engine.slots)
                 if not engine.accepts:
                     raise _Refused(503, f"the model is not available: {engine.reason}", "service_unavailable",
                                    "not_ready", retry_after(engine), f"engine not ready: {engine.state}")

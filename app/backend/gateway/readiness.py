@@ -35,6 +35,7 @@ class EngineStatus:
     # those running go on to their end
     draining: bool = False
     retry_after_s: float = 0.0  # when the engine is expected back (the 503's Retry-After); 0: unknown, none sent
+    slots: int = 0  # sequences the running profile serves at once (--max-num-seqs): the fair queue's slots; 0: unknown
 
     @property
     def accepts(self) -> bool:
@@ -51,10 +52,11 @@ class EngineStatus:
         d = json.loads(line)
         if not isinstance(d, dict) or not isinstance(d.get("ready"), bool) or not isinstance(d.get("base_url"), str):
             raise ValueError("not an engine status line")
-        retry = d.get("retry_after_s")
+        retry, slots = d.get("retry_after_s"), d.get("slots")
         return cls(d["ready"], d["base_url"], str(d.get("served_name") or ""), str(d.get("reason") or ""),
                    str(d.get("state") or ""), d.get("draining") is True,
-                   float(retry) if isinstance(retry, (int, float)) and 0 < retry < 86400 else 0.0)
+                   float(retry) if isinstance(retry, (int, float)) and 0 < retry < 86400 else 0.0,
+                   slots if isinstance(slots, int) and not isinstance(slots, bool) and 0 < slots <= 4096 else 0)
 
 
 class EngineStatusSource(Protocol):
@@ -89,9 +91,19 @@ def reason_for(state: str, phase: str = "", diagnosis: str = "") -> str:
 class SnapshotSource:
     """In the panel: the engine controller's snapshot (a dictionary read, no I/O)."""
 
-    def __init__(self, snapshot_fn: SnapshotFn, fallback_base_url: str):
+    def __init__(self, snapshot_fn: SnapshotFn, fallback_base_url: str,
+                 slots_for: Callable[[str], int] | None = None):
         self._snapshot_fn = snapshot_fn
         self._fallback = fallback_base_url
+        self._slots_for = slots_for  # profile id -> its --max-num-seqs (server.engine_slots_of)
+        self._slots: dict[str, int] = {}
+
+    def _slots_of(self, profile_id: str | None) -> int:
+        if not profile_id or self._slots_for is None:
+            return 0
+        if profile_id not in self._slots:
+            self._slots[profile_id] = self._slots_for(profile_id)
+        return self._slots[profile_id]
 
     def status(self) -> EngineStatus:
         snap = self._snapshot_fn()
@@ -100,10 +112,12 @@ class SnapshotSource:
         state = snap.state.value
         base = snap.base_url or self._fallback
         back = max(0.0, float(snap.expected_back_s or 0.0))
+        slots = self._slots_of(snap.profile_id)
         if snap.is_ready and snap.draining:
-            return EngineStatus(True, base, snap.served_name, _DRAINING, state, draining=True, retry_after_s=back)
+            return EngineStatus(True, base, snap.served_name, _DRAINING, state, draining=True, retry_after_s=back,
+                                slots=slots)
         if snap.is_ready:
-            return EngineStatus(True, base, snap.served_name, state=state)
+            return EngineStatus(True, base, snap.served_name, state=state, slots=slots)
         diag = snap.diagnosis.title if snap.diagnosis is not None else ""
         return EngineStatus(False, base, snap.served_name, reason_for(state, snap.phase, diag), state,
                             draining=snap.draining, retry_after_s=back)

@@ -28,7 +28,7 @@ from app.backend.gateway.proxy import GatewayApp, Limits
 from app.backend.gateway.readiness import EngineStatusSource
 
 if TYPE_CHECKING:
-    from app.backend.recipe.schema import Recipe
+    from app.backend.recipe.schema import ProfileSpec, Recipe
 
 DEFAULT_PORT = 8001
 
@@ -64,13 +64,22 @@ def limits_for_recipe(recipe: Recipe, base: Limits | None = None) -> Limits:
     at, and as many engine slots as its recommended profile runs sequences (`--max-num-seqs`; vLLM's 256 when
     absent), so the fair queue, not the engine's arrival order, decides who goes next."""
     base = base or Limits()
+    seqs = engine_slots_of(recipe, recipe.recommended_profile) or base.engine_slots
+    ctx = max(1, int(recipe.context.validated_max_tokens))
+    return replace(base, max_tokens=ctx, context_tokens=ctx, engine_slots=seqs)
+
+
+def engine_slots_of(recipe: Recipe, profile: ProfileSpec | None) -> int:
+    """The sequences `profile` runs at once (`--max-num-seqs`; vLLM's 256 when absent); 0 when unknown. The
+    panel tells its gateway this for the running profile (readiness.EngineStatus.slots)."""
+    if profile is None:
+        return 0
     try:
-        seqs_arg = recipe.command(recipe.recommended_profile).arg_value("--max-num-seqs")
-        seqs = int(seqs_arg) if seqs_arg else 256
-    except (ValueError, KeyError, AttributeError) as exc:  # a hand-edited recipe: the default slots
-        oplog.caught("gateway", exc, "reading the recipe's --max-num-seqs", recipe=recipe.id)
-        seqs = base.engine_slots
-    return replace(base, max_tokens=max(1, int(recipe.context.validated_max_tokens)), engine_slots=max(1, seqs))
+        seqs_arg = recipe.command(profile).arg_value("--max-num-seqs")
+        return max(1, int(seqs_arg)) if seqs_arg else 256
+    except (ValueError, KeyError, AttributeError) as exc:  # a hand-edited profile: the gateway's own setting
+        oplog.caught("gateway", exc, "reading a profile's --max-num-seqs", recipe=recipe.id, profile=profile.id)
+        return 0
 
 
 def config_from_env(limits: Limits | None = None, recipe: Recipe | None = None) -> GatewayConfig:

@@ -241,11 +241,11 @@ class GatewayProcess:
 
 class GatewayService:
     def __init__(self, state_dir: Path, config: GatewayConfig, snapshot_fn: SnapshotFn, engine_base_url: str,
-                 subscribe: Subscribe | None = None):
+                 subscribe: Subscribe | None = None, slots_for: Callable[[str], int] | None = None):
         self.keys = KeyStore(state_dir)
         self.state_dir = state_dir
         self.config = config
-        self._source = SnapshotSource(snapshot_fn, engine_base_url)
+        self._source = SnapshotSource(snapshot_fn, engine_base_url, slots_for)
         self._lock = threading.Lock()  # start/stop/close, one at a time
         self._child: GatewayProcess | None = None
         self._sent: EngineStatus | None = None
