@@ -72,6 +72,7 @@ def test_idle_connections_from_one_address_leave_keyed_requests_served(make_gate
                 assert c.chat.completions.create(model=SERVED, messages=MSG, max_tokens=3).usage.completion_tokens == 3
         # the source never held more than its cap, and a stranger's idle connection is closed in seconds
         assert gw.server.guard.count("127.0.0.1") <= 16
+        assert gw.server.app.metrics.refusals["evicted_idle"] >= 200 - 16
         fresh = socket.create_connection(("127.0.0.1", gw.server.port), timeout=5)
         idle.append(fresh)
         assert fresh.recv(100) == b""  # closed by the gateway (a timeout here would raise)
@@ -358,6 +359,7 @@ def test_strangers_from_many_addresses_cannot_fill_the_global_cap(make_gateway):
         with gw.client(key, timeout=10) as c:
             assert c.chat.completions.create(model=SERVED, messages=MSG, max_tokens=3).usage.completion_tokens == 3
         assert gw.server.guard.evicted >= 120 - 80
+        assert gw.server.app.metrics.refusals["evicted_idle"] == gw.server.guard.evicted  # counted by reason
     finally:
         for s in idle:
             s.close()

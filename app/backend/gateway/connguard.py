@@ -69,6 +69,7 @@ class ConnGuard:
             self._all.pop(id(victim), None)
             self.evicted += 1
             victim.evict()
+            self.refusal("evicted_idle")
         elif self.total and len(self._all) >= self.total:
             victim = next((c for c in self._all.values() if c.evictable()), None)
             if victim is not None:  # none: uvicorn's own cap answers 503
@@ -77,6 +78,7 @@ class ConnGuard:
                     other.pop(id(victim), None)
                 self.evicted += 1
                 victim.evict()
+                self.refusal("evicted_idle")
         conns[id(conn)] = conn
         self._all[id(conn)] = conn
         self._by_peer[(peer[0], peer[1])] = conn

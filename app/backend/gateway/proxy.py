@@ -40,6 +40,8 @@ GENERATION = frozenset({"/v1/chat/completions", "/v1/completions"})
 NO_KEY = "(no key)"  # the activity's key column for refusals before a key was known
 UNKNOWN_KEY = "(unknown key)"
 TICK_S = 0.25  # revocations, stalls and reports are checked this often
+_PROTOCOL_STATUS = {"too_many_connections": 429, "header_too_large": 431, "header_timeout": 408,
+                    "evicted_idle": 429}  # refused before any request reached us
 
 
 @dataclass(frozen=True)
@@ -305,7 +307,8 @@ class GatewayApp:
             self.metrics.request(key_name, status)
         if self._refusals.take(reason):
             name = key_name or (UNKNOWN_KEY if reason == "bad_key" else NO_KEY)
-            self.keys.record(ActivityRecord(time=time.time(), key_name=name, route=route, status=status or 400,
+            status = status or _PROTOCOL_STATUS.get(reason, 400)
+            self.keys.record(ActivityRecord(time=time.time(), key_name=name, route=route, status=status,
                                             error=error or reason.replace("_", " ")), error=True)
         elif key_name is not None:  # the key's error count stays exact; only the listing is sampled
             self.keys.count_error(key_name)

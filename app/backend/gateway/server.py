@@ -242,6 +242,8 @@ def header_deadline_protocol(timeout_s: float, max_head_bytes: int = MAX_HEAD_BY
         def _too_slow(self) -> None:
             self._deadline = None
             if self._waiting_for_headers() and not self.transport.is_closing():
+                if guard is not None:
+                    guard.refusal("header_timeout")
                 self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
