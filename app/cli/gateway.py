@@ -113,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"moet-panel: {exc}", file=sys.stderr)
         keys.close()
         return 2
+    if not piped:
+        server.app.who = oplog.CLI
     if piped:
         server_box.append(server)
         threading.Thread(target=_say_listening, args=(server,), name="gateway-started", daemon=True).start()

@@ -188,6 +188,7 @@ class GatewayApp:
         self._running: dict[int, _Running] = {}
         self._refusals = _RefusalLog()
         self._reported_at = 0.0
+        self.who = oplog.PANEL  # who started it, for the operator's log (the CLI sets its own)
 
     # -- lifespan ----------------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -196,7 +197,7 @@ class GatewayApp:
         await self.engine.start()
         self._flusher = asyncio.create_task(self._flush_loop())
         self._ticker = asyncio.create_task(self._tick_loop())
-        oplog.decision("gateway", "started", who=oplog.PANEL, slots=self.limits.engine_slots,
+        oplog.decision("gateway", "started", who=self.who, slots=self.limits.engine_slots,
                        max_tokens=self.limits.max_tokens, per_source=self.limits.max_conn_per_source)
 
     async def shutdown(self) -> None:
@@ -208,7 +209,7 @@ class GatewayApp:
             await self._upstream.aclose()
         await asyncio.to_thread(self.keys.flush)
         self._report_metrics()
-        oplog.decision("gateway", "stopped", who=oplog.PANEL, refusals=sum(self.metrics.refusals.values()))
+        oplog.decision("gateway", "stopped", who=self.who, refusals=sum(self.metrics.refusals.values()))
 
     async def _flush_loop(self) -> None:
         while True:
