@@ -103,6 +103,8 @@ def test_a_hang_up_while_queued_leaves_the_queue_and_never_reaches_the_engine(ma
     with gw.client(a) as ca:
         stream = ca.chat.completions.create(model=SERVED, messages=MSG, max_tokens=400, stream=True)
         next(iter(stream))
+        # the model list takes no engine sequence: answered while the one slot is busy, never queued
+        assert httpx.get(gw.url + "/v1/models", headers={"Authorization": f"Bearer {b}"}, timeout=5).status_code == 200
         got: list[object] = []
         t = threading.Thread(target=lambda: got.append(_swallow(lambda: _post(gw, b, {"model": SERVED, "messages": MSG,
                                                                                       "max_tokens": 3}, timeout=1.0))))

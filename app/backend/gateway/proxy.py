@@ -585,7 +585,10 @@ class GatewayApp:
 
     async def _forward(self, send: Send, path: str, method: str, headers: dict[str, bytes], body: bytes,
                        strip_usage: bool, engine: EngineStatus, trace: _Trace, run: _Running) -> tuple[int, str]:
-        """Wait for an engine slot in turn, ask the engine, copy its answer. Returns (status, error)."""
+        """Wait for an engine slot in turn (generation only: the model list takes no sequence), ask the engine,
+        copy its answer. Returns (status, error)."""
+        if path not in GENERATION:
+            return await self._ask(send, path, method, headers, body, strip_usage, engine, trace, run)
         try:
             waited = await self.queue.acquire(self._key_of(run))
         except QueueFull:
@@ -596,30 +599,35 @@ class GatewayApp:
             return 429, "queue full"
         self.metrics.queue_wait.observe(waited)
         try:
-            assert self._upstream is not None
-            fwd_headers = {"content-type": "application/json",
-                           "accept": headers.get("accept", b"*/*").decode("latin-1")}
-            try:
-                resp = await self._upstream.request(engine.base_url, method, path, fwd_headers,
-                                                    body if method == "POST" else b"")
-            except UpstreamError as exc:
-                oplog.caught("gateway", exc, "forwarding a request to the engine", route=f"{method} {path}")
-                await self._reply(send, 502, f"the engine did not answer ({exc}); it may be restarting",
-                                  "service_unavailable", retry_after(self.engine.status()))
-                return 502, "upstream: no answer"
-            try:
-                status = resp.status_code
-                streaming = resp.headers.get("content-type", "").startswith("text/event-stream")
-                trace.streamed = streaming
-                if streaming:
-                    await self._pump(resp, send, trace, strip_usage, run)
-                else:
-                    await self._whole(resp, send, trace, run)
-                return status, "" if status < 400 else f"engine answered {status}"
-            finally:
-                resp.close()
+            return await self._ask(send, path, method, headers, body, strip_usage, engine, trace, run)
         finally:
             self.queue.release()
+
+    async def _ask(self, send: Send, path: str, method: str, headers: dict[str, bytes], body: bytes,
+                   strip_usage: bool, engine: EngineStatus, trace: _Trace, run: _Running) -> tuple[int, str]:
+        """Ask the engine and copy its answer. Returns (status, error)."""
+        assert self._upstream is not None
+        fwd_headers = {"content-type": "application/json",
+                       "accept": headers.get("accept", b"*/*").decode("latin-1")}
+        try:
+            resp = await self._upstream.request(engine.base_url, method, path, fwd_headers,
+                                                body if method == "POST" else b"")
+        except UpstreamError as exc:
+            oplog.caught("gateway", exc, "forwarding a request to the engine", route=f"{method} {path}")
+            await self._reply(send, 502, f"the engine did not answer ({exc}); it may be restarting",
+                              "service_unavailable", retry_after(self.engine.status()))
+            return 502, "upstream: no answer"
+        try:
+            status = resp.status_code
+            streaming = resp.headers.get("content-type", "").startswith("text/event-stream")
+            trace.streamed = streaming
+            if streaming:
+                await self._pump(resp, send, trace, strip_usage, run)
+            else:
+                await self._whole(resp, send, trace, run)
+            return status, "" if status < 400 else f"engine answered {status}"
+        finally:
+            resp.close()
 
     def _key_of(self, run: _Running) -> str:
         return run.key_hash  # the fair queue's turns are per key (its hash: the same for every request of it)
