@@ -9,6 +9,7 @@ the key store), HTTP statuses and refusal reasons: never a key, a path or an add
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,3 +121,33 @@ def families(data: Mapping[str, Any] | None, running: bool) -> Iterator[Metric]:
                 DURATION_BUCKETS, data.get("duration") or {})
     yield _hist("moet_panel_gateway_queue_wait_seconds", "Time a request waited in the fair queue.", QUEUE_BUCKETS,
                 data.get("queue_wait") or {})
+
+
+class RefusalLog:
+    """Refusals into the activity store at a bounded rate (a flood cannot fill it), and one operator's-log line
+    a minute with the counts by reason (not one per packet)."""
+
+    def __init__(self, per_s: float = 2.0, burst: float = 20.0, log_every_s: float = 60.0):
+        self._rate, self._burst, self._tokens, self._stamp = per_s, burst, burst, time.monotonic()
+        self.suppressed = 0
+        self._counts: dict[str, int] = {}
+        self.log_every = log_every_s
+        self._logged = time.monotonic()
+
+    def take(self, reason: str) -> bool:
+        self._counts[reason] = self._counts.get(reason, 0) + 1
+        now = time.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
+        self._stamp = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        self.suppressed += 1
+        return False
+
+    def due(self) -> dict[str, int] | None:
+        now = time.monotonic()
+        if not self._counts or now - self._logged < self.log_every:
+            return None
+        counts, self._counts, self._logged = self._counts, {}, now
+        return counts

@@ -23,7 +23,8 @@ from app.backend import oplog
 from app.backend.contracts import Receive, Scope, Send
 from app.backend.gateway.connguard import ConnGuard
 from app.backend.gateway.fairqueue import FairQueue, QueueFull
-from app.backend.gateway.gwmetrics import REPORT_S, GatewayMetrics
+from app.backend.gateway.gwmetrics import REPORT_S, GatewayMetrics, RefusalLog
+from app.backend.gateway.inputs import Refused, check_json
 from app.backend.gateway.keys import DEFAULT_SCOPE, ActivityRecord, KeyRecord, KeyStore
 from app.backend.gateway.readiness import EngineStatus, EngineStatusSource
 from app.backend.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
@@ -100,35 +101,9 @@ class _ClientGone(Exception):
     pass
 
 
-class _Refused(Exception):
-    """A refusal found in the checks: (status, message, kind, reason, headers)."""
-
-    def __init__(self, status: int, message: str, kind: str, reason: str,
-                 headers: list[tuple[bytes, bytes]] | None = None, error: str = ""):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.reason = status, message, kind, reason
-        self.headers = headers or []
-        self.error = error or reason.replace("_", " ")
-
-
 def _error_body(status: int, message: str, kind: str) -> bytes:
     # OpenAI's error shape, so the SDKs raise their typed errors with our message
     return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
-
-
-def _too_deep(obj: object, limit: int) -> bool:
-    stack: list[tuple[object, int]] = [(obj, 1)]
-    while stack:
-        o, d = stack.pop()
-        if isinstance(o, dict):
-            if d > limit:
-                return True
-            stack.extend((v, d + 1) for v in o.values())
-        elif isinstance(o, list):
-            if d > limit:
-                return True
-            stack.extend((v, d + 1) for v in o)
-    return False
 
 
 def retry_after(engine: EngineStatus) -> list[tuple[bytes, bytes]]:
@@ -137,36 +112,6 @@ def retry_after(engine: EngineStatus) -> list[tuple[bytes, bytes]]:
     if engine.retry_after_s > 0:
         return [(b"retry-after", str(max(1, math.ceil(engine.retry_after_s))).encode())]
     return []
-
-
-class _RefusalLog:
-    """Refusals into the activity store at a bounded rate (a flood cannot fill it), and one operator's-log line
-    a minute with the counts by reason (not one per packet)."""
-
-    def __init__(self, per_s: float = 2.0, burst: float = 20.0, log_every_s: float = 60.0):
-        self._rate, self._burst, self._tokens, self._stamp = per_s, burst, burst, time.monotonic()
-        self.suppressed = 0
-        self._counts: dict[str, int] = {}
-        self._log_every = log_every_s
-        self._logged = time.monotonic()
-
-    def take(self, reason: str) -> bool:
-        self._counts[reason] = self._counts.get(reason, 0) + 1
-        now = time.monotonic()
-        self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
-        self._stamp = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return True
-        self.suppressed += 1
-        return False
-
-    def due(self) -> dict[str, int] | None:
-        now = time.monotonic()
-        if not self._counts or now - self._logged < self._log_every:
-            return None
-        counts, self._counts, self._logged = self._counts, {}, now
-        return counts
 
 
 class GatewayApp:
@@ -186,7 +131,7 @@ class GatewayApp:
         self.metrics = GatewayMetrics()
         self.guard: ConnGuard | None = None  # set by the server: marks a connection that showed a valid key
         self._running: dict[int, _Running] = {}
-        self._refusals = _RefusalLog()
+        self._refusals = RefusalLog()
         self._reported_at = 0.0
         self.who = oplog.PANEL  # who started it, for the operator's log (the CLI sets its own)
 
@@ -243,7 +188,7 @@ class GatewayApp:
             self._report_metrics()
         counts = self._refusals.due()
         if counts:
-            oplog.decision("gateway", "refused", who=oplog.OUTSIDE, window_s=int(self._refusals._log_every),
+            oplog.decision("gateway", "refused", who=oplog.OUTSIDE, window_s=int(self._refusals.log_every),
                            **{f"n_{k}": v for k, v in sorted(counts.items())})
         if self._refusals.suppressed:
             n, self._refusals.suppressed = self._refusals.suppressed, 0
@@ -421,9 +366,9 @@ class GatewayApp:
                 if engine.slots and engine.slots != self.queue.slots:  # the profile running now
                     self.queue.resize(engine.slots)
                 if not engine.accepts:
-                    raise _Refused(503, f"the model is not available: {engine.reason}", "service_unavailable",
-                                   "not_ready", retry_after(engine), f"engine not ready: {engine.state}")
-            except _Refused as r:
+                    raise Refused(503, f"the model is not available: {engine.reason}", "service_unavailable",
+                                  "not_ready", retry_after(engine), f"engine not ready: {engine.state}")
+            except Refused as r:
                 self.note_refusal(r.reason, r.status, route, rec.name, r.error)
                 status, error, refused = r.status, r.error, True
                 await self._reply(send, r.status, r.message, r.kind, r.headers)
@@ -474,7 +419,7 @@ class GatewayApp:
 
     async def _checked_body(self, receive: Receive, method: str,
                             headers: dict[str, bytes]) -> tuple[bytes, bool, str | None]:
-        """The body, read and checked: (body to send, usage chunk to strip, captured text). Raises _Refused."""
+        """The body, read and checked: (body to send, usage chunk to strip, captured text). Raises Refused."""
         if method != "POST":
             return b"", False, None
         lim = self.limits
@@ -482,60 +427,13 @@ class GatewayApp:
         try:
             body = await self._read_body(receive)
         except OverflowError:
-            raise _Refused(413, f"request body over {lim.max_body_bytes} bytes", "invalid_request_error",
-                           "body_too_large", [(b"connection", b"close")], "body too large") from None
+            raise Refused(413, f"request body over {lim.max_body_bytes} bytes", "invalid_request_error",
+                          "body_too_large", [(b"connection", b"close")], "body too large") from None
         except (TimeoutError, asyncio.TimeoutError):
-            raise _Refused(408, f"the request body did not arrive within {lim.body_timeout_s:g} s",
-                           "invalid_request_error", "bad_request", [(b"connection", b"close")], "body too slow") from None
-        if ctype != b"application/json":
-            raise _Refused(415, "send the body as JSON with `Content-Type: application/json`", "invalid_request_error",
-                           "bad_request", error="wrong content type")
-        try:
-            text = body.decode("utf-8")
-            payload = json.loads(text)
-        except UnicodeDecodeError:
-            raise _Refused(400, "the request body is not UTF-8", "invalid_request_error", "bad_request",
-                           error="body not UTF-8") from None
-        except RecursionError:  # nesting deeper than the parser's stack: refused, never a traceback
-            raise _Refused(400, f"the request body's JSON is nested deeper than {lim.max_json_depth} levels",
-                           "invalid_request_error", "bad_request", error="JSON too deep") from None
-        except ValueError as exc:
-            raise _Refused(400, f"the request body is not valid JSON ({exc})", "invalid_request_error", "bad_request",
-                           error="malformed JSON") from None
-        if not isinstance(payload, dict):
-            raise _Refused(400, "the request body must be a JSON object", "invalid_request_error", "bad_request",
-                           error="body not an object")
-        if _too_deep(payload, lim.max_json_depth):
-            raise _Refused(400, f"the request body's JSON is nested deeper than {lim.max_json_depth} levels",
-                           "invalid_request_error", "bad_request", error="JSON too deep")
-        stream = payload.get("stream")
-        if stream is not None and not isinstance(stream, bool):
-            # "true" as a string was streamed by the engine but not counted here (issue 40)
-            raise _Refused(400, f"`stream` must be a JSON boolean (true or false), not {json.dumps(stream)[:40]}",
-                           "invalid_request_error", "bad_request", error="stream not a boolean")
-        changed = False
-        asked = [f for f in ("max_tokens", "max_completion_tokens") if payload.get(f) is not None]
-        for f in asked:
-            v = payload[f]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise _Refused(400, f"`{f}` must be a positive integer", "invalid_request_error", "bad_request",
-                               error=f"{f} not a positive integer")
-            if v > lim.max_tokens:
-                raise _Refused(400, f"`{f}` {v} is over this gateway's cap of {lim.max_tokens} tokens a request; ask "
-                               f"for at most {lim.max_tokens} (docs/gateway.md#caps)", "invalid_request_error",
-                               "bad_request", error=f"{f} over the cap")
-        if not asked and lim.max_tokens < lim.context_tokens:
-            payload["max_tokens"] = lim.max_tokens  # no limit asked: the cap, not the rest of the context
-            changed = True
-        strip_usage = False
-        if stream is True:
-            opts = payload.get("stream_options")
-            if not isinstance(opts, dict) or not opts.get("include_usage"):
-                # ask the engine to count the tokens; the usage chunk is kept from this client
-                payload["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
-                strip_usage = changed = True
-        if changed:
-            body = json.dumps(payload).encode()
+            raise Refused(408, f"the request body did not arrive within {lim.body_timeout_s:g} s",
+                          "invalid_request_error", "bad_request", [(b"connection", b"close")], "body too slow") from None
+        body, strip_usage, text = check_json(body, ctype, max_depth=lim.max_json_depth, max_tokens=lim.max_tokens,
+                                             context_tokens=lim.context_tokens)
         return body, strip_usage, text[: lim.capture_cap_bytes] if lim.capture_bodies else None
 
     async def _guarded(self, work: Coroutine[Any, Any, tuple[int, str]], receive: Receive, send: Send,
