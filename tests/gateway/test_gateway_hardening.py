@@ -232,7 +232,8 @@ def test_strict_inputs_are_refused_in_openais_shape(make_gateway):
 
 
 # -- 5. refusals visible ----------------------------------------------------------------------------------
-def test_refusals_are_listed_counted_and_a_flood_cannot_fill_the_store(make_gateway):
+def test_refusals_are_listed_counted_and_a_flood_cannot_fill_the_store(make_gateway, caplog):
+    caplog.set_level(logging.INFO, logger="moet_panel")
     gw = make_gateway(limits=Limits(max_concurrent=1, rate_per_min=1))
     key = gw.key("limited")
     old = gw.key("old")
@@ -253,6 +254,10 @@ def test_refusals_are_listed_counted_and_a_flood_cannot_fill_the_store(make_gate
     m = gw.server.app.metrics
     assert m.refusals["bad_key"] == 151 and m.refusals["no_key"] == 1 and m.refusals["revoked_key"] == 1
     assert m.refusals["rate_limited"] == 1
+    gw.server.app._refusals.log_every = 0.0  # the minute's line now: one line for the whole flood
+    lines = wait_for(lambda: [r.getMessage() for r in caplog.records if "action=refused" in r.getMessage()], 3,
+                     "the aggregated refusal line")
+    assert len(lines) == 1 and "n_bad_key=151" in lines[0] and "n_rate_limited=1" in lines[0], lines
     gw.server.app.tick()  # the flood's summary row
     rows = gw.keys.activity(1000)
     listed = len([a for a in rows if a.key_name == UNKNOWN_KEY])
