@@ -4,10 +4,21 @@ resized when the running profile serves more or fewer sequences."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 
 from app.backend.gateway.fairqueue import FairQueue, QueueFull
+
+T = TypeVar("T")
+
+
+def _run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """asyncio.run on a thread of its own: a browser test earlier in the session may leave a loop running here."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(main())).result(timeout=30)
 
 
 async def _settle() -> None:
@@ -32,7 +43,7 @@ def test_a_freed_slot_goes_to_the_key_served_least_recently_not_to_the_oldest_re
         assert q.busy == 0 and len(q) == 0
         return order
 
-    assert asyncio.run(main()) == ["polite", "greedy", "greedy", "greedy"]
+    assert _run(main) == ["polite", "greedy", "greedy", "greedy"]
 
 
 def test_bounded_and_a_cancelled_waiter_leaves_without_taking_a_slot() -> None:
@@ -49,7 +60,7 @@ def test_bounded_and_a_cancelled_waiter_leaves_without_taking_a_slot() -> None:
         q.release()
         assert q.busy == 0
 
-    asyncio.run(main())
+    _run(main)
 
 
 def test_resizing_hands_new_slots_to_waiters_and_shrinks_as_requests_end() -> None:
@@ -70,4 +81,4 @@ def test_resizing_hands_new_slots_to_waiters_and_shrinks_as_requests_end() -> No
         await _settle()
         assert all(w.done() for w in waiters) and q.busy == 1
 
-    asyncio.run(main())
+    _run(main)
