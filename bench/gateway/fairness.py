@@ -47,7 +47,8 @@ def chat(gateway: str, key: str, n: int) -> float:
     import httpx
 
     t0 = time.monotonic()
-    r = httpx.post(gateway + "/v1/chat/completions", json={"model": MODEL, "messages": MSG, "max_tokens": n},
+    r = httpx.post(gateway + "/v1/chat/completions", json={"model": MODEL, "messages": MSG, "max_tokens": n,
+                                                             "ignore_eos": True},
                    headers={"Authorization": f"Bearer {key}"}, timeout=600)
     r.raise_for_status()
     return time.monotonic() - t0
@@ -82,7 +83,7 @@ def main() -> int:
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             wait_http(gateway + "/v1/models", {"Authorization": f"Bearer {keys['polite']}"})
 
-            body = json.dumps({"model": MODEL, "messages": MSG, "max_tokens": 400}).encode()
+            body = json.dumps({"model": MODEL, "messages": MSG, "max_tokens": 400, "ignore_eos": True}).encode()
             s = socket.create_connection(("127.0.0.1", gw_port))
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
                       keys["greedy"].encode() + b"\r\nContent-Type: application/json\r\nContent-Length: " +
