@@ -96,7 +96,6 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # `engine=`) and closes it with itself (docs/engine.md, "Who listens").
     chat = state.chat = ChatService(settings.recipe, settings.ensure_state_dir(), engine=engine)
     engine.add_answer_counter(chat)  # a stop/switch lets the Chat tab's answers finish (docs/engine.md "Keeps serving")
-    # engine.add_answer_counter(gateway): the gateway's answers in flight (GatewayService.answers_in_flight) — at merge
     state.on_close(chat.close)
 
     telemetry = state.telemetry = TelemetryHub(settings, engine=engine, gpu_reader=state.gpu, sim_card=sim_card)
@@ -113,11 +112,13 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # The API gateway: a process of its own, fed the engine's status on every change event; off until the
     # Access tab's switch, or started again here when the switch was left on (docs/gateway.md).
     from app.backend.engine.client import base_url
-    from app.backend.gateway.server import config_from_env
+    from app.backend.gateway.server import config_from_env, engine_slots_of
     from app.backend.gateway.service import GatewayService
 
-    gateway = state.gateway = GatewayService(settings.ensure_state_dir(), config_from_env(), engine.snapshot,
-                                             base_url(settings.recipe), subscribe=engine.on_change)
+    gateway = state.gateway = GatewayService(settings.ensure_state_dir(), config_from_env(recipe=settings.recipe), engine.snapshot,
+                                             base_url(settings.recipe), subscribe=engine.on_change,
+                                             slots_for=lambda pid: engine_slots_of(settings.recipe, state.profiles.find(pid)))
+    engine.add_answer_counter(gateway)  # its answers in flight finish before a stop/switch (docs/engine.md "Keeps serving")
     state.on_close(gateway.close)
     gateway.restore()
     # Alerts to a person: woken by the engine's change events, sent on the notifier's own thread.

@@ -13,14 +13,16 @@ import os
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from app.backend import env
+from app.backend import env, oplog
 from app.backend.engine.client import base_url
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.proxy import Limits
 from app.backend.gateway.readiness import EngineStatusSource, PipeSource, ProbeSource
-from app.backend.gateway.server import DEFAULT_PORT, GatewayConfig, GatewayConfigError, GatewayServer
+from app.backend.gateway.server import (DEFAULT_PORT, GatewayConfig, GatewayConfigError, GatewayServer,
+                                        limits_for_recipe)
 from app.cli.keys import cli_settings
 from app.cli.main import add_common
 
@@ -37,6 +39,14 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--max-concurrent", type=int, default=Limits.max_concurrent, metavar="N", help="requests in flight per key")
     p.add_argument("--rate", type=float, default=Limits.rate_per_min, metavar="N", help="requests per minute per key")
     p.add_argument("--max-body-mb", type=float, default=Limits.max_body_bytes / 2**20, metavar="MB", help="request body cap")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="the most max_tokens a request may ask, every key "
+                   "(default: the recipe's validated context); more is refused with 400")
+    p.add_argument("--engine-slots", type=int, metavar="N", help="requests sent to the engine at once; more wait in "
+                   "the fair queue, taken in turn by key (default: the recipe's --max-num-seqs)")
+    p.add_argument("--stall-s", type=float, default=Limits.stall_s, metavar="S",
+                   help="cut a stream whose client reads nothing for S seconds (frees the engine)")
+    p.add_argument("--per-source", type=int, default=Limits.max_conn_per_source, metavar="N",
+                   help="connections from one address (IPv6: one /64)")
     p.add_argument("--capture-bodies", type=int, default=0, metavar="BYTES",
                    help="keep the first BYTES of each request and answer in the activity log (default 0: metadata only)")
     p.add_argument("--engine-url", metavar="URL", help="the engine's server root (default: the recipe's, on loopback)")
@@ -46,11 +56,16 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def config_from(args: argparse.Namespace) -> GatewayConfig:
+def config_from(args: argparse.Namespace, base: Limits | None = None) -> GatewayConfig:
+    """`base`: the recipe's limits (server.limits_for_recipe) when known; flags override them."""
     cert, key = env.gateway_tls()
-    limits = Limits(max_concurrent=max(1, args.max_concurrent), rate_per_min=max(0.1, args.rate),
-                    max_body_bytes=int(args.max_body_mb * 2**20), capture_bodies=args.capture_bodies > 0,
-                    capture_cap_bytes=max(0, args.capture_bodies))
+    base = base or Limits()
+    limits = replace(base, max_concurrent=max(1, args.max_concurrent), rate_per_min=max(0.1, args.rate),
+                     max_body_bytes=int(args.max_body_mb * 2**20), capture_bodies=args.capture_bodies > 0,
+                     capture_cap_bytes=max(0, args.capture_bodies), stall_s=max(0.5, args.stall_s),
+                     max_conn_per_source=max(1, args.per_source),
+                     max_tokens=max(1, args.max_tokens) if args.max_tokens else base.max_tokens,
+                     engine_slots=max(1, args.engine_slots) if args.engine_slots else base.engine_slots)
     cert_path = args.tls_cert or cert
     key_path = args.tls_key or key
     return GatewayConfig(
@@ -64,9 +79,15 @@ def config_from(args: argparse.Namespace) -> GatewayConfig:
 def run(args: argparse.Namespace) -> int:
     piped = bool(args.status_from_stdin)
     engine: EngineStatusSource
+    base: Limits | None = None
+    reporter: Reporter | None = None
     if piped:
-        # the panel's child: the state dir given (no recipe or host probe to resolve), the status pushed
-        keys = KeyStore(Path(args.state_dir) if args.state_dir else cli_settings(args).ensure_state_dir())
+        # the panel's child: the state dir given (no recipe or host probe to resolve; the panel passes the
+        # recipe's caps on argv), the status pushed; its log lines join the panel's file (oplog)
+        state_dir = Path(args.state_dir) if args.state_dir else cli_settings(args).ensure_state_dir()
+        oplog.configure(state_dir)
+        keys = KeyStore(state_dir)
+        reporter = Reporter(sys.stdout)
         server_box: list[GatewayServer] = []
 
         def panel_gone() -> None:
@@ -81,15 +102,19 @@ def run(args: argparse.Namespace) -> int:
         where = "the panel's engine"
     else:
         settings = cli_settings(args)
+        oplog.configure(settings.ensure_state_dir())
         keys = KeyStore(settings.ensure_state_dir())
+        base = limits_for_recipe(settings.recipe)
         probe = ProbeSource(args.engine_url or base_url(settings.recipe), settings.recipe.model.served_name)
         engine, where = probe, probe.base_url
     try:
-        server = GatewayServer(config_from(args), keys, engine)
+        server = GatewayServer(config_from(args, base), keys, engine, report=reporter)
     except (GatewayConfigError, ValueError) as exc:
         print(f"moet-panel: {exc}", file=sys.stderr)
         keys.close()
         return 2
+    if not piped:
+        server.app.who = oplog.CLI
     if piped:
         server_box.append(server)
         threading.Thread(target=_say_listening, args=(server,), name="gateway-started", daemon=True).start()
@@ -109,3 +134,34 @@ def _say_listening(server: GatewayServer) -> None:
     while not server.started:
         time.sleep(0.01)
     print(json.dumps({"listening": server.url, "port": server.port, "pid": os.getpid()}), flush=True)
+
+
+class Reporter:
+    """The panel's child tells the panel its answers in flight and its figures, one JSON line each on stdout
+    (service.py reads them), from a thread of its own: the event loop hands over the latest of each kind and
+    never waits on the pipe (a panel slow to read would otherwise stall every answer)."""
+
+    def __init__(self, stream: object) -> None:
+        self._stream = stream
+        self._latest: dict[str, object] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        threading.Thread(target=self._run, name="gateway-report", daemon=True).start()
+
+    def __call__(self, msg: dict[str, object]) -> None:
+        with self._lock:
+            self._latest.update(msg)
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                latest, self._latest = self._latest, {}
+            try:
+                for kind, value in latest.items():
+                    print(json.dumps({kind: value}, separators=(",", ":")), file=self._stream, flush=True)  # type: ignore[call-overload]
+            except (OSError, ValueError) as exc:  # the panel is gone: the status pipe's EOF stops us
+                oplog.caught("gateway", exc, "reporting to the panel")
+                return

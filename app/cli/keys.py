@@ -11,6 +11,7 @@ import json
 import sys
 import time
 
+from app.backend import oplog
 from app.backend.gateway.keys import DEFAULT_SCOPE, SCOPES, KeyInfo, KeyStore, KeyStoreError
 from app.backend.settings import Settings
 from app.cli.main import add_common, settings_from
@@ -46,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     store = KeyStore(cli_settings(args).ensure_state_dir())
     try:
         if args.keys_cmd == "create":
-            created = store.create(args.name, args.expires_days, scope=getattr(args, "scope", DEFAULT_SCOPE))
+            created = store.create(args.name, args.expires_days, scope=getattr(args, "scope", DEFAULT_SCOPE),
+                                   who=oplog.CLI)
             if args.json:
                 print(json.dumps({"name": created.name, "key": created.key, "scope": created.scope,
                                   "expires": created.expires}))
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
                       flush=True)
             return 0
         if args.keys_cmd == "revoke":
-            ok = store.revoke(args.name)
+            ok = store.revoke(args.name, who=oplog.CLI)
             if args.json:
                 print(json.dumps({"name": args.name, "revoked": ok}))
             elif ok:

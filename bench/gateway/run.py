@@ -153,7 +153,8 @@ def main() -> int:
                                  capture_output=True, text=True).stdout
             key = json.loads(out)["key"]
             gw = subprocess.Popen([*cli, "gateway", "--port", str(gw_port), "--engine-url", engine,
-                                   "--max-concurrent", "1000", "--rate", "1000000"], env=env, cwd=ROOT,
+                                   "--max-concurrent", "1000", "--rate", "1000000",
+                                   "--engine-slots", "256"], env=env, cwd=ROOT,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             procs.append(gw)
             wait_http(gateway + "/v1/models", {"Authorization": f"Bearer {key}"})

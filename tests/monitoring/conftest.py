@@ -130,6 +130,12 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         assert engine.switch("quality").wait(180), "the switch did not finish"
         snap = engine.snapshot()
         assert snap.is_ready and snap.profile_id == "quality", snap
+        # the panel's gateway on, one keyed request through it: its series (gwmetrics.py) are exported too
+        gateway = panel.state.gateway
+        assert gateway is not None and gateway.start(port=free_port()).state.value == "on"
+        key = gateway.create_key("scrape-test").key
+        with openai.OpenAI(base_url=gateway.snapshot().url + "/v1", api_key=key, max_retries=0, timeout=60) as gw:
+            gw.chat.completions.create(model=snap.served_name, max_tokens=3, messages=[{"role": "user", "content": "hi"}])
         with openai.OpenAI(base_url=snap.base_url + "/v1", api_key="EMPTY", max_retries=0, timeout=60) as client:
 
             def covered() -> str | None:
@@ -137,7 +143,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                 client.chat.completions.create(model=snap.served_name, max_tokens=400,
                                                messages=[{"role": "user", "content": "Write a haiku about GPUs."}])
                 text = scrape(panel.url).text
-                wanted = ("moet_panel_pool_coverage_ratio{", "moet_panel_pool_replacements_per_second{")
+                wanted = ("moet_panel_pool_coverage_ratio{", "moet_panel_pool_replacements_per_second{",
+                          "moet_panel_gateway_requests_total{")
                 return text if all(w in text for w in wanted) else None
 
             text = poll(covered, 90, "the pool's coverage and churn in /metrics")

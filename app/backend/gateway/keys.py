@@ -3,8 +3,9 @@
 Keys are 256-bit random strings shown once; only their SHA-256 is stored (a fast hash is right for
 high-entropy keys: there is nothing to guess, docs/gateway.md#keys). A running gateway reloads the keys
 when another process commits (SQLite's `PRAGMA data_version`), checked at most every `recheck_s`, so a
-`keys revoke` takes effect within that interval. Every key has a `scope`: `inference` for the gateway;
-other scopes (e.g. a later `metrics`) are refused by the gateway.
+`keys revoke` takes effect within that interval (and ends the key's running requests: proxy.py's tick). Every
+key has a `scope`: `inference` opens the gateway; `metrics` opens the panel's `/metrics` (docs/metrics.md#access)
+and nothing of the gateway. Creations and revocations go to the operator's log (never the key).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.backend import oplog
 from app.backend.filemode import create_private
 
 DB_NAME = "gateway.sqlite"
@@ -199,7 +201,8 @@ class KeyStore:
             self._watch.close()
 
     # -- keys -------------------------------------------------------------------------------------
-    def create(self, name: str, expires_days: float | None = None, scope: str = DEFAULT_SCOPE) -> CreatedKey:
+    def create(self, name: str, expires_days: float | None = None, scope: str = DEFAULT_SCOPE, *,
+               who: str = oplog.PANEL) -> CreatedKey:
         check_name(name)
         if scope not in SCOPES:
             raise KeyStoreError(f"scope {scope!r} is not one of {', '.join(SCOPES)}")
@@ -219,15 +222,19 @@ class KeyStore:
             self._db.execute("INSERT OR IGNORE INTO usage (name) VALUES (?)", (name,))
             self._db.commit()
         self._checked = 0.0
+        oplog.decision("gateway", "key_created", who=who, key_name=name, scope=scope,
+                       expires_days=expires_days if expires_days is not None else "never")
         return CreatedKey(name=name, key=key, scope=scope, expires=expires)
 
-    def revoke(self, name: str) -> bool:
+    def revoke(self, name: str, *, who: str = oplog.PANEL) -> bool:
         """Revoke `name`; False when there is no active key by that name."""
         check_name(name)
         with self._lock:
             cur = self._db.execute("UPDATE keys SET revoked=? WHERE name=? AND revoked IS NULL", (time.time(), name))
             self._db.commit()
         self._checked = 0.0
+        if cur.rowcount > 0:
+            oplog.decision("gateway", "key_revoked", who=who, key_name=name)
         return cur.rowcount > 0
 
     @staticmethod
@@ -266,6 +273,21 @@ class KeyStore:
             return None
         return rec
 
+    def identify(self, key: str) -> KeyRecord | None:
+        """The record of `key` whatever its status (a revoked or expired key's refusal names it), or None."""
+        if not key or len(key) > 256:
+            return None
+        self._refresh()
+        digest = hash_key(key)
+        rec = self._by_hash.get(digest)
+        return rec if rec is not None and hmac.compare_digest(rec.hash, digest) else None
+
+    def still_active(self, digest: str) -> bool:
+        """The key with this hash is still active (checked by the gateway for its running requests)."""
+        self._refresh()
+        rec = self._by_hash.get(digest)
+        return rec is not None and rec.status() == "active"
+
     def active_count(self, scope: str = DEFAULT_SCOPE) -> int:
         now = time.time()
         with self._lock:
@@ -291,6 +313,14 @@ class KeyStore:
             p.errors += 1 if error else 0
             p.last_used = rec.time
             self._activity.append(rec)
+
+    def count_error(self, name: str) -> None:
+        """One more error for `name`, without an activity row (a refusal past the activity's rate)."""
+        with self._buf_lock:
+            p = self._pending.setdefault(name, _Pending())
+            p.requests += 1
+            p.errors += 1
+            p.last_used = time.time()
 
     def flush(self) -> None:
         with self._flush_lock:  # a second flush (a reader's) waits until the first one's rows are written

@@ -1,10 +1,12 @@
-"""The gateway's ASGI app: keys, an allow-list of routes, bounds, usage and activity, in front of the
-engine's OpenAI-compatible API on loopback (docs/gateway.md).
+"""The gateway's ASGI app: keys, an allow-list of routes, bounds, a fair queue, usage and activity, in front of
+the engine's OpenAI-compatible API on loopback (docs/gateway.md).
 
 A plain ASGI callable (run by uvicorn) rather than a framework router: every request takes the same
-short path — allow-list, key, limits, engine readiness, body checks — and a stream is copied event by
-event as it arrives (never buffered), over kept-alive connections to the engine (`upstream.UpstreamPool`).
-A client that hangs up cancels the copy, which closes the upstream connection: the engine aborts the request.
+short path — allow-list, key, limits, body checks, engine readiness, the fair queue — and a stream is copied
+event by event as it arrives (never buffered), over kept-alive connections to the engine (`upstream.UpstreamPool`).
+From the moment the body is read, the client's hang-up (ASGI `http.disconnect`) is watched: it cancels the
+work wherever it is — waiting in the queue, waiting for the engine's headers (a non-streaming answer sends them
+last), copying — and the upstream connection closes, so the engine aborts the request (issue 40).
 """
 
 from __future__ import annotations
@@ -13,14 +15,19 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
+from app.backend import oplog
 from app.backend.contracts import Receive, Scope, Send
-from app.backend.gateway.keys import DEFAULT_SCOPE, ActivityRecord, KeyStore
-from app.backend.gateway.readiness import EngineStatusSource
+from app.backend.gateway.connguard import ConnGuard
+from app.backend.gateway.fairqueue import FairQueue, QueueFull
+from app.backend.gateway.gwmetrics import REPORT_S, GatewayMetrics, RefusalLog
+from app.backend.gateway.inputs import Refused, check_json
+from app.backend.gateway.keys import DEFAULT_SCOPE, ActivityRecord, KeyRecord, KeyStore
+from app.backend.gateway.readiness import EngineStatus, EngineStatusSource
 from app.backend.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
-
 
 # The routes a client of the card's model needs (docs/gateway.md#routes): the model list and the two
 # generation APIs. Everything else vLLM serves — /pause, /abort_requests, /update_weights, /tokenize,
@@ -31,6 +38,11 @@ ROUTES: dict[str, str] = {
     "/v1/completions": "POST",
 }
 GENERATION = frozenset({"/v1/chat/completions", "/v1/completions"})
+NO_KEY = "(no key)"  # the activity's key column for refusals before a key was known
+UNKNOWN_KEY = "(unknown key)"
+TICK_S = 0.25  # revocations, stalls and reports are checked this often
+_PROTOCOL_STATUS = {"too_many_connections": 429, "header_too_large": 431, "header_timeout": 408,
+                    "evicted_idle": 429}  # refused before any request reached us
 
 
 @dataclass(frozen=True)
@@ -40,10 +52,18 @@ class Limits:
     max_body_bytes: int = 8 * 1024 * 1024  # a 256K-token prompt is ~1 MB of text; 8 MiB leaves room
     body_timeout_s: float = 30.0  # a client must send its whole body within this (slow-client bound)
     header_timeout_s: float = 10.0  # ... and a request's headers within this (server.header_deadline_protocol)
-    max_connections: int = 2048  # connections and requests at once, all keys together
+    first_header_timeout_s: float = 3.0  # a connection that has shown no valid key: its first request's headers
+    max_connections: int = 2048  # connections and requests at once, all sources together
+    max_conn_per_source: int = 128  # connections from one address (IPv6: one /64), connguard.py
     upstream_connect_s: float = 5.0
     capture_bodies: bool = False  # activity keeps bodies only when asked (docs/gateway.md#activity)
     capture_cap_bytes: int = 4096
+    max_tokens: int = 262144  # max_tokens / max_completion_tokens of one request, every key (above: 400)
+    context_tokens: int = 262144  # the engine's context; a lower max_tokens cap is also sent when a request has none
+    engine_slots: int = 256  # requests at the engine at once (its --max-num-seqs); more wait in the fair queue
+    max_queue: int = 512  # requests waiting for a slot, all keys (beyond: 429)
+    stall_s: float = 30.0  # a client that reads nothing of its answer for this long is cut (the engine freed)
+    max_json_depth: int = 64  # nesting of a request body's JSON (deeper: 400)
 
 
 @dataclass
@@ -62,7 +82,19 @@ class _Trace:
     first_token: float | None = None
     done: bool = False  # the whole answer went to the client ([DONE] or the last byte)
     streamed: bool = False
+    started: bool = False  # http.response.start sent
+    events: int = 0  # SSE data events copied (about one token each: the bill of a stream cut short)
     captured: bytearray = field(default_factory=bytearray)
+
+
+@dataclass
+class _Running:
+    """A request past its checks: what the tick needs to end it (key revoked, client stalled)."""
+
+    key_hash: str
+    task: asyncio.Future[Any] | None = None
+    cut: str = ""  # why the gateway ended it: "revoked", "stalled", "gone" (the client hung up)
+    sending_since: float = 0.0  # a send to the client began at this time and has not returned (0: none)
 
 
 class _ClientGone(Exception):
@@ -74,16 +106,34 @@ def _error_body(status: int, message: str, kind: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
 
 
+def retry_after(engine: EngineStatus) -> list[tuple[bytes, bytes]]:
+    """Retry-After from when the engine is expected back; none when unknown (a fixed guess made the openai
+    SDK's retries hang a client 20 s for an engine that was stopped, issue 39)."""
+    if engine.retry_after_s > 0:
+        return [(b"retry-after", str(max(1, math.ceil(engine.retry_after_s))).encode())]
+    return []
+
+
 class GatewayApp:
     def __init__(self, keys: KeyStore, engine: EngineStatusSource, limits: Limits = Limits(),
-                 on_event: Callable[[ActivityRecord], None] | None = None):
+                 on_event: Callable[[ActivityRecord], None] | None = None,
+                 report: Callable[[dict[str, object]], None] | None = None):
         self.keys = keys
         self.engine = engine
         self.limits = limits
         self._buckets: dict[str, _Bucket] = {}
         self._upstream: UpstreamPool | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
         self._on_event = on_event
+        self._report = report
+        self.queue = FairQueue(limits.engine_slots, limits.max_queue)
+        self.metrics = GatewayMetrics()
+        self.guard: ConnGuard | None = None  # set by the server: marks a connection that showed a valid key
+        self._running: dict[int, _Running] = {}
+        self._refusals = RefusalLog()
+        self._reported_at = 0.0
+        self.who = oplog.PANEL  # who started it, for the operator's log (the CLI sets its own)
 
     # -- lifespan ----------------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -91,22 +141,74 @@ class GatewayApp:
         self._upstream = UpstreamPool(connect_timeout_s=self.limits.upstream_connect_s)
         await self.engine.start()
         self._flusher = asyncio.create_task(self._flush_loop())
+        self._ticker = asyncio.create_task(self._tick_loop())
+        oplog.decision("gateway", "started", who=self.who, slots=self.limits.engine_slots,
+                       max_tokens=self.limits.max_tokens, per_source=self.limits.max_conn_per_source)
 
     async def shutdown(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
+        for task in (self._flusher, self._ticker):
+            if task is not None:
+                task.cancel()
         await self.engine.stop()
         if self._upstream is not None:
             await self._upstream.aclose()
         await asyncio.to_thread(self.keys.flush)
+        self._report_metrics()
+        oplog.decision("gateway", "stopped", who=self.who, refusals=sum(self.metrics.refusals.values()))
 
     async def _flush_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
             try:
                 await asyncio.to_thread(self.keys.flush)
-            except Exception:  # a locked or full disk must not stop the gateway; the next flush retries
-                pass
+            except Exception as exc:  # a locked or full disk must not stop the gateway; the next flush retries
+                oplog.caught("gateway", exc, "writing usage and activity")
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self.tick()
+            except Exception as exc:  # a bug here must not stop the revocation and stall checks for good
+                oplog.caught("gateway", exc, "the gateway's tick", traceback=True)
+
+    def tick(self) -> None:
+        """Revoked keys' requests and stalled clients are cut; figures reported; refusals summed up."""
+        now = time.monotonic()
+        for run in list(self._running.values()):
+            if run.task is None or run.task.done() or run.cut:
+                continue
+            if not self.keys.still_active(run.key_hash):
+                run.cut = "revoked"
+                run.task.cancel()
+            elif run.sending_since and now - run.sending_since > self.limits.stall_s:
+                run.cut = "stalled"
+                run.task.cancel()
+        if now - self._reported_at >= REPORT_S:
+            self._report_metrics()
+        counts = self._refusals.due()
+        if counts:
+            oplog.decision("gateway", "refused", who=oplog.OUTSIDE, window_s=int(self._refusals.log_every),
+                           **{f"n_{k}": v for k, v in sorted(counts.items())})
+        if self._refusals.suppressed:
+            n, self._refusals.suppressed = self._refusals.suppressed, 0
+            self.keys.record(ActivityRecord(time=time.time(), key_name="(refused)", route="-", status=429,
+                                            error=f"{n} more refused attempts not listed one by one (a flood)"),
+                             error=False)
+
+    def _report_metrics(self) -> None:
+        self._reported_at = time.monotonic()
+        self.metrics.queue_length = len(self.queue)
+        if self._report is not None:
+            self._report({"metrics": self.metrics.as_json()})
+
+    def _in_flight(self, delta: int) -> None:
+        self.metrics.in_flight += delta
+        if self._report is not None:  # at once: a drain waits for this count to reach 0
+            self._report({"in_flight": self.metrics.in_flight})
+
+    def answers_in_flight(self) -> int:
+        return self.metrics.in_flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -123,6 +225,7 @@ class GatewayApp:
                 try:
                     await self.startup()
                 except Exception as exc:
+                    oplog.caught("gateway", exc, "starting the gateway", traceback=True)
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
                 await send({"type": "lifespan.startup.complete"})
@@ -140,6 +243,21 @@ class GatewayApp:
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
             *(headers or [])]})
         await send({"type": "http.response.body", "body": body})
+
+    def note_refusal(self, reason: str, status: int = 0, route: str = "-", key_name: str | None = None,
+                     error: str = "") -> None:
+        """A refused attempt: counted by reason, in the key's errors when a key is known, and in the activity
+        at a bounded rate. Also the connection guard's and the header cap's hook (no request reached the app)."""
+        self.metrics.refused(reason)
+        if key_name is not None:
+            self.metrics.request(key_name, status)
+        if self._refusals.take(reason):
+            name = key_name or (UNKNOWN_KEY if reason == "bad_key" else NO_KEY)
+            status = status or _PROTOCOL_STATUS.get(reason, 400)
+            self.keys.record(ActivityRecord(time=time.time(), key_name=name, route=route, status=status,
+                                            error=error or reason.replace("_", " ")), error=True)
+        elif key_name is not None:  # the key's error count stays exact; only the listing is sampled
+            self.keys.count_error(key_name)
 
     def _admit(self, name: str) -> float | None:
         """Take a rate token and a concurrency slot for `name`; None when admitted, else Retry-After s."""
@@ -185,30 +303,50 @@ class GatewayApp:
             if not msg.get("more_body", False):
                 return b"".join(chunks)
 
+    def _identify(self, auth: str) -> tuple[KeyRecord | None, str, str]:
+        """(the active key, refusal reason, message) from an Authorization header."""
+        scheme, _, key = auth.partition(" ")
+        key = key.strip()
+        rec = self.keys.authenticate(key, DEFAULT_SCOPE) if scheme.lower() == "bearer" else None
+        if rec is not None:
+            return rec, "", ""
+        if not auth:
+            return None, "no_key", ("no API key: send `Authorization: Bearer <key>` (create one with `moet-panel "
+                                    "keys create NAME`)")
+        known = self.keys.identify(key) if scheme.lower() == "bearer" else None
+        if known is not None and known.scope == DEFAULT_SCOPE:
+            return known, "revoked_key", f"the API key {known.name!r} is {known.status()}"
+        return None, "bad_key", "the API key is not valid (unknown, expired or revoked)"
+
     # -- the request path ---------------------------------------------------------------------------
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
         allowed = ROUTES.get(path)
+        close = [(b"connection", b"close")]  # a refused stranger's connection ends with the answer
         if allowed is None:
+            self.metrics.refused("not_found")
             await self._reply(send, 404, f"{path!r} is not served by this gateway (it forwards "
-                              f"{', '.join(ROUTES)} only; docs/gateway.md)", "not_found")
+                              f"{', '.join(ROUTES)} only; docs/gateway.md)", "not_found", close)
             return
         headers = {k.decode("latin-1").lower(): v for k, v in scope["headers"]}
         auth = headers.get("authorization", b"").decode("latin-1")
-        scheme, _, key = auth.partition(" ")
-        rec = self.keys.authenticate(key.strip(), DEFAULT_SCOPE) if scheme.lower() == "bearer" else None
-        if rec is None:
-            why = ("no API key: send `Authorization: Bearer <key>` (create one with `moet-panel keys create NAME`)"
-                   if not auth else "the API key is not valid (unknown, expired or revoked)")
-            await self._reply(send, 401, why, "authentication_error", [(b"www-authenticate", b"Bearer")])
+        rec, why, message = self._identify(auth)
+        route = f"{method} {path}"
+        if why:
+            self.note_refusal(why, 401, route, rec.name if rec is not None else None)
+            await self._reply(send, 401, message, "authentication_error", [(b"www-authenticate", b"Bearer"), *close])
             return
+        assert rec is not None
+        if self.guard is not None:
+            self.guard.authenticated(scope.get("client"))
         if method != allowed:
             await self._reply(send, 405, f"{path} accepts {allowed} only", "invalid_request_error",
                               [(b"allow", allowed.encode())])
             return
         wait = self._admit(rec.name)
         if wait is not None:
+            self.note_refusal("rate_limited", 429, route, rec.name)
             await self._reply(send, 429, f"too many requests for key {rec.name!r} (at most {self.limits.max_concurrent} "
                               f"at once, {self.limits.rate_per_min:g} a minute); retry after {math.ceil(wait)} s",
                               "rate_limit_error", [(b"retry-after", str(max(1, math.ceil(wait))).encode())])
@@ -219,102 +357,186 @@ class GatewayApp:
         trace = _Trace()
         error = ""
         req_capture: str | None = None
+        run = _Running(rec.hash)
+        counted = refused = False
         try:
-            status, error, req_capture = await self._forward(scope, receive, send, path, method, headers, trace)
+            try:
+                body, strip_usage, req_capture = await self._checked_body(receive, method, headers)
+                engine = self.engine.status()
+                if engine.slots and engine.slots != self.queue.slots:  # the profile running now
+                    self.queue.resize(engine.slots)
+                if not engine.accepts:
+                    raise Refused(503, f"the model is not available: {engine.reason}", "service_unavailable",
+                                  "not_ready", retry_after(engine), f"engine not ready: {engine.state}")
+            except Refused as r:
+                self.note_refusal(r.reason, r.status, route, rec.name, r.error)
+                status, error, refused = r.status, r.error, True
+                await self._reply(send, r.status, r.message, r.kind, r.headers)
+                return
+            self._in_flight(+1)
+            counted = True
+            self._running[id(run)] = run
+            status, error = await self._guarded(
+                self._forward(send, path, method, headers, body, strip_usage, engine, trace, run), receive, send, trace,
+                run)
         except _ClientGone:
             status, error = 499, "client disconnected"
         finally:
+            self._running.pop(id(run), None)
+            if counted:
+                self._in_flight(-1)
             self._release(rec.name)
-            duration = time.monotonic() - started
-            tok_s = None
-            if trace.completion_tokens and trace.first_token is not None:
-                # decode rate after the first token on a stream; the whole answer's rate otherwise
-                span = time.monotonic() - (trace.first_token if trace.streamed else started)
-                tok_s = trace.completion_tokens / span if span > 0 else None
-            cap = self.limits.capture_cap_bytes
-            event = ActivityRecord(
-                time=wall, key_name=rec.name, route=f"{method} {path}", status=status,
-                prompt_tokens=trace.prompt_tokens, completion_tokens=trace.completion_tokens,
-                ttft_s=(trace.first_token - started) if trace.first_token is not None else None,
-                duration_s=duration, tok_s=tok_s, error=error,
-                request_body=req_capture if self.limits.capture_bodies else None,
-                response_body=bytes(trace.captured[:cap]).decode("utf-8", "replace") if self.limits.capture_bodies else None)
-            self.keys.record(event, error=status >= 400)
-            if self._on_event is not None:
-                self._on_event(event)
+            if not refused:  # a refusal is counted and listed by note_refusal
+                self._finish(rec.name, route, wall, started, status, error, trace, req_capture)
 
-    async def _forward(self, scope: Scope, receive: Receive, send: Send, path: str, method: str,
-                       headers: dict[str, bytes], trace: _Trace) -> tuple[int, str, str | None]:
-        """Check the body, ask the engine, copy its answer. Returns (status, error, captured request)."""
-        engine = self.engine.status()
-        body = b""
-        strip_usage = False
-        captured: str | None = None
-        if method == "POST":
-            ctype = headers.get("content-type", b"").split(b";")[0].strip().lower()
-            try:
-                body = await self._read_body(receive)
-            except OverflowError:
-                await self._reply(send, 413, f"request body over {self.limits.max_body_bytes} bytes", "invalid_request_error",
-                                  [(b"connection", b"close")])
-                return 413, "body too large", None
-            except (TimeoutError, asyncio.TimeoutError):
-                await self._reply(send, 408, f"the request body did not arrive within {self.limits.body_timeout_s:g} s",
-                                  "invalid_request_error", [(b"connection", b"close")])
-                return 408, "body too slow", None
-            if ctype != b"application/json":
-                await self._reply(send, 415, "send the body as JSON with `Content-Type: application/json`",
-                                  "invalid_request_error")
-                return 415, "wrong content type", None
-            try:
-                text = body.decode("utf-8")
-                payload = json.loads(text)
-            except UnicodeDecodeError:
-                await self._reply(send, 400, "the request body is not UTF-8", "invalid_request_error")
-                return 400, "body not UTF-8", None
-            except ValueError as exc:
-                await self._reply(send, 400, f"the request body is not valid JSON ({exc})", "invalid_request_error")
-                return 400, "malformed JSON", None
-            if not isinstance(payload, dict):
-                await self._reply(send, 400, "the request body must be a JSON object", "invalid_request_error")
-                return 400, "body not an object", None
-            if self.limits.capture_bodies:
-                captured = text[: self.limits.capture_cap_bytes]
-            if payload.get("stream") is True:
-                opts = payload.get("stream_options")
-                if not isinstance(opts, dict) or not opts.get("include_usage"):
-                    # ask the engine to count the tokens; the usage chunk is kept from this client
-                    payload["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
-                    strip_usage = True
-                    body = json.dumps(payload).encode()
-        if not engine.ready:
-            await self._reply(send, 503, f"the model is not available: {engine.reason}", "service_unavailable",
-                              [(b"retry-after", b"10")])
-            return 503, f"engine not ready: {engine.state}", captured
+    def _finish(self, name: str, route: str, wall: float, started: float, status: int, error: str, trace: _Trace,
+                req_capture: str | None) -> None:
+        duration = time.monotonic() - started
+        tok_s = None
+        if trace.completion_tokens is None and trace.streamed and trace.events and not trace.done:
+            # a stream cut short never gets the engine's usage: bill what was sent (about a token an event;
+            # the first chat event carries only the role)
+            trace.completion_tokens = max(0, trace.events - (1 if route.endswith("chat/completions") else 0))
+        if trace.completion_tokens and trace.first_token is not None:
+            # decode rate after the first token on a stream; the whole answer's rate otherwise
+            span = time.monotonic() - (trace.first_token if trace.streamed else started)
+            tok_s = trace.completion_tokens / span if span > 0 else None
+        cap = self.limits.capture_cap_bytes
+        ttft = (trace.first_token - started) if trace.first_token is not None else None
+        event = ActivityRecord(
+            time=wall, key_name=name, route=route, status=status,
+            prompt_tokens=trace.prompt_tokens, completion_tokens=trace.completion_tokens,
+            ttft_s=ttft, duration_s=duration, tok_s=tok_s, error=error,
+            request_body=req_capture if self.limits.capture_bodies else None,
+            response_body=bytes(trace.captured[:cap]).decode("utf-8", "replace") if self.limits.capture_bodies else None)
+        self.metrics.request(name, status)
+        self.keys.record(event, error=status >= 400)
+        self.metrics.duration.observe(duration)
+        if ttft is not None:
+            self.metrics.ttft.observe(ttft)
+        if self._on_event is not None:
+            self._on_event(event)
+
+    async def _checked_body(self, receive: Receive, method: str,
+                            headers: dict[str, bytes]) -> tuple[bytes, bool, str | None]:
+        """The body, read and checked: (body to send, usage chunk to strip, captured text). Raises Refused."""
+        if method != "POST":
+            return b"", False, None
+        lim = self.limits
+        ctype = headers.get("content-type", b"").split(b";")[0].strip().lower()
+        try:
+            body = await self._read_body(receive)
+        except OverflowError:
+            raise Refused(413, f"request body over {lim.max_body_bytes} bytes", "invalid_request_error",
+                          "body_too_large", [(b"connection", b"close")], "body too large") from None
+        except (TimeoutError, asyncio.TimeoutError):
+            raise Refused(408, f"the request body did not arrive within {lim.body_timeout_s:g} s",
+                          "invalid_request_error", "bad_request", [(b"connection", b"close")], "body too slow") from None
+        body, strip_usage, text = check_json(body, ctype, max_depth=lim.max_json_depth, max_tokens=lim.max_tokens,
+                                             context_tokens=lim.context_tokens)
+        return body, strip_usage, text[: lim.capture_cap_bytes] if lim.capture_bodies else None
+
+    async def _guarded(self, work: Coroutine[Any, Any, tuple[int, str]], receive: Receive, send: Send,
+                       trace: _Trace, run: _Running) -> tuple[int, str]:
+        """Run `work` (queue, engine, copy) while watching for the client hanging up, from the first moment:
+        a hang-up, a revoked key or a stalled reader cancels it wherever it waits, and the upstream connection
+        closes (the engine aborts the request). Returns (status, error)."""
+        task: asyncio.Future[tuple[int, str]] = asyncio.ensure_future(work)
+        run.task = task
+
+        async def watch() -> None:
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    if not task.done() and not trace.done:
+                        run.cut = run.cut or "gone"
+                        task.cancel()
+                    return
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if not task.cancelled() or not run.cut:
+                raise  # the server is stopping: not ours to answer
+            if trace.done:
+                return 200, ""
+            if run.cut == "gone":
+                raise _ClientGone from None
+            return await self._after_cut(run.cut, trace, send)
+        finally:
+            watcher.cancel()
+
+    async def _after_cut(self, why: str, trace: _Trace, send: Send) -> tuple[int, str]:
+        """The gateway ended the request: a revoked key's client is told so (a JSON error, or an error event on
+        its stream); a stalled client gets nothing more (uvicorn closes its connection)."""
+        if why != "revoked":
+            return 499, "client stopped reading"
+        message = "the API key was revoked while this request ran"
+        if not trace.started:
+            await self._reply(send, 401, message, "authentication_error", [(b"connection", b"close")])
+        elif trace.streamed:
+            event = b"data: " + _error_body(401, message, "authentication_error") + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return 401, "key revoked while answering"
+
+    async def _forward(self, send: Send, path: str, method: str, headers: dict[str, bytes], body: bytes,
+                       strip_usage: bool, engine: EngineStatus, trace: _Trace, run: _Running) -> tuple[int, str]:
+        """Wait for an engine slot in turn (generation only: the model list takes no sequence), ask the engine,
+        copy its answer. Returns (status, error)."""
+        if path not in GENERATION:
+            return await self._ask(send, path, method, headers, body, strip_usage, engine, trace, run)
+        try:
+            waited = await self.queue.acquire(self._key_of(run))
+        except QueueFull:
+            msg = (f"the engine is busy: {len(self.queue)} requests are waiting (the most this gateway queues); "
+                   "retry in a few seconds")
+            self.metrics.refused("queue_full")  # listed in the activity by the caller, as the key's error
+            await self._reply(send, 429, msg, "rate_limit_error", [(b"retry-after", b"5")])
+            return 429, "queue full"
+        self.metrics.queue_wait.observe(waited)
+        try:
+            return await self._ask(send, path, method, headers, body, strip_usage, engine, trace, run)
+        finally:
+            self.queue.release()
+
+    async def _ask(self, send: Send, path: str, method: str, headers: dict[str, bytes], body: bytes,
+                   strip_usage: bool, engine: EngineStatus, trace: _Trace, run: _Running) -> tuple[int, str]:
+        """Ask the engine and copy its answer. Returns (status, error)."""
         assert self._upstream is not None
-        fwd_headers = {"content-type": "application/json", "accept": headers.get("accept", b"*/*").decode("latin-1")}
+        fwd_headers = {"content-type": "application/json",
+                       "accept": headers.get("accept", b"*/*").decode("latin-1")}
         try:
             resp = await self._upstream.request(engine.base_url, method, path, fwd_headers,
                                                 body if method == "POST" else b"")
         except UpstreamError as exc:
+            oplog.caught("gateway", exc, "forwarding a request to the engine", route=f"{method} {path}")
             await self._reply(send, 502, f"the engine did not answer ({exc}); it may be restarting",
-                              "service_unavailable", [(b"retry-after", b"10")])
-            return 502, "upstream: no answer", captured
+                              "service_unavailable", retry_after(self.engine.status()))
+            return 502, "upstream: no answer"
         try:
             status = resp.status_code
             streaming = resp.headers.get("content-type", "").startswith("text/event-stream")
-            out_headers = [(b"content-type", resp.headers.get("content-type", "application/json").encode("latin-1"))]
-            if streaming:
-                out_headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-            await send({"type": "http.response.start", "status": status, "headers": out_headers})
             trace.streamed = streaming
             if streaming:
-                await self._watched(self._pump(resp, send, trace, strip_usage), receive, trace)
+                await self._pump(resp, send, trace, strip_usage, run)
             else:
-                await self._watched(self._whole(resp, send, trace), receive, trace)
-            return status, "" if status < 400 else f"engine answered {status}", captured
+                await self._whole(resp, send, trace, run)
+            return status, "" if status < 400 else f"engine answered {status}"
         finally:
             resp.close()
+
+    def _key_of(self, run: _Running) -> str:
+        return run.key_hash  # the fair queue's turns are per key (its hash: the same for every request of it)
+
+    @staticmethod
+    async def _start(resp: UpstreamResponse, send: Send, trace: _Trace, streaming: bool) -> None:
+        out_headers = [(b"content-type", resp.headers.get("content-type", "application/json").encode("latin-1"))]
+        if streaming:
+            out_headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+        await send({"type": "http.response.start", "status": resp.status_code, "headers": out_headers})
+        trace.started = True
 
     @staticmethod
     def _usage_from(data: bytes, trace: _Trace) -> None:
@@ -326,41 +548,20 @@ class GatewayApp:
             trace.prompt_tokens = usage.get("prompt_tokens")
             trace.completion_tokens = usage.get("completion_tokens")
 
-    async def _whole(self, resp: UpstreamResponse, send: Send, trace: _Trace) -> None:
+    async def _whole(self, resp: UpstreamResponse, send: Send, trace: _Trace, run: _Running) -> None:
         data = await resp.read()
         trace.first_token = time.monotonic()
         self._usage_from(data, trace)
         if self.limits.capture_bodies:
             trace.captured += data[: self.limits.capture_cap_bytes]
+        await self._start(resp, send, trace, False)
         trace.done = True
+        run.sending_since = time.monotonic()
         await send({"type": "http.response.body", "body": data})
+        run.sending_since = 0.0
 
-    @staticmethod
-    async def _watched(work: Awaitable[None], receive: Receive, trace: _Trace) -> None:
-        """Run `work` (the copy of the engine's answer) while watching for the client hanging up; a hang-up
-        cancels it, and the caller's `resp.close()` then closes the engine connection (the engine aborts)."""
-        pump = asyncio.ensure_future(work)
-
-        async def watch() -> None:
-            while True:
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
-                    pump.cancel()
-                    return
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await pump
-        except asyncio.CancelledError:
-            if watcher.done():  # the client left: close upstream (the caller's finally), record it
-                if trace.done:  # ... after it had the whole answer: a normal end
-                    return
-                raise _ClientGone from None
-            raise
-        finally:
-            watcher.cancel()
-
-    async def _pump(self, resp: UpstreamResponse, send: Send, trace: _Trace, strip_usage: bool) -> None:
+    async def _pump(self, resp: UpstreamResponse, send: Send, trace: _Trace, strip_usage: bool, run: _Running) -> None:
+        await self._start(resp, send, trace, True)
         buf = b""
         cap = self.limits.capture_cap_bytes if self.limits.capture_bodies else 0
         async for chunk in resp.chunks():
@@ -370,10 +571,13 @@ class GatewayApp:
             *events, buf = buf.split(b"\n\n")
             out: list[bytes] = []
             for ev in events:
-                if ev.startswith(b"data: {") and (trace.first_token is None or b'"usage"' in ev):
-                    keep = self._inspect(ev[6:], trace, strip_usage)
-                    if not keep:
-                        continue
+                if ev.startswith(b"data: {"):
+                    trace.events += 1
+                    if trace.first_token is None or b'"usage"' in ev:
+                        keep = self._inspect(ev[6:], trace, strip_usage)
+                        if not keep:
+                            trace.events -= 1
+                            continue
                 elif ev.startswith(b"data: [DONE]"):
                     trace.done = True
                 out.append(ev + b"\n\n")
@@ -381,7 +585,10 @@ class GatewayApp:
                 data = b"".join(out)
                 if cap and len(trace.captured) < cap:
                     trace.captured += data[: cap - len(trace.captured)]
+                # a send that does not return is a client that stopped reading: the tick cuts it (stall_s)
+                run.sending_since = time.monotonic()
                 await send({"type": "http.response.body", "body": data, "more_body": True})
+                run.sending_since = 0.0
         trace.done = True
         await send({"type": "http.response.body", "body": buf, "more_body": False})
 

@@ -19,6 +19,7 @@ from typing import IO, Protocol
 
 import httpx
 
+from app.backend import oplog
 from app.backend.contracts import SnapshotFn
 from app.backend.engine.client import engine_client
 
@@ -30,6 +31,16 @@ class EngineStatus:
     served_name: str = ""
     reason: str = ""  # why not ready: one sentence a client can act on ("" when ready)
     state: str = ""  # the controller's state word (starting, switching, stopped, stalled, ...) when known
+    # a stop or switch waits for the answers in flight (docs/engine.md "Keeps serving"): new requests get 503,
+    # those running go on to their end
+    draining: bool = False
+    retry_after_s: float = 0.0  # when the engine is expected back (the 503's Retry-After); 0: unknown, none sent
+    slots: int = 0  # sequences the running profile serves at once (--max-num-seqs): the fair queue's slots; 0: unknown
+
+    @property
+    def accepts(self) -> bool:
+        """A new request may go to the engine."""
+        return self.ready and not self.draining
 
     def to_line(self) -> bytes:
         """One JSON line, as the panel writes it to its gateway's stdin (`PipeSource`)."""
@@ -41,8 +52,11 @@ class EngineStatus:
         d = json.loads(line)
         if not isinstance(d, dict) or not isinstance(d.get("ready"), bool) or not isinstance(d.get("base_url"), str):
             raise ValueError("not an engine status line")
+        retry, slots = d.get("retry_after_s"), d.get("slots")
         return cls(d["ready"], d["base_url"], str(d.get("served_name") or ""), str(d.get("reason") or ""),
-                   str(d.get("state") or ""))
+                   str(d.get("state") or ""), d.get("draining") is True,
+                   float(retry) if isinstance(retry, (int, float)) and 0 < retry < 86400 else 0.0,
+                   slots if isinstance(slots, int) and not isinstance(slots, bool) and 0 < slots <= 4096 else 0)
 
 
 class EngineStatusSource(Protocol):
@@ -65,6 +79,10 @@ _REASONS = {
 }
 
 
+_DRAINING = ("the engine is about to stop or switch profile: answers in flight finish, new requests wait until "
+             "it serves again")
+
+
 def reason_for(state: str, phase: str = "", diagnosis: str = "") -> str:
     text = _REASONS.get(state, f"the engine is {state or 'not ready'}")
     return text.format(phase=f" ({phase})" if phase else "", diag=f": {diagnosis}" if diagnosis else "")
@@ -73,9 +91,19 @@ def reason_for(state: str, phase: str = "", diagnosis: str = "") -> str:
 class SnapshotSource:
     """In the panel: the engine controller's snapshot (a dictionary read, no I/O)."""
 
-    def __init__(self, snapshot_fn: SnapshotFn, fallback_base_url: str):
+    def __init__(self, snapshot_fn: SnapshotFn, fallback_base_url: str,
+                 slots_for: Callable[[str], int] | None = None):
         self._snapshot_fn = snapshot_fn
         self._fallback = fallback_base_url
+        self._slots_for = slots_for  # profile id -> its --max-num-seqs (server.engine_slots_of)
+        self._slots: dict[str, int] = {}
+
+    def _slots_of(self, profile_id: str | None) -> int:
+        if not profile_id or self._slots_for is None:
+            return 0
+        if profile_id not in self._slots:
+            self._slots[profile_id] = self._slots_for(profile_id)
+        return self._slots[profile_id]
 
     def status(self) -> EngineStatus:
         snap = self._snapshot_fn()
@@ -83,10 +111,16 @@ class SnapshotSource:
             return EngineStatus(False, self._fallback, "", reason_for(""), "")
         state = snap.state.value
         base = snap.base_url or self._fallback
+        back = max(0.0, float(snap.expected_back_s or 0.0))
+        slots = self._slots_of(snap.profile_id)
+        if snap.is_ready and snap.draining:
+            return EngineStatus(True, base, snap.served_name, _DRAINING, state, draining=True, retry_after_s=back,
+                                slots=slots)
         if snap.is_ready:
-            return EngineStatus(True, base, snap.served_name, state=state)
+            return EngineStatus(True, base, snap.served_name, state=state, slots=slots)
         diag = snap.diagnosis.title if snap.diagnosis is not None else ""
-        return EngineStatus(False, base, snap.served_name, reason_for(state, snap.phase, diag), state)
+        return EngineStatus(False, base, snap.served_name, reason_for(state, snap.phase, diag), state,
+                            draining=snap.draining, retry_after_s=back)
 
     async def start(self) -> None:
         return None
@@ -118,15 +152,15 @@ class PipeSource:
             self._status = EngineStatus.from_line(line)
             self.updates += 1
             self._heard.set()
-        except ValueError:
-            pass
+        except ValueError as exc:  # the previous status stands
+            oplog.caught("gateway", exc, "reading an engine status line from the panel")
 
     def _read(self) -> None:
         try:
             for line in iter(self._stream.readline, b""):
                 self.feed(line)
-        except (OSError, ValueError):  # a closed or broken pipe: the panel is gone all the same
-            pass
+        except (OSError, ValueError) as exc:  # a closed or broken pipe: the panel is gone all the same
+            oplog.caught("gateway", exc, "reading the panel's status pipe")
         self._status = EngineStatus(False, self._status.base_url, self._status.served_name,
                                     "the panel stopped; the gateway is shutting down", "unknown")
         self._heard.set()
@@ -184,6 +218,8 @@ class ProbeSource:
                                     "switching", "switching")
             return EngineStatus(True, url, self.served_name or (ids[0] if ids else ""), state="ready")
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            if self._status.ready:  # once when the engine goes away, not every second while it stays away
+                oplog.caught("gateway", exc, "probing the engine", url=url)
             return EngineStatus(False, url, self.served_name,
                                 f"the engine does not answer at {url} ({type(exc).__name__}): it is stopped or "
                                 "starting; start it on the panel's Engine tab or with `moet-panel engine start`",
@@ -203,5 +239,7 @@ class ProbeSource:
             self._task.cancel()
             try:
                 await self._task
-            except (asyncio.CancelledError, Exception):
+            except asyncio.CancelledError:
                 pass
+            except Exception as exc:
+                oplog.caught("gateway", exc, "stopping the engine probe", traceback=True)

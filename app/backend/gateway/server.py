@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import socket
 import ssl
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from app.backend import oplog
+from app.backend.gateway.connguard import ConnGuard
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.proxy import GatewayApp, Limits
 from app.backend.gateway.readiness import EngineStatusSource
+
+if TYPE_CHECKING:
+    from app.backend.recipe.schema import ProfileSpec, Recipe
 
 DEFAULT_PORT = 8001
 
@@ -53,14 +59,41 @@ class GatewayConfig:
         return f"{'https' if self.tls else 'http'}://{host}:{port or self.port}"
 
 
-def config_from_env(limits: Limits | None = None) -> GatewayConfig:
-    """The panel's gateway settings (docs/configuration.md): MOET_PANEL_GATEWAY_HOST/_PORT/_TLS_CERT/_TLS_KEY."""
+def limits_for_recipe(recipe: Recipe, base: Limits | None = None) -> Limits:
+    """The limits a recipe implies (docs/gateway.md "Caps"): `max_tokens` capped at the context it was validated
+    at, and as many engine slots as its recommended profile runs sequences (`--max-num-seqs`; vLLM's 256 when
+    absent), so the fair queue, not the engine's arrival order, decides who goes next."""
+    base = base or Limits()
+    seqs = engine_slots_of(recipe, recipe.recommended_profile) or base.engine_slots
+    ctx = max(1, int(recipe.context.validated_max_tokens))
+    return replace(base, max_tokens=ctx, context_tokens=ctx, engine_slots=seqs)
+
+
+def engine_slots_of(recipe: Recipe, profile: ProfileSpec | None) -> int:
+    """The sequences `profile` runs at once (`--max-num-seqs`; vLLM's 256 when absent); 0 when unknown. The
+    panel tells its gateway this for the running profile (readiness.EngineStatus.slots)."""
+    if profile is None:
+        return 0
+    try:
+        seqs_arg = recipe.command(profile).arg_value("--max-num-seqs")
+        return max(1, int(seqs_arg)) if seqs_arg else 256
+    except (ValueError, KeyError, AttributeError) as exc:  # a hand-edited profile: the gateway's own setting
+        oplog.caught("gateway", exc, "reading a profile's --max-num-seqs", recipe=recipe.id, profile=profile.id)
+        return 0
+
+
+def config_from_env(limits: Limits | None = None, recipe: Recipe | None = None) -> GatewayConfig:
+    """The panel's gateway settings (docs/configuration.md): MOET_PANEL_GATEWAY_HOST/_PORT/_TLS_CERT/_TLS_KEY;
+    with a recipe, its caps (`limits_for_recipe`)."""
     from app.backend import env
 
     cert, key = env.gateway_tls()
+    lim = limits or Limits()
+    if recipe is not None:
+        lim = limits_for_recipe(recipe, lim)
     return GatewayConfig(host=env.gateway_host() or "127.0.0.1", port=env.gateway_port() or DEFAULT_PORT,
                          tls_cert=Path(cert).expanduser() if cert else None,
-                         tls_key=Path(key).expanduser() if key else None, limits=limits or Limits())
+                         tls_key=Path(key).expanduser() if key else None, limits=lim)
 
 
 def is_loopback(host: str) -> bool:
@@ -131,16 +164,30 @@ def http_protocol_base() -> type:
         return H11Protocol
 
 
-def header_deadline_protocol(timeout_s: float, max_head_bytes: int = MAX_HEAD_BYTES) -> type:
-    """uvicorn's HTTP protocol with a deadline and a size cap for a request's headers: uvicorn bounds the
-    idle time between requests (keep-alive) but not a client that sends its headers a byte at a time
-    (slowloris), nor, with httptools, headers without end. The body has its own deadline in the app
-    (Limits.body_timeout_s)."""
+def _refusal_bytes(status: int, reason: str, message: str, kind: str) -> bytes:
+    """A whole HTTP answer written by the protocol itself (no app call): OpenAI's error shape, then close."""
+    body = json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n").encode() + body
+
+
+def header_deadline_protocol(timeout_s: float, max_head_bytes: int = MAX_HEAD_BYTES, first_timeout_s: float | None = None,
+                             guard: ConnGuard | None = None) -> type:
+    """uvicorn's HTTP protocol with a deadline and a size cap for a request's headers, and a cap on connections
+    per source: uvicorn bounds the idle time between requests (keep-alive) but not a client that sends its
+    headers a byte at a time (slowloris), nor, with httptools, headers without end, nor one address holding
+    every connection (connguard.py). A connection that has not yet shown a valid key must send its first
+    request's headers within `first_timeout_s` (a stranger's idle connection lives seconds, not the keep-alive's
+    75 s); the app closes it after a refusal. The body has its own deadline in the app (Limits.body_timeout_s)."""
     base: Any = http_protocol_base()
+    first_s = timeout_s if first_timeout_s is None else first_timeout_s
 
     class HeaderDeadline(base):  # type: ignore[misc]
         _deadline: asyncio.TimerHandle | None = None
         _head_bytes: int = 0
+        _tail: bytes = b""
+        _registered: bool = False
+        authed: bool = False
 
         def _waiting_for_headers(self) -> bool:
             cycle = getattr(self, "cycle", None)
@@ -148,37 +195,81 @@ def header_deadline_protocol(timeout_s: float, max_head_bytes: int = MAX_HEAD_BY
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
-            self._deadline = self.loop.call_later(timeout_s, self._too_slow)
+            if guard is not None:
+                if not guard.opened(self, self.client):
+                    transport.write(_refusal_bytes(429, "Too Many Requests", "too many connections from your "
+                                                   "address; close idle ones and retry", "rate_limit_error"))
+                    transport.close()
+                    return
+                self._registered = True
+            self._deadline = self.loop.call_later(first_s, self._too_slow)
+
+        def evictable(self) -> bool:
+            return not self.authed and self._waiting_for_headers() and not self.transport.is_closing()
+
+        def evict(self) -> None:
+            self._registered = False
+            self.transport.close()
 
         def data_received(self, data: bytes) -> None:
+            if self._waiting_for_headers():
+                # count the head's bytes before the parser sees them: with httptools a whole oversized head
+                # in one read was parsed and served before any count (issue 40)
+                seen = self._tail + data
+                end = seen.find(b"\r\n\r\n")
+                self._head_bytes += len(data) if end < 0 else max(0, end + 4 - len(self._tail))
+                if self._head_bytes > max_head_bytes:
+                    if guard is not None:
+                        guard.refusal("header_too_large")
+                    self.transport.write(_refusal_bytes(
+                        431, "Request Header Fields Too Large", f"the request line and headers are over "
+                        f"{max_head_bytes} bytes", "invalid_request_error"))
+                    self.transport.close()
+                    return
+                self._tail = seen[-3:] if end < 0 else b""
+                if self._deadline is None:  # the first bytes of the next request on a kept-alive connection
+                    self._deadline = self.loop.call_later(timeout_s if self.authed else first_s, self._too_slow)
             super().data_received(data)
             if self.transport.is_closing():
                 return
             if not self._waiting_for_headers():
                 self._head_bytes = 0
+                self._tail = b""
                 if self._deadline is not None:
                     self._deadline.cancel()
                     self._deadline = None
-                return
-            self._head_bytes += len(data)
-            if self._head_bytes > max_head_bytes:
-                self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
-                                     b"connection: close\r\n\r\n")
-                self.transport.close()
-            elif self._deadline is None:  # the first bytes of the next request on a kept-alive connection
-                self._deadline = self.loop.call_later(timeout_s, self._too_slow)
 
         def _too_slow(self) -> None:
             self._deadline = None
             if self._waiting_for_headers() and not self.transport.is_closing():
+                if guard is not None:
+                    guard.refusal("header_timeout")
                 self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             if self._deadline is not None:
                 self._deadline.cancel()
+            if guard is not None:
+                guard.closed(self, self.client)
             super().connection_lost(exc)
 
     return HeaderDeadline
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's open-file limit to its hard limit (the soft one is often 1,024: fewer than the
+    connections the gateway is meant to hold, docs/gateway.md "Caps"). Returns the soft limit now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            oplog.caught("gateway", exc, "raising the open-file limit", soft=soft, hard=hard)
+    return soft
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
@@ -193,10 +284,16 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
 class GatewayServer:
     """One uvicorn server for one GatewayApp; `run()` blocks, `start()` runs it on a thread."""
 
-    def __init__(self, cfg: GatewayConfig, keys: KeyStore, engine: EngineStatusSource):
+    def __init__(self, cfg: GatewayConfig, keys: KeyStore, engine: EngineStatusSource,
+                 report: Callable[[dict[str, object]], None] | None = None):
         check_config(cfg, keys.active_count())
         self.cfg = cfg
-        self.app = GatewayApp(keys, engine, cfg.limits)
+        self.fd_limit = raise_fd_limit()
+        self.app = GatewayApp(keys, engine, cfg.limits, report=report)
+        # the global rule a little below uvicorn's cap, whose count includes running tasks
+        self.guard = ConnGuard(cfg.limits.max_conn_per_source, on_refusal=self.app.note_refusal,
+                               total=max(1, cfg.limits.max_connections - 32))
+        self.app.guard = self.guard
         self.sock = bind_socket(cfg.host, cfg.port)
         self.port = int(self.sock.getsockname()[1])
         self._server = uvicorn.Server(uvicorn.Config(
@@ -204,7 +301,8 @@ class GatewayServer:
             lifespan="on", ssl_certfile=str(cfg.tls_cert) if cfg.tls_cert else None,
             ssl_keyfile=str(cfg.tls_key) if cfg.tls_key else None,
             timeout_keep_alive=75, h11_max_incomplete_event_size=MAX_HEAD_BYTES,
-            http=header_deadline_protocol(cfg.limits.header_timeout_s),
+            http=header_deadline_protocol(cfg.limits.header_timeout_s, first_timeout_s=cfg.limits.first_header_timeout_s,
+                                          guard=self.guard),
             limit_concurrency=cfg.limits.max_connections,  # beyond it uvicorn answers 503 at once
             server_header=False, date_header=False))
         self._thread: threading.Thread | None = None
@@ -231,6 +329,7 @@ class GatewayServer:
             try:
                 self.run()
             except Exception as exc:  # shown as the gateway's state in the panel
+                oplog.caught("gateway", exc, "serving on a thread", traceback=True)
                 self.error = f"{type(exc).__name__}: {exc}"
 
         # uvicorn installs signal handlers only on the main thread; here the panel keeps its own

@@ -15,6 +15,7 @@ on starts it again, with no click.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import IO
 
 import app as _app_package
-from app.backend import env
+from app.backend import env, oplog
 from app.backend.contracts import SnapshotFn
 from app.backend.fileio import atomic_write
 from app.backend.gateway.keys import ActivityRecord, CreatedKey, KeyInfo, KeyStore
@@ -83,8 +84,11 @@ def load_desired(state_dir: Path) -> DesiredGateway:
         d = json.loads((state_dir / DESIRED_FILE).read_text())
         port = d.get("port")
         return DesiredGateway(on=d.get("on") is True, port=int(port) if isinstance(port, int) else None)
-    except (OSError, ValueError, AttributeError):
-        return DesiredGateway()  # none yet, or unreadable: off (never expose the model on a guess)
+    except FileNotFoundError:
+        return DesiredGateway()  # none yet: off
+    except (OSError, ValueError, AttributeError) as exc:
+        oplog.caught("gateway", exc, "reading the gateway switch; it stays off")
+        return DesiredGateway()  # unreadable: off (never expose the model on a guess)
 
 
 def save_desired(state_dir: Path, desired: DesiredGateway) -> None:
@@ -99,7 +103,9 @@ def child_argv(cfg: GatewayConfig, state_dir: Path) -> list[str]:
     lim = cfg.limits
     argv = [sys.executable, "-m", "app.cli.main", "gateway", "--status-from-stdin", "--state-dir", str(state_dir),
             "--host", cfg.host, "--port", str(cfg.port), "--max-concurrent", str(lim.max_concurrent),
-            "--rate", repr(lim.rate_per_min), "--max-body-mb", repr(lim.max_body_bytes / 2**20)]
+            "--rate", repr(lim.rate_per_min), "--max-body-mb", repr(lim.max_body_bytes / 2**20),
+            "--max-tokens", str(lim.max_tokens), "--engine-slots", str(lim.engine_slots), "--stall-s", repr(lim.stall_s),
+            "--per-source", str(lim.max_conn_per_source)]
     if lim.capture_bodies:
         argv += ["--capture-bodies", str(lim.capture_cap_bytes)]
     if cfg.tls_cert is not None:
@@ -130,6 +136,8 @@ class GatewayProcess:
         self.url = ""
         self.port = 0
         self._listening = threading.Event()
+        self.in_flight = 0  # the child's answers in flight, as it last reported (a drain waits for 0)
+        self.metrics: dict[str, object] | None = None  # its latest figures (gwmetrics.py)
         self._stderr: deque[str] = deque(maxlen=20)
         self._write_lock = threading.Lock()
         self._readers = [threading.Thread(target=self._read_stdout, name="gateway-child-out", daemon=True),
@@ -144,11 +152,19 @@ class GatewayProcess:
         for raw in iter(out.readline, b""):
             try:
                 msg = json.loads(raw)
-            except ValueError:
+            except ValueError as exc:  # not one of its report lines: skipped
+                oplog.caught("gateway", exc, "reading a line of the gateway process's stdout", level=logging.DEBUG)
                 continue
-            if isinstance(msg, dict) and "listening" in msg:
+            if not isinstance(msg, dict):
+                continue
+            if "listening" in msg:
                 self.url, self.port = str(msg["listening"]), int(msg.get("port") or 0)
                 self._listening.set()
+            if isinstance(msg.get("in_flight"), int):
+                self.in_flight = max(0, msg["in_flight"])
+            if isinstance(msg.get("metrics"), dict):
+                self.metrics = msg["metrics"]
+        self.in_flight = 0  # the child is gone: nothing of it is in flight
 
     def _read_stderr(self) -> None:
         err: IO[bytes] | None = self.proc.stderr
@@ -179,7 +195,9 @@ class GatewayProcess:
                 stdin.write(status.to_line())
                 stdin.flush()
                 return True
-            except (OSError, ValueError):  # BrokenPipeError, or closed by stop()
+            except (OSError, ValueError) as exc:  # BrokenPipeError, or closed by stop()
+                if self.proc.poll() is None:  # alive but not reading: worth a line (a dead child is seen by _watch)
+                    oplog.caught("gateway", exc, "sending the engine status to the gateway process", pid=self.pid)
                 return False
 
     def reason(self) -> str:
@@ -206,8 +224,8 @@ class GatewayProcess:
             if action is not None:
                 try:
                     action()
-                except OSError:
-                    pass
+                except OSError as exc:  # gone in between: nothing left to stop
+                    oplog.caught("gateway", exc, "stopping the gateway process", level=logging.DEBUG, pid=self.pid)
             try:
                 self.proc.wait(timeout)
                 break
@@ -223,11 +241,11 @@ class GatewayProcess:
 
 class GatewayService:
     def __init__(self, state_dir: Path, config: GatewayConfig, snapshot_fn: SnapshotFn, engine_base_url: str,
-                 subscribe: Subscribe | None = None):
+                 subscribe: Subscribe | None = None, slots_for: Callable[[str], int] | None = None):
         self.keys = KeyStore(state_dir)
         self.state_dir = state_dir
         self.config = config
-        self._source = SnapshotSource(snapshot_fn, engine_base_url)
+        self._source = SnapshotSource(snapshot_fn, engine_base_url, slots_for)
         self._lock = threading.Lock()  # start/stop/close, one at a time
         self._child: GatewayProcess | None = None
         self._sent: EngineStatus | None = None
@@ -236,6 +254,7 @@ class GatewayService:
         self._view: GatewayView | None = None
         self._view_at = 0.0
         self._view_lock = threading.Lock()
+        self._last_metrics: dict[str, object] | None = None  # counters survive a restart of the child in the export
         # every engine change reaches the child at once (no polling); the listener has a thread of its own
         self._unsubscribe = subscribe(lambda _ev: self.push()) if subscribe is not None else None
 
@@ -243,6 +262,20 @@ class GatewayService:
     def snapshot(self) -> GatewaySnapshot:
         st = self._source.status()
         return replace(self._snap, engine_ready=st.ready, engine_reason=st.reason)
+
+    def answers_in_flight(self) -> int:
+        """Answers the gateway process is serving now (contracts.AnswerCounter: a stop or switch drains them)."""
+        child = self._child
+        return child.in_flight if child is not None and child.proc.poll() is None else 0
+
+    def metrics(self) -> tuple[dict[str, object] | None, bool]:
+        """(the child's latest figures, whether it serves now), for the panel's /metrics (gwmetrics.families)."""
+        child = self._child
+        if child is None:
+            return self._last_metrics, False
+        if child.metrics is not None:
+            self._last_metrics = child.metrics
+        return self._last_metrics, child.proc.poll() is None and self._snap.state is GatewayState.ON
 
     @property
     def pid(self) -> int | None:
@@ -258,7 +291,7 @@ class GatewayService:
         if st != self._sent and child.send(st):
             self._sent = st
 
-    def start(self, port: int | None = None, *, restored: bool = False) -> GatewaySnapshot:
+    def start(self, port: int | None = None, *, restored: bool = False, who: str = oplog.PANEL) -> GatewaySnapshot:
         """Start serving (idempotent); a refused configuration leaves it off with the reason. A click records
         the switch as on (restored at the next panel start); `restored` is that start-up's own call."""
         with self._lock:
@@ -271,6 +304,7 @@ class GatewayService:
             try:
                 child = GatewayProcess(cfg, self.state_dir)
             except OSError as exc:
+                oplog.caught("gateway", exc, "spawning the gateway process")
                 self._snap = GatewaySnapshot(GatewayState.FAILED, url=cfg.url(), message=f"cannot start the gateway "
                                              f"process: {exc}", restored=restored)
                 return self.snapshot()
@@ -282,10 +316,12 @@ class GatewayService:
                 self._snap = GatewaySnapshot(GatewayState.FAILED, url=cfg.url(), message=child.reason()
                                              if child.proc.returncode is not None else "the gateway did not start "
                                              f"within {START_TIMEOUT_S:.0f} s", restored=restored)
+                oplog.decision("gateway", "start_failed", who=who, reason=self._snap.message)
                 return self.snapshot()
             self.push()  # a change between the first line and now
             self._snap = GatewaySnapshot(GatewayState.ON, url=child.url, pid=child.pid, restored=restored,
                                          message=ON_MESSAGE + (RESTORED_NOTE if restored else ""))
+            oplog.decision("gateway", "start", who=who, url=child.url, pid=child.pid, restored=restored)
             if not restored:
                 self._save(DesiredGateway(on=True, port=cfg.port))
             threading.Thread(target=self._watch, args=(child,), name="gateway-child-watch", daemon=True).start()
@@ -300,10 +336,12 @@ class GatewayService:
             self._child = None
             self._snap = GatewaySnapshot(GatewayState.FAILED, url=self._snap.url,
                                          message=f"the gateway stopped: {child.reason()}")
+            oplog.decision("gateway", "died", who=oplog.OUTSIDE, reason=self._snap.message)
 
-    def stop(self) -> GatewaySnapshot:
+    def stop(self, who: str = oplog.PANEL) -> GatewaySnapshot:
         """Switch off (a click): the child stops and the switch is recorded as off."""
         snap = self._halt()
+        oplog.decision("gateway", "stop", who=who)
         self._save(DesiredGateway(on=False, port=self.desired().port))
         return snap
 
@@ -322,8 +360,8 @@ class GatewayService:
     def _save(self, desired: DesiredGateway) -> None:
         try:
             save_desired(self.state_dir, desired)
-        except OSError:
-            pass  # a full disk: the gateway still runs; only a restart would forget the switch
+        except OSError as exc:  # a full disk: the gateway still runs; only a restart would forget the switch
+            oplog.caught("gateway", exc, "saving the gateway switch", on=desired.on)
 
     def restore(self) -> threading.Thread | None:
         """At panel start-up: the switch was left on → start again, on a thread (the panel does not wait)."""
@@ -338,13 +376,13 @@ class GatewayService:
         return t
 
     # -- keys and activity ---------------------------------------------------------------------------
-    def create_key(self, name: str, expires_days: float | None = None) -> CreatedKey:
-        created = self.keys.create(name, expires_days)
+    def create_key(self, name: str, expires_days: float | None = None, who: str = oplog.PANEL) -> CreatedKey:
+        created = self.keys.create(name, expires_days, who=who)
         self._invalidate()
         return created
 
-    def revoke_key(self, name: str) -> bool:
-        ok = self.keys.revoke(name)
+    def revoke_key(self, name: str, who: str = oplog.PANEL) -> bool:
+        ok = self.keys.revoke(name, who=who)
         self._invalidate()
         return ok
 

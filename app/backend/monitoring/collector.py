@@ -15,6 +15,7 @@ Series from a simulated source (demo mode's engine, GPU, Hub, self-test) carry `
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import statistics
 import sys
 from collections.abc import Iterator
@@ -185,7 +186,13 @@ class PanelCollector(Collector):
         self._card_and_selftest(b, model)
         self._downloads(b)
         self._panel(b)
-        return b.families()
+        if s.gateway is None:
+            return b.families()
+        # the gateway process's figures, as it last reported them (docs/metrics.md "The gateway")
+        from app.backend.gateway.gwmetrics import families as gateway_families
+
+        data, up = s.gateway.metrics()
+        return itertools.chain(b.families(), gateway_families(data, up))
 
     # -- engine -----------------------------------------------------------------------------------
     def _engine(self, b: _Families, snap: EngineSnapshot, model: str) -> None:

@@ -6,6 +6,7 @@ import json
 import queue
 import select
 import socket
+import time
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,7 @@ def make_handler(server: "SimEngineServer") -> type[BaseHTTPRequestHandler]:
 
 class _Handler(BaseHTTPRequestHandler):
     sim: "SimEngineServer"
+    _gone_checked: float = 0.0
     protocol_version = "HTTP/1.1"
     server_version = "uvicorn"
     sys_version = ""
@@ -184,6 +186,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _next_items(self, sim_req: SimRequest) -> list[tuple[str, str, str]]:
         """Block until at least one item; return everything queued (a catch-up burst is one chunk)."""
+        # checked every POLL_S even while tokens flow: a non-streaming answer writes nothing until its end, and
+        # vLLM aborts it at the client's hang-up (its API server watches for the disconnect, `with_cancellation`)
+        now = time.monotonic()
+        if now - self._gone_checked >= POLL_S:
+            self._gone_checked = now
+            if client_gone(self.connection):
+                raise ClientGone()
         while True:
             try:
                 items = [sim_req.out.get(timeout=POLL_S)]

@@ -1,0 +1,89 @@
+"""A request body's checks before it reaches the engine (docs/gateway.md "Bounds and errors"): JSON, an object,
+bounded nesting, `stream` a boolean, `max_tokens` within the cap; and the usage the gateway asks the engine for.
+Every refusal is a `Refused` the proxy answers in OpenAI's error shape."""
+
+from __future__ import annotations
+
+import json
+
+
+class Refused(Exception):
+    """A refusal found in the checks: (status, message, kind, reason, headers)."""
+
+    def __init__(self, status: int, message: str, kind: str, reason: str,
+                 headers: list[tuple[bytes, bytes]] | None = None, error: str = ""):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.reason = status, message, kind, reason
+        self.headers = headers or []
+        self.error = error or reason.replace("_", " ")
+
+
+def too_deep(obj: object, limit: int) -> bool:
+    """Arrays and objects nested deeper than `limit` (walked without recursion)."""
+    stack: list[tuple[object, int]] = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, dict):
+            if d > limit:
+                return True
+            stack.extend((v, d + 1) for v in o.values())
+        elif isinstance(o, list):
+            if d > limit:
+                return True
+            stack.extend((v, d + 1) for v in o)
+    return False
+
+
+def check_json(body: bytes, ctype: bytes, *, max_depth: int, max_tokens: int,
+               context_tokens: int) -> tuple[bytes, bool, str]:
+    """(the body to send, whether to strip the usage chunk the gateway asked for, the body's text); raises Refused."""
+    if ctype != b"application/json":
+        raise Refused(415, "send the body as JSON with `Content-Type: application/json`", "invalid_request_error",
+                      "bad_request", error="wrong content type")
+    try:
+        text = body.decode("utf-8")
+        payload = json.loads(text)
+    except UnicodeDecodeError:
+        raise Refused(400, "the request body is not UTF-8", "invalid_request_error", "bad_request",
+                      error="body not UTF-8") from None
+    except RecursionError:  # nesting deeper than the parser's stack: refused, never a traceback
+        raise Refused(400, f"the request body's JSON is nested deeper than {max_depth} levels",
+                      "invalid_request_error", "bad_request", error="JSON too deep") from None
+    except ValueError as exc:
+        raise Refused(400, f"the request body is not valid JSON ({exc})", "invalid_request_error", "bad_request",
+                      error="malformed JSON") from None
+    if not isinstance(payload, dict):
+        raise Refused(400, "the request body must be a JSON object", "invalid_request_error", "bad_request",
+                      error="body not an object")
+    if too_deep(payload, max_depth):
+        raise Refused(400, f"the request body's JSON is nested deeper than {max_depth} levels",
+                      "invalid_request_error", "bad_request", error="JSON too deep")
+    stream = payload.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        # "true" as a string was streamed by the engine but not counted here (issue 40)
+        raise Refused(400, f"`stream` must be a JSON boolean (true or false), not {json.dumps(stream)[:40]}",
+                      "invalid_request_error", "bad_request", error="stream not a boolean")
+    changed = False
+    asked = [f for f in ("max_tokens", "max_completion_tokens") if payload.get(f) is not None]
+    for f in asked:
+        v = payload[f]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise Refused(400, f"`{f}` must be a positive integer", "invalid_request_error", "bad_request",
+                          error=f"{f} not a positive integer")
+        if v > max_tokens:
+            raise Refused(400, f"`{f}` {v} is over this gateway's cap of {max_tokens} tokens a request; ask "
+                          f"for at most {max_tokens} (docs/gateway.md#caps)", "invalid_request_error",
+                          "bad_request", error=f"{f} over the cap")
+    if not asked and max_tokens < context_tokens:
+        payload["max_tokens"] = max_tokens  # no limit asked: the cap, not the rest of the context
+        changed = True
+    strip_usage = False
+    if stream is True:
+        opts = payload.get("stream_options")
+        if not isinstance(opts, dict) or not opts.get("include_usage"):
+            # ask the engine to count the tokens; the usage chunk is kept from this client
+            payload["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+            strip_usage = changed = True
+    if changed:
+        body = json.dumps(payload).encode()
+    return body, strip_usage, text

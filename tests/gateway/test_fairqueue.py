@@ -1,0 +1,84 @@
+"""The fair queue in front of the engine (docs/gateway.md "The fair queue"): turns by key, bounded, cancellable,
+resized when the running profile serves more or fewer sequences."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from app.backend.gateway.fairqueue import FairQueue, QueueFull
+
+T = TypeVar("T")
+
+
+def _run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """asyncio.run on a thread of its own: a browser test earlier in the session may leave a loop running here."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(main())).result(timeout=30)
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_a_freed_slot_goes_to_the_key_served_least_recently_not_to_the_oldest_request() -> None:
+    async def main() -> list[str]:
+        q = FairQueue(slots=1, max_waiting=10)
+        order: list[str] = []
+        await q.acquire("greedy")  # running
+        tasks = [asyncio.ensure_future(q.acquire(k)) for k in ("greedy", "greedy", "greedy", "polite")]
+        for t, k in zip(tasks, ("greedy", "greedy", "greedy", "polite"), strict=True):
+            t.add_done_callback(lambda _t, k=k: order.append(k))
+        await _settle()
+        assert len(q) == 4
+        for _ in range(4):
+            q.release()
+            await _settle()
+        q.release()
+        assert q.busy == 0 and len(q) == 0
+        return order
+
+    assert _run(main) == ["polite", "greedy", "greedy", "greedy"]
+
+
+def test_bounded_and_a_cancelled_waiter_leaves_without_taking_a_slot() -> None:
+    async def main() -> None:
+        q = FairQueue(slots=1, max_waiting=1)
+        await q.acquire("a")
+        waiter = asyncio.ensure_future(q.acquire("b"))
+        await _settle()
+        with pytest.raises(QueueFull):
+            await q.acquire("c")
+        waiter.cancel()
+        await _settle()
+        assert len(q) == 0 and q.busy == 1
+        q.release()
+        assert q.busy == 0
+
+    _run(main)
+
+
+def test_resizing_hands_new_slots_to_waiters_and_shrinks_as_requests_end() -> None:
+    async def main() -> None:
+        q = FairQueue(slots=1, max_waiting=10)
+        await q.acquire("a")
+        waiters = [asyncio.ensure_future(q.acquire(k)) for k in ("b", "c", "d")]
+        await _settle()
+        q.resize(3)  # a profile with --max-num-seqs 3 now runs
+        await _settle()
+        assert q.busy == 3 and sum(w.done() for w in waiters) == 2 and len(q) == 1
+        q.resize(1)
+        q.release()  # over the new size: the slot is not handed on
+        await _settle()
+        assert q.busy == 2 and len(q) == 1
+        q.release()
+        q.release()  # back at the size: the last waiter gets its turn
+        await _settle()
+        assert all(w.done() for w in waiters) and q.busy == 1
+
+    _run(main)
