@@ -114,7 +114,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     from app.backend.gateway.service import GatewayService
 
     gateway = state.gateway = GatewayService(settings.ensure_state_dir(), config_from_env(), engine.snapshot,
-                                             base_url(settings.recipe), subscribe=engine.on_change)
+                                             base_url(settings.recipe, settings.data_dir), subscribe=engine.on_change)
     state.on_close(gateway.close)
     gateway.restore()
     # Alerts to a person: woken by the engine's change events, sent on the notifier's own thread.

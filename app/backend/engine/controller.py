@@ -44,7 +44,7 @@ from app.backend.engine.ops import ControllerOptions, Ticket, expects_pool
 from app.backend.engine.oplock import EngineLock, Holder, LockHeld
 from app.backend.engine.preflight import PreflightInputs, PreflightReport, run_preflight
 from app.backend.engine.client import base_url, engine_client
-from app.backend.engine.readiness import port_in_use, probe
+from app.backend.engine.readiness import claim_listen_address, probe
 from app.backend.exports import exports_dir
 from app.backend.engine.runtime import MANAGED_LABEL, RECIPE_LABEL, EventStream, Instance, Runtime, RuntimeOpError, RuntimeUnavailable
 from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, LogLine, slots_of
@@ -530,7 +530,7 @@ class EngineController:
             self._fail(diag_mod.classify(None, False, [str(exc)], hint=exc.reason), str(exc))
             return False
         self._follower.begin(rt, inst, from_start=True)
-        self._apply(sm.BootBegan(profile_id, inst.id, inst.name, base_url(self.recipe),
+        self._apply(sm.BootBegan(profile_id, inst.id, inst.name, base_url(self.recipe, self.settings.data_dir),
                                  self.recipe.model.served_name, self.recipe.simulated))
         return self._await_ready(rt, inst, spec.env_dict)
 
@@ -543,8 +543,8 @@ class EngineController:
             if inst.running:
                 return "port_in_use", f"panel engine {inst.name} is still running; stop it first"
             rt.remove(inst.id)
-        if port_in_use(self.recipe.serve.host, self.recipe.serve.port):
-            return "port_in_use", f"port {self.recipe.serve.port} is already bound by another process"
+        if busy := claim_listen_address(base_url(self.recipe, self.settings.data_dir)):  # its socket dir, or port
+            return "port_in_use", busy
         if not rt.image_present(spec.image):
             if self.recipe.simulated and self._ensure_image is not None:
                 self._apply(sm.Noted(f"building the SIMULATED engine image {spec.image}…"))
@@ -557,7 +557,7 @@ class EngineController:
         """Gate on ready. `watch_only` (an adopted engine someone else started): the reconcile keeps running
         meanwhile and owns what happens when Docker changes — this loop ends as soon as the snapshot stops
         showing `inst`, and leaves an exit for the reconcile to explain."""
-        url, name = base_url(self.recipe), self.recipe.model.served_name
+        url, name = base_url(self.recipe, self.settings.data_dir), self.recipe.model.served_name
         want_pool = expects_pool(env, self.recipe.engine.pool_line)
         deadline = time.monotonic() + self.recipe.engine.boot_timeout_s
         pool_deadline: float | None = None
@@ -927,7 +927,7 @@ class EngineController:
         prog = tracker.progress
         # Probe only an engine whose log says its API is up: one still booting is shown starting at once (the
         # watch-only op gates it), never held back by a probe of a busy new process.
-        p = probe(base_url(self.recipe), self.recipe.model.served_name, read_timeout_s=ADOPT_PROBE_S) \
+        p = probe(base_url(self.recipe, self.settings.data_dir), self.recipe.model.served_name, read_timeout_s=ADOPT_PROBE_S) \
             if prog.api_up else None
         want_pool = expects_pool(inst.env, self.recipe.engine.pool_line)
         ready = p is not None and p.health_ok and p.models_ok and (not want_pool or (slots_of(prog.pool) or 0) > 0)
@@ -939,7 +939,7 @@ class EngineController:
             self._follower.begin(rt, inst, from_start=False, tracker=tracker, backlog=old[-300:])
             note = "reattached to the running engine" if first else f"adopted {inst.name} (started outside this panel)"
             self._liveness.reset()
-            self._apply(sm.Adopted(inst.profile_id, inst.id, inst.name, base_url(self.recipe),
+            self._apply(sm.Adopted(inst.profile_id, inst.id, inst.name, base_url(self.recipe, self.settings.data_dir),
                                    self.recipe.model.served_name, self.recipe.simulated, ready, prog.phase,
                                    prog.pool, note))
             if n_running > 1:

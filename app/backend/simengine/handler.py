@@ -54,14 +54,20 @@ class _Handler(BaseHTTPRequestHandler):
     # above the configured rate (docs/real-engine.md, difference 21)
     disable_nagle_algorithm = True
 
+    def setup(self) -> None:
+        if self.request.family == socket.AF_UNIX:  # on the engine's unix socket (--uds) there is no Nagle to disable
+            self.disable_nagle_algorithm = False
+        super().setup()
+
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
         pass  # access lines are written in uvicorn's format by _access()
 
     def _access(self, status: int) -> None:
         phrase = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
                   503: "Service Unavailable"}.get(status, "")
-        host, port = self.client_address[:2]
-        self.sim.log.raw(f'(APIServer pid={self.sim.log.api_pid}) INFO:     {host}:{port} - '
+        peer = self.client_address  # ('127.0.0.1', 51234), or '' on a unix socket, where uvicorn prints no address
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
+        self.sim.log.raw(f'(APIServer pid={self.sim.log.api_pid}) INFO:     {where} - '
                          f'"{self.command} {self.path} HTTP/1.1" {status} {phrase}')
 
     # --- plain responses --------------------------------------------------------------------------
