@@ -40,6 +40,8 @@ def client_gone(sock: socket.socket) -> bool:
 def make_handler(server: "SimEngineServer") -> type[BaseHTTPRequestHandler]:
     class Handler(_Handler):
         sim = server
+        # on the engine's unix socket (--uds) there is no Nagle to disable (TCP_NODELAY fails there)
+        disable_nagle_algorithm = not server.config.uds
 
     return Handler
 
@@ -53,11 +55,6 @@ class _Handler(BaseHTTPRequestHandler):
     # behind the headers until the client's delayed ACK (~40 ms), so a 100-token self-test read ~1 tok/s
     # above the configured rate (docs/real-engine.md, difference 21)
     disable_nagle_algorithm = True
-
-    def setup(self) -> None:
-        if self.request.family == socket.AF_UNIX:  # on the engine's unix socket (--uds) there is no Nagle to disable
-            self.disable_nagle_algorithm = False
-        super().setup()
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
         pass  # access lines are written in uvicorn's format by _access()
