@@ -23,8 +23,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
-from app.backend.recipe.endpoint import (LOOPBACK, UDS_SCHEME, WILDCARD_HOSTS, EngineEndpoint, connect_host,
-                                         engine_endpoint)
+# the address rule lives in recipe/endpoint.py; re-exported here for the engine's clients
+from app.backend.recipe.endpoint import LOOPBACK as LOOPBACK
+from app.backend.recipe.endpoint import UDS_SCHEME, engine_endpoint
+from app.backend.recipe.endpoint import WILDCARD_HOSTS as WILDCARD_HOSTS
+from app.backend.recipe.endpoint import EngineEndpoint as EngineEndpoint
+from app.backend.recipe.endpoint import connect_host as connect_host
 from app.backend.recipe.schema import Recipe
 
 if TYPE_CHECKING:  # imported when first streamed: the hub, the controller and the CLI's reads never stream
@@ -32,7 +36,6 @@ if TYPE_CHECKING:  # imported when first streamed: the hub, the controller and t
     import openai
 
 API_KEY_NONE = "EMPTY"  # vLLM without --api-key accepts any key; the SDK insists on one
-__all__ = ["LOOPBACK", "WILDCARD_HOSTS", "EngineEndpoint", "connect_host"]  # the address rule, re-exported
 DEFAULT_TIMEOUT = httpx.Timeout(5.0, connect=1.0)
 TOKENIZE_TIMEOUT = httpx.Timeout(900.0, connect=5.0)  # a 256K-token prompt takes a while to tokenize
 CLIENTS_KEPT = 16  # base URLs with a kept-alive client (tests start many simulated engines in one process)
