@@ -58,7 +58,9 @@ def engine_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, s
         sim_env["MOET_SIM_BOOT_S"] = str(args.boot_s)
     if args.fail:
         sim_env["MOET_SIM_FAIL"] = args.fail
-    argv = list(spec.args)
+    # a standalone simulation listens where this command's --host/--port say (TCP): the panel's own engine, on
+    # its unix socket, is the one the panel starts (docs/engine.md, "Where the engine listens")
+    argv = list(spec.command.remove_arg("--uds").args)
     if args.port is not None:
         argv += ["--port", str(args.port)]  # last one wins, as with vLLM's argparse
     return argv, sim_env
