@@ -62,9 +62,9 @@ def test_two_panels_and_outside_actors_converge_on_docker(make_controller, docke
     assert r.returncode == 0, r.stdout + r.stderr
     converge((a, b), lambda s: s.state is EngineState.READY and s.profile_id == "speed", "speed adopted")
     assert len(panel_containers(docker_client, st.recipe.id)) == 1
-    # The port preflight knows the holder is the panel's own container, whoever started it.
-    port = next(i for i in a.preflight("speed").items if i.id == "port")
-    assert port.status == "pass" and "this panel's engine" in port.detail
+    # The socket preflight knows the listener is the panel's own container, whoever started it (issue 40).
+    sock = next(i for i in a.preflight("speed").items if i.id == "socket")
+    assert sock.status == "pass" and "this panel's engine" in sock.detail and "700" in sock.detail
 
     # docker stop from outside: a neutral stop, not a red failure.
     docker_client.containers.get(a.snapshot().container_id).stop(timeout=5)
