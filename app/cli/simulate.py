@@ -30,7 +30,7 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--decode-tok-s", type=float, help="override the profile's decode tok/s")
     p.add_argument("--boot-s", type=float, help="override the simulated load time (MOET_SIM_BOOT_S)")
     p.add_argument("--fail", choices=FAIL_MODES, help="failure mode to simulate (MOET_SIM_FAIL)")
-    p.add_argument("--build-image", action="store_true", help="build the moet-panel/sim-engine:1 image and exit")
+    p.add_argument("--build-image", action="store_true", help="build the moet-panel/sim-engine:2 image and exit")
     p.add_argument("--rebuild", action="store_true", help="with --build-image: rebuild even if up to date")
     p.set_defaults(func=run)
 

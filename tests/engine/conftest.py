@@ -64,11 +64,16 @@ def docker_client():
         client.ping()
     except Exception as exc:  # no daemon here: docker tests skip
         pytest.skip(f"Docker not reachable: {exc}")
-    from app.backend.simengine.image import content_tag, ensure_image
+    from app.backend.simengine.image import IMAGE_TAG, ImageBuildError, content_tag, ensure_image
 
     # this checkout's image under its content tag (sim_recipe runs it): the panel's engine needs this source's
-    # features (--uds, issue 40), and the shared :1 tag may be rebuilt meanwhile from another checkout
+    # features (--uds, issue 40), and the shared tag may be rebuilt meanwhile from another checkout
     ensure_image(client, tag=content_tag())
+    try:
+        ensure_image(client)  # the shared tag too: tests that start the stock SIMULATED recipe run it
+    except ImageBuildError:
+        # another session rebuilt the tag concurrently from a slightly different source: any sim image will do
+        client.images.get(IMAGE_TAG)
     return client
 
 
@@ -144,7 +149,7 @@ def recipe_file(tmp_path: Path, sim_settings, sim_image) -> Path:
     text = SIMULATED_RECIPE.read_text()
     text = text.replace('id = "simulated"', f'id = "{sim_settings.recipe.id}"', 1)
     text = text.replace("port = 8000", f"port = {port}").replace('"--port", "8000"', f'"--port", "{port}"')
-    text = text.replace('image = "moet-panel/sim-engine:1"', f'image = "{sim_image}"')
+    text = text.replace('image = "moet-panel/sim-engine:2"', f'image = "{sim_image}"')
     path = tmp_path / "recipe.toml"
     path.write_text(text)
     return path

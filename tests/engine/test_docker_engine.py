@@ -140,7 +140,7 @@ def test_new_controller_reattaches_without_second_container(make_controller, doc
 def test_foreign_container_holding_the_name_is_not_clobbered(make_controller, docker_client, sim_settings) -> None:
     ctl = make_controller()
     name = ctl.run_spec("quality").name
-    foreign = docker_client.containers.create("moet-panel/sim-engine:1", name=name,
+    foreign = docker_client.containers.create("moet-panel/sim-engine:2", name=name,
                                               labels={"moet-panel.test": "1", "moet-panel.recipe": sim_settings.recipe.id})
     try:
         t = ctl.start("quality")
