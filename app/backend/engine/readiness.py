@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from app.backend import oplog
 from app.backend.engine.client import connect_host, engine_client
 from app.backend.recipe.endpoint import EngineEndpoint, EndpointError
 
@@ -74,7 +75,7 @@ def socket_dir_problem(sock_dir: Path) -> str:
     return ""
 
 
-def claim_listen_address(address: str) -> str:
+def claim_listen_address(address: str, who: str = oplog.PANEL) -> str:
     """Before a start: make the engine's listen address ready and free. A unix socket gets its 0700 directory
     (tightened if looser) and a socket file left by a dead engine is removed (vLLM's bind would fail on it);
     a TCP address is checked free. Returns why it cannot be used, '' when it can."""
@@ -95,4 +96,6 @@ def claim_listen_address(address: str) -> str:
         if socket_in_use(str(path)):
             return f"something already answers on the engine's socket {path}"
         path.unlink()
+        oplog.decision("engine", "remove-dead-socket", who=who, path=str(path),
+                       reason="no engine answers on it; vLLM's --uds bind fails on an existing path")
     return ""
