@@ -72,7 +72,7 @@ def main() -> int:
     import app.ui.app as ui_app
     import app.backend.chat.service as chat_service
     from app.backend.chat.service import ChatService
-    from app.backend.settings import resolve_settings
+    from app.backend.config.settings import resolve_settings
     from app.backend.state import AppState, build_app_state
     from tests.chat.chat_helpers import FakeEngine, start_sim
     from tests.conftest import free_port

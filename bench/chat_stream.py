@@ -76,7 +76,7 @@ def serve_panel(engine_url: str, port: int, data_dir: str) -> None:
     import app.ui.app as ui_app
     from app.backend.chat.service import ChatService
     from app.backend.contracts import EngineSnapshot, EngineState
-    from app.backend.settings import resolve_settings
+    from app.backend.config.settings import resolve_settings
     from app.backend.state import AppState
 
     settings = resolve_settings(demo=True, data_dir=data_dir)

@@ -32,7 +32,7 @@ import docker  # noqa: E402
 from app.backend.engine.controller import ControllerOptions, EngineController  # noqa: E402
 from app.backend.engine.docker_runtime import DockerRuntime  # noqa: E402
 from app.backend.recipe import SIMULATED_RECIPE  # noqa: E402
-from app.backend.settings import Settings  # noqa: E402
+from app.backend.config.settings import Settings  # noqa: E402
 from app.backend.simengine.image import ensure_image  # noqa: E402
 from tests.engine.conftest import TEST_LABEL, free_port, sim_recipe  # noqa: E402
 

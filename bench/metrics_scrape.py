@@ -29,7 +29,7 @@ def serve(port: int, data_dir: str) -> None:
     """Child: the demo panel with its engine serving, until killed."""
     sys.path.insert(0, str(ROOT))
     from app.backend.recipe import SIMULATED_RECIPE
-    from app.backend.settings import resolve_settings
+    from app.backend.config.settings import resolve_settings
     from app.backend.state import build_app_state
     from app.ui.app import build_ui, launch
 

@@ -11,7 +11,7 @@ command -v zstd >/dev/null 2>&1 || need_apt+=(zstd)
 command -v tar >/dev/null 2>&1 || need_apt+=(tar)
 if [ "$WANT_TEST" = "test" ]; then
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium fonts-dejavu-core)
-  # promtool and a Prometheus server for tests/monitoring (the tests run their own on a free port)
+  # promtool and a Prometheus server for tests/prometheus (the tests run their own on a free port)
   { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || need_apt+=(prometheus)
 fi
 

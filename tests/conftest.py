@@ -184,7 +184,7 @@ def serve_demo_process(port: int, log_path: Path, env: dict[str, str], timeout: 
 
 def launch_panel(data_dir: Path, *, recipe: str | Path | None = None, auth: Any = None, demo: bool = True) -> Panel:
     from app.backend.recipe import SIMULATED_RECIPE
-    from app.backend.settings import resolve_settings
+    from app.backend.config.settings import resolve_settings
     from app.backend.state import build_app_state
 
     settings = resolve_settings(recipe or SIMULATED_RECIPE, data_dir, demo=demo)

@@ -82,7 +82,7 @@ def test_common_options_anywhere_same_effect(name: str, home: Path, monkeypatch:
             unit = capsys.readouterr().out
             assert f"--recipe {SIMULATED_RECIPE.resolve()} --data-dir {data} --demo" in unit, unit
         return
-    import app.backend.settings as settings_mod
+    import app.backend.config.settings as settings_mod
 
     real = settings_mod.resolve_settings
     seen: list[tuple[Any, ...]] = []
@@ -139,7 +139,7 @@ def test_action_help_lists_the_common_options(name: str, action: str, capsys: py
 
 def test_demo_abtest_list_telemetry_command(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from app.backend.abtest.journal import Journal, new_spec
-    from app.backend.settings import demo_data_dir
+    from app.backend.config.settings import demo_data_dir
 
     spec = new_spec("quality", "balanced", ["p"], [1], 16)
     Journal(demo_data_dir() / ".moet-panel").create(spec)

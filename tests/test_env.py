@@ -1,4 +1,4 @@
-"""The environment is read in one module (app/backend/env.py) and documented in one table (docs/configuration.md)."""
+"""The environment is read in one module (app/backend/config/env.py) and documented in one table (docs/configuration.md)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from app.backend import env
+from app.backend.config import env
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app"
 # The SIMULATED engine is a separate program that runs in its own container with only its own package
 # (app/backend/simengine/image.py copies it alone): it reads its own MOET_SIM_* variables itself.
-EXEMPT = (APP / "backend" / "env.py", APP / "backend" / "simengine")
+EXEMPT = (APP / "backend" / "config" / "env.py", APP / "backend" / "simengine")
 READS = re.compile(r"\bos\.(?:environ|getenv|putenv|unsetenv)\b|\bfrom os import\b[^\n]*\b(?:environ|getenv)\b|\bgetenv\(")
 
 
@@ -25,7 +25,7 @@ def test_no_module_outside_env_reads_the_environment() -> None:
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if READS.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
-    assert not offenders, "read the environment through app.backend.env:\n" + "\n".join(offenders)
+    assert not offenders, "read the environment through app.backend.config.env:\n" + "\n".join(offenders)
 
 
 def test_the_grep_would_see_a_read() -> None:

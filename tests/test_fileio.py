@@ -1,4 +1,4 @@
-"""app/backend/fileio.py: the atomic, durable file write and the pid lock the backend shares."""
+"""app/backend/files/atomic.py: the atomic, durable file write and the pid lock the backend shares."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from app.backend import fileio
-from app.backend.fileio import LockBusy, PidLock, atomic_write
+from app.backend.files import atomic as fileio
+from app.backend.files.atomic import LockBusy, PidLock, atomic_write
 
 
 def test_atomic_write_replaces_the_file_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_a_failed_write_keeps_the_old_file_whole(tmp_path: Path, monkeypatch: py
 HOLD = """
 import sys, time
 from pathlib import Path
-from app.backend.fileio import PidLock
+from app.backend.files.atomic import PidLock
 PidLock(Path(sys.argv[1])).acquire()
 print("held", flush=True)
 time.sleep(60)

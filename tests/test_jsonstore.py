@@ -1,4 +1,4 @@
-"""The one JSON state store (app/backend/jsonstore.py): typed round trip, the wrong shape reads as None, 0600."""
+"""The one JSON state store (app/backend/files/jsonstore.py): typed round trip, the wrong shape reads as None, 0600."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.backend.jsonstore import JsonStore
+from app.backend.files.jsonstore import JsonStore
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def test_no_hf_token_reaches_the_log(configured: tuple[Path, io.StringIO]) -> No
 def test_no_api_key_nor_notify_url_secret_reaches_the_log(configured: tuple[Path, io.StringIO]) -> None:
     """issue 39 item 4: an HF token, a gateway API key and a notify URL's credentials (user, password, tokens
     in the path and the query) through decision(), caught() and a traceback: 0 occurrences in either sink."""
-    from app.backend import redact
+    from app.backend.oplog import redact
 
     state_dir, stream = configured
     token = "hf_" + "Z9y8X7w6V5u4T3s2R1q0P9o8N7m6L5"
@@ -96,7 +96,7 @@ def test_no_api_key_nor_notify_url_secret_reaches_the_log(configured: tuple[Path
 
 
 def test_mask_url_stars_user_password_path_and_query() -> None:
-    from app.backend.redact import mask_url
+    from app.backend.oplog.redact import mask_url
 
     assert mask_url("json://alice:pw1234567@example.org:8080/hook/Secret?token=abc&x=1") == \
         "json://***:***@example.org:8080/***/***?token=***&x=***"
@@ -124,7 +124,7 @@ def test_a_repeating_error_from_a_loop_is_logged_once(configured: tuple[Path, io
 
 
 def test_a_registered_urls_plain_words_are_not_starred_everywhere() -> None:
-    from app.backend import redact
+    from app.backend.oplog import redact
 
     redact.register_url("ntfy://ntfy.sh/alerts")
     redact.register_url("json://example.org/webhook/k7Hq2ZpX")

@@ -32,7 +32,7 @@ def log() -> Iterator[io.StringIO]:
 
 
 def test_failed_and_refused_logins_name_the_user_and_address(log: io.StringIO) -> None:
-    from app.backend.auth import LoginGuard, LoginNote, LoginThrottle, hash_password, make_checker
+    from app.backend.web.auth import LoginGuard, LoginNote, LoginThrottle, hash_password, make_checker
 
     throttle = LoginThrottle(free_account=0, free_client=0, max_interval_s=100, horizon_s=0.0, clock=lambda: 50.0)
     notes: list[LoginNote] = []
@@ -67,7 +67,7 @@ class _Notes:
 
 def test_alerts_sent_and_resolved_are_decisions(log: io.StringIO) -> None:
     from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
-    from app.backend.service.alerting import AlertService
+    from app.backend.alerts.delivery import AlertService
 
     snap = [EngineSnapshot(state=EngineState.FAILED, diagnosis=Diagnosis("killed", "killed", "why", "fix"),
                            desired="serve:quality", restart_try=1, message="killed — restarting, try 1 of 3")]
@@ -84,7 +84,7 @@ def test_alerts_sent_and_resolved_are_decisions(log: io.StringIO) -> None:
 
 
 def test_a_failing_alert_source_is_logged_once_not_once_per_pass(log: io.StringIO) -> None:
-    from app.backend.service.alerting import AlertService
+    from app.backend.alerts.delivery import AlertService
 
     calls = [0]
 

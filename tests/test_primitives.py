@@ -1,5 +1,5 @@
-"""The small primitives are written once (issue 34): a file lock and an atomic write (app/backend/fileio.py),
-GiB (app/backend/units.py), the docker-py image build (app/backend/engine/imagebuild.py), demo mode
+"""The small primitives are written once (issue 34): a file lock and an atomic write (app/backend/files/atomic.py),
+GiB (app/backend/contracts.py), the docker-py image build (app/backend/engine/imagebuild.py), demo mode
 (`Settings.demo`) and the single-flight job runner with its stop signal (app/backend/jobs.py). A grep, so a
 second copy is caught where it is written."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app"
@@ -21,9 +21,9 @@ BACKEND = APP / "backend"
 SIMENGINE = BACKEND / "simengine"
 
 ONCE = {
-    "file lock (fcntl)": (re.compile(r"^\s*import fcntl\b|^\s*from fcntl\b|\bfcntl\.\w+\("), {BACKEND / "fileio.py"}),
-    "atomic replace": (re.compile(r"\bos\.replace\("), {BACKEND / "fileio.py", BACKEND / "download" / "extract.py"}),
-    "GiB constant": (re.compile(r"2 ?\*\* ?30\b|1 << 30\b|1024 \*\* 3\b|\b1073741824\b"), {BACKEND / "units.py"}),
+    "file lock (fcntl)": (re.compile(r"^\s*import fcntl\b|^\s*from fcntl\b|\bfcntl\.\w+\("), {BACKEND / "files" / "atomic.py"}),
+    "atomic replace": (re.compile(r"\bos\.replace\("), {BACKEND / "files" / "atomic.py", BACKEND / "download" / "extract.py"}),
+    "GiB constant": (re.compile(r"2 ?\*\* ?30\b|1 << 30\b|1024 \*\* 3\b|\b1073741824\b"), {BACKEND / "contracts.py"}),
     "docker-py build": (re.compile(r"\.api\.build\(|\bapi\.build\("), {BACKEND / "engine" / "imagebuild.py"}),
     "demo switch": (re.compile(r"simulated or [\w.]*demo\b|\bdemo or [\w.]*simulated\b"), set()),
     # the single-flight job runner (jobs.SingleFlight: the self-test, the A/B, the downloads) and its stop

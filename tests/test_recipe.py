@@ -168,7 +168,7 @@ def test_every_finding_of_the_card_reaches_the_simulated_recipe() -> None:
 
 
 def test_no_built_in_profile_of_the_simulated_recipe_trips_a_card_warning() -> None:
-    from app.backend.custom_profiles import findings_for
+    from app.backend.profiles.custom import findings_for
 
     sim, card = load_recipe(SIMULATED_RECIPE), load_recipe(DEFAULT_RECIPE)
     for p in sim.profiles:  # the card's own command trips none either: demo mode shows the card's picture

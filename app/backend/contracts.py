@@ -271,3 +271,21 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+# Units: how the panel writes sizes and durations, in the CLI and the tabs alike: GiB everywhere, as the card
+# (docs/downloads.md, "Progress").
+GiB = 1 << 30
+
+
+def gib_text(n: float) -> str:
+    """Bytes as GiB; small amounts keep three decimals rather than reading 0.00."""
+    return f"{n / GiB:.2f} GiB" if abs(n) >= 0.1 * GiB or n == 0 else f"{n / GiB:.3f} GiB"
+
+
+def duration_text(seconds: float | None) -> str:
+    """`1h02m` from an hour on, else `3m05s`; `—` when unknown."""
+    if seconds is None:
+        return "—"
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

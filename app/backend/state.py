@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app.backend import oplog
-from app.backend.monitoring.counters import PanelCounters
-from app.backend.profiles import ProfileRegistry
-from app.backend.settings import Settings
+from app.backend.prometheus.counters import PanelCounters
+from app.backend.profiles.registry import ProfileRegistry
+from app.backend.config.settings import Settings
 
 if TYPE_CHECKING:  # types only: the service packages import settings, never this module
     from app.backend.abtest.runner import ABRunService
@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # types only: the service packages import settings, never thi
     from app.backend.engine.controller import EngineController
     from app.backend.gateway.service import GatewayService
     from app.backend.selftest.runner import SelfTestService
-    from app.backend.service.alerting import AlertService
-    from app.backend.service.notify import Notifier
+    from app.backend.alerts.delivery import AlertService
+    from app.backend.alerts.notify import Notifier
     from app.backend.contracts import GpuReader
     from app.backend.telemetry.hub import TelemetryHub
     from app.backend.telemetry.nvml import NvmlGpuReader
@@ -44,13 +44,13 @@ class AppState:
     notifier: Notifier | None = None  # alerts to a person (Apprise), docs/engine.md "Telling a person"
     alerting: AlertService | None = None
     counters: PanelCounters = field(default_factory=PanelCounters)  # for /metrics (docs/metrics.md)
-    # the one listing of servable profiles (recipe + custom): `settings.profiles` when not given
+    # the one listing of servable profiles (recipe + custom), built beside the settings (not inside them)
     profiles: ProfileRegistry = field(default=None)  # type: ignore[assignment]
     _closers: list[Callable[[], object]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.profiles is None:
-            self.profiles = self.settings.profiles
+            self.profiles = ProfileRegistry(self.settings)
 
     def on_close(self, fn: Callable[[], object]) -> None:
         self._closers.append(fn)
@@ -122,9 +122,9 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     state.on_close(gateway.close)
     gateway.restore()
     # Alerts to a person: woken by the engine's change events, sent on the notifier's own thread.
-    from app.backend.service.alerting import AlertService
+    from app.backend.alerts.delivery import AlertService
     from app.backend.service.config import ServiceConfigStore, effective_notify_urls
-    from app.backend.service.notify import Notifier
+    from app.backend.alerts.notify import Notifier
 
     store = ServiceConfigStore(settings.state_dir)
     notifier = state.notifier = Notifier(lambda: effective_notify_urls(store)[0])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from app.backend.profiles.registry import ProfileRegistry
 from app.backend.recipe.command import build_run_spec, render_explained, render_json, render_shell
 from app.cli.main import add_common, settings_from
 
@@ -22,7 +23,7 @@ def register(subs: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     spec = build_run_spec(  # custom profiles saved in the data dir count too (the one registry)
-        settings.recipe, args.profile, str(settings.data_dir), plain=args.plain, profiles=settings.profiles.list()
+        settings.recipe, args.profile, str(settings.data_dir), plain=args.plain, profiles=ProfileRegistry(settings).list()
     )
     if args.explain:
         print(render_explained(settings.recipe, spec))

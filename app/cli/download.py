@@ -20,8 +20,8 @@ from app.backend.download.runner import run_download
 from app.backend.download.types import (
     ArtifactProgress, ArtifactState, DownloadError, LockedError, MiB, SpaceError, Stopped,
 )
-from app.backend.hf_token import redact
-from app.backend.units import GiB, duration_text, gib_text
+from app.backend.config.hf_token import redact
+from app.backend.contracts import GiB, duration_text, gib_text
 from app.cli.main import add_common, settings_from
 
 if TYPE_CHECKING:

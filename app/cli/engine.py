@@ -21,13 +21,13 @@ from app.backend.engine.controller import EngineController
 from app.backend.engine.factory import make_engine_controller
 from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
 from app.backend.engine.imagebuild import BuildEvent, ImageBuildRefused, build_image, build_mark, check_source
-from app.backend.fileio import LockBusy
+from app.backend.files.atomic import LockBusy
 from app.backend import oplog
 from app.backend.engine.ops import ControllerOptions, Ticket
 from app.backend.contracts import Diagnosis, EngineSnapshot, LogLine
-from app.backend.hostprobe import detect_demo
-from app.backend.settings import Settings
-from app.backend.telemetry.alerts import run_log_lines, status_alerts, trace_of
+from app.backend.config.hostprobe import detect_demo
+from app.backend.config.settings import Settings
+from app.backend.alerts.rules import run_log_lines, status_alerts, trace_of
 from app.backend.telemetry.nvml import NvmlGpuReader
 from app.backend.telemetry.trace import TraceSnapshot
 from app.cli.main import add_common, settings_from

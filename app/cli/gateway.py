@@ -16,11 +16,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from app.backend import env, oplog
+from app.backend import oplog
+
+from app.backend.config import env
 from app.backend.engine.client import base_url
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.proxy import Limits
-from app.backend.gateway.readiness import EngineStatusSource, PipeSource, ProbeSource
+from app.backend.gateway.engine_status import EngineStatusSource, PipeSource, ProbeSource
 from app.backend.gateway.server import (DEFAULT_PORT, GatewayConfig, GatewayConfigError, GatewayServer,
                                         limits_for_recipe)
 from app.cli.keys import cli_settings

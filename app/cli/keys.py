@@ -13,7 +13,7 @@ import time
 
 from app.backend import oplog
 from app.backend.gateway.keys import DEFAULT_SCOPE, SCOPES, KeyInfo, KeyStore, KeyStoreError
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 from app.cli.main import add_common, settings_from
 
 
@@ -36,7 +36,7 @@ def register(subs: argparse._SubParsersAction) -> None:
 
 def cli_settings(args: argparse.Namespace) -> Settings:
     """Demo mode decided as for every other subcommand (one data dir for panel and CLI)."""
-    from app.backend.hostprobe import detect_demo
+    from app.backend.config.hostprobe import detect_demo
 
     return settings_from(args, demo_reason=detect_demo(bool(getattr(args, "demo", False))))
 

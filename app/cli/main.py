@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.backend import env
+from app.backend.config import env
 
 if TYPE_CHECKING:
-    from app.backend.settings import Settings
+    from app.backend.config.settings import Settings
 
 # Subcommands: name -> (module, one-line help). Only the chosen subcommand's module is imported, so a
 # quick command does not pay for the others' heavy imports (openai, gradio, docker...).
@@ -48,8 +48,8 @@ def settings_from(args: argparse.Namespace, recipe_fallback: str | Path | None =
                   demo_reason: str = "") -> Settings:
     """The one place a subcommand turns the common options into Settings: flags, then the environment,
     then the recipe's defaults; --demo (or MOET_PANEL_DEMO=1) picks the SIMULATED recipe and the per-user
-    demo data dir unless --recipe/--data-dir say otherwise (app.backend.settings.resolve_settings)."""
-    from app.backend.settings import resolve_settings
+    demo data dir unless --recipe/--data-dir say otherwise (app.backend.config.settings.resolve_settings)."""
+    from app.backend.config.settings import resolve_settings
 
     demo = bool(getattr(args, "demo", False)) or bool(demo_reason)
     return resolve_settings(getattr(args, "recipe", None) or env.recipe() or recipe_fallback,

@@ -18,15 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from app.backend.auth import (SESSION_IDLE_S, SESSION_LIFETIME_S, AuthError, BindingError, add_user, auth_file_warning,
+from app.backend.web.auth import (SESSION_IDLE_S, SESSION_LIFETIME_S, AuthError, BindingError, add_user, auth_file_warning,
                               check_binding, default_auth_path, load_users, make_checker)
-from app.backend import env, oplog
-from app.backend.hostprobe import HostProbe, detect_demo
+from app.backend import oplog
+from app.backend.config import env
+from app.backend.config.hostprobe import HostProbe, detect_demo
 from app.backend.service.systemd import sd_notify
 from app.backend.service.watchdog import Heartbeat, Watchdog, timings
-from app.backend.monitoring.access import MetricsTokenError, load_token, token_file
-from app.backend.settings import Settings
-from app.backend.webgate import parse_allowed_hosts
+from app.backend.prometheus.access import MetricsTokenError, load_token, token_file
+from app.backend.config.settings import Settings
+from app.backend.web.gate import parse_allowed_hosts
 from app.cli.main import add_common, settings_from
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class Plan:
     host: str
     port: int
     auth_file: Path | None
-    allowed_hosts: tuple[str, ...] = ()  # extra Host names the HTTP gate serves (app.backend.webgate)
+    allowed_hosts: tuple[str, ...] = ()  # extra Host names the HTTP gate serves (app.backend.web.gate)
     metrics_token: str | None = field(default=None, repr=False)  # opens /metrics when auth is on
 
 

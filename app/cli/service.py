@@ -57,7 +57,7 @@ def _data_dir(args: argparse.Namespace, serve_args: list[str]) -> Path:
 
 def status(args: argparse.Namespace) -> int:
     """What the Service tab shows of the settings, for a shell: the URLs through the one masking function."""
-    from app.backend.redact import mask_url
+    from app.backend.oplog.redact import mask_url
     from app.backend.service.config import ServiceConfigStore, effective_notify_urls, effective_policy
     from app.cli.main import settings_from
 

@@ -13,7 +13,8 @@ import signal
 import sys
 import threading
 
-from app.backend import env
+from app.backend.profiles.registry import ProfileRegistry
+from app.backend.config import env
 from app.backend.recipe.command import build_run_spec
 from app.backend.simengine import FAIL_MODES, SimEngineServer, config_from_env_and_args
 from app.cli.main import add_common, settings_from
@@ -49,7 +50,7 @@ def engine_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, s
     settings = _resolve(args)
     recipe = settings.recipe
     profile_id = args.profile or recipe.recommended_profile.id
-    spec = build_run_spec(recipe, profile_id, str(settings.data_dir), profiles=settings.profiles.list())
+    spec = build_run_spec(recipe, profile_id, str(settings.data_dir), profiles=ProfileRegistry(settings).list())
     sim_env = dict(spec.env)
     sim_env.update(env.inherited(prefixes=OVERRIDE_PREFIXES))
     if args.decode_tok_s:

@@ -10,9 +10,9 @@ from dataclasses import asdict
 from app.backend.telemetry.gpu import make_gpu_reader
 from app.backend.contracts import GpuReader, GpuSample
 from app.backend.telemetry.host import HostSample, HostSampler
-from app.backend import env
+from app.backend.config import env
 from app.cli.main import add_common, settings_from
-from app.backend.units import GiB
+from app.backend.contracts import GiB
 
 
 def register(subs: argparse._SubParsersAction) -> None:

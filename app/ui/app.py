@@ -17,10 +17,10 @@ from typing import Any
 
 import gradio as gr
 
-from app.backend import env
-from app.backend.exports import exports_dir, remove_web_temp_dir, sweep_web_temp_dirs, web_temp_dir
+from app.backend.config import env
+from app.backend.web.exports import exports_dir, remove_web_temp_dir, sweep_web_temp_dirs, web_temp_dir
 from app.backend.state import AppState
-from app.backend.webgate import GatePolicy, SessionGuard, WebGate
+from app.backend.web.gate import GatePolicy, SessionGuard, WebGate
 from app.ui import header, idlequeue
 from app.ui.shell import Shell
 
@@ -49,7 +49,7 @@ ALLOWED_PATHS_ATTR = "moet_allowed_paths"
 
 
 def prepare_web_files(state: AppState) -> Path:
-    """Files handed to the browser stay in the panel's 0700 state dir (app/backend/exports.py): Gradio's
+    """Files handed to the browser stay in the panel's 0700 state dir (app/backend/web/exports.py): Gradio's
     upload/cache folder becomes `<state>/gradio-<pid>` (removed when the state closes; a dead panel's is
     swept), exports go to `<state>/exports`. Must run before any component is built: each one reads the
     folder when it is created."""
@@ -133,7 +133,7 @@ def hide_api(blocks: gr.Blocks) -> None:
 
 def gradio_session(app: Any) -> SessionGuard:
     """The gate's view of Gradio's sessions (its cookies and token table) plus the page script that
-    binds a session to the panel's origin (app.backend.webgate.SessionGuard)."""
+    binds a session to the panel's origin (app.backend.web.gate.SessionGuard)."""
 
     def read_token(cookies: dict[str, str]) -> str | None:
         return cookies.get(f"access-token-{app.cookie_id}") or cookies.get(f"access-token-unsecure-{app.cookie_id}")
@@ -161,13 +161,13 @@ def _gate_lifespan(policy_for: Callable[[Any], GatePolicy]) -> Callable[[Any], A
 def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], Any] | None = None,
            allowed_hosts: tuple[str, ...] = (), state: AppState | None = None, metrics_token: str | None = None) -> str:
     """Launch without blocking (the caller decides how to wait); returns the local URL. Every
-    request passes app.backend.webgate first (Host/Origin allow-lists, session, CSP). With `state`,
+    request passes app.backend.web.gate first (Host/Origin allow-lists, session, CSP). With `state`,
     the gate also serves /metrics (open without auth, else only to `metrics_token`; docs/metrics.md)."""
     if auth is not None:
         hide_api(blocks)
     routes: tuple[tuple[str, Any], ...] = ()
     if state is not None:
-        from app.backend.monitoring.access import PATH, MetricsAccess, MetricsRoute
+        from app.backend.prometheus.access import PATH, MetricsAccess, MetricsRoute
 
         routes = ((PATH, MetricsRoute(state, MetricsAccess(auth_on=auth is not None, token=metrics_token))),)
 

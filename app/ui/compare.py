@@ -24,7 +24,7 @@ from app.backend.abtest.grading import (
 )
 from app.backend.abtest.journal import Prompt, new_spec, parse_pasted, parse_prompts_jsonl
 from app.backend.abtest.runner import ABRunService
-from app.backend.exports import write_export
+from app.backend.web.exports import write_export
 from app.backend.jobs import JobState
 from app.backend.state import AppState
 from app.ui.shell import QUICK, Shell

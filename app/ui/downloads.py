@@ -14,7 +14,7 @@ from app.backend import oplog
 from app.backend.download.manager import DownloadManager
 from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadSnapshot
 from app.backend.state import AppState
-from app.backend.units import duration_text, gib_text
+from app.backend.contracts import duration_text, gib_text
 from app.ui.shell import Shell
 
 TITLE = "Downloads"

@@ -22,7 +22,7 @@ from app.backend.engine.ops import Ticket
 from app.backend.engine.oplock import Holder
 from app.backend.engine.preflight import PreflightReport
 from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState
-from app.backend.profiles import profile_label
+from app.backend.profiles.registry import profile_label
 from app.backend.recipe.command import render_shell
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.state import AppState

@@ -25,7 +25,7 @@ def _e(x: Any) -> str:
 
 
 def _profile_label(state: AppState, profile_id: str | None) -> str:
-    """"#2 quality / speed (balanced)", custom profiles too (the one registry: app.backend.profiles)."""
+    """"#2 quality / speed (balanced)", custom profiles too (the one registry: app.backend.profiles.registry)."""
     return state.profiles.label(profile_id)
 
 

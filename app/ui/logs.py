@@ -14,7 +14,7 @@ import gradio as gr
 from app.backend.engine.controller import EngineController
 from app.backend.engine.loglines import LogFilter, StreamChoice
 from app.backend.contracts import LogLine
-from app.backend.exports import copy_export
+from app.backend.web.exports import copy_export
 from app.backend.state import AppState
 from app.ui.shell import QUICK, Shell
 
@@ -79,7 +79,7 @@ def _download(ctl: EngineController, source: str, view: LogFilter) -> str | None
     if source == LIVE:
         return str(ctl.export_logs(view))
     path = ctl.logs.run_path(source, "stderr" if view.stream == "stderr" else "stdout")
-    # a copy in the exports folder: the one place the web server hands files from (app/backend/exports.py)
+    # a copy in the exports folder: the one place the web server hands files from (app/backend/web/exports.py)
     return str(copy_export(ctl.settings.state_dir, path, path.name)) if path else None
 
 

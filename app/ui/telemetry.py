@@ -12,12 +12,12 @@ import gradio as gr
 import pandas as pd
 
 from app.backend.state import AppState
-from app.backend.telemetry.alerts import Alert
+from app.backend.alerts.rules import Alert
 from app.backend.telemetry.hub import TelemetryFrame, TelemetryHub
 from app.backend.contracts import EngineState
 from app.backend.telemetry.plotdata import PLOTS, PLOTS_PER_ROW, WINDOWS, PlotSpec, events, rows, spans, thin
 from app.backend.telemetry.timeline import TimelinePoint
-from app.backend.units import GiB
+from app.backend.contracts import GiB
 from app.ui.shell import QUICK, Shell
 from app.ui.theme import SEVERITY_COLOURS, STATE_COLOURS
 

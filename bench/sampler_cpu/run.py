@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from app.backend.recipe import SIMULATED_RECIPE  # noqa: E402
-from app.backend.settings import resolve_settings  # noqa: E402
+from app.backend.config.settings import resolve_settings  # noqa: E402
 from app.backend.telemetry.gpu import make_gpu_reader  # noqa: E402
 from app.backend.telemetry.hub import TelemetryHub  # noqa: E402
 

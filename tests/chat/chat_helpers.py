@@ -64,7 +64,7 @@ def chat_panel(data_dir: Path, auth: object = None, **sim_overrides: object) -> 
     gate, auth): yields (url, engine, tests.conftest.Panel)."""
     import app.ui.app as ui_app
     from app.backend.chat.service import ChatService
-    from app.backend.settings import resolve_settings
+    from app.backend.config.settings import resolve_settings
     from app.backend.state import AppState
     from tests.conftest import close_panel, launch_state
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.backend.chat.service import ChatService
-from app.backend.settings import resolve_settings
+from app.backend.config.settings import resolve_settings
 from app.backend.simengine import api
 from app.backend.state import AppState
 from tests.chat.chat_helpers import FakeEngine, start_sim, wait_for

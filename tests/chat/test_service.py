@@ -10,7 +10,7 @@ from app.backend.chat.client import SamplingParams
 from app.backend.chat.service import ChatError
 from app.backend.chat.store import INTERRUPTED
 from app.backend.contracts import EngineState
-from app.backend.exports import exports_dir
+from app.backend.web.exports import exports_dir
 
 from tests.chat.chat_helpers import FakeEngine, start_sim, wait_for
 

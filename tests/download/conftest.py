@@ -20,7 +20,7 @@ from app.backend.download.progress import ProgressBoard
 from app.backend.download.runner import run_download
 from app.backend.download.types import DownloadConfig
 from app.backend.recipe import SIMULATED_RECIPE
-from app.backend.settings import Settings, resolve_settings
+from app.backend.config.settings import Settings, resolve_settings
 from app.backend.simhub.artifacts import TreeSpec, build_artifact, file_digest_tree, generate_tree, reference_extract
 from app.backend.simhub.server import SimHub
 

@@ -265,7 +265,7 @@ from app.backend.download.progress import ProgressBoard
 from app.backend.download.runner import run_download
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.recipe.schema import ArtifactSpec
-from app.backend.settings import resolve_settings
+from app.backend.config.settings import resolve_settings
 endpoint, dest, specs = sys.argv[1], Path(sys.argv[2]), [ArtifactSpec(**s) for s in json.loads(sys.argv[3])]
 settings = resolve_settings(SIMULATED_RECIPE, dest, demo=True)
 cfg = replace(make_config(settings, endpoint=endpoint, dest=dest), artifact_jobs=3, connections=3,

@@ -9,7 +9,7 @@ import pytest
 
 from app.backend.download.manager import DownloadManager
 from app.backend.recipe import SIMULATED_RECIPE
-from app.backend.settings import resolve_settings
+from app.backend.config.settings import resolve_settings
 from app.backend.state import build_app_state
 from app.ui.app import build_ui
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.backend import hf_token
+from app.backend.config import hf_token
 from app.backend.download.safety import apply_data_filter, check_member
 from app.backend.download.types import UnsafeArchiveError
 from app.backend.simhub.artifacts import HOSTILE_KINDS, hostile_tar_bytes

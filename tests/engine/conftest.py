@@ -14,7 +14,7 @@ import pytest
 from app.backend.engine.controller import ControllerOptions, EngineController
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
 from app.backend.recipe.schema import ProfileSpec, Recipe
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 
 TEST_LABEL = {"moet-panel.test": "1"}
 

@@ -35,7 +35,7 @@ def main() -> int:
     from app.backend.engine.controller import ControllerOptions, EngineController
     from app.backend.engine.preflight import PreflightInputs, run_preflight
     from app.backend.recipe import DEFAULT_RECIPE, load_recipe
-    from app.backend.settings import Settings
+    from app.backend.config.settings import Settings
     from app.backend.telemetry.nvml import NvmlGpuReader
 
     reader = NvmlGpuReader()

@@ -186,7 +186,7 @@ def test_host_oom_during_cache_miss_is_classified(make_controller, sim_settings)
 def test_boot_timeout_stops_the_engine(make_controller, docker_client, sim_settings) -> None:
     from .conftest import sim_recipe
 
-    from app.backend.settings import Settings
+    from app.backend.config.settings import Settings
 
     recipe = sim_recipe(sim_settings.recipe.serve.port, boot_timeout_s=10)
     st = Settings(sim_settings.recipe_path, recipe, sim_settings.data_dir, True)

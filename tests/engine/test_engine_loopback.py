@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from app.backend.contracts import EngineState
 from app.backend.simengine.image import ensure_image, source_digest
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 from tests.engine.conftest import wait_until
 from tests.gateway.sockets import container_listening, listening, non_loopback
 

@@ -22,7 +22,7 @@ import pytest
 from app.backend.contracts import EngineState
 from app.backend.engine.canary import load_from_metrics
 from app.backend.engine.client import engine_client
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 from app.backend.simengine.image import ensure_image, source_digest
 from tests.conftest import free_port
 from tests.engine.conftest import wait_until

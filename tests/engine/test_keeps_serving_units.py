@@ -20,7 +20,7 @@ from app.backend.engine.restartpolicy import ENVIRONMENT, PolicyConfig, Restart,
 from app.backend.engine.runtime import MANAGED_LABEL, PROFILE_LABEL, RECIPE_LABEL, Instance, RuntimeUnavailable
 from app.backend.engine.supervisor import BringBack, GiveUpNow, RestartLater, Respect, plan
 from app.backend.recipe import SIMULATED_RECIPE
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 from tests.engine.conftest import free_port, sim_recipe, wait_until
 
 

@@ -16,7 +16,7 @@ from app.backend.engine.process_runtime import ProcessRuntime
 from app.backend.engine.runtime import RuntimeUnavailable
 from app.backend.contracts import EngineState, slots_of
 from app.backend.recipe import DEFAULT_RECIPE, load_recipe
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 
 from .conftest import TEST_LABEL, free_port, sim_recipe
 

@@ -91,7 +91,7 @@ def test_unreachable_docker_host_is_reported_not_replaced(monkeypatch, tmp_path:
 
 
 def test_demo_data_dir_is_the_same_for_serve_and_cli(monkeypatch, tmp_path: Path) -> None:
-    from app.backend.settings import demo_data_dir, resolve_settings
+    from app.backend.config.settings import demo_data_dir, resolve_settings
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     monkeypatch.delenv("MOET_PANEL_DATA_DIR", raising=False)
@@ -103,7 +103,7 @@ def test_half_extracted_artifact_fails_preflight_with_resume(tmp_path: Path) -> 
     from app.backend.engine.factory import journal_artifact_status
     from app.backend.engine.preflight import PreflightInputs, _artifacts
     from app.backend.recipe import DEFAULT_RECIPE, load_recipe
-    from app.backend.settings import Settings
+    from app.backend.config.settings import Settings
 
     recipe = load_recipe(DEFAULT_RECIPE)
     art = next(a for a in recipe.artifacts if a.required_for_serving)
@@ -122,7 +122,7 @@ def test_half_extracted_artifact_fails_preflight_with_resume(tmp_path: Path) -> 
 
 
 def test_build_app_state_wires_every_collaborator(monkeypatch, tmp_path: Path) -> None:
-    from app.backend.settings import resolve_settings
+    from app.backend.config.settings import resolve_settings
     from app.backend.state import build_app_state
 
     monkeypatch.setenv("MOET_PANEL_GPU", "simulated")
@@ -150,7 +150,7 @@ def test_serve_opens_nvml_once_and_the_app_state_keeps_that_reader(monkeypatch, 
     demo decision, then handed to build_app_state (engine preflight/release wait and telemetry read it)."""
     import argparse
 
-    from app.backend import hostprobe
+    from app.backend.config import hostprobe
     from app.backend.recipe import SIMULATED_RECIPE
     from app.backend.state import build_app_state
     from app.backend.telemetry import nvml as nvml_mod

@@ -16,7 +16,7 @@ from app.backend.engine.preflight import PreflightInputs, run_preflight
 from app.backend.engine.runtime import LineSplitter
 from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState, GpuProcess, GpuSample, LogLine
 from app.backend.recipe import DEFAULT_RECIPE, load_recipe
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader
 
 # The genuine engine logs live in the repo (copied from the project's shared fixtures; see their README).

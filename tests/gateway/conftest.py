@@ -17,7 +17,7 @@ import pytest
 
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.proxy import Limits
-from app.backend.gateway.readiness import EngineStatus, EngineStatusSource, ProbeSource
+from app.backend.gateway.engine_status import EngineStatus, EngineStatusSource, ProbeSource
 from app.backend.gateway.server import GatewayConfig, GatewayServer
 from app.backend.simengine import SimEngineServer
 from tests.simengine.conftest import make_sim  # noqa: F401 (the one simulated-engine factory; a fixture)

@@ -14,7 +14,7 @@ import pytest
 
 from app.backend.gateway.keys import KeyStore, KeyStoreError
 from app.backend.gateway.proxy import Limits
-from app.backend.gateway.readiness import EngineStatus
+from app.backend.gateway.engine_status import EngineStatus
 from tests.gateway.conftest import SERVED, FixedSource, key_refused, running_requests, wait_for
 
 MSG = [{"role": "user", "content": "Say something about mixtures of experts."}]
@@ -281,7 +281,7 @@ def test_tls_from_a_certificate_and_key(make_gateway, make_sim, home_data, tmp_p
     """A gateway given a certificate serves HTTPS (uvicorn's ssl options); the OpenAI SDK verifies it."""
     import subprocess
 
-    from app.backend.gateway.readiness import ProbeSource
+    from app.backend.gateway.engine_status import ProbeSource
     from app.backend.gateway.server import GatewayConfig, GatewayServer
 
     cert, pkey = tmp_path / "cert.pem", tmp_path / "key.pem"

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.backend.auth import add_user, load_users, make_checker
+from app.backend.web.auth import add_user, load_users, make_checker
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.server import GatewayConfig, GatewayConfigError, check_config
 from tests.conftest import ROOT, close_panel, launch_panel

@@ -237,7 +237,7 @@ def test_a_stopped_or_killed_panel_leaves_no_gateway_listening(home_data: Path) 
 
 
 def test_the_status_line_round_trips() -> None:
-    from app.backend.gateway.readiness import EngineStatus, PipeSource
+    from app.backend.gateway.engine_status import EngineStatus, PipeSource
 
     st = EngineStatus(False, "http://127.0.0.1:8000", SERVED, "the engine is stopped", "stopped")
     assert EngineStatus.from_line(st.to_line()) == st

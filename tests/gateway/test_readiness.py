@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
-from app.backend.gateway.readiness import SnapshotSource
+from app.backend.gateway.engine_status import SnapshotSource
 
 
 def _status(**kw: object):
@@ -30,7 +30,7 @@ def test_snapshot_states_map_to_ready_or_a_reason() -> None:
 
 
 def test_a_draining_snapshot_refuses_new_requests_with_the_expected_time_and_round_trips_the_pipe() -> None:
-    from app.backend.gateway.readiness import EngineStatus
+    from app.backend.gateway.engine_status import EngineStatus
 
     st = _status(state=EngineState.READY, base_url="http://127.0.0.1:8123", draining=True, expected_back_s=95.0)
     assert st.ready and st.draining and not st.accepts and st.retry_after_s == 95.0
@@ -47,7 +47,7 @@ def test_a_draining_snapshot_refuses_new_requests_with_the_expected_time_and_rou
 def test_the_running_profiles_sequences_become_the_gateways_engine_slots() -> None:
     from pathlib import Path
 
-    from app.backend.gateway.readiness import EngineStatus
+    from app.backend.gateway.engine_status import EngineStatus
     from app.backend.gateway.server import engine_slots_of, limits_for_recipe
     from app.backend.recipe.loader import load_recipe
 

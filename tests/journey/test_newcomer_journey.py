@@ -27,7 +27,7 @@ import pytest
 
 from app.backend.download.manager import DownloadManager
 from app.backend.recipe import SIMULATED_RECIPE
-from app.backend.settings import resolve_settings
+from app.backend.config.settings import resolve_settings
 from app.backend.state import AppState, build_app_state
 from tests.conftest import BrowserSession, free_port, serving
 from tests.download.conftest import artifact, start_hub  # noqa: F401  (session fixture reused)

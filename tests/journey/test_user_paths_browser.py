@@ -18,7 +18,7 @@ from app.backend.abtest.journal import Generation, Journal, new_spec
 from app.backend.selftest.store import ResultsStore
 from app.backend.selftest.types import DecodeRun, NeedleOutcome, SelfTestResult
 from app.backend.recipe import SIMULATED_RECIPE
-from app.backend.settings import resolve_settings
+from app.backend.config.settings import resolve_settings
 from app.backend.state import build_app_state
 from tests.conftest import BrowserSession, close_panel, launch_panel, launch_state
 from tests.journey.conftest import open_panel, own_mode, tracebacks, user_data_dir
@@ -48,7 +48,7 @@ def _generated_run(state_dir: Path) -> str:
 def _save_custom(settings: Any) -> str:
     import dataclasses
 
-    import app.backend.custom_profiles as cp
+    import app.backend.profiles.custom as cp
 
     recipe = settings.recipe
     base = recipe.profile("balanced")

@@ -26,7 +26,7 @@ from app.backend.engine.docker_runtime import DockerRuntime
 from app.backend.engine.ops import ControllerOptions
 from app.backend.recipe import load_recipe
 from app.backend.recipe.schema import Recipe
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 from tests.engine.conftest import TEST_LABEL, free_port
 from tests.real_engine import image as image_mod
 

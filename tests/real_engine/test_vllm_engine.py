@@ -196,7 +196,7 @@ def test_gateway_streams_a_chat_and_counts_the_engines_usage(served, tmp_path) -
     import openai
 
     from app.backend.gateway.keys import KeyStore
-    from app.backend.gateway.readiness import SnapshotSource
+    from app.backend.gateway.engine_status import SnapshotSource
     from app.backend.gateway.server import GatewayConfig, GatewayServer
 
     tier, ctl = served

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.backend.auth import add_user, load_users, make_checker
+from app.backend.web.auth import add_user, load_users, make_checker
 from tests.conftest import close_panel, launch_panel
 
 PASSWORD = "correct horse battery"

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.backend.auth import AuthError, BindingError, add_user, is_loopback, load_users, make_checker, verify_password
+from app.backend.web.auth import AuthError, BindingError, add_user, is_loopback, load_users, make_checker, verify_password
 from app.cli.serve import plan
 from tests.conftest import close_panel, launch_panel
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from app.backend import custom_profiles as cp
-from app.backend.profiles import all_profiles
+from app.backend.profiles import custom as cp
+from app.backend.profiles.registry import all_profiles
 from app.backend.recipe import DEFAULT_RECIPE, load_recipe
 from app.backend.recipe.command import build_run_spec
-from app.backend.settings import resolve_settings
+from app.backend.config.settings import resolve_settings
 
 RECIPE = load_recipe(DEFAULT_RECIPE)
 

@@ -36,10 +36,11 @@ def mode(path: Path) -> int:
 
 
 def test_every_file_holding_a_secret_is_0600(home_dirs: tuple[Path, Path]) -> None:
-    from app.backend import exports, hf_token
-    from app.backend.auth import add_user, default_auth_path
+    from app.backend.web import exports
+    from app.backend.config import hf_token
+    from app.backend.web.auth import add_user, default_auth_path
     from app.backend.gateway.keys import KeyStore
-    from app.backend.monitoring.access import MetricsTokenError, load_token
+    from app.backend.prometheus.access import MetricsTokenError, load_token
     from app.backend.service.config import ServiceConfig, ServiceConfigStore
 
     config, state = home_dirs

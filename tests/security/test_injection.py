@@ -10,11 +10,11 @@ import pytest
 import tomli_w
 from pydantic import ValidationError
 
-from app.backend import custom_profiles as cp
+from app.backend.profiles import custom as cp
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
 from app.backend.recipe.command import CommandError, build_run_spec, render_shell
 from app.backend.recipe.schema import Mount, ProfileSpec
-from app.backend.settings import resolve_settings
+from app.backend.config.settings import resolve_settings
 
 RECIPE = load_recipe(SIMULATED_RECIPE)
 HOSTILE = ["1; rm -rf /", "--privileged", "x --privileged", "$(id)", "`id`", "a' -v /:/host '", "-v=/:/host", "1 && curl x|sh"]

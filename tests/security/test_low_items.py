@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from app.backend.auth import add_user
+from app.backend.web.auth import add_user
 from tests.conftest import free_port, launch_panel, close_panel
 
 

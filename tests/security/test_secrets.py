@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.backend.redact import install_log_redaction
+from app.backend.oplog.redact import install_log_redaction
 from tests.conftest import free_port, serve_demo_process
 
 TOKEN = "hf_MoetPanelTestTokenDoNotLeak1234567890"
@@ -26,7 +26,7 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def test_log_records_are_redacted_whoever_logs_them(caplog: pytest.LogCaptureFixture) -> None:
-    from app.backend import hf_token
+    from app.backend.config import hf_token
 
     install_log_redaction()
     hf_token.KNOWN.add(ODD_TOKEN)
@@ -79,7 +79,7 @@ def test_exported_chats_never_show_the_token(tmp_path: Path, monkeypatch: pytest
     from app.backend.chat.client import SamplingParams
     from app.backend.chat.service import ChatService
     from app.backend.contracts import EngineSnapshot, EngineState
-    from app.backend.settings import resolve_settings
+    from app.backend.config.settings import resolve_settings
     from app.backend.simengine import SimEngineConfig, SimEngineServer
 
     monkeypatch.setenv("HF_TOKEN", TOKEN)

@@ -1,6 +1,6 @@
 """Issue 30, finding 1 (high): a signed-in session walked out to any other loopback port, because
 cookies are per host, not per port (RFC 6265). Now a session is the cookie AND a key the panel's page
-keeps in origin-scoped storage (app/backend/webgate.py SessionGuard, assets/js/session-key.js);
+keeps in origin-scoped storage (app/backend/web/gate.py SessionGuard, assets/js/session-key.js);
 sessions expire on the server; sign-out ends them everywhere. docs/ui-and-safety.md#sessions."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.backend.auth import SessionBook
+from app.backend.web.auth import SessionBook
 
 from tests.security.conftest import PASSWORD
 
@@ -252,7 +252,7 @@ def test_during_a_guessing_flood_the_owners_browser_still_signs_in(authed, brows
 
 def test_the_gate_has_a_place_for_routes_with_their_own_check() -> None:
     """Gate-served routes (e.g. /metrics with its own token) skip the session check, nothing else."""
-    from app.backend.webgate import GatePolicy, SessionGuard, WebGate
+    from app.backend.web.gate import GatePolicy, SessionGuard, WebGate
 
     async def gradio(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.backend.auth import LoginGuard, LoginNote, LoginThrottle, client_key, hash_password, make_checker
+from app.backend.web.auth import LoginGuard, LoginNote, LoginThrottle, client_key, hash_password, make_checker
 
 from tests.security.conftest import PASSWORD
 
@@ -85,7 +85,7 @@ def test_a_browser_that_signed_in_before_is_paced_on_its_own() -> None:
 
 
 def test_checked_logins_cost_one_scrypt_each_and_scrypt_in_flight_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import app.backend.auth as auth
+    import app.backend.web.auth as auth
 
     running, most, calls = [0], [0], [0]
     lock = threading.Lock()

@@ -1,4 +1,4 @@
-"""The HTTP gate (app/backend/webgate.py) on a real panel over HTTP: every route behind one gate,
+"""The HTTP gate (app/backend/web/gate.py) on a real panel over HTTP: every route behind one gate,
 Host and Origin allow-lists in every mode, POST-only logout, CSP, body caps, login throttling per
 user and address, file modes of the state dir. Issue 13's findings, one test each."""
 
@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.backend.webgate import PUBLIC_EXACT, PUBLIC_PREFIXES, GatePolicy, is_public, is_unused, parse_allowed_hosts
+from app.backend.web.gate import PUBLIC_EXACT, PUBLIC_PREFIXES, GatePolicy, is_public, is_unused, parse_allowed_hosts
 from tests.conftest import close_panel, free_port, launch_panel
 
 from tests.security.conftest import PASSWORD
@@ -157,7 +157,7 @@ def test_forwarding_headers_are_refused_unless_behind_a_proxy(shared_panel) -> N
 def test_allowed_host_option_serves_the_proxy_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--allowed-host panel.example` (a reverse proxy's name) is served, with its own Origin."""
     from app.backend.recipe import SIMULATED_RECIPE
-    from app.backend.settings import resolve_settings
+    from app.backend.config.settings import resolve_settings
     from app.backend.state import build_app_state
     from app.ui.app import build_ui, launch
 

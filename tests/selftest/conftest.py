@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.backend.settings import Settings, resolve_settings
+from app.backend.config.settings import Settings, resolve_settings
 from app.backend.state import AppState, build_app_state
 from tests.engine.conftest import (  # noqa: F401
     TEST_LABEL, docker_client, make_controller, panel_containers, sim_settings, wait_until,

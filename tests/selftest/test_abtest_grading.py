@@ -13,7 +13,7 @@ from app.backend.abtest.grading import a_is_left, ab_scores, grade_from_pick, gr
 from app.backend.abtest.journal import Generation, Journal, Prompt, RunState, new_spec
 from app.backend.chat.models import Conversation, Message
 from app.backend.chat.store import ChatStore, ChatStoreError
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 from app.cli.main import main
 from tests.selftest.conftest import recipe_file
 

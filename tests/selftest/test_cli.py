@@ -7,7 +7,7 @@ import json
 from app.backend.abtest.journal import Journal
 from app.backend.chat.models import Conversation, Message
 from app.backend.chat.store import ChatStore
-from app.backend.settings import resolve_settings
+from app.backend.config.settings import resolve_settings
 from app.cli.main import main
 from tests.selftest.conftest import FAST_ENV, recipe_file, start_ready
 

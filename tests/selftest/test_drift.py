@@ -7,7 +7,7 @@ import threading
 import time
 
 from app.backend.selftest.drift import DriftReading, DriftWatch
-from app.backend.telemetry.alerts import AlertInputs, decode_drift, evaluate
+from app.backend.alerts.rules import AlertInputs, decode_drift, evaluate
 from app.backend.contracts import GpuSample
 from app.backend.telemetry.metrics import MetricsScraper
 from tests.selftest.test_sim_selftest_support import post

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState, GpuSample
-from app.backend.service.alerting import AlertService, AlertTracker, Condition, Message, condition_hold_down
-from app.backend.telemetry import alerts as alert_rules
-from app.backend.telemetry.alerts import Alert, AlertInputs
-from app.backend.units import GiB
+from app.backend.alerts.delivery import AlertService, AlertTracker, Condition, Message, condition_hold_down
+from app.backend.alerts import rules as alert_rules
+from app.backend.alerts.rules import Alert, AlertInputs
+from app.backend.contracts import GiB
 
 TOTAL = 96 * GiB
 
@@ -102,7 +102,7 @@ def test_notify_types_follow_severity() -> None:
     d = Diagnosis("killed", "killed (SIGKILL, exit 137)", "why", "fix")
     crash = EngineSnapshot(state=EngineState.FAILED, diagnosis=d, desired="serve:quality", restart_try=1,
                            message="killed (SIGKILL, exit 137) — restarting, try 1 of 3")
-    from app.backend.service.alerting import engine_conditions
+    from app.backend.alerts.delivery import engine_conditions
 
     out = t.update(engine_conditions(crash), lambda c: "engine ready again — resolved", clock())
     assert [m.kind for m in out] == ["failure"]  # a crash is told at once (hold-down 0), as a failure

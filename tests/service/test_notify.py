@@ -11,8 +11,8 @@ from typing import Iterator
 import pytest
 
 from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
-from app.backend.service.alerting import AlertTracker, engine_conditions
-from app.backend.service.notify import Notifier, mask_url
+from app.backend.alerts.delivery import AlertTracker, engine_conditions
+from app.backend.alerts.notify import Notifier, mask_url
 from tests.engine.conftest import panel_containers, wait_until
 
 
@@ -98,7 +98,7 @@ def test_sending_never_blocks_and_reaches_a_real_receiver(receiver: Receiver) ->
 
 def test_engine_crash_and_recovery_are_told_once_each(make_controller, docker_client, sim_settings,
                                                       receiver: Receiver) -> None:
-    from app.backend.service.alerting import AlertService
+    from app.backend.alerts.delivery import AlertService
 
     ctl = make_controller(supervise=True, resync_s=0.5, restart_backoff_s=0.5)
     assert ctl.start("quality").wait(90)
@@ -119,7 +119,7 @@ def test_engine_crash_and_recovery_are_told_once_each(make_controller, docker_cl
 
 
 def test_no_message_before_the_supervisor_has_decided() -> None:
-    from app.backend.service.alerting import decision_pending
+    from app.backend.alerts.delivery import decision_pending
 
     d = Diagnosis("killed", "killed (SIGKILL, exit 137)", "why", "fix")
     just_failed = EngineSnapshot(state=EngineState.FAILED, diagnosis=d, desired="serve:quality")

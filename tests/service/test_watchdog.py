@@ -91,7 +91,7 @@ def test_timings_follow_watchdog_sec() -> None:
 def test_env_names_the_watchdog_only_for_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from app.backend import env
+    from app.backend.config import env
 
     monkeypatch.setenv("WATCHDOG_USEC", "30000000")
     monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))

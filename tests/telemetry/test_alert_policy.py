@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from app.backend import custom_profiles as cp
+from app.backend.profiles.registry import ProfileRegistry
+from app.backend.profiles import custom as cp
 from app.backend.recipe import DEFAULT_RECIPE
-from app.backend.settings import resolve_settings
-from app.backend.telemetry.alerts import profile_policy
+from app.backend.config.settings import resolve_settings
+from app.backend.alerts.rules import profile_policy
 
 
 def test_policy_of_card_profiles_and_the_base_command(tmp_path: Path) -> None:
@@ -27,4 +28,4 @@ def test_a_custom_profile_that_unsets_the_policy_has_none(tmp_path: Path) -> Non
     assert "VLLM_MOE_W2_DELTA_POLICY" in profile.env_remove
     cp.save_custom_profile(settings, profile)
     assert profile_policy(settings, profile.id) == ""
-    assert settings.profiles.find(profile.id) == profile  # the same registry the alerts read
+    assert ProfileRegistry(settings).find(profile.id) == profile  # the same registry the alerts read

@@ -11,10 +11,10 @@ import pytest
 
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.recipe import SIMULATED_RECIPE
-from app.backend.settings import resolve_settings
+from app.backend.config.settings import resolve_settings
 from app.backend.simengine.config import SimEngineConfig
 from app.backend.simengine.server import SimEngineServer
-from app.backend.telemetry.alerts import status_alerts
+from app.backend.alerts.rules import status_alerts
 from app.backend.telemetry.gpu_sim import FakeGpuReader
 from app.backend.telemetry.hub import TelemetryHub
 

@@ -9,7 +9,7 @@ import pynvml
 import pytest
 
 from app.backend.contracts import EngineSnapshot, EngineState
-from app.backend.env import GPU as ENV_GPU
+from app.backend.config.env import GPU as ENV_GPU
 from app.backend.telemetry.gpu import NoGpuReader, follow_engine, make_gpu_reader, tag_engine_processes
 from app.backend.telemetry.gpu_sim import FakeGpuReader, SimulatedGpuReader, sample_from_dict
 from app.backend.telemetry.nvml import NO_LIBRARY, NvmlGpuReader, decode_throttle
@@ -173,7 +173,7 @@ def test_decode_throttle_bits() -> None:
 
 def test_selection_and_env_override(monkeypatch, tmp_path) -> None:
     from app.backend.recipe import DEFAULT_RECIPE, SIMULATED_RECIPE
-    from app.backend.settings import resolve_settings
+    from app.backend.config.settings import resolve_settings
 
     demo = resolve_settings(SIMULATED_RECIPE, tmp_path, demo=True)
     monkeypatch.delenv(ENV_GPU, raising=False)

@@ -8,7 +8,7 @@ import pytest
 
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.recipe import SIMULATED_RECIPE
-from app.backend.settings import resolve_settings
+from app.backend.config.settings import resolve_settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader
 from app.backend.telemetry.hub import TelemetryHub
 from app.backend.telemetry.timeline import Timeline, TimelineDB, TimelinePoint

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from app.backend.telemetry.alerts import AlertInputs, churn_trap, pool_absent, zero_coverage
+from app.backend.alerts.rules import AlertInputs, churn_trap, pool_absent, zero_coverage
 from app.backend.telemetry.trace import TraceParser, parse_text
 
 from .conftest import ALL_LOGS, log_text

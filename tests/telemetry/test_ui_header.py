@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.recipe import SIMULATED_RECIPE
-from app.backend.settings import resolve_settings
+from app.backend.config.settings import resolve_settings
 from app.backend.state import AppState
-from app.backend.telemetry.alerts import Alert
+from app.backend.alerts.rules import Alert
 from app.backend.telemetry.gpu_sim import sample_from_dict
 from app.backend.telemetry.hub import TelemetryFrame
 from app.backend.telemetry.metrics import MetricsSample

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-import app.backend.custom_profiles as cp
+import app.backend.profiles.custom as cp
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
 
 RECIPE = load_recipe(SIMULATED_RECIPE)

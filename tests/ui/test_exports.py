@@ -1,4 +1,4 @@
-"""The one exports folder and the per-process web cache folder (app/backend/exports.py): private modes,
+"""The one exports folder and the per-process web cache folder (app/backend/web/exports.py): private modes,
 safe names, a dead panel's cache swept, a live one's kept."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.backend.exports import exports_dir, safe_name, sweep_web_temp_dirs, web_temp_dir, write_export
+from app.backend.web.exports import exports_dir, safe_name, sweep_web_temp_dirs, web_temp_dir, write_export
 
 
 def test_exports_are_private_and_named_safely(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from app.backend.jobs import BackgroundJob, JobState
 
 if TYPE_CHECKING:  # types only: build_app_state hands the controller in
     from app.backend.engine.controller import EngineController
-    from app.backend.settings import Settings
+    from app.backend.config.settings import Settings
 
 SWITCH_TIMEOUT_S = 3600.0
 

@@ -38,7 +38,7 @@ def to_json(conv: Conversation) -> str:
 
 
 # Import limits (docs/chat.md#import): a reply of 32k tokens is ~150 KB; its thinking can be longer.
-MAX_IMPORT_BYTES = 16 * 1024 * 1024  # the panel's upload cap (app.backend.webgate.MAX_UPLOAD_BYTES)
+MAX_IMPORT_BYTES = 16 * 1024 * 1024  # the panel's upload cap (app.backend.web.gate.MAX_UPLOAD_BYTES)
 MAX_TEXT_BYTES = 4 * 1024 * 1024  # one message's content, reasoning or error
 MAX_MESSAGES = 10_000
 MAX_TIME = 1e11  # seconds since 1970 (year 5138): anything beyond is not a timestamp

@@ -28,7 +28,7 @@ from app.backend.chat.store import ChatStore, ChatStoreError
 from app.backend.contracts import EngineEvents, EngineSnapshot, SnapshotFn
 from app.backend.chat.turn import Turn
 from app.backend.engine.client import engine_client
-from app.backend.exports import write_export
+from app.backend.web.exports import write_export
 from app.backend.recipe.schema import Recipe
 
 DB_NAME = "chat.sqlite"
@@ -62,7 +62,7 @@ def check_size(text: str, what: str) -> None:
 
 def export_name(conv: Conversation, fmt: str) -> str:
     """A file name for an export: the whole title in safe characters (`[A-Za-z0-9._-]`, as
-    app.backend.exports.safe_name) and the id's first 8 characters."""
+    app.backend.web.exports.safe_name) and the id's first 8 characters."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", conv.title).strip("-.") or "chat"  # titles are ≤ 120 characters
     return f"{slug}-{conv.id[:8]}.{'json' if fmt == 'json' else 'md'}"
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from app.backend.chat.models import Conversation, ConversationSummary, Message, MessageStats
-from app.backend.filemode import create_private
+from app.backend.files.modes import create_private
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from app.backend import env
+from app.backend.config import env
 from app.backend.download.types import DownloadConfig
-from app.backend.hf_token import resolve_token
-from app.backend.settings import Settings
+from app.backend.config.hf_token import resolve_token
+from app.backend.config.settings import Settings
 
 
 def make_config(settings: Settings, *, dest: Path | None = None, endpoint: str | None = None,

@@ -46,7 +46,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, validate_repo_id
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
-from app.backend import env
+from app.backend.config import env
 from app.backend.download.ranged import UnsafeUrlError
 from app.backend.download.types import (
     AuthError, DownloadConfig, DownloadError, MiB, NotFoundError, TransientError,

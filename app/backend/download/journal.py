@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from app.backend.download.types import ArtifactPlan, ArtifactState, LockedError, PartState, SpaceError
-from app.backend.fileio import LockBusy, PidLock, atomic_write
-from app.backend.hf_token import redact
+from app.backend.files.atomic import LockBusy, PidLock, atomic_write
+from app.backend.config.hf_token import redact
 
 JOURNAL_VERSION = 1  # states are stored as their enum values, the same strings as before the enums
 RESERVE_BYTES = 256 * 1024

@@ -12,7 +12,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from app.backend import hf_token, oplog
+from app.backend import oplog
+
+from app.backend.config import hf_token
 from app.backend.jobs import SingleFlight
 from app.backend.download.ckpt import CkptCheck, check_ckpt_id
 from app.backend.download.config import make_config
@@ -28,8 +30,8 @@ from app.backend.download.types import (
     ArtifactProgress, ArtifactState, DiskPicture, DownloadConfig, DownloadError, DownloadSnapshot, PartState,
     StopSignal, Stopped,
 )
-from app.backend.units import GiB
-from app.backend.settings import Settings
+from app.backend.contracts import GiB
+from app.backend.config.settings import Settings
 
 if TYPE_CHECKING:
     from app.backend.simhub.demo import DemoHub

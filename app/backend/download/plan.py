@@ -12,7 +12,7 @@ from app.backend.download.journal import JournalStore
 from app.backend.download.types import (
     ArtifactPlan, ArtifactState, DiskPicture, DownloadConfig, DownloadError, NotFoundError, PartInfo, SpaceError,
 )
-from app.backend.units import GiB
+from app.backend.contracts import GiB
 
 if TYPE_CHECKING:  # the artifact processes import this module: no pydantic there (forkserver.PRELOAD)
     from app.backend.recipe.schema import ArtifactSpec

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from app.backend.download.forkserver import context
 from app.backend.download.types import DownloadError, Stopped
-from app.backend.fileio import PidLock
+from app.backend.files.atomic import PidLock
 
 if TYPE_CHECKING:
     from app.backend.download.hub import HubClient, Resolved

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from app.backend.hf_token import redact
+from app.backend.config.hf_token import redact
 # the user's stop (Pause or Cancel; both keep the data): the one every job has, named here too
 from app.backend.jobs import StopSignal as StopSignal
 

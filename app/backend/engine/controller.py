@@ -43,10 +43,10 @@ from app.backend.engine.oplock import EngineLock, Holder, LockHeld
 from app.backend.engine.preflight import PreflightReport
 from app.backend.engine.restartpolicy import RestartPolicy, parse_policy
 from app.backend.engine.runtime import Runtime, RuntimeOpError, RuntimeUnavailable
-from app.backend.exports import exports_dir
+from app.backend.web.exports import exports_dir
 from app.backend.recipe.command import RunSpec, build_run_spec
 from app.backend.recipe.schema import ProfileSpec
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 
 __all__ = ["ControllerOptions", "EngineController", "expects_pool"]
 

@@ -33,7 +33,7 @@ from app.backend.engine.restartpolicy import RestartPolicy
 from app.backend.engine.runtime import EventStream, Instance, Runtime
 from app.backend.recipe.command import RunSpec
 from app.backend.recipe.schema import ProfileSpec, Recipe
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 
 MUTATING = frozenset({"start", "stop", "switch", "restart"})  # "adopt" only watches: no lock
 

@@ -8,14 +8,13 @@ rename, fsync of the directory) so a power cut leaves either the old or the new 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from app.backend.engine.errlog import ENGINE_ERRORS
-from app.backend.fileio import atomic_write
+from app.backend.files.jsonstore import JsonStore
 
 DesiredKind = Literal["serve", "stopped"]
 
@@ -37,24 +36,19 @@ class DesiredStore:
     """`<state_dir>/engine-desired.json`, shared by every panel and CLI on the data dir."""
 
     def __init__(self, state_dir: Path) -> None:
-        self.path = Path(state_dir) / "engine-desired.json"
+        self._store = JsonStore(Path(state_dir) / "engine-desired.json", Desired)
+        self.path = self._store.path
 
     def read(self) -> Desired | None:
-        try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-            kind = raw["kind"]
-            if kind not in ("serve", "stopped") or (kind == "serve" and not raw.get("profile_id")):
-                return None
-            return Desired(kind, raw.get("profile_id"), str(raw.get("set_by", "")), float(raw.get("since", 0.0)))
-        except (OSError, ValueError, KeyError, TypeError):
+        d = self._store.read()
+        if d is None or (d.kind == "serve" and not d.profile_id):
             return None  # never set, or unreadable: nothing is brought back (the safe side)
+        return d
 
     def write(self, kind: DesiredKind, profile_id: str | None, set_by: str) -> Desired:
         d = Desired(kind, profile_id if kind == "serve" else None, set_by, time.time())
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.path, json.dumps({"kind": d.kind, "profile_id": d.profile_id,
-                                                     "set_by": d.set_by, "since": d.since}))
+            self._store.write(d)
         except OSError as exc:  # an unwritable data dir: the operation itself still runs (preflight reports the dir)
             ENGINE_ERRORS.caught(f"recording the desired state in {self.path}", exc)
         return d

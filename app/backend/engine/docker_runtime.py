@@ -19,7 +19,7 @@ import docker
 import requests
 from docker.types.daemon import CancellableStream
 
-from app.backend import env
+from app.backend.config import env
 from app.backend.engine.errlog import ENGINE_ERRORS
 from app.backend.engine.runtime import (
     Instance,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from app.backend import env
+from app.backend.profiles.registry import ProfileRegistry
+from app.backend.config import env
 from app.backend.engine.controller import EngineController
 from app.backend.engine.ops import ControllerOptions
 from app.backend.engine.docker_runtime import DockerRuntime
@@ -19,7 +20,7 @@ from app.backend.engine.process_runtime import ProcessRuntime
 from app.backend.engine.runtime import Runtime, RuntimeUnavailable
 from app.backend.contracts import GpuReader
 from app.backend.recipe.schema import ProfileSpec
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 
 
 def select_runtime(settings: Settings, *, allow_process: bool = True) -> tuple[Runtime | None, str]:
@@ -86,7 +87,7 @@ def make_engine_controller(settings: Settings, gpu_reader: GpuReader,
         settings,
         runtime_factory=lambda: select_runtime(settings),
         gpu_reader=gpu_reader,
-        profiles_fn=profiles_fn or settings.profiles.list,  # the one cached registry (recipe + custom)
+        profiles_fn=profiles_fn or ProfileRegistry(settings).list,  # recipe + custom, re-read when saved
         options=options,
         ensure_image=ensure_sim_image,
         artifact_status=artifact_status_fn(settings),

@@ -10,13 +10,12 @@ seeing the click; READY clears the record itself.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.backend.engine.desired import Desired
 from app.backend.engine.errlog import ENGINE_ERRORS
-from app.backend.fileio import atomic_write
+from app.backend.files.jsonstore import JsonStore
 
 KEEP = 50  # restart times kept (the cap looks at a 15-minute window; the rest is for the log)
 
@@ -53,26 +52,16 @@ class Supervision:
 
 class SupervisionStore:
     def __init__(self, state_dir: Path) -> None:
-        self.path = Path(state_dir) / "engine-supervision.json"
+        self._store = JsonStore(Path(state_dir) / "engine-supervision.json", Supervision)
+        self.path = self._store.path
 
     def read(self) -> Supervision:
-        try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-            g = raw.get("gave_up")
-            return Supervision(int(raw.get("restarts_total", 0)),
-                               tuple(float(t) for t in raw.get("restarts_at", [])),
-                               GiveUpRecord(float(g["desired_since"]), str(g["reason"]), str(g["why"]))
-                               if isinstance(g, dict) else None,
-                               tuple((str(k), float(v)) for k, v in dict(raw.get("boot_s", {})).items()))
-        except (OSError, ValueError, KeyError, TypeError):
-            return Supervision()  # never written, or unreadable: no history (a restart is allowed)
+        # never written, or unreadable: no history (a restart is allowed)
+        return self._store.read() or Supervision()
 
     def _write(self, s: Supervision) -> Supervision:
-        body = {"restarts_total": s.restarts_total, "restarts_at": list(s.restarts_at[-KEEP:]),
-                "gave_up": asdict(s.gave_up) if s.gave_up is not None else None, "boot_s": dict(s.boot_s)}
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.path, json.dumps(body))
+            self._store.write(replace(s, restarts_at=s.restarts_at[-KEEP:]))
         except OSError as exc:  # an unwritable data dir: the supervisor still acts; preflight reports the dir
             ENGINE_ERRORS.caught(f"recording the restart history in {self.path}", exc)
         return s

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from app.backend import env
+from app.backend.config import env
 from app.backend.engine.docker_runtime import DockerRuntime, unreachable_message
-from app.backend.fileio import PidLock
+from app.backend.files.atomic import PidLock
 
 CLASSIC_STEP_RE = re.compile(r"^Step (?P<k>\d+)/(?P<n>\d+) :")
 BUILDKIT_STEP_RE = re.compile(r"^#\d+ \[(?:[\w.-]+ )?(?P<k>\d+)/(?P<n>\d+)\]")

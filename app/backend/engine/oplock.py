@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from app.backend.fileio import LockBusy, PidLock
+from app.backend.files.atomic import LockBusy, PidLock
 
 LOCK_NAME = "engine.lock"
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from app.backend.contracts import Diagnosis
-from app.backend.units import GiB
+from app.backend.contracts import GiB
 
 
 @dataclass

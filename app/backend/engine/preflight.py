@@ -21,7 +21,7 @@ from app.backend.engine.diagnosis import CARD_PIN
 from app.backend.engine.runtime import Runtime, RuntimeOpError, RuntimeUnavailable
 from app.backend.recipe.schema import Recipe
 from app.backend.contracts import GpuReader, GpuSample
-from app.backend.units import GiB
+from app.backend.contracts import GiB
 
 Status = Literal["pass", "warn", "fail"]
 

@@ -27,7 +27,7 @@ REFUSAL_REASONS = ("no_key", "bad_key", "revoked_key", "rate_limited", "queue_fu
 
 _HISTOGRAMS = ("moet_panel_gateway_ttft_seconds", "moet_panel_gateway_request_duration_seconds",
                "moet_panel_gateway_queue_wait_seconds")
-# every sample name `families` can write (docs/metrics.md lists them; tests/monitoring checks both ways)
+# every sample name `families` can write (docs/metrics.md lists them; tests/prometheus checks both ways)
 SERIES = ("moet_panel_gateway_up", "moet_panel_gateway_requests_total", "moet_panel_gateway_refusals_total",
           "moet_panel_gateway_in_flight", "moet_panel_gateway_queue_length",
           *(h + suffix for h in _HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.backend import oplog
-from app.backend.filemode import create_private
+from app.backend.files.modes import create_private
 
 DB_NAME = "gateway.sqlite"
 KEY_PREFIX = "mpk-"  # recognisable in a leak scan; the rest is 43 characters of token_urlsafe(32)

@@ -26,7 +26,7 @@ from app.backend.gateway.fairqueue import FairQueue, QueueFull
 from app.backend.gateway.gwmetrics import REPORT_S, GatewayMetrics, RefusalLog
 from app.backend.gateway.inputs import Refused, check_json
 from app.backend.gateway.keys import DEFAULT_SCOPE, ActivityRecord, KeyRecord, KeyStore
-from app.backend.gateway.readiness import EngineStatus, EngineStatusSource
+from app.backend.gateway.engine_status import EngineStatus, EngineStatusSource
 from app.backend.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 # The routes a client of the card's model needs (docs/gateway.md#routes): the model list and the two

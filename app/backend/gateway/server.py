@@ -25,7 +25,7 @@ from app.backend import oplog
 from app.backend.gateway.connguard import ConnGuard
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.proxy import GatewayApp, Limits
-from app.backend.gateway.readiness import EngineStatusSource
+from app.backend.gateway.engine_status import EngineStatusSource
 
 if TYPE_CHECKING:
     from app.backend.recipe.schema import ProfileSpec, Recipe
@@ -85,7 +85,7 @@ def engine_slots_of(recipe: Recipe, profile: ProfileSpec | None) -> int:
 def config_from_env(limits: Limits | None = None, recipe: Recipe | None = None) -> GatewayConfig:
     """The panel's gateway settings (docs/configuration.md): MOET_PANEL_GATEWAY_HOST/_PORT/_TLS_CERT/_TLS_KEY;
     with a recipe, its caps (`limits_for_recipe`)."""
-    from app.backend import env
+    from app.backend.config import env
 
     cert, key = env.gateway_tls()
     lim = limits or Limits()

@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import IO
 
 import app as _app_package
-from app.backend import env, oplog
+from app.backend import oplog
+from app.backend.config import env
 from app.backend.contracts import SnapshotFn
-from app.backend.fileio import atomic_write
+from app.backend.files.jsonstore import JsonStore
 from app.backend.gateway.keys import ActivityRecord, CreatedKey, KeyInfo, KeyStore
-from app.backend.gateway.readiness import EngineStatus, SnapshotSource
+from app.backend.gateway.engine_status import EngineStatus, SnapshotSource
 from app.backend.gateway.server import GatewayConfig
 
 DESIRED_FILE = "gateway.json"
@@ -79,21 +80,17 @@ class DesiredGateway:
     port: int | None = None
 
 
+def _desired_store(state_dir: Path) -> JsonStore[DesiredGateway]:
+    return JsonStore(state_dir / DESIRED_FILE, DesiredGateway)
+
+
 def load_desired(state_dir: Path) -> DesiredGateway:
-    try:
-        d = json.loads((state_dir / DESIRED_FILE).read_text())
-        port = d.get("port")
-        return DesiredGateway(on=d.get("on") is True, port=int(port) if isinstance(port, int) else None)
-    except FileNotFoundError:
-        return DesiredGateway()  # none yet: off
-    except (OSError, ValueError, AttributeError) as exc:
-        oplog.caught("gateway", exc, "reading the gateway switch; it stays off")
-        return DesiredGateway()  # unreadable: off (never expose the model on a guess)
+    # none yet, or unreadable: off (never expose the model on a guess)
+    return _desired_store(state_dir).read() or DesiredGateway()
 
 
 def save_desired(state_dir: Path, desired: DesiredGateway) -> None:
-    atomic_write(state_dir / DESIRED_FILE,
-                 json.dumps({"on": desired.on, "port": desired.port, "at": time.time()}) + "\n", mode=0o600)
+    _desired_store(state_dir).write(desired)
 
 
 def child_argv(cfg: GatewayConfig, state_dir: Path) -> list[str]:

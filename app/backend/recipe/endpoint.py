@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from app.backend import env
+from app.backend.config import env
 
 if TYPE_CHECKING:
     from app.backend.recipe.schema import Recipe

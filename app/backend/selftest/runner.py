@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
+from app.backend.profiles.registry import ProfileRegistry
 from app.backend import oplog
 from app.backend.jobs import BackgroundJob, JobState
 from app.backend.recipe.command import config_hash
@@ -29,7 +30,7 @@ from app.backend.selftest.types import (
 
 if TYPE_CHECKING:  # types only: the controller and the hub are handed in by build_app_state
     from app.backend.engine.controller import EngineController
-    from app.backend.settings import Settings
+    from app.backend.config.settings import Settings
     from app.backend.telemetry.hub import TelemetryFrame
 
 ASSUMED_PREFILL_TOK_S = 6000.0  # for the estimate only, before a TTFT point is measured
@@ -87,6 +88,7 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
     def __init__(self, settings: Settings, engine: EngineController, frame_fn: Callable[[], TelemetryFrame | None] | None = None,
                  probe_factory: Callable[[str], EngineProbe] | None = None):
         self.settings = settings
+        self.profiles = ProfileRegistry(settings)  # recipe + custom, re-read when the folder changes
         self.engine = engine
         self.frame_fn = frame_fn or (lambda: None)
         self.store = ResultsStore(settings.ensure_state_dir())
@@ -175,7 +177,7 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
 
     # --- the job --------------------------------------------------------------------------------------
     def _card_rate(self, profile_id: str) -> float | None:
-        p = self.settings.profiles.find(profile_id)
+        p = self.profiles.find(profile_id)
         return float(p.decode.value) if p is not None and p.decode is not None else None
 
     def _ctx(self, profile_id: str) -> int:

@@ -7,8 +7,8 @@ import json
 import re
 from pathlib import Path
 
-from app.backend.exports import write_export
-from app.backend.fileio import atomic_write
+from app.backend.web.exports import write_export
+from app.backend.files.atomic import atomic_write
 from app.backend.selftest.report import to_json_text, to_markdown
 from app.backend.selftest.types import SelfTestResult
 

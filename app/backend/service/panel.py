@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.backend import env, oplog
-from app.backend.redact import redact, register_url
+from app.backend import oplog
+
+from app.backend.config import env
+from app.backend.oplog.redact import redact, register_url
 from app.backend.engine.restartpolicy import NON_HEALING, parse_policy
 from app.backend.service.config import ServiceConfig, ServiceConfigStore, effective_notify_urls, effective_policy
-from app.backend.service.notify import check_urls, mask_url
+from app.backend.alerts.notify import check_urls, mask_url
 from app.backend.state import AppState
 
 

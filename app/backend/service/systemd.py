@@ -27,7 +27,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.backend import env, oplog
+from app.backend import oplog
+
+from app.backend.config import env
 
 UNIT_NAME = "moet-panel.service"
 
@@ -173,7 +175,7 @@ def writable_paths(data_dir: Path) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
     """(paths the panel must write, paths it writes if they exist) under ProtectSystem=strict: the data dir and
     its state dir, the panel's config dir (HF token, auth file); the demo data dir and ~/.cache (huggingface_hub's
     locks and Xet cache) when present."""
-    from app.backend.settings import STATE_SUBDIR
+    from app.backend.config.settings import STATE_SUBDIR
 
     must = (data_dir, data_dir / STATE_SUBDIR, env.config_home() / "moet-panel")
     maybe = (env.data_home() / "moet-panel", Path.home() / ".cache")

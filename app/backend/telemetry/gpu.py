@@ -11,9 +11,9 @@ from dataclasses import replace
 from typing import Callable
 
 from app.backend.contracts import EngineFeed, EngineSnapshot, GpuReader, GpuSample, ReaderStatus
-from app.backend import env
-from app.backend.env import GpuMode
-from app.backend.settings import Settings
+from app.backend.config import env
+from app.backend.config.env import GpuMode
+from app.backend.config.settings import Settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader, SimulatedGpuReader
 from app.backend.telemetry.nvml import NO_LIBRARY, NvmlGpuReader
 

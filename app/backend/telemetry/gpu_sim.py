@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from app.backend import oplog
 from app.backend.contracts import EngineFeed, EngineSnapshot, EngineState, GpuProcess, GpuSample, ReaderStatus
-from app.backend.units import GiB
+from app.backend.contracts import GiB
 
 SIM_NAME = "RTX PRO 6000 (SIMULATED)"
 SIM_UUID = "GPU-00000000-5151-4d55-4c41-544544000000"

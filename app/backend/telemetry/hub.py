@@ -22,18 +22,19 @@ from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from app.backend.profiles.registry import ProfileRegistry
 from app.backend.contracts import EngineFeed, EngineSnapshot, EngineState, EngineWatch, GpuReader, GpuSample, LogLine
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 from app.backend import oplog
-from app.backend.telemetry import alerts as alert_rules
-from app.backend.telemetry.alerts import Alert, AlertInputs
+from app.backend.alerts import rules as alert_rules
+from app.backend.alerts.rules import Alert, AlertInputs
 from app.backend.telemetry.gpu import make_gpu_reader, tag_engine_processes
 from app.backend.telemetry.gpu_sim import SimulatedGpuReader
 from app.backend.telemetry.host import HostSample, HostSampler
 from app.backend.telemetry.metrics import MetricsSample, MetricsScraper
 from app.backend.telemetry.timeline import Timeline, TimelineDB, TimelinePoint
 from app.backend.telemetry.trace import TraceParser, TraceSnapshot
-from app.backend.units import GiB
+from app.backend.contracts import GiB
 
 if TYPE_CHECKING:
     from app.backend.selftest.drift import DriftReading, DriftWatch
@@ -383,7 +384,7 @@ class TelemetryHub:
     def _expected_decode(self, profile_id: str | None) -> float | None:
         if self.settings is None:
             return None
-        p = self.settings.profiles.find(profile_id)  # custom profiles too (they carry no figure: None)
+        p = ProfileRegistry(self.settings).find(profile_id)  # custom profiles too (they carry no figure: None)
         return float(p.decode.value) if p is not None and p.decode is not None else None
 
     def _track_traffic(self, metrics: MetricsSample | None, trace: TraceSnapshot) -> None:

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from app.backend.filemode import create_private
+from app.backend.files.modes import create_private
 
 
 @dataclass(frozen=True, slots=True)

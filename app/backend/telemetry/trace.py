@@ -28,7 +28,7 @@ from datetime import datetime
 
 from app.backend.contracts import PoolSizing
 from app.backend.engine.loglines import pool_sizing
-from app.backend.units import GiB
+from app.backend.contracts import GiB
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 SUMMARY_RE = re.compile(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from app.backend.telemetry.alerts import AlertInputs, churn_trap, pool_absent, zero_coverage
+from app.backend.alerts.rules import AlertInputs, churn_trap, pool_absent, zero_coverage
 from app.backend.contracts import PoolSizing
 from app.backend.telemetry.trace import Summary, TraceParser
 

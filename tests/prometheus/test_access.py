@@ -13,13 +13,13 @@ from typing import Any
 import httpx
 import pytest
 
-from app.backend import env
-from app.backend.auth import AuthError, add_user, load_users, make_checker
-from app.backend.monitoring.access import MIN_TOKEN_CHARS, MetricsTokenError, load_token
+from app.backend.config import env
+from app.backend.web.auth import AuthError, add_user, load_users, make_checker
+from app.backend.prometheus.access import MIN_TOKEN_CHARS, MetricsTokenError, load_token
 from app.backend.recipe import SIMULATED_RECIPE
-from app.backend.settings import resolve_settings
+from app.backend.config.settings import resolve_settings
 from app.backend.state import build_app_state
-from app.backend.webgate import is_public
+from app.backend.web.gate import is_public
 from tests.conftest import free_port
 from tests.security.test_web import concrete, mounted_routes
 

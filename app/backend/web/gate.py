@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from urllib.parse import parse_qs, urlsplit
 
-from app.backend import env, oplog
+from app.backend import oplog
+
+from app.backend.config import env
 from app.backend.contracts import ASGIApp, Message, Receive, Scope, Send
-from app.backend.auth import LOGIN_NOTE, DeviceBook, LoginNote, SessionBook
+from app.backend.web.auth import LOGIN_NOTE, DeviceBook, LoginNote, SessionBook
 
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")

@@ -113,7 +113,7 @@ class _Spy:
 def test_a_scrape_reads_only_cached_state(live: Live, tmp_path: Path) -> None:
     """No NVML, Docker or engine call inside a scrape: the collector sees the services only through
     their cached readers (snapshot, latest frame, counters); anything else raises here."""
-    from app.backend.monitoring.access import MetricsAccess, MetricsRoute
+    from app.backend.prometheus.access import MetricsAccess, MetricsRoute
     from app.backend.state import AppState
 
     real = live.panel.state
@@ -138,7 +138,7 @@ def test_docs_list_every_exported_series(live: Live) -> None:
     listed = set(re.findall(r"`(moet_panel_[a-z0-9_]+)`", doc))
     families = {n for n in samples(live.text) if n.startswith("moet_panel_")}
     assert not families - listed, f"exported but not in docs/metrics.md: {sorted(families - listed)}"
-    source = (ROOT / "app" / "backend" / "monitoring" / "collector.py").read_text()
+    source = (ROOT / "app" / "backend" / "prometheus" / "collector.py").read_text()
     known = {m.group(2) + ("_total" if m.group(1) == "counter" else "")
              for m in re.finditer(r'b\.(gauge|counter)\("(moet_panel_[a-z_]+)"', source)}
     from app.backend.gateway.gwmetrics import SERIES  # the gateway process's figures, exported beside

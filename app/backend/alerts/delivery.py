@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
 
 from app.backend import oplog
 from app.backend.contracts import EngineSnapshot, EngineState
-from app.backend.telemetry import alerts as alert_rules
-from app.backend.telemetry.alerts import HoldDown
-from app.backend.units import GiB
+from app.backend.alerts import rules as alert_rules
+from app.backend.alerts.rules import HoldDown
+from app.backend.contracts import GiB
 
 if TYPE_CHECKING:
     from app.backend.download.manager import DownloadManager
     from app.backend.engine.controller import EngineController
-    from app.backend.service.notify import Notifier
+    from app.backend.alerts.notify import Notifier
     from app.backend.telemetry.hub import TelemetryHub
 
 DISK_LOW_BYTES = 10 * GiB

@@ -68,7 +68,7 @@ def isolated_panel(tmp: Path) -> Panel:
     """A demo panel whose simulated engine has a recipe id and a port of its own: other sessions' demo
     engines on this machine are never adopted, and teardown removes exactly this one's containers."""
     from app.backend.recipe import SIMULATED_RECIPE
-    from app.backend.settings import resolve_settings
+    from app.backend.config.settings import resolve_settings
     from app.backend.state import build_app_state
 
     port = free_port()

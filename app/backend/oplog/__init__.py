@@ -11,7 +11,7 @@ Two calls for the code that decides or catches:
   context and counted in `moet_panel_errors_total{component}` (`error_counts()`, read by the Prometheus
   export).
 
-Secrets never reach a sink: every record passes `app.backend.redact` (HF tokens, API keys, notify URLs).
+Secrets never reach a sink: every record passes `app.backend.oplog.redact` (HF tokens, API keys, notify URLs).
 Why key=value and not JSON lines: journalctl and grep read it as it is, and `logfmt` parsers (Loki, vector)
 read it too (docs/engine.md "The operator's log").
 """
@@ -147,7 +147,7 @@ _CONFIGURED = "_moet_panel_oplog"
 
 def configure(state_dir: Path | None, *, stream: IO[str] | None = None, level: int = logging.INFO) -> None:
     """Idempotent: the stderr sink and (with a state dir) the rotated file, redaction on every record."""
-    from app.backend.redact import install_log_redaction
+    from app.backend.oplog.redact import install_log_redaction
 
     root = logging.getLogger()
     fmt = _Format()

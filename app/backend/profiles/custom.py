@@ -9,7 +9,6 @@ the ones the card has findings about.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import json
 import re
@@ -23,13 +22,12 @@ import tomli_w
 from pydantic import ValidationError
 
 from app.backend import oplog
-from app.backend.fileio import atomic_write
+from app.backend.files.atomic import atomic_write
 from app.backend.recipe.effective import EffectiveCommand
 from app.backend.recipe.schema import ENV_NAME_RE, Finding, ProfileSpec, Recipe, control_char
 from app.backend.recipe.toml_bounded import TomlLimitError, loads_bounded
 
-if TYPE_CHECKING:  # settings.profiles builds the registry: a type here, no import at run time
-    from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 
 PROFILES_SUBDIR = "profiles"
 ENV_PREFIXES = ("VLLM_", "PYTORCH_", "MOET_SIM_")

@@ -12,7 +12,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-# The gate's refusals by HTTP status (app/backend/webgate.py, in the order it checks): the label a
+# The gate's refusals by HTTP status (app/backend/web/gate.py, in the order it checks): the label a
 # dashboard shows. A status the gate does not use today is counted as "other".
 REFUSAL_REASONS = {421: "host", 400: "forwarding_header", 403: "origin", 404: "unused_route", 405: "method",
                    401: "no_session", 413: "body_too_large"}

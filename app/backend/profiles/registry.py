@@ -1,7 +1,8 @@
 """The profiles a user can serve: the recipe's, plus custom ones saved in the data dir.
 
 `ProfileRegistry` is the one listing the panel reads (engine, tabs, header, alerts, telemetry, self-test, CLI),
-reached as `settings.profiles` (one per Settings, docs/card.md "The effective command"): cached, and re-read only when
+built beside the settings (the app state's `profiles`; a CLI command or a service builds its own: every one reads
+the same folder, docs/card.md "The effective command"): cached, and re-read only when
 the custom-profile folder changes (a save from the Profiles tab, another panel or the CLI), told by a cheap
 `stat` signature, so a saved profile is selectable everywhere without a restart (issue 29) and the 1 s page
 timer never parses TOML.
@@ -9,23 +10,21 @@ timer never parses TOML.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import builtins
 import os
 import threading
 
-from app.backend.custom_profiles import load_custom_profiles, profiles_dir
+from app.backend.profiles.custom import load_custom_profiles, profiles_dir
 from app.backend.recipe.schema import ProfileSpec
 
-if TYPE_CHECKING:  # settings.profiles builds the registry: a type here, no import at run time
-    from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 
 Signature = tuple[tuple[str, int, int], ...]
 
 
 def all_profiles(settings: Settings) -> list[ProfileSpec]:
-    """Recipe profiles first, then custom profiles (see app.backend.custom_profiles)."""
+    """Recipe profiles first, then custom profiles (see app.backend.profiles.custom)."""
     return list(settings.recipe.profiles) + load_custom_profiles(settings)
 
 

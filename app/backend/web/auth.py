@@ -24,8 +24,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.backend import env, oplog
-from app.backend.fileio import atomic_write
+from app.backend import oplog
+
+from app.backend.config import env
+from app.backend.files.atomic import atomic_write
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P, DKLEN = 2**14, 8, 1, 32
 USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
@@ -250,7 +252,7 @@ class LoginThrottle:
 class LoginNote:
     """What one login request carries in and what the checker says back, shared between the HTTP
     gate (which knows the client and the request's headers, and writes the HTTP answer) and the
-    checker Gradio calls (which knows the outcome). app.backend.webgate sets it per /login request."""
+    checker Gradio calls (which knows the outcome). app.backend.web.gate sets it per /login request."""
 
     address: str = ""
     device: str | None = None  # the device key the page presented (X-Moet-Device)
@@ -261,7 +263,7 @@ class LoginNote:
     user: str | None = None  # set on success: the user the device key is issued to
 
 
-# The login in progress (POST /login), set by app.backend.webgate per request: the checker reads the client and
+# The login in progress (POST /login), set by app.backend.web.gate per request: the checker reads the client and
 # device key, writes the outcome.
 LOGIN_NOTE: ContextVar[LoginNote | None] = ContextVar("moet_panel_login_note", default=None)
 

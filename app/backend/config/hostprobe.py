@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from app.backend import env
+from app.backend.config import env
 
 if TYPE_CHECKING:
     from app.backend.contracts import GpuReader

@@ -10,11 +10,11 @@ import subprocess
 
 import yaml
 
-from app.backend.auth import LoginThrottle
+from app.backend.web.auth import LoginThrottle
 from app.backend.recipe import DEFAULT_RECIPE
 from app.backend.recipe.loader import load_recipe
 from app.backend.selftest import drift
-from app.backend.telemetry import alerts
+from app.backend.alerts import rules as alerts
 
 from .conftest import MONITORING
 

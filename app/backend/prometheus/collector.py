@@ -27,18 +27,18 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from app.backend.contracts import LIVE_STATES, EngineSnapshot, EngineState
-from app.backend.telemetry import alerts as alert_rules
-from app.backend.units import GiB
+from app.backend.alerts import rules as alert_rules
+from app.backend.contracts import GiB
 
 if TYPE_CHECKING:
     from app.backend.state import AppState
     from app.backend.telemetry.hub import TelemetryFrame
 
-# Every alert id the panel raises (app/backend/telemetry/alerts.py), exported 0/1 so a dashboard shows
+# Every alert id the panel raises (app/backend/alerts/rules.py), exported 0/1 so a dashboard shows
 # the quiet ones too; an id added later still appears while it fires.
 KNOWN_ALERTS = ("pool_absent", "zero_coverage", "churn_trap", "vram_full", "ecc_on", "throttle_thermal",
                 "throttle_power", "host_ram_low", "trace_off", "decode_drift")
-# The operator's log components (app/backend/oplog.py), exported at 0 too so a rate() has a series from the start.
+# The operator's log components (app/backend/oplog/__init__.py), exported at 0 too so a rate() has a series from the start.
 ERROR_COMPONENTS = ("engine", "gateway", "service", "downloads", "telemetry", "selftest", "abtest", "chat", "auth",
                     "panel")
 # NVML's decoded clock-event reasons (app/backend/telemetry/nvml.py THROTTLE_BITS), exported 0/1.
@@ -356,7 +356,7 @@ class PanelCollector(Collector):
         for reason in ("bad_credentials", "locked_out"):
             b.counter("moet_panel_login_failures", "Failed sign-ins (locked_out: refused by the throttle unchecked).",
                       logins.get(reason, 0), {"reason": reason})
-        from app.backend.monitoring.counters import REFUSAL_REASONS
+        from app.backend.prometheus.counters import REFUSAL_REASONS
 
         refusals = c.refusals()
         for reason in (*REFUSAL_REASONS.values(), "other"):

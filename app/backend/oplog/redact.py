@@ -1,7 +1,7 @@
 """Keep secrets out of every log record and every page, whoever writes them (docs/engine.md "The operator's log").
 
 Three kinds of secret, one `redact(text)`:
-- Hugging Face tokens: `app.backend.hf_token.redact` (known tokens + anything shaped like `hf_...`);
+- Hugging Face tokens: `app.backend.config.hf_token.redact` (known tokens + anything shaped like `hf_...`);
 - the gateway's API keys: anything shaped like `mpk-` + 20 or more URL-safe characters (app/backend/gateway/keys.py
   makes `mpk-` + 43);
 - notify URLs (Apprise): the URLs the panel was given are registered (`register_url`) and their secret parts
@@ -22,7 +22,7 @@ import re
 import threading
 from urllib.parse import parse_qsl, unquote
 
-from app.backend.hf_token import redact as redact_hf_tokens
+from app.backend.config.hf_token import redact as redact_hf_tokens
 
 STAR = "***"
 API_KEY_SHAPE = re.compile(r"mpk-[A-Za-z0-9_-]{20,}")

@@ -1,20 +1,15 @@
-"""Panel settings: the recipe, the data dir and demo mode, from CLI flags, the environment (app/backend/env.py)
+"""Panel settings: the recipe, the data dir and demo mode, from CLI flags, the environment (app/backend/config/env.py)
 and the recipe's defaults."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from app.backend import env
+from app.backend.config import env
 from app.backend.recipe import DEFAULT_RECIPE, SIMULATED_RECIPE, Recipe, load_recipe
 from app.backend.recipe.command import validate_data_dir
 from app.backend.recipe.endpoint import STATE_SUBDIR as STATE_SUBDIR  # the engine's socket lives in it too
-
-if TYPE_CHECKING:  # types only: profiles reads settings, and is imported when first asked for
-    from app.backend.profiles import ProfileRegistry
 
 
 @dataclass(frozen=True)
@@ -33,14 +28,6 @@ class Settings:
     def state_dir(self) -> Path:
         """Where the panel keeps journals, logs, SQLite history (inside the data dir)."""
         return self.data_dir / STATE_SUBDIR
-
-    @cached_property
-    def profiles(self) -> ProfileRegistry:
-        """The one profile registry of this recipe and data dir (recipe + custom, cached; app.backend.profiles):
-        every lookup of a profile by id goes through it, so a saved custom profile is seen everywhere."""
-        from app.backend.profiles import ProfileRegistry
-
-        return ProfileRegistry(self)
 
     def ensure_state_dir(self) -> Path:
         """Create the state dir 0700 (and tighten an older one): it holds chat history, logs and

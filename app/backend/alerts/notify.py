@@ -13,11 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from app.backend import oplog, redact
+from app.backend import oplog
+
+from app.backend.oplog import redact
 
 
 def mask_url(url: str) -> str:
-    """The URL as it may be shown (`app.backend.redact.mask_url`: user, password, a token host, path and query
+    """The URL as it may be shown (`app.backend.oplog.redact.mask_url`: user, password, a token host, path and query
     starred), or its scheme with a note when Apprise cannot use it."""
     try:
         import apprise

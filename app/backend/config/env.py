@@ -73,7 +73,7 @@ def metrics_token_file() -> str | None:
 
 
 def allowed_hosts() -> str:
-    """Comma-separated extra Host names for the web gate (app/backend/webgate.py parses them)."""
+    """Comma-separated extra Host names for the web gate (app/backend/web/gate.py parses them)."""
     return _get(ALLOWED_HOSTS) or ""
 
 
@@ -203,7 +203,7 @@ def whole() -> dict[str, str]:
 
 def point_web_temp_dir(path: Path) -> None:
     """Point Gradio's upload/cache folder (GRADIO_TEMP_DIR) at the panel's own per-process folder under
-    its 0700 state dir (app/backend/exports.py), never the shared /tmp/gradio. Always set, a user's value
+    its 0700 state dir (app/backend/web/exports.py), never the shared /tmp/gradio. Always set, a user's value
     included: files handed to the browser must stay private to this panel (docs/ui-and-safety.md). Gradio
     reads it when a component or the web app is built, so this runs before the UI is built."""
     os.environ[WEB_TEMP_DIR] = str(path)

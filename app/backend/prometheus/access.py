@@ -6,7 +6,7 @@
   ignores it), and the panel's session cookie does not open `/metrics`: a scraper never holds a login,
   and a signed-in browser tab cannot be made to leak the figures to another page either.
 
-The route is served by the web gate itself (app/backend/webgate.py `GatePolicy.routes`), after its
+The route is served by the web gate itself (app/backend/web/gate.py `GatePolicy.routes`), after its
 Host, forwarding-header and Origin checks, in front of Gradio.
 """
 
@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from app.backend import env
+from app.backend.config import env
 from app.backend.contracts import Receive, Scope, Send
-from app.backend.monitoring.collector import PanelCollector
+from app.backend.prometheus.collector import PanelCollector
 
 if TYPE_CHECKING:
     from app.backend.state import AppState
@@ -63,7 +63,7 @@ def load_token(path: Path) -> str:
 
 
 def token_file(flag: str | None) -> Path | None:
-    """The token file from the flag, else the environment (app/backend/env.py), else None."""
+    """The token file from the flag, else the environment (app/backend/config/env.py), else None."""
     raw = flag or env.metrics_token_file()
     return Path(raw).expanduser() if raw else None
 

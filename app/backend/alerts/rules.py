@@ -18,14 +18,15 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Iterable, Literal
 
+from app.backend.profiles.registry import ProfileRegistry
 from app.backend import oplog
 from app.backend.engine.runtime import Runtime
 from app.backend.contracts import EngineSnapshot, EngineState, GpuSample, LogLine
-from app.backend.settings import Settings
+from app.backend.config.settings import Settings
 from app.backend.telemetry.host import HostSample
 from app.backend.telemetry.metrics import MetricsSample
 from app.backend.telemetry.trace import TraceParser, TraceSnapshot
-from app.backend.units import GiB
+from app.backend.contracts import GiB
 
 if TYPE_CHECKING:  # the self-test package reads telemetry; the type only, no import at run time
     from app.backend.selftest.drift import DriftReading
@@ -326,7 +327,7 @@ def profile_policy(settings: Settings, profile_id: str | None) -> str:
     """VLLM_MOE_W2_DELTA_POLICY of the profile's effective command, custom profiles included (the base
     command's when the profile is unknown; '' when not set)."""
     try:
-        profile = settings.profiles.find(profile_id)
+        profile = ProfileRegistry(settings).find(profile_id)
     except Exception as exc:  # an unreadable custom-profile folder: the recipe's own profiles still count
         oplog.caught("telemetry", exc, "finding the profile's pool policy (custom profiles unreadable)")
         profile = next((p for p in settings.recipe.profiles if p.id == profile_id), None)

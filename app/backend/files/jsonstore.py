@@ -13,7 +13,8 @@ from typing import Generic, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from app.backend.fileio import atomic_write
+from app.backend import oplog
+from app.backend.files.atomic import atomic_write
 
 T = TypeVar("T")
 
@@ -23,14 +24,34 @@ class JsonStore(Generic[T]):
         self.path = Path(path)
         self._adapter: TypeAdapter[T] = TypeAdapter(kind)
         self._mode = mode
+        self._said: tuple[int, int] | None = None  # the broken file (mtime, size) already in the operator's log
 
     def read(self) -> T | None:
-        """The value, or None when the file is missing, unreadable or not of this shape."""
+        """The value, or None when the file is missing, unreadable or not of this shape (the last two said once
+        in the operator's log: a hand edit that the panel ignores must not go unnoticed)."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._say(exc)
+            return None
         try:
             # strict: "true" is not True (the gateway's switch is never turned on by a guess)
-            return self._adapter.validate_json(self.path.read_bytes(), strict=True)
-        except (OSError, ValueError, ValidationError):
+            return self._adapter.validate_json(data, strict=True)
+        except (ValueError, ValidationError) as exc:
+            self._say(exc)
             return None
+
+    def _say(self, exc: Exception) -> None:
+        try:
+            st = self.path.stat()
+            mark = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            mark = (0, 0)
+        if mark != self._said:
+            self._said = mark
+            oplog.caught("files", exc, f"reading {self.path.name}: ignored, the defaults apply", path=str(self.path))
 
     def write(self, value: T) -> None:
         """Raises OSError (a full disk, a read-only dir); the old file is then intact."""

@@ -15,7 +15,7 @@ import re
 import shutil
 from pathlib import Path
 
-from app.backend.fileio import atomic_write
+from app.backend.files.atomic import atomic_write
 
 EXPORTS_SUBDIR = "exports"
 WEB_TEMP_PREFIX = "gradio-"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from app.backend.contracts import EngineSnapshot
-from app.backend.monitoring.collector import CanaryReading, engine_extras
-from app.backend.monitoring.counters import PanelCounters
+from app.backend.prometheus.collector import CanaryReading, engine_extras
+from app.backend.prometheus.counters import PanelCounters
 
 
 def test_engine_extras_come_from_the_snapshot() -> None:

@@ -14,8 +14,8 @@ import re
 import threading
 from pathlib import Path
 
-from app.backend import env
-from app.backend.fileio import atomic_write
+from app.backend.config import env
+from app.backend.files.atomic import atomic_write
 
 REDACTED = "hf_***"
 # Anything shaped like a Hugging Face user token, even one this process never loaded.
