@@ -17,11 +17,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import IO, Protocol
 
-import httpx
 
 from app.backend import oplog
 from app.backend.contracts import SnapshotFn
-from app.backend.engine.client import engine_client
+from app.backend.engine.readiness import probe
 
 
 @dataclass(frozen=True)
@@ -201,29 +200,24 @@ class ProbeSource:
         return st
 
     def _probe(self) -> EngineStatus:
-        url, client = self.base_url, engine_client(self.base_url)
-        try:
-            status = client.health(self._timeout)
-            if status != 200:
-                return EngineStatus(False, url, self.served_name,
-                                    f"the engine is starting (its /health answers {status}); try again in a minute",
-                                    "starting")
-            try:
-                ids = list(client.models(self._timeout))
-            except httpx.HTTPStatusError:
-                ids = []
-            if self.served_name and self.served_name not in ids:
-                return EngineStatus(False, url, self.served_name,
-                                    f"the engine does not serve {self.served_name!r} (it lists {ids}); it may be "
-                                    "switching", "switching")
-            return EngineStatus(True, url, self.served_name or (ids[0] if ids else ""), state="ready")
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            if self._status.ready:  # once when the engine goes away, not every second while it stays away
-                oplog.caught("gateway", exc, "probing the engine", url=url)
+        # the engine's one readiness probe (engine/readiness.py), the controller's too: /health, then /v1/models
+        url = self.base_url
+        p = probe(url, self.served_name, read_timeout_s=self._timeout)
+        if p.models_ok or (p.health_ok and not self.served_name and p.models):
+            return EngineStatus(True, url, self.served_name or p.models[0], state="ready")
+        if p.health_ok:
             return EngineStatus(False, url, self.served_name,
-                                f"the engine does not answer at {url} ({type(exc).__name__}): it is stopped or "
-                                "starting; start it on the panel's Engine tab or with `moet-panel engine start`",
-                                "stopped")
+                                f"the engine does not serve {self.served_name!r} (it lists {list(p.models)}); it may "
+                                "be switching", "switching")
+        if p.error.startswith("/health answered"):
+            return EngineStatus(False, url, self.served_name,
+                                f"the engine is starting (its {p.error}); try again in a minute", "starting")
+        if self._status.ready:  # once when the engine goes away, not every second while it stays away
+            oplog.decision("gateway", "engine_unreachable", who=oplog.PANEL, url=url, error=p.error)
+        return EngineStatus(False, url, self.served_name,
+                            f"the engine does not answer at {url} ({p.error}): it is stopped or "
+                            "starting; start it on the panel's Engine tab or with `moet-panel engine start`",
+                            "stopped")
 
     async def _loop(self) -> None:
         while True:
