@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -14,17 +13,6 @@ from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
 from app.backend.simengine import SimEngineConfig, SimEngineServer
 
 FAST_TOK_S = 2000.0
-
-
-def wait_for(pred: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> object:
-    """Poll with a deadline (never a bare sleep as synchronisation)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def start_sim(**overrides: object) -> SimEngineServer:

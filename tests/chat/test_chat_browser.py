@@ -12,7 +12,8 @@ from app.backend.chat.service import ChatService
 from app.backend.config.settings import resolve_settings
 from app.backend.simengine import api
 from app.backend.state import AppState
-from tests.chat.chat_helpers import FakeEngine, start_sim, wait_for
+from tests.chat.chat_helpers import FakeEngine, start_sim
+from tests.polling import wait_for
 from tests.conftest import ARTIFACTS, free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

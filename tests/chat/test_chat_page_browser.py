@@ -16,7 +16,8 @@ import pytest
 
 from app.backend.chat.client import SamplingParams
 from app.backend.chat.display import MAX_MARKS
-from tests.chat.chat_helpers import chat_panel, wait_for
+from tests.chat.chat_helpers import chat_panel
+from tests.polling import wait_for
 from tests.conftest import NARROW_WIDTH
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -12,7 +12,8 @@ from app.backend.chat.store import INTERRUPTED
 from app.backend.contracts import EngineState
 from app.backend.web.exports import exports_dir
 
-from tests.chat.chat_helpers import FakeEngine, start_sim, wait_for
+from tests.chat.chat_helpers import FakeEngine, start_sim
+from tests.polling import wait_for
 
 CARD = SamplingParams(1.0, 1.0, 0.05, None)
 LONG = {"ignore_eos": True}  # the sim then decodes until max_tokens

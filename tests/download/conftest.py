@@ -7,8 +7,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -126,11 +125,3 @@ def run(settings: Settings, endpoint: str, dest: Path, board: ProgressBoard | No
     run_download(fast_config(settings, endpoint, dest, **kw), list(settings.recipe.artifacts), board,
                  threading.Event())
     return board
-
-
-def wait_until(cond: Callable[[], object], timeout: float = 5.0, what: str = "condition not reached in time") -> None:
-    """Poll `cond` until it holds, failing with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)

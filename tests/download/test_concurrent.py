@@ -34,7 +34,8 @@ from app.backend.simhub.artifacts import (
 from app.backend.simhub.faults import Fault
 from app.backend.simhub.server import SimHub
 
-from .conftest import PART_SIZE, fast_config, wait_until
+from .conftest import PART_SIZE, fast_config
+from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "moet-panel/simulated-cache"
@@ -239,7 +240,7 @@ def test_a_part_waiting_to_retry_leaves_its_connection_to_another_artifact(setti
     worker = threading.Thread(target=work)
     worker.start()
     try:
-        wait_until(lambda: len(board.ids()) == 2 and board.state("model") == ArtifactState.DONE or outcome,
+        wait_for(lambda: len(board.ids()) == 2 and board.state("model") == ArtifactState.DONE or outcome,
                    timeout=40, what="the model did not complete while the store waited to retry")
         assert not outcome, outcome
         assert hub.stats.cdn_requests(three.parts["store"][0].name) >= 1, "the store was answered 429"
@@ -359,7 +360,7 @@ def test_urgent_requests_take_a_freed_connection_first():
     ahead.start()
     urgent = threading.Thread(target=take, args=("urgent", True))
     urgent.start()
-    wait_until(lambda: budget.urgent_waiting == 1)  # the urgent request is queued
+    wait_for(lambda: budget.urgent_waiting == 1)  # the urgent request is queued
     budget.release()
     ahead.join(5)
     urgent.join(5)
@@ -383,7 +384,7 @@ def served_order(budget: ConnectionBudget, halt: threading.Event, requests: list
     waiters = [threading.Thread(target=take, args=args) for args in requests]
     for i, t in enumerate(waiters):
         t.start()
-        wait_until(lambda n=i + 1: budget.waiting == n)  # queued before the next one comes
+        wait_for(lambda n=i + 1: budget.waiting == n)  # queued before the next one comes
     budget.release(free_rank)
     for t in waiters:
         t.join(5)
@@ -420,7 +421,7 @@ def test_a_killed_artifact_process_gives_back_its_slots_and_queued_requests():
     child = forkserver.context().Process(target=_hold_every_slot_then_wait, args=(budget,))
     child.start()
     try:
-        wait_until(lambda: budget.urgent_waiting == 1, timeout=30)  # holds both and waits for a third
+        wait_for(lambda: budget.urgent_waiting == 1, timeout=30)  # holds both and waits for a third
     finally:
         child.kill()
         child.join(10)
@@ -470,10 +471,10 @@ def test_a_waiting_read_ahead_request_becomes_urgent_when_its_extractor_reaches_
     waiter.start()
     other = threading.Thread(target=lambda: budget.acquire(lambda: True, halt) and got.append("other"))
     other.start()
-    wait_until(lambda: budget.urgent_waiting == 1)  # only the other one is urgent yet
+    wait_for(lambda: budget.urgent_waiting == 1)  # only the other one is urgent yet
     reached.set()
     budget.poke()
-    wait_until(lambda: budget.urgent_waiting == 2)  # asked again while it waits
+    wait_for(lambda: budget.urgent_waiting == 2)  # asked again while it waits
     budget.release()
     budget.release()
     waiter.join(5)

@@ -18,7 +18,8 @@ from app.backend.download.types import ArtifactState, CorruptPartError
 from app.backend.simhub.artifacts import file_digest_tree
 from app.backend.simhub.faults import Fault
 
-from .conftest import PREFIX, fast_config, wait_until
+from .conftest import PREFIX, fast_config
+from tests.polling import wait_for
 
 PART1 = PREFIX + "001"
 
@@ -178,12 +179,12 @@ def test_a_part_is_decoded_as_it_arrives_and_lands_only_once_verified(settings, 
     seg = fast_config(settings, hub.endpoint, dest).segment_size
     with downloading(settings, hub, dest) as board:
         # a whole segment of the held part read (its bytes are read as they land: one byte is not enough to decode)
-        wait_until(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes >= before + seg, 20.0,
+        wait_for(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes >= before + seg, 20.0,
                    "the extractor never read into the part still arriving")
-        wait_until(lambda: board.snapshot()[0].parts_verified == len(artifact.parts) - 1, 20.0,
+        wait_for(lambda: board.snapshot()[0].parts_verified == len(artifact.parts) - 1, 20.0,
                    "every part but the held one verifies")
         # what depends on the unverified part waits in temp files; every file before it may have landed
-        wait_until(lambda: list(dest.rglob("*.moet-partial")), 20.0, "nothing was written ahead, waiting to land")
+        wait_for(lambda: list(dest.rglob("*.moet-partial")), 20.0, "nothing was written ahead, waiting to land")
         assert board.snapshot()[0].parts_verified == len(artifact.parts) - 1, "the held part is not verified"
         partial_names = {p.name.removeprefix(".").removesuffix(".moet-partial") for p in dest.rglob("*.moet-partial")}
         assert not partial_names & {p.name for p in landed(dest)}
@@ -203,7 +204,7 @@ def test_a_segment_is_read_as_it_lands_not_once_it_is_whole(settings, hub, artif
     hub.add_fault(first.name, Fault("stall", times=-1, after_bytes=0, stall_s=2.0, covering=0))
     dest = tmp_path / "dest"
     with downloading(settings, hub, dest) as board:
-        wait_until(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes > 0, 20.0,
+        wait_for(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes > 0, 20.0,
                    "the extractor waited for the whole first range")
         a = board.snapshot()[0]
         assert a.decoded_bytes <= 16 * 1024, "only the landed prefix was read (the extractor reads in order)"
@@ -221,7 +222,7 @@ def test_a_part_read_ahead_that_fails_sha256_voids_what_was_decoded_and_extracti
     held, before = hold_last_segment(hub, artifact)
     hub.add_fault(held, Fault("corrupt", offset=100))  # in its first segment, served once
     with downloading(settings, hub, dest) as board:
-        wait_until(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes > before, 20.0,
+        wait_for(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes > before, 20.0,
                    "the extractor never read into the corrupt part")
         assert not any(held in str(p) for p in landed(dest))
     [a] = board.snapshot()

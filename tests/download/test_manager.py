@@ -3,10 +3,10 @@ and the progress board's honest "stalled" flag."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
+from tests.polling import wait_for
 from app.backend.download.manager import DownloadManager
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.statemachine import (
@@ -15,15 +15,6 @@ from app.backend.download.statemachine import (
 from app.backend.download.types import ArtifactProgress, ArtifactState, Limit
 
 from .conftest import start_hub
-
-
-def wait_for(pred, timeout=30.0, what=""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_pause_resume_and_double_click(settings, artifact):

@@ -11,7 +11,7 @@ from app.backend.download.types import ArtifactState
 from app.ui.downloads import idle_text
 
 from .conftest import start_hub
-from .test_manager import wait_for
+from tests.polling import wait_for
 
 
 def _complete(mgr: DownloadManager) -> None:

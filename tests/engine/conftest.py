@@ -4,7 +4,6 @@ with the SIMULATED image, controllers that are always closed and containers that
 from __future__ import annotations
 
 import socket
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -45,15 +44,6 @@ def fail_profile(recipe: Recipe, mode: str, pid: str | None = None) -> ProfileSp
         "id": pid or mode.replace("_", "-"), "number": 90, "title": f"fails: {mode}", "recommended": False,
         "env_add": {"MOET_SIM_FAIL": mode}, "measured": False,
     })
-
-
-def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll `pred` every 50 ms until it holds; it is always asked at least once (a spent deadline too)."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.2f}s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

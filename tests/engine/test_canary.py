@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 
 from app.backend.contracts import EngineState
-from tests.engine.conftest import fail_profile, wait_until
+from tests.engine.conftest import fail_profile
+from tests.polling import wait_for
 from tests.engine.test_multi_actor import _settings_with_image
 
 CANARY = dict(supervise=True, resync_s=0.5, canary_interval_s=1.0, canary_timeout_s=1.0, restart_backoff_s=0.3)
@@ -16,7 +17,7 @@ CANARY = dict(supervise=True, resync_s=0.5, canary_interval_s=1.0, canary_timeou
 def test_healthy_idle_engine_passes_the_canary(make_controller, sim_settings) -> None:
     ctl = make_controller(**CANARY)
     assert ctl.start("quality").wait(90)
-    wait_until(lambda: ctl.snapshot().canary.startswith("ok"), 20, "a canary to pass")
+    wait_for(lambda: ctl.snapshot().canary.startswith("ok"), 20, "a canary to pass")
     snap = ctl.snapshot()
     assert snap.state is EngineState.READY and snap.stalls_total == 0
     # the reading /metrics exports comes from the snapshot (one source)
@@ -30,7 +31,7 @@ def test_hang_after_ready_is_detected_by_the_canary(make_controller, sim_setting
     assert ctl.start(hang.id).wait(90)
     ready_at = time.monotonic()
     assert ctl.snapshot().state is EngineState.READY  # /health 200 and the model listed: ready by the gate
-    wait_until(lambda: ctl.snapshot().state is EngineState.STALLED, 30, "the canary to judge it stalled")
+    wait_for(lambda: ctl.snapshot().state is EngineState.STALLED, 30, "the canary to judge it stalled")
     detect_s = time.monotonic() - ready_at
     snap = ctl.snapshot()
     assert snap.diagnosis is not None and "canary" in snap.diagnosis.title
@@ -44,8 +45,8 @@ def test_hung_engine_is_restarted_then_given_up_with_the_policy_on(make_controll
     hang = fail_profile(settings.recipe, "hang_after_ready")
     ctl = make_controller(settings, profiles=[hang], restart_max_tries=1, **CANARY)
     assert ctl.start(hang.id).wait(90)
-    wait_until(lambda: ctl.snapshot().restarts_total == 1, 40, "the stalled engine to be restarted")
-    wait_until(lambda: ctl.snapshot().gave_up, 60, "the second hang to reach the cap")
+    wait_for(lambda: ctl.snapshot().restarts_total == 1, 40, "the stalled engine to be restarted")
+    wait_for(lambda: ctl.snapshot().gave_up, 60, "the second hang to reach the cap")
     snap = ctl.snapshot()
     assert snap.state is EngineState.STALLED and "gave up after 1 tries" in snap.message
     assert snap.stalls_total >= 1 and snap.restarts_total == 1

@@ -11,7 +11,8 @@ import pytest
 from app.backend.engine.controller import EngineController
 from app.backend.contracts import EngineState, slots_of
 
-from .conftest import fail_profile, panel_containers, wait_until
+from .conftest import fail_profile, panel_containers
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 BOOT = 40.0
@@ -37,7 +38,7 @@ def test_start_reaches_ready_with_pool_and_persisted_logs(make_controller, docke
     # stdout and stderr are followed separately and persisted to separate files
     assert any(ln.stream == "stderr" and "Application startup complete" in ln.text for ln in ctl.recent_logs(500))
     files = ctl.logs.current_files()
-    wait_until(lambda: "Application startup complete" in files["stderr"].read_text(), 5, "stderr file")
+    wait_for(lambda: "Application startup complete" in files["stderr"].read_text(), 5, "stderr file")
     assert "Application startup complete" not in files["stdout"].read_text()
     assert "moe_w2 delta tier" in files["stdout"].read_text()
     assert ctl.container_pids()

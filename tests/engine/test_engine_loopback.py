@@ -7,7 +7,7 @@ from __future__ import annotations
 from app.backend.contracts import EngineState
 from app.backend.simengine.image import ensure_image, source_digest
 from app.backend.config.settings import Settings
-from tests.engine.conftest import wait_until
+from tests.polling import wait_for
 from tests.gateway.sockets import container_listening, listening, non_loopback
 
 
@@ -25,7 +25,7 @@ def test_simulated_engine_container_listens_on_loopback_only(make_controller, do
     port_item = next(i for i in report.items if i.id == "port")
     assert port_item.status == "warn" and "web page" in port_item.detail
     ctl.start("quality")
-    wait_until(lambda: ctl.snapshot().state is EngineState.READY, 60, "ready")
+    wait_for(lambda: ctl.snapshot().state is EngineState.READY, 60, "ready")
     container = docker_client.containers.get(ctl.snapshot().container_id)
     port = recipe.serve.port
     # every socket the container's processes listen on, read inside it

@@ -25,7 +25,7 @@ from app.backend.engine.client import engine_client
 from app.backend.config.settings import Settings
 from app.backend.simengine.image import ensure_image, source_digest
 from tests.conftest import free_port
-from tests.engine.conftest import wait_until
+from tests.polling import wait_for
 from tests.gateway.sockets import container_listening, listening
 
 NOBODY = 65534
@@ -121,7 +121,7 @@ def test_no_web_page_reaches_the_engine_and_no_other_user_does(make_controller, 
     ctl = make_controller(settings, canary_interval_s=0.0)
     port = recipe.serve.port  # where the engine listened before issue 40 (127.0.0.1:<port>)
     ctl.start("quality")
-    wait_until(lambda: ctl.snapshot().state is EngineState.READY, 90, "the simulated engine ready")
+    wait_for(lambda: ctl.snapshot().state is EngineState.READY, 90, "the simulated engine ready")
     url = ctl.snapshot().base_url
     before = tokens(url)
 
@@ -161,4 +161,4 @@ def test_no_web_page_reaches_the_engine_and_no_other_user_does(make_controller, 
     with engine_client(url).stream_chat({"model": recipe.model.served_name, "max_tokens": 3,
                                          "messages": [{"role": "user", "content": "hi"}]}) as stream:
         assert any(chunk.get("choices") for chunk in stream)
-    wait_until(lambda: tokens(url)[0] > before[0], 10, "the panel's own completion counted by the engine")
+    wait_for(lambda: tokens(url)[0] > before[0], 10, "the panel's own completion counted by the engine")

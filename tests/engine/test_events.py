@@ -8,7 +8,7 @@ import threading
 from app.backend.engine import statemachine as sm
 from app.backend.engine.events import EventBus
 from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
-from tests.engine.conftest import wait_until
+from tests.polling import wait_for
 
 
 def test_failed_event_keeps_the_failed_runs_container_without_a_bypass() -> None:
@@ -37,7 +37,7 @@ def test_stuck_subscriber_never_blocks_the_publisher_and_loses_only_its_oldest()
     assert not writer.is_alive()
     assert [e.seq for e in stuck.drain()] == [197, 198, 199, 200] and stuck.dropped == 196
     gate.set()
-    wait_until(lambda: len(seen) == 200, 10, "the slow subscriber to get every event")
+    wait_for(lambda: len(seen) == 200, 10, "the slow subscriber to get every event")
     assert seen == list(range(1, 201))
     unsubscribe()
     assert bus.subscribers == 1
@@ -79,9 +79,9 @@ def test_only_the_reconciler_thread_writes_engine_state(make_controller, docker_
     a: EngineController = make_controller()
     b: EngineController = make_controller()
     assert a.start("balanced").wait(60) and a.snapshot().state is EngineState.READY
-    wait_until(lambda: b.snapshot().state is EngineState.READY, 10, "B adopts A's engine")
+    wait_for(lambda: b.snapshot().state is EngineState.READY, 10, "B adopts A's engine")
     docker_client.containers.get(a.snapshot().container_id).kill()
-    wait_until(lambda: a.snapshot().state is EngineState.FAILED and b.snapshot().state is EngineState.FAILED, 10,
+    wait_for(lambda: a.snapshot().state is EngineState.FAILED and b.snapshot().state is EngineState.FAILED, 10,
                "both panels see the kill")
     assert b.start("speed").wait(60) and b.snapshot().state is EngineState.READY
     stop = a.stop()

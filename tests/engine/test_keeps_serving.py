@@ -18,7 +18,8 @@ from app.backend.engine.client import own_http
 from app.backend.engine.desired import DesiredStore
 from app.backend.engine.runtime import RuntimeUnavailable
 from app.backend.recipe.endpoint import socket_path
-from tests.engine.conftest import TEST_LABEL, fail_profile, panel_containers, wait_until
+from tests.engine.conftest import TEST_LABEL, fail_profile, panel_containers
+from tests.polling import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -86,12 +87,12 @@ def test_docker_away_while_the_engine_stops_is_retried_and_served_again(make_fla
     old = ctl.snapshot().container_id
     rt.away = True
     docker_client.containers.get(old).stop(timeout=5)  # what the daemon's restart does to its containers
-    wait_until(lambda: ctl.snapshot().restart_try >= 3, 60, "three retries while Docker is away (cap is 2)")
+    wait_for(lambda: ctl.snapshot().restart_try >= 3, 60, "three retries while Docker is away (cap is 2)")
     snap = ctl.snapshot()
     assert snap.state is EngineState.FAILED and not snap.gave_up
     assert snap.diagnosis is not None and snap.diagnosis.reason == "docker_unreachable"
     rt.away = False
-    wait_until(lambda: _ready(ctl) and ctl.snapshot().container_id != old, 90, "serving again once Docker answers")
+    wait_for(lambda: _ready(ctl) and ctl.snapshot().container_id != old, 90, "serving again once Docker answers")
     assert not any(e.after.gave_up for e in sub.drain())
     assert ctl.snapshot().desired == "serve:quality"
 
@@ -103,10 +104,10 @@ def test_docker_away_while_the_engine_serves_keeps_it_serving(make_flaky) -> Non
     cid = ctl.snapshot().container_id
     sub = ctl.subscribe()
     rt.away = True
-    wait_until(lambda: "Docker is unreachable; the engine still answers" in ctl.snapshot().message, 20,
+    wait_for(lambda: "Docker is unreachable; the engine still answers" in ctl.snapshot().message, 20,
                "the panel notes Docker away")
     rt.away = False
-    wait_until(lambda: ctl.snapshot().restart_try == 0 and _ready(ctl), 20, "still ready")
+    wait_for(lambda: ctl.snapshot().restart_try == 0 and _ready(ctl), 20, "still ready")
     assert ctl.snapshot().container_id == cid
     assert all(e.after.state is EngineState.READY for e in sub.drain())  # never shown failed meanwhile
 
@@ -124,13 +125,13 @@ def test_a_busy_port_is_retried_until_it_is_free(make_flaky, sim_settings) -> No
         ctl, _ = make_flaky(**SUP)
         t = ctl.start("quality")
         assert t.wait(60) and t.ok is False
-        wait_until(lambda: ctl.snapshot().restart_try >= 3, 60, "three retries while the port is held (cap is 2)")
+        wait_for(lambda: ctl.snapshot().restart_try >= 3, 60, "three retries while the port is held (cap is 2)")
         snap = ctl.snapshot()
         assert not snap.gave_up and snap.diagnosis is not None and snap.diagnosis.reason == "port_in_use"
     finally:
         holder.close()
         path.unlink(missing_ok=True)
-    wait_until(lambda: _ready(ctl), 90, "serving once the port is free")
+    wait_for(lambda: _ready(ctl), 90, "serving once the port is free")
 
 
 def test_a_wish_from_another_process_clears_the_give_up(make_controller, docker_client, sim_settings) -> None:
@@ -139,13 +140,13 @@ def test_a_wish_from_another_process_clears_the_give_up(make_controller, docker_
     oom = fail_profile(sim_settings.recipe, "oom_at_load")
     panel = make_controller(profiles=[oom], **SUP)
     panel.start(oom.id).wait(90)
-    wait_until(lambda: panel.snapshot().gave_up, 30, "the panel gives up on the non-healing failure")
+    wait_for(lambda: panel.snapshot().gave_up, 30, "the panel gives up on the non-healing failure")
     cli = make_controller(actor="CLI")
     assert cli.start("quality", who="cli").wait(90)
-    wait_until(lambda: _ready(panel) and not panel.snapshot().gave_up, 30, "the panel follows the CLI's wish")
+    wait_for(lambda: _ready(panel) and not panel.snapshot().gave_up, 30, "the panel follows the CLI's wish")
     (c,) = panel_containers(docker_client, sim_settings.recipe.id)
     c.kill()
-    wait_until(lambda: _ready(panel) and panel.snapshot().container_id != c.id, 90, "the panel restarts the crash")
+    wait_for(lambda: _ready(panel) and panel.snapshot().container_id != c.id, 90, "the panel restarts the crash")
     assert panel.snapshot().restarts_total == 1
     fresh = make_controller(actor="CLI", reattach=False)
     assert fresh.snapshot().restarts_total == 1  # `engine status --json` agrees with the panel's /metrics
@@ -205,11 +206,11 @@ def test_a_switch_lets_a_streaming_answer_finish_whole(make_controller) -> None:
     # second full grace); "Switch now" ends the wait
     counter.n = 1
     sw = ctl.switch("balanced")
-    wait_until(lambda: ctl.snapshot().draining, 10, "the switch drains")
+    wait_for(lambda: ctl.snapshot().draining, 10, "the switch drains")
     deadline = ctl.snapshot().drain_deadline
     stop = ctl.stop()
     assert sw.wait(10) and sw.ok is False and "cancelled" in sw.message
-    wait_until(lambda: stop.done or ctl.snapshot().draining, 10, "the stop drains")
+    wait_for(lambda: stop.done or ctl.snapshot().draining, 10, "the stop drains")
     assert ctl.snapshot().draining and ctl.snapshot().drain_deadline == deadline
     ctl.switch_now()
     assert stop.wait(30) and stop.ok and ctl.snapshot().state is EngineState.STOPPED

@@ -21,7 +21,8 @@ from app.backend.engine.runtime import MANAGED_LABEL, PROFILE_LABEL, RECIPE_LABE
 from app.backend.engine.supervisor import BringBack, GiveUpNow, RestartLater, Respect, plan
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.config.settings import Settings
-from tests.engine.conftest import free_port, sim_recipe, wait_until
+from tests.engine.conftest import free_port, sim_recipe
+from tests.polling import wait_for
 
 
 class FakeRuntime:
@@ -178,7 +179,7 @@ def test_exit_diagnosis_of_a_long_run_reads_the_logs_tail(tmp_path: Path, contro
     rt = FakeRuntime([_exited(st.recipe.id, 1)], log)
     ctl = EngineController(st, rt, options=ControllerOptions(resync_s=0.2))
     controllers.append(ctl)
-    wait_until(lambda: ctl.snapshot().state is EngineState.FAILED, 10, "the exit explained")
+    wait_for(lambda: ctl.snapshot().state is EngineState.FAILED, 10, "the exit explained")
     d = ctl.snapshot().diagnosis
     assert d is not None and d.reason == "cuda_oom_at_load", d
     assert any("CUDA out of memory" in e for e in d.evidence)
@@ -191,7 +192,7 @@ def test_a_click_never_waits_behind_a_docker_call(tmp_path: Path, controllers) -
     controllers.append(ctl)
     rt.block.set()  # Docker now answers nothing: the observer's next list() hangs
     try:
-        wait_until(rt.blocked.is_set, 10, "the observer blocked in a Docker call")
+        wait_for(rt.blocked.is_set, 10, "the observer blocked in a Docker call")
         answered: list[object] = []
         clicker = threading.Thread(target=lambda: answered.append(ctl.stop(who="user:alice")), daemon=True)
         clicker.start()
@@ -207,7 +208,7 @@ def test_the_reconciler_turns_while_idle(tmp_path: Path, controllers) -> None:
     ctl = EngineController(_settings(tmp_path), FakeRuntime(), options=ControllerOptions(reattach=False))
     controllers.append(ctl)
     first = ctl.heartbeat()
-    wait_until(lambda: ctl.heartbeat() > first, 10, "a second turn of the idle reconciler")
+    wait_for(lambda: ctl.heartbeat() > first, 10, "a second turn of the idle reconciler")
     ctl.close()
     last = ctl.heartbeat()
     assert last >= first
@@ -252,7 +253,7 @@ def test_decisions_and_caught_errors_reach_the_log_once(tmp_path: Path, controll
     away = [r.getMessage() for r in caplog.records if 'context="reading Docker"' in r.getMessage()]
     assert len(away) == 1 and "RuntimeUnavailable" in away[0], away
     rt.away = False
-    wait_until(lambda: any("action=docker_back" in r.getMessage() for r in caplog.records), 10, "Docker back logged")
+    wait_for(lambda: any("action=docker_back" in r.getMessage() for r in caplog.records), 10, "Docker back logged")
     assert ctl.stop(who="user:alice").wait(10)
     stops = [r.getMessage() for r in caplog.records if "action=stop" in r.getMessage()]
     assert stops and "who=user:alice" in stops[0] and "component=engine" in stops[0]

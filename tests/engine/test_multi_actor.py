@@ -18,7 +18,8 @@ import pytest
 from app.backend.engine.controller import EngineController
 from app.backend.engine.oplock import EngineLock, LockHeld
 from app.backend.contracts import EngineSnapshot, EngineState
-from tests.engine.conftest import TEST_LABEL, panel_containers, wait_until
+from tests.engine.conftest import TEST_LABEL, panel_containers
+from tests.polling import wait_for
 
 CONVERGE_S = 2.0  # every observer shows Docker's truth within 2 s (issue 11); bench/engine_soak measures the p95
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ def converge(panels: tuple[EngineController, ...], pred: Callable[[EngineSnapsho
     """Each panel shows `pred` within CONVERGE_S of the outside change (one deadline for all of them)."""
     deadline = time.monotonic() + CONVERGE_S
     for ctl in panels:
-        wait_until(lambda c=ctl: pred(c.snapshot()), max(0.0, deadline - time.monotonic()), what)
+        wait_for(lambda c=ctl: pred(c.snapshot()), max(0.0, deadline - time.monotonic()), what)
 
 
 def _settings_with_image(sim_settings, image: str):
@@ -98,9 +99,9 @@ def test_second_writer_is_refused_naming_the_holder(make_controller, docker_clie
     b = make_controller(st)
     t = a.start("quality")
     assert t.accepted
-    wait_until(lambda: a.lock_holder() is not None, 5, "A holds the lock")
+    wait_for(lambda: a.lock_holder() is not None, 5, "A holds the lock")
     # B watches A's boot (a watch-only step, no lock): its refusal still names the writer, not its own watch
-    wait_until(lambda: b.snapshot().state is EngineState.STARTING and b.busy() is not None, 30, "B watches A's boot")
+    wait_for(lambda: b.snapshot().state is EngineState.STARTING and b.busy() is not None, 30, "B watches A's boot")
     refused = b.switch("speed")
     assert not refused.accepted and f"panel pid {os.getpid()}" in refused.message and "start to quality" in refused.message
     r = cli(recipe_file, st.data_dir, "engine", "stop")
@@ -114,7 +115,7 @@ def test_second_writer_is_refused_naming_the_holder(make_controller, docker_clie
     assert len(panel_containers(docker_client, st.recipe.id)) == 1
     stop = a.stop()  # the holder itself may stop its own boot
     assert stop.wait(60) and stop.ok, stop.message
-    wait_until(lambda: a.lock_holder() is None, 5, "lock released")
+    wait_for(lambda: a.lock_holder() is None, 5, "lock released")
 
 
 def test_a_holder_killed_with_sigkill_releases_the_lock(tmp_path: Path) -> None:
@@ -173,7 +174,7 @@ def test_fresh_process_classifies_an_exited_container(mode, reason, state, docke
             from app.backend.engine.readiness import probe
 
             url = base_url(st.recipe, st.data_dir)
-            wait_until(lambda: probe(url, st.recipe.model.served_name).models_ok, 30, "engine ready")
+            wait_for(lambda: probe(url, st.recipe.model.served_name).models_ok, 30, "engine ready")
             if mode == "sigkill":
                 docker_client.containers.get(inst.id).kill()
             elif mode == "clean_stop":
@@ -188,7 +189,7 @@ def test_fresh_process_classifies_an_exited_container(mode, reason, state, docke
                     http.post(f"{root}/v1/chat/completions", json={
                         "model": st.recipe.model.served_name, "max_tokens": 200,
                         "messages": [{"role": "user", "content": "hi"}]}).raise_for_status()
-        wait_until(lambda: not (rt.get(inst.id) and rt.get(inst.id).running), 60, "the engine exits")
+        wait_for(lambda: not (rt.get(inst.id) and rt.get(inst.id).running), 60, "the engine exits")
         r = cli(recipe_file, st.data_dir, "engine", "status", "--json")
         out = json.loads(r.stdout)
         assert out["engine"]["state"] == state, r.stdout
@@ -226,7 +227,7 @@ def test_stalled_engine_is_seen_with_evidence(make_controller, docker_client, si
             pass
 
     threading.Thread(target=ask, daemon=True).start()
-    wait_until(lambda: ctl.snapshot().state is EngineState.STALLED, 20, "stalled")
+    wait_for(lambda: ctl.snapshot().state is EngineState.STALLED, 20, "stalled")
     assert http.get(f"{url}/health", timeout=5).status_code == 200  # /health still says fine
     d = ctl.snapshot().diagnosis
     assert d is not None and d.reason == "stalled" and any("running requests: 1" in e for e in d.evidence)
@@ -256,7 +257,7 @@ def test_stalled_engine_restarts_on_the_same_profile_when_asked(make_controller,
             pass
 
     threading.Thread(target=ask, daemon=True).start()
-    wait_until(lambda: ctl.snapshot().state is EngineState.READY and ctl.snapshot().container_id not in ("", first), 60,
+    wait_for(lambda: ctl.snapshot().state is EngineState.READY and ctl.snapshot().container_id not in ("", first), 60,
                "restarted")
     snap = ctl.snapshot()
     assert snap.profile_id == "balanced" and snap.diagnosis is not None and snap.diagnosis.reason == "stalled"

@@ -13,7 +13,7 @@ from app.backend.contracts import EngineState
 from app.backend.engine.client import own_http
 from app.backend.telemetry.hub import TelemetryHub
 from tests.conftest import engine_openai
-from tests.engine.conftest import wait_until
+from tests.polling import wait_for
 from tests.engine.test_multi_actor import _settings_with_image, cli
 
 
@@ -41,7 +41,7 @@ def test_status_shows_the_coverage_the_header_shows(make_controller, sim_setting
                                            messages=[{"role": "user", "content": "Tell me about pools."}])
             return hub.sample_once().coverage_pct is not None
 
-        wait_until(served_until_a_tick, 90, "a [delta] tick summary after traffic")
+        wait_for(served_until_a_tick, 90, "a [delta] tick summary after traffic")
         # An engine watched by a panel for a while: health checks push the boot and tick lines far up the log.
         h, root = own_http(base, httpx.Timeout(10.0))
         with h:

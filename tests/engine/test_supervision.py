@@ -9,7 +9,8 @@ from pathlib import Path
 
 from app.backend.engine.desired import DesiredStore
 from app.backend.contracts import EngineState
-from tests.engine.conftest import fail_profile, panel_containers, wait_until
+from tests.engine.conftest import fail_profile, panel_containers
+from tests.polling import wait_for
 from tests.engine.test_multi_actor import _settings_with_image, cli
 
 SUP = dict(supervise=True, resync_s=0.5, restart_backoff_s=0.3)
@@ -29,11 +30,11 @@ def test_reboot_brings_back_what_should_run_with_no_click(make_controller, docke
     a.close()  # the panel stops (the engine outlives it)
     (c,) = panel_containers(docker_client, settings.recipe.id)
     c.kill()  # the power goes: SIGKILL, no clean shutdown
-    wait_until(lambda: panel_containers(docker_client, settings.recipe.id) == [], 20, "the engine to be down")
+    wait_for(lambda: panel_containers(docker_client, settings.recipe.id) == [], 20, "the engine to be down")
     boot = time.time() + 1.0  # the host came back after the engine died
     b = make_controller(settings, boot_time_fn=lambda: boot, **SUP)  # the panel starts on boot
     sub = b.subscribe()  # the supervisor's first pass comes one resync (0.5 s) after construction
-    wait_until(lambda: _ready(b), 90, "the engine back and ready with no click")
+    wait_for(lambda: _ready(b), 90, "the engine back and ready with no click")
     assert any("stopped by the host's reboot" in e.after.message for e in sub.drain())
     snap = b.snapshot()
     assert snap.restarts_total == 1 and snap.desired == "serve:quality"
@@ -49,14 +50,14 @@ def test_crash_is_restarted_with_backoff_then_given_up_at_the_cap(make_controlle
         (c,) = panel_containers(docker_client, sim_settings.recipe.id)
         old = c.id
         c.kill()
-        wait_until(lambda n=n: f"try {n} of 2" in ctl.snapshot().message or ctl.snapshot().restarts_total >= n, 20,
+        wait_for(lambda n=n: f"try {n} of 2" in ctl.snapshot().message or ctl.snapshot().restarts_total >= n, 20,
                    f"restart try {n} announced")
-        wait_until(lambda old=old: _ready(ctl) and ctl.snapshot().container_id != old, 90,
+        wait_for(lambda old=old: _ready(ctl) and ctl.snapshot().container_id != old, 90,
                    f"ready again after crash {n}")
         assert ctl.snapshot().restarts_total == n
     (c,) = panel_containers(docker_client, sim_settings.recipe.id)
     c.kill()
-    wait_until(lambda: ctl.snapshot().gave_up, 30, "the supervisor to give up at the cap")
+    wait_for(lambda: ctl.snapshot().gave_up, 30, "the supervisor to give up at the cap")
     snap = ctl.snapshot()
     assert snap.state is EngineState.FAILED and "gave up after 2 tries" in snap.message
     assert snap.diagnosis is not None and snap.diagnosis.reason == "killed"
@@ -69,7 +70,7 @@ def test_non_healing_failure_is_not_retried(make_controller, docker_client, sim_
     oom = fail_profile(sim_settings.recipe, "oom_at_load")
     ctl = make_controller(profiles=[oom], **SUP)
     ctl.start(oom.id).wait(90)
-    wait_until(lambda: ctl.snapshot().gave_up, 20, "the supervisor to decide")
+    wait_for(lambda: ctl.snapshot().gave_up, 20, "the supervisor to decide")
     snap = ctl.snapshot()
     assert snap.diagnosis is not None and snap.diagnosis.reason == "cuda_oom_at_load"
     assert "not retried" in snap.message and snap.restarts_total == 0
@@ -83,7 +84,7 @@ def test_outside_clean_stop_is_respected_but_a_reboot_stop_is_not(make_controlle
     assert ctl.start("quality").wait(90) and _ready(ctl)
     (c,) = panel_containers(docker_client, settings.recipe.id)
     c.stop(timeout=10)  # a person's `docker stop` while the host is up
-    wait_until(lambda: ctl.snapshot().desired == "stopped", 20, "desired to become stopped")
+    wait_for(lambda: ctl.snapshot().desired == "stopped", 20, "desired to become stopped")
     assert DesiredStore(settings.state_dir).read().kind == "stopped"
     assert ctl.snapshot().state is EngineState.STOPPED and ctl.snapshot().restarts_total == 0
     assert panel_containers(docker_client, settings.recipe.id) == []
@@ -94,5 +95,5 @@ def test_outside_clean_stop_is_respected_but_a_reboot_stop_is_not(make_controlle
     DesiredStore(settings.state_dir).write("serve", "quality", "panel")
     boot = time.time() + 1.0
     b = make_controller(settings, boot_time_fn=lambda: boot, **SUP)
-    wait_until(lambda: _ready(b), 90, "the engine brought back after the reboot")
+    wait_for(lambda: _ready(b), 90, "the engine brought back after the reboot")
     assert b.snapshot().desired == "serve:quality"

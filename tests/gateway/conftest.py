@@ -5,7 +5,6 @@ home-like path, the real `openai` SDK. Everything started here is stopped at tea
 from __future__ import annotations
 
 import re
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,18 +22,6 @@ from app.backend.simengine import SimEngineServer
 from tests.simengine.conftest import make_sim  # noqa: F401 (the one simulated-engine factory; a fixture)
 
 SERVED = "deepseek-v4-flash"
-
-
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
-    """Poll `pred` until truthy (asked at least once); fail naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.2f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def key_refused(c: openai.OpenAI) -> bool:

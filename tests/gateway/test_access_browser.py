@@ -10,7 +10,8 @@ import pytest
 
 from app.backend.contracts import EngineState
 from tests.conftest import free_port, serving
-from tests.engine.conftest import docker_client, sim_panel_state, wait_until  # noqa: F401 (fixture)
+from tests.engine.conftest import docker_client, sim_panel_state  # noqa: F401 (fixture)
+from tests.polling import wait_for
 from tests.gateway.conftest import key_refused
 
 pytestmark = [pytest.mark.browser, pytest.mark.docker, pytest.mark.slow]
@@ -48,7 +49,7 @@ def test_access_tab_switch_create_use_revoke(access_panel, browser) -> None:
     assert page.locator("#gw-new-key button[aria-label*='opy'], #gw-new-key button[title*='opy']").count() >= 1
     page.wait_for_selector("#gw-keys tr[data-key='laptop']")
 
-    wait_until(lambda: state.engine.snapshot().state is EngineState.READY, 60, "the engine ready")
+    wait_for(lambda: state.engine.snapshot().state is EngineState.READY, 60, "the engine ready")
     with openai.OpenAI(base_url=gw_url, api_key=key, max_retries=0, timeout=30) as c:
         r = c.chat.completions.create(model="deepseek-v4-flash", messages=[{"role": "user", "content": "hi"}],
                                       max_tokens=24)
@@ -82,7 +83,7 @@ def test_access_tab_switch_create_use_revoke(access_panel, browser) -> None:
     page.click("#gw-revoke")
     page.wait_for_function("() => document.querySelector(\"#gw-keys tr[data-key='laptop']\")?.innerText.includes('revoked')")
     with openai.OpenAI(base_url=gw_url, api_key=key, max_retries=0, timeout=10) as c:
-        wait_until(lambda: key_refused(c), 1.0, "the revoked key refused within 1 s")
+        wait_for(lambda: key_refused(c), 1.0, "the revoked key refused within 1 s")
     page.locator("#gw-switch input").uncheck()
     page.wait_for_selector('#gw-status[data-state="off"]')
     assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors

@@ -17,7 +17,8 @@ import pytest
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.proxy import UNKNOWN_KEY, Limits
 from app.backend.gateway.engine_status import EngineStatus
-from tests.gateway.conftest import SERVED, FixedSource, running_requests, wait_for
+from tests.gateway.conftest import SERVED, FixedSource, running_requests
+from tests.polling import wait_for
 
 MSG = [{"role": "user", "content": "Say something about mixtures of experts."}]
 

@@ -15,7 +15,8 @@ import pytest
 from app.backend.gateway.keys import KeyStore, KeyStoreError
 from app.backend.gateway.proxy import Limits
 from app.backend.gateway.engine_status import EngineStatus
-from tests.gateway.conftest import SERVED, FixedSource, key_refused, running_requests, wait_for
+from tests.gateway.conftest import SERVED, FixedSource, key_refused, running_requests
+from tests.polling import wait_for
 
 MSG = [{"role": "user", "content": "Say something about mixtures of experts."}]
 

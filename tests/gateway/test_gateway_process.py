@@ -24,7 +24,8 @@ from app.backend.gateway.service import GatewayService, GatewayState, load_desir
 from app.backend.gateway.server import GatewayConfig
 from app.backend.simengine import SimEngineServer
 from tests.conftest import ROOT, free_port
-from tests.gateway.conftest import SERVED, wait_for
+from tests.gateway.conftest import SERVED
+from tests.polling import wait_for
 
 MSG = {"model": SERVED, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

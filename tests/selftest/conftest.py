@@ -13,7 +13,7 @@ import pytest
 from app.backend.config.settings import Settings, resolve_settings
 from app.backend.state import AppState, build_app_state
 from tests.engine.conftest import (  # noqa: F401
-    TEST_LABEL, docker_client, make_controller, panel_containers, sim_settings, wait_until,
+    TEST_LABEL, docker_client, make_controller, panel_containers, sim_settings,
 )
 from tests.simengine.conftest import make_sim  # noqa: F401  (fixture)
 

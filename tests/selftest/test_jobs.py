@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
-from typing import Callable
 
 from app.backend.jobs import BackgroundJob, JobState, SingleFlight, StopSignal
+from tests.polling import wait_for
 
 
 @dataclass(frozen=True)
@@ -56,13 +55,6 @@ def test_a_finished_job_can_be_launched_again_and_cancel_is_cleared() -> None:
     assert seen == [False]  # a cancel before the launch does not cancel the new job
 
 
-def wait_until(cond: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
-
-
 def test_single_flight_busy_while_its_thread_lives_pause_or_cancel_and_a_fresh_stop_each_launch() -> None:
     """The downloads' runner: busy while the thread lives (no progress value), Pause and Cancel told apart,
     and a stop asked of one run never reaches the next."""
@@ -77,10 +69,10 @@ def test_single_flight_busy_while_its_thread_lives_pause_or_cancel_and_a_fresh_s
     assert not flight.stop_and_join(cancel=False, timeout=1), "nothing runs: nothing to stop"
     assert flight.launch(body, lambda _: setups.append(1)) and not flight.launch(body, lambda _: setups.append(2))
     assert setups == [1], "a refused launch sets nothing up"
-    wait_until(lambda: seen)
+    wait_for(lambda: seen)
     assert flight.alive() and flight.stop_and_join(cancel=False, timeout=10) and not flight.alive()
     assert seen[0].is_set() and not seen[0].cancelled  # paused
     assert flight.launch(body)
-    wait_until(lambda: len(seen) == 2)
+    wait_for(lambda: len(seen) == 2)
     assert seen[1] is not seen[0] and not seen[1].is_set()
     assert flight.stop_and_join(cancel=True, timeout=10) and seen[1].cancelled

@@ -13,7 +13,8 @@ import pytest
 from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
 from app.backend.alerts.delivery import AlertTracker, engine_conditions
 from app.backend.alerts.notify import Notifier, mask_url
-from tests.engine.conftest import panel_containers, wait_until
+from tests.engine.conftest import panel_containers
+from tests.polling import wait_for
 
 
 class Receiver:
@@ -89,7 +90,7 @@ def test_sending_never_blocks_and_reaches_a_real_receiver(receiver: Receiver) ->
         threading.Thread(target=lambda: (n.send("first", "body"), n.send("second", ""), done.set()), daemon=True).start()
         assert done.wait(5)  # a deadline: a blocking send would still be waiting on the hung receiver
         receiver.gate.set()
-        wait_until(lambda: receiver.titles() == ["first", "second"], 30, "both messages delivered in order")
+        wait_for(lambda: receiver.titles() == ["first", "second"], 30, "both messages delivered in order")
         assert n.send_test().startswith("sent to json://127.0.0.1")
         assert receiver.titles()[-1] == "moet-panel: test notification"
     finally:
@@ -107,7 +108,7 @@ def test_engine_crash_and_recovery_are_told_once_each(make_controller, docker_cl
     try:
         (c,) = panel_containers(docker_client, sim_settings.recipe.id)
         c.kill()
-        wait_until(lambda: len(receiver.bodies) >= 2, 60, "the alert and its resolution")
+        wait_for(lambda: len(receiver.bodies) >= 2, 60, "the alert and its resolution")
         assert receiver.titles() == ["engine killed (SIGKILL, exit 137) — restarting, try 1 of 3",
                                      "engine ready again on quality — resolved"]
         assert "SIGKILL" in receiver.bodies[0]["message"]
@@ -137,7 +138,7 @@ def test_the_apprise_notify_type_reaches_the_receiver(receiver: Receiver) -> Non
     try:
         n.send("engine killed", "SIGKILL", "failure")
         n.send("engine ready again — resolved", "", "success")
-        wait_until(lambda: len(receiver.bodies) == 2, 30, "both messages delivered")
+        wait_for(lambda: len(receiver.bodies) == 2, 30, "both messages delivered")
         assert [b["type"] for b in receiver.bodies] == ["failure", "success"]
     finally:
         n.close()
