@@ -44,6 +44,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# The quick tier (`./run-tests.sh -m "not slow"`, README "Tests"): whatever starts a container, a browser, a
+# panel or a real engine is slow by that fact, marked here once rather than remembered in every test.
+SLOW_FIXTURES = frozenset({"docker_client", "sim_settings", "make_controller", "sim_image", "recipe_file", "browser",
+                           "shared_panel", "panel", "live", "real_docker", "demo_state", "make_gateway"})
+SLOW_MARKERS = ("docker", "browser", "real_engine")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.get_closest_marker(m) for m in SLOW_MARKERS) or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
     outcome = yield

@@ -200,6 +200,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow  # starts a panel or an engine (the quick tier leaves it to the full run)
 def test_a_stopped_or_killed_panel_leaves_no_gateway_listening(home_data: Path) -> None:
     """`moet-panel serve --demo` with the switch left on: its gateway (restored at start, no click) runs in a
     child. SIGTERM of the panel stops it and keeps the switch on (the next start restores it again); kill -9 of

@@ -4,6 +4,8 @@ group/other-readable auth file was accepted silently; a bad `fn_index` gave 500;
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -18,6 +20,7 @@ from app.backend.web.auth import add_user
 from tests.conftest import free_port, launch_panel, close_panel
 
 
+@pytest.mark.slow  # starts a panel or an engine (the quick tier leaves it to the full run)
 def test_serve_on_ipv6_any_starts_and_a_readable_auth_file_is_warned_about(tmp_path: Path) -> None:
     auth = tmp_path / "auth"
     add_user(auth, "alice", "correct horse battery")

@@ -63,6 +63,7 @@ def test_serve_banner_pages_and_logs_never_show_the_token(tmp_path: Path) -> Non
     assert proc.returncode == 0, log_path.read_text()[-2000:]
 
 
+@pytest.mark.slow  # starts a panel or an engine (the quick tier leaves it to the full run)
 def test_engine_status_never_shows_the_token(tmp_path: Path) -> None:
     env = _env(tmp_path, MOET_PANEL_DEMO="1")
     proc = subprocess.run([sys.executable, "-m", "app.cli.main", "engine", "status", "--data-dir", str(tmp_path / "d")],

@@ -143,6 +143,7 @@ def test_the_owners_device_is_checked_while_the_scrypt_queue_is_full() -> None:
     assert mine_ok and owner.user == "alice" and not owner.busy
 
 
+@pytest.mark.slow  # starts a panel or an engine (the quick tier leaves it to the full run)
 def test_thirty_guesses_from_thirty_loopback_addresses_are_throttled(authed) -> None:
     """Issue 30 finding 3: 30 guesses from 30 addresses in 5 s, then the right password was accepted."""
     start = time.monotonic()
@@ -161,6 +162,7 @@ def test_thirty_guesses_from_thirty_loopback_addresses_are_throttled(authed) -> 
     assert last.status_code == 429 and "try again" in last.text  # not let in ahead of the pace
 
 
+@pytest.mark.slow  # starts a panel or an engine (the quick tier leaves it to the full run)
 def test_spaced_wrong_logins_never_keep_the_owner_out_for_a_minute(authed) -> None:
     """Issue 30 finding 2: 28 spaced wrong logins kept the owner's right password refused for 256 s."""
     with from_address(0) as owner_browser:  # the owner signed in earlier from this browser: it has a device key
@@ -191,6 +193,7 @@ def test_spaced_wrong_logins_never_keep_the_owner_out_for_a_minute(authed) -> No
         th.join(120)
 
 
+@pytest.mark.slow  # starts a panel or an engine (the quick tier leaves it to the full run)
 def test_a_login_flood_leaves_signed_in_requests_fast(authed) -> None:
     """Issue 30 finding 6: 40 concurrent logins made authenticated requests take ~10 s (one scrypt each)."""
     owner = httpx.Client(timeout=60)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import re
 import threading
 import time
@@ -38,6 +40,7 @@ def _watch_during_stream(sim, watch: DriftWatch, seconds: float) -> list[DriftRe
     return readings
 
 
+@pytest.mark.slow  # starts a panel or an engine (the quick tier leaves it to the full run)
 def test_degraded_engine_raises_the_drift_alert(make_sim) -> None:
     sim = make_sim(decode_tok_s=100.0, env={"MOET_SIM_DEGRADE": "0.6", "MOET_SIM_DEGRADE_AFTER_S": "0"})
     watch = DriftWatch(lambda pid: (100.0, "the card"), window_s=2.0)
@@ -51,6 +54,7 @@ def test_degraded_engine_raises_the_drift_alert(make_sim) -> None:
     assert "clocks held down (sw_thermal)" in drift[0].meaning
 
 
+@pytest.mark.slow  # starts a panel or an engine (the quick tier leaves it to the full run)
 def test_healthy_engine_raises_none(make_sim) -> None:
     sim = make_sim(decode_tok_s=100.0)
     watch = DriftWatch(lambda pid: (100.0, "the card"), window_s=2.0)
