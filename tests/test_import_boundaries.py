@@ -86,3 +86,29 @@ def test_the_checks_see_a_violation() -> None:
     assert any(n.startswith("app.backend.") for n in names["app.ui.app"])
     assert "app.backend.contracts" in names["app.backend.engine.gpurelease"]
     assert _hits("app.backend.telemetry", ("app.backend.engine",))  # the allowed direction is seen
+
+
+# The rooms of app/backend (docs/architecture.md): the foundations every room may use, the services, and the
+# wiring (`state`) that builds them all. A foundation never reaches up into a service.
+FOUNDATIONS = ("app.backend.contracts", "app.backend.files", "app.backend.oplog", "app.backend.jobs",
+               "app.backend.recipe")
+SERVICES = tuple(f"app.backend.{p}" for p in ("engine", "download", "telemetry", "chat", "gateway", "selftest",
+                                               "abtest", "alerts", "service", "prometheus", "state", "web",
+                                               "simhub", "simengine", "profiles"))
+
+
+def test_the_foundations_reach_no_service() -> None:
+    assert [hit for root in FOUNDATIONS for hit in _hits(root, SERVICES)] == []
+
+
+def test_only_the_views_of_the_whole_panel_import_its_wiring() -> None:
+    # the /metrics export and the Service tab's view read every service; nothing else builds on the app state
+    allowed = ("app.backend.state", "app.backend.prometheus", "app.backend.service.panel")
+    hits = [h for h in _hits("app.backend", ("app.backend.state",)) if not h.startswith(allowed)]
+    assert hits == []
+
+
+def test_backend_rooms_are_packages_with_at_most_three_spine_modules() -> None:
+    backend = ROOT / "app" / "backend"
+    spine = sorted(p.name for p in backend.glob("*.py") if p.name != "__init__.py")
+    assert spine == ["contracts.py", "jobs.py", "state.py"]
