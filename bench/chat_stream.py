@@ -48,6 +48,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.panelproc import stop_all  # noqa: E402
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -168,13 +170,7 @@ def main() -> int:
             wait_http(panel_url + "/")
             return run_bench(args, engine_url, panel_url, model, psutil.Process(panel.pid), tmp)
         finally:
-            for p in procs:  # only the processes this bench started
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_all(procs)  # only the processes this bench started
 
 
 def cpu_s(proc) -> float:

@@ -55,3 +55,14 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=30)
     except (subprocess.TimeoutExpired, ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
+    """Terminate the processes a bench started (only those), then kill what is still there after `timeout_s`."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()

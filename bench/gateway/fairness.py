@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,8 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway.run import MODEL, wait_http  # noqa: E402
-from bench.panelproc import free_port  # noqa: E402
+from bench.gateway.stack import MODEL, gateway_stack  # noqa: E402
 
 MSG = [{"role": "user", "content": "Say something about mixtures of experts."}]
 
@@ -62,77 +58,50 @@ def main() -> int:
     args = ap.parse_args()
     import httpx
 
-    env = {**os.environ, "MOET_SIM_DECODE_TOK_S": str(args.tok_s), "MOET_SIM_BOOT_S": "0",
-           "MOET_SIM_REASONING_MODE": "none",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    sim_port, gw_port = free_port(), free_port()
-    engine, gateway = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
-    procs: list[subprocess.Popen[bytes]] = []
-    with tempfile.TemporaryDirectory(prefix="moet-bench-fair-") as tmp:
-        cli = [sys.executable, "-m", "app.cli.main", "--demo", "--data-dir", tmp]
-        try:
-            procs.append(subprocess.Popen([sys.executable, "-m", "app.backend.simengine", "--port", str(sim_port),
-                                           "--served-model-name", MODEL, "--max-num-seqs", "1"], env=env, cwd=ROOT,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            wait_http(engine + "/health")
-            keys = {n: json.loads(subprocess.run([*cli, "keys", "create", n, "--json"], env=env, cwd=ROOT, check=True,
-                                                 capture_output=True, text=True).stdout)["key"]
-                    for n in ("greedy", "polite")}
-            procs.append(subprocess.Popen([*cli, "gateway", "--port", str(gw_port), "--engine-url", engine,
-                                           "--engine-slots", "1", "--rate", "1000000"], env=env, cwd=ROOT,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            wait_http(gateway + "/v1/models", {"Authorization": f"Bearer {keys['polite']}"})
+    with gateway_stack("moet-bench-fair-", args.tok_s, 1, ("polite", "greedy")) as st:
+        engine, gateway, gw_port, keys = st.engine, st.gateway, st.gw_port, st.keys
+        body = json.dumps({"model": MODEL, "messages": MSG, "max_tokens": 400, "ignore_eos": True}).encode()
+        s = socket.create_connection(("127.0.0.1", gw_port))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                  keys["greedy"].encode() + b"\r\nContent-Type: application/json\r\nContent-Length: " +
+                  str(len(body)).encode() + b"\r\n\r\n" + body)
+        while running(httpx, engine) < 1:
+            time.sleep(0.01)
+        time.sleep(0.5)  # a few tokens in
+        polite: list[float] = []
+        t = threading.Thread(target=lambda: polite.append(chat(gateway, keys["polite"], 3)))
+        s.close()
+        t0 = time.monotonic()
+        t.start()
+        while running(httpx, engine) > 0:
+            time.sleep(0.01)
+        freed = time.monotonic() - t0
+        t.join(600)
+        print(f"abandoned 400-token answer: engine free {freed * 1e3:.0f} ms after the hang-up; another key's "
+              f"3-token request answered in {polite[0]:.2f} s")
 
-            body = json.dumps({"model": MODEL, "messages": MSG, "max_tokens": 400, "ignore_eos": True}).encode()
-            s = socket.create_connection(("127.0.0.1", gw_port))
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
-                      keys["greedy"].encode() + b"\r\nContent-Type: application/json\r\nContent-Length: " +
-                      str(len(body)).encode() + b"\r\n\r\n" + body)
-            while running(httpx, engine) < 1:
-                time.sleep(0.01)
-            time.sleep(0.5)  # a few tokens in
-            polite: list[float] = []
-            t = threading.Thread(target=lambda: polite.append(chat(gateway, keys["polite"], 3)))
-            s.close()
-            t0 = time.monotonic()
-            t.start()
-            while running(httpx, engine) > 0:
-                time.sleep(0.01)
-            freed = time.monotonic() - t0
-            t.join(600)
-            print(f"abandoned 400-token answer: engine free {freed * 1e3:.0f} ms after the hang-up; another key's "
-                  f"3-token request answered in {polite[0]:.2f} s")
+        ends: list[tuple[str, float]] = []
+        lock = threading.Lock()
 
-            ends: list[tuple[str, float]] = []
-            lock = threading.Lock()
+        def ask(name: str, n: int) -> None:
+            chat(gateway, keys[name], n)
+            with lock:
+                ends.append((name, time.monotonic()))
 
-            def ask(name: str, n: int) -> None:
-                chat(gateway, keys[name], n)
-                with lock:
-                    ends.append((name, time.monotonic()))
-
-            greedy = [threading.Thread(target=ask, args=("greedy", args.greedy_tokens)) for _ in range(args.greedy)]
-            for g in greedy:
-                g.start()
-            time.sleep(0.3)  # the greedy requests are queued behind the first
-            p0 = time.monotonic()
-            p = threading.Thread(target=ask, args=("polite", 3))
-            p.start()
-            for th in (*greedy, p):
-                th.join(600)
-            order = [n for n, _ in sorted(ends, key=lambda x: x[1])]
-            took = next(e for n, e in ends if n == "polite") - p0
-            print(f"turns: {args.greedy} greedy requests of {args.greedy_tokens} tokens, then a polite 3-token one: "
-                  f"answered in {took:.2f} s, after {order.index('polite')} greedy answer(s) (order {order})")
-            return 0
-        finally:
-            for proc in procs:  # only the processes this bench started
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        greedy = [threading.Thread(target=ask, args=("greedy", args.greedy_tokens)) for _ in range(args.greedy)]
+        for g in greedy:
+            g.start()
+        time.sleep(0.3)  # the greedy requests are queued behind the first
+        p0 = time.monotonic()
+        p = threading.Thread(target=ask, args=("polite", 3))
+        p.start()
+        for th in (*greedy, p):
+            th.join(600)
+        order = [n for n, _ in sorted(ends, key=lambda x: x[1])]
+        took = next(e for n, e in ends if n == "polite") - p0
+        print(f"turns: {args.greedy} greedy requests of {args.greedy_tokens} tokens, then a polite 3-token one: "
+              f"answered in {took:.2f} s, after {order.index('polite')} greedy answer(s) (order {order})")
+        return 0
 
 
 if __name__ == "__main__":

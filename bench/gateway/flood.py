@@ -14,14 +14,10 @@ Before issue 40, 2,200 idle connections got every keyed request a 503 (the globa
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import resource
 import selectors
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.gateway.run import MODEL, pct, wait_http  # noqa: E402
-from bench.panelproc import free_port  # noqa: E402
+from bench.gateway.run import pct  # noqa: E402
+from bench.gateway.stack import MODEL, gateway_stack  # noqa: E402
 
 
 class Flood:
@@ -126,43 +122,18 @@ def main() -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, args.idle * 2 + 256), hard))
     import httpx
 
-    env = {**os.environ, "MOET_SIM_DECODE_TOK_S": str(args.tok_s), "MOET_SIM_BOOT_S": "0",
-           "MOET_SIM_REASONING_MODE": "none",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    sim_port, gw_port = free_port(), free_port()
-    engine, gateway = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
-    procs: list[subprocess.Popen[bytes]] = []
-    with tempfile.TemporaryDirectory(prefix="moet-bench-flood-") as tmp:
-        cli = [sys.executable, "-m", "app.cli.main", "--demo", "--data-dir", tmp]
-        try:
-            procs.append(subprocess.Popen([sys.executable, "-m", "app.backend.simengine", "--port", str(sim_port),
-                                           "--served-model-name", MODEL, "--max-num-seqs", "256"], env=env, cwd=ROOT,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            wait_http(engine + "/health")
-            key = json.loads(subprocess.run([*cli, "keys", "create", "bench", "--json"], env=env, cwd=ROOT, check=True,
-                                            capture_output=True, text=True).stdout)["key"]
-            procs.append(subprocess.Popen([*cli, "gateway", "--port", str(gw_port), "--engine-url", engine,
-                                           "--engine-slots", "256", "--rate", "1000000"], env=env, cwd=ROOT,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            wait_http(gateway + "/v1/models", {"Authorization": f"Bearer {key}"})
-            lat, codes = keyed(httpx, gateway, key, args.requests)
-            print(f"no flood: keyed requests {codes}, latency p50 {pct(lat, 0.5) * 1e3:.1f} ms, p95 "
-                  f"{pct(lat, 0.95) * 1e3:.1f} ms, max {max(lat) * 1e3:.1f} ms")
-            for source, what in (("127.0.0.2", "another address"), ("127.0.0.1", "the keyed client's own address")):
-                with Flood(gw_port, source, args.idle) as flood:
-                    lat, codes = keyed(httpx, gateway, key, args.requests)
-                    print(f"{args.idle} idle connections from {source} ({what}): keyed requests {codes}, latency p50 "
-                          f"{pct(lat, 0.5) * 1e3:.1f} ms, p95 {pct(lat, 0.95) * 1e3:.1f} ms, max {max(lat) * 1e3:.1f} ms; "
-                          f"flood held {flood.open} open at the end, reopened {flood.reopened}, refused {flood.failed}")
-            return 0
-        finally:
-            for p in procs:  # only the processes this bench started
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+    with gateway_stack("moet-bench-flood-", args.tok_s, 256) as st:
+        gateway, gw_port, key = st.gateway, st.gw_port, st.keys["bench"]
+        lat, codes = keyed(httpx, gateway, key, args.requests)
+        print(f"no flood: keyed requests {codes}, latency p50 {pct(lat, 0.5) * 1e3:.1f} ms, p95 "
+              f"{pct(lat, 0.95) * 1e3:.1f} ms, max {max(lat) * 1e3:.1f} ms")
+        for source, what in (("127.0.0.2", "another address"), ("127.0.0.1", "the keyed client's own address")):
+            with Flood(gw_port, source, args.idle) as flood:
+                lat, codes = keyed(httpx, gateway, key, args.requests)
+                print(f"{args.idle} idle connections from {source} ({what}): keyed requests {codes}, latency p50 "
+                      f"{pct(lat, 0.5) * 1e3:.1f} ms, p95 {pct(lat, 0.95) * 1e3:.1f} ms, max {max(lat) * 1e3:.1f} ms; "
+                      f"flood held {flood.open} open at the end, reopened {flood.reopened}, refused {flood.failed}")
+        return 0
 
 
 if __name__ == "__main__":

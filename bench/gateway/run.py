@@ -41,26 +41,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.gateway.stack import MODEL, gateway_stack, wait_http  # noqa: E402
 from bench.panelproc import free_port, panel_env, recipe_copy, stop_group, wait_running  # noqa: E402
 
-MODEL = "deepseek-v4-flash"
-
-
-def wait_http(url: str, headers: dict[str, str] | None = None, timeout: float = 60.0, interval: float = 0.1) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    last = "no answer"
-    while time.monotonic() < deadline:
-        try:
-            r = httpx.get(url, headers=headers, timeout=2)
-            if r.status_code == 200:
-                return
-            last = f"{r.status_code} {r.text[:300]}"
-        except httpx.HTTPError as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        time.sleep(interval)
-    raise SystemExit(f"{url} did not answer 200 within {timeout:.0f} s (last: {last})")
 
 
 class KeyRing:
@@ -133,51 +116,23 @@ def main() -> int:
     import httpx
     import psutil
 
-    env = {**os.environ, "MOET_SIM_DECODE_TOK_S": str(args.tok_s), "MOET_SIM_BOOT_S": "0",
-           "MOET_SIM_REASONING_MODE": "none",
-           # keep a PYTHONPATH the caller set (packages carried as wheels on another host), as download_bench does
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    sim_port, gw_port = free_port(), free_port()
-    engine, gateway = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
-    procs: list[subprocess.Popen[bytes]] = []
-    with tempfile.TemporaryDirectory(prefix="moet-bench-gw-") as tmp:
-        cli = [sys.executable, "-m", "app.cli.main", "--demo", "--data-dir", tmp]
-        try:
-            if not args.standalone:
-                return panel_gateway_part(args, Path(tmp), httpx, psutil)
-            procs.append(subprocess.Popen([sys.executable, "-m", "app.backend.simengine", "--port", str(sim_port),
-                                           "--served-model-name", MODEL, "--max-num-seqs", "256"], env=env, cwd=ROOT,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            wait_http(engine + "/health")
-            out = subprocess.run([*cli, "keys", "create", "bench", "--json"], env=env, cwd=ROOT, check=True,
-                                 capture_output=True, text=True).stdout
-            key = json.loads(out)["key"]
-            gw = subprocess.Popen([*cli, "gateway", "--port", str(gw_port), "--engine-url", engine,
-                                   "--max-concurrent", "1000", "--rate", "1000000",
-                                   "--engine-slots", "256"], env=env, cwd=ROOT,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            procs.append(gw)
-            wait_http(gateway + "/v1/models", {"Authorization": f"Bearer {key}"})
-            code = run(args, engine, gateway, key, psutil.Process(gw.pid), httpx)
-            if args.busy:
-                with BusyPanel(Path(tmp)) as busy:
-                    print(f"\n--- again, the panel busy: a demo panel with headless Chromium on its Telemetry tab "
-                          f"({busy.url}) ---")
-                    busy.mark()
-                    run(args, engine, gateway, key, psutil.Process(gw.pid), httpx, quick=True)
-                    print(f"  (meanwhile: panel CPU {busy.panel_cpu():.0f} % of a core, Chromium "
-                          f"{busy.browser_cpu():.0f} %)")
-            if args.busy and args.panel_gateway:
-                panel_gateway_part(args, Path(tmp), httpx, psutil)
-            return code
-        finally:
-            for p in procs:  # only the processes this bench started
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+    if not args.standalone:
+        with tempfile.TemporaryDirectory(prefix="moet-bench-gw-") as tmp:
+            return panel_gateway_part(args, Path(tmp), httpx, psutil)
+    with gateway_stack("moet-bench-gw-", args.tok_s, 256, gateway_args=("--max-concurrent", "1000")) as st:
+        gw, engine, gateway, key, tmp = st.gateway_proc, st.engine, st.gateway, st.keys["bench"], st.tmp
+        code = run(args, engine, gateway, key, psutil.Process(gw.pid), httpx)
+        if args.busy:
+            with BusyPanel(tmp) as busy:
+                print(f"\n--- again, the panel busy: a demo panel with headless Chromium on its Telemetry tab "
+                      f"({busy.url}) ---")
+                busy.mark()
+                run(args, engine, gateway, key, psutil.Process(gw.pid), httpx, quick=True)
+                print(f"  (meanwhile: panel CPU {busy.panel_cpu():.0f} % of a core, Chromium "
+                      f"{busy.browser_cpu():.0f} %)")
+        if args.busy and args.panel_gateway:
+            panel_gateway_part(args, tmp, httpx, psutil)
+        return code
 
 
 def panel_gateway_part(args: argparse.Namespace, tmp: Path, httpx: Any, psutil: Any) -> int:
