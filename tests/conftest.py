@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import re
 import shutil
@@ -62,6 +64,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
     outcome = yield
     rep = outcome.get_result()
     setattr(item, f"rep_{rep.when}", rep)
+
+
+@pytest.fixture
+def oplog_lines() -> Iterator[io.StringIO]:
+    """What the operator's log receives during the test (app/backend/oplog.py), whatever its sinks."""
+    from app.backend import oplog
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    root = logging.getLogger(oplog.ROOT)
+    old = root.level
+    root.setLevel(logging.INFO)
+    root.addHandler(handler)
+    try:
+        yield stream
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old)
 
 
 # --- browser ---------------------------------------------------------------------------------------

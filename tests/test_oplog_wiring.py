@@ -5,33 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import io
-import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 
 from app.backend import oplog
 
 
-@pytest.fixture
-def log() -> Iterator[io.StringIO]:
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    root = logging.getLogger(oplog.ROOT)
-    old = root.level
-    root.setLevel(logging.INFO)
-    root.addHandler(handler)
-    try:
-        yield stream
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(old)
-
-
-def test_failed_and_refused_logins_name_the_user_and_address(log: io.StringIO) -> None:
+def test_failed_and_refused_logins_name_the_user_and_address(oplog_lines: io.StringIO) -> None:
     from app.backend.web.auth import LoginGuard, LoginNote, LoginThrottle, hash_password, make_checker
 
     throttle = LoginThrottle(free_account=0, free_client=0, max_interval_s=100, horizon_s=0.0, clock=lambda: 50.0)
@@ -44,20 +26,20 @@ def test_failed_and_refused_logins_name_the_user_and_address(log: io.StringIO) -
     check = make_checker({"alice": hash_password("right")}, LoginGuard(throttle=throttle), note_of=note)
     assert asyncio.run(check("alice", "wrong")) is False
     assert asyncio.run(check("alice", "again")) is False  # paced beyond the horizon: refused unchecked
-    lines = log.getvalue().splitlines()
+    lines = oplog_lines.getvalue().splitlines()
     assert any("action=login_failed who=user:alice" in ln and "address=192.0.2.7" in ln for ln in lines), lines
     assert any("action=login_refused who=user:alice" in ln and "reason=\"paced" in ln for ln in lines), lines
-    assert "wrong" not in log.getvalue() and "again" not in log.getvalue()  # never the password
+    assert "wrong" not in oplog_lines.getvalue() and "again" not in oplog_lines.getvalue()  # never the password
 
 
-def test_a_setting_changed_from_the_page_names_who_changed_it(log: io.StringIO, tmp_path: Path) -> None:
+def test_a_setting_changed_from_the_page_names_who_changed_it(oplog_lines: io.StringIO, tmp_path: Path) -> None:
     from app.backend.service import panel
 
     state = SimpleNamespace(settings=SimpleNamespace(state_dir=tmp_path))
     assert panel.set_policy(state, "never", who=oplog.user("bob")).startswith("restart policy saved")  # type: ignore[arg-type]
-    assert "action=setting_changed who=user:bob setting=restart_policy old=recipe new=never" in log.getvalue()
+    assert "action=setting_changed who=user:bob setting=restart_policy old=recipe new=never" in oplog_lines.getvalue()
     panel.clear_notify_urls(state, who=oplog.user("bob"))  # type: ignore[arg-type]
-    assert 'setting=notify_urls new=(none)' in log.getvalue()
+    assert 'setting=notify_urls new=(none)' in oplog_lines.getvalue()
 
 
 class _Notes:
@@ -65,7 +47,7 @@ class _Notes:
         return True
 
 
-def test_alerts_sent_and_resolved_are_decisions(log: io.StringIO) -> None:
+def test_alerts_sent_and_resolved_are_decisions(oplog_lines: io.StringIO) -> None:
     from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
     from app.backend.alerts.delivery import AlertService
 
@@ -78,12 +60,12 @@ def test_alerts_sent_and_resolved_are_decisions(log: io.StringIO) -> None:
     svc.evaluate()
     snap[0] = EngineSnapshot(state=EngineState.READY, profile_id="quality", desired="serve:quality")
     svc.evaluate()
-    text = log.getvalue()
+    text = oplog_lines.getvalue()
     assert "action=alert_sent who=panel" in text and "type=failure" in text
     assert "action=alert_resolved who=panel" in text and "type=success" in text
 
 
-def test_a_failing_alert_source_is_logged_once_not_once_per_pass(log: io.StringIO) -> None:
+def test_a_failing_alert_source_is_logged_once_not_once_per_pass(oplog_lines: io.StringIO) -> None:
     from app.backend.alerts.delivery import AlertService
 
     calls = [0]
@@ -103,5 +85,5 @@ def test_a_failing_alert_source_is_logged_once_not_once_per_pass(log: io.StringI
             time.sleep(0.01)
     finally:
         svc.close()
-    assert log.getvalue().count("hub state torn") == 1
+    assert oplog_lines.getvalue().count("hub state torn") == 1
     assert oplog.error_counts()["service"] == before + 1

@@ -5,13 +5,10 @@ engine controller the panel's own liveness earns them. A fake heartbeat and cloc
 from __future__ import annotations
 
 import io
-import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
-from app.backend import oplog
 from app.backend.service.watchdog import PING, Heartbeat, Watchdog, timings
 
 
@@ -31,22 +28,7 @@ class Clock:
         return self.t
 
 
-@pytest.fixture
-def logged() -> Iterator[io.StringIO]:
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    root = logging.getLogger(oplog.ROOT)
-    old = root.level
-    root.setLevel(logging.INFO)
-    root.addHandler(handler)
-    try:
-        yield stream
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(old)
-
-
-def test_pings_stop_when_the_reconciler_is_wedged_and_resume_when_it_turns(logged: io.StringIO) -> None:
+def test_pings_stop_when_the_reconciler_is_wedged_and_resume_when_it_turns(oplog_lines: io.StringIO) -> None:
     clock, engine, sent = Clock(), FakeEngine(beat=99.0), list[str]()
     assert isinstance(engine, Heartbeat)
     dog = Watchdog(lambda m: sent.append(m) or True, interval_s=15, stale_s=20, engine=engine, clock=clock)
@@ -57,11 +39,11 @@ def test_pings_stop_when_the_reconciler_is_wedged_and_resume_when_it_turns(logge
     assert not dog.tick()
     assert not dog.tick()
     assert sent.count(PING) == 2 and sent[-1].startswith("STATUS=the engine reconciler last turned 26 s ago")
-    assert logged.getvalue().count("action=watchdog_withheld") == 1  # said once, not once per tick
-    assert "wedged" in logged.getvalue()
+    assert oplog_lines.getvalue().count("action=watchdog_withheld") == 1  # said once, not once per tick
+    assert "wedged" in oplog_lines.getvalue()
     engine.beat = 124.5
     assert dog.tick() and sent[-1] == PING
-    assert "action=watchdog_resumed" in logged.getvalue()
+    assert "action=watchdog_resumed" in oplog_lines.getvalue()
 
 
 def test_a_broken_controller_is_as_wedged_as_a_stale_heartbeat() -> None:
