@@ -1,6 +1,6 @@
 """Decode drift: while a single stream decodes, a live rate below the profile's baseline (this box's
 last self-test, else the card's figure) by more than DRIFT_FRACTION for DRIFT_WINDOW_S raises the
-`decode_drift` alert (telemetry/alerts.py names the likely cause). Fed once per telemetry tick.
+`decode_drift` alert (alerts/rules.py names the likely cause). Fed once per telemetry tick.
 
 Why these numbers: the card's decode is reproducible to ±1 tok/s (±2% at 48.9), and /metrics rates
 over one tick are noisy by a few percent; 15% for 30 s is far outside both, and the throttling or
