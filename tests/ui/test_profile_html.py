@@ -79,7 +79,8 @@ def test_explained_command_puts_the_cards_reason_beside_each_line() -> None:
     assert by_text["-e VLLM_USE_BREAKABLE_CUDAGRAPH=0"].why.endswith("restores VLLM_COMPILE (+5%).")
     assert by_text["--max-num-seqs 1"].source == "card" and by_text["--kv-cache-dtype fp8"].source == "card"
     assert by_text["-e VLLM_MOE_W2_DELTA_TRACE=1"].source == "panel"
-    assert by_text["--port 8000"].source == ""  # the card gives no reason: said so, not invented
+    # the card's own port line stays, explained by the panel: the engine listens on its socket (issue 40)
+    assert by_text["--port 8000"].source == "panel" and "ignored" in by_text["--port 8000"].why
     env_lines = [e for e in lines if e.text.startswith("-e ") and e.source != "panel"]
     assert env_lines and all(e.source == "card" for e in env_lines)  # every env of the base command has its reason
     html = explained_command(lines)
