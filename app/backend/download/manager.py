@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from app.backend import hf_token
+from app.backend import hf_token, oplog
 from app.backend.jobs import SingleFlight
 from app.backend.download.ckpt import CkptCheck, check_ckpt_id
 from app.backend.download.config import make_config
@@ -176,8 +176,9 @@ class DownloadManager:
                 self._message = CANCELLED if stop.cancelled else stopped
             else:
                 self._error = exc.message
-        except Exception as exc:  # never let the thread die silently
+        except Exception as exc:  # never let the thread die silently; a bug: in the operator's log too
             self._error = hf_token.redact(f"internal error: {type(exc).__name__}: {exc}")
+            oplog.caught("downloads", exc, "download run", traceback=True)
         finally:
             self._ckpt = None  # re-read after any run
 
