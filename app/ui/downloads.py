@@ -146,3 +146,4 @@ def render(state: AppState, shell: Shell) -> None:
         btn.click(fn, outputs=status, concurrency_limit=None, api_visibility="private").then(lambda: _tick(dl), outputs=outs)
     save.click(lambda t: ("", dl.save_token(t or "")), inputs=token, outputs=[token, token_msg], api_visibility="private")
     shell.on_tick(lambda: _tick(dl), None, outs)
+    shell.version(lambda: _tick(dl))

@@ -1,7 +1,6 @@
 """Header strip shown above every tab: engine state + profile, VRAM bar, decode tok/s, pool coverage,
-alert count. It reads only cached values (the engine watch's snapshot, `state.telemetry.latest()`); on the
-shared 1 s page timer it is sent again only when something it shows changed: an engine change event (its seq)
-or a telemetry figure as shown."""
+alert count. It reads only cached values (the engine watch's snapshot, `state.telemetry.latest()`); the page
+feed (app.backend.pagefeed) sends its HTML again only when it changed, and the page script draws it."""
 
 from __future__ import annotations
 
@@ -100,20 +99,13 @@ def _telemetry_cells(frame: TelemetryFrame | None) -> str:
     return f"{_vram_cell(frame)}{decode}{coverage}{alert}"
 
 
-def redraw(state: AppState, shell: Shell, drawn: Any) -> tuple[Any, Any]:
-    """(the strip, or gr.skip() when the page already shows it; what it shows now). `drawn`: the page's
-    (engine seq, telemetry cells) last sent — None after a (re)load."""
-    seq, snap = shell.engine_now()
-    frame = state.telemetry.latest() if state.telemetry is not None else None
-    cells = _telemetry_cells(frame)
-    now = (seq, cells)
-    if drawn is not None and tuple(drawn) == now:
-        return gr.skip(), drawn
-    return _strip(_engine_cell(state, snap), cells), now
-
-
 def render(state: AppState, shell: Shell) -> None:
-    """Called by app.ui.app above the tabs; redrawn on the shared page timer when it changed."""
-    strip = gr.HTML(redraw(state, shell, None)[0], elem_id="moet-header")
-    drawn = gr.State(None)  # per browser tab: (engine seq, telemetry cells) the strip shows
-    shell.on_tick(lambda last: redraw(state, shell, last), [drawn], [strip, drawn])
+    """Called by app.ui.app above the tabs. Drawn by the page feed itself (Shell.live): sent to a page only
+    when the strip's HTML changed (an engine change event, a figure as shown), with no Gradio event."""
+
+    def now() -> str:
+        snap = shell.engine_now()[1]
+        frame = state.telemetry.latest() if state.telemetry is not None else None
+        return header_html(state, snap, frame)
+
+    gr.HTML(shell.live("moet-header-live", now), elem_id="moet-header")

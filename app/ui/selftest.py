@@ -187,4 +187,5 @@ def render(state: AppState, shell: Shell) -> None:
         return (line, button, drawn_now, follow, figures_html(svc, registry.list()), result_md(svc, pid),
                 *exports(svc, pid), now.value)
 
+    shell.version(lambda: (svc.progress(), shell.engine_now()[0]))
     shell.on_tick(tick, inputs + [seen, shown], [*status_outs, profile, figures, result, dl_md, dl_json, seen])

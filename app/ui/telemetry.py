@@ -1,6 +1,6 @@
 """Telemetry tab: live plots (VRAM, GPU, pool coverage, churn/H2D, tok/s & TTFT, KV) over a chosen
 window, GPU/host/pool details, and the alerts with what they mean and what to do.
-Only reads `state.telemetry` caches; the shared page timer drives it."""
+Only reads `state.telemetry` caches; the page feed drives it (app.ui.shell)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from app.backend.contracts import EngineState
 from app.backend.telemetry.plotdata import PLOTS, PLOTS_PER_ROW, WINDOWS, PlotSpec, events, rows, spans, thin
 from app.backend.telemetry.timeline import TimelinePoint
 from app.backend.units import GiB
-from app.ui.shell import QUICK, Shell
+from app.ui.shell import Shell
 from app.ui.theme import SEVERITY_COLOURS, STATE_COLOURS
 
 TITLE = "Telemetry"
@@ -171,19 +171,11 @@ def render(state: AppState, shell: Shell) -> None:
         return [alerts_html(f.alerts), details_html(f), events_html(pts), *[_frame(pts, spec) for spec in PLOTS]]
 
     outs = [alerts, details, band, *plots]
-    # Six re-drawn plots a second are not free (server DataFrames, browser Vega renders): this tab has
-    # its own timer, running only while the tab is selected. The header uses the shared page timer.
-    live = gr.Timer(1.0, active=False)
-    live.tick(tick, inputs=[window], outputs=outs, trigger_mode="once", **QUICK)
+    # Pushed (the page feed): redrawn when a new sample is in, only while this tab is shown and the page is in
+    # the foreground; nothing runs after leaving the tab (issue 42, docs/telemetry.md).
+    shell.on_tick(tick, [window], outs)
+    shell.version(lambda: hub.latest().seq)
     window.change(tick, inputs=[window], outputs=outs, show_progress="hidden")
-    if shell.tabs is not None:
-        shell.tabs.select(_on_tab, outputs=[live], show_progress="hidden")
-    else:  # no tab container (tests / embedding): always live
-        live.active = True
-
-
-def _on_tab(evt: gr.SelectData) -> gr.Timer:
-    return gr.Timer(active=evt.value == TITLE)
 
 
 PALETTE = ("#3182ce", "#dd6b20", "#38a169", "#805ad5")
