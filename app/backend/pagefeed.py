@@ -18,10 +18,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import parse_qs
 
 from app.backend.contracts import Message, Receive, Scope, Send
 
 PATH = "/moet/feed"
+ASSET_PREFIX = "/moet/js/"
+DYGRAPHS_DIR = Path("/usr/share/javascript/dygraphs")  # Debian's libjs-dygraphs
 KEEPALIVE_S = 30.0  # a comment line now and then: a proxy does not close a quiet stream
 
 log = logging.getLogger("moet_panel.pagefeed")
@@ -89,13 +94,27 @@ class Versions:
             return "error"
 
 
+class TopicStream(Protocol):
+    """A shown tab's own part of one page's stream (the Telemetry tab's plot points): `poll()` → what to
+    add to the next message ({"plot": ..., "html": {...}}), or None."""
+
+    def poll(self) -> dict[str, object] | None: ...
+
+
 class FeedRoute:
     """The ASGI app the gate serves at PATH: `text/event-stream`, one `data:` line of JSON per change:
-    {"v": {topic: version}, "html": {element id: HTML}}, each with only what moved since the last line."""
+    {"v": {topic: version}, "html": {element id: HTML}, ...}, each with only what moved since the last line.
 
-    def __init__(self, versions: Versions, period_s: float = 1.0) -> None:
+    The query names the tab the page shows (`show=telemetry`) and that tab's settings (`window=15 min`): the
+    HTML of elements of other tabs (`html_topics`) is not sent, and a shown tab with a stream (`streams`)
+    adds its own part. The page opens a new stream when it shows another tab."""
+
+    def __init__(self, versions: Versions, period_s: float = 1.0, html_topics: Mapping[str, str] | None = None,
+                 streams: Mapping[str, Callable[[Mapping[str, str]], TopicStream]] | None = None) -> None:
         self.versions = versions
         self.period_s = period_s
+        self.html_topics = dict(html_topics or {})
+        self.streams = dict(streams or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http" or scope.get("method", "GET") not in ("GET", "HEAD"):
@@ -109,6 +128,10 @@ class FeedRoute:
         if scope.get("method") == "HEAD":
             await send({"type": "http.response.body", "body": b""})
             return
+        query = {k: v[0] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1")).items() if v}
+        show = query.get("show", "")
+        wanted = {"header", show}
+        stream = self.streams[show](query) if show in self.streams else None
         gone = asyncio.Event()
 
         async def watch() -> None:
@@ -126,9 +149,13 @@ class FeedRoute:
             while not gone.is_set():
                 now, html = await asyncio.to_thread(self.versions.both)  # version functions may take a lock
                 changed = {k: v for k, v in now.items() if sent.get(k) != v}
-                markup = {k: v for k, v in html.items() if sent_html.get(k) != v}
-                if changed or markup:
-                    line = json.dumps({"v": changed, "html": markup})
+                markup = {k: v for k, v in html.items()
+                          if sent_html.get(k) != v and self.html_topics.get(k, "header") in wanted}
+                extra = await asyncio.to_thread(stream.poll) if stream is not None else None
+                if changed or markup or extra:
+                    msg: dict[str, object] = {"v": changed, **(extra or {})}
+                    msg["html"] = {**markup, **dict((extra or {}).get("html") or {})}  # type: ignore[call-overload]
+                    line = json.dumps(msg, allow_nan=False)
                     await send({"type": "http.response.body", "body": f"data: {line}\n\n".encode(),
                                 "more_body": True})
                     sent.update(changed)
@@ -147,3 +174,29 @@ class FeedRoute:
             watcher.cancel()
         if not gone.is_set():
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class AssetRoute:
+    """A file of an installed package (the dygraphs library of Debian's libjs-dygraphs) served by the panel
+    itself, same origin, so the page's CSP (script-src 'self') keeps remote scripts out. Public: a
+    library file holds no data. Missing: a 404 that says which package to install."""
+
+    def __init__(self, path: Path, content_type: str, package: str) -> None:
+        self.path, self.content_type, self.package = path, content_type, package
+        self._body: bytes | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._body is None:
+            try:
+                self._body = self.path.read_bytes()
+            except OSError:
+                body = (f"{self.path} is missing: install the Debian package {self.package} "
+                        "(scripts/bootstrap.sh does)").encode()
+                await send({"type": "http.response.start", "status": 404,
+                            "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", self.content_type.encode()),
+                                (b"cache-control", b"public, max-age=86400")]})
+        await send({"type": "http.response.body", "body": self._body if scope.get("method") != "HEAD" else b""})

@@ -46,7 +46,8 @@ TABS = [
 
 # The page's Shell (its topics and their versions, for the page feed), set by build_ui, read by launch.
 SHELL_ATTR = "moet_shell"
-FEED_SCRIPT = ASSETS / "js" / "page-feed.js"  # the page feed's client (app.backend.pagefeed)
+# the page feed's client (app.backend.pagefeed) and the Telemetry tab's streamed plots
+FEED_SCRIPTS = (ASSETS / "js" / "page-feed.js", ASSETS / "js" / "telemetry-plots.js")
 
 # The one folder the web server may serve files from besides its own cache (set by build_ui, read by launch).
 ALLOWED_PATHS_ATTR = "moet_allowed_paths"
@@ -124,7 +125,7 @@ def launch_kwargs(auth: Callable[[str, str], Any] | None = None) -> dict[str, An
         "strict_cors": True,
         "max_file_size": "16mb",
         # the page feed's client: presses a part's hidden trigger when its version moved and it is shown
-        "head": f"<script>{FEED_SCRIPT.read_text()}</script>",
+        "head": "".join(f"<script>{js.read_text()}</script>" for js in FEED_SCRIPTS),
     }
     if auth is not None:
         kwargs["auth"] = auth
@@ -174,15 +175,20 @@ def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], A
     the gate also serves /metrics (open without auth, else only to `metrics_token`; docs/metrics.md)."""
     if auth is not None:
         hide_api(blocks)
-    routes: tuple[tuple[str, Any], ...] = ()
+    # the plots' library, from its Debian package (scripts/bootstrap.sh), served by the panel itself (CSP 'self')
+    routes: tuple[tuple[str, Any], ...] = tuple(
+        (f"{pagefeed.ASSET_PREFIX}{name}", pagefeed.AssetRoute(pagefeed.DYGRAPHS_DIR / name, kind, "libjs-dygraphs"))
+        for name, kind in (("dygraph.min.js", "text/javascript; charset=utf-8"), ("dygraph.min.css", "text/css")))
     page_routes: tuple[tuple[str, Any], ...] = ()
     shell = getattr(blocks, SHELL_ATTR, None)
     if shell is not None:
-        page_routes = ((pagefeed.PATH, pagefeed.FeedRoute(pagefeed.Versions(shell.versions, html=shell.live_html))),)
+        feed = pagefeed.FeedRoute(pagefeed.Versions(shell.versions, html=shell.live_html),
+                                  html_topics=shell.live_topics, streams=shell.streams)
+        page_routes = ((pagefeed.PATH, feed),)
     if state is not None:
         from app.backend.monitoring.access import PATH, MetricsAccess, MetricsRoute
 
-        routes = ((PATH, MetricsRoute(state, MetricsAccess(auth_on=auth is not None, token=metrics_token))),)
+        routes += ((PATH, MetricsRoute(state, MetricsAccess(auth_on=auth is not None, token=metrics_token))),)
 
     def policy_for(app: Any) -> GatePolicy:
         return GatePolicy(port=port, bind_host=host, allowed_hosts=allowed_hosts,

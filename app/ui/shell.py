@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 import gradio as gr
 
 from app.backend.contracts import EngineSnapshot, EngineWatch
+from app.backend.pagefeed import TopicStream
 
 log = logging.getLogger("moet_panel.ui")
 
@@ -47,6 +48,9 @@ class Shell:
     # Parts the feed itself draws (element id -> its HTML): no Gradio event at all, the page script sets it
     # when it changed (the header strip: on every tab, it changes with the GPU's memory).
     live_html: dict[str, Callable[[], str]] = field(default_factory=dict)
+    live_topics: dict[str, str] = field(default_factory=dict)  # element id -> its topic (sent only while shown)
+    # A tab's own part of the page's stream, made per page while that tab is shown (the Telemetry plots' points).
+    streams: dict[str, Callable[[Mapping[str, str]], TopicStream]] = field(default_factory=dict)
     # The page's view of the engine: one watch for the whole UI (made by build_ui, closed with the state). A
     # redraw keeps the `seq` it last drew in a gr.State and answers gr.skip() while no change event came
     # (`engine_now`). The engine's seq is part of the header's and the Engine tab's versions, so a change
@@ -74,7 +78,13 @@ class Shell:
         """The element `elem_id` (inside a gr.HTML) is drawn by the page feed from `fn()` whenever its text
         changed: no event, no Gradio re-render. Returns its first HTML (for the component's value)."""
         self.live_html[elem_id] = fn
+        self.live_topics[elem_id] = self.topic
         return f'<div id="{elem_id}" data-live="1">{fn()}</div>'
+
+    def stream(self, make: Callable[[Mapping[str, str]], TopicStream]) -> None:
+        """While the current tab is shown, its page's stream carries `make(query)`'s part too (the query holds
+        the page's settings for it, e.g. the Telemetry window)."""
+        self.streams[self.topic] = make
 
     def on_tick(self, fn: Callable[..., Any], inputs: list[Any] | None, outputs: list[Any]) -> None:
         """Redraw `outputs` from `fn(*inputs)` when the current topic's version moved and it is shown. A

@@ -11,7 +11,25 @@
   const latest = {};  // topic -> version the server last pushed
   const drawn = {};   // topic -> version this page last asked to draw
   const markup = {};  // element id -> HTML pushed and not yet drawn (the feed draws these parts itself)
-  let abort = null, retry = 0, started = false;
+  let abort = null, retry = 0, started = false, streamFor = "";
+
+  // The tab on screen (its panel's id "tab-<id>") and its settings: the stream is per shown tab, so a hidden
+  // tab's own part (the Telemetry plots' points) is never sent.
+  const shownTab = () => {
+    for (const el of document.querySelectorAll('#main-tabs [id^="tab-"]:not([id$="-button"])')) {
+      if (el.offsetParent !== null) return el.id.slice(4);
+    }
+    return "";
+  };
+  const query = () => {
+    const tab = shownTab();
+    let q = "?show=" + encodeURIComponent(tab);
+    if (tab === "telemetry") {
+      const w = document.querySelector('#telemetry-window input:checked');
+      q += "&window=" + encodeURIComponent(w ? w.value : "15 min");
+    }
+    return q;
+  };
 
   const shown = (topic) => {
     if (topic === "header") return true;
@@ -36,14 +54,15 @@
       if (latest[topic] !== drawn[topic] && shown(topic)) press(topic);
     }
   };
-  window.__moetFeed = { latest, drawn, markup, catchUp };
+  window.__moetFeed = { latest, drawn, markup, catchUp, stream: () => streamFor };
 
   const connect = async () => {
     if (abort || document.visibilityState === "hidden") return;
     const ctl = new AbortController();
     abort = ctl;
+    streamFor = query();
     try {
-      const res = await window.fetch(FEED, { signal: ctl.signal, cache: "no-store" });
+      const res = await window.fetch(FEED + streamFor, { signal: ctl.signal, cache: "no-store" });
       if (!res.ok || !res.body) throw new Error("feed " + res.status);
       retry = 0;
       const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
@@ -61,6 +80,7 @@
             const msg = JSON.parse(line.slice(6));
             Object.assign(latest, msg.v || {});
             Object.assign(markup, msg.html || {});
+            if (msg.plot && window.__moetPlots) window.__moetPlots.apply(msg.plot);
           }
           catchUp();
         }
@@ -75,6 +95,18 @@
     setTimeout(connect, 1000 * 2 ** (retry - 1));
   };
 
+  // Another tab shown, or another Telemetry window: a new stream for it (the old one ends).
+  const restream = () => {
+    if (!started || document.visibilityState === "hidden") return;
+    if (abort && query() === streamFor) { catchUp(); return; }
+    if (abort) { abort.abort(); abort = null; }
+    connect();
+    catchUp();
+  };
+  document.addEventListener("change", (ev) => {
+    if (ev.target && ev.target.closest && ev.target.closest("#telemetry-window")) setTimeout(restream, 0);
+  }, true);
+
   document.addEventListener("visibilitychange", () => {
     if (document.visibilityState === "hidden") {
       if (abort) { abort.abort(); abort = null; }
@@ -84,7 +116,9 @@
   });
   // A tab opened (a click, or the server selecting one): draw what it missed. Only the tab buttons are watched.
   document.addEventListener("click", (ev) => {
-    if (ev.target && ev.target.closest && ev.target.closest('[role="tab"]')) setTimeout(catchUp, 0);
+    if (ev.target && ev.target.closest && ev.target.closest('[role="tab"]')) {
+      for (const ms of [0, 100, 400]) setTimeout(restream, ms);  // the panel shows once Gradio has drawn it
+    }
   }, true);
 
   // Start once the app (not the login page) has drawn its first state.
@@ -92,10 +126,10 @@
     const marker = document.querySelector('#moet-loaded [data-loaded="1"]');
     if (!marker) return false;
     started = true;
-    const tablist = document.querySelector('#main-tabs [role="tablist"]');
-    if (tablist) {
-      new MutationObserver(() => setTimeout(catchUp, 0))
-        .observe(tablist, { subtree: true, attributes: true, attributeFilter: ["aria-selected"] });
+    const tabs = document.getElementById("main-tabs");
+    if (tabs) {  // the selected tab moved (a click, or the server selecting one): only aria-selected is watched
+      new MutationObserver(() => setTimeout(restream, 0))
+        .observe(tabs, { subtree: true, attributes: true, attributeFilter: ["aria-selected"] });
     }
     connect();
     return true;

@@ -1,0 +1,50 @@
+"""The Telemetry tab's part of the page feed (issue 42; docs/telemetry.md, "Live plots"): per open page
+showing the tab, the window's samples once, then only the samples that are new, and the engine-event band
+when it changed. The page draws them with dygraphs (a canvas library for streaming time series, Debian's
+libjs-dygraphs, served by the panel: app.backend.pagefeed.AssetRoute)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from app.backend.telemetry.hub import TelemetryHub
+from app.backend.telemetry.plotdata import WINDOWS, gap_threshold, thin, wide
+from app.backend.telemetry.timeline import TimelinePoint
+
+DEFAULT_WINDOW = "15 min"
+
+
+class TelemetryStream:
+    """One page's stream: `poll()` → the message part to send now, or None (nothing new)."""
+
+    def __init__(self, hub: TelemetryHub, window: str, band: Callable[[list[TimelinePoint]], str]) -> None:
+        self.hub = hub
+        self.window_s = WINDOWS.get(window, WINDOWS[DEFAULT_WINDOW])
+        self.band = band
+        self.last: TimelinePoint | None = None
+        self.started = False
+        self.band_sent = ""
+        self.gap = 5.0
+
+    def poll(self) -> dict[str, object] | None:
+        part: dict[str, object] = {}
+        if not self.started:  # the window once (thinned: a plot never holds more than ~300 points of it)
+            window = thin(self.hub.series(self.window_s))
+            self.gap = gap_threshold(window)
+            part["plot"] = {"window_s": self.window_s, "reset": True, "rows": wide(window, gap=self.gap)}
+            self.started = True
+            new = window
+        else:  # then only what is new
+            since = self.last.ts if self.last is not None else 0.0
+            new = [p for p in self.hub.timeline.points(since) if p.ts > since]
+            if not new:
+                return None
+            part["plot"] = {"window_s": self.window_s, "reset": False, "rows": wide(new, self.last, gap=self.gap)}
+            window = thin(self.hub.series(self.window_s))
+        if new:
+            self.last = new[-1]
+        band = self.band(window)
+        if band != self.band_sent:
+            part["html"] = {"telemetry-events-live": band}
+            self.band_sent = band
+        return part
