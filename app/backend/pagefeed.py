@@ -54,6 +54,7 @@ class Versions:
         self._now: dict[str, str] = {}
         self._html: dict[str, str] = {}
         self._failed: set[str] = set()
+        self.computed = 0  # how many times the versions were computed (a clock tests can wait on)
 
     def now(self) -> dict[str, str]:
         """{topic: version}."""
@@ -67,6 +68,7 @@ class Versions:
                 self._now = {topic: self._version(topic, fn) for topic, fn in self.sources.items()}
                 self._html = {eid: self._markup(eid, fn) for eid, fn in self.html_sources.items()}
                 self._at = t
+                self.computed += 1
             return dict(self._now), dict(self._html)
 
     def _markup(self, eid: str, fn: Callable[[], str]) -> str:

@@ -46,6 +46,7 @@ TABS = [
 
 # The page's Shell (its topics and their versions, for the page feed), set by build_ui, read by launch.
 SHELL_ATTR = "moet_shell"
+FEED_ATTR = "moet_feed"  # the page feed's route, set by launch
 # the page feed's client (app.backend.pagefeed) and the Telemetry tab's streamed plots
 FEED_SCRIPTS = (ASSETS / "js" / "page-feed.js", ASSETS / "js" / "telemetry-plots.js")
 
@@ -185,6 +186,7 @@ def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], A
         feed = pagefeed.FeedRoute(pagefeed.Versions(shell.versions, html=shell.live_html),
                                   html_topics=shell.live_topics, streams=shell.streams)
         page_routes = ((pagefeed.PATH, feed),)
+        setattr(blocks, FEED_ATTR, feed)  # for tests and benches: its versions' computation count
     if state is not None:
         from app.backend.monitoring.access import PATH, MetricsAccess, MetricsRoute
 

@@ -65,6 +65,8 @@
   };
 
   window.__moetPlots = {
+    // each drawn plot's shown time range [ms, ms] (tests: one range for all)
+    ranges() { const out = {}; for (const id in graphs) out[id] = graphs[id].xAxisRange(); return out; },
     apply(part) {
       windowS = part.window_s || windowS;
       if (part.reset) rows = part.rows.slice();
