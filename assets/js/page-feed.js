@@ -11,6 +11,7 @@
   const latest = {};  // topic -> version the server last pushed
   const drawn = {};   // topic -> version this page last asked to draw
   const markup = {};  // element id -> HTML pushed and not yet drawn (the feed draws these parts itself)
+  const pressed = {};  // topic -> redraws asked (tests, benches)
   let abort = null, retry = 0, started = false, streamFor = "";
 
   // The tab on screen (its panel's id "tab-<id>") and its settings: the stream is per shown tab, so a hidden
@@ -41,6 +42,7 @@
     const btn = document.getElementById("moet-poke-" + topic);
     if (!btn) return;
     drawn[topic] = latest[topic];
+    pressed[topic] = (pressed[topic] || 0) + 1;
     (btn.tagName === "BUTTON" ? btn : btn.querySelector("button") || btn).click();
   };
 
@@ -54,7 +56,7 @@
       if (latest[topic] !== drawn[topic] && shown(topic)) press(topic);
     }
   };
-  window.__moetFeed = { latest, drawn, markup, catchUp, stream: () => streamFor };
+  window.__moetFeed = { latest, drawn, markup, pressed, catchUp, stream: () => streamFor };
 
   const connect = async () => {
     if (abort || document.visibilityState === "hidden") return;
