@@ -16,7 +16,7 @@ from app.backend.telemetry.alerts import Alert
 from app.backend.telemetry.hub import TelemetryFrame
 from app.backend.contracts import EngineState
 from app.backend.telemetry.livefeed import DEFAULT_WINDOW, TelemetryStream
-from app.backend.telemetry.plotdata import PLOTS, WINDOWS, PlotSpec, columns, events, spans
+from app.backend.telemetry.plotdata import PLOTS, WINDOWS, PlotSpec, Span, columns, events, spans
 from app.backend.telemetry.timeline import TimelinePoint
 from app.backend.units import GiB
 from app.ui.shell import Shell
@@ -42,14 +42,18 @@ def _hms(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(ts))
 
 
-def events_html(pts: list[TimelinePoint]) -> str:
+def events_html(pts: list[TimelinePoint], window: tuple[float, float] | None = None) -> str:
     """The engine's states along the plots' time axis as a labelled band, with its stop / start / switch
-    events (issue 29; docs/telemetry.md, "Gaps and engine events"). Same points as the plots."""
+    events (issue 29; docs/telemetry.md, "Gaps and engine events"). Same points as the plots; `window`: the
+    plots' time range (start, end), so the band lines up with them (before the first sample: no data)."""
     ss = spans(pts)
     if not ss:
         return '<div id="telemetry-events" data-events="0"></div>'
     t0, t1 = ss[0].start, max(ss[-1].end, ss[0].start + 1)
     cells = []
+    if window is not None and window[0] < t0:
+        t0, t1 = window[0], max(window[1], t1)
+        ss = [Span(t0, ss[0].start, "", ""), *ss]
     for i, sp in enumerate(ss):
         end = ss[i + 1].start if i + 1 < len(ss) else sp.end
         width = max((end - sp.start) / (t1 - t0) * 100, 0.4)

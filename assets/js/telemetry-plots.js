@@ -53,7 +53,7 @@
         el.appendChild(box);
         g = graphs[el.id] = new window.Dygraph(box, data, {
           labels: ["time", ...meta.labels], colors: meta.colors, ylabel: meta.unit, labelsUTC: true,
-          dateWindow: range, connectSeparatedPoints: false, legend: "follow", strokeWidth: 1.5,
+          dateWindow: range, connectSeparatedPoints: false, legend: "follow", strokeWidth: 2,
           axisLabelFontSize: 11, yLabelWidth: 14, xAxisHeight: 20, includeZero: false, labelsSeparateLines: true,
           axes: { x: { valueFormatter: (ms) => hms(ms), pixelsPerLabel: 70 },
                   y: { valueFormatter: (v) => num(v) + " " + meta.unit, axisLabelWidth: 42 } },

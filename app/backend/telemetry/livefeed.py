@@ -5,6 +5,7 @@ libjs-dygraphs, served by the panel: app.backend.pagefeed.AssetRoute)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from app.backend.telemetry.hub import TelemetryHub
@@ -17,7 +18,8 @@ DEFAULT_WINDOW = "15 min"
 class TelemetryStream:
     """One page's stream: `poll()` → the message part to send now, or None (nothing new)."""
 
-    def __init__(self, hub: TelemetryHub, window: str, band: Callable[[list[TimelinePoint]], str]) -> None:
+    def __init__(self, hub: TelemetryHub, window: str,
+                 band: Callable[[list[TimelinePoint], tuple[float, float]], str]) -> None:
         self.hub = hub
         self.window_s = WINDOWS.get(window, WINDOWS[DEFAULT_WINDOW])
         self.band = band
@@ -43,7 +45,8 @@ class TelemetryStream:
             window = thin(self.hub.series(self.window_s))
         if new:
             self.last = new[-1]
-        band = self.band(window)
+        now = time.time()
+        band = self.band(window, (now - self.window_s, now))
         if band != self.band_sent:
             part["html"] = {"telemetry-events-live": band}
             self.band_sent = band
