@@ -148,7 +148,8 @@ def render(state: AppState, shell: Shell) -> None:
         gr.Markdown("Telemetry is not running.")
         return
     with gr.Row():
-        gr.Radio(list(WINDOWS), value=DEFAULT_WINDOW, label="Time window", elem_id="telemetry-window")
+        # interactive: no Gradio event listens to it (the page script reads it), so Gradio would disable it
+        gr.Radio(list(WINDOWS), value=DEFAULT_WINDOW, label="Time window", elem_id="telemetry-window", interactive=True)
     # Everything here is pushed by the page feed, only while this tab is shown (issue 42, docs/telemetry.md
     # "Live plots"): the alerts and details as HTML when they change; the plots' points (the window once, then
     # only new samples) and the event band on this page's own stream (app.backend.telemetry.livefeed), drawn
