@@ -117,6 +117,7 @@ class FeedRoute:
         self.period_s = period_s
         self.html_topics = dict(html_topics or {})
         self.streams = dict(streams or {})
+        self.open = 0  # streams open now (tests: a page in the background holds none)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http" or scope.get("method", "GET") not in ("GET", "HEAD"):
@@ -144,6 +145,7 @@ class FeedRoute:
                     return
 
         watcher = asyncio.create_task(watch())
+        self.open += 1
         sent: dict[str, str] = {}
         sent_html: dict[str, str] = {}
         quiet_since = time.monotonic()
@@ -174,6 +176,7 @@ class FeedRoute:
             pass
         finally:
             watcher.cancel()
+            self.open -= 1
         if not gone.is_set():
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 

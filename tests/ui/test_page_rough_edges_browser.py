@@ -5,6 +5,7 @@ and Downloads does not overflow."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -89,3 +90,33 @@ def test_at_420_px_the_header_leaves_room_and_downloads_fit(demo_home_panel, bro
     page.wait_for_selector("#dl-table table, #dl-table .moet-dl")
     overflow = horizontal_overflow(page)
     assert overflow["page"] <= 0 and overflow["main"] <= 0, overflow
+
+
+def test_a_page_in_the_background_holds_no_stream_and_catches_up_when_shown(demo_home_panel, browser) -> None:
+    """Issue 42: `document.visibilityState` hidden → the page drops its feed (nothing runs for it); shown
+    again → a new stream whose first line brings what changed meanwhile, drawn at once."""
+    from app.ui.app import FEED_ATTR
+
+    feed = getattr(demo_home_panel.blocks, FEED_ATTR)
+    page = browser.new_page(1280, 900)
+    page.goto(demo_home_panel.url)
+    page.wait_for_selector('#moet-loaded [data-loaded="1"]', state="attached")
+    page.wait_for_function("() => window.__moetFeed && Object.keys(window.__moetFeed.latest).length > 0")
+    assert feed.open >= 1
+    before = feed.open
+    set_visibility = ("(v) => { Object.defineProperty(document, 'visibilityState', {configurable: true, get: () => v});"
+                      " document.dispatchEvent(new Event('visibilitychange')); }")
+    page.evaluate(set_visibility, "hidden")
+    deadline = time.monotonic() + 10
+    while feed.open >= before:
+        assert time.monotonic() < deadline, "the hidden page kept its stream"
+        page.wait_for_timeout(50)
+    # meanwhile a conversation is made elsewhere: the Chat tab's version moves
+    demo_home_panel.state.chat.new_conversation(title="made while the page was hidden")
+    page.evaluate(set_visibility, "visible")
+    deadline = time.monotonic() + 10
+    while feed.open < before:
+        assert time.monotonic() < deadline, "the page did not open its stream again"
+        page.wait_for_timeout(50)
+    page.get_by_role("tab", name="Chat").click()
+    page.locator("#chat-convs", has_text="made while the page was hidden").wait_for(timeout=15_000)
