@@ -13,6 +13,7 @@ from app.backend.telemetry.plotdata import WINDOWS, gap_threshold, thin, wide
 from app.backend.telemetry.timeline import TimelinePoint
 
 DEFAULT_WINDOW = "15 min"
+THIN_TO = 300  # points per plot at most when a window is (re)sent
 
 
 class TelemetryStream:
@@ -25,13 +26,14 @@ class TelemetryStream:
         self.band = band
         self.last: TimelinePoint | None = None
         self.started = False
+        self.window_pts: list[TimelinePoint] = []
         self.band_sent = ""
         self.gap = 5.0
 
     def poll(self) -> dict[str, object] | None:
         part: dict[str, object] = {}
         if not self.started:  # the window once (thinned: a plot never holds more than ~300 points of it)
-            window = thin(self.hub.series(self.window_s))
+            window = thin(self.hub.series(self.window_s), THIN_TO)
             self.gap = gap_threshold(window)
             part["plot"] = {"window_s": self.window_s, "reset": True, "rows": wide(window, gap=self.gap)}
             self.started = True
@@ -42,7 +44,12 @@ class TelemetryStream:
             if not new:
                 return None
             part["plot"] = {"window_s": self.window_s, "reset": False, "rows": wide(new, self.last, gap=self.gap)}
-            window = thin(self.hub.series(self.window_s))
+            # the band's points: the window kept here (a long window is not read from SQLite each second)
+            cut = time.time() - self.window_s
+            window = [p for p in self.window_pts if p.ts >= cut] + new
+            if len(window) > 2 * THIN_TO:
+                window = thin(window, THIN_TO)
+        self.window_pts = window
         if new:
             self.last = new[-1]
         now = time.time()
