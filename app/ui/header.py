@@ -33,13 +33,15 @@ def _vram_cell(frame: TelemetryFrame | None) -> str:
         why = frame.gpu_error if frame is not None and frame.gpu_error else "sampling…"
         return (f'<div style="{CELL}" data-testid="hdr-vram"><span style="{LABEL}">VRAM</span>'
                 f'<span style="font-size:13px" data-vram="na">{_e(why)}</span></div>')
-    used, total = frame.vram_used_gib or 0.0, frame.vram_total_gib or 0.0
+    # as shown (0.1 GiB): the strip is sent to the page only when what it shows changed (the page feed), and
+    # the GPU's memory moves in its hundredths every second
+    used, total = round(frame.vram_used_gib or 0.0, 1), round(frame.vram_total_gib or 0.0, 1)
     pct = 100.0 * used / total if total else 0.0
     colour = BAD if pct > 98 else INFO  # the card itself runs at 97.7%: only >98% is a warning
     sim = (' <span style="background:#805ad5;color:#fff;border-radius:3px;padding:0 4px;font-size:10px">SIMULATED</span>'
            if frame.gpu_simulated else "")
     return (
-        f'<div style="{CELL};min-width:220px" data-testid="hdr-vram" data-vram-used="{used:.2f}" data-vram-total="{total:.2f}">'
+        f'<div style="{CELL};min-width:220px" data-testid="hdr-vram" data-vram-used="{used:.1f}" data-vram-total="{total:.1f}">'
         f'<span style="{LABEL}">VRAM{sim}</span>'
         f'<span style="{VALUE}">{used:.1f} / {total:.1f} GiB</span>'
         f'<div style="height:6px;background:rgba(127,127,127,.25);border-radius:3px;overflow:hidden">'
