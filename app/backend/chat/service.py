@@ -207,6 +207,12 @@ class ChatService:
         return conv
 
     # ---- replies ------------------------------------------------------------------------------
+    def answering(self) -> frozenset[str]:
+        """The conversations with a reply streaming now (the page feed's chat version: a page redraws a
+        conversation another page answered in once that answer has ended)."""
+        with self._lock:
+            return frozenset(cid for cid, turn in self._turns.items() if not turn.done.is_set())
+
     def active_turn(self, conv_id: str) -> Turn | None:
         with self._lock:
             turn = self._turns.get(conv_id)
