@@ -9,6 +9,8 @@ WANT_TEST="${1:-}"  # "test" also installs the test extras and chromium
 need_apt=()
 command -v zstd >/dev/null 2>&1 || need_apt+=(zstd)
 command -v tar >/dev/null 2>&1 || need_apt+=(tar)
+# the Telemetry tab's plot library, served by the panel itself (docs/telemetry.md, "Live plots")
+[ -f /usr/share/javascript/dygraphs/dygraph.min.js ] || need_apt+=(libjs-dygraphs)
 if [ "$WANT_TEST" = "test" ]; then
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium fonts-dejavu-core)
   # promtool and a Prometheus server for tests/prometheus (the tests run their own on a free port)

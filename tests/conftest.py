@@ -68,7 +68,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
 
 @pytest.fixture
 def oplog_lines() -> Iterator[io.StringIO]:
-    """What the operator's log receives during the test (app/backend/oplog.py), whatever its sinks."""
+    """What the operator's log receives during the test (app/backend/oplog/__init__.py), whatever its sinks."""
     from app.backend import oplog
 
     stream = io.StringIO()

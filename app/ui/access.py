@@ -157,5 +157,6 @@ def render(state: AppState, shell: Shell) -> None:
         return (*out[:3], gr.update(choices=names) if names != seen else gr.update(), names,
                 gr.update(value=is_on) if is_on != was_on else gr.update(), is_on)
 
+    shell.version(lambda: refresh()[:4])
     shell.timer.tick(on_tick, [names_seen, on_seen],
                      [status, keys, activity, revoke_name, names_seen, switch, on_seen], **QUICK)

@@ -19,6 +19,7 @@ import gradio as gr
 
 from app.backend.config import env
 from app.backend.web.exports import exports_dir, remove_web_temp_dir, sweep_web_temp_dirs, web_temp_dir
+from app.backend.web import pagefeed
 from app.backend.state import AppState
 from app.backend.web.gate import GatePolicy, SessionGuard, WebGate
 from app.ui import header, idlequeue
@@ -44,6 +45,12 @@ TABS = [
 ]
 
 
+# The page's Shell (its topics and their versions, for the page feed), set by build_ui, read by launch.
+SHELL_ATTR = "moet_shell"
+FEED_ATTR = "moet_feed"  # the page feed's route, set by launch
+# the page feed's client (app.backend.web.pagefeed) and the Telemetry tab's streamed plots
+FEED_SCRIPTS = (ASSETS / "js" / "page-feed.js", ASSETS / "js" / "telemetry-plots.js")
+
 # The one folder the web server may serve files from besides its own cache (set by build_ui, read by launch).
 ALLOWED_PATHS_ATTR = "moet_allowed_paths"
 
@@ -65,7 +72,6 @@ def build_ui(state: AppState) -> gr.Blocks:
     exports = prepare_web_files(state)
     with gr.Blocks(title="moet-panel") as demo:
         setattr(demo, ALLOWED_PATHS_ATTR, [str(exports)])
-        timer = gr.Timer(1.0)
         if state.settings.demo:
             why = state.settings.demo_reason
             gr.HTML(
@@ -74,8 +80,9 @@ def build_ui(state: AppState) -> gr.Blocks:
                 + (f"<br><small>Why demo mode: {html.escape(why)}</small>" if why else "") + "</div>",
                 elem_id="sim-banner",
             )
-        # The header strip sits above the tabs; it needs the shared timer but not the Tabs object.
-        shell = Shell(timer=timer, blocks=demo)
+        # The header strip sits above the tabs; its live part is the page feed's "header" topic.
+        shell = Shell(blocks=demo)
+        setattr(demo, SHELL_ATTR, shell)
         if state.engine is not None:  # one subscription for every page (docs/engine.md, "Who listens")
             shell.engine = state.engine.watch()
             state.on_close(shell.engine.close)
@@ -86,8 +93,11 @@ def build_ui(state: AppState) -> gr.Blocks:
             shell.tabs = tabs
             for name in TABS:
                 module = importlib.import_module(name)
-                with gr.Tab(module.TITLE, id=name.rsplit(".", 1)[-1], elem_id=f"tab-{name.rsplit('.', 1)[-1]}"):
+                tab_id = name.rsplit(".", 1)[-1]
+                shell.topic = tab_id  # the page feed's topic of what this tab registers (app.ui.shell)
+                with gr.Tab(module.TITLE, id=tab_id, elem_id=f"tab-{tab_id}"):
                     module.render(state, shell)
+        shell.topic = "header"
         shell.finish()
     return demo
 
@@ -116,6 +126,8 @@ def launch_kwargs(auth: Callable[[str, str], Any] | None = None) -> dict[str, An
         "pwa": False,
         "strict_cors": True,
         "max_file_size": "16mb",
+        # the page feed's client: presses a part's hidden trigger when its version moved and it is shown
+        "head": "".join(f"<script>{js.read_text()}</script>" for js in FEED_SCRIPTS),
     }
     if auth is not None:
         kwargs["auth"] = auth
@@ -165,17 +177,27 @@ def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], A
     the gate also serves /metrics (open without auth, else only to `metrics_token`; docs/metrics.md)."""
     if auth is not None:
         hide_api(blocks)
-    routes: tuple[tuple[str, Any], ...] = ()
+    # the plots' library, from its Debian package (scripts/bootstrap.sh), served by the panel itself (CSP 'self')
+    routes: tuple[tuple[str, Any], ...] = tuple(
+        (f"{pagefeed.ASSET_PREFIX}{name}", pagefeed.AssetRoute(pagefeed.DYGRAPHS_DIR / name, kind, "libjs-dygraphs"))
+        for name, kind in (("dygraph.min.js", "text/javascript; charset=utf-8"), ("dygraph.min.css", "text/css")))
+    page_routes: tuple[tuple[str, Any], ...] = ()
+    shell = getattr(blocks, SHELL_ATTR, None)
+    if shell is not None:
+        feed = pagefeed.FeedRoute(pagefeed.Versions(shell.versions, html=shell.live_html),
+                                  html_topics=shell.live_topics, streams=shell.streams)
+        page_routes = ((pagefeed.PATH, feed),)
+        setattr(blocks, FEED_ATTR, feed)  # for tests and benches: its versions' computation count
     if state is not None:
         from app.backend.prometheus.access import PATH, MetricsAccess, MetricsRoute
 
-        routes = ((PATH, MetricsRoute(state, MetricsAccess(auth_on=auth is not None, token=metrics_token))),)
+        routes += ((PATH, MetricsRoute(state, MetricsAccess(auth_on=auth is not None, token=metrics_token))),)
 
     def policy_for(app: Any) -> GatePolicy:
         return GatePolicy(port=port, bind_host=host, allowed_hosts=allowed_hosts,
                           sessions=gradio_session(app) if auth is not None else None, auth_message=AUTH_MESSAGE,
                           fn_index_ok=lambda index: index in blocks.fns,
-                          routes=routes, on_refusal=state.counters.refused if state is not None else None)
+                          routes=routes, page_routes=page_routes, on_refusal=state.counters.refused if state is not None else None)
 
     # An IPv6 literal goes to Gradio in brackets: it builds its own URLs as f"http://{name}:{port}/".
     server_name = f"[{host.strip('[]')}]" if ":" in host.strip("[]") else host

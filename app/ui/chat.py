@@ -622,6 +622,8 @@ def _wire_settings(chat: ChatService, v: ChatView, shell: Shell) -> None:
         return (*ready_part(url, last), *sync_part(cid, shown, list_shown, full))
 
     tick_inputs = [v.tune.custom_url, v.ready_state, v.conv_id, v.shown, v.list_shown, t.full_md]
+    shell.version(lambda: (endpoint_line(chat, ""), shell.engine_now()[0], chat.list_revision(),
+                           sorted(chat.answering())))
     shell.timer.tick(on_tick, tick_inputs, ready_outputs + sync_outputs, concurrency_id="chat-ready",
                      concurrency_limit=None, show_progress="hidden", api_visibility="private")
     # The endpoint changed (engine started, profile switched): so do the snippets; and Send follows the

@@ -304,4 +304,5 @@ def render(state: AppState, shell: Shell) -> None:
             return (*views(rid), now.value, *buttons)
         return (*(gr.skip() for _ in range(6)), now.value, *buttons)
 
+    shell.version(svc.progress)
     shell.on_tick(tick, [run_sel, seen], [*view_out, seen, start, resume])

@@ -158,3 +158,4 @@ def render(state: AppState, shell: Shell) -> None:
 
     save.click(on_save, inputs=token, outputs=[token, token_msg], api_visibility="private")
     shell.on_tick(lambda: _tick(dl), None, outs)
+    shell.version(lambda: _tick(dl))

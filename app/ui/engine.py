@@ -26,7 +26,7 @@ from app.backend.profiles.registry import profile_label
 from app.backend.recipe.command import render_shell
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.state import AppState
-from app.ui.logs import STREAMS, log_redraw, log_text
+from app.ui.logs import STREAMS, live_version, log_redraw, log_text
 from app.ui.profile_html import profile_cards
 from app.ui.shell import QUICK, Shell
 from app.ui.theme import BAD, BUSY, GOOD, STATE_COLOURS
@@ -232,6 +232,9 @@ def render(state: AppState, shell: Shell) -> None:
         radio = gr.Radio(value=snap.profile_id) if live else gr.skip()
         return (*head, radio, "", gr.Button(interactive=can_start), gr.Button(interactive=can_switch), key, *tail)
 
+    # the drain's countdown moves every second while it lasts: part of what this tab shows (docs/engine.md)
+    shell.version(lambda: (shell.engine_now()[0], busy_line(ctl.busy(), ctl.lock_holder()), ctl.describe_runtime(),
+                           live_version(ctl), drain_line(shell.engine_now()[1])))
     shell.on_tick(_tick, [stream, needle, seen, status_drawn, log_drawn],
                   [status, diag, logbox, now_btn, profile, action, start_btn, switch_btn, seen, status_drawn, log_drawn])
     needle.submit(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)

@@ -1,7 +1,6 @@
 """Header strip shown above every tab: engine state + profile, VRAM bar, decode tok/s, pool coverage,
-alert count. It reads only cached values (the engine watch's snapshot, `state.telemetry.latest()`); on the
-shared 1 s page timer it is sent again only when something it shows changed: an engine change event (its seq)
-or a telemetry figure as shown."""
+alert count. It reads only cached values (the engine watch's snapshot, `state.telemetry.latest()`); the page
+feed (app.backend.web.pagefeed) sends its HTML again only when it changed, and the page script draws it."""
 
 from __future__ import annotations
 
@@ -34,13 +33,15 @@ def _vram_cell(frame: TelemetryFrame | None) -> str:
         why = frame.gpu_error if frame is not None and frame.gpu_error else "sampling…"
         return (f'<div style="{CELL}" data-testid="hdr-vram"><span style="{LABEL}">VRAM</span>'
                 f'<span style="font-size:13px" data-vram="na">{_e(why)}</span></div>')
-    used, total = frame.vram_used_gib or 0.0, frame.vram_total_gib or 0.0
+    # as shown (0.1 GiB): the strip is sent to the page only when what it shows changed (the page feed), and
+    # the GPU's memory moves in its hundredths every second
+    used, total = round(frame.vram_used_gib or 0.0, 1), round(frame.vram_total_gib or 0.0, 1)
     pct = 100.0 * used / total if total else 0.0
     colour = BAD if pct > 98 else INFO  # the card itself runs at 97.7%: only >98% is a warning
     sim = (' <span style="background:#805ad5;color:#fff;border-radius:3px;padding:0 4px;font-size:10px">SIMULATED</span>'
            if frame.gpu_simulated else "")
     return (
-        f'<div style="{CELL};min-width:220px" data-testid="hdr-vram" data-vram-used="{used:.2f}" data-vram-total="{total:.2f}">'
+        f'<div style="{CELL};min-width:220px" data-testid="hdr-vram" data-vram-used="{used:.1f}" data-vram-total="{total:.1f}">'
         f'<span style="{LABEL}">VRAM{sim}</span>'
         f'<span style="{VALUE}">{used:.1f} / {total:.1f} GiB</span>'
         f'<div style="height:6px;background:rgba(127,127,127,.25);border-radius:3px;overflow:hidden">'
@@ -100,20 +101,13 @@ def _telemetry_cells(frame: TelemetryFrame | None) -> str:
     return f"{_vram_cell(frame)}{decode}{coverage}{alert}"
 
 
-def redraw(state: AppState, shell: Shell, drawn: Any) -> tuple[Any, Any]:
-    """(the strip, or gr.skip() when the page already shows it; what it shows now). `drawn`: the page's
-    (engine seq, telemetry cells) last sent — None after a (re)load."""
-    seq, snap = shell.engine_now()
-    frame = state.telemetry.latest() if state.telemetry is not None else None
-    cells = _telemetry_cells(frame)
-    now = (seq, cells)
-    if drawn is not None and tuple(drawn) == now:
-        return gr.skip(), drawn
-    return _strip(_engine_cell(state, snap), cells), now
-
-
 def render(state: AppState, shell: Shell) -> None:
-    """Called by app.ui.app above the tabs; redrawn on the shared page timer when it changed."""
-    strip = gr.HTML(redraw(state, shell, None)[0], elem_id="moet-header")
-    drawn = gr.State(None)  # per browser tab: (engine seq, telemetry cells) the strip shows
-    shell.on_tick(lambda last: redraw(state, shell, last), [drawn], [strip, drawn])
+    """Called by app.ui.app above the tabs. Drawn by the page feed itself (Shell.live): sent to a page only
+    when the strip's HTML changed (an engine change event, a figure as shown), with no Gradio event."""
+
+    def now() -> str:
+        snap = shell.engine_now()[1]
+        frame = state.telemetry.latest() if state.telemetry is not None else None
+        return header_html(state, snap, frame)
+
+    gr.HTML(shell.live("moet-header-live", now), elem_id="moet-header")

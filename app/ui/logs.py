@@ -46,6 +46,22 @@ def log_redraw(ctl: EngineController, view: tuple[Any, ...], drawn: Any, lines: 
     return text, now
 
 
+_LIVE_VERSION: dict[int, tuple[int, object]] = {}  # per controller: (log version, what the default view ends with)
+
+
+def live_version(ctl: EngineController) -> object:
+    """What the default live view (both streams, no filter, the panel's probes hidden) ends with: the page feed
+    redraws a log tail when this moves, not on each probe line (one a second while the engine is ready)."""
+    version = ctl.logs.version
+    cached = _LIVE_VERSION.get(id(ctl))
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    kept = LogFilter().apply(ctl.recent_logs(5000))
+    now = (len(kept), kept[-1].text if kept else "")
+    _LIVE_VERSION[id(ctl)] = (version, now)
+    return now
+
+
 def _sources(ctl: EngineController) -> list[str]:
     return [LIVE] + ctl.logs.runs()
 
@@ -131,3 +147,4 @@ def render(state: AppState, shell: Shell) -> None:
         return log_redraw(ctl, (st, text or "", bool(pr)), last, lambda: show(src, st, text, pr))
 
     shell.on_tick(tick, inputs + [follow, drawn], [box, drawn])
+    shell.version(lambda: live_version(ctl))

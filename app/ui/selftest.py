@@ -13,6 +13,7 @@ import gradio as gr
 
 from app.backend.selftest.needle import parse_lengths
 from app.backend.selftest.report import to_markdown
+from app.backend.contracts import EngineState
 from app.backend.jobs import JobState
 from app.backend.selftest.runner import SelfTestService
 from app.backend.selftest.store import export_file
@@ -157,7 +158,12 @@ def render(state: AppState, shell: Shell) -> None:
                 *status_out(svc, pick, n, t, nd), result_md(svc, pick), *exports(svc, pick))
 
     def on_tab(pid: str | None) -> tuple[Any, ...]:
-        # opened again: the image or a profile may have changed meanwhile; the pick stays the user's
+        # opened again: the image or a profile may have changed meanwhile. A self-test measures the profile
+        # that serves: while one serves, the tab opens on it (issue 42: it opened on the profile picked at page
+        # load, "cannot run now: the engine serves balanced"); else the pick stays the user's.
+        snap = engine.snapshot()
+        if snap.state is EngineState.READY and snap.profile_id in registry.ids() and snap.profile_id != pid:
+            return gr.Dropdown(choices=registry.choices(), value=snap.profile_id), figures_html(svc, registry.list())
         # a value only when the pick is gone: sent back always, it could undo a pick made meanwhile
         keep = pid in registry.ids()
         return (gr.Dropdown(choices=registry.choices()) if keep else
@@ -187,4 +193,5 @@ def render(state: AppState, shell: Shell) -> None:
         return (line, button, drawn_now, follow, figures_html(svc, registry.list()), result_md(svc, pid),
                 *exports(svc, pid), now.value)
 
+    shell.version(lambda: (svc.progress(), shell.engine_now()[0]))
     shell.on_tick(tick, inputs + [seen, shown], [*status_outs, profile, figures, result, dl_md, dl_json, seen])

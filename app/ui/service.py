@@ -10,7 +10,7 @@ import gradio as gr
 from app.backend import oplog
 from app.backend.service import panel
 from app.backend.state import AppState
-from app.ui.shell import QUICK, Shell
+from app.ui.shell import Shell
 
 TITLE = "Service"
 
@@ -60,10 +60,10 @@ def render(state: AppState, shell: Shell) -> None:
     def refresh() -> str:
         return status_html(panel.view(state))
 
-    # Its own slow timer: this tab's figures change rarely, and every tick of the shared 1 s timer is one more
-    # event per open page.
-    gr.Timer(3.0).tick(refresh, outputs=[status], **QUICK)
-    # That timer starts with the tab, not the page: drawn at once when the tab opens, not 3 s of page-load truth.
+    # Pushed (the page feed, docs/ui-and-safety.md#the-page-feed): redrawn when what it shows changed, only while
+    # the tab is shown; drawn at once when the tab opens, not page-load truth.
+    shell.on_tick(refresh, None, [status])
+    shell.version(refresh)
     shell.on_tab(TITLE, refresh, None, [status])
     # Each handler names who asked (the signed-in user, from Gradio's request) for the operator's log.
     def on_policy(p: str, request: gr.Request) -> str:

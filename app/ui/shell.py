@@ -5,45 +5,92 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 import gradio as gr
 
 from app.backend.contracts import EngineSnapshot, EngineWatch
+from app.backend.web.pagefeed import TopicStream
 
 log = logging.getLogger("moet_panel.ui")
+
+
+class Poke:
+    """What tabs hang their live redraws on (`shell.timer.tick(fn, inputs, outputs, **event options)`, the
+    former 1 s page timer's call): the handler runs when the page feed says the current topic changed
+    (app.backend.web.pagefeed, assets/js/page-feed.js), not every second. Registered by `Shell.finish` on the
+    topic's hidden trigger button."""
+
+    def __init__(self, shell: Shell) -> None:
+        self.shell = shell
+
+    def tick(self, fn: Callable[..., Any], inputs: Any = None, outputs: Any = None, **options: Any) -> None:
+        self.shell.pushed.append((self.shell.topic, fn, inputs, outputs, options))
 
 
 @dataclass
 class Shell:
     """Page-wide pieces shared by tabs."""
 
-    timer: gr.Timer  # 1 s page timer (on_tick); tick handlers only read backend caches
     tabs: gr.Tabs | None = None  # set once the Tabs exist (the header is built above them)
     blocks: gr.Blocks | None = None  # the page, for its load event
     loaders: list[tuple[Callable[..., Any], list[Any], list[Any]]] = field(default_factory=list)
-    tickers: list[tuple[Callable[..., Any], list[Any], list[Any]]] = field(default_factory=list)
+    # Live redraws per topic ("header" or a tab's id; `topic` is set by build_ui before each tab renders). No
+    # page timer (issue 42, docs/ui-and-safety.md#the-page-feed): each topic has a version (`version`), the
+    # page's one server-sent stream says when it moved, and the page script presses the topic's hidden
+    # trigger only while that part is on screen. An idle page sends no event at all.
+    topic: str = "header"
+    tickers: dict[str, list[tuple[Callable[..., Any], list[Any], list[Any]]]] = field(default_factory=dict)
+    pushed: list[tuple[str, Callable[..., Any], Any, Any, dict[str, Any]]] = field(default_factory=list)
+    versions: dict[str, Callable[[], object] | None] = field(default_factory=dict)
+    # Parts the feed itself draws (element id -> its HTML): no Gradio event at all, the page script sets it
+    # when it changed (the header strip: on every tab, it changes with the GPU's memory).
+    live_html: dict[str, Callable[[], str]] = field(default_factory=dict)
+    live_topics: dict[str, str] = field(default_factory=dict)  # element id -> its topic (sent only while shown)
+    # A tab's own part of the page's stream, made per page while that tab is shown (the Telemetry plots' points).
+    streams: dict[str, Callable[[Mapping[str, str]], TopicStream]] = field(default_factory=dict)
     # The page's view of the engine: one watch for the whole UI (made by build_ui, closed with the state). A
     # redraw keeps the `seq` it last drew in a gr.State and answers gr.skip() while no change event came
-    # (`engine_now`). Why the 1 s timer stays rather than a generator per page that yields on each event
-    # (docs/engine.md, "Who listens"): Gradio 6.31 runs each step of a sync generator on anyio's worker threads
-    # (one 40-thread limit shared by every sync handler), so a page parked in a wait holds one of them for the
-    # whole wait, and a closed tab is noticed only when its stream loop next wakes (up to 10 s); some dozens of
-    # open pages would stall every click. The timer holds no thread between ticks and costs one small event.
+    # (`engine_now`). The engine's seq is part of the header's and the Engine tab's versions, so a change
+    # event reaches the page within the feed's period (docs/engine.md, "Who listens").
     engine: EngineWatch | None = None
+
+    def __post_init__(self) -> None:
+        self.timer = Poke(self)
 
     def engine_now(self) -> tuple[int, EngineSnapshot]:
         """(seq of the last engine change, the snapshot it made); (0, a blank snapshot) without an engine."""
         return self.engine.current() if self.engine is not None else (0, EngineSnapshot())
 
+    def version(self, fn: Callable[[], object]) -> None:
+        """What the current topic shows, cheaply (its repr is digested): the topic is redrawn on a page only
+        when this moved. Read once a second for all pages together, from the feed's thread: backend caches only.
+        Several calls for one topic combine."""
+        prev = self.versions.get(self.topic)
+        if prev is None:
+            self.versions[self.topic] = fn
+        else:
+            self.versions[self.topic] = lambda: (prev(), fn())
+
+    def live(self, elem_id: str, fn: Callable[[], str]) -> str:
+        """The element `elem_id` (inside a gr.HTML) is drawn by the page feed from `fn()` whenever its text
+        changed: no event, no Gradio re-render. Returns its first HTML (for the component's value)."""
+        self.live_html[elem_id] = fn
+        self.live_topics[elem_id] = self.topic
+        return f'<div id="{elem_id}" data-live="1">{fn()}</div>'
+
+    def stream(self, make: Callable[[Mapping[str, str]], TopicStream]) -> None:
+        """While the current tab is shown, its page's stream carries `make(query)`'s part too (the query holds
+        the page's settings for it, e.g. the Telemetry window)."""
+        self.streams[self.topic] = make
+
     def on_tick(self, fn: Callable[..., Any], inputs: list[Any] | None, outputs: list[Any]) -> None:
-        """Redraw `outputs` from `fn(*inputs)` on the 1 s page timer. Every tab's redraw runs in ONE event
-        (`finish`): one request a second per open page instead of one per tab (idle cost, bench/idle_cpu.py),
-        and the header and the Engine tab drawn from the same moment's snapshot (issue 29: they disagreed
-        during a switch)."""
-        self.tickers.append((fn, list(inputs or []), list(outputs)))
+        """Redraw `outputs` from `fn(*inputs)` when the current topic's version moved and it is shown. A
+        topic's redraws run in ONE event (`finish`), and the header and the Engine tab read the same
+        moment's snapshot (issue 29: they disagreed during a switch)."""
+        self.tickers.setdefault(self.topic, []).append((fn, list(inputs or []), list(outputs)))
 
     def on_load(self, fn: Callable[..., Any], inputs: list[Any] | None, outputs: list[Any]) -> None:
         """Run `fn` when a page (or a reload) opens: every list and choice is filled from the backend as it
@@ -66,11 +113,20 @@ class Shell:
             return (*run_loaders(*values), '<div data-loaded="1"></div>')
 
         self.blocks.load(load_all, inputs, [*outputs, marker], api_visibility="private", **QUICK)
-        if self.tickers:
-            tick_all = _combined(list(self.tickers))
-            self.timer.tick(tick_all, [c for _, ins, _ in self.tickers for c in ins],
-                            [c for _, _, outs in self.tickers for c in outs], trigger_mode="once",
-                            api_visibility="private", **QUICK)
+        # One hidden trigger per topic, outside the tabs (a tab's content may not be mounted yet), pressed by
+        # assets/js/page-feed.js. "always_last": a change during a redraw is drawn after it, never dropped.
+        topics = [*self.tickers, *(t for t, *_ in self.pushed if t not in self.tickers)]
+        buttons = {t: gr.Button(t, visible="hidden", elem_id=f"moet-poke-{t}", elem_classes=["moet-poke"])
+                   for t in topics}
+        for topic, handlers in self.tickers.items():
+            buttons[topic].click(_combined(handlers), [c for _, ins, _ in handlers for c in ins],
+                                 [c for _, _, outs in handlers for c in outs], trigger_mode="always_last",
+                                 api_visibility="private", **QUICK)
+        for topic, fn, ins, outs, options in self.pushed:
+            options = {"trigger_mode": "always_last", "api_visibility": "private", **QUICK, **options}
+            buttons[topic].click(fn, ins, outs, **options)
+        for topic in topics:
+            self.versions.setdefault(topic, None)
 
     def on_tab(self, title: str, fn: Callable[..., Any], inputs: list[Any] | None, outputs: list[Any]) -> None:
         """Run `fn(*inputs)` when the tab `title` is opened; another tab's opening changes nothing."""

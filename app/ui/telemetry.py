@@ -1,24 +1,25 @@
 """Telemetry tab: live plots (VRAM, GPU, pool coverage, churn/H2D, tok/s & TTFT, KV) over a chosen
 window, GPU/host/pool details, and the alerts with what they mean and what to do.
-Only reads `state.telemetry` caches; the shared page timer drives it."""
+Only reads `state.telemetry` caches; the page feed drives it (app.ui.shell)."""
 
 from __future__ import annotations
 
 import html
+import json
 import time
 from typing import Any
 
 import gradio as gr
-import pandas as pd
 
 from app.backend.state import AppState
 from app.backend.alerts.rules import Alert
-from app.backend.telemetry.hub import TelemetryFrame, TelemetryHub
+from app.backend.telemetry.hub import TelemetryFrame
 from app.backend.contracts import EngineState
-from app.backend.telemetry.plotdata import PLOTS, PLOTS_PER_ROW, WINDOWS, PlotSpec, events, rows, spans, thin
+from app.backend.telemetry.livefeed import DEFAULT_WINDOW, TelemetryStream
+from app.backend.telemetry.plotdata import PLOTS, WINDOWS, PlotSpec, Span, columns, events, spans
 from app.backend.telemetry.timeline import TimelinePoint
 from app.backend.contracts import GiB
-from app.ui.shell import QUICK, Shell
+from app.ui.shell import Shell
 from app.ui.theme import SEVERITY_COLOURS, STATE_COLOURS
 
 TITLE = "Telemetry"
@@ -36,31 +37,23 @@ def _mib_s(bytes_per_s: float | None) -> str:
     return _n(None if bytes_per_s is None else bytes_per_s / 2**20)
 
 
-def _frame(pts: list[TimelinePoint], spec: PlotSpec) -> pd.DataFrame:
-    df = pd.DataFrame(rows(pts, spec, now=time.time()), columns=["time", "series", "value", "profile"])
-    df["time"] = pd.to_datetime(df["time"].astype(float), unit="s")
-    df["value"] = df["value"].astype(float)  # never let an odd frame turn the y axis nominal
-    return df
-
-
-def frames(hub: TelemetryHub, window: str) -> list[pd.DataFrame]:
-    pts = thin(hub.series(WINDOWS.get(window, 900)))
-    return [_frame(pts, spec) for spec in PLOTS]
-
-
 def _hms(ts: float) -> str:
     # the plots' x axis shows the UTC clock digits (naive datetimes from pandas): the band names the same
     return time.strftime("%H:%M:%S", time.gmtime(ts))
 
 
-def events_html(pts: list[TimelinePoint]) -> str:
+def events_html(pts: list[TimelinePoint], window: tuple[float, float] | None = None) -> str:
     """The engine's states along the plots' time axis as a labelled band, with its stop / start / switch
-    events (issue 29; docs/telemetry.md, "Gaps and engine events"). Same points as the plots."""
+    events (issue 29; docs/telemetry.md, "Gaps and engine events"). Same points as the plots; `window`: the
+    plots' time range (start, end), so the band lines up with them (before the first sample: no data)."""
     ss = spans(pts)
     if not ss:
         return '<div id="telemetry-events" data-events="0"></div>'
     t0, t1 = ss[0].start, max(ss[-1].end, ss[0].start + 1)
     cells = []
+    if window is not None and window[0] < t0:
+        t0, t1 = window[0], max(window[1], t1)
+        ss = [Span(t0, ss[0].start, "", ""), *ss]
     for i, sp in enumerate(ss):
         end = ss[i + 1].start if i + 1 < len(ss) else sp.end
         width = max((end - sp.start) / (t1 - t0) * 100, 0.4)
@@ -155,35 +148,36 @@ def render(state: AppState, shell: Shell) -> None:
         gr.Markdown("Telemetry is not running.")
         return
     with gr.Row():
-        window = gr.Radio(list(WINDOWS), value="15 min", label="Time window", elem_id="telemetry-window")
-    alerts = gr.HTML(alerts_html(()), elem_id="telemetry-alerts-box")
-    details = gr.HTML("", elem_id="telemetry-details-box")
-    band = gr.HTML("", elem_id="telemetry-events-box")
-    plots = []
-    for start in range(0, len(PLOTS), PLOTS_PER_ROW):
-        with gr.Row(equal_height=True):
-            for spec in PLOTS[start:start + PLOTS_PER_ROW]:
-                plots.append(_plot(spec))
-
-    def tick(win: str) -> list[Any]:
-        f = hub.latest()
-        pts = thin(hub.series(WINDOWS.get(win, 900)))
-        return [alerts_html(f.alerts), details_html(f), events_html(pts), *[_frame(pts, spec) for spec in PLOTS]]
-
-    outs = [alerts, details, band, *plots]
-    # Six re-drawn plots a second are not free (server DataFrames, browser Vega renders): this tab has
-    # its own timer, running only while the tab is selected. The header uses the shared page timer.
-    live = gr.Timer(1.0, active=False)
-    live.tick(tick, inputs=[window], outputs=outs, trigger_mode="once", **QUICK)
-    window.change(tick, inputs=[window], outputs=outs, show_progress="hidden")
-    if shell.tabs is not None:
-        shell.tabs.select(_on_tab, outputs=[live], show_progress="hidden")
-    else:  # no tab container (tests / embedding): always live
-        live.active = True
+        # interactive: no Gradio event listens to it (the page script reads it), so Gradio would disable it
+        gr.Radio(list(WINDOWS), value=DEFAULT_WINDOW, label="Time window", elem_id="telemetry-window", interactive=True)
+    # Everything here is pushed by the page feed, only while this tab is shown (issue 42, docs/telemetry.md
+    # "Live plots"): the alerts and details as HTML when they change; the plots' points (the window once, then
+    # only new samples) and the event band on this page's own stream (app.backend.telemetry.livefeed), drawn
+    # with dygraphs by assets/js/telemetry-plots.js. No Gradio event runs for this tab.
+    gr.HTML(shell.live("telemetry-alerts-live", lambda: alerts_html(hub.latest().alerts)), elem_id="telemetry-alerts-box")
+    gr.HTML(shell.live("telemetry-details-live", lambda: details_html(hub.latest())), elem_id="telemetry-details-box")
+    gr.HTML('<div id="telemetry-events-live"></div>', elem_id="telemetry-events-box")
+    gr.HTML(plots_html(), elem_id="telemetry-plots-box")
+    shell.stream(lambda query: TelemetryStream(hub, query.get("window", DEFAULT_WINDOW), events_html))
 
 
-def _on_tab(evt: gr.SelectData) -> gr.Timer:
-    return gr.Timer(active=evt.value == TITLE)
+def plots_html() -> str:
+    """The plots' frame: one box per PlotSpec (its label with title, unit and colours), filled by the page
+    script from the stream's rows (`plotdata.columns()` order: `data-cols` are this plot's columns)."""
+    cols = columns()
+    boxes = []
+    for spec in PLOTS:
+        idx = [i + 1 for i, (key, _) in enumerate(cols) if key == spec.key]
+        meta = {"labels": [label for _, label in spec.series], "cols": idx, "unit": spec.y_title,
+                "colors": [PALETTE[i % len(PALETTE)] for i in range(len(spec.series))]}
+        boxes.append(
+            f'<div class="moet-plot" style="min-width:240px;flex:1 1 30%;border:1px solid rgba(127,127,127,.3);'
+            f'border-radius:8px;padding:6px 8px">'
+            f'<div style="font-size:13px;font-weight:600;margin-bottom:4px">{_e(_label(spec))}</div>'
+            f'<div id="telemetry-plot-{spec.key}" data-plot="{_e(json.dumps(meta))}" style="height:240px;position:relative">'
+            f'<div class="moet-plot-empty" style="position:absolute;inset:0;display:flex;align-items:center;'
+            f'justify-content:center;opacity:.7;font-size:13px">no data yet</div></div></div>')
+    return (f'<div id="telemetry-plots" style="display:flex;flex-wrap:wrap;gap:12px">{"".join(boxes)}</div>')
 
 
 PALETTE = ("#3182ce", "#dd6b20", "#38a169", "#805ad5")
@@ -201,18 +195,3 @@ def _label(spec: PlotSpec) -> str:
         return f"{spec.title}, {spec.y_title}"
     key = " · ".join(f"{PALETTE_NAMES[i % len(PALETTE)]} {label}" for i, (_, label) in enumerate(spec.series))
     return f"{spec.title}, {spec.y_title} ({key})"
-
-
-def _plot(spec: PlotSpec) -> gr.LinePlot:
-    return gr.LinePlot(
-        None,  # filled by the first timer tick
-        # Gradio 6.31's LinePlot fixes its colour domain when it builds the chart: every frame carries a
-        # placeholder row per series (plotdata.rows) so no series is missing from it; the color_map keeps
-        # each series' colour stable.
-        # The title is the block's label (left, above the chart), not a Vega title: a chart title sat
-        # under the plot's own fullscreen/export buttons.
-        x="time", y="value", color="series", color_map=_colours(spec), label=_label(spec),
-        show_label=True, y_title=spec.y_title, x_title=" ", color_title=" ",
-        x_axis_format="%H:%M:%S", tooltip=["time", "series", "value", "profile"], height=260, min_width=240,
-        elem_id=f"telemetry-plot-{spec.key}", buttons=["fullscreen"],
-    )

@@ -292,3 +292,16 @@ def test_export_is_named_after_the_whole_title_and_kept_private(service, tmp_pat
     assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
     service.close()  # the browser has its copy: nothing is left behind
     assert not path.exists()
+
+
+def test_regenerate_gives_another_answer_on_the_simulated_engine(service, sim) -> None:
+    """Issue 42: Regenerate in demo mode returned the identical text (the SIMULATED engine answers a seedless
+    request the same way each time), so it looked as if nothing happened."""
+    conv = service.new_conversation()
+    finish(service.send(conv.id, "Explain the delta tier.", CARD))
+    first = service.get(conv.id).messages[-1].content
+    answers = {first}
+    for _ in range(2):
+        finish(service.regenerate(conv.id, CARD))
+        answers.add(service.get(conv.id).messages[-1].content)
+    assert len(answers) == 3, answers

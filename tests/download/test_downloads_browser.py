@@ -11,9 +11,8 @@ from app.backend.download.manager import DownloadManager
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.config.settings import resolve_settings
 from app.backend.state import build_app_state
-from app.ui.app import build_ui
 
-from ..conftest import ARTIFACTS, free_port
+from ..conftest import ARTIFACTS, serving
 from .conftest import start_hub
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -27,40 +26,36 @@ def test_downloads_tab_live_download(browser, artifact, tmp_path):
     state.downloads.close()
     state.downloads = DownloadManager(settings, endpoint=hub.endpoint, connections=2, segment_size=256 * 1024)
     state.on_close(state.downloads.close)
-    blocks = None
     try:
-        blocks = build_ui(state)
-        _, url, _ = blocks.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-                                  quiet=True)
-        page = browser.new_page(1280, 900)
-        page.goto(url)
-        page.get_by_role("tab", name="Downloads").click()
-        page.wait_for_selector("#dl-start")
-        listed = f"/ {sum(p.stat().st_size for p in artifact.parts) / (1 << 30):.3f} GiB"
-        page.wait_for_function(f"document.querySelector('#dl-table').innerText.includes({listed!r})")  # before Start
-        page.locator("#dl-start").click()
-        bar = page.locator('#dl-table [role="progressbar"]').first
-        deadline = time.monotonic() + 30
-        seen_mid = False
-        while time.monotonic() < deadline:
-            now = int(bar.get_attribute("aria-valuenow") or 0) if bar.count() else 0
-            if 0 < now < 100 and not seen_mid:
-                seen_mid = True
-                assert page.locator("#dl-table").get_by_text("SIMULATED").count() >= 1
-                ARTIFACTS.mkdir(exist_ok=True)
-                page.screenshot(path=str(ARTIFACTS / "downloads-tab-running.png"), full_page=True)
-            if now == 100 and page.locator("#dl-table .st.done").count():
-                break
-            page.wait_for_timeout(150)
-        assert seen_mid, "never saw the bar between 0 and 100%"
-        assert page.locator("#dl-table .st.done").count() == 1, page.locator("#dl-table").inner_text()
-        page.wait_for_function("document.querySelector('#dl-ckpt').innerText.includes('match')")
-        page.screenshot(path=str(ARTIFACTS / "downloads-tab-done.png"), full_page=True)
-        assert "match" in page.locator("#dl-ckpt").inner_text()
-        assert "files" in page.locator("#dl-table").inner_text()
-        assert (Path(settings.data_dir) / "planescache").is_dir()
+        # the panel as `moet-panel serve` launches it (its page feed included); closes the state after
+        with serving(state) as panel:
+            url = panel.url
+            page = browser.new_page(1280, 900)
+            page.goto(url)
+            page.get_by_role("tab", name="Downloads").click()
+            page.wait_for_selector("#dl-start")
+            listed = f"/ {sum(p.stat().st_size for p in artifact.parts) / (1 << 30):.3f} GiB"
+            page.wait_for_function(f"document.querySelector('#dl-table').innerText.includes({listed!r})")  # before Start
+            page.locator("#dl-start").click()
+            bar = page.locator('#dl-table [role="progressbar"]').first
+            deadline = time.monotonic() + 30
+            seen_mid = False
+            while time.monotonic() < deadline:
+                now = int(bar.get_attribute("aria-valuenow") or 0) if bar.count() else 0
+                if 0 < now < 100 and not seen_mid:
+                    seen_mid = True
+                    assert page.locator("#dl-table").get_by_text("SIMULATED").count() >= 1
+                    ARTIFACTS.mkdir(exist_ok=True)
+                    page.screenshot(path=str(ARTIFACTS / "downloads-tab-running.png"), full_page=True)
+                if now == 100 and page.locator("#dl-table .st.done").count():
+                    break
+                page.wait_for_timeout(150)
+            assert seen_mid, "never saw the bar between 0 and 100%"
+            assert page.locator("#dl-table .st.done").count() == 1, page.locator("#dl-table").inner_text()
+            page.wait_for_function("document.querySelector('#dl-ckpt').innerText.includes('match')")
+            page.screenshot(path=str(ARTIFACTS / "downloads-tab-done.png"), full_page=True)
+            assert "match" in page.locator("#dl-ckpt").inner_text()
+            assert "files" in page.locator("#dl-table").inner_text()
+            assert (Path(settings.data_dir) / "planescache").is_dir()
     finally:
-        if blocks is not None:
-            blocks.close()
-        state.close()
         hub.stop()

@@ -159,3 +159,23 @@ def test_binding_limit_reads_where_the_extractor_waited():
     board.waited("a", Limit.HASH, 3.0)
     now[0] = 12.0
     assert board.snapshot()[0].binding == Limit.HASH
+
+
+def test_resume_on_a_finished_download_says_so_not_an_internal_error(settings, artifact):
+    """Issue 42: Resume (or Start) on a download already complete showed "Error: internal error: ValueError:
+    max_workers must be greater than 0" (a thread pool for zero artifacts), kept for every later visitor."""
+    hub = start_hub(artifact)
+    mgr = DownloadManager(settings, endpoint=hub.endpoint, connections=2, segment_size=256 * 1024)
+    try:
+        assert mgr.start() == "download started"
+        wait_for(lambda: not mgr.running, what="completion")
+        assert mgr.snapshot().artifacts[0].state == ArtifactState.DONE
+        assert mgr.resume() == "download started"
+        wait_for(lambda: not mgr.running, what="the second run's end")
+        snap = mgr.snapshot()
+        assert snap.error == "", snap.error
+        assert "complete and verified" in snap.message
+        assert snap.artifacts[0].state == ArtifactState.DONE
+    finally:
+        mgr.close()
+        hub.stop()

@@ -142,6 +142,9 @@ def _selftest_and_ab(page: Any, state: AppState, browser: BrowserSession) -> Non
         page.get_by_role("option", name=pid, exact=True).locator("visible=true").click()
         page.keyboard.press("Escape")
         page.wait_for_function("([b, v]) => document.querySelector(b + ' input')?.value === v", arg=[box, pid])
+        # the list closed before the next box opens its own (a late choices update can reopen a focused one)
+        page.locator(f"{box} input").blur()
+        page.wait_for_function("() => ![...document.querySelectorAll('[role=option]')].some(e => e.offsetParent !== null)")
     page.fill("#ab-prompts textarea", "Name one use of a ring buffer.")
     page.fill("#ab-seeds textarea, #ab-seeds input", "7")
     page.fill("#ab-max input", "64")
@@ -244,6 +247,9 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: BrowserSession
     page.wait_for_function("() => /\\d+ slots/.test(document.querySelector('#telemetry-details')?.innerText || '')")
     _poll(lambda: page.locator("#telemetry-plot-vram canvas, #telemetry-plot-vram svg.marks").count() > 0,
           "the VRAM plot to draw", page=page)
+    # the shortest window: the journey's few minutes fill more of the plots' one time range
+    page.locator("#telemetry-window").get_by_text("5 min", exact=True).click()
+    page.wait_for_function("() => Object.values(window.__moetPlots.ranges()).every(r => r[1] - r[0] < 301000)")
     browser.snap(page, "journey-06-telemetry", docs="journey-telemetry")
 
     # Reload: state, history and the running engine are all still there.

@@ -121,3 +121,27 @@ def test_run_again_refuses_while_the_engine_serves_another_profile(demo_state: A
         assert "never switches or restarts the engine" in page.inner_text("#profile-selftest-msg")
         assert engine.snapshot().profile_id == "balanced" and selftest.store.latest("quality") is None
     assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors
+
+
+def test_the_tab_opens_on_the_profile_that_serves(demo_state: AppState, browser: Any) -> None:
+    """Issue 42: a page loaded before the engine started opened Self-test on the profile picked at load
+    ("#1 max quality — cannot run now: the engine serves balanced"); it opens on the serving profile."""
+    state = demo_state
+    engine = state.engine
+    assert engine is not None
+    with serving(state) as panel:
+        page = browser.new_page(1280, 900)
+        page.set_default_timeout(90_000)
+        page.goto(panel.url)
+        page.wait_for_selector('#moet-loaded [data-loaded="1"]', state="attached")
+        page.get_by_role("tab", name="Self-test").click()  # seen once while nothing serves: quality picked
+        page.wait_for_function("() => document.querySelector('#st-status')?.innerText.includes('start profile quality first')")
+        page.get_by_role("tab", name="Profiles").click()
+        assert engine.start("balanced").accepted
+        assert engine.wait_for(lambda s: s.is_ready, 90).is_ready
+        page.get_by_role("tab", name="Self-test").click()
+        page.wait_for_function("() => document.querySelector('#st-status')?.innerText.includes('ready to run')")
+        assert "balanced" in page.input_value("#st-profile input").lower() or \
+            "balanced" in page.inner_text("#st-profile").lower()
+        assert "cannot run now" not in page.inner_text("#st-status")
+    assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors

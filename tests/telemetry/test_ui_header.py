@@ -28,7 +28,7 @@ def test_header_ready_simulated(tmp_path) -> None:
                            metrics=MetricsSample(ts=1.0, decode_tok_s=48.9))
     html = header_html(_state(tmp_path), EngineSnapshot(state=EngineState.READY, profile_id="quality", simulated=True), frame)
     assert 'data-state="ready"' in html and "#1 max quality" in html and "Engine (SIMULATED)" in html
-    assert 'data-vram-used="93.80"' in html and ">SIMULATED<" in html and "93.8 / 96.0 GiB" in html
+    assert 'data-vram-used="93.8"' in html and ">SIMULATED<" in html and "93.8 / 96.0 GiB" in html
     assert 'data-decode="48.9"' in html and 'data-coverage="46.5"' in html and 'data-alerts="0"' in html
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import secrets
 import threading
 import time
 import uuid
@@ -213,6 +214,12 @@ class ChatService:
         with self._lock:
             return sum(1 for t in self._turns.values() if not t.done.is_set())
 
+    def answering(self) -> frozenset[str]:
+        """The conversations with a reply streaming now (the page feed's chat version: a page redraws a
+        conversation another page answered in once that answer has ended)."""
+        with self._lock:
+            return frozenset(cid for cid, turn in self._turns.items() if not turn.done.is_set())
+
     def active_turn(self, conv_id: str) -> Turn | None:
         with self._lock:
             turn = self._turns.get(conv_id)
@@ -258,7 +265,11 @@ class ChatService:
         if not any(m.role == "user" for m in conv.messages):
             raise ChatError("Nothing to regenerate yet: send a message first.")
         self._truncate_after_last_user(conv)
-        return self._start_reply(conv, ep, sampling, extra_body)
+        # A regeneration is a new sample: a fresh seed (unless the caller fixed one) makes it one on an engine
+        # that answers a seedless request the same way each time — the SIMULATED engine does (issue 42:
+        # Regenerate in demo mode gave the identical text). For vLLM a random seed is what no seed means.
+        body = {"seed": secrets.randbelow(2**31), **(extra_body or {})}
+        return self._start_reply(conv, ep, sampling, body)
 
     def edit_last(self, conv_id: str, text: str, sampling: SamplingParams, custom_url: str | None = None,
                   extra_body: dict[str, object] | None = None) -> Turn:

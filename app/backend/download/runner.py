@@ -104,6 +104,8 @@ def _journal_for(cfg: DownloadConfig, prepared: Prepared, plan: ArtifactPlan, st
 
 def _run_all(cfg: DownloadConfig, prepared: Prepared, todo: list[tuple[ArtifactPlan, ArtifactJournal]],
              store: JournalStore, board: ProgressBoard, stop: threading.Event, jobs: int) -> None:
+    if not todo:  # every artifact is already done (Resume on a finished download): nothing to fetch (issue 42)
+        return
     # the connections' shares: bytes each artifact still fetches (docs/downloads.md, "Sharing the link")
     to_fetch = [sum(p.size for p, r in zip(plan.parts, j.parts, strict=True)
                     if r.status in (PartState.PENDING, PartState.EVICTED)) for plan, j in todo]

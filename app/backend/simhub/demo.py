@@ -5,6 +5,7 @@ Everything it serves is SIMULATED (the repo has a README saying so, and the pane
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -14,6 +15,13 @@ from app.backend.simhub.artifacts import TreeSpec, build_artifact, generate_tree
 from app.backend.simhub.server import SimHub
 
 DEMO_PART_SIZE = 1 << 20
+# A download slow enough to watch, pause and resume (issue 42: the demo artifact finished in under a second):
+# ~15 MB of parts through one link paced to 2 MiB/s (~7 s), and a 256 MiB sparse pool file inside (its
+# extracted size; it costs no disk). docs/downloads.md, "Demo mode".
+DEMO_LINK_BPS = 2 * (1 << 20)
+DEMO_LAYERS = 24
+DEMO_SPARSE = 256 << 20
+DEMO_BUILD = "v2"  # the stamp of what a demo dir holds: an older, smaller build is rebuilt
 
 
 @dataclass
@@ -32,13 +40,17 @@ def build_demo_repo(work_dir: Path, recipe_path: Path = SIMULATED_RECIPE) -> tup
     files: dict[str, Path] = {}
     for art in recipe.artifacts:
         parts = sorted(out.glob(art.prefix + "*"))
-        if not parts or not (work_dir / f".built-{art.id}").exists():
+        stamp = work_dir / f".built-{art.id}-{DEMO_BUILD}"
+        if not parts or not stamp.exists():
+            for old in parts:  # a former build's parts (another part count) must not stay listed
+                old.unlink()
             src = work_dir / "src"
             ckpt = recipe.model.ckpt_id if art.id == "planescache" else None
-            generate_tree(src, TreeSpec(top=art.yields, layers=4, file_size=192 * 1024,
-                                        sparse_size=16 << 20, ckpt_id=ckpt, seed=7))
+            shutil.rmtree(src, ignore_errors=True)
+            generate_tree(src, TreeSpec(top=art.yields, layers=DEMO_LAYERS, file_size=192 * 1024,
+                                        sparse_size=DEMO_SPARSE, ckpt_id=ckpt, seed=7))
             parts = build_artifact(src, art.yields, out, art.prefix, DEMO_PART_SIZE)
-            (work_dir / f".built-{art.id}").touch()
+            stamp.touch()
         files.update({p.name: p for p in parts})
     readme = out / "README.md"
     readme.write_text("# SIMULATED repo\nServed by moet-panel's local demo hub; not a real model.\n")
@@ -47,12 +59,13 @@ def build_demo_repo(work_dir: Path, recipe_path: Path = SIMULATED_RECIPE) -> tup
 
 
 def start_demo_hub(work_dir: Path | str, port: int = 0, recipe_path: Path = SIMULATED_RECIPE,
-                   rate_cap_bps: float | None = None) -> DemoHub:
-    """Build the demo artifact under work_dir and serve it; call `.stop()` when done."""
+                   rate_cap_bps: float | None = None, link_cap_bps: float | None = DEMO_LINK_BPS) -> DemoHub:
+    """Build the demo artifact under work_dir and serve it through a link of `link_cap_bps` (None: as fast
+    as the box goes); call `.stop()` when done."""
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     repo, files = build_demo_repo(work, recipe_path)
-    hub = SimHub(port=port, rate_cap_bps=rate_cap_bps)
+    hub = SimHub(port=port, rate_cap_bps=rate_cap_bps, link_cap_bps=link_cap_bps)
     hub.add_repo(repo, files)
     hub.start()
     return DemoHub(endpoint=hub.endpoint, repo=repo, stop=hub.stop, hub=hub)

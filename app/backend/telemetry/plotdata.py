@@ -149,3 +149,30 @@ def events(points: list[TimelinePoint]) -> list[EngineEvent]:
         elif a.profile != b.profile and b.state not in ("stopped", ""):
             out.append(EngineEvent(b.start, "switch", f"switch {a.profile} → {b.profile}"))
     return out
+
+
+def columns() -> list[tuple[str, str]]:
+    """(plot key, series label) of every column after the time in `wide` rows, in PLOTS order."""
+    return [(spec.key, label) for spec in PLOTS for _, label in spec.series]
+
+
+def wide(points: list[TimelinePoint], after: TimelinePoint | None = None,
+         gap: float | None = None) -> list[list[float | None]]:
+    """One row per sample for the streamed plots (issue 42; docs/telemetry.md): [ts, then every plot's
+    series in `columns()` order]; None where a figure has no value (an engine figure while the engine is not
+    ready: a gap, as in `rows`). Where no sample came for longer than the gap threshold (the panel was down),
+    a row of None sits in the hole, so the line breaks there. `after`: the last point already sent (the
+    hole between it and the first new point is checked too)."""
+    gap = gap if gap is not None else gap_threshold(points)
+    out: list[list[float | None]] = []
+    prev = after
+    for p in points:
+        if prev is not None and p.ts - prev.ts > gap:
+            out.append([(prev.ts + p.ts) / 2, *([None] * len(columns()))])
+        row: list[float | None] = [p.ts]
+        for spec in PLOTS:
+            live = not spec.engine_only or p.engine_state == "ready"
+            row.extend(_value(p, name) if live else None for name, _ in spec.series)
+        out.append(row)
+        prev = p
+    return out

@@ -174,6 +174,9 @@ class GatePolicy:
     # Routes the gate serves itself, in front of Gradio, after the Host/forwarding/Origin checks; each
     # does its own access check (no session: e.g. /metrics and its bearer token, docs/metrics.md).
     routes: tuple[tuple[str, ASGIApp], ...] = ()
+    # Routes the gate serves itself for the panel's own page (the page feed, app/backend/web/pagefeed.py): every
+    # check applies, the session too, as to Gradio's own paths.
+    page_routes: tuple[tuple[str, ASGIApp], ...] = ()
     on_refusal: Callable[[int], None] | None = None  # told each refusal's status (the /metrics counters)
     fn_index_ok: Callable[[int], bool] | None = None  # does this fn_index name an event? (None: unchecked)
     max_body_bytes: int = MAX_BODY_BYTES
@@ -281,7 +284,8 @@ class WebGate:
                         return
                 send = _with_security_headers(send)
                 send = self._session_send(scope, send, user)
-            await dict(self.policy.routes).get(scope.get("path", ""), self.app)(scope, receive, send)
+            served = dict(self.policy.routes + self.policy.page_routes)
+            await served.get(scope.get("path", ""), self.app)(scope, receive, send)
         finally:
             LOGIN_NOTE.reset(note_token)
 

@@ -1,0 +1,87 @@
+// The Telemetry tab's live plots (issue 42; docs/telemetry.md, "Live plots"): drawn on canvas with dygraphs
+// (Debian's libjs-dygraphs, served by the panel at /moet/js/), fed by the page feed with the window's samples
+// once and then only the new ones (app/backend/telemetry/livefeed.py). One time range for every plot (the
+// window, ending now); a plot with no value in it says "no data yet"; a null value breaks the line (a gap);
+// hovering shows the values. Nothing runs while the tab is not shown: the feed sends no points then.
+(() => {
+  "use strict";
+  const LIB = "/moet/js/dygraph.min.js", CSS = "/moet/js/dygraph.min.css";
+  let rows = [], windowS = 900, loading = null;
+  const graphs = {};  // plot element id -> Dygraph
+
+  const load = () => {
+    if (window.Dygraph) return Promise.resolve();
+    if (!loading) {
+      loading = new Promise((resolve, reject) => {
+        const css = document.createElement("link");
+        css.rel = "stylesheet"; css.href = CSS;
+        document.head.appendChild(css);
+        const s = document.createElement("script");
+        s.src = LIB; s.onload = resolve; s.onerror = reject;
+        document.head.appendChild(s);
+      });
+    }
+    return loading;
+  };
+
+  const pad = (n) => String(n).padStart(2, "0");
+  const hms = (ms) => { const d = new Date(ms); return `${pad(d.getUTCHours())}:${pad(d.getUTCMinutes())}:${pad(d.getUTCSeconds())}`; };
+  const num = (v) => (v === null || v === undefined || Number.isNaN(v)) ? "—" :
+    (Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 10 ? v.toFixed(1) : v.toFixed(2));
+
+  const draw = () => {
+    if (!window.Dygraph) return;
+    const end = rows.length ? Math.max(rows[rows.length - 1][0] * 1000, Date.now()) : Date.now();
+    const range = [end - windowS * 1000, end];
+    for (const el of document.querySelectorAll("#telemetry-plots [data-plot]")) {
+      const meta = JSON.parse(el.dataset.plot);
+      const data = [];
+      let any = false;
+      for (const r of rows) {
+        const vals = meta.cols.map((i) => (r[i] === undefined ? null : r[i]));
+        if (vals.some((v) => v !== null)) any = true;
+        data.push([new Date(r[0] * 1000), ...vals]);
+      }
+      const empty = el.querySelector(".moet-plot-empty");
+      if (empty) empty.style.display = any ? "none" : "flex";
+      el.dataset.points = String(any ? data.length : 0);
+      let g = graphs[el.id];
+      if (!any) { if (g) { g.destroy(); delete graphs[el.id]; el.querySelectorAll(":scope > div:not(.moet-plot-empty)").forEach((d) => d.remove()); } continue; }
+      if (!g) {
+        const box = document.createElement("div");
+        box.style.cssText = "position:absolute;inset:0";
+        el.appendChild(box);
+        g = graphs[el.id] = new window.Dygraph(box, data, {
+          labels: ["time", ...meta.labels], colors: meta.colors, ylabel: meta.unit, labelsUTC: true,
+          dateWindow: range, connectSeparatedPoints: false, legend: "follow", strokeWidth: 2,
+          axisLabelFontSize: 11, yLabelWidth: 14, xAxisHeight: 20, includeZero: false, labelsSeparateLines: true,
+          axes: { x: { valueFormatter: (ms) => hms(ms), pixelsPerLabel: 70 },
+                  y: { valueFormatter: (v) => num(v) + " " + meta.unit, axisLabelWidth: 42 } },
+        });
+      } else {
+        g.updateOptions({ file: data, dateWindow: range });
+      }
+    }
+  };
+
+  window.__moetPlots = {
+    // each drawn plot's shown time range [ms, ms] (tests: one range for all)
+    ranges() { const out = {}; for (const id in graphs) out[id] = graphs[id].xAxisRange(); return out; },
+    apply(part) {
+      windowS = part.window_s || windowS;
+      if (part.reset) rows = part.rows.slice();
+      else rows.push(...part.rows);
+      const cut = (Date.now() / 1000) - windowS;
+      let i = 0;
+      while (i < rows.length && rows[i][0] < cut) i++;
+      if (i) rows = rows.slice(i);
+      // a long window grows by a sample a second: thin its older half when it holds far more than a plot shows
+      if (rows.length > 2400) rows = rows.filter((_, k) => k % 2 === 0 || k >= rows.length - 600);
+      load().then(draw, () => {
+        for (const e of document.querySelectorAll("#telemetry-plots .moet-plot-empty")) {
+          e.textContent = "plot library missing: install libjs-dygraphs (scripts/bootstrap.sh)";
+        }
+      });
+    },
+  };
+})();

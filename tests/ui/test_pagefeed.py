@@ -1,0 +1,78 @@
+"""The page feed (app/backend/web/pagefeed.py, issue 42): every version once, then only what moved, nothing
+while nothing changes; a tab's HTML only to a page showing that tab; one failing topic leaves the others."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from app.backend.web.pagefeed import FeedRoute, Versions
+
+
+def run_feed(route: FeedRoute, query: bytes, steps: list[Any]) -> list[dict[str, Any]]:
+    """Serve one stream; before each of the route's periods, the next step (a callable) runs; then the page
+    goes away. Returns the data lines sent."""
+    sent: list[bytes] = []
+
+    async def main() -> None:
+        gone = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                sent.append(message["body"])
+
+        task = asyncio.create_task(route({"type": "http", "method": "GET", "query_string": query}, receive, send))
+        for step in steps:
+            step()
+            n = versions_computed(route)
+            while versions_computed(route) == n:  # one more period of the route
+                await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        gone.set()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(main())
+    return [json.loads(b.decode()[len("data: "):]) for b in sent if b.startswith(b"data: ")]
+
+
+def versions_computed(route: FeedRoute) -> int:
+    return route.versions.computed
+
+
+def test_every_version_once_then_only_what_moved_and_nothing_when_idle() -> None:
+    values = {"header": "a", "engine": 1, "logs": 1}
+    versions = Versions({k: (lambda k=k: values[k]) for k in values}, period_s=0.0)
+    route = FeedRoute(versions, period_s=0.01)
+
+    def move() -> None:
+        values["engine"] = 2
+
+    idle = [lambda: None] * 5
+    lines = run_feed(route, b"show=engine", [*idle, move, *idle])
+    assert len(lines) == 2, lines  # the first line, then the one change: nothing in the idle periods
+    assert set(lines[0]["v"]) == {"header", "engine", "logs"}
+    assert set(lines[1]["v"]) == {"engine"}
+
+
+def test_a_tabs_html_goes_only_to_a_page_showing_it() -> None:
+    versions = Versions({}, period_s=0.0, html={"moet-header-live": lambda: "<b>h</b>", "telemetry-details-live": lambda: "d"})
+    route = FeedRoute(versions, period_s=0.01, html_topics={"moet-header-live": "header",
+                                                             "telemetry-details-live": "telemetry"})
+    on_profiles = run_feed(route, b"show=profiles", [lambda: None])
+    assert on_profiles[0]["html"] == {"moet-header-live": "<b>h</b>"}
+    on_telemetry = run_feed(route, b"show=telemetry", [lambda: None])
+    assert set(on_telemetry[0]["html"]) == {"moet-header-live", "telemetry-details-live"}
+
+
+def test_one_failing_topic_leaves_the_others_live() -> None:
+    def broken() -> object:
+        raise RuntimeError("boom")
+
+    v = Versions({"engine": lambda: 1, "access": broken}, period_s=0.0)
+    now = v.now()
+    assert now["access"] == "error" and len(now["engine"]) == 16
