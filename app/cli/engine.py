@@ -141,12 +141,15 @@ def _trace_dict(t: TraceSnapshot) -> dict[str, Any]:
     last = t.primary.last if t.primary else None
     return {"trace_on": t.trace_on, "summaries": t.summaries, "coverage_pct": t.coverage_pct,
             "expert_hit_pct": t.expert_hit_pct, "tick": last.tick if last else None,
-            "slots_filled": last.cached if last else None, "slots": last.slots if last else None}
+            "slots_filled": last.cached if last else None, "slots": last.slots if last else None,
+            "understood": t.understood, "unknown_form": t.unknown_form}
 
 
 def _trace_line(t: TraceSnapshot) -> str:
     """The header's 'Pool coverage' in words: the last `[delta] tick` summary of this run."""
     last = t.primary.last if t.primary else None
+    if not t.understood:
+        return f"pool coverage: this build's pool trace is not understood ({t.unknown_form})"
     if t.coverage_pct is not None and last is not None:
         return (f"pool coverage: {t.coverage_pct:g}% of tokens, {t.expert_hit_pct:g}% of experts "
                 f"({last.cached}/{last.slots} slots, tick {last.tick})")

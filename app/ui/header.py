@@ -79,7 +79,9 @@ def _telemetry_cells(frame: TelemetryFrame | None) -> str:
     decode = (f'<div style="{CELL}" data-testid="hdr-decode" data-decode="{tok_s}"><span style="{LABEL}">Decode</span>'
               f'<span style="{VALUE}">{tok_s} tok/s</span></div>')
     cov = frame.coverage_pct if frame is not None else None
-    if frame is not None and frame.trace.pool_disabled:
+    if frame is not None and not frame.trace.understood:  # a build whose pool lines the parser cannot read
+        cov_s, pool_note = "?", "this build's pool trace is not understood"
+    elif frame is not None and frame.trace.pool_disabled:
         cov_s, pool_note = "0", "pool absent"
     elif frame is None or cov is None:
         cov_s, pool_note = "—", "no trace tick yet"
