@@ -63,10 +63,10 @@ class Operations(Supervisor):
             return
         self._run_op(ticket, lambda t: self._op_stop(t, who))
 
-    def _spec_for(self, action: str, profile_id: str) -> RunSpec | Ticket:
-        """The operation's one spec (one profile lookup), or its refusal naming the operation."""
+    def _spec_for(self, action: str, profile_id: str, build: str | None = None) -> RunSpec | Ticket:
+        """The operation's one spec (one profile and build lookup), or its refusal naming the operation."""
         try:
-            return self.run_spec(profile_id)
+            return self.run_spec(profile_id, build=build)
         except (KeyError, ValueError) as exc:
             return self._refused(action, profile_id, f"refused: {exc.args[0] if exc.args else exc}")
 
