@@ -381,7 +381,7 @@ def _builds(args: argparse.Namespace, settings: Settings) -> int:
         b = v.build
         size = f"{b.size_bytes / 2**20:.0f} MiB" if b.size_bytes else "-"
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(b.built_at)) if b.built_at else "(recipe pin)"
-        ev = ", ".join(f"{e.kind} {e.ref}" for e in b.evidence) or "-"
+        ev = ", ".join(f"{e.kind} {e.ref}" for e in b.evidence if e.kind in ("selftest", "abtest")) or "-"
         sim = " SIMULATED" if b.simulated else ""
         print(f"{'*' if v.current else ' ':2}{b.id:<10}{b.commit[:12]:<14}{b.image:<40}{size:>9}  {when:<17}{ev}{sim}")
     return EXIT_OK

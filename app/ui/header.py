@@ -68,7 +68,9 @@ def _engine_cell(state: AppState, snap: EngineSnapshot | None) -> str:
         f'<div style="{CELL};min-width:200px" data-testid="hdr-engine" data-state="{snap.state.value}">'
         f'<span style="{LABEL}">Engine{sim}</span>'
         f'<span style="{VALUE}"><span style="color:{colour}">●</span> {_e(snap.state.value)}{phase}</span>'
-        f'<span style="font-size:12px">{_e(_profile_label(state, snap.profile_id))}</span></div>'
+        f'<span style="font-size:12px">{_e(_profile_label(state, snap.profile_id))}'
+        + (f' · <span data-build="{_e(snap.build)}">build {_e(snap.build)}</span>' if snap.build else "")
+        + '</span></div>'
     )
     return engine
 

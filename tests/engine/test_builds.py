@@ -123,3 +123,19 @@ def test_simulated_next_variant_is_a_little_faster_and_a_little_worse() -> None:
     cuts_pin = [broken_length(rng, 0, 200) for _ in range(200)]
     cuts_next = [broken_length(rng, 0, 200, "next") for _ in range(200)]
     assert all(c is None for c in cuts_pin) and 10 < sum(c is not None for c in cuts_next) < 80
+
+
+def test_chat_stats_line_and_header_name_the_build(tmp_path: Path) -> None:
+    from app.backend.chat.models import MessageStats
+    from app.backend.chat.stats import format_stats
+    from app.backend.contracts import EngineSnapshot, EngineState
+    from app.backend.settings import resolve_settings
+    from app.backend.state import AppState
+    from app.ui.header import header_html
+
+    line = format_stats(MessageStats(profile_id="quality", build="next", decode_tok_s=51.0, completion_tokens=3))
+    assert line.startswith("profile quality · build next · ")
+    assert "build" not in format_stats(MessageStats(profile_id="quality"))
+    state = AppState(settings=resolve_settings(SIMULATED_RECIPE, tmp_path, demo=True))
+    html = header_html(state, EngineSnapshot(state=EngineState.READY, profile_id="quality", build="next"), None)
+    assert 'data-build="next"' in html and "build next" in html

@@ -14,13 +14,16 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from app.backend import oplog
 from app.backend.engine import builds
 from app.backend.engine.docker_runtime import DockerRuntime
-from app.backend.engine.imagebuild import BuildEvent, BuildResult, ImageBuildRefused, build_image
+from app.backend.engine.imagebuild import BuildEvent, BuildResult, ImageBuildRefused, build_image, build_mark
+from app.backend.fileio import LockBusy
+from app.backend.jobs import BackgroundJob, JobState
 from app.backend.settings import Settings
 
 GIT_TIMEOUT_S = 600
@@ -126,3 +129,54 @@ def image_size(image: str) -> int | None:
         return int(size) if size is not None else None
     except Exception:  # size is informational: no Docker, no image
         return None
+
+
+@dataclass(frozen=True)
+class BuildProgress:
+    state: JobState = JobState.IDLE
+    ref: str = ""
+    step: str = ""  # "step 3/7" when the builder says so
+    last_line: str = ""
+    message: str = ""
+    build: str = ""  # the build id once done
+
+
+class BuildService(BackgroundJob[BuildProgress]):
+    """The Engine tab's build: one at a time, in the background, its progress polled by the page."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        super().__init__(BuildProgress(), "engine-build")
+
+    def start(self, ref: str, source: Path | None, who: str) -> BuildProgress:
+        ref = ref.strip()
+        if not ref:
+            return BuildProgress(JobState.FAILED, message="give a commit (a branch, tag or hash; `next` in demo mode)")
+        first = BuildProgress(JobState.RUNNING, ref, message="building")
+        if not self._launch(first, lambda: self._run(ref, source, who)):
+            return replace(self.progress(), message="a build is already running")
+        oplog.decision("engine", "build-start", who=who, ref=ref)
+        return self.progress()
+
+    def _on_event(self, ev: BuildEvent) -> None:
+        p = self.progress()
+        step = f"step {ev.step[0]}/{ev.step[1]}" if ev.step else p.step
+        self._set(replace(p, step=step, last_line=ev.line[:300]))
+
+    def _run(self, ref: str, source: Path | None, who: str) -> None:
+        try:
+            mark = build_mark(self.settings.ensure_state_dir(), ref)  # acquired: the supervisor waits for the image
+            try:
+                out = (build_demo(self.settings, ref, self._on_event) if self.settings.recipe.simulated
+                       else build_commit(self.settings, ref, source, self._on_event))
+            finally:
+                mark.release()
+        except (ImageBuildRefused, ValueError, LockBusy, OSError) as exc:
+            self._set(replace(self.progress(), state=JobState.FAILED, message=str(exc)))
+            oplog.caught("engine", exc, f"building {ref}", who=who)
+            return
+        done = out.result.ok and out.build is not None
+        self._set(replace(self.progress(), state=JobState.DONE if done else JobState.FAILED,
+                          message=out.result.message, build=out.build.id if out.build else ""))
+        oplog.decision("engine", "build", who=who, ref=ref, result="ok" if done else "failed",
+                       build=out.build.id if out.build else "")

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from app.backend import oplog
 from app.backend.jsonstore import JsonStore
 from app.backend.settings import Settings
 
@@ -202,3 +203,14 @@ def registry(settings: Settings) -> BuildRegistry:
     """The build registry of the settings' recipe and state dir."""
     eng = settings.recipe.engine
     return BuildRegistry(settings.state_dir, settings.recipe.id, eng.commit, eng.image, settings.recipe.simulated)
+
+
+def record_boot(settings: Settings, build_id: str, profile_id: str, ok: bool, boot_s: float, diagnosis: str) -> None:
+    """A boot of `build_id` is evidence too: its time when it came up, its diagnosis when it did not
+    (the evidence page's "boot time" and "failures"). Never raises: the boot's outcome matters more."""
+    ev = (Evidence("boot", profile_id, time.time(), f"{boot_s:.1f}") if ok
+          else Evidence("failure", profile_id, time.time(), diagnosis or "boot failed"))
+    try:
+        registry(settings).add_evidence(build_id, ev)
+    except OSError as exc:
+        oplog.caught("engine", exc, "recording a boot as evidence of its build", build=build_id)
