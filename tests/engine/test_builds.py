@@ -139,3 +139,12 @@ def test_chat_stats_line_and_header_name_the_build(tmp_path: Path) -> None:
     state = AppState(settings=resolve_settings(SIMULATED_RECIPE, tmp_path, demo=True))
     html = header_html(state, EngineSnapshot(state=EngineState.READY, profile_id="quality", build="next"), None)
     assert 'data-build="next"' in html and "build next" in html
+
+
+def test_compare_tab_offers_profiles_on_each_candidate_build(settings: Settings) -> None:
+    reg = builds.registry(settings)
+    assert builds.side_choices(settings, ["quality", "speed"]) == ["quality", "speed"]
+    _next(reg)
+    assert builds.side_choices(settings, ["quality", "speed"]) == ["quality", "speed", "quality@next", "speed@next"]
+    reg.promote("next", "test")  # the pin is the candidate now
+    assert builds.side_choices(settings, ["quality"]) == ["quality", "quality@pin"]

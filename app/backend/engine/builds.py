@@ -214,3 +214,11 @@ def record_boot(settings: Settings, build_id: str, profile_id: str, ok: bool, bo
         registry(settings).add_evidence(build_id, ev)
     except OSError as exc:
         oplog.caught("engine", exc, "recording a boot as evidence of its build", build=build_id)
+
+
+def side_choices(settings: Settings, profile_ids: list[str]) -> list[str]:
+    """A/B sides the Compare tab offers: every profile, then every profile on each build that is not current
+    (`quality@next`; the A/B switches the engine to that build for its side)."""
+    reg = registry(settings)
+    cur = reg.current_id()
+    return profile_ids + [f"{p}@{b.id}" for b in reg.all() if b.id != cur for p in profile_ids]
