@@ -115,7 +115,9 @@ def render(state: AppState, shell: Shell) -> None:
         progress = gr.HTML(progress_html(service.progress()), elem_id="engine-build-progress-box")
         cands = _candidates(reg)
         with gr.Row():
-            cand = gr.Dropdown(cands, value=cands[-1] if cands else None, label="Candidate", elem_id="engine-candidate")
+            # custom values allowed: a promote/rollback changes the choices while a tick may still send the old pick
+            cand = gr.Dropdown(cands, value=cands[-1] if cands else None, label="Candidate", elem_id="engine-candidate",
+                               allow_custom_value=True)
             serve_btn = gr.Button("Serve candidate (switch, with the drain)", elem_id="engine-serve-candidate")
             promote_btn = gr.Button("Promote candidate", variant="primary", elem_id="engine-promote")
             rollback_btn = gr.Button("Roll back", variant="stop", elem_id="engine-rollback")

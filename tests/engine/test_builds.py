@@ -148,3 +148,38 @@ def test_compare_tab_offers_profiles_on_each_candidate_build(settings: Settings)
     assert builds.side_choices(settings, ["quality", "speed"]) == ["quality", "speed", "quality@next", "speed@next"]
     reg.promote("next", "test")  # the pin is the candidate now
     assert builds.side_choices(settings, ["quality"]) == ["quality", "quality@pin"]
+
+
+def test_evidence_side_by_side_from_this_boxs_runs(settings: Settings) -> None:
+    from app.backend.abtest.grading import grade_from_pick
+    from app.backend.abtest.journal import Generation, Journal, new_spec
+    from app.backend.engine.evidence import compare
+    from app.backend.selftest.store import ResultsStore
+    from app.backend.selftest.types import DecodeRun, NeedleOutcome, SelfTestResult, TelemetrySummary
+
+    reg = builds.registry(settings)
+    assert compare(settings).candidate is None
+    _next(reg)
+    store = ResultsStore(settings.ensure_state_dir())
+    for build, rate, date in (("pin", 48.0, "2026-01-01T00:00:00+00:00"), ("next", 51.0, "2026-01-01T00:01:00+00:00")):
+        store.save(SelfTestResult("quality", "img", "h", date, True, 48.9, {}, [DecodeRun(rate, 100, 0.2, None)], [],
+                                  [NeedleOutcome(65536, 0.5, 65000, "AB-1234", True, "AB-1234")],
+                                  TelemetrySummary(vram_peak_gib=93.8, coverage_pct=57.0), 1.0, build))
+    reg.add_evidence("next", builds.Evidence("boot", "quality", 1.0, "12.5"))
+    reg.add_evidence("next", builds.Evidence("failure", "quality", 2.0, "CUDA out of memory at load"))
+    journal = Journal(settings.state_dir)
+    spec = new_spec("quality", "quality@next", ["p"], [1, 2], 64)
+    journal.create(spec)
+    for side in ("A", "B"):
+        for seed in (1, 2):
+            journal.append(spec.run_id, Generation(side, "p1", seed, "x", 1, None, 0.1, "stop"))
+    st = journal.load(spec.run_id)
+    for (pid, seed), pick in zip(st.spec.cells, ("left", "right")):
+        journal.append(spec.run_id, grade_from_pick(st, pid, seed, pick))
+    c = compare(settings, "next")
+    assert (c.current.build.id, c.current.decode_tok_s, c.current.card_tok_s) == ("pin", 48.0, 48.9)
+    assert c.candidate is not None and (c.candidate.decode_tok_s, c.candidate.needles) == (51.0, "1/1 found")
+    assert (c.candidate.vram_gib, c.candidate.coverage_pct, c.candidate.boot_s) == (93.8, 57.0, 12.5)
+    assert c.candidate.failures == ("CUDA out of memory at load",) and c.current.failures == ()
+    assert c.ab is not None and c.ab.pairs == 2 and "90% CI" in c.ab.headline
+    assert compare(settings, "gone").candidate is not None  # a stale pick falls back to the newest candidate

@@ -90,6 +90,9 @@ def test_build_measure_promote_rollback_in_the_browser(docker_client, tmp_path: 
         page.wait_for_selector('#engine-builds-action:has-text("rolled back: current build pin")')
         page.wait_for_selector('[data-testid="hdr-engine"] [data-build="pin"]', timeout=60_000)
         _ready_on(state, "pin")
+        page.wait_for_function("document.querySelector('#engine-evidence[data-candidate=\"next\"]') !== null")
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "engine-upgrade.png"), full_page=True)
+        # the candidate list changed under a pick the page still held: no "not in the list of choices" error
+        assert "not in the list of choices" not in page.content()
         assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors

@@ -113,8 +113,8 @@ def compare(settings: Settings, candidate: str | None = None) -> Comparison:
     results = ResultsStore(settings.state_dir).all()
     cur = reg.current()
     others = [b for b in reg.all() if b.id != cur.id]
-    cand = next((b for b in others if b.id == candidate), None) if candidate else \
-        (max(others, key=lambda b: b.built_at) if others else None)
+    named = next((b for b in others if b.id == candidate), None)  # a stale pick (promoted meanwhile) falls back
+    cand = named or (max(others, key=lambda b: b.built_at) if others else None)
     return Comparison(
         figures(cur, True, results),
         figures(cand, False, results) if cand is not None else None,
