@@ -27,6 +27,7 @@ def _commit(repo: Path, text: str) -> str:
     return _git(repo, "rev-parse", "HEAD")
 
 
+@pytest.mark.docker
 def test_build_commit_builds_that_commits_tree(docker_client, tmp_path: Path) -> None:
     repo = tmp_path / "engine-src"
     repo.mkdir()
