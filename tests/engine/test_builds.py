@@ -174,7 +174,7 @@ def test_evidence_side_by_side_from_this_boxs_runs(settings: Settings) -> None:
         for seed in (1, 2):
             journal.append(spec.run_id, Generation(side, "p1", seed, "x", 1, None, 0.1, "stop"))
     st = journal.load(spec.run_id)
-    for (pid, seed), pick in zip(st.spec.cells, ("left", "right")):
+    for (pid, seed), pick in zip(st.spec.cells, ("left", "right"), strict=True):
         journal.append(spec.run_id, grade_from_pick(st, pid, seed, pick))
     c = compare(settings, "next")
     assert (c.current.build.id, c.current.decode_tok_s, c.current.card_tok_s) == ("pin", 48.0, 48.9)
