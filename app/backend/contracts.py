@@ -69,6 +69,8 @@ class EngineSnapshot:
     message: str = ""
     since: float = field(default_factory=time.time)
     last_ready_profile: str | None = None
+    build: str = ""  # the engine build the container runs (its moet-panel.build label; docs/engine.md "Upgrading")
+    image: str = ""  # the container's image
     # Supervision (docs/engine.md, "Keeps serving"): what should run, the restart policy and its counters, the
     # canary. Exported as metrics from the snapshot (restarts_total, switches_total{result}).
     desired: str = ""  # "serve:<profile>" | "stopped" | "" (never set)

@@ -27,7 +27,8 @@ def register(subs: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="ab_cmd", metavar="ACTION", required=True)
     r = sub.add_parser("run", help="generate every prompt x seed on A, switch, then on B")
     r.add_argument("--a", required=True, dest="profile_a", help="profile A (e.g. quality)")
-    r.add_argument("--b", required=True, dest="profile_b", help="profile B (e.g. balanced)")
+    r.add_argument("--b", required=True, dest="profile_b", help="profile B (e.g. balanced); a side may name an "
+                   "engine build: PROFILE@BUILD (e.g. quality@next; `moet-panel engine builds`)")
     r.add_argument("--prompts", metavar="FILE", help='JSONL: one {"prompt": "..."} per line')
     r.add_argument("--from-chat", action="append", default=[], metavar="CONV[:N,...]",
                    help="user turns from the chat history: a conversation id (or a unique prefix) = all its user "

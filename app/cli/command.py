@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
+
+from app.backend.engine import builds
 
 from app.backend.profiles.registry import ProfileRegistry
 from app.backend.recipe.command import build_run_spec, render_explained, render_json, render_shell
@@ -15,6 +18,8 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", required=True, help="profile id (e.g. quality, balanced, speed)")
     p.add_argument("--plain", action="store_true", help="exactly the card's command: no panel labels or trace env")
     p.add_argument("--format", choices=["shell", "json"], default="shell")
+    p.add_argument("--build", metavar="ID", help="the engine build (default: the current one: the recipe's pin "
+                   "until a promotion; `moet-panel engine builds`)")
     p.add_argument("--explain", action="store_true",
                    help="print each line with the card's reason for it (\"why each knob\"), or why the panel adds it")
     p.set_defaults(func=run)
@@ -22,8 +27,14 @@ def register(subs: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
+    try:  # the image of the build a start runs (engine/builds.py: the one place it is chosen)
+        build = builds.registry(settings).resolve(args.build)
+    except builds.UnknownBuild as exc:
+        print(f"moet-panel: {exc.args[0]}", file=sys.stderr)
+        return 2
     spec = build_run_spec(  # custom profiles saved in the data dir count too (the one registry)
-        settings.recipe, args.profile, str(settings.data_dir), plain=args.plain, profiles=ProfileRegistry(settings).list()
+        settings.recipe, args.profile, str(settings.data_dir), plain=args.plain, profiles=ProfileRegistry(settings).list(),
+        image=build.image, build=build.id,
     )
     if args.explain:
         print(render_explained(settings.recipe, spec))

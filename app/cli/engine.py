@@ -1,4 +1,4 @@
-"""`moet-panel engine status|preflight|start|stop|switch|logs|build-image`.
+"""`moet-panel engine status|preflight|start|stop|switch|logs|build-image|builds|promote|rollback`.
 
 Exit codes: 0 success; 1 the operation failed (diagnosis printed); 2 refused / bad input (including the
 engine lock held by another panel or CLI, named in the message); 3 Docker unreachable.
@@ -53,6 +53,8 @@ def register(subs: argparse._SubParsersAction) -> None:
         sp.add_argument("--override", action="append", default=[], metavar="ITEM",
                         help="start despite this failing preflight item (repeatable; ids from `engine preflight`)")
         sp.add_argument("--no-wait", action="store_true", help="return once accepted")
+        sp.add_argument("--build", metavar="ID", help="the engine build to run (default: the current one; "
+                        "`engine builds` lists them)")
         if name == "switch":
             sp.add_argument("--no-rollback", action="store_true", help="do not roll back to the last ready profile")
     sp = es.add_parser("stop", help="stop the engine (grace period, then SIGKILL)")
@@ -60,11 +62,20 @@ def register(subs: argparse._SubParsersAction) -> None:
     lg.add_argument("-f", "--follow", action="store_true")
     lg.add_argument("-n", "--lines", type=int, default=100)
     lg.add_argument("--stream", choices=["stdout", "stderr", "both"], default="both")
-    bi = es.add_parser("build-image", help="docker build the engine image from a local vLLM-Moet checkout")
-    bi.add_argument("--source", metavar="DIR", help="checkout of the engine source at the recipe commit")
+    bi = es.add_parser("build-image", help="docker build the engine image from a vLLM-Moet checkout (--commit: "
+                       "any commit, as a build the panel holds)")
+    bi.add_argument("--source", metavar="DIR", help="checkout of the engine source (at the recipe commit unless "
+                    "--commit)")
+    bi.add_argument("--commit", metavar="REF", help="build this commit (branch, tag, hash) as a new build, at low "
+                    "priority while the engine serves; with --demo: the SIMULATED variant `next`")
     bi.add_argument("--tag", help="image tag (default: the recipe's)")
     bi.add_argument("--dockerfile", help="Dockerfile path inside the source (default: the recipe's)")
     bi.add_argument("--allow-other-commit", action="store_true")
+    bl = es.add_parser("builds", help="the engine builds: id, commit, image, current, evidence, size, date")
+    bl.set_defaults(json=False)
+    pr = es.add_parser("promote", help="make a build current (a local pin override) and switch to it with the drain")
+    pr.add_argument("build_id", metavar="ID")
+    es.add_parser("rollback", help="return to the build current before the last promotion")
     for action in es.choices.values():  # `engine status -h` lists the common options too
         add_common(action)
     p.set_defaults(func=run)
@@ -76,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args, demo_reason=reason)
     if args.engine_cmd == "build-image":
         nvml.close()
-        return _build_image(args, settings)
+        return _build_commit(args, settings) if args.commit else _build_image(args, settings)
+    if args.engine_cmd == "builds":
+        nvml.close()
+        return _builds(args, settings)
     opts = ControllerOptions(auto_rollback=not getattr(args, "no_rollback", False), actor="CLI")
     reader = make_gpu_reader(settings, nvml_reader=nvml)
     ctl = make_engine_controller(settings, gpu_reader=reader, options=opts)
@@ -84,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return {
             "status": _status, "preflight": _preflight, "start": _start, "switch": _start, "stop": _stop,
-            "logs": _logs,
+            "logs": _logs, "promote": _promote, "rollback": _promote,
         }[args.engine_cmd](args, ctl)
     finally:
         ctl.close()  # the panel's threads only; the engine keeps running
@@ -115,6 +129,8 @@ def _status(args: argparse.Namespace, ctl: EngineController) -> int:
     else:
         label = " (SIMULATED)" if snap.simulated else ""
         print(f"engine: {snap.state.value}{label}  profile: {snap.profile_id or '-'}  phase: {snap.phase or '-'}")
+        if snap.container_id:
+            print(f"build: {snap.build or '-'}  image: {snap.image or '-'}")
         print(f"runtime: {_runtime_text(ctl)}")
         if snap.container_name:
             print(f"container: {snap.container_name}  url: {snap.base_url}  served: {snap.served_name}")
@@ -141,12 +157,15 @@ def _trace_dict(t: TraceSnapshot) -> dict[str, Any]:
     last = t.primary.last if t.primary else None
     return {"trace_on": t.trace_on, "summaries": t.summaries, "coverage_pct": t.coverage_pct,
             "expert_hit_pct": t.expert_hit_pct, "tick": last.tick if last else None,
-            "slots_filled": last.cached if last else None, "slots": last.slots if last else None}
+            "slots_filled": last.cached if last else None, "slots": last.slots if last else None,
+            "understood": t.understood, "unknown_form": t.unknown_form}
 
 
 def _trace_line(t: TraceSnapshot) -> str:
     """The header's 'Pool coverage' in words: the last `[delta] tick` summary of this run."""
     last = t.primary.last if t.primary else None
+    if not t.understood:
+        return f"pool coverage: this build's pool trace is not understood ({t.unknown_form})"
     if t.coverage_pct is not None and last is not None:
         return (f"pool coverage: {t.coverage_pct:g}% of tokens, {t.expert_hit_pct:g}% of experts "
                 f"({last.cached}/{last.slots} slots, tick {last.tick})")
@@ -184,7 +203,7 @@ def _preflight(args: argparse.Namespace, ctl: EngineController) -> int:
 
 def _start(args: argparse.Namespace, ctl: EngineController) -> int:
     op = ctl.start if args.engine_cmd == "start" else ctl.switch
-    ticket = op(args.profile, tuple(args.override), who=oplog.CLI)
+    ticket = op(args.profile, tuple(args.override), who=oplog.CLI, build=args.build)
     if not ticket.accepted:
         print(ticket.message, file=sys.stderr)
         return EXIT_REFUSED
@@ -312,3 +331,77 @@ def _build_image(args: argparse.Namespace, settings: Settings) -> int:
         mark.release()
     print(result.message, file=sys.stdout if result.ok else sys.stderr)
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _show_build(ev: BuildEvent) -> None:
+    prefix = f"[step {ev.step[0]}/{ev.step[1]}] " if ev.step else ""
+    print(prefix + ev.line, file=sys.stderr if ev.error else sys.stdout, flush=True)
+
+
+def _build_commit(args: argparse.Namespace, settings: Settings) -> int:
+    """`build-image --commit REF`: a build the panel holds (docs/engine.md "Upgrading the engine")."""
+    from app.backend.engine.buildjob import build_commit, build_demo
+
+    try:
+        mark = build_mark(settings.ensure_state_dir(), args.commit)
+    except (LockBusy, OSError) as exc:
+        print(f"moet-panel: another build of the engine image runs ({exc})", file=sys.stderr)
+        return EXIT_REFUSED
+    try:
+        if settings.recipe.simulated:
+            out = build_demo(settings, args.commit, _show_build)
+        else:
+            out = build_commit(settings, args.commit, Path(args.source) if args.source else None, _show_build,
+                               args.dockerfile, args.tag)
+    except ImageBuildRefused as exc:
+        print(f"moet-panel: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except ValueError as exc:  # e.g. a SIMULATED variant that does not exist
+        print(f"moet-panel: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    finally:
+        mark.release()
+    print(out.result.message, file=sys.stdout if out.result.ok else sys.stderr)
+    if out.build is not None:
+        oplog.decision("engine", "build", who=oplog.CLI, build=out.build.id, commit=out.build.commit,
+                       image=out.build.image)
+        print(f"build {out.build.id}: serve it with `moet-panel engine switch --profile ID --build {out.build.id}`")
+    return EXIT_OK if out.result.ok else EXIT_FAILED
+
+
+def _builds(args: argparse.Namespace, settings: Settings) -> int:
+    from app.backend.engine import builds
+
+    views = builds.registry(settings).views()
+    if args.json:
+        print(json.dumps([{**asdict(v.build), "current": v.current} for v in views], indent=2))
+        return EXIT_OK
+    print(f"{'':2}{'ID':<10}{'COMMIT':<14}{'IMAGE':<40}{'SIZE':>9}  {'BUILT':<17}EVIDENCE")
+    for v in views:
+        b = v.build
+        size = f"{b.size_bytes / 2**20:.0f} MiB" if b.size_bytes else "-"
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(b.built_at)) if b.built_at else "(recipe pin)"
+        ev = ", ".join(f"{e.kind} {e.ref}" for e in b.evidence if e.kind in ("selftest", "abtest")) or "-"
+        sim = " SIMULATED" if b.simulated else ""
+        print(f"{'*' if v.current else ' ':2}{b.id:<10}{b.commit[:12]:<14}{b.image:<40}{size:>9}  {when:<17}{ev}{sim}")
+    return EXIT_OK
+
+
+def _promote(args: argparse.Namespace, ctl: EngineController) -> int:
+    from app.backend.engine import upgrade
+
+    try:
+        out = (upgrade.promote(ctl, args.build_id, oplog.CLI) if args.engine_cmd == "promote"
+               else upgrade.rollback(ctl, oplog.CLI))
+    except (ValueError, OSError) as exc:
+        print(f"moet-panel: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    print(f"current build: {out.current} (was {out.previous})")
+    if out.ticket is None:
+        print("the next start runs it")
+        return EXIT_OK
+    if not out.ticket.accepted:
+        print(f"the engine was not switched: {out.ticket.message}", file=sys.stderr)
+        return EXIT_FAILED
+    out.ticket.wait()
+    return _report(args, ctl, out.ticket)

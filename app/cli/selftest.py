@@ -17,6 +17,8 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--decode-tokens", type=int, default=2000, help="tokens per decode run (default 2000)")
     p.add_argument("--needle", default="64k,256k", help="needle lengths, e.g. 64k,256k ('' = none)")
     p.add_argument("--ttft", default="1k,8k,32k", help="prompt lengths for TTFT ('' = none)")
+    p.add_argument("--build", metavar="ID", help="the engine build that must be serving (it is recorded as this "
+                   "build's evidence; `moet-panel engine builds`)")
     p.set_defaults(func=run)
 
 
@@ -41,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     follow_engine(reader, ctl)
     try:
         svc = SelfTestService(settings, ctl)
-        if why := svc.check(args.profile):
+        if why := svc.check(args.profile, args.build):
             print(f"moet-panel: {why}", file=sys.stderr)
             return 1
         print(f"self-test of {args.profile}: about {svc.estimate_s(plan) / 60:.1f} min; Ctrl-C cancels",

@@ -23,6 +23,7 @@ from app.backend.abtest.grading import (
     reveal_markdown,
 )
 from app.backend.abtest.journal import Prompt, new_spec, parse_pasted, parse_prompts_jsonl
+from app.backend.engine.builds import side_choices
 from app.backend.abtest.runner import ABRunService
 from app.backend.web.exports import write_export
 from app.backend.jobs import JobState
@@ -111,7 +112,7 @@ def render(state: AppState, shell: Shell) -> None:
     gr.Markdown("Is the faster profile's quality cost visible on **your** work? Give prompts and seeds; the panel "
                 "answers each prompt × seed on A, switches the engine, answers them on B, then shows you the pairs "
                 "**blind** (sides shuffled, names hidden). The card: only extra seeds add real information.")
-    ids = state.profiles.ids()
+    ids = side_choices(state.settings, state.profiles.ids())  # PROFILE@BUILD sides too (docs/engine.md "Upgrading")
     with gr.Row():
         pa = gr.Dropdown(ids, value=ids[0], label="Profile A", elem_id="ab-a")
         pb = gr.Dropdown(ids, value=ids[1] if len(ids) > 1 else ids[0], label="Profile B", elem_id="ab-b")
@@ -255,7 +256,7 @@ def render(state: AppState, shell: Shell) -> None:
     chat_convs.change(show_turns, [chat_convs, chat_turns], [chat_turns], **QUICK)
 
     def profile_pick(current: str | None, fallback: int) -> Any:
-        now = state.profiles.ids()
+        now = side_choices(state.settings, state.profiles.ids())
         if current in now:  # no value: sent back always, it could undo a pick made meanwhile
             return gr.Dropdown(choices=now)
         return gr.Dropdown(choices=now, value=now[min(fallback, len(now) - 1)])

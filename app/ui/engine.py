@@ -30,6 +30,7 @@ from app.ui.logs import STREAMS, live_version, log_redraw, log_text
 from app.ui.profile_html import profile_cards
 from app.ui.shell import QUICK, Shell
 from app.ui.theme import BAD, BUSY, GOOD, STATE_COLOURS
+from app.ui import upgrade as upgrade_section
 
 TITLE = "Engine"
 LOG_LINES = 300
@@ -142,6 +143,7 @@ def render(state: AppState, shell: Shell) -> None:
                                      elem_id="engine-overrides", visible=False)  # shown only with failing items
     with gr.Accordion("Equivalent command (what the panel runs)", open=False):
         command = gr.Code(_command(ctl, initial), language="shell", elem_id="engine-command")
+    upgrade_section.render(state, shell)  # builds, evidence, promote / roll back (docs/engine.md "Upgrading")
     gr.Markdown("**Last diagnosis**")
     diag = gr.HTML(diagnosis_html(snap.diagnosis), elem_id="engine-diagnosis-box")
     with gr.Accordion("Engine log (live tail)", open=True):

@@ -69,7 +69,9 @@ def _engine_cell(state: AppState, snap: EngineSnapshot | None) -> str:
         f'<div style="{CELL};min-width:200px" data-testid="hdr-engine" data-state="{snap.state.value}">'
         f'<span style="{LABEL}">Engine{sim}</span>'
         f'<span style="{VALUE}"><span style="color:{colour}">●</span> {_e(snap.state.value)}{phase}</span>'
-        f'<span style="font-size:12px">{_e(_profile_label(state, snap.profile_id))}</span></div>'
+        f'<span style="font-size:12px">{_e(_profile_label(state, snap.profile_id))}'
+        + (f' · <span data-build="{_e(snap.build)}">build {_e(snap.build)}</span>' if snap.build else "")
+        + '</span></div>'
     )
     return engine
 
@@ -80,7 +82,9 @@ def _telemetry_cells(frame: TelemetryFrame | None) -> str:
     decode = (f'<div style="{CELL}" data-testid="hdr-decode" data-decode="{tok_s}"><span style="{LABEL}">Decode</span>'
               f'<span style="{VALUE}">{tok_s} tok/s</span></div>')
     cov = frame.coverage_pct if frame is not None else None
-    if frame is not None and frame.trace.pool_disabled:
+    if frame is not None and not frame.trace.understood:  # a build whose pool lines the parser cannot read
+        cov_s, pool_note = "?", "this build's pool trace is not understood"
+    elif frame is not None and frame.trace.pool_disabled:
         cov_s, pool_note = "0", "pool absent"
     elif frame is None or cov is None:
         cov_s, pool_note = "—", "no trace tick yet"

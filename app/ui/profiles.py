@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import gradio as gr
 
-from app.backend.profiles.registry import custom as cp
+from app.backend.profiles import custom as cp
 from app.backend.recipe.command import CommandError, explain_lines, render_shell
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.selftest.report import Standing

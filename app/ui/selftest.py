@@ -69,7 +69,9 @@ def run_status(svc: SelfTestService, profile: str, runs: float, tokens: float, n
         return f'<div id="st-progress" data-state="invalid" role="alert">{html.escape(str(exc))}</div>', False
     why = svc.check(profile)
     last = f"<br>last run: {html.escape(p.message)}" if p.state is not JobState.IDLE and p.profile_id == profile else ""
-    ready = (f"ready to run: about {est / 60:.1f} min" if not why else f"cannot run now: {html.escape(why)}")
+    build = svc.engine.snapshot().build  # the build it measures (docs/engine.md "Upgrading the engine")
+    on = f" on engine build {html.escape(build)}" if build else ""
+    ready = (f"ready to run{on}: about {est / 60:.1f} min" if not why else f"cannot run now: {html.escape(why)}")
     return f'<div id="st-progress" data-state="{p.state.value}">{ready}{last}</div>', not why
 
 

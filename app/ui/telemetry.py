@@ -109,7 +109,10 @@ def details_html(frame: TelemetryFrame) -> str:
         )
     t = frame.trace
     p = t.primary
-    if p is not None and p.last is not None:
+    if not t.understood:
+        parts.append(f"<b>Pool</b>: this build's pool trace is not understood (a line of a form this panel cannot "
+                     f"read: <code>{_e(t.unknown_form or '')}</code>) — no pool figure is shown rather than a wrong one")
+    elif p is not None and p.last is not None:
         s = p.last
         parts.append(
             f"<b>Pool</b> ({len(t.ranks)} rank(s), tick {s.tick}): {s.cached}/{s.slots} slots filled · experts resident "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.backend.profiles.registry import custom as cp
+from app.backend.profiles import custom as cp
 from app.backend.profiles.registry import all_profiles
 from app.backend.recipe import DEFAULT_RECIPE, load_recipe
 from app.backend.recipe.command import build_run_spec

@@ -10,7 +10,7 @@ import pytest
 import tomli_w
 from pydantic import ValidationError
 
-from app.backend.profiles.registry import custom as cp
+from app.backend.profiles import custom as cp
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
 from app.backend.recipe.command import CommandError, build_run_spec, render_shell
 from app.backend.recipe.schema import Mount, ProfileSpec

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from app.backend.profiles.registry import ProfileRegistry
-from app.backend.profiles.registry import custom as cp
+from app.backend.profiles import custom as cp
 from app.backend.recipe import DEFAULT_RECIPE
 from app.backend.config.settings import resolve_settings
 from app.backend.alerts.rules import profile_policy

@@ -46,3 +46,16 @@ def test_header_no_gpu_pool_absent_and_alerts(tmp_path) -> None:
 def test_header_before_first_sample(tmp_path) -> None:
     html = header_html(_state(tmp_path), None, TelemetryFrame())
     assert "sampling…" in html and 'data-coverage="—"' in html and 'data-state="stopped"' in html
+
+
+def test_header_and_telemetry_say_a_pool_trace_not_understood(tmp_path) -> None:
+    """Issue 45: a build whose pool lines cannot be read says so; never a blank or a number guessed."""
+    from pathlib import Path
+
+    from app.ui.telemetry import details_html
+
+    text = (Path(__file__).parent / "fixtures" / "engine-logs-main" / "future_unknown_forms.log").read_text()
+    frame = TelemetryFrame(ts=1.0, trace=parse_text(text).snapshot())
+    html = header_html(_state(tmp_path), EngineSnapshot(state=EngineState.READY), frame)
+    assert 'data-coverage="?"' in html and "this build's pool trace is not understood" in html
+    assert "pool trace is not understood" in details_html(frame) and "tier v3" in details_html(frame)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from app.backend.profiles.registry import custom as cp
+from app.backend.profiles import custom as cp
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
 from app.ui.profile_html import figures, profile_cards, speed_quality_chart, study_tables
 

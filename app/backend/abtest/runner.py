@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 from app.backend import oplog
+from app.backend.engine import builds
 from app.backend.abtest.journal import ABSpec, Generation, Journal, RunState, Side
 from app.backend.selftest.probe import Cancelled, EngineProbe
 from app.backend.jobs import BackgroundJob, JobState
@@ -38,6 +39,12 @@ class ABProgress:
     message: str = ""
 
 
+def split_side(side: str) -> tuple[str, str | None]:
+    """`quality@next` -> ("quality", "next"); `quality` -> ("quality", None): an A/B side is a profile on a build."""
+    profile, sep, build = side.partition("@")
+    return profile, (build or None) if sep else None
+
+
 class ABRunService(BackgroundJob[ABProgress]):
     def __init__(self, settings: Settings, engine: EngineController, probe_factory: Callable[[str], EngineProbe] | None = None):
         self.settings = settings
@@ -49,9 +56,16 @@ class ABRunService(BackgroundJob[ABProgress]):
 
     def start(self, spec: ABSpec, who: str = oplog.PAGE) -> ABProgress:
         known = {p.id for p in self.engine.profiles()}
-        for pid in (spec.profile_a, spec.profile_b):
+        reg = builds.registry(self.settings)
+        for side in (spec.profile_a, spec.profile_b):
+            pid, build = split_side(side)
             if pid not in known:
                 raise ValueError(f"unknown profile {pid!r} (known: {', '.join(sorted(known))})")
+            if build:
+                try:
+                    reg.get(build)
+                except builds.UnknownBuild as exc:
+                    raise ValueError(exc.args[0]) from None
         if self.running():
             raise ValueError(ALREADY_RUNNING)
         self.journal.create(spec)
@@ -92,6 +106,7 @@ class ABRunService(BackgroundJob[ABProgress]):
             self._set(replace(self.progress(), state=JobState.DONE, step="done", eta_s=0.0,
                               message="all answers generated: grade them blind"))
             oplog.decision("abtest", "end", who=who, run=st.spec.run_id, result="done", made=made)
+            self._evidence(st)
         except Cancelled:
             self._set(replace(self.progress(), state=JobState.CANCELLED,
                               message="cancelled: finished answers are kept; resume to continue"))
@@ -103,12 +118,26 @@ class ABRunService(BackgroundJob[ABProgress]):
             oplog.caught("abtest", exc, f"generating the A/B answers (at {step})", who=who, run=st.spec.run_id,
                          result="failed", made=made)
 
-    def _ensure_profile(self, profile: str) -> None:
+    def _evidence(self, st: RunState) -> None:
+        """Each side's build gets this run as evidence (`moet-panel engine builds`)."""
+        reg = builds.registry(self.settings)
+        for side, other in ((st.spec.profile_a, st.spec.profile_b), (st.spec.profile_b, st.spec.profile_a)):
+            build = split_side(side)[1] or reg.current_id()
+            try:
+                reg.add_evidence(build, builds.Evidence("abtest", st.spec.run_id, time.time(), f"{side} vs {other}"))
+            except OSError as exc:
+                oplog.caught("abtest", exc, "recording the A/B as evidence of its builds", run=st.spec.run_id)
+
+    def _ensure_profile(self, side: str) -> None:
+        """Serve a side: `PROFILE` (the current build) or `PROFILE@BUILD` (docs/engine.md "Upgrading the engine")."""
+        profile, build = split_side(side)
+        want_build = build or builds.registry(self.settings).current_id()
         snap = self.engine.snapshot()
-        if snap.is_ready and snap.profile_id == profile:
+        same_build = snap.build == want_build or (build is None and not snap.build)  # "": started before builds
+        if snap.is_ready and snap.profile_id == profile and same_build:
             return
-        self._set(replace(self.progress(), step=f"switching the engine to {profile}"))
-        ticket = self.engine.switch(profile)
+        self._set(replace(self.progress(), step=f"switching the engine to {side}"))
+        ticket = self.engine.switch(profile, build=build)
         if not ticket.accepted:
             raise RuntimeError(ticket.message)
         while not ticket.wait(0.5):
@@ -116,7 +145,7 @@ class ABRunService(BackgroundJob[ABProgress]):
                 raise Cancelled()
         snap = self.engine.wait_for(lambda s: s.is_ready or s.state.value == "failed", SWITCH_TIMEOUT_S)
         if not (snap.is_ready and snap.profile_id == profile):
-            raise RuntimeError(f"the switch to {profile} did not reach ready ({snap.state.value}: {snap.message})")
+            raise RuntimeError(f"the switch to {side} did not reach ready ({snap.state.value}: {snap.message})")
 
     def _generate(self, probe: EngineProbe, st: RunState, side: Side, pid: str, seed: int) -> Generation:
         prompt = next(p for p in st.spec.prompts if p.id == pid)

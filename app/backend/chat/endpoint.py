@@ -32,6 +32,7 @@ class Endpoint:
     ready: bool
     reason: str = ""  # why not ready, one or two sentences; "" when ready
     diagnosis: Diagnosis | None = None  # when the controller has one
+    build: str = ""  # the engine build serving (docs/engine.md "Upgrading the engine"); "" when unknown
 
 
 class HealthProbe:
@@ -96,7 +97,7 @@ def resolve_endpoint(
         ready = snap.is_ready
         return Endpoint(
             url, snap.served_name or recipe.model.served_name, snap.profile_id, snap.simulated, "engine",
-            ready, "" if ready else engine_reason(snap), snap.diagnosis,
+            ready, "" if ready else engine_reason(snap), snap.diagnosis, snap.build,
         )
     url = base_url(recipe, data_dir)
     ok, reason = probe.check(url)

@@ -29,6 +29,7 @@ class MessageStats:
     wall_s: float | None = None
     finish_reason: str | None = None
     sampling: dict[str, object] = field(default_factory=dict)
+    build: str = ""  # the engine build that answered ("" for replies before issue 45 or outside the panel)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -329,7 +329,7 @@ class ChatService:
         # Prior reasoning is not sent back: as ordinary assistant text it would change the prompt.
         history += [{"role": m.role, "content": m.content} for m in conv.messages
                     if m.role in ("user", "assistant") and m.content]
-        base = MessageStats(profile_id=ep.profile_id, simulated=ep.simulated, model=ep.model,
+        base = MessageStats(profile_id=ep.profile_id, simulated=ep.simulated, model=ep.model, build=ep.build,
                             base_url=ep.base_url, sampling=dataclasses.asdict(sampling))
         reply = Message(role="assistant", content="", status="streaming", stats=base)
         conv.messages.append(reply)

@@ -70,8 +70,10 @@ class StatsRecorder:
 
 
 def format_stats(stats: MessageStats) -> str:
-    """'profile quality · TTFT 0.21 s · 48.7 tok/s · 35→812 tokens · 17.1 s · SIMULATED'."""
+    """'profile quality · build pin · TTFT 0.21 s · 48.7 tok/s · 35→812 tokens · 17.1 s · SIMULATED'."""
     parts = [f"profile {stats.profile_id or 'unknown'}"]
+    if stats.build:  # which engine build answered (docs/engine.md "Upgrading the engine")
+        parts.append(f"build {stats.build}")
     if stats.ttft_s is not None:
         parts.append(f"TTFT {stats.ttft_s:.2f} s")
     if stats.decode_tok_s is not None:

@@ -11,6 +11,7 @@ import time
 from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, slots_of
 from app.backend.engine import diagnosis as diag_mod
 from app.backend.engine import statemachine as sm
+from app.backend.engine.builds import BUILD_LABEL, record_boot
 from app.backend.engine.client import base_url
 from app.backend.engine.core import Core
 from app.backend.engine.exits import explain_exit, is_failure
@@ -83,10 +84,15 @@ class Boot(Core):
             return False
         self._follower.begin(rt, inst, from_start=True)
         self._apply(sm.BootBegan(profile_id, inst.id, inst.name, base_url(self.recipe, self.settings.data_dir),
-                                 self.recipe.model.served_name, self.recipe.simulated))
+                                 self.recipe.model.served_name, self.recipe.simulated,
+                                 build=dict(spec.labels).get(BUILD_LABEL, ""), image=spec.image))
         ready = self._await_ready(rt, inst, spec.env_dict)
         if ready:  # the drain's Retry-After for the next stop or switch (docs/engine.md "Keeps serving")
             self.history.booted(profile_id, time.monotonic() - began)
+        if build := dict(spec.labels).get(BUILD_LABEL, ""):  # evidence for the build (engine/evidence.py)
+            diag = self.snapshot().diagnosis
+            record_boot(self.settings, build, profile_id, ready, time.monotonic() - began,
+                        diag.title if diag is not None else "")
         return ready
 
     def _prepare(self, rt: Runtime, spec: RunSpec) -> tuple[str, str] | None:

@@ -91,6 +91,8 @@ def _advance(p: BootProgress, msg: str) -> BootProgress:
     if (ps := pool_sizing(msg)) is not None:  # the one sizing parser, shared with telemetry/trace.py
         if ps.deferred:
             return replace(p, pool=ps, phase="pool sizing deferred until after KV cache")
+        if ps.slots is None:  # a newer build's staging line names the slot size only (loglines.py): no count yet
+            return p
         slots = ps.slots or 0
         if not slots:  # the slot size a sized line gave before stays known (a deferred line's is only planned)
             ps = replace(ps, slot_mib=p.pool.slot_mib if p.pool is not None and not p.pool.deferred else None)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from app.backend import oplog
+from app.backend.engine import builds
 from app.backend.contracts import LIVE_STATES, AnswerCounter, EngineSnapshot, EngineState, GpuReader, LogLine
 from app.backend.engine.boot import Boot
 from app.backend.engine.core import MUTATING
@@ -220,12 +221,15 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
     def profiles(self) -> list[ProfileSpec]:
         return self._profiles_fn()
 
-    def run_spec(self, profile_id: str, *, plain: bool = False) -> RunSpec:
+    def run_spec(self, profile_id: str, *, plain: bool = False, build: str | None = None) -> RunSpec:
         """The spec a start of this profile runs, panel settings (`options.extra_env`) included: the one place
         it is built, so the Engine and Profiles tabs show exactly what Start runs. `plain`: the card's own
-        command (no panel additions), for reading beside the card. KeyError: unknown profile."""
+        command (no panel additions), for reading beside the card. `build`: the engine build to run (None: the
+        current one, docs/engine.md "Upgrading the engine"). KeyError: unknown profile or build."""
+        b = builds.registry(self.settings).resolve(build)
         return build_run_spec(self.recipe, profile_id, str(self.settings.data_dir), plain=plain,
-                              extra_env=self.options.extra_env or None, profiles=self.profiles())
+                              extra_env=self.options.extra_env or None, profiles=self.profiles(), image=b.image,
+                              build=b.id)
 
     def log_tail(self, container_id: str, n: int) -> list[tuple[str, str]]:
         """The last `n` lines of that run's stdout then stderr (the telemetry seeds a run it did not see boot)."""
@@ -253,9 +257,10 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
 
 
     def start(self, profile_id: str, overrides: tuple[str, ...] | frozenset[str] = (), *,
-              who: str = oplog.PANEL) -> Ticket:
-        """Start a profile (`who` asked: oplog.user(name), oplog.CLI, ...; logged with the decision)."""
-        spec = self._spec_for("start", profile_id)
+              who: str = oplog.PANEL, build: str | None = None) -> Ticket:
+        """Start a profile (`who` asked: oplog.user(name), oplog.CLI, ...; logged with the decision) on `build`
+        (None: the current build)."""
+        spec = self._spec_for("start", profile_id, build)
         if isinstance(spec, Ticket):
             return self._intent(spec, "serve", profile_id, who)
         if self.busy() is None and (why := self._already_live()):
@@ -316,9 +321,10 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         return self._intent(self._submit("stop", None, lambda t: self._op_stop(t, who)), "stopped", None, who)
 
     def switch(self, profile_id: str, overrides: tuple[str, ...] | frozenset[str] = (), *,
-               who: str = oplog.PANEL) -> Ticket:
-        """Switch to a profile: drain, stop, boot the new one (rollback to the last ready one if it fails)."""
-        spec = self._spec_for("switch", profile_id)
+               who: str = oplog.PANEL, build: str | None = None) -> Ticket:
+        """Switch to a profile (on `build`; None: the current build): drain, stop, boot the new one (rollback to
+        the last ready one if it fails)."""
+        spec = self._spec_for("switch", profile_id, build)
         if isinstance(spec, Ticket):
             return self._intent(spec, "serve", profile_id, who)
         t = self._submit("switch", profile_id,

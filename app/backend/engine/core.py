@@ -166,7 +166,7 @@ class Core:
     def snapshot(self) -> EngineSnapshot:
         raise NotImplementedError
 
-    def run_spec(self, profile_id: str, *, plain: bool = False) -> RunSpec:
+    def run_spec(self, profile_id: str, *, plain: bool = False, build: str | None = None) -> RunSpec:
         raise NotImplementedError
 
     def container_pids(self) -> set[int]:

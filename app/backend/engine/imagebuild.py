@@ -80,20 +80,24 @@ def _git_head(src: Path) -> str | None:
 
 def build_image(
     source: Path, dockerfile: str, tag: str, build_env: dict[str, str],
-    on_event: Callable[[BuildEvent], None], runtime: DockerRuntime | None = None,
+    on_event: Callable[[BuildEvent], None], runtime: DockerRuntime | None = None, low_priority: bool = False,
 ) -> BuildResult:
-    """Run the build, streaming every output line to on_event. Never raises for build failures."""
+    """Run the build, streaming every output line to on_event. Never raises for build failures. `low_priority`:
+    while an engine serves (docs/engine.md "Upgrading the engine"): the classic builder's step containers get a
+    small CPU share; a BuildKit build runs its client under `nice` (BuildKit takes no CPU share per build)."""
     if build_env.get("DOCKER_BUILDKIT") == "1":
-        return _build_cli(source, dockerfile, tag, build_env, on_event)
-    return _build_py(source, dockerfile, tag, on_event, runtime or DockerRuntime())
+        return _build_cli(source, dockerfile, tag, build_env, on_event, low_priority)
+    return _build_py(source, dockerfile, tag, on_event, runtime or DockerRuntime(), low_priority)
 
 
 def _build_cli(source: Path, dockerfile: str, tag: str, build_env: dict[str, str],
-               on_event: Callable[[BuildEvent], None]) -> BuildResult:
+               on_event: Callable[[BuildEvent], None], low_priority: bool = False) -> BuildResult:
     docker_bin = shutil.which("docker")
     if docker_bin is None:
         return BuildResult(False, tag, "BuildKit build needs the docker CLI, which is not on PATH", "buildkit-cli")
     argv = [docker_bin, "build", "--progress=plain", "-f", str(source / dockerfile), "-t", tag, str(source)]
+    if low_priority and (nice := shutil.which("nice")):
+        argv = [nice, "-n", "19", *argv]
     child_env = {**env.whole(), **build_env}
     on_event(BuildEvent("$ " + " ".join(argv)))
     proc = subprocess.Popen(argv, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -117,24 +121,28 @@ def _build_cli(source: Path, dockerfile: str, tag: str, build_env: dict[str, str
 
 
 def _build_py(source: Path, dockerfile: str, tag: str, on_event: Callable[[BuildEvent], None],
-              runtime: DockerRuntime) -> BuildResult:
+              runtime: DockerRuntime, low_priority: bool = False) -> BuildResult:
     try:
         api = runtime.client.api
     except Exception as exc:  # RuntimeUnavailable from the client property
         return BuildResult(False, tag, str(exc), "docker-py")
-    return docker_py_build(api, source, dockerfile, tag, on_event)
+    return docker_py_build(api, source, dockerfile, tag, on_event, low_priority)
+
+
+LOW_CPU_SHARES = 64  # of Docker's default 1024: a build step yields the CPU to the serving engine
 
 
 def docker_py_build(api: Any, context: Path, dockerfile: str, tag: str,
-                    on_event: Callable[[BuildEvent], None]) -> BuildResult:
+                    on_event: Callable[[BuildEvent], None], low_priority: bool = False) -> BuildResult:
     """Build `context` with docker-py's low-level client `api` (classic builder, no pull), every output line
     to on_event. Never raises for build or daemon failures."""
     import docker
     import requests
 
     try:
+        limits = {"cpushares": LOW_CPU_SHARES} if low_priority else None
         events = api.build(path=str(context), dockerfile=dockerfile, tag=tag, rm=True, forcerm=True, pull=False,
-                           decode=True)
+                           decode=True, container_limits=limits)
         for ev in events:
             if "error" in ev:  # the low-level API does not raise on build errors
                 msg = ((ev.get("errorDetail") or {}).get("message") or ev["error"]).strip()

@@ -18,6 +18,7 @@ import time
 from app.backend import oplog
 from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, slots_of
 from app.backend.engine import statemachine as sm
+from app.backend.engine.builds import BUILD_LABEL
 from app.backend.engine.bootlog import BootProgress, BootTracker
 from app.backend.engine.client import base_url
 from app.backend.engine.diagnosis import cache_miss_warning
@@ -266,7 +267,8 @@ class Observer(Reconciler):
             note = "reattached to the running engine" if first else f"adopted {inst.name} (started outside this panel)"
             out: list[sm.Event] = [sm.Adopted(inst.profile_id, inst.id, inst.name, base_url(self.recipe, self.settings.data_dir),
                                               self.recipe.model.served_name, self.recipe.simulated, ready,
-                                              prog.phase, prog.pool, note)]
+                                              prog.phase, prog.pool, note, build=inst.labels.get(BUILD_LABEL, ""),
+                                              image=inst.image)]
             if n_running > 1:
                 out.append(sm.Noted(f"adopted {inst.name}; {n_running - 1} other panel engine(s) are also "
                                     "running — stop them (never started twice by this panel)"))

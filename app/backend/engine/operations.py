@@ -18,6 +18,7 @@ from typing import Callable
 from app.backend import oplog
 from app.backend.contracts import LIVE_STATES, Diagnosis, EngineState
 from app.backend.engine import statemachine as sm
+from app.backend.engine.builds import BUILD_LABEL
 from app.backend.engine.core import MUTATING
 from app.backend.engine.desired import DesiredKind
 from app.backend.engine.ops import Ticket
@@ -63,10 +64,10 @@ class Operations(Supervisor):
             return
         self._run_op(ticket, lambda t: self._op_stop(t, who))
 
-    def _spec_for(self, action: str, profile_id: str) -> RunSpec | Ticket:
-        """The operation's one spec (one profile lookup), or its refusal naming the operation."""
+    def _spec_for(self, action: str, profile_id: str, build: str | None = None) -> RunSpec | Ticket:
+        """The operation's one spec (one profile and build lookup), or its refusal naming the operation."""
         try:
-            return self.run_spec(profile_id)
+            return self.run_spec(profile_id, build=build)
         except (KeyError, ValueError) as exc:
             return self._refused(action, profile_id, f"refused: {exc.args[0] if exc.args else exc}")
 
@@ -160,7 +161,9 @@ class Operations(Supervisor):
         """Returns the result label: ok, rolled_back, failed or cancelled."""
         self._reconcile_now()
         snap = self.snapshot()
-        if snap.state is EngineState.READY and snap.profile_id == profile_id:
+        want_build = spec.labels_dict.get(BUILD_LABEL, "")  # another build of the same profile is a switch too
+        same_build = not want_build or not snap.build or snap.build == want_build
+        if snap.state is EngineState.READY and snap.profile_id == profile_id and same_build:
             ticket.ok, ticket.message = True, f"already serving {profile_id}"
             return "ok"
         rollback_to = snap.last_ready_profile

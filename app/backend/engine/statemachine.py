@@ -46,7 +46,8 @@ class _Container:
 
 @dataclass(frozen=True)
 class BootBegan(_Container):
-    pass
+    build: str = ""
+    image: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ class Adopted(_Container):
     phase: str
     pool: PoolSizing | None = None
     message: str = "reattached to the running engine"
+    build: str = ""
+    image: str = ""
 
 
 @dataclass(frozen=True)
@@ -171,10 +174,10 @@ ALLOWED: dict[type, frozenset[EngineState]] = {
 }
 
 
-def _pointed_at(snap: EngineSnapshot, event: _Container) -> EngineSnapshot:
+def _pointed_at(snap: EngineSnapshot, event: BootBegan | Adopted) -> EngineSnapshot:
     return replace(snap, profile_id=event.profile_id, container_id=event.container_id,
                    container_name=event.container_name, base_url=event.base_url, served_name=event.served_name,
-                   simulated=event.simulated)
+                   simulated=event.simulated, build=event.build, image=event.image)
 
 
 def _gone(snap: EngineSnapshot, message: str, diagnosis: Diagnosis | None, now: float) -> EngineSnapshot:

@@ -152,6 +152,8 @@ def build_run_spec(
     plain: bool = False,
     extra_env: dict[str, str] | None = None,
     profiles: list[ProfileSpec] | None = None,
+    image: str | None = None,
+    build: str = "",
 ) -> RunSpec:
     """Build the `docker run` for one profile.
 
@@ -159,6 +161,8 @@ def build_run_spec(
         plain: exactly the card's command (no panel labels, no trace env).
         extra_env: panel-level additions (validated like recipe env); ignored when plain.
         profiles: the profile list to search (recipe profiles plus saved custom ones).
+        image, build: the engine build to run (engine/builds.py chooses it: the recipe's pin unless one was
+            promoted or named); None/"" = the recipe's own image.
 
     Raises:
         KeyError: unknown profile. CommandError: unsafe data dir or extra env.
@@ -211,7 +215,7 @@ def build_run_spec(
         additions.append((f"--host {ENGINE_BIND_HOST}", HOST_WHY))
     spec = RunSpec(
         name=name,
-        image=recipe.engine.image,
+        image=image or recipe.engine.image,
         gpus=recipe.serve.gpus,
         network=recipe.serve.network,
         ipc=recipe.serve.ipc,
@@ -229,7 +233,7 @@ def build_run_spec(
         (f"{LABEL_PREFIX}.profile", profile.id),
         (f"{LABEL_PREFIX}.config-hash", config_hash(spec)),
         (f"{LABEL_PREFIX}.simulated", "1" if recipe.simulated else "0"),
-    )
+    ) + (((f"{LABEL_PREFIX}.build", build),) if build else ())
     additions.append(("--label moet-panel.*=…", "ownership labels: the panel finds and adopts only its own containers"))
     return RunSpec(**{**asdict(spec), "mounts": mounts, "labels": labels, "additions": tuple(additions),
                       "socket_mount": socket_mount})

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 from app.backend.profiles.registry import ProfileRegistry
 from app.backend import oplog
+from app.backend.engine import builds
 from app.backend.jobs import BackgroundJob, JobState
 from app.backend.recipe.command import config_hash
 from app.backend.recipe.effective import EffectiveCommand
@@ -104,7 +105,7 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
         same tag is a new engine), else the name when the runtime cannot say (no Docker, the SIMULATED
         process runtime)."""
         try:
-            spec = self.engine.run_spec(profile_id)
+            spec = self.engine.run_spec(profile_id, build=self.engine.snapshot().build or None)
             recipe_hash, image = config_hash(spec), spec.image
         except (KeyError, ValueError):
             return "", ""
@@ -133,9 +134,12 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
         return sum(s.expect_s for s in plan_steps(plan, self._card_rate(plan.profile_id) or 50.0,
                                                   self._ctx(plan.profile_id)))
 
-    def check(self, profile_id: str) -> str:
-        """'' when a self-test of this profile can run now, else what to do first."""
+    def check(self, profile_id: str, build: str | None = None) -> str:
+        """'' when a self-test of this profile (on `build`, when named) can run now, else what to do first."""
         snap = self.engine.snapshot()
+        if build and snap.is_ready and snap.build != build:
+            return (f"the engine serves build {snap.build or '?'}, not {build}: `moet-panel engine switch --profile "
+                    f"{profile_id} --build {build}` first (the self-test never switches the engine)")
         if not snap.is_ready:
             return f"the engine is {snap.state.value}: start profile {profile_id} first (the self-test never starts it)"
         if snap.profile_id != profile_id:
@@ -176,6 +180,17 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
         return p
 
     # --- the job --------------------------------------------------------------------------------------
+    def _evidence(self, result: SelfTestResult, ref: str) -> None:
+        """The self-test is evidence for the build that served it (`moet-panel engine builds`)."""
+        if not result.build:
+            return
+        mean = [d.tok_s for d in result.decode if d.tok_s]
+        summary = f"{result.profile_id}: decode {sum(mean) / len(mean):.1f} tok/s" if mean else result.profile_id
+        try:
+            builds.registry(self.settings).add_evidence(result.build, builds.Evidence("selftest", ref, time.time(), summary))
+        except OSError as exc:
+            oplog.caught("selftest", exc, "recording the self-test as evidence of its build", build=result.build)
+
     def _card_rate(self, profile_id: str) -> float | None:
         p = self.profiles.find(profile_id)
         return float(p.decode.value) if p is not None and p.decode is not None else None
@@ -215,7 +230,9 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
                 done_s += step.expect_s
             result.wall_s = time.monotonic() - t0
             result.telemetry = watch.stop()
-            self.store.save(result)
+            result.build = self.engine.snapshot().build
+            saved = self.store.save(result)
+            self._evidence(result, saved.stem)
             self._set(replace(self.progress(), state=JobState.DONE, step="done", fraction=1.0,
                               elapsed_s=result.wall_s, message="done", result=result))
             oplog.decision("selftest", "end", who=who, profile=plan.profile_id, result="done",

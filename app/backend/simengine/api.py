@@ -139,7 +139,7 @@ def tokenize(body: object, max_model_len: int) -> dict[str, object]:
 
 
 def token_source(req: GenRequest, seed: int, tier: int = 0,
-                 needle_ok: int = DEFAULT_NEEDLE_MAX_TOKENS) -> tuple[Plan, Iterator[tuple[str, str]]]:
+                 needle_ok: int = DEFAULT_NEEDLE_MAX_TOKENS, build: str = "") -> tuple[Plan, Iterator[tuple[str, str]]]:
     """Deterministic (kind, text) tokens: reasoning first (~20-40%), then the answer.
 
     The base answer does not depend on the profile; `tier` (quality.quality_tier) may break it off
@@ -152,7 +152,7 @@ def token_source(req: GenRequest, seed: int, tier: int = 0,
         words = found.split()
         plan = Plan(natural_tokens=len(words), reasoning_tokens=0)
         return plan, _needle_gen(words, rng)
-    cut = broken_length(request_rng(seed, key + f"\x00tier{tier}"), tier, plan.natural_tokens)
+    cut = broken_length(request_rng(seed, key + f"\x00tier{tier}"), tier, plan.natural_tokens, build)
     tail = DECOHERENCE.split()
     if cut is not None:
         cut = max(cut, plan.reasoning_tokens + len(tail) + 1)

@@ -122,6 +122,9 @@ class BootSequence:
             if self.cache_hit:
                 log.engine("moe_w2_store.py:350", f"moe_w2 store[delta]: pack {pack} has {N_LAYERS}/{N_LAYERS} layers "
                            "— staging for those layers will be SKIPPED (persistent quant cache)")
+        if plan.exists and self.cfg.build == "next":  # the newer build's EXL3 staging line (main's log form)
+            log.engine("moe_w2_cubit.py:1173", f"moe_w2 EXL3 v2: FP4 need-pool staging from checkpoint (own-scale "
+                       f"slots {SLOT_MIB:.2f} MiB [fp4_13|sc13|fp4_2|sc2]; policy=need)")
         if plan.exists and plan.auto:
             log.engine("moe_w2_delta.py:424", f"moe_w2 delta tier: auto-sizing deferred until after KV-cache allocation "
                        f"(slot {SLOT_MIB:.1f} MiB, reserve 3.0 GiB)")

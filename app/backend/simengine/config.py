@@ -23,6 +23,10 @@ FAIL_MODES = (
 FAIL_ALIASES = {"health_without_pool": "pool_disabled"}  # the brief's name for the same symptom
 SELFTEST_ENV = ("MOET_SIM_NEEDLE_MAX_TOKENS", "MOET_SIM_DEGRADE", "MOET_SIM_DEGRADE_AFTER_S")  # quality.py
 REASONING_MODES = ("reasoning", "reasoning_content", "think_tags", "none")
+# SIMULATED build variants (MOET_SIM_BUILD, baked into a variant image by `engine build-image --commit next
+# --demo`; docs/engine.md "Upgrading the engine"): decode speed factor, and the engine prints the log forms of
+# vLLM-Moet's main (the EXL3 need-pool staging line, the `[gate] audit` form). "" = the pinned build.
+BUILD_VARIANTS = {"": 1.0, "next": 1.06}
 # The ckpt id the simulated planes cache was "built" with (the simulated recipe pins this value);
 # any other VLLM_MOE_W2_CKPT_ID (or none) is a planes-cache MISS, as on the real engine.
 DEFAULT_EXPECTED_CKPT_ID = "8863d864b7c75cde7493abc5899bdfe9e6dd16f6dab445961416f6e407c842b8"
@@ -50,12 +54,15 @@ class SimEngineConfig:
     expected_ckpt_id: str = DEFAULT_EXPECTED_CKPT_ID
     env: dict[str, str] = field(default_factory=dict)  # the VLLM_MOE_W2* knobs as seen by the engine
     pid: int = 0  # pid shown in log prefixes; 0 = os.getpid()
+    build: str = ""  # a SIMULATED build variant (BUILD_VARIANTS); "" = the pinned build
     extra_args: list[str] = field(default_factory=list)  # flags accepted but ignored (a real server uses them)
 
     def __post_init__(self) -> None:
         self.fail = FAIL_ALIASES.get(self.fail, self.fail)
         if self.fail and self.fail not in FAIL_MODES:
             raise ValueError(f"MOET_SIM_FAIL={self.fail!r} is not one of {', '.join(FAIL_MODES)}")
+        if self.build not in BUILD_VARIANTS:
+            raise ValueError(f"MOET_SIM_BUILD={self.build!r} is not one of {', '.join(b for b in BUILD_VARIANTS if b)}")
         if self.reasoning_mode not in REASONING_MODES:
             raise ValueError(f"reasoning mode {self.reasoning_mode!r} is not one of {', '.join(REASONING_MODES)}")
         if self.decode_tok_s <= 0:
@@ -135,7 +142,8 @@ def config_from_env_and_args(argv: Sequence[str], environ: Mapping[str, str]) ->
     if ns.max_num_seqs:
         cfg.max_num_seqs = max(1, ns.max_num_seqs)
     cfg.extra_args = extra
-    cfg.decode_tok_s = _float_env(environ, "MOET_SIM_DECODE_TOK_S", cfg.decode_tok_s)
+    cfg.build = environ.get("MOET_SIM_BUILD", "").strip()
+    cfg.decode_tok_s = _float_env(environ, "MOET_SIM_DECODE_TOK_S", cfg.decode_tok_s) * BUILD_VARIANTS.get(cfg.build, 1.0)
     cfg.prefill_tok_s = _float_env(environ, "MOET_SIM_PREFILL_TOK_S", cfg.prefill_tok_s)
     cfg.boot_s = _float_env(environ, "MOET_SIM_BOOT_S", cfg.boot_s)
     cfg.seed = int(_float_env(environ, "MOET_SIM_SEED", ns.seed if ns.seed is not None else cfg.seed))

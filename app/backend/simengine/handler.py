@@ -166,7 +166,8 @@ class _Handler(BaseHTTPRequestHandler):
     # --- generation ---------------------------------------------------------------------------------
 
     def _generate(self, req: GenRequest) -> None:
-        plan, source = token_source(req, self.sim.config.seed, self.sim.quality_tier, self.sim.needle_max_tokens)
+        plan, source = token_source(req, self.sim.config.seed, self.sim.quality_tier, self.sim.needle_max_tokens,
+                                    self.sim.config.build)
         room = max(1, self.sim.config.max_model_len - req.prompt_tokens)  # vLLM cuts max_tokens to the room left
         limit = min(req.max_tokens, room) if req.max_tokens else room
         sim_req = SimRequest(request_id=req.request_id, prompt_tokens=req.prompt_tokens, limit=limit,

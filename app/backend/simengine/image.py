@@ -40,7 +40,7 @@ ADD rootfs.tar /
 ENV PYTHONPATH=/opt/simengine PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 LANG=C.UTF-8
 LABEL moet-panel.simulated="1" {hash_label}="{digest}" org.opencontainers.image.title="moet-panel SIMULATED vLLM-Moet engine"
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["/usr/bin/python3.11", "-m", "simengine"]
+{variant_env}ENTRYPOINT ["/usr/bin/python3.11", "-m", "simengine"]
 CMD ["--port", "8000"]
 """
 
@@ -129,14 +129,19 @@ def build_rootfs(dest: Path) -> None:
             _add_file(tar, p, f"/opt/simengine/simengine/{p.name}")
 
 
-def image_is_current(client: DockerClient, tag: str = IMAGE_TAG) -> bool:
+def variant_digest(variant: str = "") -> str:
+    """The source hash plus the SIMULATED build variant baked into the image (engine/buildjob.py)."""
+    return source_digest() + (f"-{variant}" if variant else "")
+
+
+def image_is_current(client: DockerClient, tag: str = IMAGE_TAG, variant: str = "") -> bool:
     import docker.errors
 
     try:
         image = client.images.get(tag)
     except docker.errors.ImageNotFound:
         return False
-    return (image.labels or {}).get(HASH_LABEL) == source_digest()
+    return (image.labels or {}).get(HASH_LABEL) == variant_digest(variant)
 
 
 def content_tag() -> str:
@@ -147,21 +152,23 @@ def content_tag() -> str:
 
 
 def ensure_image(client: DockerClient | None = None, rebuild: bool = False,
-                 progress: Callable[[str], None] | None = None, tag: str = IMAGE_TAG) -> str:
-    """Build `tag` (default `moet-panel/sim-engine:2`) unless it exists with the same source hash. Returns it."""
+                 progress: Callable[[str], None] | None = None, tag: str = IMAGE_TAG, variant: str = "") -> str:
+    """Build `tag` (default `moet-panel/sim-engine:2`) unless it exists with the same source hash. Returns it.
+    `variant`: a SIMULATED build variant (MOET_SIM_BUILD baked in; config.BUILD_VARIANTS), built at low priority."""
     import docker
 
     client = client or docker.from_env()
-    if not rebuild and image_is_current(client, tag):
+    if not rebuild and image_is_current(client, tag, variant):
         return tag
-    digest = source_digest()
+    digest = variant_digest(variant)
+    env = f"ENV MOET_SIM_BUILD={variant}\nLABEL moet-panel.build=\"{variant}\"\n" if variant else ""
     with tempfile.TemporaryDirectory(prefix="moet-sim-image-") as tmp:
         build_rootfs(Path(tmp) / "rootfs.tar")
-        (Path(tmp) / "Dockerfile").write_text(DOCKERFILE.format(hash_label=HASH_LABEL, digest=digest))
+        (Path(tmp) / "Dockerfile").write_text(DOCKERFILE.format(hash_label=HASH_LABEL, digest=digest, variant_env=env))
         built = docker_py_build(client.api, Path(tmp), "Dockerfile", tag,
-                                lambda ev: progress(ev.line) if progress else None)
+                                lambda ev: progress(ev.line) if progress else None, low_priority=bool(variant))
     if not built.ok:
         raise ImageBuildError(f"{tag}: {built.message}")
-    if not image_is_current(client, tag):
+    if not image_is_current(client, tag, variant):
         raise ImageBuildError(f"docker build reported success but {tag} is missing or has a stale label")
     return tag

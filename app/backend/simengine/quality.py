@@ -50,9 +50,14 @@ def needle_answer(prompt_text: str, prompt_tokens: int, max_tokens_ok: int) -> s
     return m.group(1) if prompt_tokens <= max_tokens_ok else MISSED_ANSWER
 
 
-def broken_length(rng: random.Random, tier: int, natural: int) -> int | None:
+# The SIMULATED build `next` is a little faster (config.BUILD_VARIANTS) and a little worse: the best tier breaks
+# some answers off too, so the A/B between builds has something to find.
+_BREAK_NEXT = {0: (0.2, (0.6, 0.95))}
+
+
+def broken_length(rng: random.Random, tier: int, natural: int, build: str = "") -> int | None:
     """Tokens after which this profile breaks the answer off (None = the answer is whole)."""
-    p, (lo, hi) = _BREAK.get(tier, _BREAK[0])
+    p, (lo, hi) = (_BREAK_NEXT if build == "next" else {}).get(tier, _BREAK.get(tier, _BREAK[0]))
     if p <= 0 or rng.random() >= p:
         return None
     return max(3, int(natural * rng.uniform(lo, hi)))

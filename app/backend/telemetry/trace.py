@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from app.backend.contracts import PoolSizing
-from app.backend.engine.loglines import pool_sizing
+from app.backend.engine.loglines import pool_sizing, unknown_pool_form
 from app.backend.contracts import GiB
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -176,6 +176,15 @@ class TraceSnapshot:
     force_promoted: int = 0
     gate_fires: int = 0
     need: tuple[int, ...] | None = None
+    gate_audits: int = 0
+    # A pool line of a form this parser cannot read (a newer/older build), when nothing of that kind was
+    # understood: the header and Telemetry tab then say "this build's pool trace is not understood" instead
+    # of a blank or a wrong number (issue 45, docs/engine.md "Upgrading the engine").
+    unknown_form: str | None = None
+
+    @property
+    def understood(self) -> bool:
+        return self.unknown_form is None
 
     @property
     def primary(self) -> RankView | None:
@@ -233,6 +242,7 @@ class TraceParser:
         self.trace_on: bool | None = None
         self.last_summary_ts: float | None = None
         self.on_summary: Callable[[str, Summary], None] | None = None  # called with (rank key, summary)
+        self._unknown_forms: dict[str, str] = {}  # kind -> first unreadable line of that kind
 
     # -- input -------------------------------------------------------------------------------
     def feed(self, chunk: str) -> None:
@@ -266,7 +276,8 @@ class TraceParser:
         if "] evict " in line:
             self._event(line, False)
             return
-        if "] [" not in line and "moe_w2 delta" not in line and "delta dump to" not in line and line[:1] != "[":
+        if ("] [" not in line and "moe_w2 delta" not in line and "delta dump to" not in line and line[:1] != "["
+                and "moe_w2 EXL3 " not in line):
             return
         line = line.rstrip("\r\n")
         proc = "main"
@@ -287,13 +298,13 @@ class TraceParser:
                 ts_text = rest[sp + 1 : sp + 15]
                 msg = rest[k + 2 :]
         first = msg[:1]
-        if first != "[" and not msg.startswith(("moe_w2 delta ", "delta dump to ")):
+        if first != "[" and not msg.startswith(("moe_w2 delta ", "delta dump to ", "moe_w2 EXL3 ")):
             # an unknown prefix (log shipper, custom VLLM_LOGGING_PREFIX): find the message in it
             msg = _after_unknown_prefix(msg)
             first = msg[:1]
         if first == "[":
             self._tagged(proc, msg, ts_text, ts)
-        elif first == "m" and msg.startswith("moe_w2 delta "):
+        elif first == "m" and msg.startswith(("moe_w2 delta ", "moe_w2 EXL3 ")):
             self._boot(proc, msg)
         elif first == "d" and msg.startswith("delta dump to "):
             self._rank(proc).dump_failures += 1
@@ -368,8 +379,9 @@ class TraceParser:
 
     def _summary(self, proc: str, tag: str, body: str, ts_text: str, ts: float | None) -> None:
         m = SUMMARY_RE.match(body)
-        if not m:
-            return  # truncated or garbled summary: ignore, never guess
+        if not m:  # another build's summary form (or a garbled line): never guess a number from it
+            self._unknown("summary", f"[{tag}] {body}")
+            return
         tick, fp4, cached, slots, cov, total, cov_pct, hit_tok, hit_exp, wp, we, cp, ce = m.groups()
         s = Summary(tag, int(tick), int(cached), int(slots), int(cov), int(total), float(cov_pct), float(hit_tok),
                     float(hit_exp), int(wp), int(we), int(cp), int(ce), self._ts(ts_text, ts), fp4 is not None)
@@ -398,12 +410,29 @@ class TraceParser:
             return
         ps = pool_sizing(msg)  # the one sizing parser, shared with engine/bootlog.py
         if ps is None:
+            if unknown_pool_form(msg):
+                self._unknown("sizing", msg)
             return
+        if ps.slots is None and not ps.deferred and st.sizing is not None:
+            return  # an EXL3 staging line names the slot size only: keep a sizing already read
         if ps.disabled and ps.auto:  # the AUTO "pool disabled" line names no slot size: keep the deferred line's
             ps = replace(ps, slot_mib=st.sizing.slot_mib if st.sizing else None)
         st.sizing = ps
 
+    def _unknown(self, kind: str, text: str) -> None:
+        if kind not in self._unknown_forms:
+            self._unknown_forms[kind] = text[:200]
+
     # -- output ------------------------------------------------------------------------------
+    def unknown_form(self) -> str | None:
+        """A sample unreadable pool line, when no line of its kind (summary / sizing) was read."""
+        sizing_known = any(st.sizing is not None for st in self._ranks.values())
+        if "sizing" in self._unknown_forms and not sizing_known:
+            return self._unknown_forms["sizing"]
+        if "summary" in self._unknown_forms and self.summaries == 0:
+            return self._unknown_forms["summary"]
+        return None
+
     def rank_states(self) -> dict[str, RankState]:
         return self._ranks
 
@@ -425,6 +454,8 @@ class TraceParser:
             force_promoted=sum(st.force_promoted for st in self._ranks.values()),
             gate_fires=sum(st.gate_fires for st in self._ranks.values()),
             need=need,
+            gate_audits=sum(st.gate_audits for st in self._ranks.values()),
+            unknown_form=self.unknown_form(),
         )
 
 
