@@ -82,7 +82,8 @@ def _simulated(settings: Settings | None, snap_fn: Callable[[], EngineSnapshot] 
             boot = float(settings.recipe.serve.env.get("MOET_SIM_BOOT_S", boot))
         except (TypeError, ValueError):
             pass
-    return SimulatedGpuReader(snap_fn, total_gib=total, ready_gib=ready, boot_s=boot, engine_pids_fn=pids_fn)
+    return SimulatedGpuReader(snap_fn, total_gib=total, ready_gib=ready, boot_s=boot, engine_pids_fn=pids_fn,
+                              count=env.sim_gpus())
 
 
 __all__ = ["follow_engine", "make_gpu_reader", "tag_engine_processes", "NoGpuReader", "NvmlGpuReader",
