@@ -28,8 +28,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import docker  # noqa: E402
+import httpx2  # noqa: E402 - the openai SDK's HTTP client
 import openai  # noqa: E402
 
+from app.backend.engine.client import EngineEndpoint, api_base  # noqa: E402
 from app.backend.engine.controller import ControllerOptions, EngineController  # noqa: E402
 from app.backend.engine.docker_runtime import DockerRuntime  # noqa: E402
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe  # noqa: E402
@@ -91,7 +93,9 @@ def main() -> int:
         try:
             assert ctl.start("quality").wait(120) and ctl.snapshot().is_ready, ctl.snapshot().message
             snap = ctl.snapshot()
-            client = openai.OpenAI(base_url=f"{snap.base_url}/v1", api_key="none", max_retries=0)
+            # the openai SDK over the engine's unix socket (issue 40, docs/engine.md "Where the engine listens")
+            uds = httpx2.Client(transport=httpx2.HTTPTransport(uds=EngineEndpoint.parse(snap.base_url).uds))
+            client = openai.OpenAI(base_url=api_base(snap.base_url), api_key="none", max_retries=0, http_client=uds)
             for r in range(args.rounds):
                 for side in (("on", "off") if r % 2 == 0 else ("off", "on")):
                     ctl.set_canary_interval(args.interval if side == "on" else 0.0)

@@ -245,3 +245,18 @@ def panel() -> Iterator[Panel]:
     """The panel in demo mode (simulated recipe) on a free loopback port, with a temp data dir."""
     with demo_panel("moet-panel-test-") as p:
         yield p
+
+
+# --- the panel's engine, on its unix socket (issue 40) -------------------------------------------------------
+
+def engine_openai(url: str, **kw: Any) -> Any:
+    """The real `openai` SDK for an engine address from a snapshot: `unix:/…/engine.sock` (over that socket, as
+    the panel's chat reaches it) or http://host:port."""
+    import httpx2  # the openai SDK's HTTP client
+    import openai
+
+    from app.backend.engine.client import EngineEndpoint, api_base, is_uds
+
+    if is_uds(url):
+        kw["http_client"] = httpx2.Client(transport=httpx2.HTTPTransport(uds=EngineEndpoint.parse(url).uds))
+    return openai.OpenAI(base_url=api_base(url), **{"api_key": "EMPTY", "max_retries": 0, **kw})

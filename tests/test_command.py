@@ -110,24 +110,31 @@ def test_card_profiles_differ_by_exactly_one_line() -> None:
     assert set(p3.items()) ^ set(p1.items()) == {("VLLM_MOE_W2_DELTA_POLICY", "need"), ("VLLM_MOE_W2_DELTA_POLICY", "freq")}
 
 
+SOCK_DIR = "/data/ds4/.moet-panel/engine-sock"
+SOCK = f"{SOCK_DIR}/engine.sock"
+
+
 @pytest.mark.parametrize("profile", ["quality", "balanced", "speed"])
-def test_managed_command_adds_only_labels_name_trace_and_loopback(profile: str) -> None:
+def test_managed_command_adds_only_labels_name_trace_and_the_socket(profile: str) -> None:
     text = cli_inproc("--profile", profile, "--data-dir", "/data/ds4")
     got, want = parse_docker_run(text), parse_docker_run(CARD[profile])
     extra_opts = got["opts"] - want["opts"]
     missing_opts = want["opts"] - got["opts"]
     assert missing_opts == Counter({("--name", "ds4-quality"): 1})
-    assert {o for o, _ in extra_opts} == {"--name", "--label"}
+    assert {o for o, _ in extra_opts} == {"--name", "--label", "-v"}
+    # the socket's directory, at the same path inside the container; no -p: nothing is published
+    assert [v for o, v in extra_opts if o == "-v"] == [f"{SOCK_DIR}:{SOCK_DIR}"]
+    assert not any(o in ("-p", "--publish") for o, _ in got["opts"])
     labels = dict(v.split("=", 1) for o, v in extra_opts if o == "--label")
     assert labels["moet-panel.managed"] == "1" and labels["moet-panel.profile"] == profile
     assert all(k.startswith("moet-panel.") for k in labels)
     assert {k: v for k, v in got["env"].items() if k not in want["env"]} == {"VLLM_MOE_W2_DELTA_TRACE": "1"}
     assert {k: v for k, v in got["env"].items() if k in want["env"]} == want["env"]
-    # the engine listens on loopback only (issue 31): the card's arguments plus `--host 127.0.0.1`
-    assert "--host" not in want["args"]
-    assert got["image"] == want["image"] and got["args"] == want["args"] + ["--host", "127.0.0.1"]
+    # the engine listens on a unix socket in the state dir (issue 40): the card's arguments plus `--uds PATH`
+    assert "--host" not in want["args"] and "--uds" not in want["args"]
+    assert got["image"] == want["image"] and got["args"] == want["args"] + ["--uds", SOCK]
     comments = [ln for ln in text.splitlines() if ln.startswith("#")]
-    for needle in ("--name", "VLLM_MOE_W2_DELTA_TRACE=1", "--label", "--host 127.0.0.1"):
+    for needle in ("--name", "VLLM_MOE_W2_DELTA_TRACE=1", "--label", f"--uds {SOCK}", f"-v {SOCK_DIR}"):
         assert any(needle in c for c in comments), f"no comment line explains {needle}"
 
 
@@ -171,23 +178,28 @@ def test_explain_prints_each_line_with_the_cards_reason(capsys) -> None:
     assert out[i + 1].strip().startswith("↳ card: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — removes ~0.5 GiB")
     j = out.index("  --max-num-seqs 1")
     assert "Concurrency multiplies the gate's fire floor" in out[j + 1]
-    k = out.index("  --port 8000")
+    k = out.index("  --max-num-batched-tokens 1024")
     assert out[k + 1].strip() == "↳ (the card gives no reason for this line)"
     assert "VLLM_MOE_W2_DELTA_TRACE=1" in "\n".join(out) and "added by moet-panel" in "\n".join(out)
 
 
 @pytest.mark.parametrize("profile", ["quality", "speed"])
-def test_plain_is_the_cards_command_without_host_and_explain_gives_the_hosts_reason(profile: str) -> None:
+def test_plain_is_the_cards_command_without_uds_and_explain_gives_the_sockets_reason(profile: str) -> None:
     plain = parse_docker_run(cli_inproc("--profile", profile, "--plain", "--data-dir", "/data/ds4"))
-    assert plain == parse_docker_run(CARD[profile]) and "--host" not in plain["args"]
+    assert plain == parse_docker_run(CARD[profile]) and "--host" not in plain["args"] and "--uds" not in plain["args"]
     explained = cli_inproc("--profile", profile, "--explain", "--data-dir", "/data/ds4")
     lines = explained.splitlines()
-    i = next(n for n, ln in enumerate(lines) if ln.strip() == "--host 127.0.0.1")
-    assert "added by moet-panel" in lines[i + 1] and "loopback" in lines[i + 1]
+    i = next(n for n, ln in enumerate(lines) if ln.strip() == f"--uds {SOCK}")
+    assert "added by moet-panel" in lines[i + 1] and "unix socket" in lines[i + 1] and "web page" in lines[i + 1]
+    j = next(n for n, ln in enumerate(lines) if ln.strip() == f"-v {SOCK_DIR}:{SOCK_DIR}")
+    assert "added by moet-panel" in lines[j + 1] and "0700" in lines[j + 1]
+    k = next(n for n, ln in enumerate(lines) if ln.strip() == "--port 8000")
+    assert "ignored" in lines[k + 1] and "--uds" in lines[k + 1]
 
 
-def test_the_loopback_addition_leaves_the_config_hash_as_it_was() -> None:
-    """Self-test results are keyed by the config hash: adding --host 127.0.0.1 must not make them stale."""
+def test_the_socket_addition_leaves_the_config_hash_as_it_was() -> None:
+    """Self-test results are keyed by the config hash: where the engine listens (--uds and its mount, or
+    --host 127.0.0.1 before it) must not make them stale."""
     import dataclasses
 
     from app.backend.recipe import load_recipe
@@ -195,7 +207,9 @@ def test_the_loopback_addition_leaves_the_config_hash_as_it_was() -> None:
 
     recipe = load_recipe(SIMULATED_RECIPE)
     spec = build_run_spec(recipe, "quality", "/data/ds4")
-    assert spec.args[-2:] == ("--host", "127.0.0.1")
-    before = dataclasses.replace(spec, args=spec.args[:-2])
+    assert spec.args[-2:] == ("--uds", SOCK) and spec.socket_mount is not None
+    assert spec.mounts[-1] == spec.socket_mount
+    before = dataclasses.replace(spec, args=(*spec.args[:-2], "--host", "127.0.0.1"), mounts=spec.mounts[:-1],
+                                 socket_mount=None)
     assert config_hash(spec) == config_hash(before)
     assert config_hash(dataclasses.replace(spec, args=(*spec.args[:-2], "--port", "9"))) != config_hash(spec)

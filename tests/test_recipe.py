@@ -36,7 +36,7 @@ def test_card_recipe_loads_with_the_cards_figures() -> None:
 
 def test_simulated_recipe_loads_and_needs_no_gpu() -> None:
     r = load_recipe(SIMULATED_RECIPE)
-    assert r.simulated and r.serve.gpus == "" and r.engine.image == "moet-panel/sim-engine:1"
+    assert r.simulated and r.serve.gpus == "" and r.engine.image == "moet-panel/sim-engine:2"
     assert [p.id for p in r.profiles] == ["quality", "balanced", "speed"]
 
 
@@ -62,7 +62,7 @@ def _bad(tmp_path: Path, old: str, new: str, text: str = SIM_TEXT) -> RecipeErro
                      "relative path", id="mount-traversal"),
         pytest.param("mounts = []", 'mounts = [{ source = "m", target = "/x/../../etc" }]', "serve.mounts[0].target",
                      "without '..'", id="mount-target-traversal"),
-        pytest.param('image = "moet-panel/sim-engine:1"', 'image = "x --privileged"', "engine.image", "image reference",
+        pytest.param('image = "moet-panel/sim-engine:2"', 'image = "x --privileged"', "engine.image", "image reference",
                      id="image-shell-text"),
     ],
 )

@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING
 from app.backend import env
 from app.backend.recipe import DEFAULT_RECIPE, SIMULATED_RECIPE, Recipe, load_recipe
 from app.backend.recipe.command import validate_data_dir
+from app.backend.recipe.endpoint import STATE_SUBDIR as STATE_SUBDIR  # the engine's socket lives in it too
 
 if TYPE_CHECKING:  # types only: profiles reads settings, and is imported when first asked for
     from app.backend.profiles import ProfileRegistry
-
-STATE_SUBDIR = ".moet-panel"
 
 
 @dataclass(frozen=True)

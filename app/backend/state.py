@@ -116,7 +116,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     from app.backend.gateway.service import GatewayService
 
     gateway = state.gateway = GatewayService(settings.ensure_state_dir(), config_from_env(recipe=settings.recipe), engine.snapshot,
-                                             base_url(settings.recipe), subscribe=engine.on_change,
+                                             base_url(settings.recipe, settings.data_dir), subscribe=engine.on_change,
                                              slots_for=lambda pid: engine_slots_of(settings.recipe, state.profiles.find(pid)))
     engine.add_answer_counter(gateway)  # its answers in flight finish before a stop/switch (docs/engine.md "Keeps serving")
     state.on_close(gateway.close)

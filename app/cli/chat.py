@@ -24,7 +24,8 @@ def register(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser("chat", help="stream one answer from the engine (or any OpenAI-compatible server)")
     add_common(p, json_help="accepted; chat prints the streamed answer, no data")
     p.add_argument("prompt", metavar="PROMPT", help="the message; '-' reads it from stdin")
-    p.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000 (default: the recipe's endpoint)")
+    p.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000, or an engine's socket "
+                   "unix:/PATH (default: the panel's engine, on its socket in the data dir)")
     p.add_argument("--model", help="model name to request (default: the recipe's served name, else the server's first)")
     p.add_argument("--system", default="", help="system prompt")
     p.add_argument("--max-tokens", type=int, default=None, help="cap on generated tokens (default: server's limit)")
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if sampling.temperature <= 0:
         err.print(f"warning: temperature 0 — {s.never_zero_note}", style="yellow", markup=False)
-    url = args.base_url or base_url(recipe)
+    url = args.base_url or base_url(recipe, settings.data_dir)
     client = EngineClient(url, api_key=args.api_key)
     model = _pick_model(client, args.model, recipe.model.served_name)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [

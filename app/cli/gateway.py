@@ -49,7 +49,8 @@ def register(subs: argparse._SubParsersAction) -> None:
                    help="connections from one address (IPv6: one /64)")
     p.add_argument("--capture-bodies", type=int, default=0, metavar="BYTES",
                    help="keep the first BYTES of each request and answer in the activity log (default 0: metadata only)")
-    p.add_argument("--engine-url", metavar="URL", help="the engine's server root (default: the recipe's, on loopback)")
+    p.add_argument("--engine-url", metavar="URL", help="the engine's address: unix:/PATH of its socket, or "
+                   "http://HOST:PORT (default: the panel's engine, on its socket in the data dir)")
     # the panel's own way to run it (app/backend/gateway/service.py), not for a terminal
     p.add_argument("--status-from-stdin", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
@@ -105,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         oplog.configure(settings.ensure_state_dir())
         keys = KeyStore(settings.ensure_state_dir())
         base = limits_for_recipe(settings.recipe)
-        probe = ProbeSource(args.engine_url or base_url(settings.recipe), settings.recipe.model.served_name)
+        probe = ProbeSource(args.engine_url or base_url(settings.recipe, settings.data_dir),
+                            settings.recipe.model.served_name)
         engine, where = probe, probe.base_url
     try:
         server = GatewayServer(config_from(args, base), keys, engine, report=reporter)

@@ -30,7 +30,7 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--decode-tok-s", type=float, help="override the profile's decode tok/s")
     p.add_argument("--boot-s", type=float, help="override the simulated load time (MOET_SIM_BOOT_S)")
     p.add_argument("--fail", choices=FAIL_MODES, help="failure mode to simulate (MOET_SIM_FAIL)")
-    p.add_argument("--build-image", action="store_true", help="build the moet-panel/sim-engine:1 image and exit")
+    p.add_argument("--build-image", action="store_true", help="build the moet-panel/sim-engine:2 image and exit")
     p.add_argument("--rebuild", action="store_true", help="with --build-image: rebuild even if up to date")
     p.set_defaults(func=run)
 
@@ -58,7 +58,9 @@ def engine_environment(args: argparse.Namespace) -> tuple[list[str], dict[str, s
         sim_env["MOET_SIM_BOOT_S"] = str(args.boot_s)
     if args.fail:
         sim_env["MOET_SIM_FAIL"] = args.fail
-    argv = list(spec.args)
+    # a standalone simulation listens where this command's --host/--port say (TCP): the panel's own engine, on
+    # its unix socket, is the one the panel starts (docs/engine.md, "Where the engine listens")
+    argv = list(spec.command.remove_arg("--uds").args)
     if args.port is not None:
         argv += ["--port", str(args.port)]  # last one wins, as with vLLM's argparse
     return argv, sim_env

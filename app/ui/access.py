@@ -36,7 +36,8 @@ def status_html(view: GatewayView) -> str:
     proc = f" The gateway runs as its own process (pid {s.pid}), stopped with the panel." if s.pid else ""
     return (f'<div id="gw-status" class="moet-gw-status" data-state="{word}" data-restored="{int(s.restored)}">'
             f"<b>Gateway: {word}</b> — {where}<br>"
-            f"{html.escape(s.message)}<br><small>{html.escape(engine)}. The engine itself listens on 127.0.0.1 only."
+            f"{html.escape(s.message)}<br><small>{html.escape(engine)}. "
+            "The engine itself listens on a unix socket of the panel only (no TCP port)."
             f"{proc}</small></div>")
 
 
@@ -83,7 +84,8 @@ def render(state: AppState, shell: Shell) -> None:
     svc: GatewayService = gw
     model = state.settings.recipe.model.served_name
     gr.Markdown("Serve the model to other machines (an IDE, Open WebUI, scripts) through the **API gateway**: "
-                "per-client keys, limits, usage and activity. The engine itself listens on loopback only. "
+                "per-client keys, limits, usage and activity. "
+                "The engine itself listens on a unix socket of the panel, no TCP port. "
                 "What is reachable, by whom, with what: `docs/gateway.md`.")
     view0 = svc.view()
     with gr.Row():

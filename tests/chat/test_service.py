@@ -102,7 +102,9 @@ def test_engine_stopped_mid_stream_without_controller(make_service) -> None:
     sim = start_sim(decode_tok_s=300.0)
     try:
         svc = make_service(None)  # no controller: the recipe endpoint, probed
-        svc.recipe = svc.recipe.model_copy(update={"serve": svc.recipe.serve.model_copy(update={"port": sim.port})})
+        # the recipe's endpoint: this in-process engine's TCP port (a recipe with listen = "tcp")
+        serve = svc.recipe.serve.model_copy(update={"port": sim.port, "listen": "tcp"})
+        svc.recipe = svc.recipe.model_copy(update={"serve": serve})
         conv = svc.new_conversation()
         turn = svc.send(conv.id, "hello", SamplingParams(1.0, 1.0, 0.05, 5000), extra_body=LONG)
         wait_for(lambda: turn.view().tokens >= 10, what="some tokens")

@@ -31,7 +31,10 @@ def sim_recipe(port: int, boot_timeout_s: int = 60, stop_grace_s: int = 5) -> Re
     args = list(r.serve.args)
     args[args.index("--port") + 1] = str(port)
     serve = r.serve.model_copy(update={"port": port, "args": args})
-    engine = r.engine.model_copy(update={"boot_timeout_s": boot_timeout_s, "stop_grace_s": stop_grace_s})
+    from app.backend.simengine.image import content_tag
+
+    engine = r.engine.model_copy(update={"boot_timeout_s": boot_timeout_s, "stop_grace_s": stop_grace_s,
+                                         "image": content_tag()})
     return r.model_copy(update={"id": f"simtest-{port}", "serve": serve, "engine": engine})
 
 
@@ -61,10 +64,13 @@ def docker_client():
         client.ping()
     except Exception as exc:  # no daemon here: docker tests skip
         pytest.skip(f"Docker not reachable: {exc}")
-    from app.backend.simengine.image import IMAGE_TAG, ImageBuildError, ensure_image
+    from app.backend.simengine.image import IMAGE_TAG, ImageBuildError, content_tag, ensure_image
 
+    # this checkout's image under its content tag (sim_recipe runs it): the panel's engine needs this source's
+    # features (--uds, issue 40), and the shared tag may be rebuilt meanwhile from another checkout
+    ensure_image(client, tag=content_tag())
     try:
-        ensure_image(client)
+        ensure_image(client)  # the shared tag too: tests that start the stock SIMULATED recipe run it
     except ImageBuildError:
         # another session rebuilt the tag concurrently from a slightly different source: any sim image will do
         client.images.get(IMAGE_TAG)
@@ -143,7 +149,7 @@ def recipe_file(tmp_path: Path, sim_settings, sim_image) -> Path:
     text = SIMULATED_RECIPE.read_text()
     text = text.replace('id = "simulated"', f'id = "{sim_settings.recipe.id}"', 1)
     text = text.replace("port = 8000", f"port = {port}").replace('"--port", "8000"', f'"--port", "{port}"')
-    text = text.replace('image = "moet-panel/sim-engine:1"', f'image = "{sim_image}"')
+    text = text.replace('image = "moet-panel/sim-engine:2"', f'image = "{sim_image}"')
     path = tmp_path / "recipe.toml"
     path.write_text(text)
     return path

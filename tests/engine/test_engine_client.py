@@ -27,7 +27,10 @@ def sim() -> Iterator[SimEngineServer]:
 def test_the_url_rule() -> None:
     assert [ec.connect_host(h) for h in ("0.0.0.0", "", "::", "10.0.0.5")] == ["127.0.0.1"] * 3 + ["10.0.0.5"]
     recipe = load_recipe(SIMULATED_RECIPE)
-    assert ec.base_url(recipe) == f"http://{ec.connect_host(recipe.serve.host)}:{recipe.serve.port}"
+    # the panel's engine: on its socket in the data dir (issue 40); a recipe with listen = "tcp": host:port
+    assert ec.base_url(recipe, "/data/x") == "unix:/data/x/.moet-panel/engine-sock/engine.sock"
+    tcp = recipe.model_copy(update={"serve": recipe.serve.model_copy(update={"listen": "tcp"})})
+    assert ec.base_url(tcp, "/data/x") == f"http://{ec.connect_host(recipe.serve.host)}:{recipe.serve.port}"
     for url in ("http://h:8000", "http://h:8000/", "http://h:8000/v1", " http://h:8000/v1/ "):
         assert ec.api_base(url) == "http://h:8000/v1" and ec.server_root(url) == "http://h:8000"
     assert ec.is_loopback("http://127.0.0.1:1/v1") and not ec.is_loopback("https://api.example.com/v1")

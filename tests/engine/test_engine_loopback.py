@@ -1,5 +1,6 @@
-"""The engine listens on loopback only (issue 31): the simulated engine container, started by the panel's
-own controller on real Docker with `--network host`, opens no socket beyond 127.0.0.1."""
+"""A recipe whose engine listens on TCP (`listen = "tcp"`, an engine without --uds) listens on loopback only
+(issue 31): the simulated engine container, started by the panel's own controller on real Docker with
+`--network host`, opens no socket beyond 127.0.0.1. The default (a unix socket, issue 40): test_engine_socket.py."""
 
 from __future__ import annotations
 
@@ -14,11 +15,15 @@ def test_simulated_engine_container_listens_on_loopback_only(make_controller, do
     # this source's image, under a tag of its own: the shared tag may be rebuilt meanwhile from another checkout
     tag = ensure_image(docker_client, tag=f"moet-panel/sim-engine:src-{source_digest()}")
     recipe = sim_settings.recipe
-    recipe = recipe.model_copy(update={"engine": recipe.engine.model_copy(update={"image": tag})})
+    recipe = recipe.model_copy(update={"engine": recipe.engine.model_copy(update={"image": tag}),
+                                       "serve": recipe.serve.model_copy(update={"listen": "tcp"})})
     settings = Settings(recipe_path=sim_settings.recipe_path, recipe=recipe, data_dir=sim_settings.data_dir, demo=True)
     ctl = make_controller(settings)
     spec = ctl.run_spec("quality")
-    assert spec.args[-2:] == ("--host", "127.0.0.1") and spec.network == "host"
+    assert spec.args[-2:] == ("--host", "127.0.0.1") and spec.network == "host" and "--uds" not in spec.args
+    report = ctl.preflight("quality")  # the preflight says what a TCP engine leaves open
+    port_item = next(i for i in report.items if i.id == "port")
+    assert port_item.status == "warn" and "web page" in port_item.detail
     ctl.start("quality")
     wait_until(lambda: ctl.snapshot().state is EngineState.READY, 60, "ready")
     container = docker_client.containers.get(ctl.snapshot().container_id)

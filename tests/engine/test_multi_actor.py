@@ -62,9 +62,9 @@ def test_two_panels_and_outside_actors_converge_on_docker(make_controller, docke
     assert r.returncode == 0, r.stdout + r.stderr
     converge((a, b), lambda s: s.state is EngineState.READY and s.profile_id == "speed", "speed adopted")
     assert len(panel_containers(docker_client, st.recipe.id)) == 1
-    # The port preflight knows the holder is the panel's own container, whoever started it.
-    port = next(i for i in a.preflight("speed").items if i.id == "port")
-    assert port.status == "pass" and "this panel's engine" in port.detail
+    # The socket preflight knows the listener is the panel's own container, whoever started it (issue 40).
+    sock = next(i for i in a.preflight("speed").items if i.id == "socket")
+    assert sock.status == "pass" and "this panel's engine" in sock.detail and "700" in sock.detail
 
     # docker stop from outside: a neutral stop, not a red failure.
     docker_client.containers.get(a.snapshot().container_id).stop(timeout=5)
@@ -172,7 +172,7 @@ def test_fresh_process_classifies_an_exited_container(mode, reason, state, docke
             from app.backend.engine.client import base_url
             from app.backend.engine.readiness import probe
 
-            url = base_url(st.recipe)
+            url = base_url(st.recipe, st.data_dir)
             wait_until(lambda: probe(url, st.recipe.model.served_name).models_ok, 30, "engine ready")
             if mode == "sigkill":
                 docker_client.containers.get(inst.id).kill()
@@ -181,8 +181,11 @@ def test_fresh_process_classifies_an_exited_container(mode, reason, state, docke
             else:
                 import httpx
 
-                with pytest.raises(httpx.HTTPError):
-                    httpx.post(f"{url}/v1/chat/completions", timeout=20, json={
+                from app.backend.engine.client import own_http
+
+                http, root = own_http(url, httpx.Timeout(20.0))  # over the engine's socket (issue 40)
+                with http, pytest.raises(httpx.HTTPError):
+                    http.post(f"{root}/v1/chat/completions", json={
                         "model": st.recipe.model.served_name, "max_tokens": 200,
                         "messages": [{"role": "user", "content": "hi"}]}).raise_for_status()
         wait_until(lambda: not (rt.get(inst.id) and rt.get(inst.id).running), 60, "the engine exits")
@@ -210,11 +213,13 @@ def test_stalled_engine_is_seen_with_evidence(make_controller, docker_client, si
     ctl = make_controller(st, extra_env={"MOET_SIM_FAIL": "hang_mid_generation"}, stall_after_s=2.0,
                           liveness_poll_s=0.25)
     assert ctl.start("quality").wait(60) and ctl.snapshot().state is EngineState.READY
-    url = ctl.snapshot().base_url
+    from app.backend.engine.client import own_http
+
+    http, url = own_http(ctl.snapshot().base_url, httpx.Timeout(30.0))  # over the engine's socket (issue 40)
 
     def ask() -> None:
         try:
-            httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
+            http.post(f"{url}/v1/chat/completions", json={
                 "model": st.recipe.model.served_name, "max_tokens": 500, "stream": True,
                 "messages": [{"role": "user", "content": "hi"}]})
         except httpx.HTTPError:
@@ -222,7 +227,7 @@ def test_stalled_engine_is_seen_with_evidence(make_controller, docker_client, si
 
     threading.Thread(target=ask, daemon=True).start()
     wait_until(lambda: ctl.snapshot().state is EngineState.STALLED, 20, "stalled")
-    assert httpx.get(f"{url}/health", timeout=5).status_code == 200  # /health still says fine
+    assert http.get(f"{url}/health", timeout=5).status_code == 200  # /health still says fine
     d = ctl.snapshot().diagnosis
     assert d is not None and d.reason == "stalled" and any("running requests: 1" in e for e in d.evidence)
     stop = ctl.stop()
@@ -239,11 +244,13 @@ def test_stalled_engine_restarts_on_the_same_profile_when_asked(make_controller,
                           liveness_poll_s=0.25, restart_on_stall=True)
     assert ctl.start("balanced").wait(60)
     first = ctl.snapshot().container_id
-    url = ctl.snapshot().base_url
+    from app.backend.engine.client import own_http
+
+    http, url = own_http(ctl.snapshot().base_url, httpx.Timeout(30.0))  # over the engine's socket (issue 40)
 
     def ask() -> None:
         try:
-            httpx.post(f"{url}/v1/completions", timeout=30, json={
+            http.post(f"{url}/v1/completions", json={
                 "model": st.recipe.model.served_name, "prompt": "x", "max_tokens": 300})
         except httpx.HTTPError:  # the restart cuts the hung request
             pass

@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 
 from app.backend.contracts import EngineState
+from app.backend.engine.client import own_http
 from app.backend.telemetry.hub import TelemetryHub
+from tests.conftest import engine_openai
 from tests.engine.conftest import wait_until
 from tests.engine.test_multi_actor import _settings_with_image, cli
 
@@ -33,8 +34,7 @@ def test_status_shows_the_coverage_the_header_shows(make_controller, sim_setting
     hub = TelemetryHub(st, engine=ctl, gpu_reader=_NoGpu(), persist=False)  # the header's source
     try:
         base = ctl.snapshot().base_url
-        client = openai.OpenAI(base_url=base.rstrip("/") + ("" if base.rstrip("/").endswith("/v1") else "/v1"),
-                               api_key="x", timeout=30)
+        client = engine_openai(base, api_key="x", timeout=30)  # over the engine's socket (issue 40)
 
         def served_until_a_tick() -> bool:
             client.chat.completions.create(model=ctl.snapshot().served_name, max_tokens=64,
@@ -43,8 +43,8 @@ def test_status_shows_the_coverage_the_header_shows(make_controller, sim_setting
 
         wait_until(served_until_a_tick, 90, "a [delta] tick summary after traffic")
         # An engine watched by a panel for a while: health checks push the boot and tick lines far up the log.
-        root = base.rstrip("/").removesuffix("/v1")
-        with httpx.Client(timeout=10) as h:
+        h, root = own_http(base, httpx.Timeout(10.0))
+        with h:
             for _ in range(2200):
                 h.get(root + "/health")
         header = hub.sample_once().coverage_pct

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Panel, close_panel, free_port, launch_state
+from tests.conftest import Panel, close_panel, engine_openai, free_port, launch_state
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "assets" / "monitoring"
@@ -136,7 +136,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         key = gateway.create_key("scrape-test").key
         with openai.OpenAI(base_url=gateway.snapshot().url + "/v1", api_key=key, max_retries=0, timeout=60) as gw:
             gw.chat.completions.create(model=snap.served_name, max_tokens=3, messages=[{"role": "user", "content": "hi"}])
-        with openai.OpenAI(base_url=snap.base_url + "/v1", api_key="EMPTY", max_retries=0, timeout=60) as client:
+        with engine_openai(snap.base_url, timeout=60) as client:  # over the engine's socket (issue 40)
 
             def covered() -> str | None:
                 """One more real completion (the engine prints a pool summary every 64 steps), then a scrape."""

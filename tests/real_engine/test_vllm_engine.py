@@ -8,6 +8,7 @@ engine process starts). Figures are printed, never asserted on time (docs/real-e
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
@@ -19,12 +20,12 @@ from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, Usag
 from app.backend.chat.service import ChatService
 from app.backend.chat.stats import format_stats
 from app.backend.engine.bootlog import BootTracker
-from app.backend.engine.client import EngineClient
+from app.backend.engine.client import EngineClient, EngineEndpoint, api_base, own_http
 from app.backend.engine.controller import EngineController
 from app.backend.contracts import EngineState
 from app.backend.telemetry.hub import TelemetryHub
 from app.backend.engine.metrics_text import parse_metrics
-from tests.gateway.sockets import container_listening, non_loopback
+from tests.gateway.sockets import container_listening, listening, non_loopback
 from tests.real_engine.conftest import BOOT_S, Tier
 
 S = EngineState
@@ -68,10 +69,11 @@ def test_start_reaches_ready_with_health_and_served_name(served) -> None:
     snap = ctl.snapshot()
     assert snap.state is S.READY and snap.profile_id == "tiny" and not snap.simulated
     assert snap.served_name == "tiny-think" and snap.message == "ready (this profile has no FP4 pool)"
-    base = snap.base_url
-    assert httpx.get(f"{base}/health", timeout=5).status_code == 200
-    assert [m["id"] for m in httpx.get(f"{base}/v1/models", timeout=5).json()["data"]] == ["tiny-think"]
-    assert httpx.get(f"{base}/version", timeout=5).json()["version"] == "0.32.0"
+    http, base = own_http(snap.base_url, httpx.Timeout(5.0))  # over the engine's unix socket (issue 40)
+    with http:
+        assert http.get(f"{base}/health").status_code == 200
+        assert [m["id"] for m in http.get(f"{base}/v1/models").json()["data"]] == ["tiny-think"]
+        assert http.get(f"{base}/version").json()["version"] == "0.32.0"
     (only,) = tier.containers(all_=False)
     assert only.labels["moet-panel.managed"] == "1" and only.image.tags == ["moet-panel/vllm-cpu-tiny:1"]
     mem = only.stats(stream=False)["memory_stats"]  # as `docker stats` shows it: without inactive page cache
@@ -144,7 +146,9 @@ def test_chat_service_reply_and_stats_line(served, tmp_path) -> None:
 def test_metrics_parsed_into_the_timeline_with_vllms_names(served) -> None:
     tier, ctl = served
     base = ctl.snapshot().base_url
-    raw = parse_metrics(httpx.get(f"{base}/metrics", timeout=5).text)
+    http, root = own_http(base, httpx.Timeout(5.0))
+    with http:
+        raw = parse_metrics(http.get(f"{root}/metrics").text)
     for name in ("vllm:generation_tokens", "vllm:prompt_tokens", "vllm:num_requests_running",
                  "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert name in raw.values, sorted(raw.values)
@@ -171,15 +175,20 @@ def test_metrics_parsed_into_the_timeline_with_vllms_names(served) -> None:
     assert point.decode_tok_s == m.decode_tok_s and point.kv_usage_pct == m.kv_usage_pct
 
 
-def test_vllm_listens_on_loopback_only(served) -> None:
-    """Issue 31: upstream vLLM, run by the panel with --network host, opens no socket beyond 127.0.0.1."""
+def test_vllm_listens_on_its_unix_socket_and_no_tcp_port(served) -> None:
+    """Issue 40 (and 31 before it): upstream vLLM, run by the panel with --network host, serves its HTTP API on
+    --uds in the state dir's 0700 engine-sock directory, not on its --port. (Its engine core still binds
+    ephemeral loopback ports of its own — ZMQ and torch.distributed, not HTTP: docs/engine.md.)"""
     tier, ctl = served
     (only,) = tier.containers(all_=False)
     assert only.attrs["HostConfig"]["NetworkMode"] == "host"
     own = container_listening(only)
-    port = tier.recipe.serve.port
-    assert ("127.0.0.1", port) in own, own
     assert non_loopback(own) == [], f"vLLM listens beyond loopback: {own}"
+    port = tier.recipe.serve.port
+    assert ("127.0.0.1", port) not in own and [s for s in listening(only.attrs["State"]["Pid"]) if s[1] == port] == []
+    sock = EngineEndpoint.parse(ctl.snapshot().base_url).uds
+    assert sock == str(tier.settings.state_dir / "engine-sock" / "engine.sock")
+    assert oct(os.stat(os.path.dirname(sock)).st_mode & 0o777) == "0o700"
 
 
 def test_gateway_streams_a_chat_and_counts_the_engines_usage(served, tmp_path) -> None:
@@ -205,7 +214,11 @@ def test_gateway_streams_a_chat_and_counts_the_engines_usage(served, tmp_path) -
         content = "".join((ch.choices[0].delta.content or "") for ch in chunks if ch.choices)
         assert content.strip() == model["answer_text"]
         assert all(ch.choices for ch in chunks)  # the usage chunk the gateway asked for is not passed on
-        with openai.OpenAI(base_url=ctl.snapshot().base_url + "/v1", api_key="EMPTY", max_retries=0, timeout=120) as d:
+        import httpx2  # the openai SDK's HTTP client, bound to the engine's socket
+
+        uds = httpx2.Client(transport=httpx2.HTTPTransport(uds=EngineEndpoint.parse(ctl.snapshot().base_url).uds))
+        with openai.OpenAI(base_url=api_base(ctl.snapshot().base_url), api_key="EMPTY", max_retries=0, timeout=120,
+                           http_client=uds) as d:
             direct = list(d.chat.completions.create(model="tiny-think", messages=msgs, stream=True, max_tokens=64,
                                                     stream_options={"include_usage": True}))[-1].usage
         keys.flush()

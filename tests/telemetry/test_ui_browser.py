@@ -9,6 +9,7 @@ import threading
 import httpx
 import pytest
 
+from app.backend.engine.client import own_http
 from tests.conftest import ARTIFACTS, close_panel, free_port, launch_panel
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -58,9 +59,11 @@ def test_header_and_telemetry_plots_live_in_demo(panel, browser) -> None:
         snap = engine.wait_for(lambda s: s.is_ready or s.state.value == "failed", 60)
         assert snap.is_ready, snap.message
 
+        http, root = own_http(snap.base_url, httpx.Timeout(120.0))  # the engine's socket (issue 40)
+
         def traffic() -> None:
             try:
-                httpx.post(snap.base_url + "/v1/completions", timeout=120,
+                http.post(root + "/v1/completions",
                            json={"model": snap.served_name, "prompt": "x", "max_tokens": 1200, "ignore_eos": True})
             except httpx.HTTPError:
                 pass  # the engine is stopped under it at teardown

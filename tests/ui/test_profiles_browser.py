@@ -36,7 +36,7 @@ def test_profiles_view_shows_each_profile_and_its_command(panel, browser) -> Non
             "pid => document.querySelector('#profile-command textarea').value.includes('moet-panel.profile=' + pid)", arg=p.id
         )
         text = code.locator("textarea").input_value()
-        assert "docker run" in text and "VLLM_MOE_W2_DELTA_TRACE=1" in text and "moet-panel/sim-engine:1" in text
+        assert "docker run" in text and "VLLM_MOE_W2_DELTA_TRACE=1" in text and "moet-panel/sim-engine:2" in text
         if p.id == "balanced":
             assert "VLLM_MOE_W2_PROMO_HYST=8" in text
         if p.id == "speed":

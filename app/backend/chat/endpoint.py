@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import httpx
@@ -80,6 +81,7 @@ def engine_reason(snapshot: EngineSnapshot) -> str:
 
 def resolve_endpoint(
     recipe: Recipe,
+    data_dir: Path,  # the panel's engine listens on a socket inside it (recipe/endpoint.py)
     snapshot_fn: SnapshotFn | None,  # the controller's snapshot(); may return None (no controller)
     probe: HealthProbe,
     custom_url: str | None = None,
@@ -90,12 +92,12 @@ def resolve_endpoint(
         return Endpoint(url, recipe.model.served_name, None, False, "custom", ok, reason)
     snap = snapshot_fn() if snapshot_fn is not None else None
     if snap is not None:
-        url = server_root(snap.base_url) if snap.base_url else base_url(recipe)
+        url = server_root(snap.base_url) if snap.base_url else base_url(recipe, data_dir)
         ready = snap.is_ready
         return Endpoint(
             url, snap.served_name or recipe.model.served_name, snap.profile_id, snap.simulated, "engine",
             ready, "" if ready else engine_reason(snap), snap.diagnosis,
         )
-    url = base_url(recipe)
+    url = base_url(recipe, data_dir)
     ok, reason = probe.check(url)
     return Endpoint(url, recipe.model.served_name, None, recipe.simulated, "recipe", ok, reason)

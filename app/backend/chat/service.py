@@ -108,7 +108,8 @@ class ChatService:
         return self._watch.seq if self._watch is not None else 0
 
     def endpoint(self, custom_url: str | None = None) -> Endpoint:
-        return resolve_endpoint(self.recipe, self._snapshot_fn, self._probe, custom_url)
+        # the state dir is <data dir>/.moet-panel (settings.Settings.state_dir), where the engine's socket lives
+        return resolve_endpoint(self.recipe, self._state_dir.parent, self._snapshot_fn, self._probe, custom_url)
 
     def default_sampling(self) -> SamplingParams:
         s = self.recipe.sampling

@@ -6,7 +6,7 @@ import json
 import shlex
 
 from app.backend.chat.client import SamplingParams
-from app.backend.engine.client import api_base
+from app.backend.engine.client import EngineEndpoint, api_base, is_uds
 
 
 def _messages(system_prompt: str, prompt: str) -> list[dict[str, str]]:
@@ -31,8 +31,10 @@ def curl_snippet(base_url: str, model: str, sampling: SamplingParams, system_pro
     fields = [f'  "{k}": {json.dumps(v, ensure_ascii=False)}' for k, v in body.items() if k != "messages"]
     msgs = ",\n".join("    " + json.dumps(m, ensure_ascii=False) for m in messages)
     text = "{\n" + f'  "messages": [\n{msgs}\n  ],\n' + ",\n".join(fields) + "\n}"
+    # an engine on its unix socket (docs/engine.md, "Where the engine listens"): curl goes through the socket
+    sock = f"--unix-socket {shlex.quote(EngineEndpoint.parse(base_url).uds)} " if is_uds(base_url) else ""
     return (
-        f"curl -N {shlex.quote(api_base(base_url) + '/chat/completions')} \\\n"
+        f"curl -N {sock}{shlex.quote(api_base(base_url) + '/chat/completions')} \\\n"
         "  -H 'Content-Type: application/json' \\\n"
         f"  -d {shlex.quote(text)}"
     )
@@ -43,9 +45,14 @@ def python_snippet(base_url: str, model: str, sampling: SamplingParams, system_p
     max_tokens = f"    max_tokens={sampling.max_tokens},\n" if sampling.max_tokens else ""
     lines = "".join(f"        {json.dumps(m, ensure_ascii=False)},\n" for m in _messages(system_prompt, prompt))
     messages = "[\n" + lines + "    ]"
+    if is_uds(base_url):  # the SDK's own HTTP client, bound to the engine's socket
+        opening = ("import httpx\nfrom openai import OpenAI\n\n"
+                   f"http_client = httpx.Client(transport=httpx.HTTPTransport(uds={EngineEndpoint.parse(base_url).uds!r}))\n"
+                   f"client = OpenAI(base_url={api_base(base_url)!r}, api_key=\"EMPTY\", http_client=http_client)\n")
+    else:
+        opening = f"from openai import OpenAI\n\nclient = OpenAI(base_url={api_base(base_url)!r}, api_key=\"EMPTY\")\n"
     return (
-        "from openai import OpenAI\n\n"
-        f"client = OpenAI(base_url={api_base(base_url)!r}, api_key=\"EMPTY\")\n"
+        opening +
         "stream = client.chat.completions.create(\n"
         f"    model={model!r},\n"
         f"    messages={messages},\n"

@@ -18,7 +18,7 @@ from app.backend.engine.gpurelease import wait_gpu_release
 from app.backend.engine.inbox import Decide
 from app.backend.engine.ops import expects_pool
 from app.backend.engine.preflight import PreflightInputs, PreflightReport, run_preflight
-from app.backend.engine.readiness import port_in_use, probe
+from app.backend.engine.readiness import claim_listen_address, probe
 from app.backend.engine.restartpolicy import preflight_cause
 from app.backend.engine.runtime import Instance, Runtime, RuntimeOpError, RuntimeUnavailable
 from app.backend.recipe.command import RunSpec
@@ -82,7 +82,7 @@ class Boot(Core):
             self._fail(diag_mod.classify(None, False, [str(exc)], hint=exc.reason), str(exc))
             return False
         self._follower.begin(rt, inst, from_start=True)
-        self._apply(sm.BootBegan(profile_id, inst.id, inst.name, base_url(self.recipe),
+        self._apply(sm.BootBegan(profile_id, inst.id, inst.name, base_url(self.recipe, self.settings.data_dir),
                                  self.recipe.model.served_name, self.recipe.simulated))
         ready = self._await_ready(rt, inst, spec.env_dict)
         if ready:  # the drain's Retry-After for the next stop or switch (docs/engine.md "Keeps serving")
@@ -98,8 +98,8 @@ class Boot(Core):
             if inst.running:
                 return "port_in_use", f"panel engine {inst.name} is still running; stop it first"
             rt.remove(inst.id)
-        if port_in_use(self.recipe.serve.host, self.recipe.serve.port):
-            return "port_in_use", f"port {self.recipe.serve.port} is already bound by another process"
+        if busy := claim_listen_address(base_url(self.recipe, self.settings.data_dir)):  # its socket dir, or port
+            return "port_in_use", busy
         if not rt.image_present(spec.image):
             if self.recipe.simulated and self._ensure_image is not None:
                 self._apply(sm.Noted(f"building the SIMULATED engine image {spec.image}…"))
@@ -114,7 +114,7 @@ class Boot(Core):
         """Gate on ready. `watch_only` (an adopted engine someone else started): the reconcile keeps running
         meanwhile and owns what happens when Docker changes — this loop ends as soon as the snapshot stops
         showing `inst`, and leaves an exit for the reconcile to explain."""
-        url, name = base_url(self.recipe), self.recipe.model.served_name
+        url, name = base_url(self.recipe, self.settings.data_dir), self.recipe.model.served_name
         want_pool = expects_pool(env, self.recipe.engine.pool_line)
         deadline = time.monotonic() + self.recipe.engine.boot_timeout_s
         pool_deadline: float | None = None

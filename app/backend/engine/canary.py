@@ -23,6 +23,7 @@ from typing import Callable, Literal
 import httpx
 
 from app.backend.contracts import Diagnosis
+from app.backend.engine.client import own_http
 from app.backend.engine.metrics_text import GEN_TOKENS, PROMPT_TOKENS, RUNNING, WAITING, parse_metrics
 
 FAILS_TO_STALL = 2
@@ -134,11 +135,12 @@ def send_canary(base_url: str, model: str, timeout_s: float, *,
     body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0, "stream": True}
     done = threading.Event()
     outcome: list[CanaryResult] = []
-    client = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=min(2.0, timeout_s)))
+    # its own connection (closing it aborts the canary in the engine), over the engine's socket where it has one
+    client, root = own_http(base_url, httpx.Timeout(timeout_s, connect=min(2.0, timeout_s)))
 
     def run() -> None:
         try:
-            with client.stream("POST", f"{base_url}/v1/completions", json=body) as resp:
+            with client.stream("POST", f"{root}/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
                     outcome.append(CanaryResult("failed", f"HTTP {resp.status_code}", time.monotonic() - t0))
                     return

@@ -1,7 +1,9 @@
 """The one client of the engine's HTTP API (docs/engine.md, "Engine client"): `/health`, `/v1/models`,
 `/metrics`, `/tokenize` over one kept-alive httpx client per base URL, and `/v1/chat/completions` streamed
 through the openai SDK (its SSE parsing and errors) — the one SDK wrapper, used by the chat, the self-test
-and the A/B run. Also the one URL rule: a wildcard listen host is reached on loopback.
+and the A/B run. Also the one address rule (recipe/endpoint.py): an engine on a unix socket (`unix:/…/engine.sock`,
+issue 40) is reached through an httpx transport bound to that socket, the SDK's too; a wildcard listen host is
+reached on loopback.
 
 Not here: the gateway's proxy (`gateway/proxy.py`) keeps its own async client (it copies a client's stream
 through, it does not read the engine), and the generation canary (`engine/canary.py`) opens a connection per
@@ -17,11 +19,18 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
 from app.backend.engine.errlog import ENGINE_ERRORS
+# the address rule lives in recipe/endpoint.py; re-exported here for the engine's clients
+from app.backend.recipe.endpoint import LOOPBACK as LOOPBACK
+from app.backend.recipe.endpoint import UDS_SCHEME, engine_endpoint
+from app.backend.recipe.endpoint import WILDCARD_HOSTS as WILDCARD_HOSTS
+from app.backend.recipe.endpoint import EngineEndpoint as EngineEndpoint
+from app.backend.recipe.endpoint import connect_host as connect_host
 from app.backend.recipe.schema import Recipe
 
 if TYPE_CHECKING:  # imported when first streamed: the hub, the controller and the CLI's reads never stream
@@ -29,8 +38,6 @@ if TYPE_CHECKING:  # imported when first streamed: the hub, the controller and t
     import openai
 
 API_KEY_NONE = "EMPTY"  # vLLM without --api-key accepts any key; the SDK insists on one
-WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")  # listen on every interface: connect on loopback
-LOOPBACK = "127.0.0.1"
 DEFAULT_TIMEOUT = httpx.Timeout(5.0, connect=1.0)
 TOKENIZE_TIMEOUT = httpx.Timeout(900.0, connect=5.0)  # a 256K-token prompt takes a while to tokenize
 CLIENTS_KEPT = 16  # base URLs with a kept-alive client (tests start many simulated engines in one process)
@@ -38,30 +45,45 @@ CLIENTS_KEPT = 16  # base URLs with a kept-alive client (tests start many simula
 Timeout = httpx.Timeout | float
 
 
-# -- the URL rule ------------------------------------------------------------------------------------------
-def connect_host(host: str) -> str:
-    """The host to connect to for a server listening on `host` (a wildcard is reached on loopback)."""
-    return LOOPBACK if host in WILDCARD_HOSTS else host
+# -- the address rule ------------------------------------------------------------------------------------------
+def is_uds(url: str) -> bool:
+    """True for an engine address on a unix socket (`unix:/…/engine.sock`)."""
+    return url.strip().startswith(UDS_SCHEME)
 
 
 def is_loopback(url: str) -> bool:
-    return httpx.URL(url).host in (LOOPBACK, "localhost", "::1")
+    return is_uds(url) or httpx.URL(url).host in (LOOPBACK, "localhost", "::1")
 
 
-def base_url(recipe: Recipe) -> str:
-    """The engine's server root for this recipe, e.g. http://127.0.0.1:8000 (no /v1)."""
-    return f"http://{connect_host(recipe.serve.host)}:{recipe.serve.port}"
+def base_url(recipe: Recipe, data_dir: str | Path) -> str:
+    """The address of the engine the panel runs for this recipe on this data dir: `unix:/…/engine.sock`, or
+    http://127.0.0.1:8000 for a recipe with `listen = "tcp"` (no /v1)."""
+    return engine_endpoint(recipe, data_dir).address
 
 
 def api_base(url: str) -> str:
-    """'http://h:8000', 'http://h:8000/', 'http://h:8000/v1' -> 'http://h:8000/v1'."""
+    """'http://h:8000', 'http://h:8000/', 'http://h:8000/v1' -> 'http://h:8000/v1' (a unix: address: its URL over
+    the socket, 'http://engine/v1')."""
+    if is_uds(url):
+        return EngineEndpoint.parse(url).url + "/v1"
     root = url.strip().rstrip("/")
     return root.removesuffix("/v1") + "/v1"
 
 
 def server_root(url: str) -> str:
-    """'http://h:8000/v1/' -> 'http://h:8000'."""
+    """'http://h:8000/v1/' -> 'http://h:8000'; 'unix:/p/engine.sock' stays as it is (its text form)."""
+    if is_uds(url):
+        return EngineEndpoint.parse(url).address
     return api_base(url)[: -len("/v1")]
+
+
+def own_http(url: str, timeout: httpx.Timeout) -> tuple[httpx.Client, str]:
+    """A new httpx client of its own for the engine at `url` (over its socket for a unix: address) and the root
+    to address requests to: for a caller that must close its connection to abort (the canary)."""
+    uds = EngineEndpoint.parse(url).uds if is_uds(url) else None
+    client = httpx.Client(timeout=timeout, trust_env=not is_loopback(url),
+                          transport=httpx.HTTPTransport(uds=uds) if uds else None)
+    return client, api_base(url)[: -len("/v1")]
 
 
 # -- one /metrics read ---------------------------------------------------------------------------------------
@@ -96,8 +118,9 @@ class CompletionStream:
     the first iteration. `abort()` may be called from any thread: it unblocks a pending read and closes the
     connection, which makes vLLM abort the request (docs/chat.md); iteration then just ends."""
 
-    def __init__(self, sdk: openai.OpenAI, body: Mapping[str, object]) -> None:
+    def __init__(self, sdk: openai.OpenAI, body: Mapping[str, object], where: str = "") -> None:
         self._sdk = sdk
+        self._where = where or str(sdk.base_url).rstrip("/").removesuffix("/v1")  # the address, for messages
         self._body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         self._stream: openai.Stream[object] | None = None
         self._aborted = threading.Event()
@@ -163,7 +186,7 @@ class CompletionStream:
             raise StreamFailure("timeout", "the engine did not answer in time") from exc
         except openai.APIConnectionError as exc:
             cause = exc.__cause__ or exc
-            root = str(self._sdk.base_url).rstrip("/").removesuffix("/v1")
+            root = self._where
             raise StreamFailure("connect", f"nothing is answering at {root} ({type(cause).__name__}: {cause})"
                                 .replace(": )", ")")) from exc
         with self._lock:
@@ -197,22 +220,26 @@ class EngineClient:
     Use `engine_client(url)` for the shared, kept-alive one; build one directly only for an API key."""
 
     def __init__(self, url: str, api_key: str | None = None) -> None:
-        self.base_url = server_root(url)
+        self.base_url = server_root(url)  # the address as given: 'http://h:8000' or 'unix:/p/engine.sock'
+        # an engine on a unix socket: requests go to http://engine through a transport bound to the socket
+        self._uds = EngineEndpoint.parse(url).uds if is_uds(url) else None
+        self._root = api_base(url)[: -len("/v1")]  # where requests are addressed
         self._api_key = api_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         # An engine on loopback is never reached through a proxy from the environment (HTTPS_PROXY for downloads).
-        self._http = httpx.Client(timeout=DEFAULT_TIMEOUT, headers=headers, trust_env=not is_loopback(self.base_url))
+        self._http = httpx.Client(timeout=DEFAULT_TIMEOUT, headers=headers, trust_env=not is_loopback(self.base_url),
+                                  transport=httpx.HTTPTransport(uds=self._uds) if self._uds else None)
         self._sdk: openai.OpenAI | None = None
         self._last_metrics: MetricsRead | None = None
         self._lock = threading.Lock()
 
     def health(self, timeout: Timeout = DEFAULT_TIMEOUT) -> int:
         """`GET /health`: its HTTP status (vLLM answers 200 once loaded)."""
-        return self._http.get(self.base_url + "/health", timeout=timeout).status_code
+        return self._http.get(self._root + "/health", timeout=timeout).status_code
 
     def models(self, timeout: Timeout = DEFAULT_TIMEOUT) -> tuple[str, ...]:
         """`GET /v1/models`: the served model names."""
-        r = self._http.get(self.base_url + "/v1/models", timeout=timeout)
+        r = self._http.get(self._root + "/v1/models", timeout=timeout)
         r.raise_for_status()
         data = r.json().get("data") or []
         return tuple(str(m.get("id", "")) for m in data if isinstance(m, dict))
@@ -224,7 +251,7 @@ class EngineClient:
             last = self._last_metrics
         if last is not None and max_age_s > 0 and last.age_s() <= max_age_s:
             return last
-        r = self._http.get(self.base_url + "/metrics", timeout=timeout)
+        r = self._http.get(self._root + "/metrics", timeout=timeout)
         r.raise_for_status()
         read = MetricsRead(r.text, time.time(), time.monotonic())
         with self._lock:
@@ -234,7 +261,7 @@ class EngineClient:
 
     def tokenize(self, model: str, messages: list[dict[str, str]], timeout: Timeout = TOKENIZE_TIMEOUT) -> int:
         """Prompt tokens of chat messages, counted by the engine itself (vLLM's `POST /tokenize`)."""
-        r = self._http.post(self.base_url + "/tokenize", json={"model": model, "messages": messages}, timeout=timeout)
+        r = self._http.post(self._root + "/tokenize", json={"model": model, "messages": messages}, timeout=timeout)
         if r.status_code == 404:
             raise RuntimeError("the engine has no /tokenize route (vLLM serves it by default; is this vLLM?)")
         r.raise_for_status()
@@ -243,7 +270,7 @@ class EngineClient:
     def stream_chat(self, body: Mapping[str, object]) -> CompletionStream:
         """A streamed `POST /v1/chat/completions` of `body` (model, messages, sampling...; `stream` and
         `stream_options.include_usage` are set here). Opens when iterated."""
-        return CompletionStream(self._openai(), body)
+        return CompletionStream(self._openai(), body, self.base_url)
 
     def close(self) -> None:
         self._http.close()
@@ -258,11 +285,14 @@ class EngineClient:
                 import httpx2
                 import openai
 
+                # over a unix socket: the SDK's own HTTP client, bound to the socket (its base URL http://engine/v1)
+                http_client = httpx2.Client(transport=httpx2.HTTPTransport(uds=self._uds),
+                                             trust_env=False) if self._uds else None
                 self._sdk = openai.OpenAI(
-                    base_url=api_base(self.base_url), api_key=self._api_key or API_KEY_NONE,
+                    base_url=self._root + "/v1", api_key=self._api_key or API_KEY_NONE,
                     max_retries=0,  # a retried stream would duplicate tokens; failures are shown instead
                     # read: prefill of a 256K-token prompt can take minutes before the first chunk
-                    timeout=httpx2.Timeout(900.0, connect=5.0, write=30.0, pool=5.0))
+                    timeout=httpx2.Timeout(900.0, connect=5.0, write=30.0, pool=5.0), http_client=http_client)
             return self._sdk
 
 

@@ -30,6 +30,7 @@ from app.backend.engine.runtime import (
     Stream,
 )
 from app.backend.recipe.command import RunSpec
+from app.backend.recipe.endpoint import ensure_socket_dir
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 T = TypeVar("T")
@@ -179,6 +180,8 @@ class DockerRuntime:
     def run(self, spec: RunSpec, extra_labels: dict[str, str] | None = None) -> Instance:
         if not self.image_present(spec.image):
             raise RuntimeOpError(f"image {spec.image} is not present on this Docker host", reason="image_missing")
+        if spec.socket_mount is not None:  # the engine socket's dir: 0700 and ours, before Docker makes it root 0755
+            ensure_socket_dir(spec.socket_mount.source)
         kwargs: dict[str, Any] = {
             "image": spec.image,
             "command": list(spec.args),

@@ -48,9 +48,9 @@ def pool_sizing(msg: str) -> PoolSizing | None:
     return None
 
 
-# uvicorn access lines for the panel's own polling: GET /metrics, /health, /v1/models from a loopback address
-# (the panel reaches the engine on 127.0.0.1 with host networking; docs/engine.md "Engine facts").
-_PROBE = re.compile(r'(?:127\.\d+\.\d+\.\d+|\[?::1\]?|localhost):\d+ - "GET /(?:metrics|health|v1/models)[/? "]')
+# uvicorn access lines for the panel's own polling: GET /metrics, /health, /v1/models from a loopback address, or
+# with no address at all: uvicorn prints none for a client on the engine's unix socket (docs/engine.md "Engine facts").
+_PROBE = re.compile(r'(?:(?:127\.\d+\.\d+\.\d+|\[?::1\]?|localhost):\d+|INFO:\s*) - "GET /(?:metrics|health|v1/models)[/? "]')
 
 
 def is_panel_probe(text: str) -> bool:

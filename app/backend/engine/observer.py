@@ -251,7 +251,7 @@ class Observer(Reconciler):
         prog = tracker.progress
         # Probe only an engine whose log says its API is up: one still booting is shown starting at once (the
         # watch-only op gates it), never held back by a probe of a busy new process.
-        p = probe(base_url(self.recipe), self.recipe.model.served_name, read_timeout_s=ADOPT_PROBE_S) \
+        p = probe(base_url(self.recipe, self.settings.data_dir), self.recipe.model.served_name, read_timeout_s=ADOPT_PROBE_S) \
             if prog.api_up else None
         want_pool = expects_pool(inst.env, self.recipe.engine.pool_line)
         ready = p is not None and p.health_ok and p.models_ok and (not want_pool or (slots_of(prog.pool) or 0) > 0)
@@ -264,7 +264,7 @@ class Observer(Reconciler):
             first = s.state is EngineState.STOPPED and not s.container_id and not self._adopted_once
             self._adopted_once = True
             note = "reattached to the running engine" if first else f"adopted {inst.name} (started outside this panel)"
-            out: list[sm.Event] = [sm.Adopted(inst.profile_id, inst.id, inst.name, base_url(self.recipe),
+            out: list[sm.Event] = [sm.Adopted(inst.profile_id, inst.id, inst.name, base_url(self.recipe, self.settings.data_dir),
                                               self.recipe.model.served_name, self.recipe.simulated, ready,
                                               prog.phase, prog.pool, note)]
             if n_running > 1:

@@ -71,7 +71,7 @@ class PreflightInputs:
 def run_preflight(inp: PreflightInputs, overrides: frozenset[str] = frozenset()) -> PreflightReport:
     items = [_docker(inp), _nvidia_runtime(inp), *_gpu_items(inp), _host_ram(inp), _disk(inp)]
     items += _artifacts(inp)
-    items += [_ckpt_pin(inp), _image(inp), _port(inp)]
+    items += [_ckpt_pin(inp), _image(inp), _listen(inp)]
     return PreflightReport(tuple(items), frozenset(overrides))
 
 
@@ -278,14 +278,52 @@ def _image(inp: PreflightInputs) -> PreflightItem:
                          "`moet-panel engine build-image --source <vLLM-Moet checkout>`")
 
 
+def _listen(inp: PreflightInputs) -> PreflightItem:
+    """Where the engine will listen (docs/engine.md, "Where the engine listens"): its socket's directory for a
+    uds engine, the port for a TCP one (with a warning: a web page the owner opens can reach a TCP engine)."""
+    if inp.recipe.serve.listen == "tcp":
+        return _port(inp)
+    return _socket(inp)
+
+
+TCP_ENGINE_WARNING = ("this recipe's engine listens on TCP (listen = \"tcp\": its vLLM has no --uds), on loopback: any "
+                      "web page the owner opens can reach it (a no-cors POST, a DNS-rebinding Host; vLLM checks "
+                      "neither) and so can every user of this box")
+
+
 def _port(inp: PreflightInputs) -> PreflightItem:
     from app.backend.engine.readiness import port_in_use
 
     port = inp.recipe.serve.port
     title = f"Port {port} free"
+    fix_warn = "Use an engine build with vLLM's --uds and set listen = \"uds\" in the recipe's [serve] (docs/engine.md)."
     if not port_in_use(inp.recipe.serve.host, port):
-        return PreflightItem("port", title, "pass", "free")
+        return PreflightItem("port", title, "warn", f"free; {TCP_ENGINE_WARNING}", fix_warn)
     if inp.engine_running:
-        return PreflightItem("port", title, "pass", "held by this panel's engine")
+        return PreflightItem("port", title, "warn", f"held by this panel's engine; {TCP_ENGINE_WARNING}", fix_warn)
     return PreflightItem("port", title, "fail", f"something else listens on {port}",
                          f"Find it with `ss -ltnp | grep :{port}` and stop it.")
+
+
+def _socket(inp: PreflightInputs) -> PreflightItem:
+    from app.backend.engine.readiness import socket_dir_problem, socket_in_use
+    from app.backend.recipe.endpoint import EndpointError, socket_dir, socket_path
+
+    title = "Engine socket directory"
+    try:
+        path = Path(socket_path(inp.data_dir))
+    except EndpointError as exc:
+        return PreflightItem("socket", title, "fail", str(exc), "Use a shorter data dir (--data-dir).")
+    sock_dir = Path(socket_dir(inp.data_dir))
+    problem = socket_dir_problem(sock_dir)
+    if problem:
+        return PreflightItem("socket", title, "fail", problem,
+                             f"Remove {sock_dir}: the panel makes it again, 0700 and its own.")
+    mode = f"{sock_dir.stat().st_mode & 0o777:o}" if sock_dir.exists() else "made 0700 at start"
+    if path.exists() and socket_in_use(str(path)):
+        if inp.engine_running:
+            return PreflightItem("socket", title, "pass", f"{path} (mode {mode}): this panel's engine listens there")
+        # its own id: a listener that goes away heals (restartpolicy.PREFLIGHT_CAUSES), a bad dir does not
+        return PreflightItem("socket_busy", title, "fail", f"something else answers on {path}",
+                             f"Find it with `ss -xlp | grep {path}` and stop it.")
+    return PreflightItem("socket", title, "pass", f"{path} (directory {mode}; no TCP port is opened)")

@@ -25,6 +25,7 @@ import psutil
 from app.backend import env
 from app.backend.engine.runtime import Instance, LineSink, LineSplitter, RuntimeOpError, Stream
 from app.backend.recipe.command import RunSpec
+from app.backend.recipe.endpoint import ensure_socket_dir
 
 class Record(TypedDict, total=False):
     """One engine process's registry entry (a JSON file; entries written by older panels may lack keys)."""
@@ -145,6 +146,8 @@ class ProcessRuntime:
             raise RuntimeOpError(f"a process named {spec.name} is already running", reason="name_conflict")
         if existing is not None:
             self.remove(existing.id)
+        if spec.socket_mount is not None:  # the engine socket's dir, 0700 (docs/engine.md, "Where the engine listens")
+            ensure_socket_dir(spec.socket_mount.source)
         ident = f"{spec.name}-{int(time.time() * 1000)}"
         out_path, err_path = self._dir / f"{ident}.stdout", self._dir / f"{ident}.stderr"
         child_env = env.inherited(("PATH", "HOME", "LANG", "TZ"))

@@ -5,12 +5,17 @@ A refused connection just means "still starting" (vLLM binds its port only after
 
 from __future__ import annotations
 
+import os
 import socket
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
+from app.backend import oplog
 from app.backend.engine.client import connect_host, engine_client
+from app.backend.recipe.endpoint import EngineEndpoint, EndpointError
 
 CONNECT_TIMEOUT_S = 1.0
 READ_TIMEOUT_S = 5.0
@@ -47,3 +52,50 @@ def port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
         return s.connect_ex((connect_host(host), port)) == 0
+
+
+def socket_in_use(path: str) -> bool:
+    """True when something accepts connections on the unix socket at `path` (a file left by a dead engine does not)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(path) == 0
+
+
+def socket_dir_problem(sock_dir: Path) -> str:
+    """Why the socket's directory is unsafe ('' when it is fine or absent): it must be ours and 0700, or another
+    user of the box could reach the engine (docs/engine.md, "Where the engine listens")."""
+    try:
+        st = sock_dir.lstat()
+    except FileNotFoundError:
+        return ""
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{sock_dir} is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"{sock_dir} belongs to uid {st.st_uid}, not to this panel's user"
+    return ""
+
+
+def claim_listen_address(address: str, who: str = oplog.PANEL) -> str:
+    """Before a start: make the engine's listen address ready and free. A unix socket gets its 0700 directory
+    (tightened if looser) and a socket file left by a dead engine is removed (vLLM's bind would fail on it);
+    a TCP address is checked free. Returns why it cannot be used, '' when it can."""
+    from app.backend.recipe.endpoint import ensure_socket_dir
+
+    try:
+        ep = EngineEndpoint.parse(address)
+    except EndpointError as exc:
+        return str(exc)
+    if not ep.uds:
+        return f"port {ep.port} is already bound by another process" if port_in_use(ep.host, ep.port) else ""
+    path = Path(ep.uds)
+    problem = socket_dir_problem(path.parent)
+    if problem:
+        return problem
+    ensure_socket_dir(path.parent)
+    if path.exists() or path.is_symlink():
+        if socket_in_use(str(path)):
+            return f"something already answers on the engine's socket {path}"
+        path.unlink()
+        oplog.decision("engine", "remove-dead-socket", who=who, path=str(path),
+                       reason="no engine answers on it; vLLM's --uds bind fails on an existing path")
+    return ""

@@ -41,14 +41,14 @@ MAX_DELAY_S = 300.0
 ENVIRONMENT: dict[str, str] = {
     "docker_unreachable": "the Docker daemon is unreachable (a restart, an upgrade)",
     "gpu_not_released": "the previous engine's GPU memory is not released yet",
-    "port_in_use": "another process holds the engine's port",
+    "port_in_use": "another process holds the engine's port or socket",
     "image_building": "the engine image is being built",
 }
 ENV_MAX_DELAY_S = 10.0
 # Preflight items whose failure heals by itself -> the cause it stands for (any other failed item: the
 # preflight failure stays until someone fixes it). "image" heals only while a build runs.
 PREFLIGHT_CAUSES: dict[str, str] = {"docker": "docker_unreachable", "gpu_memory": "gpu_not_released",
-                                    "port": "port_in_use", "image": "image_building"}
+                                    "port": "port_in_use", "socket_busy": "port_in_use", "image": "image_building"}
 NEEDS_DOCKER = frozenset({"image", "nvidia_runtime"})  # items that fail with Docker, not on their own
 
 

@@ -1,5 +1,6 @@
-"""The gateway's client to the engine on loopback: plain HTTP/1.1 over kept-alive connections, parsed by
-httptools (llhttp, in C).
+"""The gateway's client to the engine on its unix socket (or loopback): plain HTTP/1.1 over kept-alive
+connections, parsed by httptools (llhttp, in C). The engine's address is the panel's one notion of it
+(recipe/endpoint.py): `unix:/…/engine.sock` (issue 40) or `http://127.0.0.1:8000`.
 
 Why not httpx here: on the request path its layers (httpx → httpcore → anyio, h11 in Python) were most
 of the gateway's own CPU per request and of the TTFT it adds (docs/gateway.md#benchmark). This client
@@ -19,9 +20,11 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import cast
-from urllib.parse import urlsplit
-
 import httptools
+
+from app.backend.recipe.endpoint import UDS_URL, EndpointError, EngineEndpoint
+
+UDS_HOST = UDS_URL.removeprefix("http://")  # the Host header over the engine's socket
 
 
 class UpstreamError(Exception):
@@ -57,7 +60,7 @@ class _Conn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         sock = transport.get_extra_info("socket")
-        if sock is not None:  # small writes go out at once (the request; Nagle would wait for an ACK)
+        if sock is not None and sock.family != socket.AF_UNIX:  # small writes go out at once (the request; Nagle would wait for an ACK)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
@@ -183,18 +186,24 @@ class UpstreamPool:
 
     @staticmethod
     def origin(base_url: str) -> tuple[str, int]:
-        u = urlsplit(base_url)
-        if u.scheme != "http" or not u.hostname:
-            raise UpstreamError(f"the engine's address {base_url!r} is not http://HOST:PORT (it listens on loopback)")
-        return u.hostname, u.port or 80
+        """(host, port), or (socket path, 0) for an engine on a unix socket."""
+        try:
+            ep = EngineEndpoint.parse(base_url)
+        except EndpointError as exc:
+            raise UpstreamError(str(exc)) from None
+        return (ep.uds, 0) if ep.uds else (ep.host, ep.port)
 
     async def _connect(self, key: tuple[str, int]) -> _Conn:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Conn(self._high), key[0], key[1]), self._connect_timeout)
+            if key[1] == 0:  # the engine's unix socket
+                opening = loop.create_unix_connection(lambda: _Conn(self._high), key[0])
+            else:
+                opening = loop.create_connection(lambda: _Conn(self._high), key[0], key[1])
+            _, conn = await asyncio.wait_for(opening, self._connect_timeout)
         except (OSError, asyncio.TimeoutError) as exc:
-            raise UpstreamError(f"cannot connect to the engine at {key[0]}:{key[1]} ({type(exc).__name__})") from None
+            where = f"unix:{key[0]}" if key[1] == 0 else f"{key[0]}:{key[1]}"
+            raise UpstreamError(f"cannot connect to the engine at {where} ({type(exc).__name__})") from None
         return conn
 
     def _take_idle(self, key: tuple[str, int]) -> _Conn | None:
@@ -220,8 +229,8 @@ class UpstreamPool:
                       body: bytes = b"") -> UpstreamResponse:
         """Send one request; returns once the answer's status and headers are in."""
         key = self.origin(base_url)
-        target = urlsplit(base_url).path.rstrip("/") + target
-        head = [f"{method} {target} HTTP/1.1\r\nhost: {key[0]}:{key[1]}\r\n"]
+        host = UDS_HOST if key[1] == 0 else f"{key[0]}:{key[1]}"
+        head = [f"{method} {target} HTTP/1.1\r\nhost: {host}\r\n"]
         head += [f"{k}: {v}\r\n" for k, v in headers.items()]
         if method != "GET" or body:
             head.append(f"content-length: {len(body)}\r\n")

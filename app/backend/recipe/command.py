@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 
 from app.backend.recipe.effective import EffectiveCommand
+from app.backend.recipe.endpoint import MOUNT_WHY, PORT_IGNORED_WHY, UDS_WHY, EndpointError, engine_endpoint
 from app.backend.recipe.schema import ENV_NAME_RE, ProfileSpec, Recipe, _no_control
 
 NO_REASON = "the card gives no reason for this line"
@@ -52,6 +53,7 @@ class RunSpec:
     labels: tuple[tuple[str, str], ...] = ()
     # (option text, why) for each thing the panel adds beyond the card's command
     additions: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    socket_mount: MountSpec | None = None  # the mount of the engine socket's directory (a uds engine), or None
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -116,11 +118,15 @@ def config_hash(spec: RunSpec) -> str:
     payload.pop("labels")
     payload.pop("additions")
     payload.pop("name")
+    payload.pop("socket_mount")
     # the bind address the panel adds changes nothing the engine computes: results measured before it
     # (self-test, keyed by this hash) stay current (docs/engine.md)
+    # the same for the unix socket (issue 40): `--uds PATH` and its mount are where it listens, not what it computes
     args = list(payload["args"])
-    if args[-2:] == ["--host", ENGINE_BIND_HOST]:
+    if args[-2:] == ["--host", ENGINE_BIND_HOST] or (len(args) >= 2 and args[-2] == "--uds"):
         payload["args"] = args[:-2]
+    if spec.socket_mount is not None:
+        payload["mounts"] = [m for m in payload["mounts"] if m != asdict(spec.socket_mount)]
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -184,7 +190,21 @@ def build_run_spec(
         for k, v, why in wanted:
             cmd = cmd.remove_env(k).set_env(k, v)  # the panel's additions go last (docker: the last -e wins)
             additions.append((f"-e {k}={v}", why))
-    if not plain:
+    socket_mount: MountSpec | None = None
+    if not plain and recipe.serve.listen == "uds":
+        # the engine on a unix socket (issue 40): any --host goes (vLLM ignores host and port with --uds); custom
+        # profiles cannot set --host, --port or --uds (schema.PINNED_FLAGS)
+        try:
+            sock = engine_endpoint(recipe, root).uds
+        except EndpointError as exc:
+            raise CommandError(str(exc)) from None
+        sock_dir = str(PurePosixPath(sock).parent)
+        socket_mount = MountSpec(sock_dir, sock_dir, False)
+        mounts = (*mounts, socket_mount)
+        cmd = cmd.remove_arg("--host").remove_arg("--uds").set_arg("--uds", sock)
+        additions.append((f"-v {sock_dir}:{sock_dir}", MOUNT_WHY))
+        additions.append((f"--uds {sock}", UDS_WHY))
+    elif not plain:
         # an existing --host is replaced: a recipe cannot open the engine to the network through the panel;
         # custom profiles cannot set --host at all (schema.PINNED_FLAGS)
         cmd = cmd.remove_arg("--host").set_arg("--host", ENGINE_BIND_HOST)
@@ -199,6 +219,7 @@ def build_run_spec(
         mounts=mounts,
         env=cmd.env,
         args=cmd.args,
+        socket_mount=socket_mount,
     )
     if plain:
         return spec
@@ -210,7 +231,8 @@ def build_run_spec(
         (f"{LABEL_PREFIX}.simulated", "1" if recipe.simulated else "0"),
     )
     additions.append(("--label moet-panel.*=…", "ownership labels: the panel finds and adopts only its own containers"))
-    return RunSpec(**{**asdict(spec), "mounts": mounts, "labels": labels, "additions": tuple(additions)})
+    return RunSpec(**{**asdict(spec), "mounts": mounts, "labels": labels, "additions": tuple(additions),
+                      "socket_mount": socket_mount})
 
 
 def render_shell(spec: RunSpec) -> str:
@@ -261,16 +283,21 @@ def explain_lines(recipe: Recipe, spec: RunSpec) -> list[ExplainedLine]:
                 out.append(ExplainedLine(text, recipe.why[name], "card"))
             else:
                 out.append(ExplainedLine(text, "", ""))
+        elif flag == "-v" and spec.socket_mount is not None and value.split(":", 1)[0] == spec.socket_mount.source:
+            out.append(ExplainedLine(text, f"added by moet-panel: {MOUNT_WHY}", "panel"))
         elif flag == "--label":
             out.append(ExplainedLine(text, "added by moet-panel: ownership labels: the panel finds and adopts only its own "
                                             "containers", "panel"))
         else:
             out.append(ExplainedLine(text, "", ""))
     out.append(ExplainedLine(shlex.quote(spec.image), "", ""))
-    panel_args = {opt.split(" ", 1)[0]: why for opt, why in spec.additions if opt.startswith("--host ")}
+    panel_args = {opt.split(" ", 1)[0]: why for opt, why in spec.additions if opt.startswith(("--host ", "--uds "))}
     for flag, text in _arg_chunks(spec):
         if flag in panel_args:
             out.append(ExplainedLine(text, f"added by moet-panel: {panel_args[flag]}", "panel"))
+            continue
+        if flag == "--port" and "--uds" in panel_args:
+            out.append(ExplainedLine(text, PORT_IGNORED_WHY, "panel"))
             continue
         why = recipe.why.get(flag, "")
         out.append(ExplainedLine(text, why, "card" if why else ""))

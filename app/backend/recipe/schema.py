@@ -241,6 +241,9 @@ class ServeSpec(Strict):
     shm_size: str = ""
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
+    # where the engine the panel starts listens (docs/engine.md, "Where the engine listens"): "uds" = vLLM's --uds
+    # on a socket in the state dir (no TCP port); "tcp" = host:port, for an engine without --uds
+    listen: Literal["uds", "tcp"] = "uds"
     mounts: list[Mount]
     env: dict[str, str]
     args: list[str]
@@ -618,7 +621,7 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
 
 FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]{0,63}$")
 # Arguments the panel itself depends on (health URL, served name, weights path): never changed by a profile.
-PINNED_FLAGS = frozenset({"--port", "--served-model-name", "--model", "--host"})
+PINNED_FLAGS = frozenset({"--port", "--served-model-name", "--model", "--host", "--uds"})
 
 
 def _check_flag(flag: str) -> str:

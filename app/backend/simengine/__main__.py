@@ -42,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
     except OSError as exc:
+        where = repr(cfg.uds) if cfg.uds else f"('{cfg.host}', {cfg.port})"
         print(f"ERROR: [Errno {exc.errno}] error while attempting to bind on address "
-              f"('{cfg.host}', {cfg.port}): {exc.strerror}", file=sys.stderr)
+              f"{where}: {exc.strerror}", file=sys.stderr)
         return 1
     code = None
     while code is None:

@@ -105,7 +105,7 @@ class BootSequence:
         log.api("api_server.py:1886", "SIMULATED engine (moet-panel sim-engine): no GPU, no model weights — "
                 "log lines use the real engine formats, every figure is synthetic")
         args = {"model": cfg.model, "served_model_name": [cfg.served_name], "max_model_len": cfg.max_model_len,
-                "port": self.port}
+                **({"uds": self.cfg.uds} if self.cfg.uds else {"port": self.port})}
         if cfg.max_num_seqs != 256:
             args["max_num_seqs"] = cfg.max_num_seqs
         log.api("utils.py:326", f"non-default args: {args}")
@@ -171,7 +171,8 @@ class BootSequence:
     def _serving_lines(self) -> None:
         log = self.log
         log.api("api_server.py:1620", "Supported tasks: ['generate']")
-        log.api("api_server.py:1971", f"Starting vLLM API server 0 on http://{self.cfg.host or '0.0.0.0'}:{self.port}")
+        where = f"unix:{self.cfg.uds}" if self.cfg.uds else f"http://{self.cfg.host or '0.0.0.0'}:{self.port}"
+        log.api("api_server.py:1971", f"Starting vLLM API server 0 on {where}")
         log.api("launcher.py:37", "Available routes are:")
         for path, methods in ROUTES:
             log.api("launcher.py:45", f"Route: {path}, Methods: {methods}")

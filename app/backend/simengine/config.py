@@ -34,6 +34,7 @@ class SimEngineConfig:
 
     port: int = 8000
     host: str = "127.0.0.1"
+    uds: str = ""  # a unix socket path, as vLLM's --uds: set, the engine listens there and opens no TCP port
     served_name: str = "deepseek-v4-flash"
     model: str = "/model"
     max_model_len: int = 262144
@@ -91,6 +92,7 @@ def _arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="simengine", add_help=False, allow_abbrev=False)
     p.add_argument("--port", type=int)
     p.add_argument("--host")
+    p.add_argument("--uds")
     p.add_argument("--model")
     p.add_argument("--served-model-name", nargs="+")
     p.add_argument("--max-model-len")
@@ -123,6 +125,8 @@ def config_from_env_and_args(argv: Sequence[str], environ: Mapping[str, str]) ->
         cfg.port = ns.port
     if ns.host:
         cfg.host = ns.host
+    if ns.uds:
+        cfg.uds = ns.uds
     cfg.model = ns.model or positional_model or cfg.model
     if ns.served_model_name:
         cfg.served_name = ns.served_model_name[0]

@@ -41,6 +41,8 @@ def client_gone(sock: socket.socket) -> bool:
 def make_handler(server: "SimEngineServer") -> type[BaseHTTPRequestHandler]:
     class Handler(_Handler):
         sim = server
+        # on the engine's unix socket (--uds) there is no Nagle to disable (TCP_NODELAY fails there)
+        disable_nagle_algorithm = not server.config.uds
 
     return Handler
 
@@ -62,8 +64,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _access(self, status: int) -> None:
         phrase = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
                   503: "Service Unavailable"}.get(status, "")
-        host, port = self.client_address[:2]
-        self.sim.log.raw(f'(APIServer pid={self.sim.log.api_pid}) INFO:     {host}:{port} - '
+        peer = self.client_address  # ('127.0.0.1', 51234), or '' on a unix socket, where uvicorn prints no address
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else ""
+        self.sim.log.raw(f'(APIServer pid={self.sim.log.api_pid}) INFO:     {where} - '
                          f'"{self.command} {self.path} HTTP/1.1" {status} {phrase}')
 
     # --- plain responses --------------------------------------------------------------------------

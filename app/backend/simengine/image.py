@@ -22,7 +22,9 @@ if TYPE_CHECKING:  # docker-py is imported where used (the package itself is std
 
 from app.backend.engine.imagebuild import docker_py_build
 
-IMAGE_TAG = "moet-panel/sim-engine:1"
+# :2 — the engine takes --uds (issue 40): a panel that passes it must never start an older :1 left on the host,
+# which would ignore it, listen on TCP and never be reached (the tag, not only the hash label, says so)
+IMAGE_TAG = "moet-panel/sim-engine:2"
 HASH_LABEL = "moet-panel.sim-hash"
 BUILDER_VERSION = "2"  # 2: no MOET_SIM_HOST=0.0.0.0 (loopback by default, issue 31); bump when the rootfs layout changes
 PYTHON = Path("/usr/bin/python3.11")
@@ -146,7 +148,7 @@ def content_tag() -> str:
 
 def ensure_image(client: DockerClient | None = None, rebuild: bool = False,
                  progress: Callable[[str], None] | None = None, tag: str = IMAGE_TAG) -> str:
-    """Build `tag` (default `moet-panel/sim-engine:1`) unless it exists with the same source hash. Returns it."""
+    """Build `tag` (default `moet-panel/sim-engine:2`) unless it exists with the same source hash. Returns it."""
     import docker
 
     client = client or docker.from_env()

@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from http.server import ThreadingHTTPServer
+from socketserver import ThreadingUnixStreamServer
 from collections.abc import Callable
 
 from .boot import FATAL_TRACEBACK, BootSequence, SimExit, Stopped
@@ -47,6 +48,32 @@ class _Http(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
+class _UnixHttp(ThreadingUnixStreamServer):
+    """The same server on a unix socket (vLLM's --uds): no TCP port at all (docs/engine.md)."""
+
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        path = str(self.server_address)
+        if os.path.exists(path) and not _answers(path):  # a socket left by a dead engine (vLLM's bind would fail;
+            os.unlink(path)  # the panel removes it before a start, docs/engine.md)
+        super().server_bind()
+        # the directory (0700, the panel's) is the gate; the socket itself lets the panel's user in when the
+        # container runs as another user
+        os.chmod(path, 0o666)
+
+    def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
+
+def _answers(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(path) == 0
+
+
 class SimEngineServer:
     def __init__(self, config: SimEngineConfig, log: LogTarget = None):
         self.config = config
@@ -64,7 +91,7 @@ class SimEngineServer:
         self.metrics = Metrics(config.served_name, kv_capacity_tokens=int(config.max_model_len * 1.1))
         self.engine = EngineCore(config.decode_tok_s, config.prefill_tok_s, config.max_num_seqs, self.metrics,
                                  on_step=self.delta.on_step, on_token=self._on_token)
-        self._httpd: _Http | None = None
+        self._httpd: _Http | _UnixHttp | None = None
         self._threads: list[threading.Thread] = []
         self._first_request_id = ""
         self.started_at = time.time()
@@ -75,10 +102,16 @@ class SimEngineServer:
 
     @property
     def port(self) -> int:
-        return self._httpd.server_address[1] if self._httpd else self.config.port
+        """The TCP port listened on (0 on a unix socket)."""
+        if self.config.uds:
+            return 0
+        return int(self._httpd.server_address[1]) if isinstance(self._httpd, _Http) else self.config.port
 
     @property
     def base_url(self) -> str:
+        """Its address in the panel's notation (recipe/endpoint.py): `unix:/…` on a socket, else http://host:port."""
+        if self.config.uds:
+            return "unix:" + self.config.uds
         host = self.config.host if self.config.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
         return f"http://{host}:{self.port}"
 
@@ -95,7 +128,13 @@ class SimEngineServer:
         """Bind and listen now (answering 503 while loading), boot in the background; returns at once."""
         if self.state != "created":
             raise RuntimeError(f"SimEngineServer already {self.state}")
-        self._httpd = httpd = _Http((self.config.host, self.config.port), make_handler(self))
+        handler = make_handler(self)
+        httpd: _Http | _UnixHttp
+        if self.config.uds:  # vLLM's --uds: host and port are ignored
+            httpd = _UnixHttp(self.config.uds, handler)
+        else:
+            httpd = _Http((self.config.host, self.config.port), handler)
+        self._httpd = httpd
         self.state = "loading"
         self._spawn(lambda: httpd.serve_forever(poll_interval=0.05), "sim-http")
         self._spawn(self._boot, "sim-boot")
