@@ -66,6 +66,7 @@ class PreflightInputs:
     engine_running: bool = False  # our own engine holds the port / GPU memory
     engine_pids: set[int] = field(default_factory=set)
     artifact_status: Callable[[str], str | None] | None = None  # id -> "complete"/"partial"/... or None
+    gpu: int | None = None  # the GPU this engine runs on, on a box of several (None: the first the reader lists)
 
 
 def run_preflight(inp: PreflightInputs, overrides: frozenset[str] = frozenset()) -> PreflightReport:
@@ -128,7 +129,11 @@ def _gpu_items(inp: PreflightInputs) -> list[PreflightItem]:
         why = reader.error if reader is not None else "no GPU reader"
         return [PreflightItem("gpu", "GPU model, VRAM, compute capability", "fail", why or "no GPU found",
                               "Install the NVIDIA driver; check `nvidia-smi`.")]
-    gpu = samples[0]
+    gpu = next((s for s in samples if s.index == inp.gpu), None) if inp.gpu is not None else samples[0]
+    if gpu is None:
+        return [PreflightItem("gpu", "GPU model, VRAM, compute capability", "fail",
+                              f"GPU {inp.gpu} is not among the {len(samples)} GPU(s) the driver lists",
+                              "Pick a GPU `nvidia-smi -L` lists (--gpu).")]
     items = [_gpu_model(inp, gpu), _ecc(inp, gpu), _gpu_memory(inp, gpu)]
     if len(samples) > 1 and req.multi_gpu_note:  # the card's single-GPU limit, shown only where it matters
         items.append(PreflightItem("gpu_count", "Single-GPU artifacts", "pass",
@@ -311,7 +316,7 @@ def _socket(inp: PreflightInputs) -> PreflightItem:
 
     title = "Engine socket directory"
     try:
-        path = Path(socket_path(inp.data_dir))
+        path = Path(socket_path(inp.data_dir, inp.gpu))
     except EndpointError as exc:
         return PreflightItem("socket", title, "fail", str(exc), "Use a shorter data dir (--data-dir).")
     sock_dir = Path(socket_dir(inp.data_dir))

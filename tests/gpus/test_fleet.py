@@ -1,0 +1,109 @@
+"""The fleet facade (app/backend/engine/fleet.py) with fake controllers: GPU selection, start/stop on each GPU
+named, and the rolling switch that takes one GPU at a time and stops at the first failure."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import pytest
+
+from app.backend.contracts import EngineSnapshot, EngineState
+from app.backend.engine.controller import EngineController
+from app.backend.engine.fleet import Fleet, GpuSelectionError, build_fleet, parse_gpus
+from app.backend.engine.ops import Ticket
+
+
+class FakeCtl:
+    """The slice of EngineController the fleet uses; switches record when they ran and who else was ready."""
+
+    log: list[tuple[str, int, list[int]]] = []
+
+    def __init__(self, gpu: int, fleet_ref: list[Fleet], *, fails: bool = False) -> None:
+        self.gpu, self.fleet_ref, self.fails = gpu, fleet_ref, fails
+        self.snap = EngineSnapshot(state=EngineState.READY, profile_id="quality", base_url=f"unix:/s/e{gpu}.sock")
+        self.closed = False
+
+    def snapshot(self) -> EngineSnapshot:
+        return self.snap
+
+    def _done(self, action: str, profile: str | None, ok: bool) -> Ticket:
+        t = Ticket(1, action, profile, True, f"{action} {profile}")
+        t.ok = ok
+        t._done.set()
+        return t
+
+    def switch(self, profile_id: str, overrides=(), *, who: str = "") -> Ticket:
+        others_ready = [r.gpu for r in self.fleet_ref[0].rows() if r.gpu != self.gpu
+                        and r.snapshot.state is EngineState.READY]
+        FakeCtl.log.append(("switch", self.gpu, others_ready))
+        if self.fails:
+            self.snap = EngineSnapshot(state=EngineState.FAILED, profile_id=profile_id)
+            return self._done("switch", profile_id, False)
+        self.snap = EngineSnapshot(state=EngineState.READY, profile_id=profile_id)
+        return self._done("switch", profile_id, True)
+
+    def start(self, profile_id: str, overrides=(), *, who: str = "") -> Ticket:
+        self.snap = EngineSnapshot(state=EngineState.READY, profile_id=profile_id)
+        return self._done("start", profile_id, True)
+
+    def stop(self, *, who: str = "") -> Ticket:
+        self.snap = EngineSnapshot(state=EngineState.STOPPED)
+        return self._done("stop", None, True)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _fleet(n: int, failing: frozenset[int] = frozenset()) -> tuple[Fleet, dict[int, FakeCtl]]:
+    ref: list[Fleet] = []
+    ctls = {g: FakeCtl(g, ref, fails=g in failing) for g in range(n)}
+    fleet = Fleet(cast(dict[int, EngineController], ctls))
+    ref.append(fleet)
+    FakeCtl.log = []
+    return fleet, ctls
+
+
+def test_gpu_selection() -> None:
+    assert parse_gpus("all", [0, 1, 2]) == [0, 1, 2] and parse_gpus(None, [1, 0]) == [0, 1]
+    assert parse_gpus("2,0,2", [0, 1, 2]) == [2, 0]
+    for bad in ("3", "x", "0,,1", "-1"):
+        with pytest.raises(GpuSelectionError, match="this box"):
+            parse_gpus(bad, [0, 1, 2])
+
+
+def test_one_gpu_box_is_the_one_engine_as_before() -> None:
+    made: list[int | None] = []
+    fleet = build_fleet(1, lambda gpu: made.append(gpu) or cast(EngineController, object()))
+    assert made == [None] and fleet.gpus == [0]
+    made.clear()
+    assert build_fleet(3, lambda gpu: made.append(gpu) or cast(EngineController, object())).gpus == [0, 1, 2]
+    assert made == [0, 1, 2]
+
+
+def test_rolling_switch_takes_one_gpu_at_a_time_while_the_others_serve() -> None:
+    fleet, ctls = _fleet(3)
+    steps = fleet.rolling_switch("balanced", fleet.select("all"))
+    assert [s.ok for s in steps] == [True, True, True]
+    # each switch began while every other GPU was ready: never two down at once
+    assert FakeCtl.log == [("switch", 0, [1, 2]), ("switch", 1, [0, 2]), ("switch", 2, [0, 1])]
+    assert {c.snap.profile_id for c in ctls.values()} == {"balanced"}
+    again = fleet.rolling_switch("balanced", [0, 1, 2])  # already there: nothing is taken away
+    assert all(s.skipped for s in again) and len(FakeCtl.log) == 3
+
+
+def test_rolling_switch_stops_at_the_first_failure() -> None:
+    fleet, ctls = _fleet(3, failing=frozenset({1}))
+    steps = fleet.rolling_switch("balanced", [0, 1, 2])
+    assert [(s.gpu, s.ok, s.ticket is None) for s in steps] == [(0, True, False), (1, False, False), (2, False, True)]
+    assert ctls[2].snap.profile_id == "quality" and ctls[2].snap.state is EngineState.READY  # GPU 2 still serves
+
+
+def test_start_and_stop_each_gpu_named_and_rows() -> None:
+    fleet, ctls = _fleet(2)
+    fleet.stop([1])
+    assert [r.as_dict()["state"] for r in fleet.rows()] == ["ready", "stopped"] and fleet.serving() == [0]
+    fleet.start("quality", [1])
+    assert fleet.serving() == [0, 1]
+    assert fleet.rows()[0].as_dict()["listens"] == "unix:/s/e0.sock"
+    fleet.close()
+    assert all(c.closed for c in ctls.values())
