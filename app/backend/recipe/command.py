@@ -165,7 +165,7 @@ def build_run_spec(
         profiles: the profile list to search (recipe profiles plus saved custom ones).
         gpu: the GPU this engine runs on, for a box of several (None: the recipe's one engine, as written). GPU N
             gets `--gpus "device=N"` (where the recipe gives the engine a GPU at all), its own container name
-            (`-gpuN` for N > 0), socket (`engine-gpuN.sock`) or port (+N), and the label `moet-panel.gpu=N`.
+            (`-gpuN` for N > 0), socket (`gpuN.sock`) or port (+N), and the label `moet-panel.gpu=N`.
 
     Raises:
         KeyError: unknown profile. CommandError: unsafe data dir or extra env.

@@ -53,9 +53,10 @@ def socket_dir(data_dir: str | PurePosixPath | Path) -> str:
 
 
 def socket_name(gpu: int | None = None) -> str:
-    """`engine.sock`; the engine of GPU N > 0 on a box of several (docs/engine.md "Several GPUs"): `engine-gpuN.sock`
-    in the same 0700 directory (GPU 0 keeps the one-GPU name, so a one-GPU box is as before)."""
-    return SOCKET_NAME if not gpu else f"engine-gpu{gpu}.sock"
+    """`engine.sock`; the engine of GPU N > 0 on a box of several (docs/engine.md "Several GPUs"): `gpuN.sock` in
+    the same 0700 directory (no longer than `engine.sock`, so every data dir that fits one engine fits N; GPU 0
+    keeps the one-GPU name, so a one-GPU box is as before)."""
+    return SOCKET_NAME if not gpu else f"gpu{gpu}.sock"
 
 
 def socket_path(data_dir: str | PurePosixPath | Path, gpu: int | None = None) -> str:
