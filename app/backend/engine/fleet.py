@@ -12,6 +12,7 @@ asks them one at a time. A one-GPU box is one controller built exactly as before
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -82,6 +83,27 @@ class Fleet:
         if not controllers:
             raise ValueError("a fleet needs at least one engine")
         self._ctl = dict(sorted(controllers.items()))
+        # GPUs a self-test or blind A/B measures on: the gateway sends them nothing meanwhile (docs/gateway.md).
+        # Written only by leave_out/take_back, under this lock; read as a copy.
+        self._left_out: dict[int, str] = {}
+        self._left_lock = threading.Lock()
+
+    def leave_out(self, gpus: Iterable[int], why: str, *, who: str = oplog.PANEL) -> None:
+        """The gateway sends these GPUs nothing new (their answers in flight go on) until `take_back`."""
+        with self._left_lock:
+            for g in gpus:
+                self._left_out[g] = why
+        oplog.decision("engine", "leave out of the gateway", who=who, gpus=",".join(map(str, gpus)), why=why)
+
+    def take_back(self, gpus: Iterable[int], *, who: str = oplog.PANEL) -> None:
+        with self._left_lock:
+            for g in gpus:
+                self._left_out.pop(g, None)
+        oplog.decision("engine", "back in the gateway", who=who, gpus=",".join(map(str, gpus)))
+
+    def left_out(self) -> set[int]:
+        with self._left_lock:
+            return set(self._left_out)
 
     @property
     def gpus(self) -> list[int]:
