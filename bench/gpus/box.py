@@ -11,6 +11,9 @@ its answers per GPU for each engine's drain. Prints:
   ≤ 1.2× one; 4 at once ≤ 1.3×) and the GPU each answered on;
 * a rolling `switch --profile balanced` of every GPU while a client calls in a loop through the gateway:
   requests refused (non-200) or cut (no [DONE]), and the seconds no GPU served (sampled every 20 ms).
+* with --gpus 3 or more (`--ab`): GPU 0 back on quality, then a blind A/B of quality (GPU 0) vs balanced (GPU 1)
+  side by side while the client keeps calling: engine switches during the A/B, the GPUs that answered the
+  client meanwhile (goal: only the others), refused/cut requests.
 
 Everything it starts (containers, data dir under $HOME) is removed at the end, even on failure.
 """
@@ -38,6 +41,7 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=60)
     ap.add_argument("--no-roll", action="store_true", help="only the answers-at-once figures")
+    ap.add_argument("--ab", action="store_true", help="the side-by-side A/B phase (needs --gpus 3 or more)")
     args = ap.parse_args()
     os.environ["MOET_PANEL_SIM_GPUS"] = str(args.gpus)
     os.environ["MOET_PANEL_GPU"] = "simulated"
@@ -75,7 +79,7 @@ def main() -> int:
         slots_for = lambda pid: engine_slots_of(settings.recipe, next(  # noqa: E731
             (p for p in settings.recipe.profiles if p.id == pid), None))
         source = FleetSource([SnapshotSource(fleet.controller(g).snapshot, "http://127.0.0.1:9", slots_for, gpu=g)
-                              for g in fleet.gpus])
+                              for g in fleet.gpus], left_out_fn=fleet.left_out)
         server = GatewayServer(GatewayConfig(host="127.0.0.1", port=0, limits=Limits(rate_per_min=100000.0)),
                                keys, source)  # the bench is one key calling in a loop: no per-key rate cap
         server.start()
@@ -157,6 +161,8 @@ def main() -> int:
               f"profiles now {[r.snapshot.profile_id for r in fleet.rows()]}")
         print(f"client loop: {len(loop)} requests, refused {refused}{f' {codes}' if codes else ''}, cut {cut}; answered per GPU {by_gpu}; "
               f"no GPU serving for {gaps['none_s']:.2f} s")
+        if args.ab and len(fleet.gpus) >= 3:
+            ab_phase(fleet, settings, ask)
         return 0
     finally:
         if server is not None:
@@ -171,6 +177,47 @@ def main() -> int:
         for c in dc.containers.list(all=True, filters={"label": [f"moet-panel.recipe={rid}"]}):
             c.remove(force=True)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def ab_phase(fleet: object, settings: object, ask: object) -> None:
+    """A on GPU 0 (quality), B on GPU 1 (balanced), both at once, while a client calls through the gateway."""
+    from app.backend.abtest.journal import new_spec
+    from app.backend.abtest.runner import ABRunService
+    from app.backend.engine.fleet import Fleet
+
+    assert isinstance(fleet, Fleet)
+    ask_fn = ask  # (n) -> (status, done, gpu, seconds)
+    c0, c1 = fleet.controller(0), fleet.controller(1)
+    for t in (c0.switch("quality"),):
+        t.wait(180)
+    switches: list[str] = []
+    for g in (0, 1):
+        fleet.controller(g).add_op_listener(lambda t, g=g: switches.append(f"GPU {g}: {t.action}"))
+    svc = ABRunService(settings, c0, engine_for=lambda side: c0 if side == "A" else c1,  # type: ignore[arg-type]
+                       on_sides=lambda on: fleet.leave_out([0, 1], "blind A/B") if on else fleet.take_back([0, 1]))
+    stop = threading.Event()
+    during: list[tuple[int, bool, str, float]] = []
+
+    def caller() -> None:
+        while not stop.is_set():
+            r = ask_fn(20)  # type: ignore[operator]
+            if fleet.left_out():
+                during.append(r)
+
+    th = threading.Thread(target=caller)
+    th.start()
+    t = time.monotonic()
+    spec = new_spec("quality", "balanced", ["Explain a lock-free queue.", "Explain Raft."], [1, 2], 48)
+    svc.start(spec)
+    p = svc.wait(300)
+    took = time.monotonic() - t
+    stop.set()
+    th.join()
+    refused = sum(1 for r in during if r[0] != 200)
+    cut = sum(1 for r in during if r[0] == 200 and not r[1])
+    print(f"blind A/B quality (GPU 0) vs balanced (GPU 1): {p.state.value} in {took:.1f} s, {p.done}/{p.total} "
+          f"answers; engine switches during it: {len(switches)} {switches}; client meanwhile: {len(during)} "
+          f"requests on GPUs {sorted({r[2] for r in during})}, refused {refused}, cut {cut}")
 
 
 if __name__ == "__main__":
