@@ -23,7 +23,7 @@ from app.backend import oplog
 from app.backend.contracts import Receive, Scope, Send
 from app.backend.gateway.connguard import ConnGuard
 from app.backend.gateway.fairqueue import FairQueue, QueueFull
-from app.backend.gateway.routing import Chooser, LeastBusy
+from app.backend.gateway.routing import Chooser, LeastBusy, Target
 from app.backend.gateway.gwmetrics import REPORT_S, GatewayMetrics, RefusalLog
 from app.backend.gateway.inputs import Refused, check_json
 from app.backend.gateway.keys import DEFAULT_SCOPE, ActivityRecord, KeyRecord, KeyStore
@@ -213,6 +213,20 @@ class GatewayApp:
 
     def answers_in_flight(self) -> int:
         return self.metrics.in_flight
+
+    def _began(self, target: Target) -> None:
+        self.chooser.began(target)
+        self._report_gpus(target)
+
+    def _ended(self, target: Target) -> None:
+        self.chooser.ended(target)
+        self._report_gpus(target)
+
+    def _report_gpus(self, target: Target) -> None:
+        """The panel's child tells the panel its answers per GPU (each engine's drain waits for its own)."""
+        if self._report is not None and target.gpu is not None:
+            box = self.engine.status()
+            self._report({"in_flight_gpu": {str(e.gpu): self.chooser.in_flight(e.gpu) for e in box.engines}})
 
     def answers_in_flight_on(self, gpu: int) -> int:
         """Answers running on that GPU's engine (a box of several: that engine's drain waits for these)."""
@@ -527,12 +541,12 @@ class GatewayApp:
                 await self._reply(send, 503, f"the model is not available: {why}", "service_unavailable",
                                   retry_after(box))
                 return 503, f"engine not ready: {box.state}"
-            self.chooser.began(target)
+            self._began(target)
             try:
                 resp = await self._upstream.request(target.base_url, method, path, fwd_headers,
                                                     body if method == "POST" else b"")
             except UpstreamError as exc:
-                self.chooser.ended(target)
+                self._ended(target)
                 tried.append(target.base_url)
                 if box.engines and self.chooser.pick(self.engine.status(), tried) is not None:
                     continue  # another GPU serves: it takes the request
@@ -544,7 +558,7 @@ class GatewayApp:
                 tried.append(target.base_url)
                 if self.chooser.pick(self.engine.status(), tried) is not None:
                     resp.close()
-                    self.chooser.ended(target)
+                    self._ended(target)
                     continue
             break
         trace.gpu = target.gpu
@@ -559,7 +573,7 @@ class GatewayApp:
             return status, "" if status < 400 else f"engine answered {status}"
         finally:
             resp.close()
-            self.chooser.ended(target)
+            self._ended(target)
 
     def _key_of(self, run: _Running) -> str:
         return run.key_hash  # the fair queue's turns are per key (its hash: the same for every request of it)

@@ -32,7 +32,7 @@ from app.backend import env, oplog
 from app.backend.contracts import SnapshotFn
 from app.backend.fileio import atomic_write
 from app.backend.gateway.keys import ActivityRecord, CreatedKey, KeyInfo, KeyStore
-from app.backend.gateway.readiness import EngineStatus, SnapshotSource
+from app.backend.gateway.readiness import EngineStatus, FleetSource, SnapshotSource
 from app.backend.gateway.server import GatewayConfig
 
 DESIRED_FILE = "gateway.json"
@@ -137,6 +137,7 @@ class GatewayProcess:
         self.port = 0
         self._listening = threading.Event()
         self.in_flight = 0  # the child's answers in flight, as it last reported (a drain waits for 0)
+        self.in_flight_gpu: dict[int, int] = {}  # the same per GPU, on a box of several
         self.metrics: dict[str, object] | None = None  # its latest figures (gwmetrics.py)
         self._stderr: deque[str] = deque(maxlen=20)
         self._write_lock = threading.Lock()
@@ -162,9 +163,14 @@ class GatewayProcess:
                 self._listening.set()
             if isinstance(msg.get("in_flight"), int):
                 self.in_flight = max(0, msg["in_flight"])
+            by_gpu = msg.get("in_flight_gpu")
+            if isinstance(by_gpu, dict):
+                self.in_flight_gpu = {int(k): max(0, v) for k, v in by_gpu.items()
+                                      if isinstance(k, str) and k.isdigit() and isinstance(v, int)}
             if isinstance(msg.get("metrics"), dict):
                 self.metrics = msg["metrics"]
         self.in_flight = 0  # the child is gone: nothing of it is in flight
+        self.in_flight_gpu = {}
 
     def _read_stderr(self) -> None:
         err: IO[bytes] | None = self.proc.stderr
@@ -241,11 +247,14 @@ class GatewayProcess:
 
 class GatewayService:
     def __init__(self, state_dir: Path, config: GatewayConfig, snapshot_fn: SnapshotFn, engine_base_url: str,
-                 subscribe: Subscribe | None = None, slots_for: Callable[[str], int] | None = None):
+                 subscribe: Subscribe | None = None, slots_for: Callable[[str], int] | None = None,
+                 source: FleetSource | None = None, subscribe_more: tuple[Subscribe, ...] = ()):
+        """`source`, `subscribe_more`: a box of several GPUs (docs/gateway.md "Several GPUs: routing"): the box's
+        status from every GPU's controller, pushed on a change of any of them."""
         self.keys = KeyStore(state_dir)
         self.state_dir = state_dir
         self.config = config
-        self._source = SnapshotSource(snapshot_fn, engine_base_url, slots_for)
+        self._source: SnapshotSource | FleetSource = source or SnapshotSource(snapshot_fn, engine_base_url, slots_for)
         self._lock = threading.Lock()  # start/stop/close, one at a time
         self._child: GatewayProcess | None = None
         self._sent: EngineStatus | None = None
@@ -257,6 +266,7 @@ class GatewayService:
         self._last_metrics: dict[str, object] | None = None  # counters survive a restart of the child in the export
         # every engine change reaches the child at once (no polling); the listener has a thread of its own
         self._unsubscribe = subscribe(lambda _ev: self.push()) if subscribe is not None else None
+        self._unsubscribe_more = [sub(lambda _ev: self.push()) for sub in subscribe_more]
 
     # -- state ---------------------------------------------------------------------------------------
     def snapshot(self) -> GatewaySnapshot:
@@ -267,6 +277,11 @@ class GatewayService:
         """Answers the gateway process is serving now (contracts.AnswerCounter: a stop or switch drains them)."""
         child = self._child
         return child.in_flight if child is not None and child.proc.poll() is None else 0
+
+    def answers_in_flight_on(self, gpu: int) -> int:
+        """Answers the gateway process serves on that GPU's engine now (a box of several: that engine's drain)."""
+        child = self._child
+        return child.in_flight_gpu.get(gpu, 0) if child is not None and child.proc.poll() is None else 0
 
     def metrics(self) -> tuple[dict[str, object] | None, bool]:
         """(the child's latest figures, whether it serves now), for the panel's /metrics (gwmetrics.families)."""
@@ -413,6 +428,8 @@ class GatewayService:
         """The panel closes: the child stops, the switch stays as the user left it (restored next start)."""
         if self._unsubscribe is not None:
             self._unsubscribe()
+        for unsub in self._unsubscribe_more:
+            unsub()
         with self._lock:
             self._closed = True  # a restore still starting gives up
         self._halt()
