@@ -1,10 +1,11 @@
 """`--demo`, `--data-dir`, `--recipe` and `--json` are accepted by every subcommand at any position, with the
 same effect (issue 29 item 5): one parametrised test over all subcommands, plus the reported defects
-(`abtest list`, `telemetry --once`, `command --plain` under --demo; `-h` listing them). `--demo` never
-touches the real /data/ds4."""
+(`abtest list`, `telemetry --once`, `command --plain` under --demo; `-h` listing them, on each sub-action
+too, e.g. `keys create -h`). `--demo` never touches the real /data/ds4."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from app.backend.recipe import SIMULATED_RECIPE
-from app.cli.main import SUBCOMMANDS, main, parse
+from app.cli.main import SUBCOMMANDS, build_parser, main, parse
 
 # A harmless invocation of each subcommand (it stops at building Settings below, or only reads a file).
 INVOCATIONS: dict[str, list[str]] = {
@@ -109,6 +110,29 @@ def test_common_options_anywhere_same_effect(name: str, home: Path, monkeypatch:
 def test_help_lists_the_common_options(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main([INVOCATIONS[name][0], "-h"])
+    out = capsys.readouterr().out
+    assert all(opt in out for opt in ("--demo", "--json", "--recipe", "--data-dir")), out
+
+
+def _actions(name: str) -> list[str]:
+    """The sub-actions of a subcommand (`keys create`, `engine start`, ...), from its real parser."""
+    parser = build_parser(only=name)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    top = sub.choices[name]
+    return [a for act in top._actions if isinstance(act, argparse._SubParsersAction) for a in act.choices]
+
+
+ACTIONS = [(name, action) for name in INVOCATIONS for action in _actions(name)]
+
+
+def test_actions_are_found() -> None:  # the walk below is not vacuous
+    assert {("keys", "create"), ("service", "install"), ("engine", "start"), ("abtest", "list")} <= set(ACTIONS)
+
+
+@pytest.mark.parametrize(("name", "action"), ACTIONS)
+def test_action_help_lists_the_common_options(name: str, action: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([name, action, "-h"])
     out = capsys.readouterr().out
     assert all(opt in out for opt in ("--demo", "--json", "--recipe", "--data-dir")), out
 

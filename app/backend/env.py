@@ -199,6 +199,10 @@ def config_home() -> Path:
     return Path(_get("XDG_CONFIG_HOME") or Path.home() / ".config")
 
 
+def cache_home() -> Path:
+    return Path(_get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
 def data_home() -> Path:
     return Path(_get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
 

@@ -1,4 +1,4 @@
-"""`moet-panel keys create NAME [--expires-days N] | revoke NAME | list`: the API gateway's keys.
+"""`moet-panel keys create NAME [--expires-days N] [--scope inference|metrics] | revoke NAME | list`: the API gateway's keys.
 
 The key is printed once, at creation (JSON field `key` with --json); only its SHA-256 is stored, in
 `<data-dir>/.moet-panel/gateway.sqlite` (0600). docs/gateway.md#keys.
@@ -29,6 +29,8 @@ def register(subs: argparse._SubParsersAction) -> None:
     r = ks.add_parser("revoke", help="revoke a key (a running gateway refuses it within a second)")
     r.add_argument("name")
     ks.add_parser("list", help="keys with their usage (requests, tokens, errors, last used)")
+    for action in ks.choices.values():  # `keys create -h` lists the common options too
+        add_common(action)
     p.set_defaults(func=run)
 
 

@@ -24,6 +24,8 @@ def register(subs: argparse._SubParsersAction) -> None:
                       help="arguments for `moet-panel serve` in the unit (after --), e.g. -- --data-dir /srv/moet")
     sp.add_parser("status", help="the restart policy and where alerts go (URLs masked)")
     add_common(p, json_help="(accepted; the unit is printed as text)")
+    for action in sp.choices.values():  # `service install -h` lists the common options too
+        add_common(action, json_help="(accepted; the unit is printed as text)")
     p.set_defaults(func=run)
 
 

@@ -77,9 +77,23 @@ def test_each_recipe_listens_where_its_serve_table_says() -> None:
         ProfileSpec.model_validate({**base.model_dump(), "id": "x", "number": 9, "args_set": {"--uds": "/tmp/s"}})
 
 
-def test_a_socket_path_too_long_to_bind_is_a_clear_error_before_any_start() -> None:
+def test_a_data_dir_too_deep_for_a_socket_gets_a_short_one_of_its_own(monkeypatch: pytest.MonkeyPatch,
+                                                                          home_dir: Path) -> None:
+    """A deep data dir (a test's, a user's) still serves: its socket moves to the cache home, one per data dir."""
+    recipe = load_recipe(SIMULATED_RECIPE)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home_dir / ".cache"))
+    deep_a, deep_b = "/data/" + "d" * (SUN_PATH_MAX - 40), "/data/" + "e" * (SUN_PATH_MAX - 40)
+    a = EngineEndpoint.parse(engine_endpoint(recipe, deep_a).address).uds
+    assert a.startswith(str(home_dir / ".cache" / "moet-sock-")) and len(a) <= SUN_PATH_MAX
+    assert a == EngineEndpoint.parse(engine_endpoint(recipe, deep_a).address).uds  # every process agrees
+    assert a != EngineEndpoint.parse(engine_endpoint(recipe, deep_b).address).uds
+    assert "--uds" in build_run_spec(recipe, "quality", deep_a).argv()
+
+
+def test_a_socket_path_too_long_to_bind_is_a_clear_error_before_any_start(monkeypatch: pytest.MonkeyPatch) -> None:
     recipe = load_recipe(SIMULATED_RECIPE)
     long_dir = "/data/" + "d" * (SUN_PATH_MAX - 40)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/c" + "c" * SUN_PATH_MAX)  # the fallback is too deep as well
     with pytest.raises(EndpointError, match="shorter data dir"):
         engine_endpoint(recipe, long_dir)
     with pytest.raises(CommandError, match="at most 107"):

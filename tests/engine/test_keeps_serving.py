@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,8 +14,10 @@ import pytest
 
 from app.backend.contracts import EngineState
 from app.backend.engine.controller import ControllerOptions, EngineController
+from app.backend.engine.client import own_http
 from app.backend.engine.desired import DesiredStore
 from app.backend.engine.runtime import RuntimeUnavailable
+from app.backend.recipe.endpoint import socket_path
 from tests.engine.conftest import TEST_LABEL, fail_profile, panel_containers, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -109,11 +112,13 @@ def test_docker_away_while_the_engine_serves_keeps_it_serving(make_flaky) -> Non
 
 
 def test_a_busy_port_is_retried_until_it_is_free(make_flaky, sim_settings) -> None:
-    """The engine's port briefly held by another process: a healing cause, not "Preflight check failed"."""
-    serve = sim_settings.recipe.serve
-    holder = socket.socket()
-    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    holder.bind((serve.host, serve.port))
+    """The engine's address (its socket, issue 40) briefly held by another process: a healing cause, not
+    "Preflight check failed"."""
+    path = Path(socket_path(sim_settings.data_dir))
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.unlink(missing_ok=True)
+    holder = socket.socket(socket.AF_UNIX)
+    holder.bind(str(path))
     holder.listen()
     try:
         ctl, _ = make_flaky(**SUP)
@@ -124,6 +129,7 @@ def test_a_busy_port_is_retried_until_it_is_free(make_flaky, sim_settings) -> No
         assert not snap.gave_up and snap.diagnosis is not None and snap.diagnosis.reason == "port_in_use"
     finally:
         holder.close()
+        path.unlink(missing_ok=True)
     wait_until(lambda: _ready(ctl), 90, "serving once the port is free")
 
 
@@ -172,7 +178,8 @@ def test_a_switch_lets_a_streaming_answer_finish_whole(make_controller) -> None:
         try:
             body = {"model": snap.served_name, "messages": [{"role": "user", "content": "count"}], "max_tokens": 120,
                     "stream": True}
-            with httpx.stream("POST", f"{snap.base_url}/v1/chat/completions", json=body, timeout=60) as r:
+            client, root = own_http(snap.base_url, httpx.Timeout(60))  # over the engine's socket (issue 40)
+            with client, client.stream("POST", f"{root}/v1/chat/completions", json=body) as r:
                 for line in r.iter_lines():
                     if line:
                         lines.append(line)

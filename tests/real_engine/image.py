@@ -1,4 +1,4 @@
-"""The real-vLLM tier's engine image, built without any registry (docs/real-engine.md#the-image).
+"""The real-vLLM tier's engine image, built without any registry (docs/real-engine.md#pieces, "The image").
 
 `FROM scratch` + a small rootfs: the host's Debian CPython (/usr/bin/python3.11) with its stdlib and the
 shared libraries `ldd` lists for it, its stdlib extensions and every extension module in the vLLM

@@ -153,7 +153,7 @@ MAX_HEAD_BYTES = 64 * 1024  # a request's line and headers together (the h11 par
 
 def http_protocol_base() -> type:
     """uvicorn's httptools protocol (llhttp, in C) when installed, else its pure-Python h11 one: the parse of
-    each request is on the gateway's added latency (docs/gateway.md#benchmark)."""
+    each request is on the gateway's added latency (docs/gateway.md#benchmark-benchgatewayrunpy)."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 

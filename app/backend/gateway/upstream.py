@@ -3,7 +3,7 @@ connections, parsed by httptools (llhttp, in C). The engine's address is the pan
 (recipe/endpoint.py): `unix:/…/engine.sock` (issue 40) or `http://127.0.0.1:8000`.
 
 Why not httpx here: on the request path its layers (httpx → httpcore → anyio, h11 in Python) were most
-of the gateway's own CPU per request and of the TTFT it adds (docs/gateway.md#benchmark). This client
+of the gateway's own CPU per request and of the TTFT it adds (docs/gateway.md#benchmark-benchgatewayrunpy). This client
 does one thing: a request written in one piece, the answer's body handed over as it arrives.
 - A connection goes back to the pool only after a whole answer; anything else (a client that left, an
   error) closes it, so the engine sees the disconnect and aborts the request.

@@ -13,11 +13,14 @@ to `http://engine` (`url`: the Host header the engine sees) through a transport 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+from app.backend import env
 
 if TYPE_CHECKING:
     from app.backend.recipe.schema import Recipe
@@ -48,8 +51,15 @@ def connect_host(host: str) -> str:
 
 
 def socket_dir(data_dir: str | PurePosixPath | Path) -> str:
-    """The 0700 directory holding the engine's socket: `<data dir>/.moet-panel/engine-sock`."""
-    return str(PurePosixPath(str(data_dir)) / STATE_SUBDIR / SOCKET_SUBDIR)
+    """The 0700 directory holding the engine's socket: `<data dir>/.moet-panel/engine-sock`; for a data dir too
+    deep for a socket path (108 bytes), a short one of its own in the user's cache home,
+    `~/.cache/moet-sock-<12 hex of the data dir's path>` (short: it must fit too): every process of this user
+    on this data dir computes the same one (docs/engine.md, "Where the engine listens")."""
+    own = PurePosixPath(str(data_dir)) / STATE_SUBDIR / SOCKET_SUBDIR
+    if len(os.fsencode(str(own / SOCKET_NAME))) <= SUN_PATH_MAX:
+        return str(own)
+    digest = hashlib.sha256(os.fsencode(str(data_dir))).hexdigest()[:12]
+    return str(PurePosixPath(str(env.cache_home())) / f"moet-sock-{digest}")
 
 
 def socket_name(gpu: int | None = None) -> str:
@@ -63,7 +73,7 @@ def socket_path(data_dir: str | PurePosixPath | Path, gpu: int | None = None) ->
     path = str(PurePosixPath(socket_dir(data_dir)) / socket_name(gpu))
     if len(os.fsencode(path)) > SUN_PATH_MAX:
         raise EndpointError(f"the engine's socket path {path!r} is {len(os.fsencode(path))} bytes; a unix socket "
-                            f"path holds at most {SUN_PATH_MAX}: use a shorter data dir")
+                            f"path holds at most {SUN_PATH_MAX}: use a shorter data dir or $XDG_CACHE_HOME")
     return path
 
 
