@@ -58,6 +58,21 @@ def status_html(snap: EngineSnapshot, runtime: str, busy: str) -> str:
     return '<div id="engine-status-box" role="status" aria-live="polite">' + "<br>".join(r for r in rows if r) + "</div>"
 
 
+def gpu_rows_html(rows: list[tuple[int, EngineSnapshot]], left_out: set[int]) -> str:
+    """A box of several GPUs: one row per GPU's engine (docs/engine.md "Several GPUs"); the controls above act on
+    GPU 0, `moet-panel engine … --gpu` on any."""
+    cells = []
+    for gpu, snap in rows:
+        color = STATE_COLOURS[snap.state]
+        note = " · left out of the gateway (measuring)" if gpu in left_out else ""
+        cells.append(
+            f'<tr data-testid="engine-gpu-row" data-gpu="{gpu}" data-state="{snap.state.value}">'
+            f"<td>GPU {gpu}</td><td><span style=\"color:{color};font-weight:700\">{snap.state.value}</span></td>"
+            f"<td>{escape(snap.profile_id or '-')}</td><td>{escape(snap.base_url or '-')}{note}</td></tr>")
+    return ('<table id="engine-gpus"><tr><th>GPU</th><th>state</th><th>profile</th><th>listens</th></tr>'
+            + "".join(cells) + "</table>")
+
+
 def controls(snap: EngineSnapshot, selected: str | None = None) -> tuple[bool, bool]:
     """(Start can act, Switch can act): no Start over a live engine, no Switch with nothing to switch from,
     nor to the profile already serving (issue 29)."""
@@ -122,6 +137,13 @@ def render(state: AppState, shell: Shell) -> None:
     snap = ctl.snapshot()
     initial = snap.profile_id or state.settings.recipe.recommended_profile.id
     status = gr.HTML(status_html(snap, ctl.describe_runtime(), ""), elem_id="engine-status")
+    fleet = state.fleet
+    if fleet is not None and len(fleet.gpus) > 1:  # one row per GPU; a one-GPU box shows the tab as before
+        def _gpu_rows() -> str:
+            return gpu_rows_html([(r.gpu, r.snapshot) for r in fleet.rows()], fleet.left_out())
+
+        gpus_box = gr.HTML(_gpu_rows(), elem_id="engine-gpus-box")
+        shell.timer.tick(_gpu_rows, [], [gpus_box], **QUICK)
     with gr.Row():
         profile = gr.Radio(_choices(state.profiles.list()), value=initial, label="Profile", elem_id="engine-profile")
     can_start, can_switch = controls(snap, initial)

@@ -107,3 +107,12 @@ def test_start_and_stop_each_gpu_named_and_rows() -> None:
     assert fleet.rows()[0].as_dict()["listens"] == "unix:/s/e0.sock"
     fleet.close()
     assert all(c.closed for c in ctls.values())
+
+
+def test_engine_tab_rows_one_per_gpu() -> None:
+    from app.ui.engine import gpu_rows_html
+
+    html = gpu_rows_html([(0, EngineSnapshot(state=EngineState.READY, profile_id="quality", base_url="unix:/a")),
+                          (1, EngineSnapshot(state=EngineState.STARTING, profile_id="balanced"))], {1})
+    assert html.count('data-testid="engine-gpu-row"') == 2
+    assert 'data-gpu="1" data-state="starting"' in html and "left out of the gateway" in html
