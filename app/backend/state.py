@@ -126,7 +126,8 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     slots_for = lambda pid: engine_slots_of(settings.recipe, state.profiles.find(pid))  # noqa: E731
     box = None
     if len(fleet.gpus) > 1:  # the gateway spreads over every GPU's engine (docs/gateway.md "Several GPUs: routing")
-        from app.backend.gateway.readiness import FleetSource, SnapshotSource
+        from app.backend.gateway.readiness import SnapshotSource
+        from app.backend.gateway.routing import FleetSource
 
         box = FleetSource([SnapshotSource(fleet.controller(g).snapshot, base_url(settings.recipe, settings.data_dir, g),
                                           slots_for, gpu=g) for g in fleet.gpus], left_out_fn=fleet.left_out)

@@ -4,7 +4,7 @@
 
 One engine per GPU (the SIMULATED engine, the card's `--max-num-seqs 1`, one container per GPU), driven by the
 panel's own Fleet (app/backend/engine/fleet.py) in this process; the gateway (in this process, as the panel's
-child would run it) reads the box's status from the controllers' snapshots (readiness.FleetSource) and counts
+child would run it) reads the box's status from the controllers' snapshots (routing.FleetSource) and counts
 its answers per GPU for each engine's drain. Prints:
 
 * one answer of --tokens alone, then --gpus answers at once through the gateway: the ratio (goals: 2 at once
@@ -52,7 +52,8 @@ def main() -> int:
     from app.backend.engine.ops import ControllerOptions
     from app.backend.gateway.keys import KeyStore
     from app.backend.gateway.proxy import GPU_HEADER, Limits
-    from app.backend.gateway.readiness import FleetSource, SnapshotSource
+    from app.backend.gateway.readiness import SnapshotSource
+    from app.backend.gateway.routing import FleetSource
     from app.backend.gateway.server import GatewayConfig, GatewayServer, engine_slots_of
     from app.backend.settings import resolve_settings
     from app.backend.telemetry.gpu import box_gpu_count, follow_engine, make_gpu_reader

@@ -58,7 +58,7 @@ def test_two_gpus_two_engines_rolling_switch(docker_client, sim_settings, sim_im
 
 @pytest.mark.slow
 def test_the_panel_runs_an_engine_per_gpu_and_its_gateway_sees_the_box(docker_client, tmp_path, monkeypatch) -> None:
-    from app.backend.gateway.readiness import FleetSource
+    from app.backend.gateway.routing import FleetSource
     from tests.engine.conftest import sim_panel_state
 
     monkeypatch.setenv("MOET_PANEL_SIM_GPUS", "2")

@@ -10,7 +10,8 @@ from dataclasses import replace
 import httpx
 
 from app.backend.gateway.proxy import GPU_HEADER, Limits
-from app.backend.gateway.readiness import EngineStatus, FleetSource, SnapshotSource
+from app.backend.gateway.readiness import EngineStatus, SnapshotSource
+from app.backend.gateway.routing import FleetSource
 from app.backend.gateway.routing import LeastBusy, Target, box_status
 from app.backend.contracts import EngineSnapshot, EngineState
 from tests.gateway.conftest import SERVED, FixedSource, Gw

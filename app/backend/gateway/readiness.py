@@ -14,7 +14,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import IO, Protocol
 
 import httpx
@@ -134,28 +134,6 @@ class SnapshotSource:
         diag = snap.diagnosis.title if snap.diagnosis is not None else ""
         return EngineStatus(False, base, snap.served_name, reason_for(state, snap.phase, diag), state,
                             draining=snap.draining, retry_after_s=back, gpu=self._gpu)
-
-    async def start(self) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
-
-class FleetSource:
-    """In the panel (or a bench) of a box of several GPUs: each GPU's engine controller's snapshot, as the box's
-    status (routing.box_status); `left_out_fn`: the GPUs a self-test or A/B measures on (sent nothing)."""
-
-    def __init__(self, sources: list[SnapshotSource], left_out_fn: Callable[[], set[int]] | None = None):
-        self._sources = sources
-        self._left_out_fn = left_out_fn
-
-    def status(self) -> EngineStatus:
-        from app.backend.gateway.routing import box_status
-
-        out = self._left_out_fn() if self._left_out_fn is not None else set()
-        each = [s.status() for s in self._sources]
-        return box_status([replace(e, left_out=e.gpu in out) if out else e for e in each])
 
     async def start(self) -> None:
         return None

@@ -15,11 +15,11 @@ stays the one place a box picks among its own GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from app.backend.gateway.readiness import EngineStatus
+from app.backend.gateway.readiness import EngineStatus, SnapshotSource
 
 
 @dataclass(frozen=True)
@@ -93,3 +93,23 @@ def box_status(engines: list[EngineStatus]) -> EngineStatus:
     return EngineStatus(False, head.base_url, head.served_name,
                         f"no GPU serves now ({reasons})", head.state, draining=draining,
                         retry_after_s=min(backs) if backs else 0.0, engines=tuple(engines))
+
+
+class FleetSource:
+    """In the panel (or a bench) of a box of several GPUs: each GPU's engine controller's snapshot, as the box's
+    status (routing.box_status); `left_out_fn`: the GPUs a self-test or A/B measures on (sent nothing)."""
+
+    def __init__(self, sources: list[SnapshotSource], left_out_fn: Callable[[], set[int]] | None = None):
+        self._sources = sources
+        self._left_out_fn = left_out_fn
+
+    def status(self) -> EngineStatus:
+        out = self._left_out_fn() if self._left_out_fn is not None else set()
+        each = [s.status() for s in self._sources]
+        return box_status([replace(e, left_out=e.gpu in out) if out else e for e in each])
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None

@@ -32,7 +32,8 @@ from app.backend import env, oplog
 from app.backend.contracts import SnapshotFn
 from app.backend.fileio import atomic_write
 from app.backend.gateway.keys import ActivityRecord, CreatedKey, KeyInfo, KeyStore
-from app.backend.gateway.readiness import EngineStatus, FleetSource, SnapshotSource
+from app.backend.gateway.readiness import EngineStatus, SnapshotSource
+from app.backend.gateway.routing import FleetSource
 from app.backend.gateway.server import GatewayConfig
 
 DESIRED_FILE = "gateway.json"
