@@ -116,3 +116,21 @@ def test_engine_tab_rows_one_per_gpu() -> None:
                           (1, EngineSnapshot(state=EngineState.STARTING, profile_id="balanced"))], {1})
     assert html.count('data-testid="engine-gpu-row"') == 2
     assert 'data-gpu="1" data-state="starting"' in html and "left out of the gateway" in html
+
+
+def test_host_share_for_n_engines_says_what_they_need_and_refuses_what_cannot_fit() -> None:
+    from app.backend.engine.preflight import docker_size_bytes, host_share
+    from app.backend.recipe.loader import load_recipe
+    from app.backend.settings import DEFAULT_RECIPE
+
+    assert docker_size_bytes("32g") == 32 * 2**30 and docker_size_bytes("512m") == 512 * 2**20
+    assert docker_size_bytes("") == 0 and docker_size_bytes("lots") == 0
+    card = load_recipe(DEFAULT_RECIPE)
+    own_shm = card.model_copy(update={"serve": card.serve.model_copy(update={"ipc": "", "shm_size": "32g"})})
+    GB = 10**9
+    ok = host_share(own_shm, 2, 256 * GB)
+    assert ok.status == "pass" and "2 engines need: /dev/shm 64 GiB" in ok.detail and "shared" in ok.detail
+    tight = host_share(own_shm, 2, 100 * GB)  # 2 × 64 GB floor > 100 GB: a miss on both at once would not fit
+    assert tight.status == "warn"
+    refused = host_share(own_shm, 4, 120 * GB)  # 4 × 32 GiB of /dev/shm > the host's RAM
+    assert refused.status == "fail" and "fewer engines" in refused.fix

@@ -32,7 +32,7 @@ class Boot(Core):
             runtime_error=self._runtime_error, gpu_reader=self._gpu,
             engine_running=snap.state in LIVE_STATES or self._panel_engine_running(rt),
             engine_pids=self.container_pids(),
-            artifact_status=self._artifact_status, gpu=self.options.gpu,
+            artifact_status=self._artifact_status, gpu=self.options.gpu, engines=self.options.box_engines,
         )
         return run_preflight(inputs, overrides)
 

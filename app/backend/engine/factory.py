@@ -107,6 +107,7 @@ def make_fleet(settings: Settings, gpu_reader: GpuReader, gpu_count: int,
     def make(gpu: int | None) -> EngineController:
         opts = options_fn(gpu)
         opts.gpu = gpu
+        opts.box_engines = count
         return make_engine_controller(settings, gpu_reader, opts, profiles_fn, supervise=supervise)
 
     return build_fleet(count, make)

@@ -68,6 +68,7 @@ class ControllerOptions:
     # The GPU this controller's engine runs on, on a box of several (engine/fleet.py; docs/engine.md "Several
     # GPUs"); None: the recipe's one engine, exactly as written.
     gpu: int | None = None
+    box_engines: int = 1  # engines the box runs (preflight's host share for N engines)
 
 
 def expects_pool(env: dict[str, str], pool_line: str = "from_env") -> bool:

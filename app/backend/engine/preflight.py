@@ -67,10 +67,13 @@ class PreflightInputs:
     engine_pids: set[int] = field(default_factory=set)
     artifact_status: Callable[[str], str | None] | None = None  # id -> "complete"/"partial"/... or None
     gpu: int | None = None  # the GPU this engine runs on, on a box of several (None: the first the reader lists)
+    engines: int = 1  # engines this box runs (one per GPU: docs/engine.md "Several GPUs"): the host's share
 
 
 def run_preflight(inp: PreflightInputs, overrides: frozenset[str] = frozenset()) -> PreflightReport:
     items = [_docker(inp), _nvidia_runtime(inp), *_gpu_items(inp), _host_ram(inp), _disk(inp)]
+    if inp.engines > 1:
+        items.append(host_share(inp.recipe, inp.engines, psutil.virtual_memory().total))
     items += _artifacts(inp)
     items += [_ckpt_pin(inp), _image(inp), _listen(inp)]
     return PreflightReport(tuple(items), frozenset(overrides))
@@ -200,6 +203,45 @@ def _host_ram(inp: PreflightInputs) -> PreflightItem:
                              "miss would OOM-kill this host; a cache hit (the recipe pins VLLM_MOE_W2_CKPT_ID) needs no staging",
                              req.host_ram_note or "Add RAM or stop memory-hungry processes.")
     return PreflightItem("host_ram", title, "pass", detail)
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def docker_size_bytes(text: str) -> int:
+    """Docker's size form (`32g`, `512m`, `1024`) in bytes; 0 when empty or unreadable."""
+    t = text.strip().lower().removesuffix("b")
+    unit = t[-1] if t and t[-1] in "kmgt" else ""
+    num = t[:-1] if unit else t
+    try:
+        return int(float(num) * _SIZE_UNITS[unit]) if num else 0
+    except ValueError:
+        return 0
+
+
+def host_share(recipe: Recipe, engines: int, ram_total: int) -> PreflightItem:
+    """The host's share for N engines, one per GPU (docs/engine.md "Several GPUs"): the store is read with pread by
+    every engine, so its disk and page cache are shared (one copy); host RAM and `/dev/shm` count per engine.
+    Fails when N engines' `/dev/shm` alone exceeds the host's RAM (tmpfs is RAM: they cannot all fit); warns when
+    the host has less RAM than N times the recipe's floor (a planes-cache miss on several engines at once)."""
+    title = f"Host share for {engines} engines (one per GPU)"
+    shm_each = docker_size_bytes(recipe.serve.shm_size) if recipe.serve.ipc != "host" else 0
+    shm_need = engines * shm_each
+    ram_floor = engines * recipe.requirements.host_ram_gb * 1e9
+    store = sum(a.extracted_gib for a in recipe.artifacts) * GiB
+    need = (f"{engines} engines need: /dev/shm {shm_need / GiB:.0f} GiB ({engines} × {recipe.serve.shm_size or '0'}"
+            + (", the host's shared /dev/shm with --ipc host" if recipe.serve.ipc == "host" else "")
+            + f"), host RAM ~{ram_floor / 1e9:.0f} GB on a planes-cache miss ({engines} × the card's "
+            f"{recipe.requirements.host_ram_gb:g} GB), one store on disk and in the page cache ({store / GiB:.0f} GiB,"
+            f" shared: every engine preads the same files); this host has {ram_total / 1e9:.0f} GB RAM")
+    if shm_need > ram_total:
+        return PreflightItem("host_share", title, "fail", need,
+                             f"Run fewer engines (--gpu), or lower shm_size in the recipe: {engines} × "
+                             f"{recipe.serve.shm_size} of /dev/shm is more than the host's RAM.")
+    if ram_floor and ram_total < ram_floor * 0.95:
+        return PreflightItem("host_share", title, "warn", need,
+                             "Keep the ckpt pin (a cache hit stages nothing), or run fewer engines at once.")
+    return PreflightItem("host_share", title, "pass", need)
 
 
 def _disk(inp: PreflightInputs) -> PreflightItem:
