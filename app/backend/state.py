@@ -111,7 +111,12 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     state.on_close(telemetry.close)
 
     # The self-test measures the serving profile; it never starts or stops the engine.
-    selftest = state.selftest = SelfTestService(settings, engine, frame_fn=telemetry.latest)
+    # A box of several GPUs: GPU 0 (which the self-test measures) is left out of the gateway while it runs; the
+    # other GPUs keep serving (docs/engine.md "Several GPUs").
+    gpu0 = fleet.gpus[0]
+    measuring = ((lambda on: fleet.leave_out([gpu0], "self-test") if on else fleet.take_back([gpu0]))
+                 if len(fleet.gpus) > 1 else None)
+    selftest = state.selftest = SelfTestService(settings, engine, frame_fn=telemetry.latest, on_run=measuring)
     telemetry.drift = DriftWatch(baseline_from(selftest.store, engine.profiles))
     state.on_close(selftest.cancel)
     abtest = state.abtest = ABRunService(settings, engine)

@@ -85,9 +85,14 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
     telemetry hub's latest frame (or None)."""
 
     def __init__(self, settings: Settings, engine: EngineController, frame_fn: Callable[[], TelemetryFrame | None] | None = None,
-                 probe_factory: Callable[[str], EngineProbe] | None = None):
+                 probe_factory: Callable[[str], EngineProbe] | None = None,
+                 on_run: Callable[[bool], None] | None = None):
+        """`on_run(True/False)` is told before and after a run: on a box of several GPUs the fleet leaves this
+        engine's GPU out of the gateway meanwhile, so it measures undisturbed while the others serve
+        (docs/engine.md "Several GPUs")."""
         self.settings = settings
         self.engine = engine
+        self._on_run = on_run
         self.frame_fn = frame_fn or (lambda: None)
         self.store = ResultsStore(settings.ensure_state_dir())
         self._probe_factory = probe_factory or self._default_probe
@@ -201,6 +206,8 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
         watch.start()
         probe = self._probe_factory(self.engine.snapshot().base_url)
         done_s = 0.0
+        if self._on_run is not None:
+            self._on_run(True)
         try:
             for step in steps:
                 if self._stop.is_set():
@@ -228,6 +235,9 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
             self._set(replace(self.progress(), state=JobState.FAILED, message=f"failed at {at}: {exc}"))
             oplog.caught("selftest", exc, f"running the self-test (step {at})", who=who, profile=plan.profile_id,
                          result="failed")
+        finally:
+            if self._on_run is not None:
+                self._on_run(False)
 
     def _do(self, step: Step, plan: SelfTestPlan, probe: EngineProbe, result: SelfTestResult, ctx: int) -> None:
         if step.kind == "decode":
