@@ -28,7 +28,7 @@ class GpuSelectionError(ValueError):
     """A --gpu value that names no GPU of this box."""
 
 
-def parse_gpus(text: str | None, available: Iterable[int]) -> list[int]:
+def parse_gpus(text: str | None, available: Iterable[int], flag: str = "--gpu") -> list[int]:
     """`all` (or empty) -> every GPU of the box; `0,2` -> those, in order, each once. Raises GpuSelectionError
     with what the box has."""
     have = sorted(available)
@@ -39,11 +39,11 @@ def parse_gpus(text: str | None, available: Iterable[int]) -> list[int]:
     for part in raw.split(","):
         part = part.strip()
         if not part.isdigit():
-            raise GpuSelectionError(f"--gpu {text!r}: expected all or GPU numbers like 0,1 (this box has "
+            raise GpuSelectionError(f"{flag} {text!r}: expected all or GPU numbers like 0,1 (this box has "
                                     f"{', '.join(map(str, have))})")
         n = int(part)
         if n not in have:
-            raise GpuSelectionError(f"--gpu {text!r}: GPU {n} is not one of this box's ({', '.join(map(str, have))})")
+            raise GpuSelectionError(f"{flag} {text!r}: GPU {n} is not one of this box's ({', '.join(map(str, have))})")
         if n not in out:
             out.append(n)
     return out
