@@ -86,3 +86,13 @@ def test_two_engines_answer_at_once_and_a_gone_gpu_refuses_nobody(make_gateway: 
     source.value = box_status([replace(e, draining=True, retry_after_s=9.0 + e.gpu) for e in each])
     r = _chat(gw, key, 3)
     assert r.status_code == 503 and r.headers["retry-after"] == "9"
+
+
+def test_the_access_tab_shows_the_queue_and_where_requests_go() -> None:
+    from app.backend.gateway.service import GatewaySnapshot, GatewayState
+    from app.ui.access import queue_line
+
+    one = queue_line(GatewaySnapshot(GatewayState.ON, queue_length=3, queue_wait_mean_s=1.25))
+    assert 'data-queue="3"' in one and "3 waiting; mean wait 1.25 s" in one and "GPU" not in one
+    box = queue_line(GatewaySnapshot(GatewayState.ON, serving_gpus=(1, 2), in_flight_gpu=((0, 1), (1, 0))))
+    assert "Serving GPUs: 1, 2" in box and "GPU 0: 1" in box

@@ -63,6 +63,13 @@ class GatewaySnapshot:
     engine_reason: str = ""
     pid: int | None = None  # the gateway process (when on)
     restored: bool = False  # started by the panel's start-up from the remembered switch, not by a click
+    # the fair queue (docs/gateway.md "The fair queue"), as the child last reported: waiting now, and the mean
+    # wait of the requests that waited so far (None: none yet)
+    queue_length: int = 0
+    queue_wait_mean_s: float | None = None
+    # a box of several GPUs: answers in flight per GPU, and the GPUs the gateway can send to now
+    in_flight_gpu: tuple[tuple[int, int], ...] = ()
+    serving_gpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -272,7 +279,19 @@ class GatewayService:
     # -- state ---------------------------------------------------------------------------------------
     def snapshot(self) -> GatewaySnapshot:
         st = self._source.status()
-        return replace(self._snap, engine_ready=st.ready, engine_reason=st.reason)
+        figures, _ = self.metrics()
+        qlen, qmean = 0, None
+        if figures is not None:
+            length = figures.get("queue_length")
+            qlen = length if isinstance(length, int) else 0
+            wait = figures.get("queue_wait")
+            if isinstance(wait, dict) and isinstance(wait.get("count"), int) and wait["count"] > 0:
+                qmean = float(wait.get("sum") or 0.0) / wait["count"]
+        child = self._child
+        by_gpu = tuple(sorted(child.in_flight_gpu.items())) if child is not None else ()
+        return replace(self._snap, engine_ready=st.accepts if st.engines else st.ready, engine_reason=st.reason,
+                       queue_length=qlen, queue_wait_mean_s=qmean, in_flight_gpu=by_gpu,
+                       serving_gpus=tuple(e.gpu for e in st.engines if e.accepts))
 
     def answers_in_flight(self) -> int:
         """Answers the gateway process is serving now (contracts.AnswerCounter: a stop or switch drains them)."""
