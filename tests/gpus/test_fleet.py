@@ -134,3 +134,17 @@ def test_host_share_for_n_engines_says_what_they_need_and_refuses_what_cannot_fi
     assert tight.status == "warn"
     refused = host_share(own_shm, 4, 120 * GB)  # 4 × 32 GiB of /dev/shm > the host's RAM
     assert refused.status == "fail" and "fewer engines" in refused.fix
+
+
+def test_chat_tab_names_the_gpu_on_a_box_of_several() -> None:
+    from types import SimpleNamespace
+
+    from app.ui.chat import endpoint_line
+
+    class Chat:
+        def endpoint(self, url):
+            return SimpleNamespace(simulated=False, profile_id="quality", base_url="unix:/s/engine.sock",
+                                   model="m", ready=True, reason="")
+
+    assert "GPU" not in endpoint_line(cast(object, Chat()), "")[1]  # type: ignore[arg-type]
+    assert "answered by GPU 0 (of 2)" in endpoint_line(cast(object, Chat()), "", 2)[1]  # type: ignore[arg-type]
