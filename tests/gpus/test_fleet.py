@@ -148,3 +148,27 @@ def test_chat_tab_names_the_gpu_on_a_box_of_several() -> None:
 
     assert "GPU" not in endpoint_line(cast(object, Chat()), "")[1]  # type: ignore[arg-type]
     assert "answered by GPU 0 (of 2)" in endpoint_line(cast(object, Chat()), "", 2)[1]  # type: ignore[arg-type]
+
+
+def test_one_rolling_switch_at_a_time_from_the_engine_tab() -> None:
+    import threading
+    import time
+
+    fleet, ctls = _fleet(2)
+    gate, entered = threading.Event(), threading.Event()
+    plain = FakeCtl.switch
+
+    def held(self, profile_id, overrides=(), *, who=""):
+        entered.set()
+        assert gate.wait(10)
+        return plain(self, profile_id, overrides, who=who)
+
+    ctls[0].switch = held.__get__(ctls[0])  # type: ignore[method-assign]
+    assert "one GPU at a time" in fleet.start_rolling_switch("balanced", [0, 1])
+    assert entered.wait(10)
+    assert fleet.start_rolling_switch("speed", [0, 1]).startswith("refused")
+    gate.set()
+    deadline = time.monotonic() + 10
+    while fleet.serving() != [0, 1] or ctls[1].snap.profile_id != "balanced":
+        assert time.monotonic() < deadline, "the roll did not finish"
+        gate.wait(0.01)

@@ -87,6 +87,7 @@ class Fleet:
         # Written only by leave_out/take_back, under this lock; read as a copy.
         self._left_out: dict[int, str] = {}
         self._left_lock = threading.Lock()
+        self._rolling = threading.Lock()  # one rolling switch at a time
 
     def leave_out(self, gpus: Iterable[int], why: str, *, who: str = oplog.PANEL) -> None:
         """The gateway sends these GPUs nothing new (their answers in flight go on) until `take_back`."""
@@ -130,13 +131,31 @@ class Fleet:
     def stop(self, gpus: list[int], *, who: str = oplog.PANEL) -> list[tuple[int, Ticket]]:
         return [(g, self._ctl[g].stop(who=who)) for g in gpus]
 
+    def start_rolling_switch(self, profile_id: str, gpus: list[int], *, who: str = oplog.PANEL) -> str:
+        """`rolling_switch` on a thread of its own (the Engine tab); refused while another roll runs. Returns what
+        to tell the person."""
+        if self._rolling.locked():
+            return "refused: a rolling switch is already under way"
+
+        def roll() -> None:
+            self.rolling_switch(profile_id, gpus, who=who)
+
+        threading.Thread(target=roll, name="engine-rolling-switch", daemon=True).start()
+        return (f"rolling switch to {profile_id} on GPUs {', '.join(map(str, gpus))}: one GPU at a time, each drained, "
+                "switched and ready before the next (the rows above follow it)")
+
     def rolling_switch(self, profile_id: str, gpus: list[int], overrides: tuple[str, ...] = (), *,
                        who: str = oplog.PANEL, timeout_s: float | None = None,
                        on_step: Callable[[int, Ticket], None] | None = None) -> list[RollStep]:
         """Switch the GPUs named to the profile ONE AT A TIME: each controller drains its engine (its answers in
         flight finish), stops it, boots the profile and gates on ready; only then the next GPU. A GPU whose
         switch fails ends the roll there (it rolled back, or stands failed), so the GPUs not yet switched keep
-        serving the old profile; the steps after it carry no ticket."""
+        serving the old profile; the steps after it carry no ticket. One roll at a time (a second waits)."""
+        with self._rolling:
+            return self._roll(profile_id, gpus, overrides, who, timeout_s, on_step)
+
+    def _roll(self, profile_id: str, gpus: list[int], overrides: tuple[str, ...], who: str, timeout_s: float | None,
+              on_step: Callable[[int, Ticket], None] | None) -> list[RollStep]:
         steps: list[RollStep] = []
         oplog.decision("engine", "rolling switch", who=who, profile=profile_id, gpus=",".join(map(str, gpus)))
         for i, g in enumerate(gpus):
