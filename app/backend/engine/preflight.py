@@ -341,7 +341,7 @@ TCP_ENGINE_WARNING = ("this recipe's engine listens on TCP (listen = \"tcp\": it
 def _port(inp: PreflightInputs) -> PreflightItem:
     from app.backend.engine.readiness import port_in_use
 
-    port = inp.recipe.serve.port
+    port = inp.recipe.serve.port + (inp.gpu or 0)  # GPU N of a box of several listens on port + N
     title = f"Port {port} free"
     fix_warn = "Use an engine build with vLLM's --uds and set listen = \"uds\" in the recipe's [serve] (docs/engine.md)."
     if not port_in_use(inp.recipe.serve.host, port):
