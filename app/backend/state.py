@@ -116,7 +116,8 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     gpu0 = fleet.gpus[0]
     measuring = ((lambda on: fleet.leave_out([gpu0], "self-test") if on else fleet.take_back([gpu0]))
                  if len(fleet.gpus) > 1 else None)
-    selftest = state.selftest = SelfTestService(settings, engine, frame_fn=telemetry.latest, on_run=measuring)
+    selftest = state.selftest = SelfTestService(settings, engine, frame_fn=telemetry.latest, on_run=measuring,
+                                                gpu=gpu0 if len(fleet.gpus) > 1 else None)
     telemetry.drift = DriftWatch(baseline_from(selftest.store, engine.profiles))
     state.on_close(selftest.cancel)
     abtest = state.abtest = ABRunService(settings, engine)

@@ -172,3 +172,16 @@ def test_one_rolling_switch_at_a_time_from_the_engine_tab() -> None:
     while fleet.serving() != [0, 1] or ctls[1].snap.profile_id != "balanced":
         assert time.monotonic() < deadline, "the roll did not finish"
         gate.wait(0.01)
+
+
+def test_a_self_test_result_names_its_gpu() -> None:
+    from app.backend.selftest.report import to_markdown
+    from app.backend.selftest.types import SelfTestResult
+
+    r = SelfTestResult("quality", "img", "hash", "2026-12-04T22:00:00+00:00", True, 48.9, {}, gpu=1)
+    back = SelfTestResult.from_json(r.to_json())
+    assert back.gpu == 1 and "- GPU: 1" in to_markdown(back)
+    one = SelfTestResult.from_json({**r.to_json(), "gpu": None})
+    assert one.gpu is None and "GPU:" not in to_markdown(one)
+    old = {k: v for k, v in r.to_json().items() if k != "gpu"}  # a result stored before issue 43
+    assert SelfTestResult.from_json(old).gpu is None

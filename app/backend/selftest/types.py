@@ -96,6 +96,7 @@ class SelfTestResult:
     needles: list[NeedleOutcome] = field(default_factory=list)
     telemetry: TelemetrySummary = field(default_factory=TelemetrySummary)
     wall_s: float = 0.0
+    gpu: int | None = None  # the GPU whose engine was measured, on a box of several (docs/engine.md "Several GPUs")
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -108,6 +109,7 @@ class SelfTestResult:
             decode=[DecodeRun(**x) for x in d.get("decode", [])], ttft=[TtftPoint(**x) for x in d.get("ttft", [])],
             needles=[NeedleOutcome(**x) for x in d.get("needles", [])],
             telemetry=TelemetrySummary(**d.get("telemetry", {})), wall_s=float(d.get("wall_s", 0.0)),
+            gpu=d["gpu"] if isinstance(d.get("gpu"), int) and not isinstance(d.get("gpu"), bool) else None,
         )
 
 
