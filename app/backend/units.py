@@ -6,6 +6,21 @@ from __future__ import annotations
 GiB = 1 << 30
 
 
+_SIZE_UNITS = {"": 1, "k": GiB >> 20, "m": GiB >> 10, "g": GiB, "t": GiB << 10}
+
+
+def docker_size_bytes(text: str) -> int:
+    """Docker's size form (`32g`, `512m`, `1024`; binary units, as `--shm-size`) in bytes; 0 when empty or
+    unreadable."""
+    t = text.strip().lower().removesuffix("b")
+    unit = t[-1] if t and t[-1] in "kmgt" else ""
+    num = t[:-1] if unit else t
+    try:
+        return int(float(num) * _SIZE_UNITS[unit]) if num else 0
+    except ValueError:
+        return 0
+
+
 def gib_text(n: float) -> str:
     """Bytes as GiB; small amounts keep three decimals rather than reading 0.00."""
     return f"{n / GiB:.2f} GiB" if abs(n) >= 0.1 * GiB or n == 0 else f"{n / GiB:.3f} GiB"

@@ -119,7 +119,8 @@ def test_engine_tab_rows_one_per_gpu() -> None:
 
 
 def test_host_share_for_n_engines_says_what_they_need_and_refuses_what_cannot_fit() -> None:
-    from app.backend.engine.preflight import docker_size_bytes, host_share
+    from app.backend.engine.preflight import host_share
+    from app.backend.units import docker_size_bytes
     from app.backend.recipe.loader import load_recipe
     from app.backend.settings import DEFAULT_RECIPE
 

@@ -21,7 +21,7 @@ from app.backend.engine.diagnosis import CARD_PIN
 from app.backend.engine.runtime import Runtime, RuntimeOpError, RuntimeUnavailable
 from app.backend.recipe.schema import Recipe
 from app.backend.contracts import GpuReader, GpuSample
-from app.backend.units import GiB
+from app.backend.units import GiB, docker_size_bytes
 
 Status = Literal["pass", "warn", "fail"]
 
@@ -203,20 +203,6 @@ def _host_ram(inp: PreflightInputs) -> PreflightItem:
                              "miss would OOM-kill this host; a cache hit (the recipe pins VLLM_MOE_W2_CKPT_ID) needs no staging",
                              req.host_ram_note or "Add RAM or stop memory-hungry processes.")
     return PreflightItem("host_ram", title, "pass", detail)
-
-
-_SIZE_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-
-
-def docker_size_bytes(text: str) -> int:
-    """Docker's size form (`32g`, `512m`, `1024`) in bytes; 0 when empty or unreadable."""
-    t = text.strip().lower().removesuffix("b")
-    unit = t[-1] if t and t[-1] in "kmgt" else ""
-    num = t[:-1] if unit else t
-    try:
-        return int(float(num) * _SIZE_UNITS[unit]) if num else 0
-    except ValueError:
-        return 0
 
 
 def host_share(recipe: Recipe, engines: int, ram_total: int) -> PreflightItem:
