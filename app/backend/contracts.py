@@ -198,7 +198,7 @@ class GpuSample:
     name: str
     compute_capability: tuple[int, int] | None
     memory_total: int
-    memory_used: int  # v2 "used" (excludes driver-reserved)
+    memory_used: int  # v2 "used" (excludes driver-reserved): what nvidia-smi shows as used
     memory_reserved: int
     util_gpu: float | None = None
     util_mem: float | None = None
@@ -218,8 +218,10 @@ class GpuSample:
 
     @property
     def memory_in_use(self) -> int:
-        """What nvidia-smi calls used (v1): v2 used + driver-reserved."""
-        return self.memory_used + self.memory_reserved
+        """What nvidia-smi shows as used: NVML v2 "used", the driver's reserve apart (`memory_reserved`). Measured on
+        an H200, driver 580: nvidia-smi 0 MiB idle and 1,139 MiB under load where v2 used + reserved gave 615 and
+        1,754 (docs/engine.md, "VRAM as nvidia-smi shows it"); the VRAM alert and header use this figure."""
+        return self.memory_used
 
 
 class GpuReader(Protocol):
@@ -278,6 +280,21 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # Units: how the panel writes sizes and durations, in the CLI and the tabs alike: GiB everywhere, as the card
 # (docs/downloads.md, "Progress").
 GiB = 1 << 30
+
+
+_SIZE_UNITS = {"": 1, "k": GiB >> 20, "m": GiB >> 10, "g": GiB, "t": GiB << 10}
+
+
+def docker_size_bytes(text: str) -> int:
+    """Docker's size form (`32g`, `512m`, `1024`; binary units, as `--shm-size`) in bytes; 0 when empty or
+    unreadable."""
+    t = text.strip().lower().removesuffix("b")
+    unit = t[-1] if t and t[-1] in "kmgt" else ""
+    num = t[:-1] if unit else t
+    try:
+        return int(float(num) * _SIZE_UNITS[unit]) if num else 0
+    except ValueError:
+        return 0
 
 
 def gib_text(n: float) -> str:

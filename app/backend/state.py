@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # types only: the service packages import settings, never thi
     from app.backend.chat.service import ChatService
     from app.backend.download.manager import DownloadManager
     from app.backend.engine.controller import EngineController
+    from app.backend.engine.fleet import Fleet
     from app.backend.gateway.service import GatewayService
     from app.backend.selftest.runner import SelfTestService
     from app.backend.alerts.delivery import AlertService
@@ -33,7 +34,8 @@ if TYPE_CHECKING:  # types only: the service packages import settings, never thi
 @dataclass
 class AppState:
     settings: Settings
-    engine: EngineController | None = None
+    engine: EngineController | None = None  # GPU 0's engine (the box's only one on a one-GPU box)
+    fleet: Fleet | None = None  # every GPU's engine, one controller each (docs/engine.md "Several GPUs")
     downloads: DownloadManager | None = None
     telemetry: TelemetryHub | None = None
     chat: ChatService | None = None
@@ -71,10 +73,11 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     from app.backend.abtest.runner import ABRunService
     from app.backend.chat.service import ChatService
     from app.backend.download.manager import DownloadManager
-    from app.backend.engine.factory import make_engine_controller
+    from app.backend.engine.factory import make_fleet
+    from app.backend.engine.ops import ControllerOptions
     from app.backend.selftest.drift import DriftWatch, baseline_from
     from app.backend.selftest.runner import SelfTestService
-    from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
+    from app.backend.telemetry.gpu import box_gpu_count, follow_engine, make_gpu_reader
     from app.backend.telemetry.hub import TelemetryHub
 
     state = AppState(settings=settings)
@@ -87,10 +90,15 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # its closer stops the panel's threads, never the engine container. One GPU reader for the whole app
     # (engine preflight and release wait, telemetry): made here, injected into both.
     state.gpu = make_gpu_reader(settings, nvml_reader=nvml_reader)
-    engine = state.engine = make_engine_controller(settings, gpu_reader=state.gpu, profiles_fn=state.profiles.list,
-                                                   supervise=True)
-    state.on_close(engine.close)
+    # One engine per GPU of the box (docs/engine.md "Several GPUs"); a one-GPU box: the one engine, as before.
+    # `engine` is GPU 0's: the tabs that show one engine (chat, self-test, telemetry) follow it.
+    fleet = state.fleet = make_fleet(settings, state.gpu, box_gpu_count(state.gpu), lambda gpu: ControllerOptions(),
+                                     profiles_fn=state.profiles.list, supervise=True)
+    state.on_close(fleet.close)
+    engine = state.engine = fleet.controller(fleet.gpus[0])
     sim_card = follow_engine(state.gpu, engine)  # demo mode: the SIMULATED card follows this engine
+    for g in fleet.gpus[1:]:
+        follow_engine(state.gpu, fleet.controller(g), g)
 
     # The chat and the telemetry hub follow the engine's change events: each makes its one watch here (through
     # `engine=`) and closes it with itself (docs/engine.md, "Who listens").
@@ -103,7 +111,13 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     state.on_close(telemetry.close)
 
     # The self-test measures the serving profile; it never starts or stops the engine.
-    selftest = state.selftest = SelfTestService(settings, engine, frame_fn=telemetry.latest)
+    # A box of several GPUs: GPU 0 (which the self-test measures) is left out of the gateway while it runs; the
+    # other GPUs keep serving (docs/engine.md "Several GPUs").
+    gpu0 = fleet.gpus[0]
+    measuring = ((lambda on: fleet.leave_out([gpu0], "self-test") if on else fleet.take_back([gpu0]))
+                 if len(fleet.gpus) > 1 else None)
+    selftest = state.selftest = SelfTestService(settings, engine, frame_fn=telemetry.latest, on_run=measuring,
+                                                gpu=gpu0 if len(fleet.gpus) > 1 else None)
     telemetry.drift = DriftWatch(baseline_from(selftest.store, engine.profiles))
     state.on_close(selftest.cancel)
     abtest = state.abtest = ABRunService(settings, engine)
@@ -115,10 +129,23 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     from app.backend.gateway.server import config_from_env, engine_slots_of
     from app.backend.gateway.service import GatewayService
 
+    slots_for = lambda pid: engine_slots_of(settings.recipe, state.profiles.find(pid))  # noqa: E731
+    box = None
+    if len(fleet.gpus) > 1:  # the gateway spreads over every GPU's engine (docs/gateway.md "Several GPUs: routing")
+        from app.backend.gateway.engine_status import SnapshotSource
+        from app.backend.gateway.routing import FleetSource
+
+        box = FleetSource([SnapshotSource(fleet.controller(g).snapshot, base_url(settings.recipe, settings.data_dir, g),
+                                          slots_for, gpu=g) for g in fleet.gpus], left_out_fn=fleet.left_out)
     gateway = state.gateway = GatewayService(settings.ensure_state_dir(), config_from_env(recipe=settings.recipe), engine.snapshot,
                                              base_url(settings.recipe, settings.data_dir), subscribe=engine.on_change,
-                                             slots_for=lambda pid: engine_slots_of(settings.recipe, state.profiles.find(pid)))
-    engine.add_answer_counter(gateway)  # its answers in flight finish before a stop/switch (docs/engine.md "Keeps serving")
+                                             slots_for=slots_for, source=box,
+                                             subscribe_more=tuple(fleet.controller(g).on_change for g in fleet.gpus[1:]))
+    if box is None:
+        engine.add_answer_counter(gateway)  # its answers in flight finish before a stop/switch (docs/engine.md "Keeps serving")
+    else:
+        for g in fleet.gpus:  # each GPU's drain waits for the gateway's answers on that GPU
+            fleet.controller(g).add_answer_counter(_GpuAnswers(gateway, g))
     state.on_close(gateway.close)
     gateway.restore()
     # Alerts to a person: woken by the engine's change events, sent on the notifier's own thread.
@@ -133,3 +160,13 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
                                              data_dir=settings.data_dir)
     state.on_close(alerting.close)
     return state
+
+
+class _GpuAnswers:
+    """The gateway's answers on one GPU's engine, as that engine's drain counts them (contracts.AnswerCounter)."""
+
+    def __init__(self, gateway: GatewayService, gpu: int) -> None:
+        self._gateway, self._gpu = gateway, gpu
+
+    def answers_in_flight(self) -> int:
+        return self._gateway.answers_in_flight_on(self._gpu)

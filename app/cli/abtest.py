@@ -3,7 +3,8 @@
   abtest run --a quality --b balanced (--prompts FILE.jsonl | --from-chat CONV[:N,...] ...) --seeds 42,43
              [--chat-context] [--rubric TEXT] [--max-tokens N]
   abtest chat-prompts          list the chat history's conversations and user turns (for --from-chat)
-  abtest resume RUN_ID         continue after a cancel or a panel restart (the journal keeps answers)
+             [--gpus A,B]   a box of several GPUs: A on GPU A's engine and B on GPU B's, at once, no switch
+  abtest resume RUN_ID [--gpus A,B]   continue after a cancel or a panel restart (the journal keeps answers)
   abtest grade RUN_ID [--scores]   blind grading in the terminal: l / r / t per pair, or 0–10 per side
   abtest rubric RUN_ID TEXT    set the rubric shown beside every pair (journalled)
   abtest reveal RUN_ID [--json]
@@ -38,10 +39,15 @@ def register(subs: argparse._SubParsersAction) -> None:
     r.add_argument("--rubric", default="", help="what a 10 and a 0 mean (shown beside every pair when grading)")
     r.add_argument("--seeds", default="42,43,44", help="comma-separated seeds (default 42,43,44)")
     r.add_argument("--max-tokens", type=int, default=8192, help="per answer; answers are never clipped after")
+    gpus_help = ("a box of several GPUs (docs/engine.md \"Several GPUs\"): A on the first GPU's engine and B on "
+                 "the second's, both at once, with no switch between A and B")
+    r.add_argument("--gpus", metavar="A,B", help=gpus_help)
     for name, helptext in (("resume", "continue a run"), ("grade", "grade a run blind"), ("reveal", "show the result"),
                            ("rubric", "set the rubric shown beside every pair")):
         q = sub.add_parser(name, help=helptext)
         q.add_argument("run_id")
+        if name == "resume":
+            q.add_argument("--gpus", metavar="A,B", help=gpus_help)
         if name == "grade":
             q.add_argument("--scores", action="store_true", help="score each side 0–10 instead of picking")
         if name == "rubric":
@@ -53,15 +59,32 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _services(settings: Any) -> tuple[Any, Any]:
+def _services(settings: Any, gpus: str | None = None) -> tuple[Any, Any]:
+    """(something to close, the A/B service). `gpus` "A,B": one engine per GPU, A's side on GPU A, B's on GPU B."""
     from app.backend.abtest.runner import ABRunService
-    from app.backend.engine.factory import make_engine_controller
-    from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
+    from app.backend.engine.factory import make_engine_controller, make_fleet
+    from app.backend.engine.fleet import parse_gpus
+    from app.backend.engine.ops import ControllerOptions
+    from app.backend.telemetry.gpu import box_gpu_count, follow_engine, make_gpu_reader
 
     reader = make_gpu_reader(settings)
-    ctl = make_engine_controller(settings, reader)
-    follow_engine(reader, ctl)
-    return ctl, ABRunService(settings, ctl)
+    if gpus is None:
+        ctl = make_engine_controller(settings, reader)
+        follow_engine(reader, ctl)
+        return ctl, ABRunService(settings, ctl)
+    fleet = make_fleet(settings, reader, box_gpu_count(reader), lambda gpu: ControllerOptions(actor="CLI"))
+    for g in fleet.gpus:
+        follow_engine(reader, fleet.controller(g), g)
+    try:
+        chosen = parse_gpus(gpus, fleet.gpus, "--gpus")
+        if len(chosen) != 2:
+            raise ValueError(f"--gpus {gpus!r}: name two different GPUs, A's then B's (this box has "
+                             f"{', '.join(map(str, fleet.gpus))})")
+    except ValueError:
+        fleet.close()
+        raise
+    a, b = fleet.controller(chosen[0]), fleet.controller(chosen[1])
+    return fleet, ABRunService(settings, a, engine_for=lambda side: a if side == "A" else b)
 
 
 def _follow(svc: Any) -> int:
@@ -179,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
                 seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
                 spec = new_spec(args.profile_a, args.profile_b, _prompts(args, settings), seeds, args.max_tokens,
                                 rubric=args.rubric)
-            ctl, svc = _services(settings)
+            ctl, svc = _services(settings, args.gpus)
             try:
                 p = svc.start(spec) if args.ab_cmd == "run" else svc.resume(args.run_id)
                 print(f"A/B run {p.run_id}: {p.total} answers; Ctrl-C stops (resume continues)", file=sys.stderr)

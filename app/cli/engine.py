@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from app.backend.engine.controller import EngineController
-from app.backend.engine.factory import make_engine_controller
-from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
+from app.backend.engine.factory import make_fleet
+from app.backend.engine.fleet import Fleet, GpuSelectionError
+from app.backend.telemetry.gpu import box_gpu_count, follow_engine, make_gpu_reader
 from app.backend.engine.imagebuild import BuildEvent, ImageBuildRefused, build_image, build_mark, check_source
 from app.backend.files.atomic import LockBusy
 from app.backend import oplog
@@ -42,9 +43,11 @@ def register(subs: argparse._SubParsersAction) -> None:
     p = subs.add_parser("engine", help="control the serving engine (Docker container)")
     add_common(p)
     es = p.add_subparsers(dest="engine_cmd", metavar="ACTION", required=True)
-    es.add_parser("status", help="state, profile, boot phase, last diagnosis, alerts")
+    st = es.add_parser("status", help="state, profile, boot phase, last diagnosis, alerts (one line per GPU)")
+    st.add_argument("--gpu", metavar="N", help="the GPU whose engine the details are about (default 0)")
     pf = es.add_parser("preflight", help="checklist before starting (exit 1 when an item fails)")
     pf.add_argument("--profile")
+    pf.add_argument("--gpu", metavar="N", help="the GPU whose engine to check (default 0)")
     actions = (("start", "start a profile and wait until ready"),
                ("switch", "switch profile (stop, wait for GPU memory, start, gate on ready; rolls back on failure)"))
     for name, helptext in actions:
@@ -55,13 +58,18 @@ def register(subs: argparse._SubParsersAction) -> None:
         sp.add_argument("--no-wait", action="store_true", help="return once accepted")
         sp.add_argument("--build", metavar="ID", help="the engine build to run (default: the current one; "
                         "`engine builds` lists them)")
+        sp.add_argument("--gpu", metavar="all|N[,M…]",
+                        help="the GPUs to " + name + " (default all: one engine per GPU; a switch of several "
+                        "rolls one GPU at a time)")
         if name == "switch":
             sp.add_argument("--no-rollback", action="store_true", help="do not roll back to the last ready profile")
     sp = es.add_parser("stop", help="stop the engine (grace period, then SIGKILL)")
+    sp.add_argument("--gpu", metavar="all|N[,M…]", help="the GPUs whose engines to stop (default all)")
     lg = es.add_parser("logs", help="the engine's log tail (stdout and stderr apart)")
     lg.add_argument("-f", "--follow", action="store_true")
     lg.add_argument("-n", "--lines", type=int, default=100)
     lg.add_argument("--stream", choices=["stdout", "stderr", "both"], default="both")
+    lg.add_argument("--gpu", metavar="N", help="the GPU whose engine's log to show (default 0)")
     bi = es.add_parser("build-image", help="docker build the engine image from a vLLM-Moet checkout (--commit: "
                        "any commit, as a build the panel holds)")
     bi.add_argument("--source", metavar="DIR", help="checkout of the engine source (at the recipe commit unless "
@@ -91,17 +99,65 @@ def run(args: argparse.Namespace) -> int:
     if args.engine_cmd == "builds":
         nvml.close()
         return _builds(args, settings)
-    opts = ControllerOptions(auto_rollback=not getattr(args, "no_rollback", False), actor="CLI")
     reader = make_gpu_reader(settings, nvml_reader=nvml)
-    ctl = make_engine_controller(settings, gpu_reader=reader, options=opts)
-    follow_engine(reader, ctl)
+    # One engine per GPU of the box (docs/engine.md "Several GPUs"); a one-GPU box: the one engine, as before.
+    fleet = make_fleet(settings, reader, box_gpu_count(reader), lambda gpu: ControllerOptions(
+        auto_rollback=not getattr(args, "no_rollback", False), actor="CLI"))
+    for g in fleet.gpus:
+        follow_engine(reader, fleet.controller(g), g)
     try:
+        gpu_arg = getattr(args, "gpu", None)
+        try:
+            chosen = fleet.select(gpu_arg)
+        except GpuSelectionError as exc:
+            print(str(exc), file=sys.stderr)
+            return EXIT_REFUSED
+        if args.engine_cmd in ("start", "switch", "stop") and len(fleet.gpus) > 1:
+            return _fleet_op(args, fleet, chosen)
+        ctl = fleet.controller(chosen[0] if gpu_arg is not None else fleet.gpus[0])
+        if args.engine_cmd == "status":
+            return _status(args, ctl, fleet)
         return {
-            "status": _status, "preflight": _preflight, "start": _start, "switch": _start, "stop": _stop,
-            "logs": _logs, "promote": _promote, "rollback": _promote,
+            "preflight": _preflight, "start": _start, "switch": _start, "stop": _stop, "logs": _logs,
+            "promote": _promote, "rollback": _promote,
         }[args.engine_cmd](args, ctl)
     finally:
-        ctl.close()  # the panel's threads only; the engine keeps running
+        fleet.close()  # the panel's threads only; the engines keep running
+
+
+def _fleet_op(args: argparse.Namespace, fleet: Fleet, gpus: list[int]) -> int:
+    """start/stop on several GPUs at once; switch rolls one GPU at a time (docs/engine.md "Several GPUs")."""
+    if args.engine_cmd == "switch":
+        def step(gpu: int, t: Ticket) -> None:
+            if not args.json:
+                print(f"GPU {gpu}: {t.message}", flush=True)
+
+        steps = fleet.rolling_switch(args.profile, gpus, tuple(args.override), who=oplog.CLI, on_step=step)
+        results: list[tuple[int, Ticket | None, bool, str]] = [
+            (s.gpu, s.ticket, s.ok, "already serves it" if s.skipped else "") for s in steps]
+    else:
+        tickets = (fleet.start(args.profile, gpus, tuple(args.override), who=oplog.CLI)
+                   if args.engine_cmd == "start" else fleet.stop(gpus, who=oplog.CLI))
+        for _, tk in tickets:
+            if tk.accepted and not getattr(args, "no_wait", False):
+                tk.wait()
+        results = [(g, tk, bool(tk.accepted and tk.ok), "") for g, tk in tickets]
+    out = []
+    for g, t, ok, note in results:
+        snap = fleet.controller(g).snapshot()
+        message = note or (t.message if t is not None else "not switched: the roll stopped at an earlier GPU")
+        out.append({"gpu": g, "ok": ok, "message": message, "engine": _snap_dict(snap)})
+        if not args.json:
+            print(f"GPU {g}: {'ok' if ok else 'FAILED'} — {message}")
+            if not ok and t is not None and t.accepted:
+                _print_diag(t.diagnosis or snap.diagnosis)
+    if args.json:
+        print(json.dumps({"ok": all(r["ok"] for r in out), "engines": out}, indent=2))
+    if any(t is not None and not t.accepted for _, t, _, _ in results):
+        return EXIT_REFUSED
+    if not all(ok for _, _, ok, _ in results):
+        return EXIT_UNREACHABLE if fleet.controller(gpus[0]).runtime is None else EXIT_FAILED
+    return EXIT_OK
 
 
 def _snap_dict(snap: EngineSnapshot) -> dict[str, Any]:
@@ -114,7 +170,7 @@ def _snap_dict(snap: EngineSnapshot) -> dict[str, Any]:
     return d
 
 
-def _status(args: argparse.Namespace, ctl: EngineController) -> int:
+def _status(args: argparse.Namespace, ctl: EngineController, fleet: Fleet | None = None) -> int:
     snap = ctl.snapshot()  # the controller read Docker on construction: this is what Docker shows
     # The pool trace from the run's whole log, as the panel's header follows it (issue 29).
     run_log = run_log_lines(ctl.runtime, snap.container_id, ctl.recent_logs(2000))
@@ -123,11 +179,18 @@ def _status(args: argparse.Namespace, ctl: EngineController) -> int:
     holder = ctl.lock_holder()
     code = EXIT_UNREACHABLE if ctl.runtime is None else STATUS_EXIT.get(snap.state.value, EXIT_FAILED)
     if args.json:
-        print(json.dumps({"engine": _snap_dict(snap), "runtime": _runtime_text(ctl), "alerts": alerts,
+        engines = [r.as_dict() for r in fleet.rows()] if fleet is not None else []
+        print(json.dumps({"engine": _snap_dict(snap), "engines": engines, "runtime": _runtime_text(ctl),
+                          "alerts": alerts,
                           "trace": _trace_dict(trace),
                           "lock": asdict(holder) if holder else None, "exit_code": code}, indent=2))
     else:
         label = " (SIMULATED)" if snap.simulated else ""
+        if fleet is not None and len(fleet.gpus) > 1:  # one line per GPU; the details below are one GPU's
+            for r in fleet.rows():
+                row = r.as_dict()
+                print(f"GPU {r.gpu}: {row['state']}{label}  profile: {row['profile'] or '-'}  "
+                      f"listens: {row['listens'] or '-'}")
         print(f"engine: {snap.state.value}{label}  profile: {snap.profile_id or '-'}  phase: {snap.phase or '-'}")
         if snap.container_id:
             print(f"build: {snap.build or '-'}  image: {snap.image or '-'}")

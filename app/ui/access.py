@@ -14,7 +14,7 @@ from typing import Any
 import gradio as gr
 
 from app.backend.gateway.keys import ActivityRecord, KeyInfo, KeyStoreError
-from app.backend.gateway.service import GatewayService, GatewayState, GatewayView
+from app.backend.gateway.service import GatewayService, GatewaySnapshot, GatewayState, GatewayView
 from app.backend.gateway.snippets import curl_snippet, openai_snippet
 from app.backend.state import AppState
 from app.ui.shell import QUICK, Shell
@@ -34,11 +34,23 @@ def status_html(view: GatewayView) -> str:
     where = (f'<code id="gw-url">{html.escape(s.url)}/v1</code>' if s.state is GatewayState.ON
              else f"would listen on <code>{html.escape(s.url)}</code>")
     proc = f" The gateway runs as its own process (pid {s.pid}), stopped with the panel." if s.pid else ""
+    proc += queue_line(s)
     return (f'<div id="gw-status" class="moet-gw-status" data-state="{word}" data-restored="{int(s.restored)}">'
             f"<b>Gateway: {word}</b> — {where}<br>"
             f"{html.escape(s.message)}<br><small>{html.escape(engine)}. "
             "The engine itself listens on a unix socket of the panel only (no TCP port)."
             f"{proc}</small></div>")
+
+
+def queue_line(s: GatewaySnapshot) -> str:
+    """The fair queue's figures, and on a box of several GPUs where requests go (docs/gateway.md)."""
+    wait = f"; mean wait {s.queue_wait_mean_s:.2f} s" if s.queue_wait_mean_s is not None else ""
+    out = f'<br><span id="gw-queue" data-queue="{s.queue_length}">Queue: {s.queue_length} waiting{wait}.</span>'
+    if s.serving_gpus or s.in_flight_gpu:
+        busy = ", ".join(f"GPU {g}: {n}" for g, n in s.in_flight_gpu) or "none"
+        out += (f' <span id="gw-gpus">Serving GPUs: {", ".join(map(str, s.serving_gpus)) or "none"}; '
+                f"answers in flight {busy}.</span>")
+    return out
 
 
 def keys_html(keys: tuple[KeyInfo, ...]) -> str:

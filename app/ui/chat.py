@@ -147,11 +147,13 @@ def conversation_choices(chat: ChatService) -> list[tuple[str, str]]:
     return [(s.title, s.id) for s in chat.list_conversations()]
 
 
-def endpoint_line(chat: ChatService, custom_url: str) -> tuple[bool, str]:
+def endpoint_line(chat: ChatService, custom_url: str, gpus: int = 1) -> tuple[bool, str]:
+    """`gpus`: the box's engines (docs/engine.md "Several GPUs"): the Chat tab talks to GPU 0's and says so."""
     ep = chat.endpoint(custom_url or None)
     sim = " · **SIMULATED**" if ep.simulated else ""
     profile = f" · profile `{ep.profile_id}`" if ep.profile_id else ""
-    where = f"`{ep.base_url}` · model `{ep.model}`{profile}{sim}"
+    gpu = f" · answered by GPU 0 (of {gpus})" if gpus > 1 and not custom_url else ""
+    where = f"`{ep.base_url}` · model `{ep.model}`{profile}{gpu}{sim}"
     if ep.ready:
         return True, f"**Engine ready** — {where}"
     return False, f"**Chat is unavailable.** {ep.reason}  \n{where}"
@@ -250,7 +252,7 @@ def render(state: AppState, shell: Shell) -> None:
     v = _layout(chat)
     _wire_conversations(chat, v)
     _wire_replies(chat, v)
-    _wire_settings(chat, v, shell)
+    _wire_settings(chat, v, shell, len(state.fleet.gpus) if state.fleet is not None else 1)
 
 
 def _layout(chat: ChatService) -> ChatView:
@@ -567,7 +569,7 @@ def _wire_replies(chat: ChatService, v: ChatView) -> None:
                             api_name="chat_edit")
 
 
-def _wire_settings(chat: ChatService, v: ChatView, shell: Shell) -> None:
+def _wire_settings(chat: ChatService, v: ChatView, shell: Shell, gpus: int = 1) -> None:
     root = Context.root_block
     sampling_inputs = v.tune.sampling_inputs
     # ---- sampling warning, snippets, readiness --------------------------------------------------
@@ -590,7 +592,7 @@ def _wire_settings(chat: ChatService, v: ChatView, shell: Shell) -> None:
     sync_outputs = [t.bot, t.full_md, v.shown, v.side.convs, v.list_shown]
 
     def ready_part(url: str, last: Any) -> tuple[Any, ...]:
-        ready, line = endpoint_line(chat, url)
+        ready, line = endpoint_line(chat, url, gpus)
         if last == (ready, line):  # nothing changed: send nothing (this runs every second per open page)
             return (*(gr.skip() for _ in ready_outputs[:-1]), last)
         return (line, gr.Button(visible=not ready), gr.Textbox(interactive=ready), gr.Button(interactive=ready),

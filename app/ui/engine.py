@@ -59,6 +59,24 @@ def status_html(snap: EngineSnapshot, runtime: str, busy: str) -> str:
     return '<div id="engine-status-box" role="status" aria-live="polite">' + "<br>".join(r for r in rows if r) + "</div>"
 
 
+ONE_GPU, EVERY_GPU = "GPU 0", "every GPU"
+
+
+def gpu_rows_html(rows: list[tuple[int, EngineSnapshot]], left_out: set[int]) -> str:
+    """A box of several GPUs: one row per GPU's engine (docs/engine.md "Several GPUs"); the controls above act on
+    GPU 0, `moet-panel engine … --gpu` on any."""
+    cells = []
+    for gpu, snap in rows:
+        color = STATE_COLOURS[snap.state]
+        note = " · left out of the gateway (measuring)" if gpu in left_out else ""
+        cells.append(
+            f'<tr data-testid="engine-gpu-row" data-gpu="{gpu}" data-state="{snap.state.value}">'
+            f"<td>GPU {gpu}</td><td><span style=\"color:{color};font-weight:700\">{snap.state.value}</span></td>"
+            f"<td>{escape(snap.profile_id or '-')}</td><td>{escape(snap.base_url or '-')}{note}</td></tr>")
+    return ('<table id="engine-gpus"><tr><th>GPU</th><th>state</th><th>profile</th><th>listens</th></tr>'
+            + "".join(cells) + "</table>")
+
+
 def controls(snap: EngineSnapshot, selected: str | None = None) -> tuple[bool, bool]:
     """(Start can act, Switch can act): no Start over a live engine, no Switch with nothing to switch from,
     nor to the profile already serving (issue 29)."""
@@ -123,6 +141,16 @@ def render(state: AppState, shell: Shell) -> None:
     snap = ctl.snapshot()
     initial = snap.profile_id or state.settings.recipe.recommended_profile.id
     status = gr.HTML(status_html(snap, ctl.describe_runtime(), ""), elem_id="engine-status")
+    fleet = state.fleet
+    multi = fleet is not None and len(fleet.gpus) > 1
+    if fleet is not None and multi:  # one row per GPU; a one-GPU box shows the tab as before
+        def _gpu_rows() -> str:
+            return gpu_rows_html([(r.gpu, r.snapshot) for r in fleet.rows()], fleet.left_out())
+
+        gpus_box = gr.HTML(_gpu_rows(), elem_id="engine-gpus-box")
+        shell.timer.tick(_gpu_rows, [], [gpus_box], **QUICK)
+    # what Start/Switch/Stop act on: GPU 0's engine, or every GPU's (a switch then rolls one GPU at a time)
+    scope = gr.Radio([ONE_GPU, EVERY_GPU], value=ONE_GPU, label="Apply to", elem_id="engine-scope", visible=multi)
     with gr.Row():
         profile = gr.Radio(_choices(state.profiles.list()), value=initial, label="Profile", elem_id="engine-profile")
     can_start, can_switch = controls(snap, initial)
@@ -154,13 +182,20 @@ def render(state: AppState, shell: Shell) -> None:
         logbox = gr.Textbox(_logs(ctl, "both", ""), lines=14, max_lines=14, label="Log", interactive=False,
                             autoscroll=True, elem_id="engine-log", elem_classes=["moet-code"])
 
-    def _start(pid: str, over: list[str], request: gr.Request) -> str:
+    def _start(pid: str, over: list[str], where: str, request: gr.Request) -> str:
+        if fleet is not None and multi and where == EVERY_GPU:
+            return " · ".join(f"GPU {g}: {_ticket_text(t)}"
+                              for g, t in fleet.start(pid, fleet.gpus, tuple(over or ()), who=_who(request)))
         return _ticket_text(ctl.start(pid, tuple(over or ()), who=_who(request)))
 
-    def _switch(pid: str, over: list[str], request: gr.Request) -> str:
+    def _switch(pid: str, over: list[str], where: str, request: gr.Request) -> str:
+        if fleet is not None and multi and where == EVERY_GPU:
+            return fleet.start_rolling_switch(pid, fleet.gpus, who=_who(request))
         return _ticket_text(ctl.switch(pid, tuple(over or ()), who=_who(request)))
 
-    def _stop(request: gr.Request) -> str:
+    def _stop(where: str, request: gr.Request) -> str:
+        if fleet is not None and multi and where == EVERY_GPU:
+            return " · ".join(f"GPU {g}: {_ticket_text(t)}" for g, t in fleet.stop(fleet.gpus, who=_who(request)))
         return _ticket_text(ctl.stop(who=_who(request)))
 
     def _now() -> str:
@@ -194,9 +229,9 @@ def render(state: AppState, shell: Shell) -> None:
     shell.on_load(_lists, [profile], [profile, start_btn, switch_btn])
     shell.on_tab(TITLE, _lists, [profile], [profile, start_btn, switch_btn])
 
-    start_btn.click(_start, [profile, overrides], [action], api_name="engine_start", **QUICK)
-    switch_btn.click(_switch, [profile, overrides], [action], api_name="engine_switch", **QUICK)
-    stop_btn.click(_stop, None, [action], api_name="engine_stop", **QUICK)
+    start_btn.click(_start, [profile, overrides, scope], [action], api_name="engine_start", **QUICK)
+    switch_btn.click(_switch, [profile, overrides, scope], [action], api_name="engine_switch", **QUICK)
+    stop_btn.click(_stop, [scope], [action], api_name="engine_stop", **QUICK)
     now_btn.click(_now, None, [action], api_name="engine_switch_now", **QUICK)
     pre_btn.click(_preflight, [profile, overrides], [checklist, overrides, pre_box], api_name="engine_preflight")
     profile.change(_select, [profile], [cards, command, switch_btn], **QUICK)

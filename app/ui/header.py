@@ -12,6 +12,7 @@ import gradio as gr
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.state import AppState
 from app.backend.telemetry.hub import TelemetryFrame
+from app.backend.contracts import GiB
 from app.ui.shell import Shell
 from app.ui.theme import BAD, GOOD, INFO, SEVERITY_COLOURS, STATE_COLOURS
 CELL = "display:flex;flex-direction:column;gap:2px;min-width:120px"
@@ -51,7 +52,25 @@ def _vram_cell(frame: TelemetryFrame | None) -> str:
 
 def header_html(state: AppState, snap: EngineSnapshot | None, frame: TelemetryFrame | None) -> str:
     """Pure formatting (tested without a browser)."""
-    return _strip(_engine_cell(state, snap), _telemetry_cells(frame))
+    return _strip(_engine_cell(state, snap), _telemetry_cells(frame) + gpus_cell(state, frame))
+
+
+def gpus_cell(state: AppState, frame: TelemetryFrame | None) -> str:
+    """A box of several GPUs (docs/engine.md "Several GPUs"): every GPU's engine state, profile and VRAM (as
+    nvidia-smi shows it); "" on a one-GPU box. The Decode cell beside is GPU 0's engine."""
+    fleet = state.fleet
+    if fleet is None or len(fleet.gpus) < 2:
+        return ""
+    vram = {g.index: g for g in (frame.gpus if frame is not None else ())}
+    parts = []
+    for r in fleet.rows():
+        g = vram.get(r.gpu)
+        mem = f" · {g.memory_in_use / GiB:.1f}/{g.memory_total / GiB:.0f} GiB" if g is not None else ""
+        parts.append(f'<span data-testid="hdr-gpu" data-gpu="{r.gpu}" data-state="{r.snapshot.state.value}">'
+                     f'GPU {r.gpu} <span style="color:{STATE_COLOURS[r.snapshot.state]}">●</span> '
+                     f'{_e(r.snapshot.state.value)} {_e(r.snapshot.profile_id or "")}{mem}</span>')
+    return (f'<div style="{CELL}" data-testid="hdr-gpus"><span style="{LABEL}">GPUs</span>'
+            f'<span style="font-size:12px">{"<br>".join(parts)}</span></div>')
 
 
 def _strip(engine: str, telemetry: str) -> str:

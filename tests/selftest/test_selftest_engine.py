@@ -14,6 +14,8 @@ from tests.selftest.conftest import FAST_ENV, start_ready
 
 import json
 import re
+import time
+
 import pytest
 
 
@@ -104,3 +106,18 @@ def test_cancel_stops_without_saving(make_controller, sim_settings) -> None:
     p = svc.wait(30)
     assert p.state is JobState.CANCELLED and ResultsStore(sim_settings.state_dir).latest("quality") is None
     assert ctl.snapshot().is_ready  # the engine was left alone
+
+
+def test_a_run_tells_the_fleet_before_and_after(make_controller, sim_settings) -> None:
+    """On a box of several GPUs the measured GPU is left out of the gateway while the self-test runs (issue 43)."""
+    ctl = make_controller(extra_env=FAST_ENV)
+    start_ready(ctl)
+    told: list[bool] = []
+    svc = SelfTestService(sim_settings, ctl, on_run=told.append)
+    svc.start(SelfTestPlan("quality", runs=3, decode_tokens=2000, ttft_lengths=(), needle_lengths=()))
+    deadline = time.monotonic() + 30
+    while not told and time.monotonic() < deadline:
+        svc.wait(0.05)
+    assert svc.progress().state is JobState.RUNNING and told == [True]
+    svc.cancel()
+    assert svc.wait(30).state is JobState.CANCELLED and told == [True, False]

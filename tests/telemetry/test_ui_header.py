@@ -21,7 +21,7 @@ def _state(tmp_path) -> AppState:
 
 
 def test_header_ready_simulated(tmp_path) -> None:
-    gpu = sample_from_dict({"memory_total_gib": 96, "memory_used_gib": 93.35, "memory_reserved_gib": 0.45,
+    gpu = sample_from_dict({"memory_total_gib": 96, "memory_used_gib": 93.8, "memory_reserved_gib": 0.45,  # nvidia-smi: 93.8
                             "simulated": True, "name": "RTX PRO 6000 (SIMULATED)"})
     frame = TelemetryFrame(ts=1.0, gpus=(gpu,), gpu_simulated=True,
                            trace=parse_text(log_text("freq_trace1_every64_469slots_top8.log")).snapshot(),
@@ -59,3 +59,27 @@ def test_header_and_telemetry_say_a_pool_trace_not_understood(tmp_path) -> None:
     html = header_html(_state(tmp_path), EngineSnapshot(state=EngineState.READY), frame)
     assert 'data-coverage="?"' in html and "this build's pool trace is not understood" in html
     assert "pool trace is not understood" in details_html(frame) and "tier v3" in details_html(frame)
+
+
+def test_header_shows_every_gpu_on_a_box_of_several(tmp_path) -> None:
+    from typing import cast
+
+    from app.backend.engine.controller import EngineController
+    from app.backend.engine.fleet import Fleet
+
+    class Ctl:
+        def __init__(self, snap: EngineSnapshot) -> None:
+            self.snap = snap
+
+        def snapshot(self) -> EngineSnapshot:
+            return self.snap
+
+    state = _state(tmp_path)
+    frame = TelemetryFrame(ts=1.0, gpus=tuple(sample_from_dict({"memory_total_gib": 96, "memory_used_gib": u}, i)
+                                              for i, u in enumerate((93.8, 0.0))))
+    assert 'data-testid="hdr-gpus"' not in header_html(state, None, frame)  # one GPU: as before
+    state.fleet = Fleet({0: cast(EngineController, Ctl(EngineSnapshot(state=EngineState.READY, profile_id="quality"))),
+                         1: cast(EngineController, Ctl(EngineSnapshot(state=EngineState.STARTING)))})
+    html = header_html(state, None, frame)
+    assert 'data-gpu="0" data-state="ready"' in html and "quality · 93.8/96 GiB" in html
+    assert 'data-gpu="1" data-state="starting"' in html and "0.0/96 GiB" in html

@@ -1,6 +1,11 @@
 """ABRunService: generates every prompt × seed on A, switches the engine, then on B (one GPU:
 sequential), journalling each answer; `resume(run_id)` continues a run after a panel restart.
 
+On a box of several GPUs (docs/engine.md "Several GPUs") `engine_for` may put A and B on two GPUs' engines: then
+both sides generate at once, each on its own engine, with no switch between A and B at all (an engine switches
+only if it does not already serve its side's profile); `on_sides(True/False)` is told before and after, so the
+caller (the fleet) leaves those GPUs out of the gateway while they measure.
+
 The engine is switched only through the controller's public API (`switch`, `snapshot`, `wait_for`).
 Answers are never truncated (the card's methodology note: clipping flipped a result): max_tokens is
 the user's, and an answer that hits it is marked `length` so the grader can see it.
@@ -8,6 +13,7 @@ the user's, and an answer that hits it is marked `length` so the grader can see 
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
@@ -46,9 +52,14 @@ def split_side(side: str) -> tuple[str, str | None]:
 
 
 class ABRunService(BackgroundJob[ABProgress]):
-    def __init__(self, settings: Settings, engine: EngineController, probe_factory: Callable[[str], EngineProbe] | None = None):
+    def __init__(self, settings: Settings, engine: EngineController, probe_factory: Callable[[str], EngineProbe] | None = None,
+                 *, engine_for: Callable[[Side], EngineController] | None = None,
+                 on_sides: Callable[[bool], None] | None = None):
         self.settings = settings
         self.engine = engine
+        self._engine_for = engine_for or (lambda side: engine)
+        self._on_sides = on_sides
+        self._journal_lock = threading.Lock()  # two sides at once append to one journal
         self.journal = Journal(settings.ensure_state_dir())
         self._probe_factory = probe_factory or (lambda url: EngineProbe(url, settings.recipe.model.served_name,
                                                                         settings.recipe.sampling))
@@ -83,35 +94,73 @@ class ABRunService(BackgroundJob[ABProgress]):
                        done=st.generated, total=st.total)
         return self.progress()
 
-    def _run(self, st: RunState, who: str = oplog.PAGE) -> None:
-        t0, made = time.monotonic(), 0
+    def _side(self, st: RunState, side: Side, profile: str, t0: float, made: list[int]) -> None:
+        """Generate every missing answer of one side on that side's engine."""
+        todo = st.missing(side)
+        if not todo:
+            return
+        engine = self._engine_for(side)
+        self._ensure_profile(profile, engine)
+        probe = self._probe_factory(engine.snapshot().base_url)
+        for pid, seed in todo:
+            if self._stop.is_set():
+                raise Cancelled()
+            self._set(replace(self.progress(), step=f"{side} = {profile}: {pid} seed {seed}"))
+            g = self._generate(probe, st, side, pid, seed)
+            with self._journal_lock:
+                self.journal.append(st.spec.run_id, g)
+                st.gens[(g.side, pid, seed)] = g
+                made[0] += 1
+                per = (time.monotonic() - t0) / made[0]
+                self._set(replace(self.progress(), done=st.generated, eta_s=per * (st.total - st.generated)))
+
+    def _both_sides(self, st: RunState, t0: float, made: list[int]) -> None:
+        """A and B on two engines at once (see the module docstring); the first failure is raised here."""
+        errors: list[BaseException] = []
+
+        def run(side: Side, profile: str) -> None:
+            try:
+                self._side(st, side, profile, t0, made)
+            except BaseException as exc:  # re-raised on the job thread below
+                errors.append(exc)
+                self._stop.set()  # the other side stops too: the journal keeps what was done
+
+        threads = [threading.Thread(target=run, args=(side, profile), name=f"abtest-{side}", daemon=True)
+                   for side, profile in (("A", st.spec.profile_a), ("B", st.spec.profile_b))]
+        if self._on_sides is not None:
+            self._on_sides(True)
         try:
-            sides: tuple[tuple[Side, str], ...] = (("A", st.spec.profile_a), ("B", st.spec.profile_b))
-            for side, profile in sides:
-                todo = st.missing(side)
-                if not todo:
-                    continue
-                self._ensure_profile(profile)
-                probe = self._probe_factory(self.engine.snapshot().base_url)
-                for pid, seed in todo:
-                    if self._stop.is_set():
-                        raise Cancelled()
-                    self._set(replace(self.progress(), step=f"{side} = {profile}: {pid} seed {seed}"))
-                    g = self._generate(probe, st, side, pid, seed)
-                    self.journal.append(st.spec.run_id, g)
-                    st.gens[(g.side, pid, seed)] = g
-                    made += 1
-                    per = (time.monotonic() - t0) / made
-                    self._set(replace(self.progress(), done=st.generated, eta_s=per * (st.total - st.generated)))
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            if self._on_sides is not None:
+                self._on_sides(False)
+        if errors:
+            raise next((e for e in errors if not isinstance(e, Cancelled)), errors[0])
+
+    def _run(self, st: RunState, who: str = oplog.PAGE) -> None:
+        t0, made_box = time.monotonic(), [0]
+        try:
+            if self._engine_for("A") is not self._engine_for("B"):
+                self._both_sides(st, t0, made_box)
+            else:
+                sides: tuple[tuple[Side, str], ...] = (("A", st.spec.profile_a), ("B", st.spec.profile_b))
+                for side, profile in sides:
+                    self._side(st, side, profile, t0, made_box)
+            made = made_box[0]
             self._set(replace(self.progress(), state=JobState.DONE, step="done", eta_s=0.0,
                               message="all answers generated: grade them blind"))
             oplog.decision("abtest", "end", who=who, run=st.spec.run_id, result="done", made=made)
             self._evidence(st)
         except Cancelled:
+            made = made_box[0]
             self._set(replace(self.progress(), state=JobState.CANCELLED,
                               message="cancelled: finished answers are kept; resume to continue"))
             oplog.decision("abtest", "end", who=who, run=st.spec.run_id, result="cancelled", made=made)
         except Exception as exc:  # engine gone, switch failed: the journal keeps what was done
+            made = made_box[0]
             step = self.progress().step
             self._set(replace(self.progress(), state=JobState.FAILED,
                               message=f"stopped at {step}: {exc} — resume to continue"))
@@ -128,22 +177,24 @@ class ABRunService(BackgroundJob[ABProgress]):
             except OSError as exc:
                 oplog.caught("abtest", exc, "recording the A/B as evidence of its builds", run=st.spec.run_id)
 
-    def _ensure_profile(self, side: str) -> None:
-        """Serve a side: `PROFILE` (the current build) or `PROFILE@BUILD` (docs/engine.md "Upgrading the engine")."""
+    def _ensure_profile(self, side: str, engine: EngineController | None = None) -> None:
+        """Serve a side: `PROFILE` (the current build) or `PROFILE@BUILD` (docs/engine.md "Upgrading the engine"),
+        on `engine` (a side's own GPU when A and B run side by side) or the panel's."""
+        engine = engine or self.engine
         profile, build = split_side(side)
         want_build = build or builds.registry(self.settings).current_id()
-        snap = self.engine.snapshot()
+        snap = engine.snapshot()
         same_build = snap.build == want_build or (build is None and not snap.build)  # "": started before builds
         if snap.is_ready and snap.profile_id == profile and same_build:
             return
         self._set(replace(self.progress(), step=f"switching the engine to {side}"))
-        ticket = self.engine.switch(profile, build=build)
+        ticket = engine.switch(profile, build=build)
         if not ticket.accepted:
             raise RuntimeError(ticket.message)
         while not ticket.wait(0.5):
             if self._stop.is_set():
                 raise Cancelled()
-        snap = self.engine.wait_for(lambda s: s.is_ready or s.state.value == "failed", SWITCH_TIMEOUT_S)
+        snap = engine.wait_for(lambda s: s.is_ready or s.state.value == "failed", SWITCH_TIMEOUT_S)
         if not (snap.is_ready and snap.profile_id == profile):
             raise RuntimeError(f"the switch to {side} did not reach ready ({snap.state.value}: {snap.message})")
 

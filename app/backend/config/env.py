@@ -23,6 +23,8 @@ AUTH_FILE = "MOET_PANEL_AUTH_FILE"
 METRICS_TOKEN_FILE = "MOET_PANEL_METRICS_TOKEN_FILE"
 ALLOWED_HOSTS = "MOET_PANEL_ALLOWED_HOSTS"
 GPU = "MOET_PANEL_GPU"
+SIM_GPUS = "MOET_PANEL_SIM_GPUS"
+SIM_GPUS_MAX = 16
 SERVER_NAME = "GRADIO_SERVER_NAME"
 SERVER_PORT = "GRADIO_SERVER_PORT"
 WEB_TEMP_DIR = "GRADIO_TEMP_DIR"
@@ -89,6 +91,21 @@ def gpu_mode() -> GpuMode | None:
     if raw == "none":
         return "none"
     raise ValueError(f"{GPU}={raw!r}: expected nvml, simulated or none")
+
+
+def sim_gpus() -> int:
+    """How many GPUs the SIMULATED box has (demo only; default 1; docs/engine.md "Several GPUs"). A bad value
+    raises with what is accepted."""
+    raw = _get(SIM_GPUS)
+    if raw is None:
+        return 1
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= SIM_GPUS_MAX:
+        raise ValueError(f"{SIM_GPUS}={raw!r}: expected a whole number from 1 to {SIM_GPUS_MAX}")
+    return n
 
 
 def server_name() -> str | None:

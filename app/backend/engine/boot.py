@@ -12,7 +12,6 @@ from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, Engine
 from app.backend.engine import diagnosis as diag_mod
 from app.backend.engine import statemachine as sm
 from app.backend.engine.builds import BUILD_LABEL, record_boot
-from app.backend.engine.client import base_url
 from app.backend.engine.core import Core
 from app.backend.engine.exits import explain_exit, is_failure
 from app.backend.engine.gpurelease import wait_gpu_release
@@ -34,14 +33,14 @@ class Boot(Core):
             runtime_error=self._runtime_error, gpu_reader=self._gpu,
             engine_running=snap.state in LIVE_STATES or self._panel_engine_running(rt),
             engine_pids=self.container_pids(),
-            artifact_status=self._artifact_status,
+            artifact_status=self._artifact_status, gpu=self.options.gpu, engines=self.options.box_engines,
         )
         return run_preflight(inputs, overrides)
 
     def _panel_engine_running(self, rt: Runtime | None) -> bool:
         """A container with this panel's labels runs (whoever started it): the port holder is ours."""
         try:
-            return rt is not None and any(i.running for i in rt.list(self._labels()))
+            return rt is not None and any(i.running for i in self._list_mine(rt))
         except (RuntimeUnavailable, RuntimeOpError):
             return False
 
@@ -83,7 +82,7 @@ class Boot(Core):
             self._fail(diag_mod.classify(None, False, [str(exc)], hint=exc.reason), str(exc))
             return False
         self._follower.begin(rt, inst, from_start=True)
-        self._apply(sm.BootBegan(profile_id, inst.id, inst.name, base_url(self.recipe, self.settings.data_dir),
+        self._apply(sm.BootBegan(profile_id, inst.id, inst.name, self._address(),
                                  self.recipe.model.served_name, self.recipe.simulated,
                                  build=dict(spec.labels).get(BUILD_LABEL, ""), image=spec.image))
         ready = self._await_ready(rt, inst, spec.env_dict)
@@ -100,11 +99,11 @@ class Boot(Core):
         holder = rt.get(spec.name)
         if holder is not None and not holder.managed:
             return "name_conflict", f"container name {spec.name} is held by a container this panel did not create"
-        for inst in rt.list(self._labels()):
+        for inst in self._list_mine(rt):
             if inst.running:
                 return "port_in_use", f"panel engine {inst.name} is still running; stop it first"
             rt.remove(inst.id)
-        if busy := claim_listen_address(base_url(self.recipe, self.settings.data_dir)):  # its socket dir, or port
+        if busy := claim_listen_address(self._address()):  # its socket dir, or port
             return "port_in_use", busy
         if not rt.image_present(spec.image):
             if self.recipe.simulated and self._ensure_image is not None:
@@ -120,7 +119,7 @@ class Boot(Core):
         """Gate on ready. `watch_only` (an adopted engine someone else started): the reconcile keeps running
         meanwhile and owns what happens when Docker changes — this loop ends as soon as the snapshot stops
         showing `inst`, and leaves an exit for the reconcile to explain."""
-        url, name = base_url(self.recipe, self.settings.data_dir), self.recipe.model.served_name
+        url, name = self._address(), self.recipe.model.served_name
         want_pool = expects_pool(env, self.recipe.engine.pool_line)
         deadline = time.monotonic() + self.recipe.engine.boot_timeout_s
         pool_deadline: float | None = None
@@ -186,7 +185,7 @@ class Boot(Core):
             if snap.state is not EngineState.STOPPED:
                 self._fail(self._runtime_failure(RuntimeUnavailable(self._runtime_error)), self._runtime_error)
             return True
-        mine = rt.list(self._labels())
+        mine = self._list_mine(rt)
         targets = [i for i in mine if i.running]
         leftovers = [i for i in mine if not i.running]  # e.g. the failed run kept for inspection
         if snap.state is EngineState.STOPPED and not targets:
@@ -221,7 +220,8 @@ class Boot(Core):
         no_gpu = self.recipe.requirements.gpu_count == 0 and not (self._gpu is not None and self._gpu.simulated)
         return wait_gpu_release(self._gpu, old_pids, threshold=self.options.gpu_release_bytes,
                                 timeout_s=self.options.gpu_release_timeout_s,
-                                poll_s=min(0.5, self.options.poll_interval_s * 2), stop=self._wake, skip=no_gpu)
+                                poll_s=min(0.5, self.options.poll_interval_s * 2), stop=self._wake, skip=no_gpu,
+                                gpu=self.options.gpu)
 
     def _runtime_failure(self, exc: BaseException) -> Diagnosis:
         if isinstance(exc, RuntimeUnavailable):

@@ -55,10 +55,10 @@ def is_loopback(url: str) -> bool:
     return is_uds(url) or httpx.URL(url).host in (LOOPBACK, "localhost", "::1")
 
 
-def base_url(recipe: Recipe, data_dir: str | Path) -> str:
+def base_url(recipe: Recipe, data_dir: str | Path, gpu: int | None = None) -> str:
     """The address of the engine the panel runs for this recipe on this data dir: `unix:/…/engine.sock`, or
     http://127.0.0.1:8000 for a recipe with `listen = "tcp"` (no /v1)."""
-    return engine_endpoint(recipe, data_dir).address
+    return engine_endpoint(recipe, data_dir, gpu).address
 
 
 def api_base(url: str) -> str:

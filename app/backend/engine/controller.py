@@ -49,7 +49,12 @@ from app.backend.recipe.command import RunSpec, build_run_spec
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.config.settings import Settings
 
-__all__ = ["ControllerOptions", "EngineController", "expects_pool"]
+__all__ = ["ControllerOptions", "EngineController", "engine_state_dir", "expects_pool"]
+
+
+def engine_state_dir(state_dir: Path, gpu: int | None) -> Path:
+    """Where the engine of GPU `gpu` keeps its own records: the state dir, or `<state dir>/gpu<N>` for N > 0."""
+    return state_dir / f"gpu{gpu}" if gpu else state_dir
 
 BOOTING = frozenset({EngineState.PREFLIGHT, EngineState.STARTING})
 
@@ -90,11 +95,16 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self._closed = False
         self._expected_exit: set[str] = set()
         self._pids_cache: tuple[float, str, set[int]] = (0.0, "", set())
-        self.logs = LogStore(settings.state_dir / "engine-logs")
+        # GPU N > 0 of a box of several keeps its log, lock, desired state, restart and exit records apart
+        # (docs/engine.md "Several GPUs"); GPU 0 and a one-GPU box use the state dir itself, as before.
+        own_dir = engine_state_dir(settings.state_dir, self.options.gpu)
+        if own_dir != settings.state_dir:
+            own_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.logs = LogStore(own_dir / "engine-logs")
         self._follower = LogFollower(self.logs, booting=lambda: self._snap.state in BOOTING,
                                      on_boot_progress=self._on_boot_progress, on_ended=self._on_streams_ended)
-        self.oplock = EngineLock(settings.state_dir)
-        self._exit_records = ExitRecords(settings.state_dir)
+        self.oplock = EngineLock(own_dir)
+        self._exit_records = ExitRecords(own_dir)
         self._explained: set[str] = set()  # exited containers already explained (never twice)
         self._adopted_once = False
         # The one writer's inbox (proposals), the observer's (kicks, an operation's "read Docker now"), and the
@@ -116,8 +126,8 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         # Supervision (docs/engine.md, "Keeps serving"): the desired state and the restart history on disk (any
         # process reads them), the restart due, the exit the observer explained last (its container record
         # decides "stopped by the reboot"), when Docker was last unreachable and each run last seen running.
-        self.desired_store = DesiredStore(settings.state_dir)
-        self.history = SupervisionStore(settings.state_dir)
+        self.desired_store = DesiredStore(own_dir)
+        self.history = SupervisionStore(own_dir)
         self._restart_due = None
         self._decided_for = None  # the failure already decided (container, since)
         self._last_exit = None
@@ -229,7 +239,7 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         b = builds.registry(self.settings).resolve(build)
         return build_run_spec(self.recipe, profile_id, str(self.settings.data_dir), plain=plain,
                               extra_env=self.options.extra_env or None, profiles=self.profiles(), image=b.image,
-                              build=b.id)
+                              build=b.id, gpu=None if plain else self.options.gpu)
 
     def log_tail(self, container_id: str, n: int) -> list[tuple[str, str]]:
         """The last `n` lines of that run's stdout then stderr (the telemetry seeds a run it did not see boot)."""

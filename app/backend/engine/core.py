@@ -121,6 +121,12 @@ class Core:
     def _labels(self) -> dict[str, str]:
         raise NotImplementedError
 
+    def _list_mine(self, rt: Runtime) -> list[Instance]:
+        raise NotImplementedError
+
+    def _address(self) -> str:
+        raise NotImplementedError
+
     def _supervise(self) -> None:
         raise NotImplementedError
 

@@ -13,6 +13,7 @@ from typing import Callable
 from app.backend.profiles.registry import ProfileRegistry
 from app.backend.config import env
 from app.backend.engine.controller import EngineController
+from app.backend.engine.fleet import Fleet, build_fleet
 from app.backend.engine.ops import ControllerOptions
 from app.backend.engine.docker_runtime import DockerRuntime
 from app.backend.engine.imagebuild import image_build_running
@@ -93,3 +94,21 @@ def make_engine_controller(settings: Settings, gpu_reader: GpuReader,
         artifact_status=artifact_status_fn(settings),
     )
     return ctl
+
+
+def make_fleet(settings: Settings, gpu_reader: GpuReader, gpu_count: int,
+               options_fn: Callable[[int | None], ControllerOptions],
+               profiles_fn: Callable[[], list[ProfileSpec]] | None = None, *, supervise: bool = False) -> Fleet:
+    """One controller per GPU of the box (docs/engine.md "Several GPUs"): `gpu_count` engines for a recipe that
+    serves on a GPU (or the SIMULATED box), else the recipe's one engine. `options_fn(gpu)` gives each its
+    options (gpu None: the one-GPU box, built exactly as before)."""
+    needs_gpu = settings.recipe.simulated or settings.recipe.requirements.gpu_count > 0
+    count = gpu_count if needs_gpu else 1
+
+    def make(gpu: int | None) -> EngineController:
+        opts = options_fn(gpu)
+        opts.gpu = gpu
+        opts.box_engines = count
+        return make_engine_controller(settings, gpu_reader, opts, profiles_fn, supervise=supervise)
+
+    return build_fleet(count, make)

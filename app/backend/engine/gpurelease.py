@@ -14,8 +14,9 @@ from app.backend.contracts import GpuReader, GpuSample
 
 
 def wait_gpu_release(reader: GpuReader | None, old_pids: set[int], *, threshold: int, timeout_s: float,
-                     poll_s: float, stop: threading.Event, skip: bool = False) -> bool:
-    """True once released (or nothing to read); False at the deadline."""
+                     poll_s: float, stop: threading.Event, skip: bool = False, gpu: int | None = None) -> bool:
+    """True once released (or nothing to read); False at the deadline. `gpu`: only that GPU counts (a box of
+    several: the other GPUs' engines keep their memory while this one switches; docs/engine.md "Several GPUs")."""
     if skip or reader is None or not reader.available:
         return True
     deadline = time.monotonic() + timeout_s
@@ -25,6 +26,8 @@ def wait_gpu_release(reader: GpuReader | None, old_pids: set[int], *, threshold:
         except Exception as exc:  # a flaky driver read counts as "not yet"
             ENGINE_ERRORS.caught("reading the GPU while waiting for its memory to be released", exc)
             samples = None
+        if samples is not None and gpu is not None:
+            samples = [s for s in samples if s.index == gpu]
         if samples is not None and all(_released(s, old_pids, threshold) for s in samples):
             return True
         if time.monotonic() > deadline:

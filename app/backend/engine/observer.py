@@ -27,6 +27,7 @@ from app.backend.engine.inbox import Close, Kick, Message, Reply, Resync, SyncFo
 from app.backend.engine.ops import expects_pool
 from app.backend.engine.readiness import probe
 from app.backend.engine.reconciler import Reconciler, wait_reply
+from app.backend.recipe.command import GPU_LABEL
 from app.backend.engine.runtime import MANAGED_LABEL, RECIPE_LABEL, Instance, Runtime, RuntimeOpError, RuntimeUnavailable
 
 ADOPT_PROBE_S = 1.0  # adoption's readiness probe: not ready within this -> shown starting, gated by a watch-only op
@@ -111,6 +112,18 @@ class Observer(Reconciler):
     def _labels(self) -> dict[str, str]:
         return {MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id}
 
+    def _address(self) -> str:
+        """Where this controller's engine listens (its GPU's socket or port on a box of several)."""
+        return base_url(self.recipe, self.settings.data_dir, self.options.gpu)
+
+    def _list_mine(self, rt: Runtime) -> list[Instance]:
+        """The panel's containers of this recipe on this controller's GPU (a box of several runs one engine per
+        GPU, each its own controller: docs/engine.md "Several GPUs"; a container with no GPU label is GPU 0's)."""
+        found = rt.list(self._labels())
+        if self.options.gpu is None:
+            return [i for i in found if i.labels.get(GPU_LABEL, "0") == "0"]
+        return [i for i in found if i.labels.get(GPU_LABEL, "0") == str(self.options.gpu)]
+
     def _docker_away(self, exc: BaseException, context: str) -> None:
         self._docker_away_at = time.time()
         self._caught(context, exc)
@@ -148,7 +161,7 @@ class Observer(Reconciler):
         if rt is None:
             return
         try:
-            mine = rt.list(self._labels())
+            mine = self._list_mine(rt)
         except (RuntimeUnavailable, RuntimeOpError) as exc:
             self._docker_away(exc, DOCKER)
             snap = self._snap
@@ -252,7 +265,7 @@ class Observer(Reconciler):
         prog = tracker.progress
         # Probe only an engine whose log says its API is up: one still booting is shown starting at once (the
         # watch-only op gates it), never held back by a probe of a busy new process.
-        p = probe(base_url(self.recipe, self.settings.data_dir), self.recipe.model.served_name, read_timeout_s=ADOPT_PROBE_S) \
+        p = probe(self._address(), self.recipe.model.served_name, read_timeout_s=ADOPT_PROBE_S) \
             if prog.api_up else None
         want_pool = expects_pool(inst.env, self.recipe.engine.pool_line)
         ready = p is not None and p.health_ok and p.models_ok and (not want_pool or (slots_of(prog.pool) or 0) > 0)
@@ -265,7 +278,7 @@ class Observer(Reconciler):
             first = s.state is EngineState.STOPPED and not s.container_id and not self._adopted_once
             self._adopted_once = True
             note = "reattached to the running engine" if first else f"adopted {inst.name} (started outside this panel)"
-            out: list[sm.Event] = [sm.Adopted(inst.profile_id, inst.id, inst.name, base_url(self.recipe, self.settings.data_dir),
+            out: list[sm.Event] = [sm.Adopted(inst.profile_id, inst.id, inst.name, self._address(),
                                               self.recipe.model.served_name, self.recipe.simulated, ready,
                                               prog.phase, prog.pool, note, build=inst.labels.get(BUILD_LABEL, ""),
                                               image=inst.image)]

@@ -21,7 +21,7 @@ from app.backend.engine.diagnosis import CARD_PIN
 from app.backend.engine.runtime import Runtime, RuntimeOpError, RuntimeUnavailable
 from app.backend.recipe.schema import Recipe
 from app.backend.contracts import GpuReader, GpuSample
-from app.backend.contracts import GiB
+from app.backend.contracts import GiB, docker_size_bytes
 
 Status = Literal["pass", "warn", "fail"]
 
@@ -66,10 +66,14 @@ class PreflightInputs:
     engine_running: bool = False  # our own engine holds the port / GPU memory
     engine_pids: set[int] = field(default_factory=set)
     artifact_status: Callable[[str], str | None] | None = None  # id -> "complete"/"partial"/... or None
+    gpu: int | None = None  # the GPU this engine runs on, on a box of several (None: the first the reader lists)
+    engines: int = 1  # engines this box runs (one per GPU: docs/engine.md "Several GPUs"): the host's share
 
 
 def run_preflight(inp: PreflightInputs, overrides: frozenset[str] = frozenset()) -> PreflightReport:
     items = [_docker(inp), _nvidia_runtime(inp), *_gpu_items(inp), _host_ram(inp), _disk(inp)]
+    if inp.engines > 1:
+        items.append(host_share(inp.recipe, inp.engines, psutil.virtual_memory().total))
     items += _artifacts(inp)
     items += [_ckpt_pin(inp), _image(inp), _listen(inp)]
     return PreflightReport(tuple(items), frozenset(overrides))
@@ -128,7 +132,11 @@ def _gpu_items(inp: PreflightInputs) -> list[PreflightItem]:
         why = reader.error if reader is not None else "no GPU reader"
         return [PreflightItem("gpu", "GPU model, VRAM, compute capability", "fail", why or "no GPU found",
                               "Install the NVIDIA driver; check `nvidia-smi`.")]
-    gpu = samples[0]
+    gpu = next((s for s in samples if s.index == inp.gpu), None) if inp.gpu is not None else samples[0]
+    if gpu is None:
+        return [PreflightItem("gpu", "GPU model, VRAM, compute capability", "fail",
+                              f"GPU {inp.gpu} is not among the {len(samples)} GPU(s) the driver lists",
+                              "Pick a GPU `nvidia-smi -L` lists (--gpu).")]
     items = [_gpu_model(inp, gpu), _ecc(inp, gpu), _gpu_memory(inp, gpu)]
     if len(samples) > 1 and req.multi_gpu_note:  # the card's single-GPU limit, shown only where it matters
         items.append(PreflightItem("gpu_count", "Single-GPU artifacts", "pass",
@@ -195,6 +203,31 @@ def _host_ram(inp: PreflightInputs) -> PreflightItem:
                              "miss would OOM-kill this host; a cache hit (the recipe pins VLLM_MOE_W2_CKPT_ID) needs no staging",
                              req.host_ram_note or "Add RAM or stop memory-hungry processes.")
     return PreflightItem("host_ram", title, "pass", detail)
+
+
+def host_share(recipe: Recipe, engines: int, ram_total: int) -> PreflightItem:
+    """The host's share for N engines, one per GPU (docs/engine.md "Several GPUs"): the store is read with pread by
+    every engine, so its disk and page cache are shared (one copy); host RAM and `/dev/shm` count per engine.
+    Fails when N engines' `/dev/shm` alone exceeds the host's RAM (tmpfs is RAM: they cannot all fit); warns when
+    the host has less RAM than N times the recipe's floor (a planes-cache miss on several engines at once)."""
+    title = f"Host share for {engines} engines (one per GPU)"
+    shm_each = docker_size_bytes(recipe.serve.shm_size) if recipe.serve.ipc != "host" else 0
+    shm_need = engines * shm_each
+    ram_floor = engines * recipe.requirements.host_ram_gb * 1e9
+    store = sum(a.extracted_gib for a in recipe.artifacts) * GiB
+    need = (f"{engines} engines need: /dev/shm {shm_need / GiB:.0f} GiB ({engines} × {recipe.serve.shm_size or '0'}"
+            + (", the host's shared /dev/shm with --ipc host" if recipe.serve.ipc == "host" else "")
+            + f"), host RAM ~{ram_floor / 1e9:.0f} GB on a planes-cache miss ({engines} × the card's "
+            f"{recipe.requirements.host_ram_gb:g} GB), one store on disk and in the page cache ({store / GiB:.0f} GiB,"
+            f" shared: every engine preads the same files); this host has {ram_total / 1e9:.0f} GB RAM")
+    if shm_need > ram_total:
+        return PreflightItem("host_share", title, "fail", need,
+                             f"Run fewer engines (--gpu), or lower shm_size in the recipe: {engines} × "
+                             f"{recipe.serve.shm_size} of /dev/shm is more than the host's RAM.")
+    if ram_floor and ram_total < ram_floor * 0.95:
+        return PreflightItem("host_share", title, "warn", need,
+                             "Keep the ckpt pin (a cache hit stages nothing), or run fewer engines at once.")
+    return PreflightItem("host_share", title, "pass", need)
 
 
 def _disk(inp: PreflightInputs) -> PreflightItem:
@@ -294,7 +327,7 @@ TCP_ENGINE_WARNING = ("this recipe's engine listens on TCP (listen = \"tcp\": it
 def _port(inp: PreflightInputs) -> PreflightItem:
     from app.backend.engine.readiness import port_in_use
 
-    port = inp.recipe.serve.port
+    port = inp.recipe.serve.port + (inp.gpu or 0)  # GPU N of a box of several listens on port + N
     title = f"Port {port} free"
     fix_warn = "Use an engine build with vLLM's --uds and set listen = \"uds\" in the recipe's [serve] (docs/engine.md)."
     if not port_in_use(inp.recipe.serve.host, port):
@@ -311,7 +344,7 @@ def _socket(inp: PreflightInputs) -> PreflightItem:
 
     title = "Engine socket directory"
     try:
-        path = Path(socket_path(inp.data_dir))
+        path = Path(socket_path(inp.data_dir, inp.gpu))
     except EndpointError as exc:
         return PreflightItem("socket", title, "fail", str(exc), "Use a shorter data dir (--data-dir).")
     sock_dir = Path(socket_dir(inp.data_dir))

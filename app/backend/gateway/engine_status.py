@@ -35,11 +35,15 @@ class EngineStatus:
     draining: bool = False
     retry_after_s: float = 0.0  # when the engine is expected back (the 503's Retry-After); 0: unknown, none sent
     slots: int = 0  # sequences the running profile serves at once (--max-num-seqs): the fair queue's slots; 0: unknown
+    gpu: int = 0  # the GPU this engine runs on (a box of several: docs/gateway.md "Several GPUs: routing")
+    left_out: bool = False  # a self-test or A/B measures on this GPU: the gateway sends it nothing
+    # a box of several GPUs: one status per GPU (the fields above are then the box's, routing.box_status)
+    engines: tuple[EngineStatus, ...] = ()
 
     @property
     def accepts(self) -> bool:
-        """A new request may go to the engine."""
-        return self.ready and not self.draining
+        """A new request may go to the engine (on a box of several: to at least one of them)."""
+        return self.ready and not self.draining and not self.left_out
 
     def to_line(self) -> bytes:
         """One JSON line, as the panel writes it to its gateway's stdin (`PipeSource`)."""
@@ -49,13 +53,21 @@ class EngineStatus:
     def from_line(cls, line: bytes | str) -> EngineStatus:
         """Raises ValueError (json.JSONDecodeError included) for a line that is not one status object."""
         d = json.loads(line)
+        return cls._from_dict(d, nested=True)
+
+    @classmethod
+    def _from_dict(cls, d: object, nested: bool) -> EngineStatus:
         if not isinstance(d, dict) or not isinstance(d.get("ready"), bool) or not isinstance(d.get("base_url"), str):
             raise ValueError("not an engine status line")
-        retry, slots = d.get("retry_after_s"), d.get("slots")
+        retry, slots, gpu, engines = d.get("retry_after_s"), d.get("slots"), d.get("gpu"), d.get("engines")
         return cls(d["ready"], d["base_url"], str(d.get("served_name") or ""), str(d.get("reason") or ""),
                    str(d.get("state") or ""), d.get("draining") is True,
                    float(retry) if isinstance(retry, (int, float)) and 0 < retry < 86400 else 0.0,
-                   slots if isinstance(slots, int) and not isinstance(slots, bool) and 0 < slots <= 4096 else 0)
+                   slots if isinstance(slots, int) and not isinstance(slots, bool) and 0 < slots <= 4096 else 0,
+                   gpu if isinstance(gpu, int) and not isinstance(gpu, bool) and 0 <= gpu < 1024 else 0,
+                   d.get("left_out") is True,
+                   tuple(cls._from_dict(e, nested=False) for e in engines)
+                   if nested and isinstance(engines, list) and len(engines) <= 64 else ())
 
 
 class EngineStatusSource(Protocol):
@@ -91,8 +103,9 @@ class SnapshotSource:
     """In the panel: the engine controller's snapshot (a dictionary read, no I/O)."""
 
     def __init__(self, snapshot_fn: SnapshotFn, fallback_base_url: str,
-                 slots_for: Callable[[str], int] | None = None):
+                 slots_for: Callable[[str], int] | None = None, gpu: int = 0):
         self._snapshot_fn = snapshot_fn
+        self._gpu = gpu
         self._fallback = fallback_base_url
         self._slots_for = slots_for  # profile id -> its --max-num-seqs (server.engine_slots_of)
         self._slots: dict[str, int] = {}
@@ -107,19 +120,19 @@ class SnapshotSource:
     def status(self) -> EngineStatus:
         snap = self._snapshot_fn()
         if snap is None:  # no controller: nothing is known to serve
-            return EngineStatus(False, self._fallback, "", reason_for(""), "")
+            return EngineStatus(False, self._fallback, "", reason_for(""), "", gpu=self._gpu)
         state = snap.state.value
         base = snap.base_url or self._fallback
         back = max(0.0, float(snap.expected_back_s or 0.0))
         slots = self._slots_of(snap.profile_id)
         if snap.is_ready and snap.draining:
             return EngineStatus(True, base, snap.served_name, _DRAINING, state, draining=True, retry_after_s=back,
-                                slots=slots)
+                                slots=slots, gpu=self._gpu)
         if snap.is_ready:
-            return EngineStatus(True, base, snap.served_name, state=state, slots=slots)
+            return EngineStatus(True, base, snap.served_name, state=state, slots=slots, gpu=self._gpu)
         diag = snap.diagnosis.title if snap.diagnosis is not None else ""
         return EngineStatus(False, base, snap.served_name, reason_for(state, snap.phase, diag), state,
-                            draining=snap.draining, retry_after_s=back)
+                            draining=snap.draining, retry_after_s=back, gpu=self._gpu)
 
     async def start(self) -> None:
         return None

@@ -23,6 +23,7 @@ from app.backend import oplog
 from app.backend.contracts import Receive, Scope, Send
 from app.backend.gateway.connguard import ConnGuard
 from app.backend.gateway.fairqueue import FairQueue, QueueFull
+from app.backend.gateway.routing import Chooser, LeastBusy, Target
 from app.backend.gateway.gwmetrics import REPORT_S, GatewayMetrics, RefusalLog
 from app.backend.gateway.inputs import Refused, check_json
 from app.backend.gateway.keys import DEFAULT_SCOPE, ActivityRecord, KeyRecord, KeyStore
@@ -41,6 +42,7 @@ GENERATION = frozenset({"/v1/chat/completions", "/v1/completions"})
 NO_KEY = "(no key)"  # the activity's key column for refusals before a key was known
 UNKNOWN_KEY = "(unknown key)"
 TICK_S = 0.25  # revocations, stalls and reports are checked this often
+GPU_HEADER = b"x-moet-panel-gpu"  # on a box of several GPUs: the GPU whose engine answered (docs/gateway.md)
 _PROTOCOL_STATUS = {"too_many_connections": 429, "header_too_large": 431, "header_timeout": 408,
                     "evicted_idle": 429}  # refused before any request reached us
 
@@ -85,6 +87,7 @@ class _Trace:
     started: bool = False  # http.response.start sent
     events: int = 0  # SSE data events copied (about one token each: the bill of a stream cut short)
     captured: bytearray = field(default_factory=bytearray)
+    gpu: int | None = None  # the GPU whose engine answered (a box of several; None: the one engine)
 
 
 @dataclass
@@ -128,6 +131,7 @@ class GatewayApp:
         self._on_event = on_event
         self._report = report
         self.queue = FairQueue(limits.engine_slots, limits.max_queue)
+        self.chooser: Chooser = LeastBusy()  # which engine of the box takes a request (routing.py)
         self.metrics = GatewayMetrics()
         self.guard: ConnGuard | None = None  # set by the server: marks a connection that showed a valid key
         self._running: dict[int, _Running] = {}
@@ -209,6 +213,24 @@ class GatewayApp:
 
     def answers_in_flight(self) -> int:
         return self.metrics.in_flight
+
+    def _began(self, target: Target) -> None:
+        self.chooser.began(target)
+        self._report_gpus(target)
+
+    def _ended(self, target: Target) -> None:
+        self.chooser.ended(target)
+        self._report_gpus(target)
+
+    def _report_gpus(self, target: Target) -> None:
+        """The panel's child tells the panel its answers per GPU (each engine's drain waits for its own)."""
+        if self._report is not None and target.gpu is not None:
+            box = self.engine.status()
+            self._report({"in_flight_gpu": {str(e.gpu): self.chooser.in_flight(e.gpu) for e in box.engines}})
+
+    def answers_in_flight_on(self, gpu: int) -> int:
+        """Answers running on that GPU's engine (a box of several: that engine's drain waits for these)."""
+        return self.chooser.in_flight(gpu)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -503,18 +525,43 @@ class GatewayApp:
 
     async def _ask(self, send: Send, path: str, method: str, headers: dict[str, bytes], body: bytes,
                    strip_usage: bool, engine: EngineStatus, trace: _Trace, run: _Running) -> tuple[int, str]:
-        """Ask the engine and copy its answer. Returns (status, error)."""
+        """Ask an engine (the chooser's, from the box's status now: the queue may have waited) and copy its
+        answer. On a box of several, an engine that does not answer at all or answers 503 (it is stopping; nothing
+        was sent to the client yet) is tried no more for this request: the next accepting one is, so a GPU leaving
+        mid-switch refuses nobody. Returns (status, error)."""
         assert self._upstream is not None
         fwd_headers = {"content-type": "application/json",
                        "accept": headers.get("accept", b"*/*").decode("latin-1")}
-        try:
-            resp = await self._upstream.request(engine.base_url, method, path, fwd_headers,
-                                                body if method == "POST" else b"")
-        except UpstreamError as exc:
-            oplog.caught("gateway", exc, "forwarding a request to the engine", route=f"{method} {path}")
-            await self._reply(send, 502, f"the engine did not answer ({exc}); it may be restarting",
-                              "service_unavailable", retry_after(self.engine.status()))
-            return 502, "upstream: no answer"
+        tried: list[str] = []
+        while True:
+            box = self.engine.status()
+            target = self.chooser.pick(box, tried)
+            if target is None:
+                why = box.reason or "no engine accepts requests now"
+                await self._reply(send, 503, f"the model is not available: {why}", "service_unavailable",
+                                  retry_after(box))
+                return 503, f"engine not ready: {box.state}"
+            self._began(target)
+            try:
+                resp = await self._upstream.request(target.base_url, method, path, fwd_headers,
+                                                    body if method == "POST" else b"")
+            except UpstreamError as exc:
+                self._ended(target)
+                tried.append(target.base_url)
+                if box.engines and self.chooser.pick(self.engine.status(), tried) is not None:
+                    continue  # another GPU serves: it takes the request
+                oplog.caught("gateway", exc, "forwarding a request to the engine", route=f"{method} {path}")
+                await self._reply(send, 502, f"the engine did not answer ({exc}); it may be restarting",
+                                  "service_unavailable", retry_after(self.engine.status()))
+                return 502, "upstream: no answer"
+            if resp.status_code == 503 and box.engines:  # that engine is stopping: it ran nothing of this request
+                tried.append(target.base_url)
+                if self.chooser.pick(self.engine.status(), tried) is not None:
+                    resp.close()
+                    self._ended(target)
+                    continue
+            break
+        trace.gpu = target.gpu
         try:
             status = resp.status_code
             streaming = resp.headers.get("content-type", "").startswith("text/event-stream")
@@ -526,6 +573,7 @@ class GatewayApp:
             return status, "" if status < 400 else f"engine answered {status}"
         finally:
             resp.close()
+            self._ended(target)
 
     def _key_of(self, run: _Running) -> str:
         return run.key_hash  # the fair queue's turns are per key (its hash: the same for every request of it)
@@ -533,6 +581,8 @@ class GatewayApp:
     @staticmethod
     async def _start(resp: UpstreamResponse, send: Send, trace: _Trace, streaming: bool) -> None:
         out_headers = [(b"content-type", resp.headers.get("content-type", "application/json").encode("latin-1"))]
+        if trace.gpu is not None:  # a box of several: which GPU answered (the Chat tab and self-test name it)
+            out_headers.append((GPU_HEADER, str(trace.gpu).encode()))
         if streaming:
             out_headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
         await send({"type": "http.response.start", "status": resp.status_code, "headers": out_headers})

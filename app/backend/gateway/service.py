@@ -34,6 +34,7 @@ from app.backend.contracts import SnapshotFn
 from app.backend.files.jsonstore import JsonStore
 from app.backend.gateway.keys import ActivityRecord, CreatedKey, KeyInfo, KeyStore
 from app.backend.gateway.engine_status import EngineStatus, SnapshotSource
+from app.backend.gateway.routing import FleetSource
 from app.backend.gateway.server import GatewayConfig
 
 DESIRED_FILE = "gateway.json"
@@ -63,6 +64,13 @@ class GatewaySnapshot:
     engine_reason: str = ""
     pid: int | None = None  # the gateway process (when on)
     restored: bool = False  # started by the panel's start-up from the remembered switch, not by a click
+    # the fair queue (docs/gateway.md "The fair queue"), as the child last reported: waiting now, and the mean
+    # wait of the requests that waited so far (None: none yet)
+    queue_length: int = 0
+    queue_wait_mean_s: float | None = None
+    # a box of several GPUs: answers in flight per GPU, and the GPUs the gateway can send to now
+    in_flight_gpu: tuple[tuple[int, int], ...] = ()
+    serving_gpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -134,6 +142,7 @@ class GatewayProcess:
         self.port = 0
         self._listening = threading.Event()
         self.in_flight = 0  # the child's answers in flight, as it last reported (a drain waits for 0)
+        self.in_flight_gpu: dict[int, int] = {}  # the same per GPU, on a box of several
         self.metrics: dict[str, object] | None = None  # its latest figures (gwmetrics.py)
         self._stderr: deque[str] = deque(maxlen=20)
         self._write_lock = threading.Lock()
@@ -159,9 +168,14 @@ class GatewayProcess:
                 self._listening.set()
             if isinstance(msg.get("in_flight"), int):
                 self.in_flight = max(0, msg["in_flight"])
+            by_gpu = msg.get("in_flight_gpu")
+            if isinstance(by_gpu, dict):
+                self.in_flight_gpu = {int(k): max(0, v) for k, v in by_gpu.items()
+                                      if isinstance(k, str) and k.isdigit() and isinstance(v, int)}
             if isinstance(msg.get("metrics"), dict):
                 self.metrics = msg["metrics"]
         self.in_flight = 0  # the child is gone: nothing of it is in flight
+        self.in_flight_gpu = {}
 
     def _read_stderr(self) -> None:
         err: IO[bytes] | None = self.proc.stderr
@@ -238,11 +252,14 @@ class GatewayProcess:
 
 class GatewayService:
     def __init__(self, state_dir: Path, config: GatewayConfig, snapshot_fn: SnapshotFn, engine_base_url: str,
-                 subscribe: Subscribe | None = None, slots_for: Callable[[str], int] | None = None):
+                 subscribe: Subscribe | None = None, slots_for: Callable[[str], int] | None = None,
+                 source: FleetSource | None = None, subscribe_more: tuple[Subscribe, ...] = ()):
+        """`source`, `subscribe_more`: a box of several GPUs (docs/gateway.md "Several GPUs: routing"): the box's
+        status from every GPU's controller, pushed on a change of any of them."""
         self.keys = KeyStore(state_dir)
         self.state_dir = state_dir
         self.config = config
-        self._source = SnapshotSource(snapshot_fn, engine_base_url, slots_for)
+        self._source: SnapshotSource | FleetSource = source or SnapshotSource(snapshot_fn, engine_base_url, slots_for)
         self._lock = threading.Lock()  # start/stop/close, one at a time
         self._child: GatewayProcess | None = None
         self._sent: EngineStatus | None = None
@@ -254,16 +271,34 @@ class GatewayService:
         self._last_metrics: dict[str, object] | None = None  # counters survive a restart of the child in the export
         # every engine change reaches the child at once (no polling); the listener has a thread of its own
         self._unsubscribe = subscribe(lambda _ev: self.push()) if subscribe is not None else None
+        self._unsubscribe_more = [sub(lambda _ev: self.push()) for sub in subscribe_more]
 
     # -- state ---------------------------------------------------------------------------------------
     def snapshot(self) -> GatewaySnapshot:
         st = self._source.status()
-        return replace(self._snap, engine_ready=st.ready, engine_reason=st.reason)
+        figures, _ = self.metrics()
+        qlen, qmean = 0, None
+        if figures is not None:
+            length = figures.get("queue_length")
+            qlen = length if isinstance(length, int) else 0
+            wait = figures.get("queue_wait")
+            if isinstance(wait, dict) and isinstance(wait.get("count"), int) and wait["count"] > 0:
+                qmean = float(wait.get("sum") or 0.0) / wait["count"]
+        child = self._child
+        by_gpu = tuple(sorted(child.in_flight_gpu.items())) if child is not None else ()
+        return replace(self._snap, engine_ready=st.accepts if st.engines else st.ready, engine_reason=st.reason,
+                       queue_length=qlen, queue_wait_mean_s=qmean, in_flight_gpu=by_gpu,
+                       serving_gpus=tuple(e.gpu for e in st.engines if e.accepts))
 
     def answers_in_flight(self) -> int:
         """Answers the gateway process is serving now (contracts.AnswerCounter: a stop or switch drains them)."""
         child = self._child
         return child.in_flight if child is not None and child.proc.poll() is None else 0
+
+    def answers_in_flight_on(self, gpu: int) -> int:
+        """Answers the gateway process serves on that GPU's engine now (a box of several: that engine's drain)."""
+        child = self._child
+        return child.in_flight_gpu.get(gpu, 0) if child is not None and child.proc.poll() is None else 0
 
     def metrics(self) -> tuple[dict[str, object] | None, bool]:
         """(the child's latest figures, whether it serves now), for the panel's /metrics (gwmetrics.families)."""
@@ -410,6 +445,8 @@ class GatewayService:
         """The panel closes: the child stops, the switch stays as the user left it (restored next start)."""
         if self._unsubscribe is not None:
             self._unsubscribe()
+        for unsub in self._unsubscribe_more:
+            unsub()
         with self._lock:
             self._closed = True  # a restore still starting gives up
         self._halt()

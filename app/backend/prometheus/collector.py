@@ -230,9 +230,9 @@ class PanelCollector(Collector):
         for g in f.gpus:
             sim = g.simulated or f.gpu_simulated
             lab = {"gpu": str(g.index), "UUID": g.uuid}
-            b.gauge("moet_panel_gpu_memory_used_bytes", "GPU memory in use (NVML v2 used + driver-reserved, what "
-                    "nvidia-smi shows).", g.memory_in_use, lab, sim)
-            b.gauge("moet_panel_gpu_memory_reserved_bytes", "GPU memory the driver reserves (part of used).",
+            b.gauge("moet_panel_gpu_memory_used_bytes", "GPU memory in use (NVML v2 used, what "
+                    "nvidia-smi shows; the driver's reserve apart).", g.memory_in_use, lab, sim)
+            b.gauge("moet_panel_gpu_memory_reserved_bytes", "GPU memory the driver reserves (not part of used).",
                     g.memory_reserved, lab, sim)
             b.gauge("moet_panel_gpu_memory_total_bytes", "GPU memory in total.", g.memory_total, lab, sim)
             b.gauge("moet_panel_gpu_utilization_ratio", "GPU utilisation, 0-1.",

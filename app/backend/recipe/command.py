@@ -134,6 +134,9 @@ def config_hash(spec: RunSpec) -> str:
 CONTAINER_NAME_MAX = 63
 
 
+GPU_LABEL = f"{LABEL_PREFIX}.gpu"  # the GPU a fleet engine runs on (absent: the one-GPU engine, GPU 0)
+
+
 def managed_container_name(recipe: Recipe, profile: ProfileSpec) -> str:
     """`moet-<recipe>-<profile>`; a name over 63 characters keeps a prefix plus a hash of the whole name,
     so two long profile ids that share a prefix never map to the same container."""
@@ -154,8 +157,9 @@ def build_run_spec(
     profiles: list[ProfileSpec] | None = None,
     image: str | None = None,
     build: str = "",
+    gpu: int | None = None,
 ) -> RunSpec:
-    """Build the `docker run` for one profile.
+    """Build the `docker run` for one profile (on GPU `gpu` of a box of several: docs/engine.md "Several GPUs").
 
     Args:
         plain: exactly the card's command (no panel labels, no trace env).
@@ -163,6 +167,9 @@ def build_run_spec(
         profiles: the profile list to search (recipe profiles plus saved custom ones).
         image, build: the engine build to run (engine/builds.py chooses it: the recipe's pin unless one was
             promoted or named); None/"" = the recipe's own image.
+        gpu: the GPU this engine runs on, for a box of several (None: the recipe's one engine, as written). GPU N
+            gets `--gpus "device=N"` (where the recipe gives the engine a GPU at all), its own container name
+            (`-gpuN` for N > 0), socket (`gpuN.sock`) or port (+N), and the label `moet-panel.gpu=N`.
 
     Raises:
         KeyError: unknown profile. CommandError: unsafe data dir or extra env.
@@ -180,6 +187,8 @@ def build_run_spec(
     name = recipe.serve.container_name
     if not plain:
         name = managed_container_name(recipe, profile)
+        if gpu:
+            name = f"{name[: CONTAINER_NAME_MAX - 8]}-gpu{gpu}"
         additions.append((f"--name {name}", "one container name per profile, so a switch never reuses a name"))
         wanted: list[tuple[str, str, str]] = []
         if not cmd.has_env(TRACE_ENV):
@@ -199,7 +208,7 @@ def build_run_spec(
         # the engine on a unix socket (issue 40): any --host goes (vLLM ignores host and port with --uds); custom
         # profiles cannot set --host, --port or --uds (schema.PINNED_FLAGS)
         try:
-            sock = engine_endpoint(recipe, root).uds
+            sock = engine_endpoint(recipe, root, gpu).uds
         except EndpointError as exc:
             raise CommandError(str(exc)) from None
         sock_dir = str(PurePosixPath(sock).parent)
@@ -213,10 +222,18 @@ def build_run_spec(
         # custom profiles cannot set --host at all (schema.PINNED_FLAGS)
         cmd = cmd.remove_arg("--host").set_arg("--host", ENGINE_BIND_HOST)
         additions.append((f"--host {ENGINE_BIND_HOST}", HOST_WHY))
+        if gpu:
+            port = engine_endpoint(recipe, root, gpu).port
+            cmd = cmd.remove_arg("--port").set_arg("--port", str(port))
+            additions.append((f"--port {port}", f"GPU {gpu}'s engine: the recipe's port + {gpu}"))
+    gpus = recipe.serve.gpus
+    if gpu is not None and gpus and not plain:
+        gpus = f'"device={gpu}"'
+        additions.append((f"--gpus {gpus}", f"one engine per GPU: this one runs on GPU {gpu}"))
     spec = RunSpec(
         name=name,
         image=image or recipe.engine.image,
-        gpus=recipe.serve.gpus,
+        gpus=gpus,
         network=recipe.serve.network,
         ipc=recipe.serve.ipc,
         shm_size=recipe.serve.shm_size,
@@ -233,7 +250,7 @@ def build_run_spec(
         (f"{LABEL_PREFIX}.profile", profile.id),
         (f"{LABEL_PREFIX}.config-hash", config_hash(spec)),
         (f"{LABEL_PREFIX}.simulated", "1" if recipe.simulated else "0"),
-    ) + (((f"{LABEL_PREFIX}.build", build),) if build else ())
+    ) + (((f"{LABEL_PREFIX}.build", build),) if build else ()) + (((GPU_LABEL, str(gpu)),) if gpu is not None else ())
     additions.append(("--label moet-panel.*=…", "ownership labels: the panel finds and adopts only its own containers"))
     return RunSpec(**{**asdict(spec), "mounts": mounts, "labels": labels, "additions": tuple(additions),
                       "socket_mount": socket_mount})

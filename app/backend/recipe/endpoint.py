@@ -62,8 +62,15 @@ def socket_dir(data_dir: str | PurePosixPath | Path) -> str:
     return str(PurePosixPath(str(env.cache_home())) / f"moet-sock-{digest}")
 
 
-def socket_path(data_dir: str | PurePosixPath | Path) -> str:
-    path = str(PurePosixPath(socket_dir(data_dir)) / SOCKET_NAME)
+def socket_name(gpu: int | None = None) -> str:
+    """`engine.sock`; the engine of GPU N > 0 on a box of several (docs/engine.md "Several GPUs"): `gpuN.sock` in
+    the same 0700 directory (no longer than `engine.sock`, so every data dir that fits one engine fits N; GPU 0
+    keeps the one-GPU name, so a one-GPU box is as before)."""
+    return SOCKET_NAME if not gpu else f"gpu{gpu}.sock"
+
+
+def socket_path(data_dir: str | PurePosixPath | Path, gpu: int | None = None) -> str:
+    path = str(PurePosixPath(socket_dir(data_dir)) / socket_name(gpu))
     if len(os.fsencode(path)) > SUN_PATH_MAX:
         raise EndpointError(f"the engine's socket path {path!r} is {len(os.fsencode(path))} bytes; a unix socket "
                             f"path holds at most {SUN_PATH_MAX}: use a shorter data dir or $XDG_CACHE_HOME")
@@ -141,9 +148,9 @@ def ensure_socket_dir(sock_dir: str | Path) -> Path:
     return d
 
 
-def engine_endpoint(recipe: Recipe, data_dir: str | Path) -> EngineEndpoint:
-    """Where the engine the panel starts for `recipe` on `data_dir` listens (raises EndpointError when the
-    socket path would be too long)."""
+def engine_endpoint(recipe: Recipe, data_dir: str | Path, gpu: int | None = None) -> EngineEndpoint:
+    """Where the engine the panel starts for `recipe` on `data_dir` (on GPU `gpu` of a box of several) listens
+    (raises EndpointError when the socket path would be too long). A TCP engine of GPU N listens on port + N."""
     if recipe.serve.listen == "tcp":
-        return EngineEndpoint.tcp(recipe.serve.host, recipe.serve.port)
-    return EngineEndpoint.unix(socket_path(data_dir))
+        return EngineEndpoint.tcp(recipe.serve.host, recipe.serve.port + (gpu or 0))
+    return EngineEndpoint.unix(socket_path(data_dir, gpu))

@@ -118,7 +118,9 @@ def to_markdown(r: SelfTestResult) -> str:
     s = decode_summary(r)
     t = r.telemetry
     lines = [f"# Self-test: profile {r.profile_id}" + (" (SIMULATED engine)" if r.simulated else ""), "",
-             f"- date: {r.date}", f"- engine image: `{r.image_id}`", f"- recipe hash: `{r.recipe_hash}`",
+             f"- date: {r.date}", *([f"- GPU: {r.gpu} (one engine per GPU; the others kept serving)"]
+                                    if r.gpu is not None else []),
+             f"- engine image: `{r.image_id}`", f"- recipe hash: `{r.recipe_hash}`",
              f"- wall time: {r.wall_s:.0f} s", "", "## Decode (single stream, the card's sampling)", "",
              f"**{card_line(r)}** — {verdict(r)}", ""]
     if s is not None:

@@ -87,10 +87,16 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
     telemetry hub's latest frame (or None)."""
 
     def __init__(self, settings: Settings, engine: EngineController, frame_fn: Callable[[], TelemetryFrame | None] | None = None,
-                 probe_factory: Callable[[str], EngineProbe] | None = None):
+                 probe_factory: Callable[[str], EngineProbe] | None = None,
+                 on_run: Callable[[bool], None] | None = None, gpu: int | None = None):
+        """`on_run(True/False)` is told before and after a run: on a box of several GPUs the fleet leaves this
+        engine's GPU out of the gateway meanwhile, so it measures undisturbed while the others serve
+        (docs/engine.md "Several GPUs")."""
         self.settings = settings
         self.profiles = ProfileRegistry(settings)  # recipe + custom, re-read when the folder changes
         self.engine = engine
+        self._on_run = on_run
+        self._gpu = gpu  # the GPU of this engine on a box of several: each result names it
         self.frame_fn = frame_fn or (lambda: None)
         self.store = ResultsStore(settings.ensure_state_dir())
         self._probe_factory = probe_factory or self._default_probe
@@ -213,11 +219,13 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
         total = sum(s.expect_s for s in steps) or 1.0
         image, rhash = self.identity(plan.profile_id)
         result = SelfTestResult(plan.profile_id, image, rhash, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                                bool(self.settings.recipe.simulated), card, plan=plan.to_dict())
+                                bool(self.settings.recipe.simulated), card, plan=plan.to_dict(), gpu=self._gpu)
         watch = _TelemetryWatch(self.frame_fn)
         watch.start()
         probe = self._probe_factory(self.engine.snapshot().base_url)
         done_s = 0.0
+        if self._on_run is not None:
+            self._on_run(True)
         try:
             for step in steps:
                 if self._stop.is_set():
@@ -247,6 +255,9 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
             self._set(replace(self.progress(), state=JobState.FAILED, message=f"failed at {at}: {exc}"))
             oplog.caught("selftest", exc, f"running the self-test (step {at})", who=who, profile=plan.profile_id,
                          result="failed")
+        finally:
+            if self._on_run is not None:
+                self._on_run(False)
 
     def _do(self, step: Step, plan: SelfTestPlan, probe: EngineProbe, result: SelfTestResult, ctx: int) -> None:
         if step.kind == "decode":

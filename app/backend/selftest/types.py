@@ -97,6 +97,7 @@ class SelfTestResult:
     telemetry: TelemetrySummary = field(default_factory=TelemetrySummary)
     wall_s: float = 0.0
     build: str = ""  # the engine build that served (docs/engine.md "Upgrading the engine"); "" before issue 45
+    gpu: int | None = None  # the GPU whose engine was measured, on a box of several (docs/engine.md "Several GPUs")
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -110,6 +111,7 @@ class SelfTestResult:
             needles=[NeedleOutcome(**x) for x in d.get("needles", [])],
             telemetry=TelemetrySummary(**d.get("telemetry", {})), wall_s=float(d.get("wall_s", 0.0)),
             build=str(d.get("build", "")),
+            gpu=d["gpu"] if isinstance(d.get("gpu"), int) and not isinstance(d.get("gpu"), bool) else None,
         )
 
 

@@ -56,13 +56,27 @@ def make_gpu_reader(
     return NoGpuReader(real.error)
 
 
-def follow_engine(reader: GpuReader, engine: EngineFeed) -> SimulatedGpuReader | None:
-    """Wire the app's one reader to the engine once the controller exists: the SIMULATED card follows that
-    engine's lifecycle (returned, so the telemetry hub can feed it the decode load); a real card needs nothing."""
+def follow_engine(reader: GpuReader, engine: EngineFeed, index: int = 0) -> SimulatedGpuReader | None:
+    """Wire the app's one reader to the engine once the controller exists: the SIMULATED card (card `index` of
+    a SIMULATED box of several) follows that engine's lifecycle (returned, so the telemetry hub can feed it the
+    decode load); a real card needs nothing."""
     if not isinstance(reader, SimulatedGpuReader):
         return None
-    reader.follow(engine)
+    reader.follow(engine, index)
     return reader
+
+
+def box_gpu_count(reader: GpuReader) -> int:
+    """How many GPUs this box has for engines: the SIMULATED box's cards (MOET_PANEL_SIM_GPUS), else the GPUs
+    the driver lists now; at least 1 (no driver answering: the one engine the recipe always had)."""
+    if isinstance(reader, SimulatedGpuReader):
+        return reader.count
+    if not reader.available:
+        return 1
+    try:
+        return max(1, len(reader.read()))
+    except Exception:  # a flaky driver read: the one engine, as before
+        return 1
 
 
 def tag_engine_processes(samples: list[GpuSample], pids: set[int], engine_name: str) -> list[GpuSample]:
@@ -82,8 +96,9 @@ def _simulated(settings: Settings | None, snap_fn: Callable[[], EngineSnapshot] 
             boot = float(settings.recipe.serve.env.get("MOET_SIM_BOOT_S", boot))
         except (TypeError, ValueError):
             pass
-    return SimulatedGpuReader(snap_fn, total_gib=total, ready_gib=ready, boot_s=boot, engine_pids_fn=pids_fn)
+    return SimulatedGpuReader(snap_fn, total_gib=total, ready_gib=ready, boot_s=boot, engine_pids_fn=pids_fn,
+                              count=env.sim_gpus())
 
 
-__all__ = ["follow_engine", "make_gpu_reader", "tag_engine_processes", "NoGpuReader", "NvmlGpuReader",
+__all__ = ["box_gpu_count", "follow_engine", "make_gpu_reader", "tag_engine_processes", "NoGpuReader", "NvmlGpuReader",
            "SimulatedGpuReader", "FakeGpuReader"]

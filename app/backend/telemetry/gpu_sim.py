@@ -4,7 +4,9 @@
 follows the engine snapshot (0 stopped, ramping while it boots, the card's ~93.8 GiB when ready,
 freed after stop). Every sample carries `simulated=True` so the UI labels it. It is fed explicitly:
 the engine it pretends to serve through `follow(engine)` (or the functions given to the constructor),
-the decode load through `set_load()` (the telemetry hub, from /metrics).
+the decode load through `set_load()` (the telemetry hub, from /metrics). `count` > 1 (MOET_PANEL_SIM_GPUS, demo
+only) makes a SIMULATED box of that many identical cards, card i following the engine given by
+`follow(engine, index=i)` (docs/engine.md, "Several GPUs").
 
 `FakeGpuReader` replays samples given as dicts/JSON (or GpuSample objects); tests and the engine
 helper use it to script VRAM for preflight and memory-release waits.
@@ -43,10 +45,13 @@ class SimulatedGpuReader(ReaderStatus):
         release_s: float = 2.0,
         clock: Callable[[], float] = time.time,
         engine_pids_fn: Callable[[], set[int]] | None = None,
+        count: int = 1,
     ) -> None:
-        self._snapshot_fn = engine_snapshot_fn
+        self._count = max(1, count)
+        # card index -> (its engine's snapshot, its engine's pids); a card no engine follows reads as stopped
+        self._feeds: dict[int, tuple[Callable[[], EngineSnapshot] | None, Callable[[], set[int]] | None]] = {
+            0: (engine_snapshot_fn, engine_pids_fn)}
         self._errors = oplog.Once("telemetry")
-        self._pids_fn = engine_pids_fn
         self._load = 0.0  # 0..1 (decode busy → util up)
         self._total = total_gib
         self._ready = ready_gib
@@ -55,76 +60,83 @@ class SimulatedGpuReader(ReaderStatus):
         self._clock = clock
         self._reserved = 0.45  # GiB the driver keeps for itself on a real card
 
-    def follow(self, engine: EngineFeed) -> None:
-        """Pretend to be this engine's GPU: its lifecycle drives the VRAM, its process holds it."""
-        self._snapshot_fn, self._pids_fn = engine.snapshot, engine.container_pids
+    @property
+    def count(self) -> int:
+        """How many SIMULATED cards this box has."""
+        return self._count
+
+    def follow(self, engine: EngineFeed, index: int = 0) -> None:
+        """Pretend to be this engine's GPU (card `index`): its lifecycle drives the VRAM, its process holds it."""
+        self._feeds[index] = (engine.snapshot, engine.container_pids)
 
     def set_load(self, fraction: float) -> None:
         """How busy decoding is (0..1: measured decode speed / the card's); drives utilisation and power."""
         self._load = min(max(fraction, 0.0), 1.0)
 
-    def _snapshot(self) -> EngineSnapshot:
-        if self._snapshot_fn is None:
+    def _snapshot(self, index: int) -> EngineSnapshot:
+        snapshot_fn = self._feeds.get(index, (None, None))[0]
+        if snapshot_fn is None:
             return EngineSnapshot()
         try:
-            return self._snapshot_fn()
+            return snapshot_fn()
         except Exception as exc:  # the SIMULATED readings go on as if idle
             self._errors.caught(exc, "reading the engine snapshot for the SIMULATED GPU")
             return EngineSnapshot()
 
     def vram_in_use_gib(self, snap: EngineSnapshot, now: float) -> float:
-        """Used memory (incl. reserved) the card would show for this engine state."""
+        """Used memory the card would show for this engine state, as nvidia-smi shows it (the reserve apart)."""
         elapsed = max(now - snap.since, 0.0)
         st = snap.state
         if st in (EngineState.STARTING, EngineState.PREFLIGHT):
             frac = min(elapsed / self._boot_s, 0.97) if st is EngineState.STARTING else 0.0
-            return self._reserved + (self._ready - self._reserved) * frac
+            return self._ready * frac
         if st is EngineState.READY:
             wobble = 0.04 * math.sin(now / 7.0)  # KV/activations move a little
             return self._ready + wobble
         if st is EngineState.STOPPING:
             frac = max(1.0 - elapsed / self._release_s, 0.0)
-            return self._reserved + (self._ready - self._reserved) * frac
+            return self._ready * frac
         return 0.0
 
     def read(self) -> list[GpuSample]:
         now = self._clock()
-        snap = self._snapshot()
+        return [self._card(i, now) for i in range(self._count)]
+
+    def _card(self, index: int, now: float) -> GpuSample:
+        snap = self._snapshot(index)
+        pids_fn = self._feeds.get(index, (None, None))[1]
         in_use = self.vram_in_use_gib(snap, now)
-        reserved = min(self._reserved, in_use)
         busy = snap.state is EngineState.READY and self._load > 0.05
         util = min(97.0, 20.0 + 77.0 * self._load) if busy else (35.0 if snap.state is EngineState.STARTING else 0.0)
         procs: tuple[GpuProcess, ...] = ()
-        if in_use - reserved > 0.01:
-            pids = sorted(self._pids_fn() if self._pids_fn else ()) or [4242]
-            procs = (GpuProcess(pid=pids[0], used_bytes=int((in_use - reserved) * GiB),
+        if in_use > 0.01:
+            pids = sorted(pids_fn() if pids_fn else ()) or [4242 + index]
+            procs = (GpuProcess(pid=pids[0], used_bytes=int(in_use * GiB),
                                 name="vllm (SIMULATED)", container=snap.container_name or "engine"),)
-        return [
-            GpuSample(
-                index=0,
-                uuid=SIM_UUID,
-                name=SIM_NAME,
-                compute_capability=(12, 0),
-                memory_total=int(self._total * GiB),
-                memory_used=int((in_use - reserved) * GiB),
-                memory_reserved=int(reserved * GiB),
-                util_gpu=util,
-                util_mem=util * 0.6,
-                power_w=round(55.0 + 5.4 * util, 1),
-                power_limit_w=600.0,
-                temperature_c=round(34.0 + 0.4 * util, 1),
-                sm_clock_mhz=2430 if util > 0 else 600,
-                mem_clock_mhz=14001 if util > 0 else 810,
-                throttle_reasons=() if util > 0 else ("gpu_idle",),
-                pcie_tx_kbs=0.0,
-                pcie_rx_kbs=1200.0 * util,
-                ecc_current=False,
-                ecc_pending=False,
-                processes=procs,
-                ts=now,
-                simulated=True,
-            )
-        ]
+        return GpuSample(
+            index=index,
+            uuid=SIM_UUID if index == 0 else f"{SIM_UUID[:-3]}{index:03d}",
+            name=SIM_NAME,
+            compute_capability=(12, 0),
+            memory_total=int(self._total * GiB),
+            memory_used=int(in_use * GiB),
+            memory_reserved=int(self._reserved * GiB),  # always held by the driver, shown apart
+            util_gpu=util,
+            util_mem=util * 0.6,
+            power_w=round(55.0 + 5.4 * util, 1),
+            power_limit_w=600.0,
+            temperature_c=round(34.0 + 0.4 * util, 1),
+            sm_clock_mhz=2430 if util > 0 else 600,
+            mem_clock_mhz=14001 if util > 0 else 810,
+            throttle_reasons=() if util > 0 else ("gpu_idle",),
+            pcie_tx_kbs=0.0,
+            pcie_rx_kbs=1200.0 * util,
+            ecc_current=False,
+            ecc_pending=False,
+            processes=procs,
+            ts=now,
+            simulated=True,
+        )
 
 
 _SAMPLE_FIELDS = frozenset(f.name for f in fields(GpuSample))

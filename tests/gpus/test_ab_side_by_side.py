@@ -1,0 +1,72 @@
+"""A blind A/B on two GPUs at once (issue 43): A on one engine, B on another, no switch between them; the GPUs
+are left out of the gateway while they measure and taken back after."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import cast
+
+from app.backend.abtest.journal import Journal, new_spec
+from app.backend.abtest.runner import ABRunService
+from app.backend.config.settings import resolve_settings
+from app.backend.contracts import EngineSnapshot, EngineState
+from app.backend.engine.controller import EngineController
+from app.backend.jobs import JobState
+from app.backend.recipe import SIMULATED_RECIPE
+from app.backend.selftest.probe import EngineProbe, Timing
+
+
+class Engine:
+    def __init__(self, profile: str, url: str) -> None:
+        self.snap = EngineSnapshot(state=EngineState.READY, profile_id=profile, base_url=url)
+        self.switches = 0
+
+    def snapshot(self) -> EngineSnapshot:
+        return self.snap
+
+    def profiles(self) -> list:
+        class P:
+            def __init__(self, i: str) -> None:
+                self.id = i
+
+        return [P("quality"), P("balanced")]
+
+    def switch(self, profile: str):  # the side-by-side run must never call it here
+        self.switches += 1
+        raise AssertionError("no switch expected")
+
+
+class Probe:
+    """Both sides generate at once: each waits (with a deadline) until the other side has begun."""
+
+    started: dict[str, threading.Event] = {}
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def generate(self, messages, max_tokens, *, seed=None, cancel=None, **kw) -> Timing:
+        side = "A" if self.url.endswith("a") else "B"
+        Probe.started[side].set()
+        other = Probe.started["B" if side == "A" else "A"]
+        assert other.wait(10), "the other side never ran at the same time"
+        return Timing(0.01, 0.1, 5, 3, f"{side} answer {seed}", "stop")
+
+
+def test_a_and_b_generate_at_once_on_two_gpus_with_no_switch(tmp_path: Path) -> None:
+    a, b = Engine("quality", "unix:/s/a"), Engine("balanced", "unix:/s/b")
+    Probe.started = {"A": threading.Event(), "B": threading.Event()}
+    told: list[bool] = []
+    settings = resolve_settings(SIMULATED_RECIPE, tmp_path, demo=True)  # the builds' registry reads its recipe
+    svc = ABRunService(settings, cast(EngineController, a),
+                       probe_factory=lambda url: cast(EngineProbe, Probe(url)),
+                       engine_for=lambda side: cast(EngineController, a if side == "A" else b),
+                       on_sides=told.append)
+    spec = new_spec("quality", "balanced", ["one", "two"], [1, 2], 64)
+    svc.start(spec)
+    p = svc.wait(30)
+    assert p.state is JobState.DONE, p.message
+    assert a.switches == b.switches == 0 and told == [True, False]
+    st = Journal(settings.ensure_state_dir()).load(spec.run_id)
+    assert st.generated == 8 and {g.text.split()[0] for g in st.gens.values() if g.side == "A"} == {"A"}
+    assert {g.text.split()[0] for g in st.gens.values() if g.side == "B"} == {"B"}
