@@ -132,11 +132,12 @@ def _fleet_op(args: argparse.Namespace, fleet: Fleet, gpus: list[int]) -> int:
             if not args.json:
                 print(f"GPU {gpu}: {t.message}", flush=True)
 
-        steps = fleet.rolling_switch(args.profile, gpus, tuple(args.override), who=oplog.CLI, on_step=step)
+        steps = fleet.rolling_switch(args.profile, gpus, tuple(args.override), who=oplog.CLI, on_step=step,
+                                     build=getattr(args, "build", None))
         results: list[tuple[int, Ticket | None, bool, str]] = [
             (s.gpu, s.ticket, s.ok, "already serves it" if s.skipped else "") for s in steps]
     else:
-        tickets = (fleet.start(args.profile, gpus, tuple(args.override), who=oplog.CLI)
+        tickets = (fleet.start(args.profile, gpus, tuple(args.override), who=oplog.CLI, build=getattr(args, "build", None))
                    if args.engine_cmd == "start" else fleet.stop(gpus, who=oplog.CLI))
         for _, tk in tickets:
             if tk.accepted and not getattr(args, "no_wait", False):

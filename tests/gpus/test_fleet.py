@@ -22,6 +22,7 @@ class FakeCtl:
         self.gpu, self.fleet_ref, self.fails = gpu, fleet_ref, fails
         self.snap = EngineSnapshot(state=EngineState.READY, profile_id="quality", base_url=f"unix:/s/e{gpu}.sock")
         self.closed = False
+        self.builds: list[str | None] = []
 
     def snapshot(self) -> EngineSnapshot:
         return self.snap
@@ -32,18 +33,20 @@ class FakeCtl:
         t._done.set()
         return t
 
-    def switch(self, profile_id: str, overrides=(), *, who: str = "") -> Ticket:
+    def switch(self, profile_id: str, overrides=(), *, who: str = "", build: str | None = None) -> Ticket:
+        self.builds.append(build)
         others_ready = [r.gpu for r in self.fleet_ref[0].rows() if r.gpu != self.gpu
                         and r.snapshot.state is EngineState.READY]
         FakeCtl.log.append(("switch", self.gpu, others_ready))
         if self.fails:
             self.snap = EngineSnapshot(state=EngineState.FAILED, profile_id=profile_id)
             return self._done("switch", profile_id, False)
-        self.snap = EngineSnapshot(state=EngineState.READY, profile_id=profile_id)
+        self.snap = EngineSnapshot(state=EngineState.READY, profile_id=profile_id, build=build or "")
         return self._done("switch", profile_id, True)
 
-    def start(self, profile_id: str, overrides=(), *, who: str = "") -> Ticket:
-        self.snap = EngineSnapshot(state=EngineState.READY, profile_id=profile_id)
+    def start(self, profile_id: str, overrides=(), *, who: str = "", build: str | None = None) -> Ticket:
+        self.builds.append(build)
+        self.snap = EngineSnapshot(state=EngineState.READY, profile_id=profile_id, build=build or "")
         return self._done("start", profile_id, True)
 
     def stop(self, *, who: str = "") -> Ticket:
@@ -159,10 +162,10 @@ def test_one_rolling_switch_at_a_time_from_the_engine_tab() -> None:
     gate, entered = threading.Event(), threading.Event()
     plain = FakeCtl.switch
 
-    def held(self, profile_id, overrides=(), *, who=""):
+    def held(self, profile_id, overrides=(), *, who="", build=None):
         entered.set()
         assert gate.wait(10)
-        return plain(self, profile_id, overrides, who=who)
+        return plain(self, profile_id, overrides, who=who, build=build)
 
     ctls[0].switch = held.__get__(ctls[0])  # type: ignore[method-assign]
     assert "one GPU at a time" in fleet.start_rolling_switch("balanced", [0, 1])
@@ -186,3 +189,14 @@ def test_a_self_test_result_names_its_gpu() -> None:
     assert one.gpu is None and "GPU:" not in to_markdown(one)
     old = {k: v for k, v in r.to_json().items() if k != "gpu"}  # a result stored before issue 43
     assert SelfTestResult.from_json(old).gpu is None
+
+
+def test_a_candidate_build_serves_on_one_gpu_while_the_others_keep_the_current_one() -> None:
+    """Issue 45 on a box of several GPUs: `engine switch --gpu 1 --build next` rolls GPU 1 only, to that build; a
+    GPU already on the profile but another build is switched, not skipped."""
+    fleet, ctls = _fleet(3)
+    steps = fleet.rolling_switch("quality", [1], build="next")
+    assert [s.gpu for s in steps] == [1] and steps[0].ok and not steps[0].skipped
+    assert ctls[1].builds == ["next"] and ctls[1].snapshot().build == "next"
+    assert ctls[0].builds == ctls[2].builds == [] and ctls[0].snapshot().build == ""
+    assert [t for _, t in fleet.start("balanced", [2], build="next")] and ctls[2].builds == ["next"]

@@ -124,9 +124,10 @@ class Fleet:
         return [r.gpu for r in self.rows() if r.snapshot.state is EngineState.READY]
 
     def start(self, profile_id: str, gpus: list[int], overrides: tuple[str, ...] = (), *,
-              who: str = oplog.PANEL) -> list[tuple[int, Ticket]]:
-        """Start the profile on each GPU named, all at once (each engine boots on its own GPU)."""
-        return [(g, self._ctl[g].start(profile_id, overrides, who=who)) for g in gpus]
+              who: str = oplog.PANEL, build: str | None = None) -> list[tuple[int, Ticket]]:
+        """Start the profile on each GPU named, all at once (each engine boots on its own GPU); `build`: the
+        engine build to run there (a candidate on one GPU while the others serve the current one)."""
+        return [(g, self._ctl[g].start(profile_id, overrides, who=who, build=build)) for g in gpus]
 
     def stop(self, gpus: list[int], *, who: str = oplog.PANEL) -> list[tuple[int, Ticket]]:
         return [(g, self._ctl[g].stop(who=who)) for g in gpus]
@@ -146,26 +147,27 @@ class Fleet:
 
     def rolling_switch(self, profile_id: str, gpus: list[int], overrides: tuple[str, ...] = (), *,
                        who: str = oplog.PANEL, timeout_s: float | None = None,
-                       on_step: Callable[[int, Ticket], None] | None = None) -> list[RollStep]:
+                       on_step: Callable[[int, Ticket], None] | None = None, build: str | None = None) -> list[RollStep]:
         """Switch the GPUs named to the profile ONE AT A TIME: each controller drains its engine (its answers in
         flight finish), stops it, boots the profile and gates on ready; only then the next GPU. A GPU whose
         switch fails ends the roll there (it rolled back, or stands failed), so the GPUs not yet switched keep
         serving the old profile; the steps after it carry no ticket. One roll at a time (a second waits)."""
         with self._rolling:
-            return self._roll(profile_id, gpus, overrides, who, timeout_s, on_step)
+            return self._roll(profile_id, gpus, overrides, who, timeout_s, on_step, build)
 
     def _roll(self, profile_id: str, gpus: list[int], overrides: tuple[str, ...], who: str, timeout_s: float | None,
-              on_step: Callable[[int, Ticket], None] | None) -> list[RollStep]:
+              on_step: Callable[[int, Ticket], None] | None, build: str | None = None) -> list[RollStep]:
         steps: list[RollStep] = []
         oplog.decision("engine", "rolling switch", who=who, profile=profile_id, gpus=",".join(map(str, gpus)))
         for i, g in enumerate(gpus):
             ctl = self._ctl[g]
             snap = ctl.snapshot()
-            if snap.state is EngineState.READY and snap.profile_id == profile_id:
+            if snap.state is EngineState.READY and snap.profile_id == profile_id and (build is None or snap.build == build):
                 steps.append(RollStep(g, None, skipped=True))  # already serves it: nothing to take away
                 continue
             live = snap.state in (EngineState.READY, EngineState.FAILED)
-            t = ctl.switch(profile_id, overrides, who=who) if live else ctl.start(profile_id, overrides, who=who)
+            t = (ctl.switch(profile_id, overrides, who=who, build=build) if live
+                 else ctl.start(profile_id, overrides, who=who, build=build))
             if t.accepted:
                 t.wait(timeout_s)
             step = RollStep(g, t)
