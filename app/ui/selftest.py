@@ -23,6 +23,18 @@ from app.backend.state import AppState
 from app.ui.shell import QUICK, Shell
 
 TITLE = "Self-test"
+# How long a run takes, chosen up front (issue 42): the card's method by default, a short check beside it. The
+# status line under them says the estimate for what is set (SelfTestService.estimate_s).
+PRESETS: dict[str, tuple[int, int, str]] = {
+    "Full — the card's method (3 runs × 2,000 tokens, needles at 64k and 256k)": (3, 2000, "64k,256k"),
+    "Quick check (1 run × 500 tokens, a needle at 64k)": (1, 500, "64k"),
+}
+FULL = next(iter(PRESETS))
+
+
+def preset_values(name: str) -> tuple[int, int, str]:
+    """(decode runs, tokens per run, needle lengths) of a preset; the full method for an unknown name."""
+    return PRESETS.get(name, PRESETS[FULL])
 
 
 def figures_html(svc: SelfTestService, profiles: list[ProfileSpec]) -> str:
@@ -114,6 +126,7 @@ def render(state: AppState, shell: Shell) -> None:
         serving = engine.snapshot().profile_id
         return serving if serving in ids else current if current in ids else ids[0]
 
+    length = gr.Radio(list(PRESETS), value=FULL, label="How long", elem_id="st-length")
     with gr.Row():
         profile = gr.Dropdown(registry.choices(), value=default_profile(), label="Profile", elem_id="st-profile")
         runs = gr.Number(3, label="Decode runs", precision=0, minimum=1, maximum=20, elem_id="st-runs")
@@ -146,6 +159,7 @@ def render(state: AppState, shell: Shell) -> None:
         return status_out(svc, pid, n, t, nd)
 
     cancel.click(do_cancel, inputs, status_outs, **QUICK)
+    length.change(lambda name: preset_values(name), [length], [runs, tokens, needles], **QUICK)
     for ev in (runs.change, tokens.change, needles.change):
         ev(lambda *a: status_out(svc, *a), inputs, status_outs, **QUICK)
     profile.change(lambda *a: (*status_out(svc, *a), result_md(svc, a[0]), *exports(svc, a[0])), inputs,
