@@ -34,31 +34,18 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.panelproc import free_port, panel_env, recipe_copy, stop_group, wait_running  # noqa: E402
+from bench.panelproc import DemoPanel, recipe_copy  # noqa: E402
 TABS = ["Profiles", "Downloads", "Engine", "Logs", "Telemetry", "Self-test", "Compare", "Chat"]
 
 
-class Panel:
+class Panel(DemoPanel):
+    """The demo panel run under the stack probe (bench/idle_cpu_probe.py), its CPU measured from outside."""
+
     def __init__(self, root: Path, tmp: Path, recipe: Path) -> None:
-        self.root, self.tmp, self.recipe = root, tmp, recipe
-        self.port = free_port()
         self.stacks = tmp / "stacks.json"
-        self.env = panel_env(root, tmp)
-        self.log = open(tmp / "panel.log", "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "idle_cpu_probe.py"), str(self.stacks), "serve", "--demo",
-             "--recipe", str(recipe), "--port", str(self.port)],
-            cwd=root, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_running(self.proc, tmp / "panel.log")
+        super().__init__(root, tmp, recipe, argv=(sys.executable, str(ROOT / "bench" / "idle_cpu_probe.py"),
+                                                  str(tmp / "stacks.json")))
         self.ps = psutil.Process(self.proc.pid)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def cli(self, *args: str) -> None:
-        subprocess.run([sys.executable, "-m", "app.cli.main", *args, "--demo", "--recipe", str(self.recipe)],
-                       cwd=self.root, env=self.env, check=True, stdout=subprocess.DEVNULL, timeout=300)
 
     def stack_snapshot(self) -> tuple[int | None, dict[str, float]]:
         self.stacks.unlink(missing_ok=True)
@@ -87,11 +74,6 @@ class Panel:
         pct = 100 * (c1 - c0) / (t1 - t0)
         diff = {k: round(v - before.get(k, 0.0), 2) for k, v in after.items() if v - before.get(k, 0.0) > 0}
         return pct, diff
-
-    def close(self) -> None:
-        stop_group(self.proc)
-        self.log.close()
-
 
 def open_views(pw: Any, url: str) -> Any:
     browser = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox"])
@@ -127,15 +109,7 @@ def run(root: Path, seconds: float, engines: tuple[str, ...] = ("stopped", "read
                     results[f"{len(TABS)} browser tabs (one per view), engine {engine}"] = panel.measure(seconds)
                     browser.close()
         finally:
-            try:
-                panel.cli("engine", "stop")
-            except Exception as exc:  # still remove the container below
-                print(f"engine stop: {exc}", file=sys.stderr)
-            panel.close()
-            import docker
-
-            for c in docker.from_env().containers.list(all=True, filters={"label": f"moet-panel.recipe={rid}"}):
-                c.remove(force=True)
+            panel.close(rid)  # its engine stopped and its containers removed first
     return results
 
 

@@ -40,7 +40,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.panelproc import free_port, panel_env, recipe_copy, stop_group, wait_running  # noqa: E402
+from bench.panelproc import DemoPanel, free_port, recipe_copy  # noqa: E402
 
 TABS = ["Profiles", "Downloads", "Engine", "Logs", "Telemetry", "Self-test", "Compare", "Access", "Service", "Chat"]
 PROMPT = ("Write a long, detailed explanation of how a mixture-of-experts model routes tokens to experts, "
@@ -73,31 +73,6 @@ class CpuMeter:
             except psutil.Error:
                 continue
         return sum(self.seen.values())
-
-
-class Panel:
-    def __init__(self, root: Path, tmp: Path, recipe: Path) -> None:
-        self.root, self.recipe = root, recipe
-        self.port = free_port()
-        self.env = panel_env(root, tmp)
-        self.logpath = tmp / "panel.log"
-        self.log = open(self.logpath, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli.main", "serve", "--demo", "--recipe", str(recipe), "--port", str(self.port)],
-            cwd=root, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_running(self.proc, self.logpath)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def cli(self, *args: str) -> None:
-        subprocess.run([sys.executable, "-m", "app.cli.main", *args, "--demo", "--recipe", str(self.recipe)],
-                       cwd=self.root, env=self.env, check=True, stdout=subprocess.DEVNULL, timeout=300)
-
-    def close(self) -> None:
-        stop_group(self.proc)
-        self.log.close()
 
 
 def open_page(browser: Any, url: str, tab: str | None) -> Any:
@@ -155,7 +130,7 @@ def run(root: Path, seconds: float, tabs: list[str], chat: bool, three: bool) ->
     with tempfile.TemporaryDirectory(prefix="moet-page-cost-", dir=Path.home()) as t:
         tmp = Path(t)
         recipe, rid = recipe_copy(root, tmp, f"bench-page-{os.getpid()}-{free_port()}")
-        panel = Panel(root, tmp, recipe)
+        panel = DemoPanel(root, tmp, recipe)
         try:
             panel.cli("engine", "start", "--profile", "quality")
             panel_cpu = CpuMeter(panel.proc.pid, tree=False)
@@ -184,15 +159,7 @@ def run(root: Path, seconds: float, tabs: list[str], chat: bool, three: bool) ->
                 finally:
                     browser.close()
         finally:
-            try:
-                panel.cli("engine", "stop")
-            except Exception as exc:  # still remove the container below
-                print(f"engine stop: {exc}", file=sys.stderr)
-            panel.close()
-            import docker
-
-            for c in docker.from_env().containers.list(all=True, filters={"label": f"moet-panel.recipe={rid}"}):
-                c.remove(force=True)
+            panel.close(rid)  # its engine stopped and its containers removed first
     return results
 
 

@@ -66,3 +66,51 @@ def stop_all(procs: list[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> N
             p.wait(timeout_s)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+class DemoPanel:
+    """`moet-panel serve --demo` of `root`'s code on `recipe` (a `recipe_copy`), in its own process group on a free
+    port with its data under `tmp`; `cli()` runs a subcommand on the same data; `close()` stops the engine it
+    may have started, removes that recipe's containers, then stops the panel's group. `argv` replaces the
+    command before `serve` (bench/idle_cpu.py runs it under its stack probe)."""
+
+    def __init__(self, root: Path, tmp: Path, recipe: Path, argv: tuple[str, ...] = ()) -> None:
+        import sys
+
+        self.root, self.tmp, self.recipe = root, tmp, recipe
+        self.port = free_port()
+        self.env = panel_env(root, tmp)
+        self.logpath = tmp / "panel.log"
+        self.log = open(self.logpath, "w")
+        head = list(argv) or [sys.executable, "-m", "app.cli.main"]
+        self.proc = subprocess.Popen([*head, "serve", "--demo", "--recipe", str(recipe), "--port", str(self.port)],
+                                     cwd=root, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        wait_running(self.proc, self.logpath)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def cli(self, *args: str) -> None:
+        import sys
+
+        subprocess.run([sys.executable, "-m", "app.cli.main", *args, "--demo", "--recipe", str(self.recipe)],
+                       cwd=self.root, env=self.env, check=True, stdout=subprocess.DEVNULL, timeout=300)
+
+    def close(self, rid: str | None = None) -> None:
+        """With `rid` (the recipe copy's id): stop its engine and remove its containers first."""
+        if rid is not None:
+            import sys
+
+            try:
+                self.cli("engine", "stop")
+            except Exception as exc:  # still remove the container below
+                print(f"engine stop: {exc}", file=sys.stderr)
+        stop_group(self.proc)
+        self.log.close()
+        if rid is not None:
+            import docker
+
+            for c in docker.from_env().containers.list(all=True, filters={"label": f"moet-panel.recipe={rid}"}):
+                c.remove(force=True)

@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.panelproc import free_port, panel_env, recipe_copy, stop_group, wait_running  # noqa: E402
+from bench.panelproc import DemoPanel, recipe_copy  # noqa: E402
 
 HOME_TMP = Path.home()
 
@@ -63,31 +63,6 @@ OBSERVER_JS = """() => {
     if (!last || last[1] !== cur[0] || last[2] !== cur[1]) window.__moet.seen.push([now, cur[0], cur[1]]);
   }).observe(document.body, {subtree: true, childList: true, characterData: true, attributes: true});
 }"""
-
-
-class Panel:
-    def __init__(self, root: Path, tmp: Path, recipe: Path) -> None:
-        self.root, self.recipe = root, recipe
-        self.port = free_port()
-        self.env = panel_env(root, tmp)
-        self.logpath = tmp / "panel.log"
-        self.log = open(self.logpath, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli.main", "serve", "--demo", "--recipe", str(recipe), "--port", str(self.port)],
-            cwd=root, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_running(self.proc, self.logpath)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def cli(self, *args: str) -> None:
-        subprocess.run([sys.executable, "-m", "app.cli.main", *args, "--demo", "--recipe", str(self.recipe)],
-                       cwd=self.root, env=self.env, check=True, stdout=subprocess.DEVNULL, timeout=300)
-
-    def close(self) -> None:
-        stop_group(self.proc)
-        self.log.close()
 
 
 class DockerTimes:
@@ -174,7 +149,7 @@ def run(root: Path, seconds: float, cycles: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="moet-try-ui-push-", dir=HOME_TMP))
     recipe, rid = recipe_copy(root, tmp, f"bench-push-{os.getpid()}-{tmp.name[-6:]}".replace("_", "-").lower(),
                               boot_s="1")
-    panel = Panel(root, tmp, recipe)
+    panel = DemoPanel(root, tmp, recipe)
     docker_times = DockerTimes(rid)
     try:
         with sync_playwright() as pw:
@@ -212,16 +187,8 @@ def run(root: Path, seconds: float, cycles: int) -> dict[str, Any]:
             out["latency"] = lat
             browser.close()
     finally:
-        try:
-            panel.cli("engine", "stop")
-        except Exception as exc:
-            print(f"engine stop: {exc}", file=sys.stderr)
         docker_times.close()
-        panel.close()
-        import docker
-
-        for c in docker.from_env().containers.list(all=True, filters={"label": f"moet-panel.recipe={rid}"}):
-            c.remove(force=True)
+        panel.close(rid)  # its engine stopped and its containers removed first
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 
