@@ -54,6 +54,7 @@ class DockerProxy:
         self.upstream = upstream
         self.delay_s = 0.0
         self.connections_total = 0
+        self.delivered_total = 0  # chunks handed to clients (a test sees whether a reply arrived)
         self._held = 0
         self._conns: set[_Conn] = set()
         self._server: asyncio.AbstractServer | None = None
@@ -76,8 +77,10 @@ class DockerProxy:
         if not self._thread.is_alive():
             return
         self.cut()
+        self._call(self._cancel_all())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()
         self.path.unlink(missing_ok=True)
 
     def cut(self) -> None:
@@ -129,6 +132,14 @@ class DockerProxy:
         for c in list(self._conns):
             c.close()
         self._conns.clear()
+
+    async def _cancel_all(self) -> None:
+        """After a cut: let each connection's handler end (a cancelled handler makes asyncio's stream
+        protocol log a CancelledError)."""
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me]
+        if tasks:
+            await asyncio.wait(tasks, timeout=2)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._server is None:  # accepted in the instant of a cut
@@ -183,6 +194,7 @@ class DockerProxy:
                         return
                     writer.write(data)
                     await writer.drain()
+                    self.delivered_total += 1
                 finally:
                     self._held -= 1
 
