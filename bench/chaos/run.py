@@ -102,6 +102,7 @@ class Report:
     stats: dict[str, KindStats]
     wall_s: float
     notes: list[str]
+    panel_restarts: int = 0
 
     def healing_failures(self) -> list[str]:
         return [f"{k}: {w}" for k in HEALING for w in self.stats[k].not_restored]
@@ -146,7 +147,8 @@ class Report:
         rows.append(f"all: {cycles} cycles in {self.wall_s:.0f} s; healing faults restored {restored}/{heal_n}; time "
                     f"back to serving p50 {pct(back, 0.5):.1f} s, p95 {pct(back, 0.95):.1f} s (goal <= 30 s); "
                     f"non-healing restarts {self.non_healing_restarts}, outside stops fought {self.fought}, "
-                    f"answers cut {self.answers_cut} (goals 100 %, 0, 0, 0)")
+                    f"answers cut {self.answers_cut} (goals 100 %, 0, 0, 0); the panel restarted by a person to "
+                    f"serve again: {self.panel_restarts}")
         return "\n".join(rows)
 
 
@@ -201,6 +203,7 @@ class Chaos:
         self._events: Any = None
         self.stats = {k: KindStats() for k in KINDS}
         self.profile = "quality"
+        self.panel_restarts = 0  # a person had to restart the panel to get serving back
         import httpx
 
         self.http = httpx.Client(timeout=httpx.Timeout(10.0, connect=2.0))
@@ -304,15 +307,7 @@ class Chaos:
             pass
 
     def close(self) -> None:
-        if self.panel is not None and self.panel.poll() is None:
-            try:
-                os.killpg(self.panel.pid, signal.SIGTERM)
-                self.panel.wait(30)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.panel.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        self.stop_panel()
         if self._events is not None:
             self._events.close()
         for c in self.docker.containers.list(all=True, filters={"label": f"moet-panel.recipe={self.rid}"}):
@@ -376,14 +371,34 @@ class Chaos:
 
     # -- one cycle ------------------------------------------------------------------------------------
     def person_start(self) -> None:
-        """A person's start (the CLI) so that the next cycle begins serving."""
-        c = self.engine()
-        if c is not None:
-            self.cli("engine", "stop", timeout=120)
-        r = self.cli("engine", "start", "--profile", self.profile, timeout=180)
-        if self.wait_serving(60) is None:
+        """A person's start (the CLI) so that the next cycle begins serving; when the panel still refuses or does
+        not serve, the person restarts the panel (counted: `panel_restarts`) and starts again."""
+        for attempt in range(3):
+            if self.engine() is not None:
+                self.cli("engine", "stop", timeout=120)
+            r = self.cli("engine", "start", "--profile", self.profile, timeout=180)
+            if self.wait_serving(30) is not None:
+                return
             print(f"    a person's start did not bring serving back (rc {r.returncode}): "
                   f"{(r.stdout + r.stderr).strip()[-300:]}", flush=True)
+            if attempt == 1:
+                self.panel_restarts += 1
+                print("    so the person restarts the panel", flush=True)
+                self.stop_panel()
+                self.start_panel()
+
+    def stop_panel(self) -> None:
+        if self.panel is None or self.panel.poll() is not None:
+            return
+        try:
+            os.killpg(self.panel.pid, signal.SIGTERM)
+            self.panel.wait(30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.panel.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.panel.wait()
 
     def cycle(self, i: int, kind: str) -> None:
         s = self.stats[kind]
@@ -586,10 +601,10 @@ class Chaos:
         for i, kind in enumerate(kinds):
             self.cycle(i, kind)
             if self.o.progress_file is not None:
-                rep = Report(self.stats, time.monotonic() - t0, self.notes)
+                rep = Report(self.stats, time.monotonic() - t0, self.notes, self.panel_restarts)
                 self.o.progress_file.write_text(f"after cycle {i + 1} of {len(kinds)}\n{rep.table()}\n"
                                                 + "".join(f"  not restored: {w}\n" for w in rep.healing_failures()))
-        return Report(self.stats, time.monotonic() - t0, self.notes)
+        return Report(self.stats, time.monotonic() - t0, self.notes, self.panel_restarts)
 
 
 def soak(opts: Options) -> Report:
