@@ -28,3 +28,5 @@ def test_stop_answers_while_a_docker_reply_is_held(docker_client, sim_image) -> 
             f"Stop waited for a Docker reply held 10 s by the proxy (it answered after {took:.1f} s)")
         assert rig.proxy.held() >= 1
         assert ticket.accepted, ticket.message
+        rig.proxy.set_delay(0)
+        assert ticket.wait(60), "the stop never finished once Docker answered promptly again"
