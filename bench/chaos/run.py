@@ -620,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycles", type=int, default=200)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--short", action="store_true",
-                    help="short faults (Docker away / port held 3-6 s, disk full 8 s) and a 40 s restore timeout: CI")
+                    help="short faults (Docker away / port held 10-12 s, disk full 8 s: each still outlasts the first backoff) and a 40 s restore timeout: CI")
     ap.add_argument("--restore-timeout-s", type=float, default=None)
     ap.add_argument("--observe-s", type=float, default=9.0)
     ap.add_argument("--progress-file", type=Path, default=None, help="rewrite the table there after every cycle")
@@ -630,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(cycles=args.cycles, seed=args.seed, observe_s=args.observe_s, restart_window_s=args.restart_window_s,
                    progress_file=args.progress_file)
     if args.short:
-        opts.away_s, opts.disk_s, opts.restore_timeout_s = (3.0, 6.0), (8.0, 8.0), 40.0
+        opts.away_s, opts.disk_s, opts.restore_timeout_s = (10.0, 12.0), (8.0, 8.0), 40.0
     if args.restore_timeout_s is not None:
         opts.restore_timeout_s = args.restore_timeout_s
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally blocks clean up

@@ -13,7 +13,8 @@ from bench.chaos.run import HEALING, KINDS, Options, soak
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_chaos_short_form_keeps_serving(docker_client, sim_image) -> None:
-    opts = Options(cycles=len(KINDS), seed=11, away_s=(3.0, 6.0), disk_s=(8.0, 8.0), restore_timeout_s=40.0,
+    # each fault outlasts the first restart's backoff (5 s): the restart meets Docker away, the port held, the disk full
+    opts = Options(cycles=len(KINDS), seed=11, away_s=(10.0, 12.0), disk_s=(8.0, 8.0), restore_timeout_s=40.0,
                    observe_s=8.0)
     report = soak(opts)
     print(report.table())
