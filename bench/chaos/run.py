@@ -620,7 +620,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycles", type=int, default=200)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--short", action="store_true",
-                    help="short faults (Docker away / port held 10-12 s, disk full 8 s: each still outlasts the first backoff) and a 40 s restore timeout: CI")
+                    help="shorter faults (Docker away / port held 10-12 s, disk full 8 s: each still outlasts the first "
+                         "backoff) and a 40 s restore timeout: the CI form")
     ap.add_argument("--restore-timeout-s", type=float, default=None)
     ap.add_argument("--observe-s", type=float, default=9.0)
     ap.add_argument("--progress-file", type=Path, default=None, help="rewrite the table there after every cycle")
