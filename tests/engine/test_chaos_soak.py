@@ -25,3 +25,11 @@ def test_chaos_short_form_keeps_serving(docker_client, sim_image) -> None:
     assert report.fought == 0
     assert report.answers_cut == 0
     assert all(report.stats[k].restored == report.stats[k].cycles for k in HEALING)
+
+
+def test_schedule_is_seeded_and_covers_every_fault_first() -> None:
+    from bench.chaos.run import schedule
+
+    a = schedule(200, 1)
+    assert a == schedule(200, 1) and a != schedule(200, 2)
+    assert len(a) == 200 and set(a[:len(KINDS)]) == set(KINDS)
