@@ -87,3 +87,29 @@ def test_delay_holds_the_reply_until_it_is_due(proxy: DockerProxy) -> None:
     assert proxy.held() == 0
     proxy.set_delay(0)
     assert c.ping() is True
+
+
+def test_a_hijacked_connection_passes_both_ways(proxy: DockerProxy, docker_client, sim_image) -> None:
+    """`docker exec -i` upgrades the HTTP connection to a raw stream (a hijack): stdin in, stdout back, EOF passed on."""
+    import socket as pysocket
+
+    box = docker_client.containers.run(sim_image, entrypoint=["/usr/bin/python3.11", "-c", "import time; time.sleep(120)"],
+                                       command=[], detach=True, labels={"moet-test-proxy": str(os.getpid())})
+    try:
+        c = client_of(proxy, timeout=30)
+        code = "import sys; sys.stdout.write(sys.stdin.read().upper())"
+        ex = c.api.exec_create(box.id, ["/usr/bin/python3.11", "-c", code], stdin=True, stdout=True, stderr=False)
+        sock = c.api.exec_start(ex["Id"], socket=True)
+        raw = getattr(sock, "_sock", sock)
+        raw.sendall(b"through the proxy\n")
+        raw.shutdown(pysocket.SHUT_WR)  # EOF for the program's stdin: the proxy must pass the half-close on
+        raw.settimeout(20)
+        got = b""
+        while chunk := raw.recv(4096):
+            got += chunk
+        # multiplexed frames (8-byte headers) around the program's output
+        assert b"THROUGH THE PROXY" in got
+        raw.close()
+        c.close()
+    finally:
+        box.remove(force=True)
