@@ -192,6 +192,8 @@ class DockerProxy:
                         if writer.can_write_eof():
                             writer.write_eof()
                         return
+                    if writer.is_closing():  # the client gave up waiting (its own timeout): nothing reaches it
+                        return
                     writer.write(data)
                     await writer.drain()
                     self.delivered_total += 1
