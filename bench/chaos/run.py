@@ -103,6 +103,8 @@ class Report:
     wall_s: float
     notes: list[str]
     panel_restarts: int = 0
+    secrets_in_logs: int = -1  # occurrences of a known secret in the panel's logs (-1: not scanned)
+    decision_lines: int = 0  # operator-log lines with an action= (decisions)
 
     def healing_failures(self) -> list[str]:
         return [f"{k}: {w}" for k in HEALING for w in self.stats[k].not_restored]
@@ -121,7 +123,8 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not (self.healing_failures() or self.non_healing_restarts or self.fought or self.answers_cut)
+        return not (self.healing_failures() or self.non_healing_restarts or self.fought or self.answers_cut
+                    or self.secrets_in_logs > 0)
 
     def table(self) -> str:
         head = (f"{'fault kind':<18} {'cycles':>6} {'restored':>9} {'back p50':>9} {'back p95':>9} {'gave up':>8} "
@@ -149,6 +152,8 @@ class Report:
                     f"non-healing restarts {self.non_healing_restarts}, outside stops fought {self.fought}, "
                     f"answers cut {self.answers_cut} (goals 100 %, 0, 0, 0); the panel restarted by a person to "
                     f"serve again: {self.panel_restarts}")
+        rows.append(f"operator log: {self.decision_lines} decision lines; known secrets (keys, notify URL password, "
+                    f"HF token) in the panel's logs: {self.secrets_in_logs} (goal 0)")
         return "\n".join(rows)
 
 
@@ -189,7 +194,11 @@ class Chaos:
         text = text.replace("stop_grace_s = 10", "stop_grace_s = 5\ncanary_interval_s = 2\ncanary_timeout_s = 1")
         self.recipe.write_text(text)
         self.proxy = DockerProxy(self.home / "docker.sock").start()
+        # known secrets the logs must never show (docs/engine.md, "Chaos soak"): the keys, a notify URL's password
+        # (alerts go to a closed port), an HF token
+        self.secrets = [f"chaospw{os.getpid()}x", f"hf_chaos{os.getpid()}TokenNeverLogged"]
         self.env = {**panel_env(ROOT, self.home), "DOCKER_HOST": self.proxy.url,
+                    "MOET_PANEL_NOTIFY": f"json://chaos:{self.secrets[0]}@127.0.0.1:9/hook", "HF_TOKEN": self.secrets[1],
                     "MOET_CHAOS_RESTART_WINDOW_S": f"{opts.restart_window_s:g}", "MOET_SIM_REASONING_MODE": "none"}
         self.cli_base = [sys.executable, "-m", "app.cli.main", "--demo", "--recipe", str(self.recipe),
                          "--data-dir", str(self.data)]
@@ -283,6 +292,20 @@ class Chaos:
             self.notes.append("the restart window was not shortened (ControllerOptions not found): the cap may "
                               "give up on the soak's pace")
         return spawned
+
+    def scan_logs(self) -> tuple[int, int]:
+        """(secrets found, decision lines) over the panel's stderr logs and its operator log (panel.log*)."""
+        files = sorted(self.home.glob("panel-*.log")) + sorted((self.data / ".moet-panel").glob("panel.log*"))
+        found = decisions = 0
+        for f in files:
+            try:
+                text = f.read_text(errors="replace")
+            except OSError:
+                continue
+            found += sum(text.count(x) for x in [*self.secrets, *self.keys])
+            if f.name.startswith("panel.log"):
+                decisions += sum(1 for line in text.splitlines() if " action=" in line)
+        return found, decisions
 
     def panel_log_tail(self, n: int = 3000) -> str:
         return (self.home / f"panel-{self.panel_n}.log").read_text(errors="replace")[-n:]
@@ -610,7 +633,9 @@ class Chaos:
 def soak(opts: Options) -> Report:
     chaos = Chaos(opts)
     try:
-        return chaos.run()
+        report = chaos.run()
+        report.secrets_in_logs, report.decision_lines = chaos.scan_logs()
+        return report
     finally:
         chaos.close()
 

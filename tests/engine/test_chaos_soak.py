@@ -24,6 +24,7 @@ def test_chaos_short_form_keeps_serving(docker_client, sim_image) -> None:
     assert report.non_healing_restarts == 0
     assert report.fought == 0
     assert report.answers_cut == 0
+    assert report.secrets_in_logs == 0, "a key, the notify URL's password or the HF token reached a log"
     assert all(report.stats[k].restored == report.stats[k].cycles for k in HEALING)
 
 
