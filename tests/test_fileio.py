@@ -95,3 +95,25 @@ def test_text_is_written_as_utf8_and_a_secret_is_never_looser_than_its_mode(tmp_
     atomic_write(target, "hf_é\n", mode=0o600)
     assert target.read_text(encoding="utf-8") == "hf_é\n" and target.stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["token"]
+
+
+def test_a_lock_whose_note_cannot_be_written_is_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the chaos soak's disk-full fault: the note's write failed with ENOSPC and the flock stayed taken
+    by a descriptor nobody held, so every later start was refused until the panel ended."""
+    import errno
+    import os
+
+    from app.backend.files.atomic import PidLock
+
+    lock = PidLock(tmp_path / "engine.lock")
+    real = os.pwrite
+
+    def full(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError):
+        lock.acquire()
+    monkeypatch.setattr(os, "pwrite", real)
+    assert not lock.held and lock.holder() is None  # nobody holds it: the next try can take it
+    assert PidLock(tmp_path / "engine.lock").acquire().held

@@ -146,6 +146,12 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     else:
         for g in fleet.gpus:  # each GPU's drain waits for the gateway's answers on that GPU
             fleet.controller(g).add_answer_counter(_GpuAnswers(gateway, g))
+    # the same answers, for a stop or switch another process makes (a CLI switch drains them too)
+    from app.backend.engine.answers import AnswersPublisher
+
+    publisher = AnswersPublisher(settings.ensure_state_dir(), [chat, gateway])
+    publisher.start()
+    state.on_close(publisher.close)
     state.on_close(gateway.close)
     gateway.restore()
     # Alerts to a person: woken by the engine's change events, sent on the notifier's own thread.

@@ -43,7 +43,7 @@ def slow_docker_rig(home: Path, resync_s: float = 0.5) -> Iterator[Rig]:
     from app.backend.engine.controller import ControllerOptions, EngineController
     from app.backend.engine.docker_runtime import DockerRuntime
     from app.backend.recipe import SIMULATED_RECIPE, load_recipe
-    from app.backend.settings import Settings
+    from app.backend.config.settings import Settings
     from app.backend.simengine.image import content_tag, ensure_image
 
     real = docker.from_env(timeout=30)
@@ -59,7 +59,7 @@ def slow_docker_rig(home: Path, resync_s: float = 0.5) -> Iterator[Rig]:
     settings = Settings(SIMULATED_RECIPE, r, home / "data", True)
     proxy = DockerProxy(home / "docker.sock").start()
     saved = os.environ.get("DOCKER_HOST")
-    os.environ["DOCKER_HOST"] = proxy.url  # app/backend/env.py reads it when the runtime makes its client
+    os.environ["DOCKER_HOST"] = proxy.url  # app/backend/config/env.py reads it when the runtime makes its client
     ctl = None
     try:
         opts = ControllerOptions(extra_env={"MOET_SIM_BOOT_S": "1"}, extra_labels={"moet-panel.test": "1"},

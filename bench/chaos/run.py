@@ -249,9 +249,9 @@ class Chaos:
 
     def _write_oom_profile(self) -> None:
         """A custom profile that fails with CUDA OOM at load (non-healing), saved the way the panel saves them."""
-        from app.backend.custom_profiles import knobs_of, make_custom_profile, save_custom_profile
+        from app.backend.profiles.custom import knobs_of, make_custom_profile, save_custom_profile
         from app.backend.recipe import load_recipe
-        from app.backend.settings import Settings
+        from app.backend.config.settings import Settings
 
         recipe = load_recipe(self.recipe)
         base = recipe.profile("quality")

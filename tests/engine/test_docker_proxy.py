@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.chaos.docker_proxy import DockerProxy
-from tests.engine.conftest import wait_until
+from tests.polling import wait_for
 
 docker = pytest.importorskip("docker")
 
@@ -43,10 +43,10 @@ def test_forwards_requests_and_a_long_event_stream(proxy: DockerProxy, docker_cl
     reader.start()
     made = docker_client.containers.create(sim_image, labels={"moet-test-proxy": str(os.getpid())})
     try:
-        wait_until(lambda: "create" in seen, 10, "the create event through the proxy's stream")
+        wait_for(lambda: "create" in seen, 10, "the create event through the proxy's stream")
     finally:
         made.remove(force=True)
-    wait_until(lambda: "destroy" in seen, 10, "the destroy event on the same stream")
+    wait_for(lambda: "destroy" in seen, 10, "the destroy event on the same stream")
     events.close()
     c.close()
 
@@ -65,7 +65,7 @@ def test_cut_refuses_and_drops_open_streams_and_restore_answers_again(proxy: Doc
         ended.set()
 
     threading.Thread(target=read, daemon=True).start()
-    wait_until(lambda: proxy.active() >= 1, 5, "the stream's connection")
+    wait_for(lambda: proxy.active() >= 1, 5, "the stream's connection")
     proxy.cut()
     assert not proxy.listening
     assert ended.wait(10), "an open event stream must end when Docker goes away"
@@ -81,7 +81,7 @@ def test_delay_holds_the_reply_until_it_is_due(proxy: DockerProxy) -> None:
     proxy.set_delay(3.0)
     done = threading.Event()
     threading.Thread(target=lambda: (c.ping(), done.set()), daemon=True).start()
-    wait_until(lambda: proxy.held() >= 1, 5, "the daemon's reply held by the proxy")
+    wait_for(lambda: proxy.held() >= 1, 5, "the daemon's reply held by the proxy")
     assert not done.is_set(), "the reply reached the client while the proxy still held it"
     assert done.wait(15), "the held reply was never delivered"
     assert proxy.held() == 0

@@ -319,7 +319,7 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
                     try:
                         self.oplock.acquire(self.options.actor, "stop")
                         have_lock = True
-                    except LockHeld as exc:
+                    except (LockHeld, OSError) as exc:  # OSError: a full disk cannot take the lock's note
                         return self._intent(self._refused("stop", None, str(exc)), "stopped", None, who)
                 self._cancel.set()
                 self._wake.set()

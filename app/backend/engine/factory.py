@@ -12,6 +12,7 @@ from typing import Callable
 
 from app.backend.profiles.registry import ProfileRegistry
 from app.backend.config import env
+from app.backend.engine.answers import OtherProcessAnswers
 from app.backend.engine.controller import EngineController
 from app.backend.engine.fleet import Fleet, build_fleet
 from app.backend.engine.ops import ControllerOptions
@@ -93,6 +94,8 @@ def make_engine_controller(settings: Settings, gpu_reader: GpuReader,
         ensure_image=ensure_sim_image,
         artifact_status=artifact_status_fn(settings),
     )
+    # answers another process on this data dir streams (the panel's, for a CLI switch): drained too
+    ctl.add_answer_counter(OtherProcessAnswers(settings.state_dir))
     return ctl
 
 

@@ -56,7 +56,7 @@ class Operations(Supervisor):
         try:
             if not have_lock:
                 self.oplock.acquire(self.options.actor, "stop")
-        except LockHeld as exc:  # another process took over between the cancelled op and this stop
+        except (LockHeld, OSError) as exc:  # another process took over meanwhile, or a full disk took the note
             ticket.ok, ticket.message = False, str(exc)
             with self._lock:
                 self._busy = None

@@ -90,6 +90,7 @@ class PidLock:
 
         Raises:
             LockBusy: held by another process or another instance (only without `wait`).
+            OSError: the note could not be written (a full disk); the lock is not held then.
         """
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -99,8 +100,12 @@ class PidLock:
             holder = os.read(fd, 4096).decode(errors="replace").strip()
             os.close(fd)
             raise LockBusy(holder) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (str(os.getpid()) if note is None else note).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (str(os.getpid()) if note is None else note).encode(), 0)
+        except OSError:  # a full disk (ENOSPC): let go, or this process would hold the lock, noteless, until it ends
+            os.close(fd)
+            raise
         self._fd = fd
         return self
 
