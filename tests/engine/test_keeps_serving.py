@@ -214,3 +214,18 @@ def test_a_switch_lets_a_streaming_answer_finish_whole(make_controller) -> None:
     assert ctl.snapshot().draining and ctl.snapshot().drain_deadline == deadline
     ctl.switch_now()
     assert stop.wait(30) and stop.ok and ctl.snapshot().state is EngineState.STOPPED
+
+
+def test_a_switch_from_another_process_is_not_an_outside_stop(make_controller, docker_client, sim_settings) -> None:
+    """Found by the chaos soak: a CLI switch stops the old engine before it boots the new one; the supervising
+    panel took that stop for an outside one and recorded "stopped", so the next crash was never restarted."""
+    panel = make_controller(**SUP)
+    assert panel.start("quality").wait(90) and _ready(panel)
+    cli = make_controller(actor="CLI")
+    assert cli.switch("balanced", who="cli").wait(120)
+    wait_for(lambda: _ready(panel, "balanced"), 60, "the panel follows the CLI's switch")
+    assert DesiredStore(sim_settings.state_dir).read().key == "serve:balanced"  # the CLI's wish stands
+    (c,) = panel_containers(docker_client, sim_settings.recipe.id)
+    c.kill()
+    wait_for(lambda: _ready(panel, "balanced") and panel.snapshot().container_id != c.id, 90,
+             "the panel restarts the crash on the profile the CLI chose")

@@ -156,6 +156,10 @@ class Supervisor(Core):
             self._env_tries = 0
         if self._busy is not None:
             return
+        if snap.state is EngineState.STOPPED and self.oplock.holder() is not None:
+            # another process operates the engine (a CLI switch stops the old one before it boots the new): that
+            # stop is its operation, not an outside stop to respect; decided once the lock is let go
+            return
         if desired is None or desired.kind == "stopped" or desired.profile_id is None:
             self._restart_due = None
             return
