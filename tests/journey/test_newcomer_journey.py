@@ -105,7 +105,7 @@ def _ask(page: Any, prompt: str, profile: str) -> str:
     page.fill("#chat-input textarea", prompt)
     page.keyboard.press("Enter")
     page.locator("#chat-bot .thought-group").last.wait_for()  # the thinking block appears
-    stats = page.locator("#chat-bot sub", has_text=re.compile(rf"^profile {profile} · TTFT"))
+    stats = page.locator("#chat-bot sub", has_text=re.compile(rf"^profile {profile} (?:· build \S+ )?· TTFT"))  # issue 45: the build
     _poll(lambda: stats.count() > 0 and page.locator("#chat-bot sub", has_text=re.compile(r"^profile ")).count() > before,
           f"the stats line tagged {profile}", timeout=90, page=page)
     return stats.last.inner_text()
@@ -223,7 +223,7 @@ def test_newcomer_journey(journey: tuple[str, AppState], browser: BrowserSession
 
     # Chat on `quality`, then the header shows pool coverage from the tick lines.
     line = _ask(page, "Explain what the FP4 recovery pool does, briefly.", "quality")
-    assert re.search(r"profile quality · TTFT \d+\.\d\d s · \d+\.\d tok/s · \d+→\d+ tokens", line), line
+    assert re.search(r"profile quality · build pin · TTFT \d+\.\d\d s · \d+\.\d tok/s · \d+→\d+ tokens", line), line
     browser.snap(page, "journey-04-chat-quality")
     _poll(lambda: re.search(r"POOL COVERAGE\s*\d+\.\d%", header.inner_text(), re.I), "pool coverage", page=page)
 
