@@ -179,3 +179,4 @@ def render(state: AppState, shell: Shell) -> None:
         return progress_html(p), gr.skip(), gr.skip(), gr.skip(), p
 
     shell.on_tick(_tick, [drawn, cand], [progress, table, cand, ev, drawn])
+    shell.version(service.progress)  # a build's progress moves the Engine tab's version (the page feed redraws it)
