@@ -3,13 +3,13 @@ setting changed from the page, an alert sent and resolved — and a repeating er
 
 from __future__ import annotations
 
-import asyncio
 import io
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 
+from tests.aio import run_async
 from app.backend import oplog
 
 
@@ -24,8 +24,8 @@ def test_failed_and_refused_logins_name_the_user_and_address(oplog_lines: io.Str
         return notes[-1]
 
     check = make_checker({"alice": hash_password("right")}, LoginGuard(throttle=throttle), note_of=note)
-    assert asyncio.run(check("alice", "wrong")) is False
-    assert asyncio.run(check("alice", "again")) is False  # paced beyond the horizon: refused unchecked
+    assert run_async(lambda: check("alice", "wrong")) is False
+    assert run_async(lambda: check("alice", "again")) is False  # paced beyond the horizon: refused unchecked
     lines = oplog_lines.getvalue().splitlines()
     assert any("action=login_failed who=user:alice" in ln and "address=192.0.2.7" in ln for ln in lines), lines
     assert any("action=login_refused who=user:alice" in ln and "reason=\"paced" in ln for ln in lines), lines

@@ -4,7 +4,6 @@ client (engine client, probes, canary, chat SDK, gateway upstream) reaches the S
 
 from __future__ import annotations
 
-import asyncio
 import io
 import os
 import shutil
@@ -17,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.aio import run_async
 from app.backend.chat.client import SamplingParams
 from app.backend.chat.snippets import curl_snippet, python_snippet
 from app.backend.engine import client as ec
@@ -168,7 +168,7 @@ def test_every_client_reaches_the_simulated_engine_on_its_socket_and_it_opens_no
             finally:
                 await pool.aclose()
 
-        status, body = asyncio.run(through_gateway())
+        status, body = run_async(through_gateway)
         assert status == 200 and server.config.served_name.encode() in body
         # its access lines carry no client address (as uvicorn's on a socket): still known as the panel's probes
         probes = [ln for ln in log.getvalue().splitlines() if '"GET /health' in ln]

@@ -4,21 +4,14 @@ resized when the running profile serves more or fewer sequences."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 
+from tests.aio import run_async
 from app.backend.gateway.fairqueue import FairQueue, QueueFull
 
 T = TypeVar("T")
-
-
-def _run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """asyncio.run on a thread of its own: a browser test earlier in the session may leave a loop running here."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: asyncio.run(main())).result(timeout=30)
 
 
 async def _settle() -> None:
@@ -43,7 +36,7 @@ def test_a_freed_slot_goes_to_the_key_served_least_recently_not_to_the_oldest_re
         assert q.busy == 0 and len(q) == 0
         return order
 
-    assert _run(main) == ["polite", "greedy", "greedy", "greedy"]
+    assert run_async(main) == ["polite", "greedy", "greedy", "greedy"]
 
 
 def test_bounded_and_a_cancelled_waiter_leaves_without_taking_a_slot() -> None:
@@ -60,7 +53,7 @@ def test_bounded_and_a_cancelled_waiter_leaves_without_taking_a_slot() -> None:
         q.release()
         assert q.busy == 0
 
-    _run(main)
+    run_async(main)
 
 
 def test_resizing_hands_new_slots_to_waiters_and_shrinks_as_requests_end() -> None:
@@ -81,4 +74,4 @@ def test_resizing_hands_new_slots_to_waiters_and_shrinks_as_requests_end() -> No
         await _settle()
         assert all(w.done() for w in waiters) and q.busy == 1
 
-    _run(main)
+    run_async(main)

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
-from collections.abc import Awaitable, Callable
 
 import pytest
 
+from tests.aio import run_async
 from app.backend.gateway.upstream import UpstreamError, UpstreamPool
 
 
@@ -61,25 +60,6 @@ class Engine:
         self.server.close()
 
 
-def run(coro: Callable[[], Awaitable[None]]) -> None:
-    """On a thread of its own: Playwright's sync API (the session's browser fixture) keeps a loop running on
-    the main thread, where asyncio.run() is refused."""
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            asyncio.run(asyncio.wait_for(coro(), 20))
-        except BaseException as exc:  # raised again in the test's thread
-            errors.append(exc)
-
-    t = threading.Thread(target=target)
-    t.start()
-    t.join(30)
-    assert not t.is_alive(), "the upstream test's loop did not finish within 30 s"
-    if errors:
-        raise errors[0]
-
-
 def test_kept_alive_connection_is_reused() -> None:
     async def go() -> None:
         engine = Engine()
@@ -92,7 +72,7 @@ def test_kept_alive_connection_is_reused() -> None:
             assert engine.connections == 1
         await pool.aclose()
 
-    run(go)
+    run_async(go, 20)
 
 
 def test_an_idle_connection_the_engine_closed_is_replaced() -> None:
@@ -108,7 +88,7 @@ def test_an_idle_connection_the_engine_closed_is_replaced() -> None:
             assert engine.connections == 3
         await pool.aclose()
 
-    run(go)
+    run_async(go, 20)
 
 
 def test_a_reader_that_leaves_mid_answer_closes_the_engine_connection() -> None:
@@ -126,7 +106,7 @@ def test_a_reader_that_leaves_mid_answer_closes_the_engine_connection() -> None:
             await asyncio.wait_for(engine.closed_by_client.wait(), 5)
         await pool.aclose()
 
-    run(go)
+    run_async(go, 20)
 
 
 def test_no_engine_is_an_upstream_error() -> None:
@@ -138,4 +118,4 @@ def test_no_engine_is_an_upstream_error() -> None:
             with pytest.raises(UpstreamError, match="cannot connect"):
                 await UpstreamPool().request(f"http://127.0.0.1:{port}", "GET", "/v1/models", {})
 
-        run(go)
+        run_async(go, 20)

@@ -7,6 +7,7 @@ import asyncio
 import json
 from typing import Any
 
+from tests.aio import run_async
 from app.backend.web.pagefeed import FeedRoute, Versions
 
 
@@ -36,7 +37,7 @@ def run_feed(route: FeedRoute, query: bytes, steps: list[Any]) -> list[dict[str,
         gone.set()
         await asyncio.wait_for(task, 5)
 
-    asyncio.run(main())
+    run_async(main)
     return [json.loads(b.decode()[len("data: "):]) for b in sent if b.startswith(b"data: ")]
 
 
