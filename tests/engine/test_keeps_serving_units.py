@@ -314,3 +314,26 @@ def test_an_operation_that_ends_makes_the_observer_read_docker_at_once(tmp_path:
     assert observer_reads.acquire(timeout=10)  # the constructor's read
     assert ctl.stop().wait(10)
     assert observer_reads.acquire(timeout=10), "the observer was not kicked when the stop ended"
+
+
+def test_the_pool_gate_reads_the_engines_own_log_before_calling_a_pool_missing() -> None:
+    """Found by the chaos soak on a loaded box: the log follower lagged past the 5 s grace, and a good engine was
+    stopped as "pool not loaded" (a non-healing class: the panel gave up). The container's own log decides."""
+    from app.backend.engine.boot import _tail_shows_pool
+    from app.backend.engine.runtime import RuntimeUnavailable
+
+    class Tail:
+        def __init__(self, lines: list[str], away: bool = False) -> None:
+            self.lines, self.away = lines, away
+
+        def tail_logs(self, ident: str, lines: int) -> list[tuple[str, str]]:
+            if self.away:
+                raise RuntimeUnavailable("Docker daemon unreachable")
+            return [("stdout", t) for t in self.lines]
+
+    sized = ("INFO 12-04 22:50:01 [moe_w2_delta.py:428] moe_w2 delta tier: 597 slots x 12.0 MiB (7.0 GiB pool)")
+    off = "INFO 12-04 22:50:01 [moe_w2_delta.py:428] moe_w2 delta tier: 0 slots x 12.0 MiB (0.0 GiB pool)"
+    assert _tail_shows_pool(Tail(["INFO starting", sized]), "c1")  # type: ignore[arg-type]
+    assert not _tail_shows_pool(Tail(["INFO starting", off]), "c1")  # type: ignore[arg-type]  # a real 0: not a lag
+    assert not _tail_shows_pool(Tail(["INFO starting"]), "c1")  # type: ignore[arg-type]
+    assert not _tail_shows_pool(Tail([], away=True), "c1")  # type: ignore[arg-type]  # said once, not raised

@@ -11,11 +11,14 @@ import time
 from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, slots_of
 from app.backend.engine import diagnosis as diag_mod
 from app.backend.engine import statemachine as sm
+from app.backend.engine.bootlog import message_of
 from app.backend.engine.builds import BUILD_LABEL, record_boot
 from app.backend.engine.core import Core
 from app.backend.engine.exits import explain_exit, is_failure
 from app.backend.engine.gpurelease import wait_gpu_release
+from app.backend.engine.errlog import ENGINE_ERRORS
 from app.backend.engine.inbox import Decide
+from app.backend.engine.loglines import pool_sizing
 from app.backend.engine.ops import expects_pool
 from app.backend.engine.preflight import PreflightInputs, PreflightReport, run_preflight
 from app.backend.engine.readiness import claim_listen_address, probe
@@ -123,6 +126,7 @@ class Boot(Core):
         want_pool = expects_pool(env, self.recipe.engine.pool_line)
         deadline = time.monotonic() + self.recipe.engine.boot_timeout_s
         pool_deadline: float | None = None
+        tail_read = False
         while not self._closed and not self._cancel.is_set() and _shows_booting(self._snap, inst.id):
             cur = rt.get(inst.id)
             if cur is None or not cur.running:
@@ -139,8 +143,16 @@ class Boot(Core):
                     # gone) when it reads the message
                     return self._propose(_if_booting(inst.id, sm.BecameReady(self._ready_message(want_pool))))[0]
                 pool_deadline = pool_deadline or time.monotonic() + self.options.pool_line_grace_s
-                if slots_of(prog.pool) == 0 or time.monotonic() > pool_deadline:
+                if slots_of(prog.pool) == 0:
                     return self._fail_and_stop(rt, inst, "pool_not_loaded")
+                if time.monotonic() > pool_deadline:
+                    if not tail_read and _tail_shows_pool(rt, inst.id):
+                        # the engine's own log has the line: the follower lags (a loaded box); wait for it to
+                        # catch up rather than stop a good engine as "pool not loaded" (found by the chaos soak)
+                        tail_read = True
+                        pool_deadline = time.monotonic() + 6 * self.options.pool_line_grace_s
+                    else:
+                        return self._fail_and_stop(rt, inst, "pool_not_loaded")
             if time.monotonic() > deadline:
                 return self._fail_and_stop(rt, inst, "boot_timeout")
             self._wake.wait(self.options.poll_interval_s)
@@ -248,3 +260,12 @@ def _if_booting(cid: str, event: sm.Event) -> Decide:
     """The rule of a boot gate's verdict: apply `event` only while the snapshot shows `cid` booting."""
     return lambda s: [event] if _shows_booting(s, cid) else []
 
+
+def _tail_shows_pool(rt: Runtime, cid: str, lines: int = 2000) -> bool:
+    """Whether the container's own log (not the follower's copy) has a pool sizing line with slots."""
+    try:
+        tail = rt.tail_logs(cid, lines)
+    except (RuntimeUnavailable, RuntimeOpError) as exc:
+        ENGINE_ERRORS.caught("reading the engine's log tail for its pool line", exc)
+        return False
+    return any((slots_of(pool_sizing(message_of(text))) or 0) > 0 for _, text in tail)
