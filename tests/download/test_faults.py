@@ -201,7 +201,8 @@ def test_a_segment_is_read_as_it_lands_not_once_it_is_whole(settings, hub, artif
     the part verifies; the tree is the reference's."""
     first = artifact.parts[0]
     hub.add_fault(first.name, Fault("stall", times=1, after_bytes=16 * 1024, covering=0))
-    hub.add_fault(first.name, Fault("stall", times=-1, after_bytes=0, stall_s=2.0, covering=0))
+    # its resumed range (from the first byte it lacks) stalls too, until the faults are cleared
+    hub.add_fault(first.name, Fault("stall", times=-1, after_bytes=0, stall_s=2.0, covering=16 * 1024))
     dest = tmp_path / "dest"
     with downloading(settings, hub, dest) as board:
         wait_for(lambda: board.snapshot() and board.snapshot()[0].decoded_bytes > 0, 20.0,

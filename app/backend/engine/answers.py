@@ -94,6 +94,6 @@ class AnswersPublisher:
 
     def close(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread.ident is not None:  # started
             self._thread.join(2)
         self._publish(0)
