@@ -4,12 +4,12 @@ setting changed from the page, an alert sent and resolved — and a repeating er
 from __future__ import annotations
 
 import io
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 
 from tests.aio import run_async
+from tests.polling import wait_for
 from app.backend import oplog
 
 
@@ -79,10 +79,7 @@ def test_a_failing_alert_source_is_logged_once_not_once_per_pass(oplog_lines: io
     before = oplog.error_counts().get("service", 0)
     svc = AlertService(_Notes(), telemetry=Broken(), period_s=0.001)  # type: ignore[arg-type]
     try:
-        end = time.monotonic() + 30
-        while calls[0] < 20:  # poll with a deadline: 20 passes of the alert loop
-            assert time.monotonic() < end, "the alert loop did not run"
-            time.sleep(0.01)
+        wait_for(lambda: calls[0] >= 20, 30, "20 passes of the alert loop")
     finally:
         svc.close()
     assert oplog_lines.getvalue().count("hub state torn") == 1
