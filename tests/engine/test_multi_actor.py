@@ -257,8 +257,14 @@ def test_stalled_engine_restarts_on_the_same_profile_when_asked(make_controller,
             pass
 
     threading.Thread(target=ask, daemon=True).start()
-    wait_for(lambda: ctl.snapshot().state is EngineState.READY and ctl.snapshot().container_id not in ("", first), 60,
-               "restarted")
+
+    def restarted_with_the_stall_shown() -> bool:
+        # the stall's diagnosis is noted just after the new run is ready (one event later): poll for both
+        snap = ctl.snapshot()
+        return (snap.state is EngineState.READY and snap.container_id not in ("", first)
+                and snap.diagnosis is not None)
+
+    wait_for(restarted_with_the_stall_shown, 60, "restarted, with the stall's diagnosis shown")
     snap = ctl.snapshot()
     assert snap.profile_id == "balanced" and snap.diagnosis is not None and snap.diagnosis.reason == "stalled"
     assert len(ctl.logs.runs()) >= 2  # the stalled run's log files are kept
