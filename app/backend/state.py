@@ -106,7 +106,10 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     engine.add_answer_counter(chat)  # a stop/switch lets the Chat tab's answers finish (docs/engine.md "Keeps serving")
     state.on_close(chat.close)
 
-    telemetry = state.telemetry = TelemetryHub(settings, engine=engine, gpu_reader=state.gpu, sim_card=sim_card)
+    # a box of several GPUs: the hub scrapes every GPU's engine too, for the per-GPU figures and plots
+    telemetry = state.telemetry = TelemetryHub(settings, engine=engine, gpu_reader=state.gpu, sim_card=sim_card,
+                                               more_engines={g: fleet.controller(g).snapshot for g in fleet.gpus[1:]},
+                                               gpu=fleet.gpus[0])
     telemetry.start()
     state.on_close(telemetry.close)
 

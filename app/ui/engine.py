@@ -59,21 +59,38 @@ def status_html(snap: EngineSnapshot, runtime: str, busy: str) -> str:
     return '<div id="engine-status-box" role="status" aria-live="polite">' + "<br>".join(r for r in rows if r) + "</div>"
 
 
-ONE_GPU, EVERY_GPU = "GPU 0", "every GPU"
+EVERY_GPU = "every GPU"
+
+
+def gpu_choice(gpu: int) -> str:
+    return f"GPU {gpu}"
+
+
+def scope_gpus(where: str | None, gpus: list[int]) -> list[int] | None:
+    """What "Apply to" names: every GPU (None: all, a switch then rolls), else the one GPU chosen."""
+    if where == EVERY_GPU:
+        return None
+    for g in gpus:
+        if where == gpu_choice(g):
+            return [g]
+    return [gpus[0]]
 
 
 def gpu_rows_html(rows: list[tuple[int, EngineSnapshot]], left_out: set[int]) -> str:
-    """A box of several GPUs: one row per GPU's engine (docs/engine.md "Several GPUs"); the controls above act on
-    GPU 0, `moet-panel engine … --gpu` on any."""
+    """A box of several GPUs: one row per GPU's engine (docs/engine.md "Several GPUs"), with what it says and
+    its last failure; "Apply to" above picks the GPU the buttons act on (`moet-panel engine … --gpu` too)."""
     cells = []
     for gpu, snap in rows:
         color = STATE_COLOURS[snap.state]
         note = " · left out of the gateway (measuring)" if gpu in left_out else ""
+        said = snap.diagnosis.title if snap.diagnosis is not None and snap.state is EngineState.FAILED else snap.message
         cells.append(
-            f'<tr data-testid="engine-gpu-row" data-gpu="{gpu}" data-state="{snap.state.value}">'
+            f'<tr data-testid="engine-gpu-row" data-gpu="{gpu}" data-state="{snap.state.value}"'
+            f' data-profile="{escape(snap.profile_id or "")}">'
             f"<td>GPU {gpu}</td><td><span style=\"color:{color};font-weight:700\">{snap.state.value}</span></td>"
-            f"<td>{escape(snap.profile_id or '-')}</td><td>{escape(snap.base_url or '-')}{note}</td></tr>")
-    return ('<table id="engine-gpus"><tr><th>GPU</th><th>state</th><th>profile</th><th>listens</th></tr>'
+            f"<td>{escape(snap.profile_id or '-')}{' · build ' + escape(snap.build) if snap.build else ''}</td>"
+            f"<td>{escape(snap.base_url or '-')}{note}</td><td>{escape(said[:160])}</td></tr>")
+    return ('<table id="engine-gpus"><tr><th>GPU</th><th>state</th><th>profile</th><th>listens</th><th>says</th></tr>'
             + "".join(cells) + "</table>")
 
 
@@ -149,11 +166,21 @@ def render(state: AppState, shell: Shell) -> None:
 
         gpus_box = gr.HTML(_gpu_rows(), elem_id="engine-gpus-box")
         shell.timer.tick(_gpu_rows, [], [gpus_box], **QUICK)
-    # what Start/Switch/Stop act on: GPU 0's engine, or every GPU's (a switch then rolls one GPU at a time)
-    scope = gr.Radio([ONE_GPU, EVERY_GPU], value=ONE_GPU, label="Apply to", elem_id="engine-scope", visible=multi)
+        gr.Markdown(f"The badge above, the diagnosis and the log below are GPU {fleet.gpus[0]}'s engine; the table "
+                    "shows every GPU's. `moet-panel engine logs --gpu N` prints another GPU's log.")
+    # what Start/Switch/Stop act on: one GPU's engine, or every GPU's (a switch then rolls one GPU at a time)
+    gpus = fleet.gpus if fleet is not None else [0]
+
+    def _controls(snap: EngineSnapshot, selected: str | None = None) -> tuple[bool, bool]:
+        # several GPUs: the buttons act on the GPU chosen in "Apply to", whose state GPU 0's badge does not show;
+        # each engine's controller refuses what cannot be done, with why (a row per GPU shows the states)
+        return (True, True) if multi else controls(snap, selected)
+
+    scope = gr.Radio([*map(gpu_choice, gpus), EVERY_GPU], value=gpu_choice(gpus[0]), label="Apply to",
+                     elem_id="engine-scope", visible=multi)
     with gr.Row():
         profile = gr.Radio(_choices(state.profiles.list()), value=initial, label="Profile", elem_id="engine-profile")
-    can_start, can_switch = controls(snap, initial)
+    can_start, can_switch = _controls(snap, initial)
     with gr.Row():
         start_btn = gr.Button("Start", variant="primary", elem_id="engine-start", interactive=can_start)
         switch_btn = gr.Button("Switch to selected profile", elem_id="engine-switch", interactive=can_switch)
@@ -182,20 +209,35 @@ def render(state: AppState, shell: Shell) -> None:
         logbox = gr.Textbox(_logs(ctl, "both", ""), lines=14, max_lines=14, label="Log", interactive=False,
                             autoscroll=True, elem_id="engine-log", elem_classes=["moet-code"])
 
+    def _target(where: str) -> tuple[list[int], bool]:
+        """(the GPUs the buttons act on, whether that is every GPU); a one-GPU box: GPU 0's engine, as before."""
+        if fleet is None or not multi:
+            return [gpus[0]], False
+        chosen = scope_gpus(where, fleet.gpus)
+        return (fleet.gpus, True) if chosen is None else (chosen, False)
+
+    def _ctl_of(g: int) -> EngineController:
+        return fleet.controller(g) if fleet is not None and multi else ctl
+
     def _start(pid: str, over: list[str], where: str, request: gr.Request) -> str:
-        if fleet is not None and multi and where == EVERY_GPU:
+        targets, _ = _target(where)
+        if fleet is not None and multi:
             return " · ".join(f"GPU {g}: {_ticket_text(t)}"
-                              for g, t in fleet.start(pid, fleet.gpus, tuple(over or ()), who=_who(request)))
+                              for g, t in fleet.start(pid, targets, tuple(over or ()), who=_who(request)))
         return _ticket_text(ctl.start(pid, tuple(over or ()), who=_who(request)))
 
     def _switch(pid: str, over: list[str], where: str, request: gr.Request) -> str:
-        if fleet is not None and multi and where == EVERY_GPU:
+        targets, every = _target(where)
+        if fleet is not None and every:
             return fleet.start_rolling_switch(pid, fleet.gpus, who=_who(request))
-        return _ticket_text(ctl.switch(pid, tuple(over or ()), who=_who(request)))
+        g = targets[0]
+        text = _ticket_text(_ctl_of(g).switch(pid, tuple(over or ()), who=_who(request)))
+        return f"GPU {g}: {text}" if multi else text
 
     def _stop(where: str, request: gr.Request) -> str:
-        if fleet is not None and multi and where == EVERY_GPU:
-            return " · ".join(f"GPU {g}: {_ticket_text(t)}" for g, t in fleet.stop(fleet.gpus, who=_who(request)))
+        targets, _ = _target(where)
+        if fleet is not None and multi:
+            return " · ".join(f"GPU {g}: {_ticket_text(t)}" for g, t in fleet.stop(targets, who=_who(request)))
         return _ticket_text(ctl.stop(who=_who(request)))
 
     def _now() -> str:
@@ -211,7 +253,7 @@ def render(state: AppState, shell: Shell) -> None:
                 gr.Accordion(open=True))
 
     def _select(pid: str) -> tuple[str, str, Any]:
-        return _cards(state, ctl, pid), _command(ctl, pid), gr.Button(interactive=controls(ctl.snapshot(), pid)[1])
+        return _cards(state, ctl, pid), _command(ctl, pid), gr.Button(interactive=_controls(ctl.snapshot(), pid)[1])
 
     def _lists(pid: str | None) -> tuple[Any, ...]:
         """The profile list as it is now (a custom profile saved since the page was built), the serving
@@ -223,7 +265,7 @@ def render(state: AppState, shell: Shell) -> None:
         choices = _choices(state.profiles.list())
         if pick == pid:  # no value, nor buttons: sent back always, they could undo a pick made meanwhile
             return gr.Radio(choices=choices), gr.skip(), gr.skip()
-        can_start, can_switch = controls(snap, pick)
+        can_start, can_switch = _controls(snap, pick)
         return gr.Radio(choices=choices, value=pick), gr.Button(interactive=can_start), gr.Button(interactive=can_switch)
 
     shell.on_load(_lists, [profile], [profile, start_btn, switch_btn])
@@ -265,7 +307,7 @@ def render(state: AppState, shell: Shell) -> None:
         # buttons that cannot act are disabled.
         live = bool(snap.profile_id) and snap.state is not EngineState.STOPPED
         # the selector moves to the serving profile, so Switch (to that same profile) has nothing to do
-        can_start, can_switch = controls(snap, snap.profile_id if live else None)
+        can_start, can_switch = _controls(snap, snap.profile_id if live else None)
         radio = gr.Radio(value=snap.profile_id) if live else gr.skip()
         return (*head, radio, "", gr.Button(interactive=can_start), gr.Button(interactive=can_switch), key, *tail)
 

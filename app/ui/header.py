@@ -56,19 +56,23 @@ def header_html(state: AppState, snap: EngineSnapshot | None, frame: TelemetryFr
 
 
 def gpus_cell(state: AppState, frame: TelemetryFrame | None) -> str:
-    """A box of several GPUs (docs/engine.md "Several GPUs"): every GPU's engine state, profile and VRAM (as
-    nvidia-smi shows it); "" on a one-GPU box. The Decode cell beside is GPU 0's engine."""
+    """A box of several GPUs (docs/engine.md "Several GPUs"): every GPU's engine state, profile, VRAM (as
+    nvidia-smi shows it) and decode speed; "" on a one-GPU box. The Decode cell beside is GPU 0's engine."""
     fleet = state.fleet
     if fleet is None or len(fleet.gpus) < 2:
         return ""
     vram = {g.index: g for g in (frame.gpus if frame is not None else ())}
+    speed = {e.gpu: e.decode_tok_s for e in (frame.per_gpu if frame is not None else ())}
     parts = []
     for r in fleet.rows():
         g = vram.get(r.gpu)
         mem = f" · {g.memory_in_use / GiB:.1f}/{g.memory_total / GiB:.0f} GiB" if g is not None else ""
-        parts.append(f'<span data-testid="hdr-gpu" data-gpu="{r.gpu}" data-state="{r.snapshot.state.value}">'
+        tok = speed.get(r.gpu)
+        tok_s = "" if tok is None or r.snapshot.state is not EngineState.READY else f" · {tok:.1f} tok/s"
+        parts.append(f'<span data-testid="hdr-gpu" data-gpu="{r.gpu}" data-state="{r.snapshot.state.value}"'
+                     f' data-decode="{"" if tok is None else f"{tok:.1f}"}">'
                      f'GPU {r.gpu} <span style="color:{STATE_COLOURS[r.snapshot.state]}">●</span> '
-                     f'{_e(r.snapshot.state.value)} {_e(r.snapshot.profile_id or "")}{mem}</span>')
+                     f'{_e(r.snapshot.state.value)} {_e(r.snapshot.profile_id or "")}{mem}{tok_s}</span>')
     return (f'<div style="{CELL}" data-testid="hdr-gpus"><span style="{LABEL}">GPUs</span>'
             f'<span style="font-size:12px">{"<br>".join(parts)}</span></div>')
 
@@ -98,7 +102,8 @@ def _engine_cell(state: AppState, snap: EngineSnapshot | None) -> str:
 def _telemetry_cells(frame: TelemetryFrame | None) -> str:
     tok = frame.decode_tok_s if frame is not None else None
     tok_s = "—" if tok is None else f"{tok:.1f}"
-    decode = (f'<div style="{CELL}" data-testid="hdr-decode" data-decode="{tok_s}"><span style="{LABEL}">Decode</span>'
+    which = f"Decode, GPU {frame.per_gpu[0].gpu}" if frame is not None and frame.per_gpu else "Decode"  # several GPUs
+    decode = (f'<div style="{CELL}" data-testid="hdr-decode" data-decode="{tok_s}"><span style="{LABEL}">{which}</span>'
               f'<span style="{VALUE}">{tok_s} tok/s</span></div>')
     cov = frame.coverage_pct if frame is not None else None
     if frame is not None and not frame.trace.understood:  # a build whose pool lines the parser cannot read

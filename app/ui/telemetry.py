@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import gradio as gr
@@ -16,7 +17,7 @@ from app.backend.alerts.rules import Alert
 from app.backend.telemetry.hub import TelemetryFrame
 from app.backend.contracts import EngineState
 from app.backend.telemetry.livefeed import DEFAULT_WINDOW, TelemetryStream
-from app.backend.telemetry.plotdata import PLOTS, WINDOWS, PlotSpec, Span, columns, events, spans
+from app.backend.telemetry.plotdata import PLOTS, WINDOWS, PlotSpec, Span, columns, events, plots_for, spans
 from app.backend.telemetry.timeline import TimelinePoint
 from app.backend.contracts import GiB
 from app.ui.shell import Shell
@@ -160,16 +161,17 @@ def render(state: AppState, shell: Shell) -> None:
     gr.HTML(shell.live("telemetry-alerts-live", lambda: alerts_html(hub.latest().alerts)), elem_id="telemetry-alerts-box")
     gr.HTML(shell.live("telemetry-details-live", lambda: details_html(hub.latest())), elem_id="telemetry-details-box")
     gr.HTML('<div id="telemetry-events-live"></div>', elem_id="telemetry-events-box")
-    gr.HTML(plots_html(), elem_id="telemetry-plots-box")
+    gr.HTML(plots_html(plots_for(hub.engine_gpus)), elem_id="telemetry-plots-box")
     shell.stream(lambda query: TelemetryStream(hub, query.get("window", DEFAULT_WINDOW), events_html))
 
 
-def plots_html() -> str:
+def plots_html(plots: Sequence[PlotSpec] = PLOTS) -> str:
     """The plots' frame: one box per PlotSpec (its label with title, unit and colours), filled by the page
-    script from the stream's rows (`plotdata.columns()` order: `data-cols` are this plot's columns)."""
-    cols = columns()
+    script from the stream's rows (`plotdata.columns()` order: `data-cols` are this plot's columns). A box of
+    several GPUs adds the per-GPU plots (`plotdata.plots_for`)."""
+    cols = columns(plots)
     boxes = []
-    for spec in PLOTS:
+    for spec in plots:
         idx = [i + 1 for i, (key, _) in enumerate(cols) if key == spec.key]
         meta = {"labels": [label for _, label in spec.series], "cols": idx, "unit": spec.y_title,
                 "colors": [PALETTE[i % len(PALETTE)] for i in range(len(spec.series))]}
@@ -183,8 +185,9 @@ def plots_html() -> str:
     return (f'<div id="telemetry-plots" style="display:flex;flex-wrap:wrap;gap:12px">{"".join(boxes)}</div>')
 
 
-PALETTE = ("#3182ce", "#dd6b20", "#38a169", "#805ad5")
-PALETTE_NAMES = ("blue", "orange", "green", "purple")
+# eight: a line per GPU on an 8-GPU box
+PALETTE = ("#3182ce", "#dd6b20", "#38a169", "#805ad5", "#d53f8c", "#319795", "#b7791f", "#4a5568")
+PALETTE_NAMES = ("blue", "orange", "green", "purple", "pink", "teal", "gold", "grey")
 
 
 def _colours(spec: PlotSpec) -> dict[str, str]:

@@ -20,7 +20,7 @@ def test_the_window_once_then_only_new_samples_and_the_band_when_it_changes() ->
     tl = Timeline()
     for i in range(10):
         tl.append(point(now - 20 + i))
-    hub = SimpleNamespace(timeline=tl, series=lambda window_s: tl.points(time.time() - window_s))
+    hub = SimpleNamespace(timeline=tl, series=lambda window_s: tl.points(time.time() - window_s), engine_gpus=[0])
     bands: list[int] = []
 
     def band(pts: list[TimelinePoint], window: tuple[float, float]) -> str:

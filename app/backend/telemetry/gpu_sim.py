@@ -52,7 +52,7 @@ class SimulatedGpuReader(ReaderStatus):
         self._feeds: dict[int, tuple[Callable[[], EngineSnapshot] | None, Callable[[], set[int]] | None]] = {
             0: (engine_snapshot_fn, engine_pids_fn)}
         self._errors = oplog.Once("telemetry")
-        self._load = 0.0  # 0..1 (decode busy → util up)
+        self._load: dict[int, float] = {}  # card index -> 0..1 (decode busy → util up)
         self._total = total_gib
         self._ready = ready_gib
         self._boot_s = max(boot_s, 0.1)
@@ -69,9 +69,10 @@ class SimulatedGpuReader(ReaderStatus):
         """Pretend to be this engine's GPU (card `index`): its lifecycle drives the VRAM, its process holds it."""
         self._feeds[index] = (engine.snapshot, engine.container_pids)
 
-    def set_load(self, fraction: float) -> None:
-        """How busy decoding is (0..1: measured decode speed / the card's); drives utilisation and power."""
-        self._load = min(max(fraction, 0.0), 1.0)
+    def set_load(self, fraction: float, index: int = 0) -> None:
+        """How busy decoding is on card `index` (0..1: measured decode speed / the card's); drives its
+        utilisation and power."""
+        self._load[index] = min(max(fraction, 0.0), 1.0)
 
     def _snapshot(self, index: int) -> EngineSnapshot:
         snapshot_fn = self._feeds.get(index, (None, None))[0]
@@ -106,8 +107,9 @@ class SimulatedGpuReader(ReaderStatus):
         snap = self._snapshot(index)
         pids_fn = self._feeds.get(index, (None, None))[1]
         in_use = self.vram_in_use_gib(snap, now)
-        busy = snap.state is EngineState.READY and self._load > 0.05
-        util = min(97.0, 20.0 + 77.0 * self._load) if busy else (35.0 if snap.state is EngineState.STARTING else 0.0)
+        load = self._load.get(index, 0.0)
+        busy = snap.state is EngineState.READY and load > 0.05
+        util = min(97.0, 20.0 + 77.0 * load) if busy else (35.0 if snap.state is EngineState.STARTING else 0.0)
         procs: tuple[GpuProcess, ...] = ()
         if in_use > 0.01:
             pids = sorted(pids_fn() if pids_fn else ()) or [4242 + index]

@@ -15,10 +15,11 @@ state band). The GPU, host and /metrics are sampled on the tick only: they are r
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,17 @@ SEED_LINES = 5000
 
 
 @dataclass(frozen=True)
+class GpuEngineFigures:
+    """One GPU's engine on a box of several (docs/engine.md "Several GPUs"): its state, profile and decode speed
+    (None while it does not serve), for the header's GPUs cell and the per-GPU plots."""
+
+    gpu: int
+    state: EngineState
+    profile: str
+    decode_tok_s: float | None = None
+
+
+@dataclass(frozen=True)
 class TelemetryFrame:
     """Everything sampled in one tick. Cheap to read; never mutated."""
 
@@ -62,6 +74,7 @@ class TelemetryFrame:
     trace: TraceSnapshot = field(default_factory=TraceSnapshot)
     metrics: MetricsSample | None = None
     alerts: tuple[Alert, ...] = ()
+    per_gpu: tuple[GpuEngineFigures, ...] = ()  # every GPU's engine on a box of several; () on a one-GPU box
 
     @property
     def vram_used_gib(self) -> float | None:
@@ -112,7 +125,11 @@ class TelemetryHub:
         host_sampler: HostSampler | None = None,
         engine_provider: Callable[[], EngineFeed | None] | None = None,
         sim_card: SimulatedGpuReader | None = None,
+        more_engines: dict[int, Callable[[], EngineSnapshot]] | None = None,
+        gpu: int = 0,
     ) -> None:
+        """`more_engines`: on a box of several GPUs, the snapshot of every other GPU's engine (GPU -> snapshot);
+        the hub scrapes each one's /metrics too, for the per-GPU decode figures. `gpu`: the attached engine's."""
         self.settings = settings
         self.interval_s = max(float(interval_s), 0.05)
         self.timeline = Timeline(capacity)
@@ -129,6 +146,10 @@ class TelemetryHub:
         self._sim_card = sim_card if gpu_reader is not None else (
             self._reader if isinstance(self._reader, SimulatedGpuReader) else None)
         self._scraper = scraper or MetricsScraper(timeout_s=min(1.0, self.interval_s))
+        self._gpu = gpu
+        self._more = dict(sorted((more_engines or {}).items()))
+        # one scraper per other GPU's engine: each keeps its own previous scrape (rates are per engine)
+        self._more_scrapers = {g: MetricsScraper(timeout_s=min(1.0, self.interval_s)) for g in self._more}
         self._host = host_sampler or HostSampler(settings.data_dir if settings is not None else None)
         self._parser = TraceParser()
         self._logq: deque[LogLine] = deque(maxlen=LOG_QUEUE_MAX)
@@ -158,6 +179,11 @@ class TelemetryHub:
             self.attach_engine(engine)
 
     # -- wiring ------------------------------------------------------------------------------
+    @property
+    def engine_gpus(self) -> list[int]:
+        """The GPUs whose engines this hub follows: [the attached engine's] on a one-GPU box."""
+        return sorted([self._gpu, *self._more])
+
     @property
     def gpu_reader(self) -> GpuReader:
         return self._reader
@@ -214,6 +240,8 @@ class TelemetryHub:
             self._db.close()
             self._db = None
         self._scraper.close()
+        for scraper in self._more_scrapers.values():
+            scraper.close()
         self._reader.close()
 
     def _run(self) -> None:
@@ -266,6 +294,7 @@ class TelemetryHub:
             gpus, gpu_error = self._read_gpus(snap)
             host = self._host.sample()
             metrics = self._scrape(snap)
+            per_gpu = self._scrape_more(snap, metrics)
             trace = self._parser.snapshot()
             self._track_traffic(metrics, trace)
             self._last_drift = (self.drift.update(now, snap.profile_id if snap else None,
@@ -275,7 +304,7 @@ class TelemetryHub:
             alerts = self._alerts(snap, gpus, host, metrics, trace, self._last_drift)
             self._seq += 1
             frame = TelemetryFrame(now, self._seq, snap, tuple(gpus), gpu_error,
-                                   self._reader.simulated, host, trace, metrics, tuple(alerts))
+                                   self._reader.simulated, host, trace, metrics, tuple(alerts), per_gpu)
             self._latest = frame
             self._record(frame)
             return frame
@@ -300,8 +329,11 @@ class TelemetryHub:
             drift = self._last_drift if _live(snap) else None
             alerts = self._alerts(snap, list(prev.gpus), prev.host, metrics, trace, drift)
             self._seq += 1
+            per_gpu = tuple(replace(f, state=snap.state, profile=snap.profile_id or "",
+                                    decode_tok_s=metrics.decode_tok_s if metrics else None)
+                            if f.gpu == self._gpu else f for f in prev.per_gpu)
             frame = TelemetryFrame(time.time(), self._seq, snap, prev.gpus, prev.gpu_error, prev.gpu_simulated,
-                                   prev.host, trace, metrics, tuple(alerts))
+                                   prev.host, trace, metrics, tuple(alerts), per_gpu)
             self._latest = frame
             if before is None or (before.state, before.profile_id) != (snap.state, snap.profile_id):
                 self._record(frame)
@@ -376,10 +408,35 @@ class TelemetryHub:
         if snap is None or not snap.is_ready or not snap.base_url:
             return None
         sample = self._scraper.scrape(snap.base_url)
+        self._feed_sim_card(snap, sample, self._gpu)
+        return sample
+
+    def _feed_sim_card(self, snap: EngineSnapshot, sample: MetricsSample, gpu: int) -> None:
         if self._sim_card is not None:
             expected = self._expected_decode(snap.profile_id) or 50.0
-            self._sim_card.set_load((sample.decode_tok_s or 0.0) / expected)
-        return sample
+            self._sim_card.set_load((sample.decode_tok_s or 0.0) / expected, gpu)
+
+    def _scrape_more(self, snap: EngineSnapshot | None, metrics: MetricsSample | None) -> tuple[GpuEngineFigures, ...]:
+        """Every GPU's engine figures on a box of several (() on a one-GPU box): the attached engine's from this
+        tick's scrape, each other GPU's engine's /metrics scraped here (an engine that does not serve: None)."""
+        if not self._more:
+            return ()
+        own = snap or EngineSnapshot()
+        out = {self._gpu: GpuEngineFigures(self._gpu, own.state, own.profile_id or "",
+                                           metrics.decode_tok_s if metrics is not None else None)}
+        for g, snapshot_fn in self._more.items():
+            try:
+                other = snapshot_fn()
+            except Exception as exc:  # that GPU's figures are left blank this tick
+                self._errors.caught(exc, f"reading GPU {g}'s engine snapshot")
+                other = EngineSnapshot()
+            decode = None
+            if other.is_ready and other.base_url:
+                sample = self._more_scrapers[g].scrape(other.base_url)
+                self._feed_sim_card(other, sample, g)
+                decode = sample.decode_tok_s
+            out[g] = GpuEngineFigures(g, other.state, other.profile_id or "", decode)
+        return tuple(out[g] for g in sorted(out))
 
     def _expected_decode(self, profile_id: str | None) -> float | None:
         if self.settings is None:
@@ -477,4 +534,20 @@ def point_from_frame(f: TelemetryFrame) -> TimelinePoint:
         waiting=m.waiting if m else None,
         cpu_pct=f.host.cpu_pct if f.host else None,
         ram_used_pct=f.host.ram_used_pct if f.host else None,
+        per_gpu=_per_gpu_json(f),
     )
+
+
+def _per_gpu_json(f: TelemetryFrame) -> str:
+    """The timeline's per-GPU figures (TimelinePoint.per_gpu): each engine's GPU, its VRAM as nvidia-smi shows
+    it, utilisation and decode speed; "" on a one-GPU box."""
+    if not f.per_gpu:
+        return ""
+    cards = {g.index: g for g in f.gpus}
+    out = []
+    for e in f.per_gpu:
+        g = cards.get(e.gpu)
+        vram = round(g.memory_in_use / GiB, 3) if g is not None else None
+        util = g.util_gpu if g is not None else None
+        out.append([e.gpu, vram, util, None if e.decode_tok_s is None else round(e.decode_tok_s, 2)])
+    return json.dumps(out, separators=(",", ":"))

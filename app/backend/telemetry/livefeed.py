@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 from app.backend.telemetry.hub import TelemetryHub
-from app.backend.telemetry.plotdata import WINDOWS, gap_threshold, thin, wide
+from app.backend.telemetry.plotdata import WINDOWS, gap_threshold, plots_for, thin, wide
 from app.backend.telemetry.timeline import TimelinePoint
 
 DEFAULT_WINDOW = "15 min"
@@ -29,13 +29,14 @@ class TelemetryStream:
         self.window_pts: list[TimelinePoint] = []
         self.band_sent = ""
         self.gap = 5.0
+        self.plots = plots_for(hub.engine_gpus)  # a box of several GPUs: the per-GPU plots too
 
     def poll(self) -> dict[str, object] | None:
         part: dict[str, object] = {}
         if not self.started:  # the window once (thinned: a plot never holds more than ~300 points of it)
             window = thin(self.hub.series(self.window_s), THIN_TO)
             self.gap = gap_threshold(window)
-            part["plot"] = {"window_s": self.window_s, "reset": True, "rows": wide(window, gap=self.gap)}
+            part["plot"] = {"window_s": self.window_s, "reset": True, "rows": wide(window, gap=self.gap, plots=self.plots)}
             self.started = True
             new = window
         else:  # then only what is new
@@ -43,7 +44,7 @@ class TelemetryStream:
             new = [p for p in self.hub.timeline.points(since) if p.ts > since]
             if not new:
                 return None
-            part["plot"] = {"window_s": self.window_s, "reset": False, "rows": wide(new, self.last, gap=self.gap)}
+            part["plot"] = {"window_s": self.window_s, "reset": False, "rows": wide(new, self.last, gap=self.gap, plots=self.plots)}
             # the band's points: the window kept here (a long window is not read from SQLite each second)
             cut = time.time() - self.window_s
             window = [p for p in self.window_pts if p.ts >= cut] + new

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import pairwise
 from types import MappingProxyType
 
@@ -38,6 +41,37 @@ PLOTS: tuple[PlotSpec, ...] = (
     PlotSpec("requests", "Requests", "count", (("running", "running"), ("waiting", "waiting"))),
 )
 PLOTS_PER_ROW = 3
+# A box of several GPUs (docs/telemetry.md "Several GPUs"): these figures once more, one line per GPU's engine,
+# read from TimelinePoint.per_gpu (its entry order: gpu, then these). The plots above follow GPU 0's engine.
+PER_GPU = (("vram", "VRAM per GPU", "GiB", 1), ("util", "GPU utilisation per GPU", "%", 2),
+           ("decode", "Decode per GPU", "tok/s", 3))
+
+
+def plots_for(gpus: Sequence[int]) -> tuple[PlotSpec, ...]:
+    """The plots of a box with these engines' GPUs: PLOTS, plus one plot per PER_GPU figure with a line per GPU
+    when there are several (a per-GPU value is None while that GPU's engine does not serve, so no gating on GPU
+    0's state)."""
+    if len(gpus) < 2:
+        return PLOTS
+    return PLOTS + tuple(
+        PlotSpec(f"gpus_{key}", title, unit, tuple((f"gpu.{g}.{key}", f"GPU {g}") for g in gpus), engine_only=False)
+        for key, title, unit, _ in PER_GPU)
+
+
+@lru_cache(maxsize=4096)
+def _per_gpu(text: str) -> dict[tuple[int, str], float | None]:
+    """TimelinePoint.per_gpu parsed once per distinct text: (gpu, figure) -> value."""
+    out: dict[tuple[int, str], float | None] = {}
+    try:
+        entries = json.loads(text) if text else []
+    except ValueError:
+        return out
+    for entry in entries:
+        if isinstance(entry, list) and entry and isinstance(entry[0], int):
+            for key, _, _, i in PER_GPU:
+                v = entry[i] if i < len(entry) else None
+                out[(entry[0], key)] = float(v) if isinstance(v, (int, float)) else None
+    return out
 
 
 def thin(points: list[TimelinePoint], max_points: int = 300) -> list[TimelinePoint]:
@@ -49,6 +83,9 @@ def thin(points: list[TimelinePoint], max_points: int = 300) -> list[TimelinePoi
 
 
 def _value(p: TimelinePoint, name: str) -> float | None:
+    if name.startswith("gpu."):
+        _, gpu, key = name.split(".")
+        return _per_gpu(p.per_gpu).get((int(gpu), key))
     if name == "ttft_ms":
         return p.ttft_p50_s * 1000 if p.ttft_p50_s is not None else None
     value = getattr(p, name)
@@ -151,13 +188,13 @@ def events(points: list[TimelinePoint]) -> list[EngineEvent]:
     return out
 
 
-def columns() -> list[tuple[str, str]]:
-    """(plot key, series label) of every column after the time in `wide` rows, in PLOTS order."""
-    return [(spec.key, label) for spec in PLOTS for _, label in spec.series]
+def columns(plots: Sequence[PlotSpec] = PLOTS) -> list[tuple[str, str]]:
+    """(plot key, series label) of every column after the time in `wide` rows, in the plots' order."""
+    return [(spec.key, label) for spec in plots for _, label in spec.series]
 
 
 def wide(points: list[TimelinePoint], after: TimelinePoint | None = None,
-         gap: float | None = None) -> list[list[float | None]]:
+         gap: float | None = None, plots: Sequence[PlotSpec] = PLOTS) -> list[list[float | None]]:
     """One row per sample for the streamed plots (issue 42; docs/telemetry.md): [ts, then every plot's
     series in `columns()` order]; None where a figure has no value (an engine figure while the engine is not
     ready: a gap, as in `rows`). Where no sample came for longer than the gap threshold (the panel was down),
@@ -166,11 +203,12 @@ def wide(points: list[TimelinePoint], after: TimelinePoint | None = None,
     gap = gap if gap is not None else gap_threshold(points)
     out: list[list[float | None]] = []
     prev = after
+    width = len(columns(plots))
     for p in points:
         if prev is not None and p.ts - prev.ts > gap:
-            out.append([(prev.ts + p.ts) / 2, *([None] * len(columns()))])
+            out.append([(prev.ts + p.ts) / 2, *([None] * width)])
         row: list[float | None] = [p.ts]
-        for spec in PLOTS:
+        for spec in plots:
             live = not spec.engine_only or p.engine_state == "ready"
             row.extend(_value(p, name) if live else None for name, _ in spec.series)
         out.append(row)

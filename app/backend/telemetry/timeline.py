@@ -13,6 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from app.backend.files.modes import create_private
 
@@ -43,9 +44,15 @@ class TimelinePoint:
     waiting: float | None = None
     cpu_pct: float | None = None
     ram_used_pct: float | None = None
+    # a box of several GPUs (docs/telemetry.md "Several GPUs"): JSON [[gpu, VRAM used GiB, util %, decode tok/s],
+    # ...], one entry per GPU; "" on a one-GPU box (its figures are the fields above). Text: SQLite keeps it as is.
+    per_gpu: str = ""
 
 
 FIELDS = tuple(f.name for f in fields(TimelinePoint))
+TEXT_FIELDS = frozenset({"profile", "engine_state", "per_gpu"})
+
+
 class Timeline:
     """Thread-safe ring buffer of TimelinePoints, oldest first."""
 
@@ -89,11 +96,16 @@ class TimelineDB:
         self._retention = retention_s
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False)
-        cols = ", ".join(f"{n} {'TEXT' if n in ('profile', 'engine_state') else 'REAL'}" for n in FIELDS)
+        cols = ", ".join(f"{n} {_sql_type(n)}" for n in FIELDS)
         with self._lock, self._db:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"CREATE TABLE IF NOT EXISTS points ({cols})")
             self._db.execute("CREATE INDEX IF NOT EXISTS points_ts ON points(ts)")
+            # a history written by an older panel lacks the newer columns: add them (old rows read as empty)
+            have = {row[1] for row in self._db.execute("PRAGMA table_info(points)")}
+            for n in FIELDS:
+                if n not in have:
+                    self._db.execute(f"ALTER TABLE points ADD COLUMN {n} {_sql_type(n)}")
 
     def insert(self, points: list[TimelinePoint]) -> None:
         if not points:
@@ -112,8 +124,19 @@ class TimelineDB:
                 f"SELECT {', '.join(FIELDS)} FROM points WHERE ts >= ? AND ts <= ? ORDER BY ts", (since, until)
             ).fetchall()
         step = max(1, len(rows) // max_points + (1 if len(rows) % max_points else 0)) if len(rows) > max_points else 1
-        return [TimelinePoint(*r) for r in rows[::step]]
+        # a row written before a column was added reads None there: the text fields' empty value instead
+        return [_point(r) for r in rows[::step]]
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _sql_type(name: str) -> str:
+    return "TEXT" if name in TEXT_FIELDS else "REAL"
+
+
+def _point(row: tuple[Any, ...]) -> TimelinePoint:
+    """A row as a point; a row written before a column was added reads None there: a text field's "" instead."""
+    values: dict[str, Any] = {n: ("" if v is None and n in TEXT_FIELDS else v) for n, v in zip(FIELDS, row, strict=True)}
+    return TimelinePoint(**values)
