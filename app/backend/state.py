@@ -116,14 +116,22 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # The self-test measures the serving profile; it never starts or stops the engine.
     # A box of several GPUs: GPU 0 (which the self-test measures) is left out of the gateway while it runs; the
     # other GPUs keep serving (docs/engine.md "Several GPUs").
+    multi = len(fleet.gpus) > 1
     gpu0 = fleet.gpus[0]
-    measuring = ((lambda on: fleet.leave_out([gpu0], "self-test") if on else fleet.take_back([gpu0]))
-                 if len(fleet.gpus) > 1 else None)
-    selftest = state.selftest = SelfTestService(settings, engine, frame_fn=telemetry.latest, on_run=measuring,
-                                                gpu=gpu0 if len(fleet.gpus) > 1 else None)
+
+    def measuring(on: bool, gpu: int | None) -> None:
+        if gpu is not None:
+            fleet.leave_out([gpu], "self-test") if on else fleet.take_back([gpu])
+
+    selftest = state.selftest = SelfTestService(
+        settings, engine, frame_fn=telemetry.latest, on_run=measuring if multi else None, gpu=gpu0 if multi else None,
+        engines={g: fleet.controller(g) for g in fleet.gpus} if multi else None)
     telemetry.drift = DriftWatch(baseline_from(selftest.store, engine.profiles))
     state.on_close(selftest.cancel)
-    abtest = state.abtest = ABRunService(settings, engine)
+    # a box of several GPUs: a run may put A and B side by side on two GPUs (left out of the gateway meanwhile)
+    abtest = state.abtest = ABRunService(
+        settings, engine, engines={g: fleet.controller(g) for g in fleet.gpus} if multi else None,
+        on_gpus=(lambda on, gpus: fleet.leave_out(gpus, "blind A/B") if on else fleet.take_back(gpus)) if multi else None)
     state.on_close(abtest.cancel)  # finished answers stay journalled; resume continues
 
     # The API gateway: a process of its own, fed the engine's status on every change event; off until the

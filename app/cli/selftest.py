@@ -17,14 +17,18 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--decode-tokens", type=int, default=2000, help="tokens per decode run (default 2000)")
     p.add_argument("--needle", default="64k,256k", help="needle lengths, e.g. 64k,256k ('' = none)")
     p.add_argument("--ttft", default="1k,8k,32k", help="prompt lengths for TTFT ('' = none)")
+    p.add_argument("--gpu", metavar="N", help="a box of several GPUs: the GPU whose engine to measure (default 0); "
+                   "the others keep serving (docs/engine.md \"Several GPUs\")")
     p.add_argument("--build", metavar="ID", help="the engine build that must be serving (it is recorded as this "
                    "build's evidence; `moet-panel engine builds`)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.backend.engine.factory import make_engine_controller
-    from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
+    from app.backend.engine.factory import make_fleet
+    from app.backend.engine.fleet import GpuSelectionError, parse_gpus
+    from app.backend.engine.ops import ControllerOptions
+    from app.backend.telemetry.gpu import box_gpu_count, follow_engine, make_gpu_reader
     from app.backend.selftest.needle import parse_lengths
     from app.backend.selftest.report import to_json_text, to_markdown
     from app.backend.jobs import JobState
@@ -39,11 +43,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"moet-panel: {exc}", file=sys.stderr)
         return 2
     reader = make_gpu_reader(settings)
-    ctl = make_engine_controller(settings, reader)
-    follow_engine(reader, ctl)
+    fleet = make_fleet(settings, reader, box_gpu_count(reader), lambda gpu: ControllerOptions(actor="CLI"))
+    for g in fleet.gpus:
+        follow_engine(reader, fleet.controller(g), g)
     try:
-        svc = SelfTestService(settings, ctl)
-        if why := svc.check(args.profile, args.build):
+        try:
+            gpu = parse_gpus(args.gpu, fleet.gpus)[0] if args.gpu is not None else fleet.gpus[0]
+        except GpuSelectionError as exc:
+            print(f"moet-panel: {exc}", file=sys.stderr)
+            return 2
+        multi = len(fleet.gpus) > 1
+        svc = SelfTestService(settings, fleet.controller(fleet.gpus[0]), gpu=fleet.gpus[0] if multi else None,
+                              engines={g: fleet.controller(g) for g in fleet.gpus} if multi else None)
+        on = gpu if multi else None
+        if why := svc.check(args.profile, args.build, gpu=on):
             print(f"moet-panel: {why}", file=sys.stderr)
             return 1
         print(f"self-test of {args.profile}: about {svc.estimate_s(plan) / 60:.1f} min; Ctrl-C cancels",
@@ -55,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
                 last[0] = p.step
                 print(f"  {p.fraction:4.0%}  {p.step}", file=sys.stderr, flush=True)
 
-        p = svc.run_blocking(plan, show)
+        p = svc.run_blocking(plan, show, gpu=on)
     finally:
-        ctl.close()
+        fleet.close()
     if p.state is not JobState.DONE or p.result is None:
         print(f"moet-panel: self-test {p.state.value}: {p.message}", file=sys.stderr)
         return 130 if p.state is JobState.CANCELLED else 1

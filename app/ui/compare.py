@@ -13,6 +13,7 @@ from typing import Any
 
 import gradio as gr
 
+from app.backend import oplog
 from app.backend.abtest.chat_prompts import ChatHistory, history_of_service, pick_turns
 from app.backend.abtest.grading import (
     blind_pairs,
@@ -118,6 +119,14 @@ def render(state: AppState, shell: Shell) -> None:
         pb = gr.Dropdown(ids, value=ids[1] if len(ids) > 1 else ids[0], label="Profile B", elem_id="ab-b")
         seeds = gr.Textbox("42,43", label="Seeds", elem_id="ab-seeds")
         max_tokens = gr.Number(8192, label="Max tokens per answer", precision=0, minimum=16, elem_id="ab-max")
+    # a box of several GPUs (docs/engine.md "Several GPUs"): A and B side by side on two GPUs, at once and with no
+    # switch between them (the same GPU twice: A then B on it); those GPUs are left out of the gateway meanwhile
+    # and the others keep serving. Hidden on a one-GPU box.
+    gpu_names = [f"GPU {g}" for g in svc.gpus]
+    with gr.Row(visible=bool(gpu_names)):
+        ga = gr.Dropdown(gpu_names, value=gpu_names[0] if gpu_names else None, label="A runs on", elem_id="ab-gpu-a")
+        gb = gr.Dropdown(gpu_names, value=gpu_names[1] if len(gpu_names) > 1 else None, label="B runs on",
+                         elem_id="ab-gpu-b")
     with gr.Row():
         pasted = gr.Textbox(lines=4, label="Prompts (separate with a line holding only ---)", elem_id="ab-prompts")
         upload = gr.File(label="or import JSONL ({\"prompt\": ...} per line)", file_types=[".jsonl"], elem_id="ab-jsonl")
@@ -182,8 +191,15 @@ def render(state: AppState, shell: Shell) -> None:
         choices = turn_choices(history, conv_ids)
         return gr.CheckboxGroup(choices=choices, value=_keep(ticked, choices))
 
+    def on_gpus(a_on: str | None, b_on: str | None) -> tuple[int, int] | None:
+        """(A's GPU, B's GPU) from the "runs on" choices; None on a one-GPU box (the one engine, switching)."""
+        if not svc.gpus:
+            return None
+        by_name = {f"GPU {g}": g for g in svc.gpus}
+        return by_name.get(a_on or "", svc.gpus[0]), by_name.get(b_on or "", svc.gpus[0])
+
     def begin(a: str, b: str, text: str, file: str | None, sd: str, mt: float, keys: list[str] | None,
-              with_ctx: bool) -> tuple[Any, ...]:
+              with_ctx: bool, a_on: str | None, b_on: str | None, request: gr.Request) -> tuple[Any, ...]:
         try:
             prompts: list[str | Prompt] = list(parse_pasted(text))
             if file:
@@ -192,15 +208,15 @@ def render(state: AppState, shell: Shell) -> None:
                 prompts += [t.to_prompt(bool(with_ctx)) for t in pick_turns(history, list(keys))]
             seed_list = [int(s) for s in (sd or "").replace(" ", "").split(",") if s]
             spec = new_spec(a, b, prompts, seed_list, int(mt or 0))
-            svc.start(spec)
+            svc.start(spec, who=oplog.user(getattr(request, "username", None)), gpus=on_gpus(a_on, b_on))
         except ValueError as exc:
             return gr.skip(), _invalid(str(exc)), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         return gr.Dropdown(choices=_runs(svc), value=spec.run_id), *views(spec.run_id)
 
-    def do_resume(rid: str | None) -> str:
+    def do_resume(rid: str | None, a_on: str | None, b_on: str | None, request: gr.Request) -> str:
         try:
             if rid:
-                svc.resume(rid)
+                svc.resume(rid, who=oplog.user(getattr(request, "username", None)), gpus=on_gpus(a_on, b_on))
         except (ValueError, KeyError) as exc:
             return _invalid(str(exc))
         return progress_html(svc, rid)
@@ -277,13 +293,14 @@ def render(state: AppState, shell: Shell) -> None:
     refresh_in = [pa, pb, run_sel, chat_convs]
     shell.on_load(on_load, refresh_in, [pa, pb, run_sel, chat_convs, *view_out])
     shell.on_tab(TITLE, lists, refresh_in, [pa, pb, run_sel, chat_convs])
-    start.click(begin, [pa, pb, pasted, upload, seeds, max_tokens, chat_turns, chat_ctx], [run_sel, *view_out], **QUICK)
+    start.click(begin, [pa, pb, pasted, upload, seeds, max_tokens, chat_turns, chat_ctx, ga, gb], [run_sel, *view_out],
+                **QUICK)
     def do_cancel(rid: str | None) -> str:
         svc.cancel()
         return progress_html(svc, rid)
 
     cancel.click(do_cancel, [run_sel], [status], **QUICK)
-    resume.click(do_resume, [run_sel], [status], **QUICK)
+    resume.click(do_resume, [run_sel, ga, gb], [status], **QUICK)
     run_sel.change(lambda rid: (*views(rid), ""), [run_sel], [*view_out, revealed], **QUICK)
     for btn, which in ((b_left, "left"), (b_tie, "tie"), (b_right, "right")):
         btn.click(lambda rid, text, w=which: pick(w, rid, text), [run_sel, note], grade_out, **QUICK)

@@ -52,7 +52,9 @@ def _vram_cell(frame: TelemetryFrame | None) -> str:
 
 def header_html(state: AppState, snap: EngineSnapshot | None, frame: TelemetryFrame | None) -> str:
     """Pure formatting (tested without a browser)."""
-    return _strip(_engine_cell(state, snap), _telemetry_cells(frame) + gpus_cell(state, frame))
+    fleet = state.fleet
+    gpu = fleet.gpus[0] if fleet is not None and len(fleet.gpus) > 1 else None  # several GPUs: the cell's GPU
+    return _strip(_engine_cell(state, snap, gpu), _telemetry_cells(frame) + gpus_cell(state, frame))
 
 
 def gpus_cell(state: AppState, frame: TelemetryFrame | None) -> str:
@@ -83,10 +85,10 @@ def _strip(engine: str, telemetry: str) -> str:
             f"{engine}{telemetry}</div>")
 
 
-def _engine_cell(state: AppState, snap: EngineSnapshot | None) -> str:
+def _engine_cell(state: AppState, snap: EngineSnapshot | None, gpu: int | None = None) -> str:
     snap = snap or EngineSnapshot()
     colour = STATE_COLOURS[snap.state]
-    sim = " (SIMULATED)" if snap.simulated else ""
+    sim = (f", GPU {gpu}" if gpu is not None else "") + (" (SIMULATED)" if snap.simulated else "")
     phase = f" · {_e(snap.phase)}" if snap.phase and snap.state is not EngineState.READY else ""
     engine = (
         f'<div style="{CELL};min-width:200px" data-testid="hdr-engine" data-state="{snap.state.value}">'

@@ -11,6 +11,7 @@ from typing import Any
 
 import gradio as gr
 
+from app.backend import oplog
 from app.backend.selftest.needle import parse_lengths
 from app.backend.selftest.report import to_markdown
 from app.backend.contracts import EngineState
@@ -63,13 +64,24 @@ def _plan(profile: str, runs: float, tokens: float, needles: str) -> SelfTestPla
                         needle_lengths=tuple(parse_lengths(needles or "")))
 
 
-def status_html(svc: SelfTestService, profile: str, runs: float, tokens: float, needles: str) -> str:
-    return run_status(svc, profile, runs, tokens, needles)[0]
+def gpu_of(svc: SelfTestService, where: str | None) -> int | None:
+    """The GPU the "Measure on" choice names ("GPU 1"), None on a one-GPU box (the one engine)."""
+    for g in svc.gpus:
+        if where == f"GPU {g}":
+            return g
+    return svc.gpus[0] if svc.gpus else None
 
 
-def run_status(svc: SelfTestService, profile: str, runs: float, tokens: float, needles: str) -> tuple[str, bool]:
+def status_html(svc: SelfTestService, profile: str, runs: float, tokens: float, needles: str,
+                where: str | None = None) -> str:
+    return run_status(svc, profile, runs, tokens, needles, where)[0]
+
+
+def run_status(svc: SelfTestService, profile: str, runs: float, tokens: float, needles: str,
+               where: str | None = None) -> tuple[str, bool]:
     """The line above Run, and whether Run can act now: it is disabled exactly while that line says why not
-    (a run in progress, a plan that does not parse, an engine not serving this profile)."""
+    (a run in progress, a plan that does not parse, an engine not serving this profile). `where`: the GPU to
+    measure on a box of several ("GPU 1"); the other GPUs keep serving meanwhile."""
     p = svc.progress()
     if p.state is JobState.RUNNING:
         pct = int(p.fraction * 100)
@@ -79,18 +91,22 @@ def run_status(svc: SelfTestService, profile: str, runs: float, tokens: float, n
         est = svc.estimate_s(_plan(profile, runs, tokens, needles))
     except ValueError as exc:
         return f'<div id="st-progress" data-state="invalid" role="alert">{html.escape(str(exc))}</div>', False
-    why = svc.check(profile)
+    gpu = gpu_of(svc, where)
+    why = svc.check(profile, gpu=gpu)
     last = f"<br>last run: {html.escape(p.message)}" if p.state is not JobState.IDLE and p.profile_id == profile else ""
-    build = svc.engine.snapshot().build  # the build it measures (docs/engine.md "Upgrading the engine")
+    build = svc.engine_of(gpu).snapshot().build  # the build it measures (docs/engine.md "Upgrading the engine")
     on = f" on engine build {html.escape(build)}" if build else ""
+    if svc.gpus:
+        on += f" on GPU {gpu} (the gateway leaves it out meanwhile; the other GPUs keep serving)"
     ready = (f"ready to run{on}: about {est / 60:.1f} min" if not why else f"cannot run now: {html.escape(why)}")
     return f'<div id="st-progress" data-state="{p.state.value}">{ready}{last}</div>', not why
 
 
-def status_out(svc: SelfTestService, profile: str, runs: float, tokens: float, needles: str) -> tuple[Any, Any, Any]:
+def status_out(svc: SelfTestService, profile: str, runs: float, tokens: float, needles: str,
+               where: str | None = None) -> tuple[Any, Any, Any]:
     """(the line, the Run button, what the page now shows): every handler that redraws the line sends all three,
     so the timer's redraw (which skips what the page shows) never compares against a line another handler replaced."""
-    line, can = run_status(svc, profile, runs, tokens, needles)
+    line, can = run_status(svc, profile, runs, tokens, needles, where)
     return line, gr.Button(interactive=can), (line, can)
 
 
@@ -132,8 +148,13 @@ def render(state: AppState, shell: Shell) -> None:
         runs = gr.Number(3, label="Decode runs", precision=0, minimum=1, maximum=20, elem_id="st-runs")
         tokens = gr.Number(2000, label="Tokens per run", precision=0, minimum=16, elem_id="st-tokens")
         needles = gr.Textbox("64k,256k", label="Needle lengths", elem_id="st-needles")
-    inputs = [profile, runs, tokens, needles]
-    line0, can0 = run_status(svc, profile.value, 3, 2000, "64k,256k")
+    # a box of several GPUs (docs/engine.md "Several GPUs"): the GPU whose engine is measured; the gateway leaves
+    # it out meanwhile and the others keep serving. Hidden on a one-GPU box.
+    gpu_names = [f"GPU {g}" for g in svc.gpus]
+    where = gr.Radio(gpu_names or ["GPU 0"], value=(gpu_names or ["GPU 0"])[0], label="Measure on",
+                     elem_id="st-gpu", visible=bool(gpu_names))
+    inputs = [profile, runs, tokens, needles, where]
+    line0, can0 = run_status(svc, profile.value, 3, 2000, "64k,256k", where.value)
     status = gr.HTML(line0, elem_id="st-status")
     with gr.Row():
         run = gr.Button("Run self-test", variant="primary", elem_id="st-run", interactive=can0)
@@ -145,33 +166,33 @@ def render(state: AppState, shell: Shell) -> None:
     shown = gr.State(None)  # per browser tab: (the line, Run can act) the page shows; None after a (re)load
     status_outs = [status, run, shown]
 
-    def start(pid: str, n: float, t: float, nd: str) -> tuple[Any, ...]:
+    def start(pid: str, n: float, t: float, nd: str, at: str, request: gr.Request) -> tuple[Any, ...]:
         try:
-            svc.start(_plan(pid, n, t, nd))
+            svc.start(_plan(pid, n, t, nd), who=oplog.user(getattr(request, "username", None)), gpu=gpu_of(svc, at))
         except ValueError as exc:
             line = f'<div id="st-progress" data-state="invalid" role="alert">{html.escape(str(exc))}</div>'
             return line, gr.skip(), None
-        return status_out(svc, pid, n, t, nd)
+        return status_out(svc, pid, n, t, nd, at)
 
     run.click(start, inputs, status_outs, **QUICK)
-    def do_cancel(pid: str, n: float, t: float, nd: str) -> tuple[Any, ...]:
+    def do_cancel(pid: str, n: float, t: float, nd: str, at: str) -> tuple[Any, ...]:
         svc.cancel()
-        return status_out(svc, pid, n, t, nd)
+        return status_out(svc, pid, n, t, nd, at)
 
     cancel.click(do_cancel, inputs, status_outs, **QUICK)
     length.change(lambda name: preset_values(name), [length], [runs, tokens, needles], **QUICK)
-    for ev in (runs.change, tokens.change, needles.change):
+    for ev in (runs.change, tokens.change, needles.change, where.change):
         ev(lambda *a: status_out(svc, *a), inputs, status_outs, **QUICK)
     profile.change(lambda *a: (*status_out(svc, *a), result_md(svc, a[0]), *exports(svc, a[0])), inputs,
                    [*status_outs, result, dl_md, dl_json], **QUICK)
     seen = gr.State(JobState.IDLE.value)  # per browser session: the job state its page last drew
 
-    def on_load(pid: str | None, n: float, t: float, nd: str) -> tuple[Any, ...]:
+    def on_load(pid: str | None, n: float, t: float, nd: str, at: str) -> tuple[Any, ...]:
         """A page opened (or reloaded) long after it was built: profiles saved since, the serving profile
         as the default, its latest result and exports."""
         pick = default_profile(pid)
         return (gr.Dropdown(choices=registry.choices(), value=pick), figures_html(svc, registry.list()),
-                *status_out(svc, pick, n, t, nd), result_md(svc, pick), *exports(svc, pick))
+                *status_out(svc, pick, n, t, nd, at), result_md(svc, pick), *exports(svc, pick))
 
     def on_tab(pid: str | None) -> tuple[Any, ...]:
         # opened again: the image or a profile may have changed meanwhile. A self-test measures the profile
@@ -188,26 +209,30 @@ def render(state: AppState, shell: Shell) -> None:
     shell.on_load(on_load, inputs, [profile, figures, *status_outs, result, dl_md, dl_json])
     shell.on_tab(TITLE, on_tab, [profile], [profile, figures])
 
-    def redraw_status(pid: str, n: float, t: float, nd: str, drawn: Any) -> tuple[Any, Any, Any]:
+    def redraw_status(pid: str, n: float, t: float, nd: str, at: str, drawn: Any) -> tuple[Any, Any, Any]:
         """The line and the Run button as they are now (Run follows the engine becoming ready, or not), each
         sent only when it differs from what the page shows."""
-        line, can = run_status(svc, pid, n, t, nd)
+        line, can = run_status(svc, pid, n, t, nd, at)
         old_line, old_can = tuple(drawn) if drawn is not None else (None, None)
         return (gr.skip() if line == old_line else line, gr.skip() if can == old_can else gr.Button(interactive=can),
                 (line, can))
 
-    def tick(pid: str, n: float, t: float, nd: str, last: str, drawn: Any) -> tuple[Any, ...]:
+    def tick(pid: str, n: float, t: float, nd: str, at: str, last: str, drawn: Any) -> tuple[Any, ...]:
         p = svc.progress()
         now = p.state
         # a run started elsewhere (the Profiles card's "run it again", the CLI) for another profile: follow it
         follow = gr.Dropdown(value=p.profile_id) if now is JobState.RUNNING and p.profile_id != pid \
             and p.profile_id in registry.ids() else gr.skip()
         finished = last == JobState.RUNNING.value and now is not JobState.RUNNING
-        line, button, drawn_now = redraw_status(pid, n, t, nd, drawn)
+        line, button, drawn_now = redraw_status(pid, n, t, nd, at, drawn)
         if not finished:
             return line, button, drawn_now, follow, gr.skip(), gr.skip(), gr.skip(), gr.skip(), now.value
         return (line, button, drawn_now, follow, figures_html(svc, registry.list()), result_md(svc, pid),
                 *exports(svc, pid), now.value)
 
-    shell.version(lambda: (svc.progress(), shell.engine_now()[0]))
+    fleet = state.fleet
+    # the line says whether the chosen GPU's engine serves the profile: every GPU's state is part of what it shows
+    shell.version(lambda: (svc.progress(), shell.engine_now()[0],
+                           tuple((r.snapshot.state, r.snapshot.profile_id, r.snapshot.build) for r in fleet.rows())
+                           if fleet is not None and svc.gpus else ()))
     shell.on_tick(tick, inputs + [seen, shown], [*status_outs, profile, figures, result, dl_md, dl_json, seen])

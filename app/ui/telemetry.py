@@ -128,9 +128,14 @@ def details_html(frame: TelemetryFrame) -> str:
     else:
         parts.append("<b>Pool</b>: no pool lines from the engine yet")
     m = frame.metrics
+    whose = f", GPU {frame.per_gpu[0].gpu}'s engine" if frame.per_gpu else ""  # several GPUs: the pool and metrics
+    if frame.per_gpu:
+        parts.append("<b>Engines per GPU</b>: " + " · ".join(
+            f"GPU {e.gpu} {_e(e.state.value)} {_e(e.profile or '')} {_n(e.decode_tok_s, '{:.1f}', ' tok/s')}"
+            for e in frame.per_gpu))
     if m is not None:
         parts.append(
-            f"<b>Engine /metrics</b>: decode {_n(m.decode_tok_s, '{:.1f}', ' tok/s')} · prompt "
+            f"<b>Engine /metrics{whose}</b>: decode {_n(m.decode_tok_s, '{:.1f}', ' tok/s')} · prompt "
             f"{_n(m.prompt_tok_s, '{:.0f}', ' tok/s')} · TTFT p50/p95 {_n(m.ttft_p50_s, '{:.3f}')}/"
             f"{_n(m.ttft_p95_s, '{:.3f}', ' s')} · ITL p50/p95 {_n(m.itl_p50_s, '{:.3f}')}/{_n(m.itl_p95_s, '{:.3f}', ' s')}"
             f" · KV {_n(m.kv_usage_pct, '{:.1f}', '%')} · running {_n(m.running, '{:.0f}')} · waiting "

@@ -70,3 +70,31 @@ def test_a_and_b_generate_at_once_on_two_gpus_with_no_switch(tmp_path: Path) -> 
     st = Journal(settings.ensure_state_dir()).load(spec.run_id)
     assert st.generated == 8 and {g.text.split()[0] for g in st.gens.values() if g.side == "A"} == {"A"}
     assert {g.text.split()[0] for g in st.gens.values() if g.side == "B"} == {"B"}
+
+
+def test_the_panel_service_puts_a_run_on_the_gpus_it_names(tmp_path: Path) -> None:
+    """The Compare tab's "A runs on / B runs on": the service knows every GPU's engine and a run names two; those
+    GPUs are left out of the gateway while it runs (on_gpus), and a GPU not on the box is refused before anything
+    is journalled."""
+    a, b = Engine("quality", "unix:/s/a"), Engine("balanced", "unix:/s/b")
+    Probe.started = {"A": threading.Event(), "B": threading.Event()}
+    told: list[tuple[bool, tuple[int, ...]]] = []
+    settings = resolve_settings(SIMULATED_RECIPE, tmp_path, demo=True)
+    svc = ABRunService(settings, cast(EngineController, a), probe_factory=lambda url: cast(EngineProbe, Probe(url)),
+                       engines={0: cast(EngineController, a), 1: cast(EngineController, b)},
+                       on_gpus=lambda on, gpus: told.append((on, gpus)))
+    assert svc.gpus == [0, 1]
+    journal = Journal(settings.ensure_state_dir())
+    try:
+        svc.start(new_spec("quality", "balanced", ["one"], [1], 64), gpus=(0, 5))
+        raise AssertionError("GPU 5 is not on this box")
+    except ValueError as exc:
+        assert "GPUs 0 and 5" in str(exc) and "it has 0, 1" in str(exc)
+    assert journal.runs() == []  # refused before anything was journalled
+    spec = new_spec("quality", "balanced", ["one", "two"], [1], 64)
+    svc.start(spec, gpus=(0, 1))
+    p = svc.wait(30)
+    assert p.state is JobState.DONE, p.message
+    assert a.switches == b.switches == 0 and told == [(True, (0, 1)), (False, (0, 1))]
+    st = journal.load(spec.run_id)
+    assert {g.text.split()[0] for g in st.gens.values() if g.side == "B"} == {"B"}  # B's answers came from GPU 1

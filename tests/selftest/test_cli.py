@@ -23,6 +23,8 @@ def test_selftest_cli_json_and_refusal(make_controller, sim_settings, tmp_path, 
     assert "switch to speed first" in capsys.readouterr().err
     assert main(["selftest", *common, "--profile", "quality", "--needle", "64kb"]) == 2
     assert "not a number of tokens" in capsys.readouterr().err
+    assert main(["selftest", *common, "--profile", "quality", "--gpu", "3"]) == 2  # a one-GPU box has GPU 0 only
+    assert "GPU 3 is not one of this box's (0)" in capsys.readouterr().err
     rc = main(["selftest", *common, "--profile", "quality", "--runs", "2", "--decode-tokens", "60",
                "--needle", "64k", "--ttft", "", "--json"])
     out = capsys.readouterr()

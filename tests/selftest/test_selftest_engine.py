@@ -113,7 +113,7 @@ def test_a_run_tells_the_fleet_before_and_after(make_controller, sim_settings) -
     ctl = make_controller(extra_env=FAST_ENV)
     start_ready(ctl)
     told: list[bool] = []
-    svc = SelfTestService(sim_settings, ctl, on_run=told.append)
+    svc = SelfTestService(sim_settings, ctl, on_run=lambda on, gpu: told.append(on))
     svc.start(SelfTestPlan("quality", runs=3, decode_tokens=2000, ttft_lengths=(), needle_lengths=()))
     deadline = time.monotonic() + 30
     while not told and time.monotonic() < deadline:

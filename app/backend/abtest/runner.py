@@ -4,7 +4,9 @@ sequential), journalling each answer; `resume(run_id)` continues a run after a p
 On a box of several GPUs (docs/engine.md "Several GPUs") `engine_for` may put A and B on two GPUs' engines: then
 both sides generate at once, each on its own engine, with no switch between A and B at all (an engine switches
 only if it does not already serve its side's profile); `on_sides(True/False)` is told before and after, so the
-caller (the fleet) leaves those GPUs out of the gateway while they measure.
+caller (the fleet) leaves those GPUs out of the gateway while they measure. The panel's service knows every
+GPU's engine (`engines`) and a run names its two GPUs (`start(..., gpus=(A, B))`, the Compare tab's "side by
+side"); `on_gpus(True/False, gpus)` is then told instead.
 
 The engine is switched only through the controller's public API (`switch`, `snapshot`, `wait_for`).
 Answers are never truncated (the card's methodology note: clipping flipped a result): max_tokens is
@@ -16,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, replace
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable
 
 from app.backend import oplog
@@ -54,18 +57,44 @@ def split_side(side: str) -> tuple[str, str | None]:
 class ABRunService(BackgroundJob[ABProgress]):
     def __init__(self, settings: Settings, engine: EngineController, probe_factory: Callable[[str], EngineProbe] | None = None,
                  *, engine_for: Callable[[Side], EngineController] | None = None,
-                 on_sides: Callable[[bool], None] | None = None):
+                 on_sides: Callable[[bool], None] | None = None,
+                 engines: Mapping[int, EngineController] | None = None,
+                 on_gpus: Callable[[bool, tuple[int, ...]], None] | None = None):
         self.settings = settings
         self.engine = engine
         self._engine_for = engine_for or (lambda side: engine)
         self._on_sides = on_sides
+        self._engines = dict(engines or {})
+        self._on_gpus = on_gpus
         self._journal_lock = threading.Lock()  # two sides at once append to one journal
         self.journal = Journal(settings.ensure_state_dir())
         self._probe_factory = probe_factory or (lambda url: EngineProbe(url, settings.recipe.model.served_name,
                                                                         settings.recipe.sampling))
         super().__init__(ABProgress(), "abtest")
 
-    def start(self, spec: ABSpec, who: str = oplog.PAGE) -> ABProgress:
+    @property
+    def gpus(self) -> list[int]:
+        """The GPUs a run may put its sides on (a box of several); [] on a one-GPU box."""
+        return sorted(self._engines)
+
+    def _sides_on(self, gpus: tuple[int, int] | None) -> tuple[Callable[[Side], EngineController], Callable[[bool], None] | None]:
+        """(each side's engine, what to tell before and after both sides run at once) for a run on `gpus` (A's GPU,
+        B's GPU); None: the service's own. Raises ValueError for GPUs that are not two of this box's."""
+        if gpus is None:
+            return self._engine_for, self._on_sides
+        a, b = gpus
+        if a not in self._engines or b not in self._engines:
+            have = ", ".join(map(str, self.gpus)) or "one GPU"
+            raise ValueError(f"GPUs {a} and {b}: name GPUs of this box for A and B (it has {have})")
+        ea, eb = self._engines[a], self._engines[b]  # the same GPU twice: A then B on it, switching between
+        told = self._on_gpus
+        return (lambda side: ea if side == "A" else eb), (
+            (lambda on: told(on, tuple(sorted({a, b})))) if told is not None else None)
+
+    def start(self, spec: ABSpec, who: str = oplog.PAGE, gpus: tuple[int, int] | None = None) -> ABProgress:
+        """Journal a new run and generate it; `gpus` (A's GPU, B's GPU): on a box of several, both sides at once
+        on two GPUs' engines, with no switch between them (the other GPUs keep serving)."""
+        self._sides_on(gpus)  # refuse bad GPUs before anything is journalled
         known = {p.id for p in self.engine.profiles()}
         reg = builds.registry(self.settings)
         for side in (spec.profile_a, spec.profile_b):
@@ -80,26 +109,28 @@ class ABRunService(BackgroundJob[ABProgress]):
         if self.running():
             raise ValueError(ALREADY_RUNNING)
         self.journal.create(spec)
-        return self.resume(spec.run_id, who=who)
+        return self.resume(spec.run_id, who=who, gpus=gpus)
 
-    def resume(self, run_id: str, who: str = oplog.PAGE) -> ABProgress:
-        """Start or resume `run_id` in the background; `who`: who asked (the operator's log has start and end)."""
+    def resume(self, run_id: str, who: str = oplog.PAGE, gpus: tuple[int, int] | None = None) -> ABProgress:
+        """Start or resume `run_id` in the background; `who`: who asked (the operator's log has start and end);
+        `gpus`: as for `start`."""
         if self.running():
             raise ValueError(ALREADY_RUNNING)
+        pick, told = self._sides_on(gpus)
         st = self.journal.load(run_id)
         first = ABProgress(JobState.RUNNING, run_id, st.generated, st.total, step="starting", message="running")
-        if not self._launch(first, lambda: self._run(st, who)):
+        if not self._launch(first, lambda: self._run(st, who, pick, told)):
             raise ValueError(ALREADY_RUNNING)
         oplog.decision("abtest", "start", who=who, run=run_id, a=st.spec.profile_a, b=st.spec.profile_b,
-                       done=st.generated, total=st.total)
+                       done=st.generated, total=st.total, gpus=f"{gpus[0]},{gpus[1]}" if gpus else None)
         return self.progress()
 
-    def _side(self, st: RunState, side: Side, profile: str, t0: float, made: list[int]) -> None:
+    def _side(self, st: RunState, side: Side, profile: str, t0: float, made: list[int],
+              engine: EngineController) -> None:
         """Generate every missing answer of one side on that side's engine."""
         todo = st.missing(side)
         if not todo:
             return
-        engine = self._engine_for(side)
         self._ensure_profile(profile, engine)
         probe = self._probe_factory(engine.snapshot().base_url)
         for pid, seed in todo:
@@ -114,41 +145,42 @@ class ABRunService(BackgroundJob[ABProgress]):
                 per = (time.monotonic() - t0) / made[0]
                 self._set(replace(self.progress(), done=st.generated, eta_s=per * (st.total - st.generated)))
 
-    def _both_sides(self, st: RunState, t0: float, made: list[int]) -> None:
+    def _both_sides(self, st: RunState, t0: float, made: list[int], pick: Callable[[Side], EngineController]) -> None:
         """A and B on two engines at once (see the module docstring); the first failure is raised here."""
         errors: list[BaseException] = []
 
         def run(side: Side, profile: str) -> None:
             try:
-                self._side(st, side, profile, t0, made)
+                self._side(st, side, profile, t0, made, pick(side))
             except BaseException as exc:  # re-raised on the job thread below
                 errors.append(exc)
                 self._stop.set()  # the other side stops too: the journal keeps what was done
 
         threads = [threading.Thread(target=run, args=(side, profile), name=f"abtest-{side}", daemon=True)
                    for side, profile in (("A", st.spec.profile_a), ("B", st.spec.profile_b))]
-        if self._on_sides is not None:
-            self._on_sides(True)
-        try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        finally:
-            if self._on_sides is not None:
-                self._on_sides(False)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         if errors:
             raise next((e for e in errors if not isinstance(e, Cancelled)), errors[0])
 
-    def _run(self, st: RunState, who: str = oplog.PAGE) -> None:
+    def _run(self, st: RunState, who: str, pick: Callable[[Side], EngineController],
+             told: Callable[[bool], None] | None) -> None:
         t0, made_box = time.monotonic(), [0]
+        if told is not None:  # the GPUs measured are left out of the gateway meanwhile
+            told(True)
         try:
-            if self._engine_for("A") is not self._engine_for("B"):
-                self._both_sides(st, t0, made_box)
-            else:
-                sides: tuple[tuple[Side, str], ...] = (("A", st.spec.profile_a), ("B", st.spec.profile_b))
-                for side, profile in sides:
-                    self._side(st, side, profile, t0, made_box)
+            try:
+                if pick("A") is not pick("B"):
+                    self._both_sides(st, t0, made_box, pick)
+                else:
+                    sides: tuple[tuple[Side, str], ...] = (("A", st.spec.profile_a), ("B", st.spec.profile_b))
+                    for side, profile in sides:
+                        self._side(st, side, profile, t0, made_box, pick(side))
+            finally:  # back in the gateway before the run is said to be over
+                if told is not None:
+                    told(False)
             made = made_box[0]
             self._set(replace(self.progress(), state=JobState.DONE, step="done", eta_s=0.0,
                               message="all answers generated: grade them blind"))

@@ -12,11 +12,13 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, replace
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable
 
 from app.backend.profiles.registry import ProfileRegistry
 from app.backend import oplog
 from app.backend.engine import builds
+from app.backend.contracts import GiB
 from app.backend.jobs import BackgroundJob, JobState
 from app.backend.recipe.command import config_hash
 from app.backend.recipe.effective import EffectiveCommand
@@ -88,15 +90,18 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
 
     def __init__(self, settings: Settings, engine: EngineController, frame_fn: Callable[[], TelemetryFrame | None] | None = None,
                  probe_factory: Callable[[str], EngineProbe] | None = None,
-                 on_run: Callable[[bool], None] | None = None, gpu: int | None = None):
-        """`on_run(True/False)` is told before and after a run: on a box of several GPUs the fleet leaves this
-        engine's GPU out of the gateway meanwhile, so it measures undisturbed while the others serve
-        (docs/engine.md "Several GPUs")."""
+                 on_run: Callable[[bool, int | None], None] | None = None, gpu: int | None = None,
+                 engines: Mapping[int, EngineController] | None = None):
+        """`on_run(True/False, gpu)` is told before and after a run: on a box of several GPUs the fleet leaves
+        the measured GPU out of the gateway meanwhile, so it measures undisturbed while the others serve
+        (docs/engine.md "Several GPUs"). `engines`: every GPU's engine on such a box (a run may name its GPU);
+        `engine` and `gpu` are the one measured when a run names none."""
         self.settings = settings
         self.profiles = ProfileRegistry(settings)  # recipe + custom, re-read when the folder changes
         self.engine = engine
         self._on_run = on_run
         self._gpu = gpu  # the GPU of this engine on a box of several: each result names it
+        self._engines = dict(engines or {})
         self.frame_fn = frame_fn or (lambda: None)
         self.store = ResultsStore(settings.ensure_state_dir())
         self._probe_factory = probe_factory or self._default_probe
@@ -104,19 +109,31 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
 
     # --- public API -----------------------------------------------------------------------------------
 
-    def identity(self, profile_id: str) -> tuple[str, str]:
+    @property
+    def gpus(self) -> list[int]:
+        """The GPUs a run may name (a box of several); [] on a one-GPU box."""
+        return sorted(self._engines)
+
+    def engine_of(self, gpu: int | None) -> EngineController:
+        """The engine a run on `gpu` measures (None: the default one). Raises KeyError for a GPU not on the box."""
+        if gpu is None or (not self._engines and gpu == self._gpu):
+            return self.engine
+        return self._engines[gpu]
+
+    def identity(self, profile_id: str, gpu: int | None = None) -> tuple[str, str]:
         """(engine image id, recipe hash) of a profile now: the store's key besides profile and date.
 
         The image id is the content id the profile's image name resolves to (an image rebuilt under the
         same tag is a new engine), else the name when the runtime cannot say (no Docker, the SIMULATED
         process runtime)."""
         try:
-            spec = self.engine.run_spec(profile_id, build=self.engine.snapshot().build or None)
+            engine = self.engine_of(gpu)  # the GPU's own run spec (its `--gpus device=N`): what it measured
+            spec = engine.run_spec(profile_id, build=engine.snapshot().build or None)
             recipe_hash, image = config_hash(spec), spec.image
         except (KeyError, ValueError):
             return "", ""
         try:
-            rt = self.engine.runtime
+            rt = engine.runtime
             resolved = rt.image_id(image) if rt is not None else ""
         except Exception as exc:  # Docker unreachable: the name is a fine fallback key
             oplog.caught("selftest", exc, "resolving the engine image's id (the name is used instead)")
@@ -134,46 +151,59 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
     def standing(self, profile_id: str) -> Standing | None:
         """This box's latest result of a profile beside the card, and whether it still applies (None: never run)."""
         r = self.store.latest(profile_id)
-        return standing_of(r, *self.identity(profile_id)) if r is not None else None
+        if r is None:
+            return None
+        gpu = r.gpu if r.gpu is not None and r.gpu in self._engines else None  # the engine it measured
+        return standing_of(r, *self.identity(profile_id, gpu))
 
     def estimate_s(self, plan: SelfTestPlan) -> float:
         return sum(s.expect_s for s in plan_steps(plan, self._card_rate(plan.profile_id) or 50.0,
                                                   self._ctx(plan.profile_id)))
 
-    def check(self, profile_id: str, build: str | None = None) -> str:
-        """'' when a self-test of this profile (on `build`, when named) can run now, else what to do first."""
-        snap = self.engine.snapshot()
+    def check(self, profile_id: str, build: str | None = None, gpu: int | None = None) -> str:
+        """'' when a self-test of this profile (on `build`, when named; on `gpu`'s engine, when named) can run now,
+        else what to do first."""
+        try:
+            engine = self.engine_of(gpu)
+        except KeyError:
+            return f"GPU {gpu} is not one of this box's ({', '.join(map(str, self.gpus)) or 'one GPU'})"
+        on = f" on GPU {gpu}" if gpu is not None and self._engines else ""
+        snap = engine.snapshot()
         if build and snap.is_ready and snap.build != build:
             return (f"the engine serves build {snap.build or '?'}, not {build}: `moet-panel engine switch --profile "
                     f"{profile_id} --build {build}` first (the self-test never switches the engine)")
         if not snap.is_ready:
-            return f"the engine is {snap.state.value}: start profile {profile_id} first (the self-test never starts it)"
+            return (f"the engine{on} is {snap.state.value}: start profile {profile_id} first (the self-test never "
+                    "starts it)")
         if snap.profile_id != profile_id:
-            return (f"the engine serves profile {snap.profile_id}, not {profile_id}: switch to {profile_id} first "
+            return (f"the engine{on} serves profile {snap.profile_id}, not {profile_id}: switch to {profile_id} first "
                     "(the self-test never switches or restarts the engine)")
-        if self.engine.busy() is not None:
+        if engine.busy() is not None:
             return "the engine is busy with a start/stop/switch: wait for it"
         return ""
 
-    def start(self, plan: SelfTestPlan, who: str = oplog.PAGE) -> SelfTestProgress:
+    def start(self, plan: SelfTestPlan, who: str = oplog.PAGE, gpu: int | None = None) -> SelfTestProgress:
         """Start in the background; a refusal comes back as a FAILED progress with the reason. `who`: who asked
-        (the operator's log has the start and the end)."""
+        (the operator's log has the start and the end). `gpu`: on a box of several, the GPU whose engine to
+        measure (default: the service's); the others keep serving."""
         busy = replace(self.progress(), message="a self-test is already running: wait or cancel it")
         if self.running():
             return busy
-        if why := self.check(plan.profile_id):
+        if why := self.check(plan.profile_id, gpu=gpu):
             return SelfTestProgress(JobState.FAILED, plan.profile_id, message=f"refused: {why}")
         first = SelfTestProgress(JobState.RUNNING, plan.profile_id, "starting", 0.0, self.estimate_s(plan),
                                  message="running")
-        if not self._launch(first, lambda: self._run(plan, who)):
+        measured = self._gpu if gpu is None else gpu
+        if not self._launch(first, lambda: self._run(plan, who, measured)):
             return busy
-        oplog.decision("selftest", "start", who=who, profile=plan.profile_id)
+        oplog.decision("selftest", "start", who=who, profile=plan.profile_id,
+                       gpu=measured)
         return self.progress()
 
     def run_blocking(self, plan: SelfTestPlan, on_progress: Callable[[SelfTestProgress], None] | None = None,
-                     poll_s: float = 0.5) -> SelfTestProgress:
+                     poll_s: float = 0.5, gpu: int | None = None) -> SelfTestProgress:
         """For the CLI: start, report progress until finished (Ctrl-C cancels)."""
-        p = self.start(plan, who=oplog.CLI)
+        p = self.start(plan, who=oplog.CLI, gpu=gpu)
         if p.state is not JobState.RUNNING:
             return p
         try:
@@ -211,26 +241,27 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
         r = self.settings.recipe
         return EngineProbe(base_url, r.model.served_name, r.sampling)
 
-    def _run(self, plan: SelfTestPlan, who: str = oplog.PAGE) -> None:
+    def _run(self, plan: SelfTestPlan, who: str = oplog.PAGE, gpu: int | None = None) -> None:
         t0 = time.monotonic()
+        engine = self.engine_of(gpu)
         card = self._card_rate(plan.profile_id)
         ctx = self._ctx(plan.profile_id)
         steps = plan_steps(plan, card or 50.0, ctx)
         total = sum(s.expect_s for s in steps) or 1.0
-        image, rhash = self.identity(plan.profile_id)
+        image, rhash = self.identity(plan.profile_id, gpu)
         result = SelfTestResult(plan.profile_id, image, rhash, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                                bool(self.settings.recipe.simulated), card, plan=plan.to_dict(), gpu=self._gpu)
-        watch = _TelemetryWatch(self.frame_fn)
+                                bool(self.settings.recipe.simulated), card, plan=plan.to_dict(), gpu=gpu)
+        watch = _TelemetryWatch(self.frame_fn, gpu if self._engines else None, pool=gpu == self._gpu)
         watch.start()
-        probe = self._probe_factory(self.engine.snapshot().base_url)
+        probe = self._probe_factory(engine.snapshot().base_url)
         done_s = 0.0
         if self._on_run is not None:
-            self._on_run(True)
+            self._on_run(True, gpu)
         try:
             for step in steps:
                 if self._stop.is_set():
                     raise Cancelled()
-                if (why := self.check(plan.profile_id)):
+                if (why := self.check(plan.profile_id, gpu=gpu)):
                     raise RuntimeError(f"stopped: {why}")
                 self._set(replace(self.progress(), step=step.label, fraction=done_s / total,
                                   elapsed_s=time.monotonic() - t0))
@@ -238,7 +269,7 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
                 done_s += step.expect_s
             result.wall_s = time.monotonic() - t0
             result.telemetry = watch.stop()
-            result.build = self.engine.snapshot().build
+            result.build = engine.snapshot().build
             saved = self.store.save(result)
             self._evidence(result, saved.stem)
             self._set(replace(self.progress(), state=JobState.DONE, step="done", fraction=1.0,
@@ -257,7 +288,7 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
                          result="failed")
         finally:
             if self._on_run is not None:
-                self._on_run(False)
+                self._on_run(False, gpu)
 
     def _do(self, step: Step, plan: SelfTestPlan, probe: EngineProbe, result: SelfTestResult, ctx: int) -> None:
         if step.kind == "decode":
@@ -289,8 +320,12 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
 class _TelemetryWatch:
     """Samples the telemetry hub's latest frame once a second while the self-test runs."""
 
-    def __init__(self, frame_fn: Callable[[], TelemetryFrame | None]):
+    def __init__(self, frame_fn: Callable[[], TelemetryFrame | None], gpu: int | None = None, pool: bool = True):
+        """`gpu`: on a box of several, the measured GPU (the other cards' figures are not this run's); `pool`: the
+        hub's pool trace is this engine's (it follows one GPU's engine log)."""
         self._frame_fn = frame_fn
+        self._gpu = gpu
+        self._pool = pool
         self._stop = threading.Event()
         self._sum = TelemetrySummary()
         self._thread = threading.Thread(target=self._loop, name="selftest-telemetry", daemon=True)
@@ -325,20 +360,23 @@ class _TelemetryWatch:
         if f is None:
             return
         s = self._sum
-        if f.gpus:
-            used, total = f.vram_used_gib or 0.0, f.vram_total_gib or 0.0  # both known: the frame has GPUs
+        cards = [g for g in f.gpus if self._gpu is None or g.index == self._gpu]
+        if cards:
+            used, total = sum(g.memory_in_use for g in cards) / GiB, sum(g.memory_total for g in cards) / GiB
             s.vram_peak_gib = max(s.vram_peak_gib or 0.0, round(used, 2))
             s.vram_total_gib = round(total, 2)
-            clocks = [g.sm_clock_mhz for g in f.gpus if g.sm_clock_mhz]
+            clocks = [g.sm_clock_mhz for g in cards if g.sm_clock_mhz]
             if clocks:
                 s.sm_clock_min_mhz = min([s.sm_clock_min_mhz or clocks[0]] + clocks)
                 s.sm_clock_max_mhz = max([s.sm_clock_max_mhz or 0] + clocks)
-            for g in f.gpus:
+            for g in cards:
                 s.throttle_reasons = sorted(set(s.throttle_reasons) | set(g.throttle_reasons))
             if f.gpu_simulated:
                 s.gpu_note = "SIMULATED GPU (demo mode): not a real card"
         elif f.gpu_error:
             s.gpu_note = f.gpu_error
+        if not self._pool:
+            return
         if f.coverage_pct is not None:
             s.coverage_pct = round(f.coverage_pct, 1)
         if f.churn_per_s is not None:
