@@ -79,10 +79,18 @@ if [ ! -x "$UV" ]; then
     fi
   ) 9>"$UV_HOME.lock"
 fi
+# The panel's lock is resolved within the test lock (scripts/lock.sh: `-c requirements-test.lock`), so a venv
+# synced to the current test lock already holds the panel's exact pins: starting the panel then keeps the test
+# packages (a sync would remove them under a test run going on beside it).
+test_sig="$(cat "$ROOT/pyproject.toml" "$ROOT/requirements-test.lock" | sha256sum | cut -c1-16)"
+if [ "$WANT_TEST" != "test" ] && [ -f "$VENV/.moet-stamp-test" ] && [ "$(cat "$VENV/.moet-stamp-test")" = "$test_sig" ]; then
+  stamp="$VENV/.moet-stamp-test"; sig="$test_sig"
+fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$sig" ]; then
   echo "moet-panel setup: installing Python packages from $(basename "$lock")"
   "$UV" pip sync -q -p "$VENV/bin/python" --require-hashes "$lock"
   "$UV" pip install -q -p "$VENV/bin/python" --no-deps --no-build-isolation -e "$ROOT"
+  rm -f "$VENV/.moet-stamp" "$VENV/.moet-stamp-test"  # a sync to one lock leaves the other's packages stale
   echo "$sig" > "$stamp"
 fi
 # MOET_PANEL_SKIP_VLLM_VENV=1 skips the 6 GB install (for a quick pass with -m "not real_engine"; the tier then fails).

@@ -112,7 +112,9 @@ def render(state: AppState, shell: Shell) -> None:
     history = history_of_service(state.chat) if state.chat is not None else None
     gr.Markdown("Is the faster profile's quality cost visible on **your** work? Give prompts and seeds; the panel "
                 "answers each prompt × seed on A, switches the engine, answers them on B, then shows you the pairs "
-                "**blind** (sides shuffled, names hidden). The card: only extra seeds add real information.")
+                "**blind** (sides shuffled, names hidden). The card: only extra seeds add real information."
+                + (" On this box of several GPUs A and B can run **side by side** on two GPUs, at once and with no "
+                   "switch; the other GPUs keep serving." if svc.gpus else ""))
     ids = side_choices(state.settings, state.profiles.ids())  # PROFILE@BUILD sides too (docs/engine.md "Upgrading")
     with gr.Row():
         pa = gr.Dropdown(ids, value=ids[0], label="Profile A", elem_id="ab-a")
