@@ -48,3 +48,26 @@ def test_the_publisher_writes_on_change_and_zero_when_closed(tmp_path: Path) -> 
     finally:
         pub.close()
     assert store.read().count == 0  # type: ignore[union-attr]
+
+
+def test_a_drain_note_is_seen_from_another_live_process_only(tmp_path: Path) -> None:
+    import time
+
+    from app.backend.engine.drainnote import FILE as NOTE, DrainNote, DrainNotes
+
+    store = JsonStore(tmp_path / NOTE, DrainNote)
+    notes = DrainNotes(tmp_path)
+    assert notes.other() is None  # no note
+    store.write(DrainNote(os.getppid(), True, 2, time.time() + 60, 12.0))  # a CLI switch drains 2 answers
+    seen = notes.other()
+    assert seen is not None and (seen.in_flight, seen.expected_back_s) == (2, 12.0)
+    store.write(DrainNote(os.getppid(), False))  # its drain ended
+    assert notes.other() is None
+    store.write(DrainNote(os.getppid(), True, 1, time.time() - 60))  # long past its deadline: stale
+    assert notes.other() is None
+    notes.publish(True, 1, time.time() + 60)  # this process's own drain is its own
+    assert notes.other() is None
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store.write(DrainNote(dead.pid, True, 1, time.time() + 60))  # the CLI was killed mid-drain
+    assert notes.other() is None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from app.backend import oplog
 from app.backend.contracts import AnswerCounter
+from app.backend.files.atomic import pid_alive
 from app.backend.files.jsonstore import JsonStore
 
 FILE = "answers-in-flight.json"
@@ -32,16 +33,6 @@ class Published:
     at: float
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class OtherProcessAnswers:
     """contracts.AnswerCounter for the answers another live process on this data dir is streaming."""
 
@@ -50,7 +41,7 @@ class OtherProcessAnswers:
 
     def answers_in_flight(self) -> int:
         p = self._store.read()
-        if p is None or p.pid == os.getpid() or not _alive(p.pid):
+        if p is None or p.pid == os.getpid() or not pid_alive(p.pid):
             return 0
         return max(0, p.count)
 

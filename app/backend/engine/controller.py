@@ -31,6 +31,7 @@ from app.backend.engine.events import EngineChanged, EventBus, SnapshotWatch, Su
 from app.backend.engine.errlog import ErrorsOnce
 from app.backend.engine.exits import ExitRecords
 from app.backend.engine.following import LogFollower
+from app.backend.engine.drainnote import DrainNotes
 from app.backend.engine.history import SupervisionStore
 from app.backend.engine.inbox import Close, Inbox
 from app.backend.engine.livewatch import LivenessWatch
@@ -128,6 +129,7 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         # decides "stopped by the reboot"), when Docker was last unreachable and each run last seen running.
         self.desired_store = DesiredStore(own_dir)
         self.history = SupervisionStore(own_dir)
+        self.drain_notes = DrainNotes(own_dir)
         self._restart_due = None
         self._decided_for = None  # the failure already decided (container, since)
         self._last_exit = None

@@ -22,6 +22,7 @@ from app.backend.engine.errlog import ErrorsOnce
 from app.backend.engine.events import EventBus
 from app.backend.engine.exits import ExitRecords
 from app.backend.engine.following import LogFollower
+from app.backend.engine.drainnote import DrainNotes
 from app.backend.engine.history import SupervisionStore
 from app.backend.engine.inbox import Decide, Inbox
 from app.backend.engine.liveness import LivenessTracker
@@ -49,6 +50,7 @@ class Core:
     events: EventBus
     desired_store: DesiredStore
     history: SupervisionStore
+    drain_notes: DrainNotes  # this engine's drain, for the other processes (drainnote.py)
     canary_in_flight: threading.Event
     _runtime: Runtime | None
     _runtime_error: str

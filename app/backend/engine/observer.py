@@ -59,6 +59,7 @@ class Observer(Reconciler):
                 if msg is None or isinstance(msg, Kick):
                     if self.options.reattach and not self._closed:
                         self._reconcile()
+                        self._follow_outside_drain()
                         self._supervise()
                         next_sync = time.monotonic() + self.options.resync_s
                 else:
@@ -69,6 +70,23 @@ class Observer(Reconciler):
             if isinstance(left, (SyncForOp, Resync)):
                 left.reply.snap = self._snap
                 left.reply.done.set()
+
+    def _follow_outside_drain(self) -> None:
+        """Another process drains this engine (a CLI stop or switch, drainnote.py): the snapshot says `draining`
+        meanwhile, so this panel's gateway and Chat tab start no new answer on an engine about to stop; the note
+        gone (or its writer dead), the snapshot stops saying it. Never while this process runs an operation of
+        its own (its drain is its own)."""
+        if self._busy is not None or self._closed:
+            return
+        note = self.drain_notes.other()
+        snap = self._snap
+        if note is not None and snap.state in (EngineState.READY, EngineState.STALLED):
+            if (snap.draining, snap.drain_in_flight, snap.drain_deadline) != (True, note.in_flight, note.deadline):
+                ev = sm.Draining(True, note.in_flight, note.deadline, note.expected_back_s)
+                self._propose(lambda s: [ev] if self._busy is None and s.container_id == snap.container_id else [])
+        elif snap.draining:
+            done = sm.Draining(False, 0, 0.0, snap.expected_back_s)
+            self._propose(lambda s: [done] if self._busy is None and s.draining else [])
 
     def _serve(self, msg: Message) -> None:
         """An operation's SyncForOp or a refresh's Resync: read Docker now; errors go back to the asker."""

@@ -240,6 +240,14 @@ class Operations(Supervisor):
                 self._caught("counting the answers in flight", exc, traceback=True)
         return n
 
+    def _note_drain(self, draining: bool, in_flight: int = 0, deadline: float = 0.0, expected_back_s: float = 0.0) -> None:
+        """Tell the other processes on this data dir (a panel beside this CLI) that this engine drains, so their
+        gateway and Chat tab start no new answer on it meanwhile (drainnote.py)."""
+        try:
+            self.drain_notes.publish(draining, in_flight, deadline, expected_back_s)
+        except OSError as exc:  # a full disk: the drain goes on; the others then only see the engine go
+            self._caught("publishing the drain for other processes", exc)
+
     def _drain(self, ticket: Ticket, who: str, *, expected_back_s: float) -> None:
         """Wait, draining, until no answer is in flight, the grace ends, `switch_now()`, or a stop cancels."""
         self._drain_now.clear()
@@ -254,14 +262,19 @@ class Operations(Supervisor):
             deadline = min(deadline, self._drain_carry)
         self._drain_carry = 0.0
         self._apply(sm.Draining(True, n, deadline, expected_back_s))
+        self._note_drain(True, n, deadline, expected_back_s)
         oplog.decision("engine", "drain", who=who, op=ticket.action, in_flight=n, grace_s=grace)
-        while n > 0 and time.time() < deadline and not (self._drain_now.is_set() or self._cancel.is_set()
-                                                         or self._closed):
-            self._drain_now.wait(DRAIN_POLL_S)
-            m = self._answers_in_flight()
-            if m != n:
-                n = m
-                self._apply(sm.Draining(True, n, deadline, expected_back_s))
+        try:
+            while n > 0 and time.time() < deadline and not (self._drain_now.is_set() or self._cancel.is_set()
+                                                             or self._closed):
+                self._drain_now.wait(DRAIN_POLL_S)
+                m = self._answers_in_flight()
+                if m != n:
+                    n = m
+                    self._apply(sm.Draining(True, n, deadline, expected_back_s))
+                    self._note_drain(True, n, deadline, expected_back_s)
+        finally:
+            self._note_drain(False)
         ended = ("answers finished" if n == 0 else "switch now" if self._drain_now.is_set() else
                  "cancelled" if self._cancel.is_set() or self._closed else "grace ended")
         if ended == "cancelled":

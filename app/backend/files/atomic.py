@@ -60,6 +60,17 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id runs (another user's process counts: it is alive, if not ours)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class LockBusy(Exception):
     """Another process holds the lock; `holder` is the note it wrote into the file (its pid, or '')."""
 

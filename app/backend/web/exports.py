@@ -15,7 +15,7 @@ import re
 import shutil
 from pathlib import Path
 
-from app.backend.files.atomic import atomic_write
+from app.backend.files.atomic import atomic_write, pid_alive
 
 EXPORTS_SUBDIR = "exports"
 WEB_TEMP_PREFIX = "gradio-"
@@ -66,22 +66,12 @@ def copy_export(state_dir: Path, src: Path, name: str) -> Path:
     return path
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process with that id: not ours, but alive
-        return True
-    return True
-
-
 def sweep_web_temp_dirs(state_dir: Path) -> list[Path]:
     """Remove `gradio-<pid>` folders left by panels that died without closing; returns what was removed."""
     removed = []
     for d in Path(state_dir).glob(WEB_TEMP_PREFIX + "*"):
         pid = d.name[len(WEB_TEMP_PREFIX):]
-        if d.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if d.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
     return removed
