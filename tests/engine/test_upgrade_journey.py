@@ -18,7 +18,7 @@ NEXT_IMAGE = "moet-panel/sim-engine:next"
 @pytest.mark.slow
 @pytest.mark.docker
 def test_build_serve_measure_promote_rollback(docker_client, recipe_file: Path, sim_settings, sim_image, tmp_path,
-                                              capsys) -> None:
+                                              capsys, make_controller) -> None:
     text = recipe_file.read_text().replace('MOET_SIM_BOOT_S = "4"', 'MOET_SIM_BOOT_S = "1"')
     recipe_file.write_text(text)
     common = ["--recipe", str(recipe_file), "--data-dir", str(sim_settings.data_dir), "--demo"]
@@ -53,6 +53,15 @@ def test_build_serve_measure_promote_rollback(docker_client, recipe_file: Path, 
         assert "moe_w2 EXL3 v2: FP4 need-pool staging" in logs  # the newer build's log form...
         trace = json.loads(cli("engine", "status", "--json"))["trace"]
         assert trace["understood"] is True  # ...which the panel reads
+        # the candidate crashes: a panel's supervisor brings back the build that was asked for, not the current one
+        sup = make_controller(settings=resolve_settings(recipe_file, sim_settings.data_dir), supervise=True)
+        try:
+            crashed = eng["container_id"]
+            docker_client.containers.get(crashed).kill()
+            back = sup.wait_for(lambda s: s.is_ready and s.container_id not in ("", crashed), 90)
+            assert back.is_ready and back.build == "next", (back.state, back.build, back.message)
+        finally:
+            sup.close()
 
         # measure: a short self-test of the candidate, then an A/B pin vs candidate
         rc = main(["selftest", *common, "--profile", "quality", "--build", "next", "--runs", "1",

@@ -47,10 +47,11 @@ class Boot(Core):
         except (RuntimeUnavailable, RuntimeOpError):
             return False
 
-    def _boot_profile(self, profile_id: str) -> bool:
-        """Boot a profile the operation did not ask for (rollback, stall restart) from a spec built now."""
+    def _boot_profile(self, profile_id: str, build: str | None = None) -> bool:
+        """Boot a profile the operation did not ask for (rollback, stall restart, supervised restart) from a spec
+        built now, on `build` (None: the current build)."""
         try:
-            spec = self.run_spec(profile_id)
+            spec = self.run_spec(profile_id, build=build)
         except (KeyError, ValueError) as exc:  # e.g. the custom profile was deleted meanwhile
             d = diag_mod.HINTS["preflight_failed"]
             self._fail(Diagnosis(d.reason, d.title, str(exc), d.fix), f"cannot build {profile_id}: {exc}")

@@ -274,11 +274,11 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         (None: the current build)."""
         spec = self._spec_for("start", profile_id, build)
         if isinstance(spec, Ticket):
-            return self._intent(spec, "serve", profile_id, who)
+            return self._intent(spec, "serve", profile_id, who, build)
         if self.busy() is None and (why := self._already_live()):
-            return self._intent(self._refused("start", profile_id, why), "serve", profile_id, who)
+            return self._intent(self._refused("start", profile_id, why), "serve", profile_id, who, build)
         t = self._submit("start", profile_id, lambda t: self._op_start(t, profile_id, spec, frozenset(overrides)))
-        return self._intent(t, "serve", profile_id, who)
+        return self._intent(t, "serve", profile_id, who, build)
 
     def desired(self) -> Desired | None:
         """What should run, as recorded on disk by the last start/stop/switch of any panel or CLI."""
@@ -338,10 +338,10 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         the last ready one if it fails)."""
         spec = self._spec_for("switch", profile_id, build)
         if isinstance(spec, Ticket):
-            return self._intent(spec, "serve", profile_id, who)
+            return self._intent(spec, "serve", profile_id, who, build)
         t = self._submit("switch", profile_id,
                          lambda t: self._op_switch(t, profile_id, spec, frozenset(overrides), who))
-        return self._intent(t, "serve", profile_id, who)
+        return self._intent(t, "serve", profile_id, who, build)
 
     def close(self) -> None:
         """Stop the panel's threads. The engine keeps running (it outlives the panel)."""

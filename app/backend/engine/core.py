@@ -150,7 +150,7 @@ class Core:
     def _boot(self, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> bool:
         raise NotImplementedError
 
-    def _boot_profile(self, profile_id: str) -> bool:
+    def _boot_profile(self, profile_id: str, build: str | None = None) -> bool:
         raise NotImplementedError
 
     def _await_ready(self, rt: Runtime, inst: Instance, env: dict[str, str], *, watch_only: bool = False) -> bool:

@@ -25,6 +25,9 @@ class Desired:
     profile_id: str | None = None
     set_by: str = ""  # "panel", "CLI", "supervisor (stopped outside the panel)"
     since: float = 0.0
+    # the engine build asked for (`--build`, a candidate on some GPUs: docs/engine.md "Upgrading the engine");
+    # None: the current build. A supervised restart or a rollback brings back this build, not another.
+    build: str | None = None
 
     @property
     def key(self) -> str:
@@ -45,8 +48,9 @@ class DesiredStore:
             return None  # never set, or unreadable: nothing is brought back (the safe side)
         return d
 
-    def write(self, kind: DesiredKind, profile_id: str | None, set_by: str) -> Desired:
-        d = Desired(kind, profile_id if kind == "serve" else None, set_by, time.time())
+    def write(self, kind: DesiredKind, profile_id: str | None, set_by: str, build: str | None = None) -> Desired:
+        d = Desired(kind, profile_id if kind == "serve" else None, set_by, time.time(),
+                    build if kind == "serve" else None)
         try:
             self._store.write(d)
         except OSError as exc:  # an unwritable data dir: the operation itself still runs (preflight reports the dir)

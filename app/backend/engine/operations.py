@@ -32,7 +32,8 @@ DRAIN_POLL_S = 0.2
 
 
 class Operations(Supervisor):
-    def _intent(self, ticket: Ticket, kind: DesiredKind, profile_id: str | None, who: str) -> Ticket:
+    def _intent(self, ticket: Ticket, kind: DesiredKind, profile_id: str | None, who: str,
+                build: str | None = None) -> Ticket:
         """An accepted start/stop/switch is the user's intent: persist it (a refused one changes nothing) and log
         the decision with who asked. A new wish clears a give-up and restarts the cap (history.py), for every
         process on the data dir: the supervisor derives both from the wish's time."""
@@ -40,7 +41,7 @@ class Operations(Supervisor):
                        note=None if ticket.accepted else ticket.message)
         if ticket.accepted:
             with self._wish_lock:  # the supervisor never publishes what it read of the files before this wish
-                d = self.desired_store.write(kind, profile_id, self.options.actor)
+                d = self.desired_store.write(kind, profile_id, self.options.actor, build)
                 try:
                     self._apply(sm.Supervised(desired=d.key, gave_up=False, restart_try=0))
                 except ReconcilerTimeout as exc:  # the operation runs regardless; the supervisor re-reads the file
@@ -167,6 +168,7 @@ class Operations(Supervisor):
             ticket.ok, ticket.message = True, f"already serving {profile_id}"
             return "ok"
         rollback_to = snap.last_ready_profile
+        rollback_build = snap.build or None  # the build that served: a rollback brings back that one
         self._drain(ticket, who, expected_back_s=self.expected_boot_s(profile_id))
         if self._cancel.is_set():  # a stop came during the drain: it stops the engine; nothing to boot
             ticket.ok, ticket.message = False, f"switch to {profile_id} cancelled by stop"
@@ -185,12 +187,12 @@ class Operations(Supervisor):
             self._finish(ticket, False)
             return "failed"
         self._stop_and_release(f"rolling back to {rollback_to}")
-        ok = self._boot_profile(rollback_to)
+        ok = self._boot_profile(rollback_to, rollback_build)
         title = failure.title if failure else "failed"
         oplog.decision("engine", "rollback", who=oplog.PANEL, failed=profile_id, to=rollback_to, ok=ok, why=title)
         if ok:
             self._apply(sm.Noted(f"switch to {profile_id} failed ({title}); rolled back to {rollback_to}", failure))
-            d = self.desired_store.write("serve", rollback_to, f"{self.options.actor} (rollback)")
+            d = self.desired_store.write("serve", rollback_to, f"{self.options.actor} (rollback)", rollback_build)
             self._apply(sm.Supervised(desired=d.key))
         ticket.ok, ticket.diagnosis = False, failure
         ticket.message = (f"switch to {profile_id} failed: {title}; "

@@ -217,8 +217,10 @@ class Supervisor(Core):
                 return
             hist = self.history.restarted(time.time(), capped=capped)
             self._apply(sm.Supervised(restarts_total=hist.restarts_total, message=why))
-            oplog.decision("engine", "restart", who=oplog.SUPERVISOR, profile=profile_id, why=why)
-            self._finish(t, self._boot_profile(profile_id))
+            wish = self.desired_store.read()  # the build asked for comes back, not the current one
+            build = wish.build if wish is not None and wish.profile_id == profile_id else None
+            oplog.decision("engine", "restart", who=oplog.SUPERVISOR, profile=profile_id, build=build, why=why)
+            self._finish(t, self._boot_profile(profile_id, build))
 
         t = self._submit("restart", profile_id, op)
         if not t.accepted:  # the lock is held by another writer: decide again on the next pass
@@ -227,6 +229,7 @@ class Supervisor(Core):
     def _restart_stalled(self, profile_id: str) -> None:
         """restart_on_stall: same profile; the stalled run's log files stay on disk, its diagnosis stays shown."""
         stalled = self.snapshot().diagnosis
+        build = self.snapshot().build or None  # the stalled run's build comes back
         if self.options.supervise:  # the policy's cap counts stall restarts too
             desired = self.desired_store.read()
             verdict = decide(self._policy_config(), "stalled", self.history.read().recent(desired), time.time())
@@ -247,7 +250,7 @@ class Supervisor(Core):
             if not self._stop_and_release(f"restarting {profile_id}: the engine stalled"):
                 self._finish(t, False)
                 return
-            ok = self._boot_profile(profile_id)
+            ok = self._boot_profile(profile_id, build)
             if ok and stalled is not None:
                 self._apply(sm.Noted(f"restarted {profile_id} after a stall (previous run: {stalled.title})", stalled))
             self._finish(t, ok)
