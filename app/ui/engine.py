@@ -31,6 +31,7 @@ from app.ui.profile_html import profile_cards
 from app.ui.shell import QUICK, Shell
 from app.ui.theme import BAD, BUSY, GOOD, STATE_COLOURS
 from app.ui import upgrade as upgrade_section
+from app.ui.gpus import EVERY_GPU, gpu_choice, scope_gpus
 
 TITLE = "Engine"
 LOG_LINES = 300
@@ -57,23 +58,6 @@ def status_html(snap: EngineSnapshot, runtime: str, busy: str) -> str:
         f"<i>{escape(busy)}</i>" if busy else "",
     ]
     return '<div id="engine-status-box" role="status" aria-live="polite">' + "<br>".join(r for r in rows if r) + "</div>"
-
-
-EVERY_GPU = "every GPU"
-
-
-def gpu_choice(gpu: int) -> str:
-    return f"GPU {gpu}"
-
-
-def scope_gpus(where: str | None, gpus: list[int]) -> list[int] | None:
-    """What "Apply to" names: every GPU (None: all, a switch then rolls), else the one GPU chosen."""
-    if where == EVERY_GPU:
-        return None
-    for g in gpus:
-        if where == gpu_choice(g):
-            return [g]
-    return [gpus[0]]
 
 
 def gpu_rows_html(rows: list[tuple[int, EngineSnapshot]], left_out: set[int]) -> str:
@@ -198,7 +182,7 @@ def render(state: AppState, shell: Shell) -> None:
                                      elem_id="engine-overrides", visible=False)  # shown only with failing items
     with gr.Accordion("Equivalent command (what the panel runs)", open=False):
         command = gr.Code(_command(ctl, initial), language="shell", elem_id="engine-command")
-    upgrade_section.render(state, shell)  # builds, evidence, promote / roll back (docs/engine.md "Upgrading")
+    upgrade_section.render(state, shell, scope)  # builds, evidence, promote / roll back (docs/engine.md "Upgrading")
     gr.Markdown("**Last diagnosis**")
     diag = gr.HTML(diagnosis_html(snap.diagnosis), elem_id="engine-diagnosis-box")
     with gr.Accordion("Engine log (live tail)", open=True):

@@ -17,6 +17,7 @@ from app.backend.engine import builds, evidence, upgrade
 from app.backend.engine.buildjob import BuildProgress, BuildService
 from app.backend.jobs import JobState
 from app.backend.state import AppState
+from app.ui.gpus import scope_gpus
 from app.ui.shell import QUICK, Shell
 
 CELL = "padding:4px 10px;border-bottom:1px solid #8884;text-align:left"
@@ -99,8 +100,10 @@ def _candidates(reg: builds.BuildRegistry) -> list[str]:
     return [b.id for b in reg.all() if b.id != cur]
 
 
-def render(state: AppState, shell: Shell) -> None:
+def render(state: AppState, shell: Shell, scope: Any = None) -> None:
+    """`scope`: the Engine tab's "Apply to" (a box of several GPUs): the candidate serves where it says."""
     ctl = state.engine
+    fleet = state.fleet
     if ctl is None:
         return
     settings = state.settings
@@ -132,14 +135,26 @@ def render(state: AppState, shell: Shell) -> None:
     def _build(text: str, request: gr.Request) -> str:
         return progress_html(service.start(text, None, oplog.user(getattr(request, "username", None))))
 
-    def _serve(pick: str | None, request: gr.Request) -> str:
-        snap = ctl.snapshot()
+    def _serve(pick: str | None, where: str | None, request: gr.Request) -> str:
         if not pick:
             return "✖ no candidate: build one first"
-        profile = snap.profile_id or settings.recipe.recommended_profile.id
-        op = ctl.switch if snap.state.value != "stopped" else ctl.start
-        t = op(profile, who=oplog.user(getattr(request, "username", None)), build=pick)
-        return ("✔ " if t.accepted else "✖ ") + escape(f"{t.message} ({profile} on build {pick})")
+        who = oplog.user(getattr(request, "username", None))
+        multi = fleet is not None and len(fleet.gpus) > 1
+        chosen: list[int] | list[None] | None = scope_gpus(where, fleet.gpus) if fleet is not None and multi else [None]
+        if chosen is None:  # every GPU: one at a time, the others serving meanwhile
+            assert fleet is not None
+            profile = ctl.snapshot().profile_id or settings.recipe.recommended_profile.id
+            return "✔ " + escape(fleet.start_rolling_switch(profile, fleet.gpus, who=who, build=pick))
+        out = []
+        for g in chosen:
+            c = fleet.controller(g) if fleet is not None and g is not None else ctl
+            snap = c.snapshot()
+            profile = snap.profile_id or settings.recipe.recommended_profile.id
+            op = c.switch if snap.state.value != "stopped" else c.start
+            t = op(profile, who=who, build=pick)
+            on = f"GPU {g}: " if g is not None else ""
+            out.append(on + ("✔ " if t.accepted else "✖ ") + escape(f"{t.message} ({profile} on build {pick})"))
+        return " · ".join(out)
 
     def _promote(pick: str | None, request: gr.Request) -> str:
         if not pick:
@@ -160,7 +175,8 @@ def render(state: AppState, shell: Shell) -> None:
             " — switching the engine to it (with the drain)" if out.ticket is not None else "")
 
     build_btn.click(_build, [ref], [progress], api_name="engine_build", **QUICK)
-    serve_btn.click(_serve, [cand], [result], api_name="engine_serve_candidate", **QUICK)
+    serve_btn.click(_serve, [cand, scope] if scope is not None else [cand, gr.State(None)], [result],
+                    api_name="engine_serve_candidate", **QUICK)
     promote_btn.click(_promote, [cand], [result], api_name="engine_promote", **QUICK).then(
         _refresh, [cand], [table, cand, ev])
     rollback_btn.click(_rollback, None, [result], api_name="engine_rollback", **QUICK).then(

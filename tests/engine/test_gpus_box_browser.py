@@ -1,7 +1,7 @@
 """A SIMULATED box of two GPUs from the page (issue 43), in headless Chromium on real Docker: the Engine tab starts
 a profile on GPU 1 alone, the header shows every GPU's state and decode speed, the Self-test tab measures GPU 1
-while GPU 0 keeps serving, the Compare tab runs A on GPU 0 and B on GPU 1 at once with no engine switch, and
-the Telemetry tab plots each GPU. Polls with deadlines; every container is removed on exit."""
+while GPU 0 keeps serving, the Compare tab runs A on GPU 0 and B on GPU 1 at once with no engine switch, a
+candidate build serves on GPU 1 alone, and the Telemetry tab plots each GPU. Polls with deadlines; every container is removed on exit."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from app.backend.contracts import EngineState
+from app.backend.engine.buildjob import BuildService
 from app.backend.jobs import JobState
 from tests.conftest import serving
 from tests.engine.conftest import sim_panel_state
@@ -31,7 +32,10 @@ def test_a_two_gpu_box_from_the_page(docker_client, tmp_path, monkeypatch, brows
         for g in fleet.gpus:
             fleet.controller(g).options.extra_env = {"MOET_SIM_BOOT_S": "1"}
         t = fleet.controller(0).start("quality")
+        builder = BuildService(state.settings)  # the SIMULATED candidate `next`, offered by the Engine tab
+        builder.start("next", None, "test")
         assert t.wait(120) and t.ok, t.message
+        assert builder.wait(180).state is JobState.DONE, builder.progress().message
         with serving(state) as panel:
             page = browser.new_page(1280, 1200)
             page.set_default_timeout(60_000)
@@ -88,6 +92,18 @@ def test_a_two_gpu_box_from_the_page(docker_client, tmp_path, monkeypatch, brows
             assert {g: fleet.controller(g).snapshot().container_id for g in fleet.gpus} == containers  # no switch
             assert all(fleet.controller(g).snapshot().state is EngineState.READY for g in fleet.gpus)
             page.wait_for_selector("#ab-left textarea")
+
+            # the Engine tab's builds: the candidate serves on GPU 1 alone ("Apply to" GPU 1), GPU 0 keeps the pin
+            page.get_by_role("tab", name="Engine").click()
+            _radio(page, "engine-scope", "GPU 1")
+            page.get_by_text("Engine builds — upgrade with evidence").click()
+            assert page.locator("#engine-candidate input").input_value() == "next"
+            page.click("#engine-serve-candidate")
+            page.wait_for_selector('#engine-builds-action:has-text("GPU 1:")')
+            wait_for(lambda: (s := fleet.controller(1).snapshot()).is_ready and s.build == "next", 120,
+                     "GPU 1 serving the candidate")
+            assert fleet.controller(0).snapshot().build == "pin" and fleet.controller(0).snapshot().is_ready
+            page.wait_for_selector('#engine-gpus tr[data-gpu="1"]:has-text("build next")')
 
             # the Telemetry tab: a line per GPU
             page.get_by_role("tab", name="Telemetry").click()

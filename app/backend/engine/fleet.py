@@ -132,14 +132,15 @@ class Fleet:
     def stop(self, gpus: list[int], *, who: str = oplog.PANEL) -> list[tuple[int, Ticket]]:
         return [(g, self._ctl[g].stop(who=who)) for g in gpus]
 
-    def start_rolling_switch(self, profile_id: str, gpus: list[int], *, who: str = oplog.PANEL) -> str:
+    def start_rolling_switch(self, profile_id: str, gpus: list[int], *, who: str = oplog.PANEL,
+                             build: str | None = None) -> str:
         """`rolling_switch` on a thread of its own (the Engine tab); refused while another roll runs. Returns what
         to tell the person."""
         if self._rolling.locked():
             return "refused: a rolling switch is already under way"
 
         def roll() -> None:
-            self.rolling_switch(profile_id, gpus, who=who)
+            self.rolling_switch(profile_id, gpus, who=who, build=build)
 
         threading.Thread(target=roll, name="engine-rolling-switch", daemon=True).start()
         return (f"rolling switch to {profile_id} on GPUs {', '.join(map(str, gpus))}: one GPU at a time, each drained, "
