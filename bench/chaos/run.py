@@ -660,18 +660,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="the CI form (short_form): a 2 s restart backoff, shorter faults (Docker away / port held 5-6 s, "
                          "disk full 5 s: each still outlasts the first backoff), 5 s watches, a 40 s restore timeout")
     ap.add_argument("--restore-timeout-s", type=float, default=None)
-    ap.add_argument("--observe-s", type=float, default=9.0)
+    ap.add_argument("--observe-s", type=float, default=None, help="default 9 (5 with --short)")
     ap.add_argument("--progress-file", type=Path, default=None, help="rewrite the table there after every cycle")
-    ap.add_argument("--restart-window-s", type=float, default=10.0,
-                    help="the soak panel's restart-cap window (bench/chaos/panel_main.py says why)")
+    ap.add_argument("--restart-window-s", type=float, default=None,
+                    help="the soak panel's restart-cap window, default 10 (4 with --short; bench/chaos/panel_main.py "
+                         "says why)")
     args = ap.parse_args(argv)
-    opts = Options(cycles=args.cycles, seed=args.seed, observe_s=args.observe_s, restart_window_s=args.restart_window_s,
-                   progress_file=args.progress_file)
-    if args.short:
-        opts = short_form(args.cycles, args.seed)
-        opts.progress_file = args.progress_file
-    if args.restore_timeout_s is not None:
-        opts.restore_timeout_s = args.restore_timeout_s
+    opts = short_form(args.cycles, args.seed) if args.short else Options(cycles=args.cycles, seed=args.seed)
+    opts.progress_file = args.progress_file
+    for name in ("restore_timeout_s", "observe_s", "restart_window_s"):  # what the command line names wins
+        if getattr(args, name) is not None:
+            setattr(opts, name, getattr(args, name))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally blocks clean up
     print(f"chaos soak: {opts.cycles} cycles, seed {opts.seed}, SIMULATED engine on the real Docker", flush=True)
     report = soak(opts)
