@@ -166,9 +166,20 @@ class Options:
     restore_timeout_s: float = 60.0
     observe_s: float = 9.0  # > the first backoff (5 s) + a boot: a restart would show
     restart_window_s: float = 10.0
+    restart_backoff_s: float = 5.0  # the soak panel's first restart delay (5 s: the panel's own; short_form scales it)
     stream_tokens: int = 160
     verbose: bool = True
     progress_file: Path | None = None  # the table so far, rewritten after every cycle (a long run read early)
+
+
+def short_form(cycles: int = len(KINDS), seed: int = 11) -> Options:
+    """The CI form (tests/engine/test_chaos_soak.py, `--short`): every fault once, each on a shorter clock. The soak
+    panel's restart backoff is 2 s (the panel's 5 s scaled down; the doubling and the classes stay the panel's) and
+    its cap window 4 s with it; every fault still outlasts the first restart's backoff, so the restart meets Docker
+    away, the port held, the full disk (5-6 s, 5 s); the outside stop and the non-healing start are watched 5 s,
+    past the backoff and a 1 s boot, so a restart would show."""
+    return Options(cycles=cycles, seed=seed, away_s=(5.0, 6.0), disk_s=(5.0, 5.0), restore_timeout_s=40.0, observe_s=5.0,
+                   restart_window_s=4.0, restart_backoff_s=2.0)
 
 
 class Chaos:
@@ -199,7 +210,8 @@ class Chaos:
         self.secrets = [f"chaospw{os.getpid()}x", f"hf_chaos{os.getpid()}TokenNeverLogged"]
         self.env = {**panel_env(ROOT, self.home), "DOCKER_HOST": self.proxy.url,
                     "MOET_PANEL_NOTIFY": f"json://chaos:{self.secrets[0]}@127.0.0.1:9/hook", "HF_TOKEN": self.secrets[1],
-                    "MOET_CHAOS_RESTART_WINDOW_S": f"{opts.restart_window_s:g}", "MOET_SIM_REASONING_MODE": "none"}
+                    "MOET_CHAOS_RESTART_WINDOW_S": f"{opts.restart_window_s:g}",
+                    "MOET_CHAOS_RESTART_BACKOFF_S": f"{opts.restart_backoff_s:g}", "MOET_SIM_REASONING_MODE": "none"}
         self.cli_base = [sys.executable, "-m", "app.cli.main", "--demo", "--recipe", str(self.recipe),
                          "--data-dir", str(self.data)]
         self.gw_port = free_port()
@@ -645,20 +657,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycles", type=int, default=200)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--short", action="store_true",
-                    help="shorter faults (Docker away / port held 10-12 s, disk full 8 s: each still outlasts the first "
-                         "backoff) and a 40 s restore timeout: the CI form")
+                    help="the CI form (short_form): a 2 s restart backoff, shorter faults (Docker away / port held 5-6 s, "
+                         "disk full 5 s: each still outlasts the first backoff), 5 s watches, a 40 s restore timeout")
     ap.add_argument("--restore-timeout-s", type=float, default=None)
-    ap.add_argument("--observe-s", type=float, default=9.0)
+    ap.add_argument("--observe-s", type=float, default=None, help="default 9 (5 with --short)")
     ap.add_argument("--progress-file", type=Path, default=None, help="rewrite the table there after every cycle")
-    ap.add_argument("--restart-window-s", type=float, default=10.0,
-                    help="the soak panel's restart-cap window (bench/chaos/panel_main.py says why)")
+    ap.add_argument("--restart-window-s", type=float, default=None,
+                    help="the soak panel's restart-cap window, default 10 (4 with --short; bench/chaos/panel_main.py "
+                         "says why)")
     args = ap.parse_args(argv)
-    opts = Options(cycles=args.cycles, seed=args.seed, observe_s=args.observe_s, restart_window_s=args.restart_window_s,
-                   progress_file=args.progress_file)
-    if args.short:
-        opts.away_s, opts.disk_s, opts.restore_timeout_s = (10.0, 12.0), (8.0, 8.0), 40.0
-    if args.restore_timeout_s is not None:
-        opts.restore_timeout_s = args.restore_timeout_s
+    opts = short_form(args.cycles, args.seed) if args.short else Options(cycles=args.cycles, seed=args.seed)
+    opts.progress_file = args.progress_file
+    for name in ("restore_timeout_s", "observe_s", "restart_window_s"):  # what the command line names wins
+        if getattr(args, name) is not None:
+            setattr(opts, name, getattr(args, name))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally blocks clean up
     print(f"chaos soak: {opts.cycles} cycles, seed {opts.seed}, SIMULATED engine on the real Docker", flush=True)
     report = soak(opts)

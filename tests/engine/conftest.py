@@ -134,9 +134,13 @@ def sim_image(docker_client) -> str:
 
 @pytest.fixture
 def recipe_file(tmp_path: Path, sim_settings, sim_image) -> Path:
-    """The per-test recipe as a TOML file, for the CLI in a child process (same id, port, image)."""
+    """The per-test recipe as a TOML file, for the CLI in a child process (same id, port, image), with the 1 s boot
+    `make_controller` gives its engines: an engine started from the CLI reads its MOET_SIM_BOOT_S from the recipe's
+    env (the CLI's own environment does not reach the container)."""
     port = sim_settings.recipe.serve.port
     text = SIMULATED_RECIPE.read_text()
+    assert text.count('MOET_SIM_BOOT_S = "4"') == 1
+    text = text.replace('MOET_SIM_BOOT_S = "4"', 'MOET_SIM_BOOT_S = "1"')
     text = text.replace('id = "simulated"', f'id = "{sim_settings.recipe.id}"', 1)
     text = text.replace("port = 8000", f"port = {port}").replace('"--port", "8000"', f'"--port", "{port}"')
     text = text.replace('image = "moet-panel/sim-engine:2"', f'image = "{sim_image}"')

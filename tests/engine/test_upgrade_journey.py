@@ -19,8 +19,6 @@ NEXT_IMAGE = "moet-panel/sim-engine:next"
 @pytest.mark.docker
 def test_build_serve_measure_promote_rollback(docker_client, recipe_file: Path, sim_settings, sim_image, tmp_path,
                                               capsys, make_controller) -> None:
-    text = recipe_file.read_text().replace('MOET_SIM_BOOT_S = "4"', 'MOET_SIM_BOOT_S = "1"')
-    recipe_file.write_text(text)
     common = ["--recipe", str(recipe_file), "--data-dir", str(sim_settings.data_dir), "--demo"]
     recipe_id = sim_settings.recipe.id
 

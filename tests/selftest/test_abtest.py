@@ -1,4 +1,4 @@
-"""A/B: journal + resume (unit), blind pairing, and a 2 prompts × 2 seeds run on the SIMULATED engine."""
+"""A/B: journal + resume (unit), blind pairing, and a 2 prompts × 1 seed run on the SIMULATED engine."""
 
 from __future__ import annotations
 
@@ -80,8 +80,10 @@ def test_ab_run_switches_profiles_and_resumes_after_restart(make_controller, sim
     ctl = make_controller(extra_env=FAST_ENV)
     start_ready(ctl, "quality")
     svc = ABRunService(sim_settings, ctl)
+    # 2 prompts x 1 seed: four whole answers (up to 420 tokens at the card's 48.9 / 83.2 tok/s); the cells' bookkeeping
+    # over more seeds is test_journal_survives_a_torn_line_and_resumes_the_missing_cells's, the blind pairs' below
     spec = new_spec("quality", "speed", ["Implement a lock-free queue.", "Write a Raft leader election."],
-                    [42, 43], 600)
+                    [42], 600)
     svc.start(spec)
     deadline = time.monotonic() + 60
     while svc.progress().done < 1 and time.monotonic() < deadline:
@@ -90,7 +92,7 @@ def test_ab_run_switches_profiles_and_resumes_after_restart(make_controller, sim
     p = svc.wait(30)
     assert p.state is JobState.CANCELLED and "resume" in p.message
     kept = Journal(sim_settings.state_dir).load(spec.run_id).generated
-    assert 1 <= kept < 8
+    assert 1 <= kept < 4
 
     restarted = ABRunService(sim_settings, ctl)  # a fresh service, as after a panel restart
     restarted.resume(spec.run_id)
@@ -99,7 +101,7 @@ def test_ab_run_switches_profiles_and_resumes_after_restart(make_controller, sim
     assert ctl.snapshot().profile_id == "speed"  # switched through the controller for B
     lines = [json.loads(x) for x in Journal(sim_settings.state_dir).path(spec.run_id).read_text().splitlines()]
     gens = [(x["side"], x["prompt_id"], x["seed"]) for x in lines if x["type"] == "gen"]
-    assert len(gens) == 8 and len(set(gens)) == 8  # nothing generated twice
+    assert len(gens) == 4 and len(set(gens)) == 4  # nothing generated twice
     st = Journal(sim_settings.state_dir).load(spec.run_id)
     a = [st.gens[("A", pid, s)].text for pid, s in spec.cells]
     b = [st.gens[("B", pid, s)].text for pid, s in spec.cells]

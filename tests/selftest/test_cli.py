@@ -50,8 +50,10 @@ def test_abtest_cli_run_grade_reveal(make_controller, sim_settings, tmp_path, ca
     assert main(["abtest", *common, "run", "--a", "quality", "--b", "quality", "--prompts", str(prompts)]) == 2
     assert "two different profiles" in capsys.readouterr().err
     start_ready(make_controller(settings=settings, extra_env=FAST_ENV), "quality")
+    # short answers (64 tokens, cut with finish `length`): the CLI's run, grading and reveal are the point here; whole
+    # answers are test_abtest.py's and the Compare tab test's
     rc = main(["abtest", *common, "run", "--a", "quality", "--b", "speed", "--prompts", str(prompts),
-               "--from-chat", f"{conv.id[:8]}:1", "--chat-context", "--seeds", "1,2", "--max-tokens", "800"])
+               "--from-chat", f"{conv.id[:8]}:1", "--chat-context", "--seeds", "1,2", "--max-tokens", "64"])
     err = capsys.readouterr().err
     assert rc == 0, err
     run_id = err.split("A/B run ", 1)[1].split(":", 1)[0]

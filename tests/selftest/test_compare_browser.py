@@ -32,6 +32,9 @@ def test_blind_ab_from_chat_history_graded_by_pick_and_score(demo_state: AppStat
     state = demo_state
     engine, abtest = state.engine, state.abtest
     assert engine is not None and abtest is not None
+    # both sides decode at 400 tok/s instead of the card's 48.9 / 83.2: the eight whole answers (up to 420 tokens
+    # each) took ~30 s; this test is the Compare tab's workflow, the speeds per side are test_abtest.py's and test_cli.py's
+    engine.options.extra_env = {**engine.options.extra_env, "MOET_SIM_DECODE_TOK_S": "400"}
     store = ChatStore(state.settings.state_dir / DB_NAME)  # a conversation the user had before
     conv = Conversation(title="raft review", system_prompt="You review distributed-systems designs.",
                         messages=[Message("user", "Explain Raft joint consensus."), Message("assistant", "Joint consensus is...")])

@@ -14,6 +14,7 @@ from tests.conftest import ARTIFACTS, close_panel, free_port, launch_panel
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
+PROMPT = "Summarise the trade-offs of an FP4 expert pool for a mixture-of-experts model. " * 25
 PLOT_IDS = ("vram", "gpu", "power", "temp", "pool", "churn", "h2d", "kv", "speed", "prompt", "ttft", "requests")
 
 
@@ -36,7 +37,8 @@ def panel(tmp_path):
     text = SIMULATED_RECIPE.read_text()
     assert text.count("port = 8000") == 1 and text.count('"--port", "8000"') == 1
     recipe = tmp_path / "simulated-port.toml"
-    recipe.write_text(text.replace("port = 8000", f"port = {port}").replace('"--port", "8000"', f'"--port", "{port}"'))
+    text = text.replace("port = 8000", f"port = {port}").replace('"--port", "8000"', f'"--port", "{port}"')
+    recipe.write_text(text.replace('MOET_SIM_BOOT_S = "4"', 'MOET_SIM_BOOT_S = "1"'))  # the engine tests' 1 s boot
     data = tmp_path / "data"
     data.mkdir()
     p = launch_panel(data, recipe=recipe)
@@ -49,6 +51,7 @@ def panel(tmp_path):
 def test_header_and_telemetry_plots_live_in_demo(panel, browser) -> None:
     engine = panel.state.engine
     page = browser.new_page(1400, 1600)
+    done = threading.Event()
     try:
         page.goto(panel.url)
         page.wait_for_selector("#moet-header-strip")
@@ -62,11 +65,18 @@ def test_header_and_telemetry_plots_live_in_demo(panel, browser) -> None:
         http, root = own_http(snap.base_url, httpx.Timeout(120.0))  # the engine's socket (issue 40)
 
         def traffic() -> None:
-            try:
-                http.post(root + "/v1/completions",
-                           json={"model": snap.served_name, "prompt": "x", "max_tokens": 1200, "ignore_eos": True})
-            except httpx.HTTPError:
-                pass  # the engine is stopped under it at teardown
+            # requests until the test ends, a short and a long prompt in turn with a pause after each: decode, the
+            # pool and KV move with every token, prompt tok/s and TTFT with every request, running with every pause
+            # (one request alone left the last three to the idle canary, 30 s after it ended)
+            n = 0
+            while not done.is_set():
+                n += 1
+                try:
+                    http.post(root + "/v1/completions", json={"model": snap.served_name, "prompt": PROMPT * (1 + 9 * (n % 2)),
+                                                              "max_tokens": 160, "ignore_eos": True})
+                except httpx.HTTPError:
+                    return  # the engine is stopped under it at teardown
+                done.wait(1.5)  # the traffic's shape (a sample or two with nothing running), not a synchronisation
 
         threading.Thread(target=traffic, daemon=True).start()
         # the header moves: VRAM follows the engine (card: ~93.8 GiB), decode and pool coverage appear
@@ -102,4 +112,5 @@ def test_header_and_telemetry_plots_live_in_demo(panel, browser) -> None:
         assert all(n > 30 for n in counts.values()), f"plots without a drawn series: {counts}"
         assert "SIMULATED" in page.inner_text("#telemetry-details")
     finally:
+        done.set()
         engine.stop().wait(30)
