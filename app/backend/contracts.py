@@ -274,6 +274,9 @@ Scope = MutableMapping[str, Any]  # ASGI's scope and messages are open dicts (as
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+# In the scope of a signed-in request the web gate hands on: a `() -> bool` saying whether that session is still
+# signed in; a long-lived answer (the page feed) ends when it says False (app/backend/web/gate.py).
+SESSION_ALIVE = "moet.session_alive"
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 

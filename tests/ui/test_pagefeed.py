@@ -77,3 +77,34 @@ def test_one_failing_topic_leaves_the_others_live() -> None:
     v = Versions({"engine": lambda: 1, "access": broken}, period_s=0.0)
     now = v.now()
     assert now["access"] == "error" and len(now["engine"]) == 16
+
+
+def test_the_stream_ends_when_its_session_does() -> None:
+    """Signed out everywhere (or expired): the open stream ends by itself, so the page's reconnect meets the gate's
+    401 and the page shows the login form (assets/js/session-key.js) instead of staying open unnoticed."""
+    from app.backend.contracts import SESSION_ALIVE
+
+    values = {"header": 1}
+    versions = Versions({"header": lambda: values["header"]}, period_s=0.0)
+    route = FeedRoute(versions, period_s=0.01)
+    signed = {"in": True}
+    ended: list[bool] = []
+
+    async def main() -> None:
+        async def receive() -> dict[str, Any]:
+            await asyncio.Event().wait()  # the page never goes away by itself
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and message.get("more_body") is False:
+                ended.append(True)
+
+        scope = {"type": "http", "method": "GET", "query_string": b"", SESSION_ALIVE: lambda: signed["in"]}
+        task = asyncio.create_task(route(scope, receive, send))
+        await asyncio.sleep(0.05)
+        assert not task.done() and route.open == 1  # signed in: the stream stays open
+        signed["in"] = False
+        await asyncio.wait_for(task, 5)  # ends within a period, with no disconnect from the page
+
+    run_async(main)
+    assert ended == [True] and route.open == 0

@@ -35,7 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 from app.backend import oplog
 
 from app.backend.config import env
-from app.backend.contracts import ASGIApp, Message, Receive, Scope, Send
+from app.backend.contracts import SESSION_ALIVE, ASGIApp, Message, Receive, Scope, Send
 from app.backend.web.auth import LOGIN_NOTE, DeviceBook, LoginNote, SessionBook
 
 
@@ -285,6 +285,12 @@ class WebGate:
                 send = _with_security_headers(send)
                 send = self._session_send(scope, send, user)
             served = dict(self.policy.routes + self.policy.page_routes)
+            if user is not None and kind == "http":
+                # a long-lived answer (the page feed) ends when its session does (signed out everywhere,
+                # expired): the page's next request then gets 401 and it shows the login form at once. The
+                # check counts as the page's activity, as its polling did: a shown page keeps its session
+                signed = scope
+                scope = dict(scope, **{SESSION_ALIVE: lambda: self._signed_in(signed) == user})
             await served.get(scope.get("path", ""), self.app)(scope, receive, send)
         finally:
             LOGIN_NOTE.reset(note_token)

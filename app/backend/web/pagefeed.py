@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import parse_qs
 
-from app.backend.contracts import Message, Receive, Scope, Send
+from app.backend.contracts import SESSION_ALIVE, Message, Receive, Scope, Send
 
 PATH = "/moet/feed"
 ASSET_PREFIX = "/moet/js/"
@@ -136,6 +136,7 @@ class FeedRoute:
         wanted = {"header", show}
         stream = self.streams[show](query) if show in self.streams else None
         gone = asyncio.Event()
+        alive: Callable[[], bool] = scope.get(SESSION_ALIVE) or (lambda: True)  # auth off: no session to end
 
         async def watch() -> None:
             while True:
@@ -151,6 +152,8 @@ class FeedRoute:
         quiet_since = time.monotonic()
         try:
             while not gone.is_set():
+                if not alive():  # signed out (everywhere, or expired): the page's reconnect meets the login
+                    break
                 now, html = await asyncio.to_thread(self.versions.both)  # version functions may take a lock
                 changed = {k: v for k, v in now.items() if sent.get(k) != v}
                 markup = {k: v for k, v in html.items()
