@@ -66,6 +66,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
     setattr(item, f"rep_{rep.when}", rep)
 
 
+_RUNNING: list[pytest.Item] = []  # the test being run (close_panel asks whether it failed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Iterator[None]:
+    _RUNNING.append(item)
+    try:
+        yield
+    finally:
+        _RUNNING.remove(item)
+
+
+def _failing() -> bool:
+    """An exception on its way out (a `with serving(...)` left by a failed assertion) or a failed test call."""
+    rep = getattr(_RUNNING[-1], "rep_call", None) if _RUNNING else None
+    return sys.exc_info()[0] is not None or (rep is not None and rep.failed)
+
+
 @pytest.fixture
 def oplog_lines() -> Iterator[io.StringIO]:
     """What the operator's log receives during the test (app/backend/oplog/__init__.py), whatever its sinks."""
@@ -164,12 +182,27 @@ def _chromium() -> Iterator[Any]:
             browser.close()
 
 
+_SESSIONS: list[BrowserSession] = []  # the open `browser` fixtures' sessions (close_panel closes their pages first)
+
+
+def close_pages_on(url: str) -> None:
+    """Close the pages open on `url`, as a user closes the tab before the panel stops. A page left open keeps its
+    event streams to the panel, and Gradio's close waits up to 5 s for them (its server thread's join timeout)."""
+    for session in _SESSIONS:
+        for page in [p for p in session.pages if p.url == url or p.url.startswith(url + "/")]:
+            if not page.is_closed():
+                page.context.close()
+            session.pages.remove(page)
+
+
 @pytest.fixture
 def browser(_chromium: Any, request: pytest.FixtureRequest) -> Iterator[BrowserSession]:
     session = BrowserSession(_chromium)
+    _SESSIONS.append(session)
     try:
         yield session
     finally:
+        _SESSIONS.remove(session)
         rep = getattr(request.node, "rep_call", None)
         failed = rep is not None and rep.failed
         for i, page in enumerate(session.pages):
@@ -239,6 +272,10 @@ def launch_state(state: Any, *, auth: Any = None) -> Panel:
 
 
 def close_panel(panel: Panel) -> None:
+    """Close the panel's pages (unless the test is failing: the `browser` fixture screenshots them), the UI, the
+    state."""
+    if not _failing():
+        close_pages_on(panel.url)
     try:
         panel.blocks.close()
     finally:
