@@ -1,6 +1,6 @@
 """A demo panel that has something to say on every moet_panel_* family: the SIMULATED engine serving
 (started, switched once), one real chat completion through the OpenAI client (the pool's trace lines),
-and a self-test result in the store. Module-scoped: building it costs ~20 s."""
+and a self-test result in the store. Module-scoped: building it costs ~15 s."""
 
 from __future__ import annotations
 
@@ -124,6 +124,7 @@ def _save_selftest(panel: Panel) -> None:
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     panel = isolated_panel(tmp_path_factory.mktemp("metrics"))
     engine = panel.state.engine
+    engine.options.extra_env = {"MOET_SIM_BOOT_S": "1"}  # the engine tests' 1 s boot (a start and a switch here)
     try:
         _save_selftest(panel)
         assert engine.start("balanced").wait(180), "the simulated engine did not finish booting"
