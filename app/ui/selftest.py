@@ -181,8 +181,18 @@ def render(state: AppState, shell: Shell) -> None:
 
     cancel.click(do_cancel, inputs, status_outs, **QUICK)
     length.change(lambda name: preset_values(name), [length], [runs, tokens, needles], **QUICK)
-    for ev in (runs.change, tokens.change, needles.change, where.change):
+    for ev in (runs.change, tokens.change, needles.change):
         ev(lambda *a: status_out(svc, *a), inputs, status_outs, **QUICK)
+
+    def on_gpu(pid: str, n: float, t: float, nd: str, at: str) -> tuple[Any, ...]:
+        """Another GPU chosen: the profile follows what that GPU's engine serves (a self-test measures the
+        serving profile), then the line and the buttons for it."""
+        serving = svc.engine_of(gpu_of(svc, at)).snapshot()
+        pick = serving.profile_id if serving.is_ready and serving.profile_id in registry.ids() else pid
+        return (gr.Dropdown(value=pick) if pick != pid else gr.skip(), *status_out(svc, pick, n, t, nd, at),
+                result_md(svc, pick), *exports(svc, pick))
+
+    where.change(on_gpu, inputs, [profile, *status_outs, result, dl_md, dl_json], **QUICK)
     profile.change(lambda *a: (*status_out(svc, *a), result_md(svc, a[0]), *exports(svc, a[0])), inputs,
                    [*status_outs, result, dl_md, dl_json], **QUICK)
     seen = gr.State(JobState.IDLE.value)  # per browser session: the job state its page last drew
@@ -194,11 +204,12 @@ def render(state: AppState, shell: Shell) -> None:
         return (gr.Dropdown(choices=registry.choices(), value=pick), figures_html(svc, registry.list()),
                 *status_out(svc, pick, n, t, nd, at), result_md(svc, pick), *exports(svc, pick))
 
-    def on_tab(pid: str | None) -> tuple[Any, ...]:
+    def on_tab(pid: str | None, at: str) -> tuple[Any, ...]:
         # opened again: the image or a profile may have changed meanwhile. A self-test measures the profile
         # that serves: while one serves, the tab opens on it (issue 42: it opened on the profile picked at page
-        # load, "cannot run now: the engine serves balanced"); else the pick stays the user's.
-        snap = engine.snapshot()
+        # load, "cannot run now: the engine serves balanced"); else the pick stays the user's. On a box of
+        # several GPUs: what the GPU chosen under "Measure on" serves.
+        snap = svc.engine_of(gpu_of(svc, at)).snapshot()
         if snap.state is EngineState.READY and snap.profile_id in registry.ids() and snap.profile_id != pid:
             return gr.Dropdown(choices=registry.choices(), value=snap.profile_id), figures_html(svc, registry.list())
         # a value only when the pick is gone: sent back always, it could undo a pick made meanwhile
@@ -207,7 +218,7 @@ def render(state: AppState, shell: Shell) -> None:
                 gr.Dropdown(choices=registry.choices(), value=default_profile()), figures_html(svc, registry.list()))
 
     shell.on_load(on_load, inputs, [profile, figures, *status_outs, result, dl_md, dl_json])
-    shell.on_tab(TITLE, on_tab, [profile], [profile, figures])
+    shell.on_tab(TITLE, on_tab, [profile, where], [profile, figures])
 
     def redraw_status(pid: str, n: float, t: float, nd: str, at: str, drawn: Any) -> tuple[Any, Any, Any]:
         """The line and the Run button as they are now (Run follows the engine becoming ready, or not), each

@@ -30,7 +30,8 @@ def test_a_two_gpu_box_from_the_page(docker_client, tmp_path, monkeypatch, brows
         fleet = state.fleet
         assert fleet is not None and fleet.gpus == [0, 1]
         for g in fleet.gpus:
-            fleet.controller(g).options.extra_env = {"MOET_SIM_BOOT_S": "1"}
+            # a 1 s boot; a fast SIMULATED prefill: the self-test's TTFT prompts take no time (decode stays the card's)
+            fleet.controller(g).options.extra_env = {"MOET_SIM_BOOT_S": "1", "MOET_SIM_PREFILL_TOK_S": "400000"}
         t = fleet.controller(0).start("quality")
         builder = BuildService(state.settings)  # the SIMULATED candidate `next`, offered by the Engine tab
         builder.start("next", None, "test")
@@ -58,9 +59,11 @@ def test_a_two_gpu_box_from_the_page(docker_client, tmp_path, monkeypatch, brows
 
             # the Self-test tab: measure GPU 1 (balanced) while GPU 0 serves quality
             page.get_by_role("tab", name="Self-test").click()
-            _radio(page, "st-gpu", "GPU 1")
-            page.locator("#st-profile input").fill("balanced")
-            page.keyboard.press("Enter")
+            _radio(page, "st-gpu", "GPU 1")  # the profile follows what GPU 1 serves
+            page.wait_for_function("() => document.querySelector('#st-profile input')?.value.includes('balanced')")
+            page.get_by_role("tab", name="Profiles").click()  # and so does the tab opened again
+            page.get_by_role("tab", name="Self-test").click()
+            page.wait_for_function("() => document.querySelector('#st-profile input')?.value.includes('balanced')")
             page.fill("#st-tokens input", "60")
             page.fill("#st-runs input", "1")
             page.fill("#st-needles textarea, #st-needles input", "")
