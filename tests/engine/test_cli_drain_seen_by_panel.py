@@ -26,7 +26,7 @@ class Counter:
         return self.n
 
 
-def test_the_panel_follows_a_cli_drain(make_controller, sim_settings, recipe_file) -> None:
+def test_the_panel_follows_a_cli_drain(make_controller, sim_settings, recipe_file, oplog_lines) -> None:
     panel = make_controller(resync_s=0.5)  # the panel's controller, watching Docker and the drain note
     t = panel.start("quality")
     assert t.wait(90) and t.ok, t.message
@@ -43,11 +43,13 @@ def test_the_panel_follows_a_cli_drain(make_controller, sim_settings, recipe_fil
         wait_for(lambda: panel.snapshot().draining, 30, "the panel's snapshot says the CLI drains")
         snap = panel.snapshot()
         assert snap.is_ready and snap.profile_id == "quality" and snap.drain_in_flight == 1
+        assert "action=drain_followed " in oplog_lines.getvalue()  # the operator's log says why (once)
         answers.n = 0  # the answer finished: the CLI's drain ends and it switches
         out, _ = cli.communicate(timeout=120)
         assert cli.returncode == 0, out
         wait_for(lambda: (s := panel.snapshot()).is_ready and s.profile_id == "balanced" and not s.draining, 60,
                  "the panel follows the switch, no longer draining")
+        assert oplog_lines.getvalue().count("action=drain_followed ") == 1
     finally:
         if cli.poll() is None:
             cli.kill()

@@ -83,10 +83,16 @@ class Observer(Reconciler):
         if note is not None and snap.state in (EngineState.READY, EngineState.STALLED):
             if (snap.draining, snap.drain_in_flight, snap.drain_deadline) != (True, note.in_flight, note.deadline):
                 ev = sm.Draining(True, note.in_flight, note.deadline, note.expected_back_s)
-                self._propose(lambda s: [ev] if self._busy is None and s.container_id == snap.container_id else [])
+                applied, _ = self._propose(lambda s: [ev] if self._busy is None and s.container_id == snap.container_id
+                                           else [])
+                if applied and not snap.draining:  # once per outside drain, not per change of its count
+                    oplog.decision("engine", "drain_followed", who=oplog.OUTSIDE, pid=note.pid, in_flight=note.in_flight,
+                                   note="another process drains this engine: no new answers here meanwhile")
         elif snap.draining:
             done = sm.Draining(False, 0, 0.0, snap.expected_back_s)
-            self._propose(lambda s: [done] if self._busy is None and s.draining else [])
+            applied, _ = self._propose(lambda s: [done] if self._busy is None and s.draining else [])
+            if applied:
+                oplog.decision("engine", "drain_followed_end", who=oplog.OUTSIDE)
 
     def _serve(self, msg: Message) -> None:
         """An operation's SyncForOp or a refresh's Resync: read Docker now; errors go back to the asker."""
