@@ -50,8 +50,8 @@ def test_many_addresses_and_junk_floods_never_buy_more_than_the_documented_check
     names at 250 a second comes from one address (paced, so refused at once: before, each refusal still
     added its name) and one ordinary login a second with a fresh name from a fresh address (admitted: before,
     it pruned the table once past 10,000 names, and alice's count with it when her slot had passed). So
-    every 20 s (the flood's refill of the pruned table) the guesser lets one interval pass before its
-    next guess."""
+    every 20 s (the flood's refill of the pruned table) the guesser lets one interval and a second pass
+    before its next guess."""
     now = [0.0]
     throttle = LoginThrottle(clock=lambda: now[0])
     if alice_known:
@@ -70,8 +70,8 @@ def test_many_addresses_and_junk_floods_never_buy_more_than_the_documented_check
             throttle.record(pending[1], ok=False)  # a wrong password, checked at its slot
             checks += 1
             pending, ready_at = None, now[0]
-            if now[0] >= next_pause:  # let alice's slot pass: the next ordinary login finds her idle
-                ready_at, next_pause = now[0] + INTERVAL_S + step, now[0] + 20
+            if now[0] >= next_pause:  # let alice's slot pass: the next ordinary login (a second) finds her idle
+                ready_at, next_pause = now[0] + INTERVAL_S + 1.0 + step, now[0] + 20
         if pending is None and now[0] >= ready_at:
             slot = throttle.reserve("alice", _source(next(sources)))
             if slot.refused:

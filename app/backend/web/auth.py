@@ -254,8 +254,9 @@ class LoginThrottle:
         return int.from_bytes(self._digest(text), "big") % self.cells
 
     def _free(self, kind: str) -> int:
-        return {"account": self.free_account, "name": self.free_account, "client": self.free_client}.get(
-            kind, self.free_device)
+        if kind in ("account", "name"):
+            return self.free_account
+        return self.free_client if kind == "client" else self.free_device
 
     def _interval(self, kind: str, failures: int) -> float:
         """The wait after this login, `failures` counting it: none within the free ones, then `interval_s`,
