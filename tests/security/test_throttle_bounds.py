@@ -276,3 +276,49 @@ def test_five_thousand_logins_with_megabyte_names_leave_the_panels_memory_flat(p
     assert r.status_code == 413 and "limit" in r.text  # at the gate, before any of it is read
     r = httpx.post(url + "/login", data={"username": "a" * 65, "password": "wrong-wrong"}, timeout=30)
     assert r.status_code == 400 and "at most 64 characters" in r.text, (r.status_code, r.text[:200])
+
+
+def test_the_gate_never_buffers_a_login_body_past_its_bound() -> None:
+    """POST /login: an announced body over 8 KiB is a 413 before Gradio runs; a chunked one (no length) is cut
+    there, the app seeing a disconnect (the form parser would otherwise read up to the 4 MiB event bound)."""
+    from app.backend.web.gate import MAX_LOGIN_BYTES, GatePolicy, WebGate
+
+    seen: list[int] = []
+
+    async def app(scope, receive, send) -> None:
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            total += len(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        seen.append(total)
+        await send({"type": "http.response.start", "status": 400, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    gate = WebGate(app, GatePolicy(port=7860))
+
+    async def post(headers: list[tuple[bytes, bytes]], chunks: list[bytes]) -> int:
+        queue = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return queue.pop(0) if queue else {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/login", "query_string": b"", "client": ("127.0.0.1", 5),
+                 "headers": [(b"host", b"127.0.0.1:7860"), *headers]}
+        await gate(scope, receive, send)
+        return int(sent[0]["status"])
+
+    form = [(b"content-type", b"application/x-www-form-urlencoded")]
+    assert run_async(lambda: post([*form, (b"content-length", str(MIB).encode())], [b"u" * 100])) == 413
+    assert seen == []  # Gradio never ran
+    assert run_async(lambda: post(form, [b"u" * 4096] * 256)) == 400  # 1 MiB in 4 KiB chunks, no length
+    assert seen == [MAX_LOGIN_BYTES]  # cut at the bound: nothing past it reached the app
+    assert run_async(lambda: post(form, [b"username=alice&password=correct+horse+battery"])) == 400
+    assert seen[-1] == len(b"username=alice&password=correct+horse+battery")

@@ -48,8 +48,8 @@ def check_length(headers: dict[str, bytes], max_body_bytes: int) -> None:
     keyed connection until the 30 s body deadline, issue 48)."""
     length = headers.get("content-length", b"").strip()
     if length.isdigit() and int(length) > max_body_bytes:
-        raise Refused(413, f"request body of {int(length)} bytes is over this gateway's limit of {max_body_bytes} "
-                      "bytes", "invalid_request_error", "body_too_large", [(b"connection", b"close")],
+        raise Refused(413, f"request body over {max_body_bytes} bytes (announced: {int(length)} bytes), this "
+                      "gateway's limit (--max-body-mb)", "invalid_request_error", "body_too_large", [(b"connection", b"close")],
                       "body too large")
 
 

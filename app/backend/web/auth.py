@@ -210,11 +210,12 @@ class LoginThrottle:
 
     Tables are never pruned, so no flood of names or addresses resets an account's count; two names or
     two clients that share a cell share its pacing (stricter, never looser). Past `free` failures a key
-    admits one login per `interval_s`: logins are given successive slots and wait for theirs, so no number of concurrent requests or source addresses checks passwords
-    faster than that fixed rate. A login whose slot lies more than `horizon_s` ahead is refused at once
-    (429, no scrypt) and changes nothing: the decision comes before anything is stored. Each admitted
-    login counts as a failure when its slot is given (concurrent guesses cannot share the free ones)
-    and a success takes it back. A key's failures are forgotten `forget_s` after its last.
+    admits one login per `interval_s`: logins are given successive slots and wait for theirs, so no
+    number of concurrent requests or source addresses checks passwords faster than `free` + 4 a minute.
+    A login whose slot lies more than `horizon_s` ahead is refused at once (429, no scrypt) and changes
+    nothing: the decision comes before anything is stored. Each admitted login counts as a failure when
+    its slot is given (concurrent guesses cannot share the free ones) and a success takes it back. A
+    key's failures are forgotten `forget_s` after its last.
     Once a flood stops, any login waits at most `horizon_s` + `interval_s` (< 1 min)."""
 
     free_account: int = 5
