@@ -3,7 +3,7 @@
 account's own failure count, so junk floods from many addresses reset the pacing (252 checks in 10
 minutes against the documented 45). Now a login body is capped at the gate, an over-long name is refused
 before anything is kept, a refusal stores nothing, and the tables are fixed arrays that no flood prunes.
-docs/ui-and-safety.md#binding-and-authentication, docs/ui-and-safety.md#threats-found-and-fixed."""
+docs/ui-and-safety.md#binding-and-authentication and #threats-found-and-fixed-the-login-issue-48."""
 
 from __future__ import annotations
 
