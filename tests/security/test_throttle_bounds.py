@@ -43,7 +43,8 @@ def _known(throttle: LoginThrottle) -> LoginThrottle:
     return throttle
 
 
-@pytest.mark.parametrize("alice_known", [True, False], ids=["alice-a-user", "alice-typed-only"])
+@pytest.mark.parametrize("alice_known", [True, pytest.param(False, marks=pytest.mark.slow)],  # ~10 s each here
+                         ids=["alice-a-user", "alice-typed-only"])
 def test_many_addresses_and_junk_floods_never_buy_more_than_the_documented_checks(alice_known: bool) -> None:
     """The probe's run on a simulated clock with the real LoginThrottle: a guesser of alice's password sends
     each guess from a fresh IPv4 or IPv6 address as soon as the last one was answered, while a flood of junk
