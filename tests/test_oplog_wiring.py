@@ -16,7 +16,7 @@ from app.backend import oplog
 def test_failed_and_refused_logins_name_the_user_and_address(oplog_lines: io.StringIO) -> None:
     from app.backend.web.auth import LoginGuard, LoginNote, LoginThrottle, hash_password, make_checker
 
-    throttle = LoginThrottle(free_account=0, free_client=0, max_interval_s=100, horizon_s=0.0, clock=lambda: 50.0)
+    throttle = LoginThrottle(free_account=0, free_client=0, interval_s=100, horizon_s=0.0, clock=lambda: 50.0)
     notes: list[LoginNote] = []
 
     def note() -> LoginNote:

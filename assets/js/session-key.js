@@ -38,7 +38,9 @@
       const s = response.headers.get("x-moet-session-key"), d = response.headers.get("x-moet-device-key");
       if (s) store.setItem(KEY, s);
       if (d) store.setItem(DEVICE, d);
-    } else if (path.endsWith("/login") && (response.status === 429 || response.status === 503)) {
+    } else if (path.endsWith("/login") && ([413, 429, 503].includes(response.status) ||
+        (response.status === 400 && (response.headers.get("content-type") || "").startsWith("text/plain")))) {
+      // the panel's own answers (throttled, busy, too long); Gradio's "Incorrect credentials" is JSON
       note(await response.clone().text());
     } else if (response.status === 401 && signed) {
       store.removeItem(KEY);  // the session ended (expired, signed out elsewhere): back to the login form

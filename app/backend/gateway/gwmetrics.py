@@ -23,7 +23,8 @@ QUEUE_BUCKETS = (0.01, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 # why a request was refused before it reached the engine (the `reason` label)
 REFUSAL_REASONS = ("no_key", "bad_key", "revoked_key", "rate_limited", "queue_full", "body_too_large",
                    "header_too_large", "header_timeout", "bad_request", "not_ready", "too_many_connections",
-                   "evicted_idle", "not_found")
+                   "evicted_idle", "not_found", "non_finite_number", "out_of_bounds",
+                   "wrong_method")
 
 _HISTOGRAMS = ("moet_panel_gateway_ttft_seconds", "moet_panel_gateway_request_duration_seconds",
                "moet_panel_gateway_queue_wait_seconds")

@@ -1,10 +1,19 @@
-"""A request body's checks before it reaches the engine (docs/gateway.md "Bounds and errors"): JSON, an object,
-bounded nesting, `stream` a boolean, `max_tokens` within the cap; and the usage the gateway asks the engine for.
-Every refusal is a `Refused` the proxy answers in OpenAI's error shape."""
+"""A request body's checks before it reaches the engine (docs/gateway.md "Bounds and errors"): an announced
+length within the limit, JSON, finite numbers, an object, bounded nesting, `stream` a boolean, `max_tokens` within
+the cap, `n`, `best_of`, `min_tokens` and the logprobs fields within bounds; and the usage the gateway asks the
+engine for. Every refusal is a `Refused` the proxy answers in OpenAI's error shape, counted by its reason."""
 
 from __future__ import annotations
 
 import json
+import math
+
+# One sequence a request: the fair queue and the engine's slots count a request as one sequence, and the card's
+# engine runs one (`--max-num-seqs 1`); `n: 5` would hold five (issue 48). docs/gateway.md#bounds-and-errors
+MAX_N = 1
+# logprobs / top_logprobs / prompt_logprobs: a few alternatives a token; vLLM reads -1 as the whole vocabulary
+MAX_LOGPROBS = 5
+LOGPROB_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs")
 
 
 class Refused(Exception):
@@ -34,6 +43,65 @@ def too_deep(obj: object, limit: int) -> bool:
     return False
 
 
+def check_length(headers: dict[str, bytes], max_body_bytes: int) -> None:
+    """A body announced (Content-Length) over the limit: 413 at once, before a byte of it is read (it held a
+    keyed connection until the 30 s body deadline, issue 48)."""
+    length = headers.get("content-length", b"").strip()
+    if length.isdigit() and int(length) > max_body_bytes:
+        raise Refused(413, f"request body over {max_body_bytes} bytes (announced: {int(length)} bytes), this "
+                      "gateway's limit (--max-body-mb)", "invalid_request_error", "body_too_large", [(b"connection", b"close")],
+                      "body too large")
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses as inf
+        raise _NonFinite(text)
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise _NonFinite(name)  # the NaN, Infinity and -Infinity literals Python's parser would accept
+
+
+def _loads(text: str) -> object:
+    """JSON with finite numbers only; raises Refused (400) for NaN, Infinity or an overflowing number."""
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except _NonFinite as exc:
+        raise Refused(400, f"the request body has a non-finite number ({str(exc)[:20]}): every number must be "
+                      "finite", "invalid_request_error", "non_finite_number", error="non-finite number") from None
+
+
+def _bounded(payload: dict[str, object], name: str, low: int, high: int, why: str) -> None:
+    """`name`, when given, is an integer within [low, high]; else a 400 counted as `out_of_bounds`."""
+    v = payload.get(name)
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        shown = json.dumps(v)[:40]
+        allowed = f"{low}" if low == high else f"an integer from {low} to {high}"
+        raise Refused(400, f"`{name}` must be {allowed}, not {shown}: {why}",
+                      "invalid_request_error", "out_of_bounds", error=f"{name} out of bounds")
+
+
+def check_fields(payload: dict[str, object], max_tokens: int) -> None:
+    """`n`, `best_of`, `min_tokens` and the logprobs fields within bounds (`max_tokens`: the most this request may
+    generate, asked or the cap); raises Refused."""
+    for name in ("n", "best_of"):
+        _bounded(payload, name, 1, MAX_N, f"this gateway's engine serves {MAX_N} sequence a request "
+                 "(docs/gateway.md#bounds-and-errors)")
+    _bounded(payload, "min_tokens", 0, max_tokens, f"at most `max_tokens` ({max_tokens})")
+    for name in LOGPROB_FIELDS:
+        if name == "logprobs" and isinstance(payload.get(name), bool):
+            continue  # chat's `logprobs: true` (the count is top_logprobs)
+        _bounded(payload, name, 0, MAX_LOGPROBS, f"at most {MAX_LOGPROBS} alternatives a token")
+
+
 def check_json(body: bytes, ctype: bytes, *, max_depth: int, max_tokens: int,
                context_tokens: int) -> tuple[bytes, bool, str]:
     """(the body to send, whether to strip the usage chunk the gateway asked for, the body's text); raises Refused."""
@@ -42,7 +110,7 @@ def check_json(body: bytes, ctype: bytes, *, max_depth: int, max_tokens: int,
                       "bad_request", error="wrong content type")
     try:
         text = body.decode("utf-8")
-        payload = json.loads(text)
+        payload = _loads(text)
     except UnicodeDecodeError:
         raise Refused(400, "the request body is not UTF-8", "invalid_request_error", "bad_request",
                       error="body not UTF-8") from None
@@ -74,6 +142,7 @@ def check_json(body: bytes, ctype: bytes, *, max_depth: int, max_tokens: int,
             raise Refused(400, f"`{f}` {v} is over this gateway's cap of {max_tokens} tokens a request; ask "
                           f"for at most {max_tokens} (docs/gateway.md#caps)", "invalid_request_error",
                           "bad_request", error=f"{f} over the cap")
+    check_fields(payload, min((payload[f] for f in asked), default=max_tokens))
     if not asked and max_tokens < context_tokens:
         payload["max_tokens"] = max_tokens  # no limit asked: the cap, not the rest of the context
         changed = True

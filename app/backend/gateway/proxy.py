@@ -25,7 +25,7 @@ from app.backend.gateway.connguard import ConnGuard
 from app.backend.gateway.fairqueue import FairQueue, QueueFull
 from app.backend.gateway.routing import Chooser, LeastBusy, Target
 from app.backend.gateway.gwmetrics import REPORT_S, GatewayMetrics, RefusalLog
-from app.backend.gateway.inputs import Refused, check_json
+from app.backend.gateway.inputs import Refused, check_json, check_length
 from app.backend.gateway.keys import DEFAULT_SCOPE, ActivityRecord, KeyRecord, KeyStore
 from app.backend.gateway.engine_status import EngineStatus, EngineStatusSource
 from app.backend.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
@@ -363,6 +363,7 @@ class GatewayApp:
         if self.guard is not None:
             self.guard.authenticated(scope.get("client"))
         if method != allowed:
+            self.note_refusal("wrong_method", 405, route, rec.name)
             await self._reply(send, 405, f"{path} accepts {allowed} only", "invalid_request_error",
                               [(b"allow", allowed.encode())])
             return
@@ -446,6 +447,7 @@ class GatewayApp:
             return b"", False, None
         lim = self.limits
         ctype = headers.get("content-type", b"").split(b";")[0].strip().lower()
+        check_length(headers, lim.max_body_bytes)  # an announced body over the limit: 413 before reading it
         try:
             body = await self._read_body(receive)
         except OverflowError:

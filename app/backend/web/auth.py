@@ -19,7 +19,8 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from array import array
+from collections.abc import Awaitable, Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from app.backend.files.atomic import atomic_write
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P, DKLEN = 2**14, 8, 1, 32
 USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+NAME_CAP = 64  # a typed user name longer than this names no user (USER_RE): refused before it is kept or hashed
 MIN_PASSWORD = 8
 SESSION_IDLE_S = 2 * 3600.0  # a session ends this long after its last request ...
 SESSION_LIFETIME_S = 24 * 3600.0  # ... or this long after sign-in (docs/ui-and-safety.md#sessions)
@@ -153,78 +155,137 @@ class Pace:
     last: float = 0.0
 
 
+class _Cells:
+    """`n` paces in three flat arrays, allocated once: the throttle's memory is fixed whatever is typed or
+    whoever connects (issue 48: a table keyed by typed names grew by each name, and its prune reset the
+    pacing of the account under attack)."""
+
+    def __init__(self, n: int):
+        self.failures = array("q", [0]) * n
+        self.next_slot = array("d", [0.0]) * n
+        self.last = array("d", [0.0]) * n
+
+    def pace(self, i: int, now: float, forget_s: float) -> Pace:
+        """Cell i as it stands at `now` (failures forgotten `forget_s` after the last one); changes nothing."""
+        p = Pace(self.failures[i], self.next_slot[i], self.last[i])
+        if p.failures and now - p.last > forget_s and p.next_slot <= now:
+            return Pace()
+        return p
+
+    def store(self, i: int, p: Pace) -> None:
+        self.failures[i], self.next_slot[i], self.last[i] = p.failures, p.next_slot, p.last
+
+    def grow(self, n: int) -> None:
+        """n more cells at the end (a user added to the known accounts); the others keep their counts."""
+        self.failures.extend([0] * n)
+        self.next_slot.extend([0.0] * n)
+        self.last.extend([0.0] * n)
+
+
 @dataclass(frozen=True)
 class Slot:
-    """A throttle answer: wait `wait_s` then check the password, or (`refused`) answer 429 at once."""
+    """A throttle answer: wait `wait_s` then check the password, or (`refused`) answer 429 at once.
+    `keys` names the cells it was counted in: (kind, index)."""
 
     wait_s: float = 0.0
     refused: bool = False
     retry_after_s: float = 0.0
-    keys: tuple[tuple[str, str], ...] = ()
+    keys: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
 class LoginThrottle:
     """Paces password guessing by *delaying* logins, never by locking an account (issue 30,
-    docs/ui-and-safety.md#binding-and-authentication).
+    docs/ui-and-safety.md#binding-and-authentication), in a fixed amount of memory (issue 48).
 
     Three kinds of key, each with its own count of failures:
-    * `account:NAME` — every untrusted login for that user name, from any address;
-    * `client:C` — every untrusted login from one client (client_key: all of loopback is one);
-    * `device:D` — logins from a browser that signed in before (a device key that page keeps in
+    * the account — every untrusted login for that user name, from any address. A user of the
+      credentials file (`accounts()`) has a cell of its own, never shared or dropped; any other typed
+      name is a cell of a fixed table chosen by a keyed digest of the name (its first `NAME_CAP`
+      characters), so an unknown name costs a paced slot, never memory;
+    * the client (client_key: all of loopback is one, an IPv6 client its /64), in a fixed table the same way;
+    * the device — logins from a browser that signed in before (a device key that page keeps in
       storage scoped to its origin, so another port of the host cannot present it). Such a login
       is paced on its device key alone: other people's failures never slow the owner's browser.
 
-    Past `free` failures a key admits one login per interval (2 s, 4 s … capped at `max_interval_s`):
-    logins are given successive slots and wait for theirs, so no number of concurrent requests or
-    source addresses checks passwords faster than that fixed rate. A login whose slot lies more than
-    `horizon_s` ahead is refused at once (429, no scrypt) instead of queueing without end. Each
-    login counts as a failure when its slot is given (concurrent guesses cannot share the free
-    ones) and a success takes it back. A key's failures are forgotten `forget_s` after its last.
-    Once a flood stops, any login waits at most `horizon_s` + `max_interval_s` (< 1 min)."""
+    Tables are never pruned, so no flood of names or addresses resets an account's count; two names or
+    two clients that share a cell share its pacing (stricter, never looser). Past `free` failures a key
+    admits one login per `interval_s`: logins are given successive slots and wait for theirs, so no
+    number of concurrent requests or source addresses checks passwords faster than `free` + 4 a minute.
+    A login whose slot lies more than `horizon_s` ahead is refused at once (429, no scrypt) and changes
+    nothing: the decision comes before anything is stored. Each admitted login counts as a failure when
+    its slot is given (concurrent guesses cannot share the free ones) and a success takes it back. A
+    key's failures are forgotten `forget_s` after its last.
+    Once a flood stops, any login waits at most `horizon_s` + `interval_s` (< 1 min)."""
 
     free_account: int = 5
     free_client: int = 20
     free_device: int = 5
-    max_interval_s: float = 15.0
+    interval_s: float = 15.0  # past the free failures, one login per interval: 4 a minute
     horizon_s: float = 30.0
     forget_s: float = 900.0
-    max_keys: int = 10_000  # memory bound: idle keys are forgotten first
+    cells: int = 8192  # per table (typed names, clients, devices): 3 x 8192 x 24 bytes, allocated once
+    max_accounts: int = 4096  # users with a cell of their own; beyond, they share the names' table
     clock: Callable[[], float] = time.monotonic
-    keys: dict[tuple[str, str], Pace] = field(default_factory=dict)
+    _secret: bytes = field(default_factory=lambda: secrets.token_bytes(16), repr=False)
+    _own: dict[bytes, int] = field(default_factory=dict, repr=False)  # a known user's digest -> its cell
+    _tables: dict[str, _Cells] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def __post_init__(self) -> None:
+        self._tables = {kind: _Cells(self.cells) for kind in ("name", "client", "device")}
+        self._tables["account"] = _Cells(0)
+
+    def accounts(self, names: Iterable[str]) -> None:
+        """Give these user names (the credentials file's) a cell each, that nothing else shares."""
+        with self._lock:
+            had = len(self._own)
+            for name in names:
+                if len(self._own) >= self.max_accounts:
+                    break
+                self._own.setdefault(self._digest(name), len(self._own))
+            self._tables["account"].grow(len(self._own) - had)
+
+    def _digest(self, text: str) -> bytes:
+        # keyed: nobody outside the process can pick names that land in a cell of their choosing
+        return hashlib.blake2b(text[:NAME_CAP].encode("utf-8", "surrogatepass"), digest_size=8,
+                               key=self._secret).digest()
+
+    def _cell(self, kind: str, text: str) -> int:
+        return int.from_bytes(self._digest(text), "big") % self.cells
+
     def _free(self, kind: str) -> int:
-        return {"account": self.free_account, "client": self.free_client}.get(kind, self.free_device)
+        if kind in ("account", "name"):
+            return self.free_account
+        return self.free_client if kind == "client" else self.free_device
 
     def _interval(self, kind: str, failures: int) -> float:
-        extra = failures - self._free(kind)
-        return 0.0 if extra < 0 else min(2.0 ** extra, self.max_interval_s)
+        """The wait after this login, `failures` counting it: none within the free ones, then `interval_s`,
+        so a key checks at most `free` + 60 / `interval_s` a minute from the first (issue 48: a ramp of
+        1, 2, 4, 8 s before it gave 10 checks in the first 15 s)."""
+        return 0.0 if failures < self._free(kind) else self.interval_s
 
-    def _keys_for(self, user: str, address: str, device: str | None) -> tuple[tuple[str, str], ...]:
+    def _keys_for(self, user: str, address: str, device: str | None) -> tuple[tuple[str, int], ...]:
         if device:
-            return (("device", device),)
-        return (("account", user), ("client", client_key(address)))
+            return (("device", self._cell("device", device)),)
+        own = self._own.get(self._digest(user))
+        account = ("account", own) if own is not None else ("name", self._cell("name", user))
+        return (account, ("client", self._cell("client", client_key(address))))
 
     def reserve(self, user: str, address: str, device: str | None = None) -> Slot:
-        """Give this login a slot (how long to wait before checking it) or refuse it."""
+        """Give this login a slot (how long to wait before checking it) or refuse it, storing nothing."""
         now = self.clock()
-        keys = self._keys_for(user, address, device)
         with self._lock:
-            paces = []
-            for key in keys:
-                pace = self.keys.get(key)
-                if pace is None or (pace.failures and now - pace.last > self.forget_s and pace.next_slot <= now):
-                    pace = self.keys[key] = Pace()
-                paces.append(pace)
+            keys = self._keys_for(user, address, device)
+            paces = [self._tables[kind].pace(i, now, self.forget_s) for kind, i in keys]
             start = max([now, *(p.next_slot for p in paces)])
-            if start - now > self.horizon_s:
+            if start - now > self.horizon_s:  # decided before anything is stored: a refusal adds nothing
                 return Slot(refused=True, retry_after_s=start - now - self.horizon_s + 1.0, keys=keys)
-            for (kind, _), pace in zip(keys, paces, strict=True):
-                pace.next_slot = start + self._interval(kind, pace.failures)
+            for (kind, i), pace in zip(keys, paces, strict=True):
                 pace.failures += 1  # counted now, taken back on success: concurrent guesses share nothing
+                pace.next_slot = start + self._interval(kind, pace.failures)
                 pace.last = now
-            self._prune(now)
+                self._tables[kind].store(i, pace)
             return Slot(wait_s=start - now, keys=keys)
 
     def record(self, slot: Slot, ok: bool) -> None:
@@ -232,20 +293,17 @@ class LoginThrottle:
         if not ok or slot.refused:
             return
         with self._lock:
-            for key in slot.keys:
-                pace = self.keys.get(key)
-                if pace is not None and pace.failures > 0:
-                    pace.failures -= 1
+            for kind, i in slot.keys:
+                cells = self._tables[kind]
+                if cells.failures[i] > 0:
+                    cells.failures[i] -= 1
 
-    def _prune(self, now: float) -> None:
-        if len(self.keys) <= self.max_keys:
-            return
-        for key in [k for k, p in self.keys.items() if p.next_slot <= now]:
-            del self.keys[key]
-            if len(self.keys) <= self.max_keys // 2:
-                return
-        while len(self.keys) > self.max_keys:  # all waiting: forget the oldest
-            del self.keys[next(iter(self.keys))]
+    def failures(self, user: str, address: str = "", device: str | None = None) -> tuple[int, ...]:
+        """The failure counts a login of `user` from `address` would be paced on now (for tests and docs)."""
+        now = self.clock()
+        with self._lock:
+            return tuple(self._tables[k].pace(i, now, self.forget_s).failures
+                         for k, i in self._keys_for(user, address, device))
 
 
 @dataclass
@@ -259,6 +317,7 @@ class LoginNote:
     device_user: str | None = None  # the user that device key was issued to (DeviceBook), if any
     refused: bool = False  # throttled: answer 429 with retry_after_s
     busy: bool = False  # too many logins being checked at once: answer 503
+    invalid: str = ""  # refused unchecked for its form (a user name over NAME_CAP): answer 400 with this
     retry_after_s: float = 0.0
     user: str | None = None  # set on success: the user the device key is issued to
 
@@ -390,10 +449,19 @@ def make_checker(users: dict[str, str], guard: LoginGuard | None = None,
     answer) for /metrics."""
     dummy = hash_password(secrets.token_hex(8))
     g = guard or LoginGuard()
+    g.throttle.accounts(users)  # each user paced on a cell of its own (LoginThrottle)
     note_for = note_of or current_login
 
     async def check(username: str, password: str) -> bool:
         note = note_for() or LoginNote()
+        if len(username) > NAME_CAP:  # first: nothing of a long name is kept, hashed, logged or paced
+            note.invalid = f"User names are at most {NAME_CAP} characters; this one has {len(username)}."
+            oplog.decision("auth", "login_refused", who=oplog.user(_shown_name(username)),
+                           level=logging.WARNING, address=note.address,
+                           reason=f"user name over {NAME_CAP} characters")
+            if on_failure is not None:
+                on_failure("bad_credentials")
+            return False
         device = note.device if note.device and note.device_user == username else None  # its own user only
         slot = g.throttle.reserve(username, note.address, device)
         who = oplog.user(_shown_name(username))
@@ -443,7 +511,7 @@ def make_checker(users: dict[str, str], guard: LoginGuard | None = None,
 
 def _shown_name(name: str) -> str:
     """A typed user name as the log may show it: printable, at most 64 characters (it is the stranger's text)."""
-    shown = "".join(c if c.isprintable() else "?" for c in (name or ""))[:64]
+    shown = "".join(c if c.isprintable() else "?" for c in (name or "")[:NAME_CAP])
     return shown or "(empty)"
 
 

@@ -44,6 +44,9 @@ FORWARDING_HEADERS = (b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-pro
 UPLOAD_PATHS = ("/gradio_api/upload",)
 MAX_BODY_BYTES = 4 * 1024 * 1024  # every event's JSON: a 256 KiB chat message is far below it
 MAX_UPLOAD_BYTES = 16 * 1024 * 1024  # a chat export to import (the panel's only upload)
+# POST /login: a user name (at most 64 characters) and a password, URL-encoded. A login body is never
+# buffered past this, so no typed name of a megabyte reaches the checker (issue 48)
+MAX_LOGIN_BYTES = 8 * 1024
 
 # Reachable without a session when auth is on. Each one, and why (docs/ui-and-safety.md#routes):
 PUBLIC_EXACT = frozenset({
@@ -181,6 +184,7 @@ class GatePolicy:
     fn_index_ok: Callable[[int], bool] | None = None  # does this fn_index name an event? (None: unchecked)
     max_body_bytes: int = MAX_BODY_BYTES
     max_upload_bytes: int = MAX_UPLOAD_BYTES
+    max_login_bytes: int = MAX_LOGIN_BYTES
     _exact: frozenset[str] = field(init=False, repr=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -216,6 +220,12 @@ class GatePolicy:
 
     def served_names(self) -> list[str]:
         return sorted(self._exact) + list(self.allowed_hosts)
+
+    def body_limit(self, path: str) -> int:
+        """The most bytes a request body of this route may have (docs/ui-and-safety.md#the-http-gate)."""
+        if path in LOGIN_PATHS:
+            return self.max_login_bytes
+        return self.max_upload_bytes if path.startswith(UPLOAD_PATHS) else self.max_body_bytes
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -397,7 +407,7 @@ class WebGate:
             # Gradio's own 401 body, so its page shows the login form.
             return 401, {"detail": {"error": "Not authenticated", "auth_message": p.auth_message}}, []
         if scope["type"] == "http":
-            limit = p.max_upload_bytes if path.startswith(UPLOAD_PATHS) else p.max_body_bytes
+            limit = p.body_limit(path)
             length = headers.get(b"content-length", b"")
             if length.isdigit() and int(length) > limit:
                 return 413, (f"request body of {int(length)} bytes is over this route's limit of {limit} bytes "
@@ -406,8 +416,7 @@ class WebGate:
 
     def _capped(self, scope: Scope, receive: Receive) -> Receive:
         """A body without Content-Length (chunked) is cut off at the limit: the app sees a disconnect."""
-        path = scope.get("path", "")
-        limit = self.policy.max_upload_bytes if path.startswith(UPLOAD_PATHS) else self.policy.max_body_bytes
+        limit = self.policy.body_limit(scope.get("path", ""))
         seen = 0
 
         async def capped() -> Message:
@@ -440,13 +449,18 @@ def _without_cookie(scope: Scope) -> Scope:
 def _login_send(send: Send, guard: SessionGuard, note: LoginNote) -> Send:
     """POST /login's answer: on success, the session key and a device key for the page (headers the
     page script stores) and cookies with Max-Age; a throttled login becomes 429 (503 when busy)
-    with Retry-After, instead of Gradio's 400."""
+    with Retry-After, and a login refused for its form (a user name too long) a 400 saying why,
+    instead of Gradio's 400."""
     swallow = False
 
     async def wrapped(message: Message) -> None:
         nonlocal swallow
         if message.get("type") == "http.response.start":
             status = message.get("status", 500)
+            if status == 400 and note.invalid:
+                swallow = True
+                await _respond(send, 400, note.invalid, [])
+                return
             if status == 400 and (note.refused or note.busy):
                 swallow = True
                 wait = max(1, int(note.retry_after_s + 0.999))
