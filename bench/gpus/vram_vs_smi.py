@@ -47,14 +47,15 @@ def compare(label: str, reader: NvmlGpuReader, samples: int) -> None:
         time.sleep(1.0)
 
 
-def load(stop: threading.Event) -> str:
-    """Hold ~8 GiB and keep the SMs busy until `stop`; '' when running, else why not."""
+def load(stop: threading.Event) -> tuple[str, threading.Thread | None]:
+    """Hold ~8 GiB and keep the SMs busy until `stop`: ('', the thread) when running, else (why not, None).
+    The caller joins the thread: a daemon thread still in a CUDA call at exit aborts the interpreter."""
     try:
         import torch  # type: ignore[import-not-found]
     except ImportError:
-        return "torch is not installed here"
+        return "torch is not installed here", None
     if not torch.cuda.is_available():
-        return "torch sees no CUDA device"
+        return "torch sees no CUDA device", None
 
     def run() -> None:
         hold = torch.empty(8 * 2**30, dtype=torch.uint8, device="cuda")
@@ -65,9 +66,10 @@ def load(stop: threading.Event) -> str:
             torch.cuda.synchronize()
         del hold
 
-    threading.Thread(target=run, daemon=True).start()
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
     time.sleep(5.0)  # the allocation and the first kernels land
-    return ""
+    return "", worker
 
 
 def main() -> int:
@@ -83,12 +85,14 @@ def main() -> int:
         compare("idle", reader, args.samples)
         if args.load:
             stop = threading.Event()
-            why = load(stop)
+            why, worker = load(stop)
             if why:
                 print(f"load: not measured ({why})")
             else:
                 compare("load", reader, args.samples)
             stop.set()
+            if worker is not None:
+                worker.join(timeout=60.0)
     finally:
         reader.close()
     return 0
