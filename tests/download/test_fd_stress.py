@@ -1,6 +1,6 @@
 """One owner per file descriptor (issue 49, docs/downloads.md "File descriptors"): the download fault matrix,
 many times, under the fd check (fdcheck.py): no close by a thread that does not own the fd, no use of
-another thread's fd, no EBADF, no leak.
+another thread's fd, no EBADF, no fd left open, no thread of the run left running.
 
 The check fails on the structural fault itself (an fd opened by one thread and closed or written by
 another), so one round of the matrix shows a regression; the rounds are for the races that would only
@@ -82,6 +82,9 @@ def scratch() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+RUN_THREADS = ("fetch-", "verify", "fsync-", "zstd")  # an artifact's threads (job.py, extract.py)
+
+
 def run_round(artifact: Artifact, scratch: Path, reports: list[tuple[str, FdReport]]) -> None:
     for name, scenario in scenarios():
         work = scratch / f"{name}-{uuid.uuid4().hex[:6]}"
@@ -91,6 +94,9 @@ def run_round(artifact: Artifact, scratch: Path, reports: list[tuple[str, FdRepo
         try:
             with fd_ownership(fail=False) as report:
                 scenario(settings, hub, artifact, work)
+                # joined to the end before the run returned: none is left to use (or leak) an fd
+                alive = [t.name for t in threading.enumerate() if t.name.startswith(RUN_THREADS)]
+                report.leaked += [f"thread {n} still running after the run ended" for n in alive]
             reports.append((name, report))
         finally:
             hub.stop()

@@ -63,6 +63,7 @@ class PartChain(io.RawIOBase):
         self.pos = 0  # input bytes read, over all parts
         self.read_gen: list[int] = []  # per part read so far: its generation when it was read
         self.verified_parts = self.verified_bytes = self.consumed_upto = 0
+        self.cancelled = False  # the extraction ended: a read waiting for input raises Stopped (under slots_changed)
 
     def readable(self) -> bool:
         return True
@@ -91,6 +92,12 @@ class PartChain(io.RawIOBase):
         data = self.read(len(view))
         view[:len(data)] = data
         return len(data)
+
+    def cancel(self) -> None:
+        """The extraction ended early: a read waiting for input gives up (extract.ExtractHooks.cancel_source)."""
+        with self.run.slots_changed:
+            self.cancelled = True
+            self.run.slots_changed.notify_all()
 
     def describe(self) -> str:
         if self.idx < len(self.run.slots):

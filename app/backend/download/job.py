@@ -476,6 +476,7 @@ class ArtifactRun:
             on_wait=lambda limit, seconds: self.board.waited(pid, limit, seconds))
         while True:
             chain = hooks.gate = PartChain(self)
+            hooks.cancel_source = chain.cancel
             try:
                 try:
                     extract_stream(chain, dest, dict(self.journal.files_done), hooks, describe_pos=chain.describe)
@@ -530,6 +531,8 @@ class ArtifactRun:
                 self.board.set_current_part(pid, s.info.name)
                 self._schedule()
             while True:
+                if chain.cancelled:
+                    raise Stopped()
                 if len(chain.read_gen) > idx and chain.read_gen[idx] != s.generation:
                     raise PartLost(s.info.name)
                 if s.rec.status in (VERIFIED, CONSUMED):
