@@ -110,8 +110,9 @@ def test_the_fault_matrix_under_the_fd_check(artifact, scratch):
         run_round(artifact, scratch, reports)
     bad = [(name, r) for name, r in reports if r.faults]
     opens = sum(r.opens for _, r in reports)
+    total = {kind: sum(len(getattr(r, kind)) for _, r in reports)
+             for kind in ("foreign_closes", "foreign_uses", "ebadf", "reused", "leaked")}
     print(f"fd stress: {len(reports)} runs in {ROUNDS} rounds, {opens} fds opened, "
-          f"{sum(len(r.foreign_closes) for _, r in reports)} foreign closes, "
-          f"{sum(len(r.ebadf) for _, r in reports)} EBADF, {len(bad)} runs with a fault")
+          + ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in total.items()) + f"; {len(bad)} runs with a fault")
     assert opens > 0, "the check saw no fd: it proves nothing"
     assert not bad, "\n\n".join(f"{name}: {r.summary()}\n" + "\n".join(r.faults[:3]) for name, r in bad[:3])
