@@ -7,10 +7,15 @@ import os
 import threading
 from pathlib import Path
 
-from app.backend.download.types import ArtifactState
+from app.backend.download import job
+from app.backend.download.progress import ProgressBoard
+from app.backend.download.runner import run_download
+from app.backend.download.types import ArtifactState, Stopped
 
-from .conftest import run
+from .conftest import fast_config, run
 from .fdcheck import fd_ownership
+from .test_fd_stress import RUN_THREADS
+from tests.polling import wait_for
 
 HERE = str(Path(__file__).resolve().parent) + os.sep  # this file's opens are watched, as the downloader's are
 
@@ -82,3 +87,36 @@ def test_a_clean_download_passes_the_check(settings, hub, artifact, tmp_path, fd
     board = run(settings, hub.endpoint, tmp_path / "dest")
     assert board.snapshot()[0].state == ArtifactState.DONE
     assert fd_check.opens > 20 and fd_check.closes == fd_check.opens
+
+
+def test_a_worker_that_does_not_stop_is_an_error_and_nothing_is_closed_under_it(settings, hub, tmp_path, monkeypatch,
+                                                                               oplog_lines):
+    """A fetch worker stuck past the join's deadline: the run ends all the same, the operator's log says which
+    thread, and its fd stays open until the worker itself lets go (docs/downloads.md, "File descriptors")."""
+    monkeypatch.setattr(job, "JOIN_GRACE_S", 0.2)
+    real, stuck, release = job.fetch_range, threading.Event(), threading.Event()
+
+    def fetch_range(*args, **kw):
+        if not stuck.is_set():
+            stuck.set()
+            release.wait(60)  # deaf to the run's stop, holding its fd
+        return real(*args, **kw)
+
+    monkeypatch.setattr(job, "fetch_range", fetch_range)
+    stop = threading.Event()
+    with fd_ownership() as report:
+        threading.Thread(target=lambda: stuck.wait(30) and stop.set()).start()
+        try:
+            run_download(fast_config(settings, hub.endpoint, tmp_path / "dest"), list(settings.recipe.artifacts),
+                         ProgressBoard(), stop)
+        except Stopped:
+            pass
+        finally:
+            held_open = report.opens - report.closes  # the stuck worker's, still open as the run returns
+            release.set()
+        wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith(RUN_THREADS)], 20.0,
+                 "the stuck worker to end once released")
+    assert stuck.is_set() and stop.is_set()
+    assert held_open, "the stuck worker's fd was closed under it"
+    line = next(ln for ln in oplog_lines.getvalue().splitlines() if "threads-stuck" in ln)
+    assert "component=downloads" in line and "threads=fetch-" in line, line

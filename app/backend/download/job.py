@@ -62,6 +62,7 @@ HASH_SLICE = 8 << 20
 # fsyncs at once: each waits for its file's writeback and a device cache flush; several keep the
 # disk's queue full (the extractor already started the writeback, extract.Writeback)
 DURABILITY_THREADS = 4
+JOIN_GRACE_S = 5.0  # beyond the stall watchdog, for a thread to stop once the run ends (_finish_threads)
 
 
 class ArtifactRun:
@@ -637,7 +638,7 @@ class ArtifactRun:
         self.group.budget.poke()
         started = time.monotonic()
         # a fetch stops within its stall watchdog (ranged.py); the verifier within one HASH_SLICE
-        deadline = started + self.cfg.stall_s + 5
+        deadline = started + self.cfg.stall_s + JOIN_GRACE_S
         for t in threads:
             t.join(timeout=max(deadline - time.monotonic(), 0))
         stuck = [t.name for t in threads if t.is_alive()]
