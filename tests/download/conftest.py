@@ -23,6 +23,8 @@ from app.backend.config.settings import Settings, resolve_settings
 from app.backend.simhub.artifacts import TreeSpec, build_artifact, file_digest_tree, generate_tree, reference_extract
 from app.backend.simhub.server import SimHub
 
+from .fdcheck import FdReport, fd_ownership
+
 PREFIX = "planescache.tar.zst.part."
 PART_SIZE = 512 * 1024
 KNOWN_TOKEN = "hf_KnownSecretToken1234567890abcdef"
@@ -125,3 +127,11 @@ def run(settings: Settings, endpoint: str, dest: Path, board: ProgressBoard | No
     run_download(fast_config(settings, endpoint, dest, **kw), list(settings.recipe.artifacts), board,
                  threading.Event())
     return board
+
+
+@pytest.fixture
+def fd_check() -> Iterator[FdReport]:
+    """The test runs under the fd-ownership check (fdcheck.py): it fails at teardown on a close by a thread
+    that does not own the fd, a use of another thread's fd, any EBADF, or an fd left open."""
+    with fd_ownership() as report:
+        yield report

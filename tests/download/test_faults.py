@@ -53,7 +53,8 @@ def test_sparse_file_stays_sparse(settings, hub, tmp_path):
     assert st.st_blocks * 512 < 1 << 20, f"holes were filled: {st.st_blocks * 512} bytes allocated"
 
 
-@pytest.mark.parametrize("fault", [
+# the transient faults of the matrix (test_fd_stress.py runs them again under the fd check)
+TRANSIENT_FAULTS = [
     Fault("drop", after_bytes=100_000),
     Fault("reset", after_bytes=50_000),
     Fault("truncate", after_bytes=70_000),
@@ -64,7 +65,10 @@ def test_sparse_file_stays_sparse(settings, hub, tmp_path):
     Fault("stall", after_bytes=10_000, stall_s=20),
     Fault("ignore_range", times=2),
     Fault("corrupt", offset=200_000),
-], ids=lambda f: f"{f.kind}-{f.where}")
+]
+
+
+@pytest.mark.parametrize("fault", TRANSIENT_FAULTS, ids=lambda f: f"{f.kind}-{f.where}")
 def test_transient_fault_is_survived(settings, hub, artifact, tmp_path, fault):
     key = "__info__" if fault.where == "info" else PART1
     hub.add_fault(key, fault)

@@ -12,6 +12,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Protocol
 
+from app.backend.download.fds import owned_fd
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.segments import PartSlot
 from app.backend.download.statemachine import VerifyingPart, WaitingForParts
@@ -49,18 +50,20 @@ class ChainSource(Protocol):
 class PartChain(io.RawIOBase):
     """The parts as one stream, each read as its segments arrive, and the extraction's CommitGate.
 
-    Each read maps just the range it hands out (`map_range`): the decompressor reads the page cache in
-    place, without a copy, and the mapping goes when it drops the view. The decoding thread reads; the tar
-    writer asks `verified`. `at` and `read_gen` are the run's to change, under its `slots_changed`.
+    Each read maps just the range it hands out (`map_range`) through an fd of its own, closed before it
+    returns: the decompressor reads the page cache in place, without a copy, and the mapping goes when it
+    drops the view. The chain keeps no fd (docs/downloads.md, "File descriptors"). The decoding thread
+    reads; the tar writer asks `verified`. `at` and `read_gen` are the run's to change, under its
+    `slots_changed`.
     """
 
     def __init__(self, run: ChainSource) -> None:
         self.run, self.idx, self.off = run, 0, 0
         self.at = -1  # the part wait_readable last announced as the one the extractor waits for
         self.pos = 0  # input bytes read, over all parts
-        self.fd = -1
         self.read_gen: list[int] = []  # per part read so far: its generation when it was read
         self.verified_parts = self.verified_bytes = self.consumed_upto = 0
+        self.cancelled = False  # the extraction ended: a read waiting for input raises Stopped (under slots_changed)
 
     def readable(self) -> bool:
         return True
@@ -71,15 +74,15 @@ class PartChain(io.RawIOBase):
             s = run.slots[self.idx]
             if self.off < s.info.size:
                 end = run.wait_readable(self, self.idx, self.off)
-                if self.fd < 0:
-                    self.fd = os.open(s.path, os.O_RDONLY)
                 n = end - self.off if size < 0 else min(size, end - self.off)
-                view = map_range(self.fd, self.off, self.off + n)
+                # an fd for this read alone: the decoding thread's, closed before it returns; the mapping
+                # stays valid without it (fds.py; docs/downloads.md, "File descriptors")
+                with owned_fd(s.path, os.O_RDONLY) as fd:
+                    view = map_range(fd, self.off, self.off + n)
                 self.off += n
                 self.pos += n
                 run.board.add_decoded(run.plan.id, n)
                 return view
-            self.close_current()
             self.idx, self.off = self.idx + 1, 0
             self.verified()  # parts read and verified are consumed (they may be evicted)
         return b""
@@ -90,10 +93,11 @@ class PartChain(io.RawIOBase):
         view[:len(data)] = data
         return len(data)
 
-    def close_current(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)  # a mapping the decompressor still holds stays valid
-            self.fd = -1
+    def cancel(self) -> None:
+        """The extraction ended early: a read waiting for input gives up (extract.ExtractHooks.cancel_source)."""
+        with self.run.slots_changed:
+            self.cancelled = True
+            self.run.slots_changed.notify_all()
 
     def describe(self) -> str:
         if self.idx < len(self.run.slots):

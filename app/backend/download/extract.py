@@ -24,6 +24,7 @@ import ctypes.util
 import dataclasses
 import errno
 import io
+import logging
 import os
 import queue
 import tarfile
@@ -35,6 +36,7 @@ from typing import IO, TYPE_CHECKING, Any, Callable, Protocol, TypeVar, cast
 
 import zstandard
 
+from app.backend import oplog
 from app.backend.download.safety import apply_data_filter, check_member
 from app.backend.download.types import DownloadError, Limit, SpaceError, Stopped, UnsafeArchiveError
 
@@ -51,6 +53,7 @@ DECODE_CHUNK = 1 << 20  # one decompressed buffer
 QUEUE_CHUNKS = 4  # decompressed buffers between the decoder and the writer: 4 MiB per artifact
 WRITEBACK_EVERY = 8 << 20  # start the disk's writeback of a file after this many bytes written to it
 SYNC_FILE_RANGE_WRITE = 2
+JOIN_S = 30.0  # the decoding thread's waits all poll a stop at least every 0.5 s: this is never reached
 
 
 class Writeback:
@@ -116,6 +119,9 @@ class ExtractHooks:
     on_wait: Callable[[Limit, float], None] = lambda limit, seconds: None
     writeback: Writeback = field(default_factory=Writeback)
     gate: CommitGate | None = None  # input read ahead of its verification: members land once it is verified
+    # wakes a read of the source that waits for input (chain.PartChain.cancel): the extraction ended early
+    # and joins its decoding thread
+    cancel_source: Callable[[], None] = lambda: None
 
 
 class _Commits:
@@ -180,7 +186,7 @@ def extract_stream(source: IO[bytes] | io.RawIOBase, dest: Path, done: dict[str,
     """Extract a zstd-compressed tar stream into dest. Raises DownloadError subclasses or Stopped."""
     dest.mkdir(parents=True, exist_ok=True)
     dest_real = os.path.realpath(dest)
-    reader = _Decompressor(source, hooks.stop, hooks.on_wait, hooks.gate)
+    reader = _Decompressor(source, hooks.stop, hooks.on_wait, hooks.gate, hooks.cancel_source)
     commits = _Commits(hooks.gate, hooks.on_bytes)
     try:
         with tarfile.open(fileobj=reader, mode="r|", bufsize=TAR_BUFSIZE) as tf:
@@ -216,14 +222,17 @@ class _Decompressor(io.RawIOBase):
     Decompression and file writes overlap (both release the GIL), like `zstd -d | tar -x`. Data
     goes into a small pool of reused buffers (no per-chunk allocation) and member data is written
     to files straight from them (`copy_to`); memory is bounded by QUEUE_CHUNKS × DECODE_CHUNK.
-    Errors travel through the queue.
+    Errors travel through the queue. `close` stops the decoding thread and joins it: the extraction
+    never ends with it still reading the source (docs/downloads.md, "File descriptors").
     """
 
     def __init__(self, source: IO[bytes] | io.RawIOBase, stop: threading.Event,
                  on_wait: Callable[[Limit, float], None] = lambda limit, seconds: None,
-                 gate: CommitGate | None = None) -> None:
+                 gate: CommitGate | None = None, cancel_source: Callable[[], None] = lambda: None) -> None:
         self.on_wait = on_wait
         self.gate = gate
+        self.cancel_source = cancel_source
+        self.closing = threading.Event()  # the consumer has gone: the decoding thread ends
         # (buffer, bytes in it, input position once it was decoded: all it can depend on)
         self.q: queue.Queue[tuple[bytearray, int, int] | BaseException] = queue.Queue()
         self.free: queue.Queue[bytearray] = queue.Queue()
@@ -269,7 +278,7 @@ class _Decompressor(io.RawIOBase):
             try:
                 return q.get(timeout=0.2)
             except queue.Empty:
-                if self.stop.is_set():
+                if self.stop.is_set() or self.closing.is_set():
                     raise Stopped() from None
                 if q is self.q and not self.thread.is_alive() and self.q.empty():
                     raise DownloadError("decompressor stopped unexpectedly") from None
@@ -341,6 +350,13 @@ class _Decompressor(io.RawIOBase):
 
     def close(self) -> None:
         self.eof = True
+        self.closing.set()
+        if self.thread is not threading.current_thread():
+            self.cancel_source()
+            self.thread.join(JOIN_S)
+            if self.thread.is_alive():
+                oplog.decision("downloads", "thread-stuck", who=oplog.PANEL, level=logging.ERROR, thread=self.thread.name,
+                               waited_s=JOIN_S, reason="the decoder did not stop after the extraction ended")
         super().close()
 
 

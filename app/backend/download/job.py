@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import mmap
 import os
 import queue
@@ -30,8 +31,10 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING
 
+from app.backend import oplog
 from app.backend.download.chain import PartChain, PartLost
 from app.backend.download.extract import ExtractHooks, extract_stream, free_bytes
+from app.backend.download.fds import owned_fd
 from app.backend.download.fetch import fetch_range
 from app.backend.download.group import RunGroup
 from app.backend.download.hub import HubClient
@@ -59,6 +62,7 @@ HASH_SLICE = 8 << 20
 # fsyncs at once: each waits for its file's writeback and a device cache flush; several keep the
 # disk's queue full (the extractor already started the writeback, extract.Writeback)
 DURABILITY_THREADS = 4
+JOIN_GRACE_S = 5.0  # beyond the stall watchdog, for a thread to stop once the run ends (_finish_threads)
 
 
 class ArtifactRun:
@@ -66,7 +70,7 @@ class ArtifactRun:
 
     Two locks, always taken in this order when both are held:
     - `slots_changed` (a Condition; the extractor waits on it): `fatal`, `next_needed`, each slot's
-      `admitted`, `fd`, `generation` and `fetched_k`, and the chain's `at` and `read_gen`. Notified when a
+      `admitted`, `generation` and `fetched_k`, and the chain's `at` and `read_gen`. Notified when a
       part is admitted, verified or fails, when bytes the extractor waits for land, and on halt.
     - `journal_lock` (an RLock): `journal` (state, reason, files_done, extraction_started), each slot's
       `rec` (status, segments_done, corrupt_count) and `landed`, and `last_save`.
@@ -93,6 +97,7 @@ class ArtifactRun:
         self.next_needed = 0
         self.wants: tuple[int, int] | None = None  # (part, offset) the extractor waits for, while it does
         self.already_extracted = sum(journal.files_done.values())
+        self.threads_finished = False
         self.slots = [self._make_slot(i, p, r) for i, (p, r) in enumerate(zip(plan.parts, journal.parts, strict=True))]
 
     # ---- setup ---------------------------------------------------------------------------------
@@ -142,7 +147,6 @@ class ArtifactRun:
             with self.slots_changed:
                 for s in self.slots:
                     if s.rec.status == PENDING and len(s.rec.segments_done) == s.segments:
-                        self._open(s)
                         s.admitted = True
                         self.verify_q.put(s)
                 self._schedule()
@@ -161,8 +165,6 @@ class ArtifactRun:
         finally:
             self.halt.set()
             self.group.set_remaining(pid, 0)
-            for s in self.slots:
-                self._close(s)
             self._save(force=True)
 
     # ---- state / journal -----------------------------------------------------------------------
@@ -259,7 +261,6 @@ class ArtifactRun:
                 staged -= self._evict(staged + s.info.size - budget)
                 if staged + s.info.size > budget:
                     break
-            self._open(s)
             s.admitted = True
             staged += s.info.size
             for k in range(s.segments):
@@ -285,15 +286,6 @@ class ArtifactRun:
             self._save(force=True)
         return freed
 
-    def _open(self, s: PartSlot) -> None:
-        if s.fd is None:
-            s.fd = os.open(s.path, os.O_RDWR | os.O_CREAT, 0o644)
-
-    def _close(self, s: PartSlot) -> None:
-        if s.fd is not None:
-            os.close(s.fd)
-            s.fd = None
-
     # ---- fetch workers -------------------------------------------------------------------------
     def _worker(self) -> None:
         _yield_to_extractor()
@@ -315,16 +307,18 @@ class ArtifactRun:
                 self.group.budget.release(self.rank)
                 continue
             s, start, end = task
-            assert s.fd is not None  # admitted parts are open until verified
             with self.journal_lock:
                 s.landed[start] = 0
             held = [True]  # this worker holds a connection slot (not while it waits to retry)
             self.board.flight(pid, +1)
             try:
-                fetch_range(self.hub, getter, s.info, start, end, s.fd, self.halt,
-                            on_wire=lambda n: self.board.add_wire(pid, n),
-                            on_useful=partial(self._landing, s, start),
-                            on_retry=partial(self._retrying, s), between=partial(self._between, s, held))
+                # this worker's own fd on the part, for this range alone (fds.py; docs/downloads.md,
+                # "File descriptors"): no other thread can close it under the write
+                with owned_fd(s.path, os.O_WRONLY | os.O_CREAT) as fd:
+                    fetch_range(self.hub, getter, s.info, start, end, fd, self.halt,
+                                on_wire=lambda n: self.board.add_wire(pid, n),
+                                on_useful=partial(self._landing, s, start),
+                                on_retry=partial(self._retrying, s), between=partial(self._between, s, held))
             except Stopped:
                 return
             except OSError as exc:
@@ -416,27 +410,30 @@ class ArtifactRun:
         and, link-bound, its last (docs/downloads.md, "Hashed as it arrives"). Nothing extracted from
         the part lands before the comparison (verify before trust; chain.PartChain).
         """
-        if s.rec.status != PENDING or s.fd is None:
-            return  # verified already: a late wake-up
+        with self.slots_changed, self.journal_lock:
+            if s.rec.status != PENDING or not s.admitted:
+                return  # verified already (a late wake-up), or no longer staged
         pid = self.plan.id
         with self.journal_lock:
             done, complete = set(s.rec.segments_done), len(s.rec.segments_done) == s.segments
         end, k = s.hashed, s.hashed // self.segment_size
         while k in done:
             end, k = min((k + 1) * self.segment_size, s.info.size), k + 1
-        if end > s.hashed and os.fstat(s.fd).st_size >= end:  # a short file fails the comparison below
-            s.sha = s.sha or hashlib.sha256()
-            _hash_range(s.sha, s.fd, s.hashed, end, self.halt)
-            s.hashed = end
-        if not complete:
-            return
+        # the verifier's own fd, for this call alone (fds.py; docs/downloads.md, "File descriptors")
+        with owned_fd(s.path, os.O_RDONLY) as fd:
+            if end > s.hashed and os.fstat(fd).st_size >= end:  # a short file fails the comparison below
+                s.sha = s.sha or hashlib.sha256()
+                _hash_range(s.sha, fd, s.hashed, end, self.halt)
+                s.hashed = end
+            if not complete:
+                return
+            size_ok = os.fstat(fd).st_size == s.info.size
         h, off = s.sha or hashlib.sha256(), s.hashed
-        if off == s.info.size and os.fstat(s.fd).st_size == s.info.size and h.hexdigest() == s.info.sha256:
+        if off == s.info.size and size_ok and h.hexdigest() == s.info.sha256:
             with self.slots_changed:
                 with self.journal_lock:
                     s.rec.status = VERIFIED
                 s.admitted = False
-                self._close(s)
                 self.slots_changed.notify_all()
             self.board.add_verified(pid, s.info.size)
             self.board.event(PartVerified(pid, part=s.info.name))
@@ -480,6 +477,7 @@ class ArtifactRun:
             on_wait=lambda limit, seconds: self.board.waited(pid, limit, seconds))
         while True:
             chain = hooks.gate = PartChain(self)
+            hooks.cancel_source = chain.cancel
             try:
                 try:
                     extract_stream(chain, dest, dict(self.journal.files_done), hooks, describe_pos=chain.describe)
@@ -496,8 +494,6 @@ class ArtifactRun:
                 raise
             except OSError as exc:
                 raise _space_or(exc, "extracting") from None
-            finally:
-                chain.close_current()
             break
         self._raise_if_halted()
         if chain.idx < len(self.slots):
@@ -536,6 +532,8 @@ class ArtifactRun:
                 self.board.set_current_part(pid, s.info.name)
                 self._schedule()
             while True:
+                if chain.cancelled:
+                    raise Stopped()
                 if len(chain.read_gen) > idx and chain.read_gen[idx] != s.generation:
                     raise PartLost(s.info.name)
                 if s.rec.status in (VERIFIED, CONSUMED):
@@ -612,11 +610,8 @@ class ArtifactRun:
             name, size, path = item
             try:
                 if not os.path.islink(path):
-                    fd = os.open(path, os.O_RDONLY)
-                    try:
+                    with owned_fd(path, os.O_RDONLY) as fd:
                         os.fsync(fd)
-                    finally:
-                        os.close(fd)
             except OSError:
                 continue  # not durable -> not recorded; a rerun rewrites it
             with self.journal_lock:
@@ -625,6 +620,12 @@ class ArtifactRun:
             self._save()
 
     def _finish_threads(self, threads: list[threading.Thread]) -> None:
+        """Stop and join every thread of the run. Each closes its own fds (fds.py), so nothing is closed
+        after a join: a thread that does not stop keeps what it has open, and is an error in the operator's
+        log (docs/downloads.md, "File descriptors")."""
+        if self.threads_finished:
+            return
+        self.threads_finished = True
         for _ in range(DURABILITY_THREADS):
             self.durable_q.put(None)
         for t in threads[-DURABILITY_THREADS:]:
@@ -635,8 +636,16 @@ class ArtifactRun:
         self.tasks.wake_all()
         self.verify_q.put(None)
         self.group.budget.poke()
+        started = time.monotonic()
+        # a fetch stops within its stall watchdog (ranged.py); the verifier within one HASH_SLICE
+        deadline = started + self.cfg.stall_s + JOIN_GRACE_S
         for t in threads:
-            t.join(timeout=self.cfg.stall_s + 5)
+            t.join(timeout=max(deadline - time.monotonic(), 0))
+        stuck = [t.name for t in threads if t.is_alive()]
+        if stuck:
+            oplog.decision("downloads", "threads-stuck", who=oplog.PANEL, level=logging.ERROR, artifact=self.plan.id,
+                           threads=",".join(stuck), waited_s=round(time.monotonic() - started, 1),
+                           reason="they did not stop after the run ended; their files stay open until they do")
 
     def _complete(self) -> None:
         yields = self.cfg.dest / self.plan.yields

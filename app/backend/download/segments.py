@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 @dataclass
 class PartSlot:
     """A part in this run. Which lock guards what (job.ArtifactRun): `rec` and `landed` are under the run's
-    `journal_lock`; `admitted`, `fd`, `generation` and `fetched_k` under its `slots_changed`; `sha` and
-    `hashed` belong to the verifier thread alone."""
+    `journal_lock`; `admitted`, `generation` and `fetched_k` under its `slots_changed`; `sha` and
+    `hashed` belong to the verifier thread alone. A slot holds no fd: each thread that writes or reads the
+    part opens its own for one call (fds.py; docs/downloads.md, "File descriptors")."""
 
     idx: int
     info: PartInfo
@@ -28,7 +29,6 @@ class PartSlot:
     path: Path
     segments: int
     admitted: bool = False
-    fd: int | None = None
     sha: HASH | None = None  # sha256 of the part's bytes [0, hashed)
     hashed: int = 0
     landed: dict[int, int] = field(default_factory=dict)  # segment start -> its bytes on disk (segments not done)
