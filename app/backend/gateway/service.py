@@ -253,9 +253,10 @@ class GatewayProcess:
 class GatewayService:
     def __init__(self, state_dir: Path, config: GatewayConfig, snapshot_fn: SnapshotFn, engine_base_url: str,
                  subscribe: Subscribe | None = None, slots_for: Callable[[str], int] | None = None,
-                 source: FleetSource | None = None, subscribe_more: tuple[Subscribe, ...] = ()):
-        """`source`, `subscribe_more`: a box of several GPUs (docs/gateway.md "Several GPUs: routing"): the box's
-        status from every GPU's controller, pushed on a change of any of them."""
+                 source: SnapshotSource | FleetSource | None = None, subscribe_more: tuple[Subscribe, ...] = ()):
+        """`source`: the box's status (routing.box_source, the one source `moet-panel gateway` builds for itself
+        too); `subscribe_more`: a box of several GPUs (docs/gateway.md "Several GPUs: routing"): pushed on a change
+        of any GPU's controller."""
         self.keys = KeyStore(state_dir)
         self.state_dir = state_dir
         self.config = config
