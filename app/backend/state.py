@@ -152,6 +152,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
                                              base_url(settings.recipe, settings.data_dir), subscribe=engine.on_change,
                                              slots_for=slots_for, source=source,
                                              subscribe_more=tuple(fleet.controller(g).on_change for g in fleet.gpus[1:]))
+    chat.take_turns_through(gateway)  # the Chat tab's replies take their turn in its fair queue (docs/chat.md)
     if box is None:
         engine.add_answer_counter(gateway)  # its answers in flight finish before a stop/switch (docs/engine.md "Keeps serving")
     else:
