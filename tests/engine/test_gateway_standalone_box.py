@@ -95,6 +95,8 @@ def test_the_standalone_gateway_spreads_over_two_gpus_and_every_drain_waits_for_
             th.join()
         together = time.monotonic() - t0
         assert sorted(b[3] for b in both) == ["0", "1"] and all(b[0] == 200 and b[1] for b in both), both
+        print(f"moet-panel gateway, two SIMULATED GPUs: one answer of 100 tokens {one:.2f} s; two at once "
+              f"{together:.2f} s = {together / one:.2f}x, on GPUs {sorted(b[3] for b in both)}")
         assert together <= 1.2 * one, f"two at once {together:.2f} s vs one {one:.2f} s"
 
         # a rolling CLI switch while a long answer streams (on GPU 0, the least busy's tie) and a client calls in a
@@ -123,6 +125,9 @@ def test_the_standalone_gateway_spreads_over_two_gpus_and_every_drain_waits_for_
         assert long and long[0][:3] == (200, True, 200), long  # whole: every token, then [DONE]
         refused = [x for x in loop if x[0] != 200]
         cut = [x for x in loop if x[0] == 200 and not x[1]]
+        print(f"rolling switch during a 200-token answer: {long[0][2]} tokens, [DONE] {long[0][1]}; client loop "
+              f"{len(loop)} requests, refused {len(refused)}, cut {len(cut)}, answered per GPU "
+              f"{ {g: sum(1 for x in loop if x[3] == g) for g in ('0', '1')} }")
         assert loop and not refused and not cut, (len(loop), refused, cut)
         status = json.loads(_cli(recipe_file, data, "engine", "status", "--json").stdout)["engines"]
         assert [(e["state"], e["profile"]) for e in status] == [("ready", "balanced")] * 2
