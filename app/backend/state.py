@@ -119,9 +119,22 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     multi = len(fleet.gpus) > 1
     gpu0 = fleet.gpus[0]
 
+    from app.backend.gateway.leftout import LeftOutNotes
+
+    left_notes = LeftOutNotes(settings.ensure_state_dir())
+    state.on_close(left_notes.close)
+
+    def leave_out(on: bool, gpus: list[int], why: str) -> None:
+        """A measure on these GPUs: the gateway sends them nothing meanwhile — the panel's (told at once) and a
+        `moet-panel gateway` beside it (gateway/leftout.py)."""
+        fleet.leave_out(gpus, why) if on else fleet.take_back(gpus)
+        left_notes.publish(fleet.left_out())
+        if state.gateway is not None:
+            state.gateway.push()
+
     def measuring(on: bool, gpu: int | None) -> None:
         if gpu is not None:
-            fleet.leave_out([gpu], "self-test") if on else fleet.take_back([gpu])
+            leave_out(on, [gpu], "self-test")
 
     selftest = state.selftest = SelfTestService(
         settings, engine, frame_fn=telemetry.latest, on_run=measuring if multi else None, gpu=gpu0 if multi else None,
@@ -131,7 +144,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # a box of several GPUs: a run may put A and B side by side on two GPUs (left out of the gateway meanwhile)
     abtest = state.abtest = ABRunService(
         settings, engine, engines={g: fleet.controller(g) for g in fleet.gpus} if multi else None,
-        on_gpus=(lambda on, gpus: fleet.leave_out(gpus, "blind A/B") if on else fleet.take_back(gpus)) if multi else None)
+        on_gpus=(lambda on, gpus: leave_out(on, list(gpus), "blind A/B")) if multi else None)
     state.on_close(abtest.cancel)  # finished answers stay journalled; resume continues
 
     # The API gateway: a process of its own, fed the engine's status on every change event; off until the

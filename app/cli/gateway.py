@@ -25,6 +25,7 @@ from app.backend.config.settings import Settings
 from app.backend.engine.answers import AnswersPublisher
 from app.backend.engine.client import base_url
 from app.backend.gateway.keys import KeyStore
+from app.backend.gateway.leftout import LeftOutNotes
 from app.backend.gateway.proxy import GatewayApp, Limits
 from app.backend.gateway.engine_status import EngineStatusSource, PipeSource, ProbeSource
 from app.backend.gateway.routing import box_source
@@ -187,7 +188,7 @@ class ObservedBox:
     """Every GPU's engine of this data dir, observed by controllers that never act: no supervision, no stall
     restart, no operation (the panel or the CLI does those); they read Docker (or the process runtime), probe
     readiness and follow any process's drain note, exactly as the panel's controllers do (docs/engine.md "One
-    truth")."""
+    truth"). The GPUs the panel's self-test or A/B measures on are left out (gateway/leftout.py)."""
 
     def __init__(self, settings: Settings) -> None:
         from app.backend.engine.factory import make_fleet
@@ -202,9 +203,11 @@ class ObservedBox:
         self.gpus = self._fleet.gpus
         self.multi = len(self.gpus) > 1
         fleet = self._fleet
+        # a self-test or A/B measuring on a GPU, in the panel (or any process): that GPU gets nothing from here
+        left = LeftOutNotes(settings.ensure_state_dir())
         self.source = box_source(self.gpus, lambda g: fleet.controller(g).snapshot,
                                  lambda g: base_url(settings.recipe, settings.data_dir, g),
-                                 lambda pid: engine_slots_of(settings.recipe, profiles.find(pid)))
+                                 lambda pid: engine_slots_of(settings.recipe, profiles.find(pid)), left.others)
 
     def describe(self) -> str:
         return (f"the engines of GPUs {', '.join(map(str, self.gpus))} of this data dir" if self.multi

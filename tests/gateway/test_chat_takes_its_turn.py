@@ -140,3 +140,8 @@ def test_a_chat_waits_at_most_one_answer_behind_four_greedy_keys_and_is_billed(p
         return 0.0
 
     wait_for(lambda: chat_metric() >= TOKENS, 10, "the chat's tokens in /metrics")
+
+    # the gateway switched off: the chat goes to the engine directly, and the panel's key is revoked with it
+    svc.stop()
+    assert svc.chat_route() is None
+    assert {k.name: k.status for k in svc.list_keys()}[PANEL_CHAT_KEY] == "revoked"

@@ -395,6 +395,7 @@ class GatewayService:
             child, self._child = self._child, None
             if child is not None:
                 child.stop()
+                self._drop_chat_key()
             self._snap = GatewaySnapshot(GatewayState.OFF, url=self.config.url(), message=OFF_MESSAGE)
             return self.snapshot()
 
@@ -410,6 +411,17 @@ class GatewayService:
                 oplog.caught("gateway", exc, "making the Chat tab's key")
                 self._chat_key = None
             return self._chat_key
+
+    def _drop_chat_key(self) -> None:
+        """The gateway stopped: its chat key goes too (its value dies with this process; none stays active)."""
+        with self._chat_lock:
+            if self._chat_key is None:
+                return
+            self._chat_key = None
+            try:
+                self.keys.revoke(CHAT_KEY_NAME, who=oplog.PANEL)
+            except (KeyStoreError, OSError, sqlite3.Error) as exc:  # revoked at the next start anyway
+                oplog.caught("gateway", exc, "revoking the Chat tab's key")
 
     def chat_route(self) -> ChatRoute | None:
         """The Chat tab's way to the engine while the gateway serves: its address on this box and the panel's key
