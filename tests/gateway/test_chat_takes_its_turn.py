@@ -18,7 +18,7 @@ from app.backend.chat.client import SamplingParams
 from app.backend.chat.service import ChatService
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.gateway.gwmetrics import families
-from app.backend.gateway.keys import PANEL_CHAT_KEY
+from app.backend.gateway.keys import PANEL_CHAT_KEY, KeyStoreError
 from app.backend.gateway.proxy import Limits
 from app.backend.gateway.server import GatewayConfig
 from app.backend.gateway.service import GatewayService
@@ -52,6 +52,8 @@ def panel(home_data: Path, make_sim: Callable[..., SimEngineServer]) -> Iterator
 
 def test_a_chat_waits_at_most_one_answer_behind_four_greedy_keys_and_is_billed(panel) -> None:
     svc, chat = panel
+    with pytest.raises(KeyStoreError, match="the panel's own"):  # nobody else may take the chat's key's name
+        svc.create_key(PANEL_CHAT_KEY)
     greedy = {f"greedy{i}": svc.create_key(f"greedy{i}").key for i in range(4)}
     assert svc.start().state.value == "on"
     route = svc.chat_route()

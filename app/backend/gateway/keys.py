@@ -206,8 +206,11 @@ class KeyStore:
 
     # -- keys -------------------------------------------------------------------------------------
     def create(self, name: str, expires_days: float | None = None, scope: str = DEFAULT_SCOPE, *,
-               who: str = oplog.PANEL) -> CreatedKey:
+               who: str = oplog.PANEL, panel_own: bool = False) -> CreatedKey:
+        """`panel_own`: the panel making its Chat tab's key (PANEL_CHAT_KEY, a name nobody else may take)."""
         check_name(name)
+        if name == PANEL_CHAT_KEY and not panel_own:
+            raise KeyStoreError(f"the name {name!r} is the panel's own (its Chat tab's key, docs/chat.md); pick another")
         if scope not in SCOPES:
             raise KeyStoreError(f"scope {scope!r} is not one of {', '.join(SCOPES)}")
         if expires_days is not None and not (0 < expires_days <= 3650):

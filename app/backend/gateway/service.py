@@ -406,7 +406,7 @@ class GatewayService:
         with self._chat_lock:
             try:
                 self.keys.revoke(CHAT_KEY_NAME, who=oplog.PANEL)
-                self._chat_key = self.keys.create(CHAT_KEY_NAME, who=oplog.PANEL).key
+                self._chat_key = self.keys.create(CHAT_KEY_NAME, who=oplog.PANEL, panel_own=True).key
             except (KeyStoreError, OSError, sqlite3.Error) as exc:
                 oplog.caught("gateway", exc, "making the Chat tab's key")
                 self._chat_key = None
