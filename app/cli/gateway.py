@@ -143,10 +143,12 @@ def _run_standalone(args: argparse.Namespace) -> int:
         box = ObservedBox(settings)
         engine, where = box.source, box.describe()
     answers = _Answers()
-    publisher = AnswersPublisher(state_dir, [answers], answers.by_gpu if box is not None and box.multi else None)
+    # its answers on this data dir's engines, for their drains (an engine given by --engine-url is not one of them)
+    publisher = AnswersPublisher(state_dir, [answers], answers.by_gpu if box.multi else None) if box is not None else None
     try:
         # every change of its count is published at once (the report hook), so a drain that starts now waits for it
-        server = GatewayServer(config_from(args, base), keys, engine, report=lambda _msg: publisher.poke())
+        server = GatewayServer(config_from(args, base), keys, engine,
+                               report=(lambda _msg: publisher.poke()) if publisher is not None else None)
     except (GatewayConfigError, ValueError) as exc:
         print(f"moet-panel: {exc}", file=sys.stderr)
         keys.close()
@@ -155,14 +157,16 @@ def _run_standalone(args: argparse.Namespace) -> int:
         return 2
     server.app.who = oplog.CLI
     answers.app, answers.gpus = server.app, box.gpus if box is not None else []
-    publisher.start()
+    if publisher is not None:
+        publisher.start()
     print(f"moet-panel gateway: {server.url}/v1 -> {where} "
           f"({'TLS' if server.cfg.tls else 'plain HTTP'}; {keys.active_count()} active key(s); Ctrl-C stops)",
           flush=True)
     try:
         server.run()
     finally:
-        publisher.close()
+        if publisher is not None:
+            publisher.close()
         if box is not None:
             box.close()
         keys.close()
