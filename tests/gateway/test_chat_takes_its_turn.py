@@ -147,3 +147,18 @@ def test_a_chat_waits_at_most_one_answer_behind_four_greedy_keys_and_is_billed(p
     svc.stop()
     assert svc.chat_route() is None
     assert {k.name: k.status for k in svc.list_keys()}[PANEL_CHAT_KEY] == "revoked"
+
+
+def test_the_access_tab_marks_the_chat_key_and_does_not_offer_to_revoke_it() -> None:
+    from app.backend.gateway.keys import KeyInfo, Usage
+    from app.backend.gateway.service import GatewaySnapshot, GatewayState, GatewayView
+    from app.ui.access import _active_names, keys_html
+
+    def info(name: str) -> KeyInfo:
+        return KeyInfo(name, "mpk-abcd…", "inference", "active", 0.0, None, None, Usage(1, 2, 3, 0, None))
+
+    keys = (info("laptop"), info(PANEL_CHAT_KEY))
+    table = keys_html(keys)
+    assert f"<tr data-key='{PANEL_CHAT_KEY}'><td>{PANEL_CHAT_KEY} <small" in table and "(Chat tab)" in table
+    assert _active_names(GatewayView(GatewaySnapshot(GatewayState.ON), keys, ())) == ["laptop"]
+
