@@ -109,6 +109,28 @@ class AnswerCounter(Protocol):
 SnapshotFn = Callable[[], "EngineSnapshot | None"]  # the controller's snapshot(); None: no controller
 
 
+@dataclass(frozen=True)
+class ChatRoute:
+    """The Chat tab's way to the engine through the panel's gateway (docs/chat.md "Taking turns"): the gateway's
+    address on this box and the panel's own key, so chat answers take their turn in the gateway's fair queue."""
+
+    url: str  # http(s)://host:port of the panel's gateway process, as this box reaches it
+    key: str  # the panel's own key (kept in the panel's memory only)
+    verify: bool = True  # False: TLS to the box's own address with the owner's certificate, not checked (service.py)
+
+
+class ChatGate(Protocol):
+    """The panel's gateway as the Chat tab uses it (gateway/service.py `GatewayService`)."""
+
+    def chat_route(self) -> ChatRoute | None:
+        """The way in now; None while the gateway is off (the chat then talks to the engine directly)."""
+        ...
+
+    def waiting_ahead(self, key: str) -> int | None:
+        """How many requests get the GPU before this key's waiting one; None when it waits for none."""
+        ...
+
+
 class EngineWatch(Protocol):
     """The newest engine snapshot and the seq of the change event that made it, kept up to date by the engine's
     publisher (app/backend/engine/events.py `SnapshotWatch`; docs/engine.md, "Who listens"). A reader keeps the

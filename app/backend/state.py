@@ -119,9 +119,22 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     multi = len(fleet.gpus) > 1
     gpu0 = fleet.gpus[0]
 
+    from app.backend.gateway.leftout import LeftOutNotes
+
+    left_notes = LeftOutNotes(settings.ensure_state_dir())
+    state.on_close(left_notes.close)
+
+    def leave_out(on: bool, gpus: list[int], why: str) -> None:
+        """A measure on these GPUs: the gateway sends them nothing meanwhile — the panel's (told at once) and a
+        `moet-panel gateway` beside it (gateway/leftout.py)."""
+        fleet.leave_out(gpus, why) if on else fleet.take_back(gpus)
+        left_notes.publish(fleet.left_out())
+        if state.gateway is not None:
+            state.gateway.push()
+
     def measuring(on: bool, gpu: int | None) -> None:
         if gpu is not None:
-            fleet.leave_out([gpu], "self-test") if on else fleet.take_back([gpu])
+            leave_out(on, [gpu], "self-test")
 
     selftest = state.selftest = SelfTestService(
         settings, engine, frame_fn=telemetry.latest, on_run=measuring if multi else None, gpu=gpu0 if multi else None,
@@ -131,7 +144,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # a box of several GPUs: a run may put A and B side by side on two GPUs (left out of the gateway meanwhile)
     abtest = state.abtest = ABRunService(
         settings, engine, engines={g: fleet.controller(g) for g in fleet.gpus} if multi else None,
-        on_gpus=(lambda on, gpus: fleet.leave_out(gpus, "blind A/B") if on else fleet.take_back(gpus)) if multi else None)
+        on_gpus=(lambda on, gpus: leave_out(on, list(gpus), "blind A/B")) if multi else None)
     state.on_close(abtest.cancel)  # finished answers stay journalled; resume continues
 
     # The API gateway: a process of its own, fed the engine's status on every change event; off until the
@@ -141,17 +154,18 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     from app.backend.gateway.service import GatewayService
 
     slots_for = lambda pid: engine_slots_of(settings.recipe, state.profiles.find(pid))  # noqa: E731
-    box = None
-    if len(fleet.gpus) > 1:  # the gateway spreads over every GPU's engine (docs/gateway.md "Several GPUs: routing")
-        from app.backend.gateway.engine_status import SnapshotSource
-        from app.backend.gateway.routing import FleetSource
+    from app.backend.gateway.routing import FleetSource, box_source
 
-        box = FleetSource([SnapshotSource(fleet.controller(g).snapshot, base_url(settings.recipe, settings.data_dir, g),
-                                          slots_for, gpu=g) for g in fleet.gpus], left_out_fn=fleet.left_out)
+    # the gateway spreads over every GPU's engine (docs/gateway.md "Several GPUs: routing"); the same source as
+    # `moet-panel gateway` builds for itself (docs/gateway.md "One gateway")
+    source = box_source(fleet.gpus, lambda g: fleet.controller(g).snapshot,
+                        lambda g: base_url(settings.recipe, settings.data_dir, g), slots_for, fleet.left_out)
+    box = source if isinstance(source, FleetSource) else None
     gateway = state.gateway = GatewayService(settings.ensure_state_dir(), config_from_env(recipe=settings.recipe), engine.snapshot,
                                              base_url(settings.recipe, settings.data_dir), subscribe=engine.on_change,
-                                             slots_for=slots_for, source=box,
+                                             slots_for=slots_for, source=source,
                                              subscribe_more=tuple(fleet.controller(g).on_change for g in fleet.gpus[1:]))
+    chat.take_turns_through(gateway)  # the Chat tab's replies take their turn in its fair queue (docs/chat.md)
     if box is None:
         engine.add_answer_counter(gateway)  # its answers in flight finish before a stop/switch (docs/engine.md "Keeps serving")
     else:
@@ -160,7 +174,11 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # the same answers, for a stop or switch another process makes (a CLI switch drains them too)
     from app.backend.engine.answers import AnswersPublisher
 
-    publisher = AnswersPublisher(settings.ensure_state_dir(), [chat, gateway])
+    # a box of several: per GPU too, so a CLI's rolling switch drains each GPU for its own answers only (the
+    # Chat tab's answers are GPU 0's engine's)
+    by_gpu = (lambda: {g: gateway.answers_in_flight_on(g) + (chat.answers_in_flight() if g == gpu0 else 0)
+                       for g in fleet.gpus}) if box is not None else None
+    publisher = AnswersPublisher(settings.ensure_state_dir(), [chat, gateway], by_gpu)
     publisher.start()
     state.on_close(publisher.close)
     state.on_close(gateway.close)

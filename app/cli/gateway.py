@@ -1,5 +1,7 @@
 """`moet-panel gateway [--host H] [--port P] [--tls-cert F --tls-key F] [--insecure-http]`: the API gateway in
-the foreground, in front of the engine on loopback (docs/gateway.md). Ctrl-C stops it.
+the foreground, in front of every GPU's engine of the data dir (docs/gateway.md). Ctrl-C stops it. It keeps the
+panel's gateway's promises (docs/gateway.md "One gateway"): the same engine-status source (every GPU's engine as
+the box shows it, drains of any process included), and its answers in flight published for any process's drain.
 
 The panel runs this same command as its gateway process, with `--status-from-stdin --state-dir DIR`: the engine's
 status comes as JSON lines on stdin instead of probes, one JSON line on stdout says it listens, and EOF on
@@ -19,12 +21,16 @@ from pathlib import Path
 from app.backend import oplog
 
 from app.backend.config import env
+from app.backend.config.settings import Settings
+from app.backend.engine.answers import AnswersPublisher
 from app.backend.engine.client import base_url
 from app.backend.gateway.keys import KeyStore
-from app.backend.gateway.proxy import Limits
+from app.backend.gateway.leftout import LeftOutNotes
+from app.backend.gateway.proxy import GatewayApp, Limits
 from app.backend.gateway.engine_status import EngineStatusSource, PipeSource, ProbeSource
+from app.backend.gateway.routing import box_source
 from app.backend.gateway.server import (DEFAULT_PORT, GatewayConfig, GatewayConfigError, GatewayServer,
-                                        limits_for_recipe)
+                                        engine_slots_of, limits_for_recipe)
 from app.cli.keys import cli_settings
 from app.cli.main import add_common
 
@@ -51,8 +57,9 @@ def register(subs: argparse._SubParsersAction) -> None:
                    help="connections from one address (IPv6: one /64)")
     p.add_argument("--capture-bodies", type=int, default=0, metavar="BYTES",
                    help="keep the first BYTES of each request and answer in the activity log (default 0: metadata only)")
-    p.add_argument("--engine-url", metavar="URL", help="the engine's address: unix:/PATH of its socket, or "
-                   "http://HOST:PORT (default: the panel's engine, on its socket in the data dir)")
+    p.add_argument("--engine-url", metavar="URL", help="an engine this data dir does not run (one you started "
+                   "yourself): unix:/PATH of its socket, or http://HOST:PORT, probed once a second (no drains, one "
+                   "engine). Default: every GPU's engine of the data dir, as the panel's gateway sees them")
     # the panel's own way to run it (app/backend/gateway/service.py), not for a terminal
     p.add_argument("--status-from-stdin", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
@@ -80,57 +87,138 @@ def config_from(args: argparse.Namespace, base: Limits | None = None) -> Gateway
 
 
 def run(args: argparse.Namespace) -> int:
-    piped = bool(args.status_from_stdin)
-    engine: EngineStatusSource
-    base: Limits | None = None
-    reporter: Reporter | None = None
-    if piped:
-        # the panel's child: the state dir given (no recipe or host probe to resolve; the panel passes the
-        # recipe's caps on argv), the status pushed; its log lines join the panel's file (oplog)
-        state_dir = Path(args.state_dir) if args.state_dir else cli_settings(args).ensure_state_dir()
-        oplog.configure(state_dir)
-        keys = KeyStore(state_dir)
-        reporter = Reporter(sys.stdout)
-        server_box: list[GatewayServer] = []
+    return _run_piped(args) if args.status_from_stdin else _run_standalone(args)
 
-        def panel_gone() -> None:
-            if server_box:
-                server_box[0].request_exit()
-            # a last resort: never outlive the panel by more than a few seconds, whatever hangs
-            last = threading.Timer(10.0, lambda: os._exit(3))
-            last.daemon = True  # a clean shutdown before it exits 0 at once
-            last.start()
 
-        engine = PipeSource(sys.stdin.buffer, panel_gone, args.engine_url or "http://127.0.0.1:8000")
-        where = "the panel's engine"
-    else:
-        settings = cli_settings(args)
-        oplog.configure(settings.ensure_state_dir())
-        keys = KeyStore(settings.ensure_state_dir())
-        base = limits_for_recipe(settings.recipe)
-        probe = ProbeSource(args.engine_url or base_url(settings.recipe, settings.data_dir),
-                            settings.recipe.model.served_name)
-        engine, where = probe, probe.base_url
+def _run_piped(args: argparse.Namespace) -> int:
+    """The panel's child: the state dir given (no recipe or host probe to resolve; the panel passes the recipe's caps
+    on argv), the status pushed by the panel (computed there by routing.box_source), its answers reported back on
+    stdout (the panel counts and publishes them); its log lines join the panel's file (oplog)."""
+    state_dir = Path(args.state_dir) if args.state_dir else cli_settings(args).ensure_state_dir()
+    oplog.configure(state_dir)
+    keys = KeyStore(state_dir)
+    reporter = Reporter(sys.stdout)
+    server_box: list[GatewayServer] = []
+
+    def panel_gone() -> None:
+        if server_box:
+            server_box[0].request_exit()
+        # a last resort: never outlive the panel by more than a few seconds, whatever hangs
+        last = threading.Timer(10.0, lambda: os._exit(3))
+        last.daemon = True  # a clean shutdown before it exits 0 at once
+        last.start()
+
+    engine = PipeSource(sys.stdin.buffer, panel_gone, args.engine_url or "http://127.0.0.1:8000")
     try:
-        server = GatewayServer(config_from(args, base), keys, engine, report=reporter)
+        server = GatewayServer(config_from(args), keys, engine, report=reporter)
     except (GatewayConfigError, ValueError) as exc:
         print(f"moet-panel: {exc}", file=sys.stderr)
         keys.close()
         return 2
-    if not piped:
-        server.app.who = oplog.CLI
-    if piped:
-        server_box.append(server)
-        threading.Thread(target=_say_listening, args=(server,), name="gateway-started", daemon=True).start()
-    else:
-        print(f"moet-panel gateway: {server.url}/v1 -> engine {where} "
-              f"({'TLS' if server.cfg.tls else 'plain HTTP'}; {keys.active_count()} active key(s); Ctrl-C stops)",
-              flush=True)
+    server_box.append(server)
+    threading.Thread(target=_say_listening, args=(server,), name="gateway-started", daemon=True).start()
     try:
         server.run()
     finally:
         keys.close()
     return 0
+
+
+def _run_standalone(args: argparse.Namespace) -> int:
+    """In a terminal (or a service unit): the same promises as the panel's gateway (docs/gateway.md "One gateway").
+    The engine status comes from controllers of its own that only observe the box (every GPU's engine, as Docker or
+    the process runtime shows it, with readiness and any process's drain), through the panel's own source
+    (routing.box_source); its answers in flight are published for any process's drain (engine/answers.py)."""
+    settings = cli_settings(args)
+    state_dir = settings.ensure_state_dir()
+    oplog.configure(state_dir)
+    keys = KeyStore(state_dir)
+    base = limits_for_recipe(settings.recipe)
+    box: ObservedBox | None = None
+    engine: EngineStatusSource
+    if args.engine_url:  # an engine the panel does not manage: nothing to observe but its answers
+        probe = ProbeSource(args.engine_url, settings.recipe.model.served_name)
+        engine, where = probe, f"{probe.base_url} (probed; an engine this data dir does not run: no drains)"
+    else:
+        box = ObservedBox(settings)
+        engine, where = box.source, box.describe()
+    answers = _Answers()
+    # its answers on this data dir's engines, for their drains (an engine given by --engine-url is not one of them)
+    publisher = AnswersPublisher(state_dir, [answers], answers.by_gpu if box.multi else None) if box is not None else None
+    try:
+        # every change of its count is published at once (the report hook), so a drain that starts now waits for it
+        server = GatewayServer(config_from(args, base), keys, engine,
+                               report=(lambda _msg: publisher.poke()) if publisher is not None else None)
+    except (GatewayConfigError, ValueError) as exc:
+        print(f"moet-panel: {exc}", file=sys.stderr)
+        keys.close()
+        if box is not None:
+            box.close()
+        return 2
+    server.app.who = oplog.CLI
+    answers.app, answers.gpus = server.app, box.gpus if box is not None else []
+    if publisher is not None:
+        publisher.start()
+    print(f"moet-panel gateway: {server.url}/v1 -> {where} "
+          f"({'TLS' if server.cfg.tls else 'plain HTTP'}; {keys.active_count()} active key(s); Ctrl-C stops)",
+          flush=True)
+    try:
+        server.run()
+    finally:
+        if publisher is not None:
+            publisher.close()
+        if box is not None:
+            box.close()
+        keys.close()
+    return 0
+
+
+class _Answers:
+    """The standalone gateway's answers in flight, for other processes' drains (contracts.AnswerCounter)."""
+
+    def __init__(self) -> None:
+        self.app: GatewayApp | None = None
+        self.gpus: list[int] = []
+
+    def answers_in_flight(self) -> int:
+        return self.app.answers_in_flight() if self.app is not None else 0
+
+    def by_gpu(self) -> dict[int, int]:
+        app = self.app
+        return {g: app.answers_in_flight_on(g) for g in self.gpus} if app is not None else {}
+
+
+class ObservedBox:
+    """Every GPU's engine of this data dir, observed by controllers that never act: no supervision, no stall
+    restart, no operation (the panel or the CLI does those); they read Docker (or the process runtime), probe
+    readiness and follow any process's drain note, exactly as the panel's controllers do (docs/engine.md "One
+    truth"). The GPUs the panel's self-test or A/B measures on are left out (gateway/leftout.py)."""
+
+    def __init__(self, settings: Settings) -> None:
+        from app.backend.engine.factory import make_fleet
+        from app.backend.engine.ops import ControllerOptions
+        from app.backend.profiles.registry import ProfileRegistry
+        from app.backend.telemetry.gpu import box_gpu_count, make_gpu_reader
+
+        reader = make_gpu_reader(settings)
+        self._fleet = make_fleet(settings, reader, box_gpu_count(reader),
+                                 lambda gpu: ControllerOptions(actor="CLI", restart_on_stall=False))
+        profiles = ProfileRegistry(settings)
+        self.gpus = self._fleet.gpus
+        self.multi = len(self.gpus) > 1
+        fleet = self._fleet
+        # a self-test or A/B measuring on a GPU, in the panel (or any process): that GPU gets nothing from here
+        left = LeftOutNotes(settings.ensure_state_dir())
+        self.source = box_source(self.gpus, lambda g: fleet.controller(g).snapshot,
+                                 lambda g: base_url(settings.recipe, settings.data_dir, g),
+                                 lambda pid: engine_slots_of(settings.recipe, profiles.find(pid)), left.others)
+
+    def describe(self) -> str:
+        return (f"the engines of GPUs {', '.join(map(str, self.gpus))} of this data dir" if self.multi
+                else "the engine of this data dir")
+
+    def close(self) -> None:
+        self._fleet.close()  # its threads only; the engines keep running
 
 
 def _say_listening(server: GatewayServer) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import gradio as gr
 
-from app.backend.gateway.keys import ActivityRecord, KeyInfo, KeyStoreError
+from app.backend.gateway.keys import PANEL_CHAT_KEY, ActivityRecord, KeyInfo, KeyStoreError
 from app.backend.gateway.service import GatewayService, GatewaySnapshot, GatewayState, GatewayView
 from app.backend.gateway.snippets import curl_snippet, openai_snippet
 from app.backend.state import AppState
@@ -53,11 +53,16 @@ def queue_line(s: GatewaySnapshot) -> str:
     return out
 
 
+# the panel's own key for its Chat tab, listed so chat shows in the usage (docs/chat.md "Taking turns")
+_CHAT_NOTE = ' <small title="made by the panel while the gateway serves: the Chat tab takes its turn with it">(Chat tab)</small>'
+
+
 def keys_html(keys: tuple[KeyInfo, ...]) -> str:
     if not keys:
         return '<p id="gw-keys">No keys yet. Create one below; clients send it as <code>Authorization: Bearer …</code>.</p>'
     rows = "".join(
-        f"<tr data-key='{html.escape(k.name)}'><td>{html.escape(k.name)}</td><td>{html.escape(k.hint)}</td>"
+        f"<tr data-key='{html.escape(k.name)}'><td>{html.escape(k.name)}{_CHAT_NOTE if k.name == PANEL_CHAT_KEY else ''}"
+        f"</td><td>{html.escape(k.hint)}</td>"
         f"<td>{k.status}</td><td>{k.usage.requests}</td><td>{k.usage.prompt_tokens}</td>"
         f"<td>{k.usage.completion_tokens}</td><td>{k.usage.errors}</td><td>{_t(k.usage.last_used)}</td>"
         f"<td>{_t(k.expires) if k.expires else 'never'}</td></tr>" for k in keys)
@@ -85,7 +90,8 @@ def activity_html(acts: tuple[ActivityRecord, ...]) -> str:
 
 
 def _active_names(view: GatewayView) -> list[str]:
-    return [k.name for k in view.keys if k.status == "active"]
+    # the panel's own chat key is not the owner's to revoke: it comes and goes with the gateway (docs/chat.md)
+    return [k.name for k in view.keys if k.status == "active" and k.name != PANEL_CHAT_KEY]
 
 
 def render(state: AppState, shell: Shell) -> None:

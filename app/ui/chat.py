@@ -126,7 +126,9 @@ def render_live(view: TurnView, full: bool = False) -> list[dict[str, Any]]:
     if view.content:
         out.append({"role": "assistant", "content": bounded(view.content, budget, tail=True)[0]})
     if view.phase == "waiting":
-        out.append(_sub("waiting for the first token…"))
+        # in the gateway's fair queue with the API keys (docs/chat.md "Taking turns")
+        out.append(_sub(f"waiting for the GPU ({view.queued_ahead} ahead)…" if view.queued_ahead is not None
+                        else "waiting for the first token…"))
     else:
         live = [view.phase, f"{view.tokens} tokens"]
         if view.ttft_s is not None:

@@ -36,7 +36,7 @@ def find_prompt(sim, natural: tuple[int, int], reasoning: tuple[int, int]) -> st
 
 
 @pytest.fixture
-def chat_panel(tmp_path: Path, monkeypatch) -> Iterator[tuple[str, FakeEngine, dict]]:
+def chat_panel(tmp_path: Path, monkeypatch) -> Iterator[tuple[str, FakeEngine, dict, AppState]]:
     import app.ui.app as ui_app
 
     # "fast" decodes at the card's profile-1 figure, so the docs screenshot shows a realistic stats line.
@@ -49,7 +49,7 @@ def chat_panel(tmp_path: Path, monkeypatch) -> Iterator[tuple[str, FakeEngine, d
     blocks = ui_app.build_ui(state)
     try:
         url = ui_app.launch(blocks, "127.0.0.1", free_port())  # as `serve` does: theme, the HTTP gate
-        yield url, engine, sims
+        yield url, engine, sims, state
     finally:
         blocks.close()
         state.chat.close()
@@ -64,7 +64,7 @@ def live_tokens(page) -> int:
 
 
 def test_chat_streams_thinking_answer_stats_and_stops(chat_panel, browser) -> None:
-    url, engine, sims = chat_panel
+    url, engine, sims, state = chat_panel
     page = browser.new_page(1280, 900)
     page.goto(url)
     page.wait_for_selector("#chat-input textarea")
@@ -129,7 +129,56 @@ def test_chat_streams_thinking_answer_stats_and_stops(chat_panel, browser) -> No
     page.on("dialog", lambda d: d.accept())
     page.click("#chat-delete")
     page.wait_for_function("() => document.querySelectorAll('#chat-convs label').length === 1")
+
+    # 3. Through the panel's gateway (issue 50 item 3): behind an API key's answer, the reply waits its turn
+    waiting_through_the_gateway(page, state.chat, engine, sims["slow"])
     assert not browser.console_errors, browser.console_errors
+
+
+def waiting_through_the_gateway(page, chat: ChatService, engine: FakeEngine, sim) -> None:
+    """The gateway on, one engine slot taken by a key's long answer: the page's reply says "waiting for the GPU
+    (0 ahead)" (first in the fair queue), then Stop leaves the queue."""
+    import threading
+
+    import httpx
+
+    from app.backend.gateway.proxy import Limits
+    from app.backend.gateway.server import GatewayConfig
+    from app.backend.gateway.service import GatewayService
+
+    svc = GatewayService(chat._state_dir, GatewayConfig(port=free_port(), limits=Limits(engine_slots=1)),
+                         engine.snapshot, sim.base_url)
+    stop = threading.Event()
+    th: threading.Thread | None = None
+    try:
+        key = svc.create_key("greedy").key
+        chat.take_turns_through(svc)
+        assert svc.start().state.value == "on"
+        route = svc.chat_route()
+        assert route is not None
+
+        def greedy() -> None:
+            body = {"model": sim.config.served_name, "messages": [{"role": "user", "content": "long"}],
+                    "max_tokens": 400, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", route.url + "/v1/chat/completions", json=body, timeout=60,
+                              headers={"Authorization": f"Bearer {key}"}) as r:
+                for _ in r.iter_bytes():
+                    if stop.is_set():
+                        return
+
+        th = threading.Thread(target=greedy)
+        th.start()
+        wait_for(lambda: sim.engine.load()[0] >= 1, what="the key's answer at the engine")
+        page.fill("#chat-input textarea", "my turn?")
+        page.keyboard.press("Enter")
+        page.locator(f"{BOT} sub", has_text="waiting for the GPU (0 ahead)").wait_for()
+        page.click("#chat-stop")
+        page.locator(f"{BOT} sub", has_text="Stopped").wait_for()
+    finally:
+        stop.set()
+        svc.close()  # its child ends: the key's stream ends with it
+        if th is not None:
+            th.join(30)
 
 
 def test_chat_input_disabled_until_the_engine_is_ready(panel, browser) -> None:

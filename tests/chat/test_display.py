@@ -80,3 +80,17 @@ def test_a_live_reply_over_the_limits_streams_its_tail_as_plain_text() -> None:
                     rate=None, ttft_s=0.1, message=Message(role="assistant", content=""))
     shown = render_live(view)[0]["content"]
     assert shown.startswith('<pre class="chat-plain">') and "THE END" in shown and "last 8,000" in shown
+
+
+def test_a_reply_waiting_in_the_gateways_queue_shows_its_place() -> None:
+    """issue 50 item 3: the Chat tab's reply takes its turn in the gateway's fair queue and says so."""
+    from app.backend.chat.turn import TurnView
+    from app.ui.chat import render_live
+
+    def line(ahead: int | None) -> str:
+        view = TurnView(version=0, reasoning="", content="", phase="waiting", reasoning_s=None, tokens=0, rate=None,
+                        ttft_s=None, message=Message(role="assistant", content=""), queued_ahead=ahead)
+        return render_live(view)[-1]["content"]
+
+    assert "waiting for the GPU (2 ahead)" in line(2) and "waiting for the GPU (0 ahead)" in line(0)
+    assert "waiting for the first token" in line(None)  # not in a queue (no gateway, or at the engine)

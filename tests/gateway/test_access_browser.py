@@ -57,7 +57,9 @@ def test_access_tab_switch_create_use_revoke(access_panel, browser) -> None:
                                                 messages=[{"role": "user", "content": "and a stream"}]))
     assert r.usage.completion_tokens == 24 and chunks
     page.wait_for_function("() => document.querySelectorAll('#gw-activity tbody tr').length >= 2", timeout=15_000)
-    (info,) = state.gateway.list_keys()
+    # the owner's key, beside the panel's own for its Chat tab (docs/chat.md "Taking turns")
+    assert {i.name for i in state.gateway.list_keys()} == {"laptop", "panel-chat"}
+    info = next(i for i in state.gateway.list_keys() if i.name == "laptop")
     assert (info.usage.requests, info.usage.completion_tokens, info.usage.errors) == (2, 40, 0)
     assert [a.status for a in state.gateway.activity()] == [200, 200]  # a stream read to its end is no abort
     page.wait_for_function("() => document.querySelector(\"#gw-keys tr[data-key='laptop']\")?.innerText.includes('40')")

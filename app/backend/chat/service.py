@@ -26,9 +26,9 @@ from app.backend.chat.models import (
 from app.backend.chat.snippets import curl_snippet, python_snippet
 from app.backend.chat.stats import StatsRecorder
 from app.backend.chat.store import ChatStore, ChatStoreError
-from app.backend.contracts import EngineEvents, EngineSnapshot, SnapshotFn
+from app.backend.contracts import ChatGate, ChatRoute, EngineEvents, EngineSnapshot, SnapshotFn
 from app.backend.chat.turn import Turn
-from app.backend.engine.client import engine_client
+from app.backend.engine.client import EngineClient, engine_client
 from app.backend.web.exports import write_export
 from app.backend.recipe.schema import Recipe
 
@@ -97,6 +97,15 @@ class ChatService:
         # or reordered. Pages compare them on their 1 s timer and re-read the store when they moved.
         self._revs: dict[str, int] = {}
         self._list_rev = 0
+        # the panel's gateway (docs/chat.md "Taking turns"): while it serves, replies take their turn in its fair
+        # queue with the API keys, under the panel's own key; set by the panel's wiring (state.py)
+        self._gate: ChatGate | None = None
+        self._gate_client: tuple[ChatRoute, EngineClient] | None = None
+
+    def take_turns_through(self, gate: ChatGate) -> None:
+        """Send replies through the panel's gateway whenever it serves (its admission and fair queue, its usage and
+        /metrics); while it is off, straight to the engine as before."""
+        self._gate = gate
 
     # ---- endpoint and sampling ----------------------------------------------------------------
     def _watched(self) -> EngineSnapshot | None:
@@ -334,12 +343,13 @@ class ChatService:
         reply = Message(role="assistant", content="", status="streaming", stats=base)
         conv.messages.append(reply)
         body = {**self._extra_body, **(extra_body or {})}
-        stream = ChatStream(engine_client(ep.base_url), ChatRequest(ep.model, history, sampling, body))
+        client, queue_fn = self._client_for(ep)
+        stream = ChatStream(client, ChatRequest(ep.model, history, sampling, body))
         stored = threading.Event()
         turn = Turn(stream, reply, StatsRecorder(started=time.monotonic()),
                     on_checkpoint=lambda m: self._store.update_message(m) if stored.is_set() else None,
                     on_done=lambda t: self._turn_done(t, stored),
-                    diagnose=lambda err: self._diagnose(err, ep), checkpoint_s=self._checkpoint_s)
+                    diagnose=lambda err: self._diagnose(err, ep), checkpoint_s=self._checkpoint_s, queue_fn=queue_fn)
         with self._lock:
             self._turns[conv.id] = turn
         self._bump(conv.id)
@@ -358,6 +368,23 @@ class ChatService:
         finally:
             stored.set()
         return turn
+
+    def _client_for(self, ep: Endpoint) -> tuple[EngineClient, Callable[[], int | None] | None]:
+        """The panel's engine, through the gateway while it serves (its fair queue decides when this reply gets
+        the GPU; the second item tells the reply's place while it waits); a URL the user typed, or the gateway
+        off: directly."""
+        gate = self._gate
+        route = gate.chat_route() if gate is not None and ep.source == "engine" else None
+        if gate is None or route is None:
+            return engine_client(ep.base_url), None
+        with self._lock:
+            kept = self._gate_client
+            if kept is None or kept[0] != route:
+                if kept is not None:
+                    kept[1].close()
+                kept = self._gate_client = (route, EngineClient(route.url, route.key, verify=route.verify))
+        key = route.key
+        return kept[1], lambda: gate.waiting_ahead(key)
 
     def _turn_done(self, turn: Turn, stored: threading.Event) -> None:
         stored.wait(30.0)
@@ -447,6 +474,10 @@ class ChatService:
             if not turn.done.is_set():
                 turn.stop(2.0)
         self._store.close()
+        with self._lock:
+            kept, self._gate_client = self._gate_client, None
+        if kept is not None:
+            kept[1].close()
         with self._lock:  # the export files were handed to the browser already (issue 30: none left behind)
             exported, self._exported = self._exported, set()
         for path in exported:

@@ -36,6 +36,9 @@ class TurnView:
     rate: float | None  # live tok/s
     ttft_s: float | None
     message: Message  # the stored message; final fields are set once phase == "done"
+    # waiting in the panel's gateway's fair queue: the requests that get the GPU first (docs/chat.md "Taking
+    # turns"); None when not waiting there (no gateway, or the engine has it)
+    queued_ahead: int | None = None
 
     @property
     def done(self) -> bool:
@@ -70,8 +73,10 @@ class Turn:
         on_done: Callable[["Turn"], None],
         diagnose: Callable[[StreamError], str],
         checkpoint_s: float = 2.0,
+        queue_fn: Callable[[], int | None] | None = None,
     ):
         self.message = message
+        self._queue_fn = queue_fn  # this reply's place in the gateway's fair queue (None: not waiting there)
         self._stream = stream
         self._errors = oplog.Once("chat")  # a checkpoint fails the same way many times in one reply
         self._rec = recorder
@@ -206,6 +211,12 @@ class Turn:
 
     def view(self) -> TurnView:
         now = time.monotonic()
+        ahead = None
+        if self._queue_fn is not None and self._phase == "waiting":
+            try:
+                ahead = self._queue_fn()
+            except Exception as exc:  # the place is a nicety: the reply goes on without it
+                self._errors.caught(exc, "reading the reply's place in the gateway's queue")
         with self._cond:
             return TurnView(
                 version=self._version,
@@ -217,6 +228,7 @@ class Turn:
                 rate=self._rec.live_rate(now),
                 ttft_s=None if self._rec.first_token is None else self._rec.first_token - self._rec.started,
                 message=self.message,
+                queued_ahead=ahead if self._phase == "waiting" else None,
             )
 
     def follow(self, interval_s: float = 0.08, heartbeat_s: float = 0.5,

@@ -219,8 +219,11 @@ class EngineClient:
     (httpx.HTTPStatusError for an answer other than 200 where a body is needed) or ValueError (bad JSON).
     Use `engine_client(url)` for the shared, kept-alive one; build one directly only for an API key."""
 
-    def __init__(self, url: str, api_key: str | None = None) -> None:
-        self.base_url = server_root(url)  # the address as given: 'http://h:8000' or 'unix:/p/engine.sock'
+    def __init__(self, url: str, api_key: str | None = None, verify: bool = True) -> None:
+        """`verify` False: TLS without checking the certificate (only the panel's own gateway on this box's own
+        address: docs/chat.md "Taking turns")."""
+        self.base_url = server_root(url)
+        self._verify = verify  # the address as given: 'http://h:8000' or 'unix:/p/engine.sock'
         # an engine on a unix socket: requests go to http://engine through a transport bound to the socket
         self._uds = EngineEndpoint.parse(url).uds if is_uds(url) else None
         self._root = api_base(url)[: -len("/v1")]  # where requests are addressed
@@ -228,7 +231,7 @@ class EngineClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         # An engine on loopback is never reached through a proxy from the environment (HTTPS_PROXY for downloads).
         self._http = httpx.Client(timeout=DEFAULT_TIMEOUT, headers=headers, trust_env=not is_loopback(self.base_url),
-                                  transport=httpx.HTTPTransport(uds=self._uds) if self._uds else None)
+                                  verify=verify, transport=httpx.HTTPTransport(uds=self._uds) if self._uds else None)
         self._sdk: openai.OpenAI | None = None
         self._last_metrics: MetricsRead | None = None
         self._lock = threading.Lock()
@@ -288,6 +291,8 @@ class EngineClient:
                 # over a unix socket: the SDK's own HTTP client, bound to the socket (its base URL http://engine/v1)
                 http_client = httpx2.Client(transport=httpx2.HTTPTransport(uds=self._uds),
                                              trust_env=False) if self._uds else None
+                if http_client is None and not self._verify:
+                    http_client = httpx2.Client(verify=False, trust_env=False)
                 self._sdk = openai.OpenAI(
                     base_url=self._root + "/v1", api_key=self._api_key or API_KEY_NONE,
                     max_retries=0,  # a retried stream would duplicate tokens; failures are shown instead

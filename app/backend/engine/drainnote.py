@@ -4,7 +4,8 @@ A stop or switch from the CLI (or a second panel) drains the panel's answers too
 gateway and Chat tab follow the panel's own snapshot: without this note they would go on starting answers on
 the engine the other process is about to stop, and those answers would be cut at the grace's end. So the process
 that drains writes `<engine state dir>/draining.json` (its pid, how many answers it waits for, until when, when
-the engine is expected back) at the drain's start and on each change, and `draining: false` at its end; the
+the engine is expected back) at the drain's start and on each change, and `draining: false` once the drained engine
+has stopped (not at the drain's end: in between, another process's gateway would start answers to be cut); the
 panel's observer reads it on each pass and mirrors it into its own snapshot (`draining`), so its gateway refuses
 new requests with 503 and a Retry-After, exactly as during its own drain. A note whose writer is gone (its pid
 dead) or whose deadline passed counts as no drain.
@@ -42,6 +43,15 @@ class DrainNotes:
     def publish(self, draining: bool, in_flight: int = 0, deadline: float = 0.0, expected_back_s: float = 0.0) -> None:
         """Say this process's drain (OSError: a full disk; the caller logs it, the drain goes on)."""
         self._store.write(DrainNote(os.getpid(), draining, in_flight, deadline, expected_back_s))
+
+    def end_own(self) -> None:
+        """The drained engine stopped: this process's note, if it still says draining, says it no longer does. The
+        note stays up from the drain's start to the engine's stop, not only to the drain's end: the engine is stopped
+        right after the drain, and another process's gateway that saw the drain end first would send that engine a
+        new answer to be cut (OSError: the caller logs it)."""
+        note = self._store.read()
+        if note is not None and note.pid == os.getpid() and note.draining:
+            self.publish(False)
 
     def other(self) -> DrainNote | None:
         """Another live process's drain going on now, else None."""

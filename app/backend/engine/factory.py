@@ -94,8 +94,9 @@ def make_engine_controller(settings: Settings, gpu_reader: GpuReader,
         ensure_image=ensure_sim_image,
         artifact_status=artifact_status_fn(settings),
     )
-    # answers another process on this data dir streams (the panel's, for a CLI switch): drained too
-    ctl.add_answer_counter(OtherProcessAnswers(settings.state_dir))
+    # answers other processes on this data dir stream on this GPU (the panel's or a standalone gateway's, for a
+    # CLI switch): drained too
+    ctl.add_answer_counter(OtherProcessAnswers(settings.state_dir, options.gpu))
     return ctl
 
 

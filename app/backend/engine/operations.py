@@ -121,6 +121,7 @@ class Operations(Supervisor):
             oplog.caught("engine", exc, f"the {ticket.action} operation", traceback=not isinstance(exc, RuntimeUnavailable))
         finally:
             ticket.finished = time.time()
+            self._end_drain_note()  # an operation that ended another way (an error) leaves no drain said
             if ticket.action in MUTATING:
                 self.oplock.release()
             with self._lock:
@@ -144,6 +145,7 @@ class Operations(Supervisor):
     def _op_stop(self, ticket: Ticket, who: str) -> None:
         self._drain(ticket, who, expected_back_s=0.0)
         self._stop_engine("stopped by user" if self.options.actor == "panel" else f"stopped by {self.options.actor}")
+        self._end_drain_note()  # stopped: nobody starts an answer on it any more
         ticket.ok, ticket.message = True, "engine stopped"
 
     def _op_switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str], who: str) -> None:
@@ -173,7 +175,9 @@ class Operations(Supervisor):
         if self._cancel.is_set():  # a stop came during the drain: it stops the engine; nothing to boot
             ticket.ok, ticket.message = False, f"switch to {profile_id} cancelled by stop"
             return "cancelled"
-        if not self._stop_and_release(f"switching to {profile_id}"):
+        stopped = self._stop_and_release(f"switching to {profile_id}")
+        self._end_drain_note()  # the old engine is gone (or failed to go): the next one is not the drained one
+        if not stopped:
             self._finish(ticket, False)
             return "failed"
         if self._boot(profile_id, spec, overrides):
@@ -250,6 +254,14 @@ class Operations(Supervisor):
         except OSError as exc:  # a full disk: the drain goes on; the others then only see the engine go
             self._caught("publishing the drain for other processes", exc)
 
+    def _end_drain_note(self) -> None:
+        """The drained engine stopped (or the operation ended): this process's drain note, if it still says
+        draining, says it no longer does."""
+        try:
+            self.drain_notes.end_own()
+        except OSError as exc:  # a full disk: the note goes stale at its deadline anyway (drainnote.LATE_S)
+            self._caught("ending the drain note for other processes", exc)
+
     def _drain(self, ticket: Ticket, who: str, *, expected_back_s: float) -> None:
         """Wait, draining, until no answer is in flight, the grace ends, `switch_now()`, or a stop cancels."""
         self._drain_now.clear()
@@ -276,7 +288,10 @@ class Operations(Supervisor):
                     self._apply(sm.Draining(True, n, deadline, expected_back_s))
                     self._note_drain(True, n, deadline, expected_back_s)
         finally:
-            self._note_drain(False)
+            # otherwise kept until the engine has stopped (_end_drain_note): it stops next, and another process's
+            # gateway must not start an answer on it in between (docs/gateway.md "One gateway")
+            if self._cancel.is_set() or self._closed:
+                self._note_drain(False)
         ended = ("answers finished" if n == 0 else "switch now" if self._drain_now.is_set() else
                  "cancelled" if self._cancel.is_set() or self._closed else "grace ended")
         if ended == "cancelled":

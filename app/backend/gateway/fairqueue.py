@@ -56,6 +56,12 @@ class FairQueue:
             raise
         return time.monotonic() - t0
 
+    def ahead(self) -> dict[str, int]:
+        """For each waiting key, the requests that get a slot before its oldest waiter: the waiting keys served
+        less recently than it (one turn each comes first; the Chat tab's "waiting for the GPU (n ahead)")."""
+        order = sorted(self._waiting, key=lambda k: self._last.get(k, -1))
+        return {k: i for i, k in enumerate(order)}
+
     def _forget(self, key: str, fut: asyncio.Future[None]) -> None:
         dq = self._waiting.get(key)
         if dq is not None and fut in dq:

@@ -29,7 +29,8 @@ REFUSAL_REASONS = ("no_key", "bad_key", "revoked_key", "rate_limited", "queue_fu
 _HISTOGRAMS = ("moet_panel_gateway_ttft_seconds", "moet_panel_gateway_request_duration_seconds",
                "moet_panel_gateway_queue_wait_seconds")
 # every sample name `families` can write (docs/metrics.md lists them; tests/prometheus checks both ways)
-SERIES = ("moet_panel_gateway_up", "moet_panel_gateway_requests_total", "moet_panel_gateway_refusals_total",
+SERIES = ("moet_panel_gateway_up", "moet_panel_gateway_requests_total", "moet_panel_gateway_tokens_total",
+          "moet_panel_gateway_refusals_total",
           "moet_panel_gateway_in_flight", "moet_panel_gateway_queue_length",
           *(h + suffix for h in _HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")))
 
@@ -57,6 +58,7 @@ class Histogram:
 @dataclass
 class GatewayMetrics:
     requests: dict[tuple[str, int], int] = field(default_factory=dict)  # (key, status) -> n
+    tokens: dict[tuple[str, str], int] = field(default_factory=dict)  # (key, "prompt"|"completion") -> n, as billed
     refusals: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
     queue_length: int = 0
@@ -67,11 +69,18 @@ class GatewayMetrics:
     def request(self, key: str, status: int) -> None:
         self.requests[(key, status)] = self.requests.get((key, status), 0) + 1
 
+    def billed(self, key: str, prompt: int | None, completion: int | None) -> None:
+        """The tokens a request was billed (the usage table's figures), by key: the Chat tab's own key too."""
+        for kind, n in (("prompt", prompt), ("completion", completion)):
+            if n:
+                self.tokens[(key, kind)] = self.tokens.get((key, kind), 0) + int(n)
+
     def refused(self, reason: str) -> None:
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
 
     def as_json(self) -> dict[str, Any]:
-        return {"requests": [[k, s, n] for (k, s), n in self.requests.items()], "refusals": dict(self.refusals),
+        return {"requests": [[k, s, n] for (k, s), n in self.requests.items()],
+                "tokens": [[k, kind, n] for (k, kind), n in self.tokens.items()], "refusals": dict(self.refusals),
                 "in_flight": self.in_flight, "queue_length": self.queue_length, "ttft": self.ttft.as_json(),
                 "duration": self.duration.as_json(), "queue_wait": self.queue_wait.as_json()}
 
@@ -105,6 +114,15 @@ def families(data: Mapping[str, Any] | None, running: bool) -> Iterator[Metric]:
             continue
         req.add_sample("moet_panel_gateway_requests_total", {"key": key, "status": str(status)}, n)
     yield req
+    tok = Metric("moet_panel_gateway_tokens", "Tokens billed through the gateway by key and kind (prompt, completion): "
+                 "the usage table's figures; the Chat tab's are its own key's.", "counter")
+    for row in data.get("tokens") or []:
+        try:
+            key, kind, n = str(row[0]), str(row[1]), float(row[2])
+        except (TypeError, ValueError, IndexError):
+            continue
+        tok.add_sample("moet_panel_gateway_tokens_total", {"key": key, "kind": kind}, n)
+    yield tok
     ref = Metric("moet_panel_gateway_refusals", "Requests or connections the gateway refused, by reason "
                  "(docs/gateway.md \"Threats\").", "counter")
     got = data.get("refusals") or {}

@@ -66,6 +66,10 @@ CREATE TABLE IF NOT EXISTS activity (
 """
 
 
+# the panel's own key for its Chat tab (gateway/service.py; docs/chat.md "Taking turns"): made by the panel
+PANEL_CHAT_KEY = "panel-chat"
+
+
 class KeyStoreError(ValueError):
     """A key operation was refused; the message says why and what to do."""
 
@@ -202,8 +206,11 @@ class KeyStore:
 
     # -- keys -------------------------------------------------------------------------------------
     def create(self, name: str, expires_days: float | None = None, scope: str = DEFAULT_SCOPE, *,
-               who: str = oplog.PANEL) -> CreatedKey:
+               who: str = oplog.PANEL, panel_own: bool = False) -> CreatedKey:
+        """`panel_own`: the panel making its Chat tab's key (PANEL_CHAT_KEY, a name nobody else may take)."""
         check_name(name)
+        if name == PANEL_CHAT_KEY and not panel_own:
+            raise KeyStoreError(f"the name {name!r} is the panel's own (its Chat tab's key, docs/chat.md); pick another")
         if scope not in SCOPES:
             raise KeyStoreError(f"scope {scope!r} is not one of {', '.join(SCOPES)}")
         if expires_days is not None and not (0 < expires_days <= 3650):
@@ -288,10 +295,12 @@ class KeyStore:
         rec = self._by_hash.get(digest)
         return rec is not None and rec.status() == "active"
 
-    def active_count(self, scope: str = DEFAULT_SCOPE) -> int:
+    def active_count(self, scope: str = DEFAULT_SCOPE, *, owners_only: bool = False) -> int:
+        """`owners_only`: not counting the panel's own Chat tab key (PANEL_CHAT_KEY)."""
         now = time.time()
         with self._lock:
-            return sum(1 for r in self._records() if r.scope == scope and r.status(now) == "active")
+            return sum(1 for r in self._records() if r.scope == scope and r.status(now) == "active"
+                       and not (owners_only and r.name == PANEL_CHAT_KEY))
 
     def infos(self) -> list[KeyInfo]:
         self.flush()

@@ -433,6 +433,7 @@ class GatewayApp:
             request_body=req_capture if self.limits.capture_bodies else None,
             response_body=bytes(trace.captured[:cap]).decode("utf-8", "replace") if self.limits.capture_bodies else None)
         self.metrics.request(name, status)
+        self.metrics.billed(name, trace.prompt_tokens, trace.completion_tokens)  # the usage's tokens, in /metrics too
         self.keys.record(event, error=status >= 400)
         self.metrics.duration.observe(duration)
         if ttft is not None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from app.backend.contracts import SnapshotFn
 from app.backend.gateway.engine_status import EngineStatus, SnapshotSource
 
 
@@ -113,3 +114,19 @@ class FleetSource:
 
     async def stop(self) -> None:
         return None
+
+
+def box_source(gpus: list[int], snapshot_of: Callable[[int], SnapshotFn], base_url_of: Callable[[int | None], str],
+               slots_for: Callable[[str], int] | None = None,
+               left_out_fn: Callable[[], set[int]] | None = None) -> SnapshotSource | FleetSource:
+    """The gateway's one engine-status source, whichever way it runs (docs/gateway.md "One gateway"): each GPU's
+    engine controller's snapshot — what Docker (or the process runtime) shows, with the readiness probe, and the
+    drains of ANY process (a controller mirrors another process's drain note, engine/drainnote.py). The panel
+    computes it from its controllers and pushes it to its gateway process; `moet-panel gateway` computes it in its
+    own process, from controllers of its own that only observe. `gpus`: the box's (engine/fleet.py `Fleet.gpus`);
+    `snapshot_of(gpu)`: that GPU's controller's snapshot function; `base_url_of(gpu)`: where that engine listens
+    when its snapshot does not say (None: the one engine of a one-GPU box)."""
+    if len(gpus) == 1:
+        return SnapshotSource(snapshot_of(gpus[0]), base_url_of(None), slots_for)
+    return FleetSource([SnapshotSource(snapshot_of(g), base_url_of(g), slots_for, gpu=g) for g in gpus],
+                       left_out_fn=left_out_fn)

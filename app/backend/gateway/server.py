@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from app.backend.recipe.schema import ProfileSpec, Recipe
 
 DEFAULT_PORT = 8001
+QUEUE_REPORT_S = 0.2  # how often the fair queue's order is looked at for the panel (sent only when it changed)
+QUEUE_REPORT_KEYS = 64  # the first waiting keys reported (the panel needs its own key's place only)
 
 
 class GatewayConfigError(ValueError):
@@ -286,10 +288,11 @@ class GatewayServer:
 
     def __init__(self, cfg: GatewayConfig, keys: KeyStore, engine: EngineStatusSource,
                  report: Callable[[dict[str, object]], None] | None = None):
-        check_config(cfg, keys.active_count())
+        check_config(cfg, keys.active_count(owners_only=True))  # the panel's chat key opens nothing to others
         self.cfg = cfg
         self.fd_limit = raise_fd_limit()
         self.app = GatewayApp(keys, engine, cfg.limits, report=report)
+        self._report = report
         # the global rule a little below uvicorn's cap, whose count includes running tasks
         self.guard = ConnGuard(cfg.limits.max_conn_per_source, on_refusal=self.app.note_refusal,
                                total=max(1, cfg.limits.max_connections - 32))
@@ -320,9 +323,33 @@ class GatewayServer:
         """Serve until stopped (SIGINT/SIGTERM in the foreground)."""
         try:
             with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-                runner.run(self._server.serve(sockets=[self.sock]))
+                runner.run(self._serve())
         finally:
             self.sock.close()
+
+    async def _serve(self) -> None:
+        watcher = asyncio.create_task(self._report_queue()) if self._report is not None else None
+        try:
+            await self._server.serve(sockets=[self.sock])
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+    async def _report_queue(self) -> None:
+        """The fair queue's order, by key hash, whenever it changes: the panel's Chat tab shows its own key's place
+        ("waiting for the GPU (n ahead)", docs/chat.md "Taking turns"). Read on the event loop (the queue's thread)."""
+        assert self._report is not None
+        last: dict[str, int] = {}
+        while True:
+            await asyncio.sleep(QUEUE_REPORT_S)
+            try:
+                ahead = self.app.queue.ahead()
+                now = dict(sorted(ahead.items(), key=lambda kv: kv[1])[:QUEUE_REPORT_KEYS])
+                if now != last:
+                    self._report({"queue_ahead": now})
+                    last = now
+            except Exception as exc:  # a bug here must not stop serving; the chat then shows no place
+                oplog.caught("gateway", exc, "reporting the fair queue's order", traceback=True)
 
     def start(self) -> None:
         def target() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -30,9 +31,9 @@ from typing import IO
 import app as _app_package
 from app.backend import oplog
 from app.backend.config import env
-from app.backend.contracts import SnapshotFn
+from app.backend.contracts import ChatRoute, SnapshotFn
 from app.backend.files.jsonstore import JsonStore
-from app.backend.gateway.keys import ActivityRecord, CreatedKey, KeyInfo, KeyStore
+from app.backend.gateway.keys import ActivityRecord, CreatedKey, KeyInfo, KeyStore, KeyStoreError, PANEL_CHAT_KEY, hash_key
 from app.backend.gateway.engine_status import EngineStatus, SnapshotSource
 from app.backend.gateway.routing import FleetSource
 from app.backend.gateway.server import GatewayConfig
@@ -43,6 +44,9 @@ STOP_TIMEOUT_S = 10.0
 OFF_MESSAGE = "off: other machines cannot reach the model"
 ON_MESSAGE = "serving: clients need a key (Authorization: Bearer …)"
 RESTORED_NOTE = " — restored after the panel restarted"
+# The Chat tab's own key (docs/chat.md "Taking turns"): made afresh when the gateway starts, its value kept in the
+# panel's memory only; listed with the others, so chat shows in the usage and /metrics by this name.
+CHAT_KEY_NAME = PANEL_CHAT_KEY
 
 # `subscribe(callback) -> unsubscribe`: the engine controller's `on_change` (a thread of its own per listener)
 Subscribe = Callable[[Callable[[object], None]], Callable[[], None]]
@@ -144,6 +148,7 @@ class GatewayProcess:
         self.in_flight = 0  # the child's answers in flight, as it last reported (a drain waits for 0)
         self.in_flight_gpu: dict[int, int] = {}  # the same per GPU, on a box of several
         self.metrics: dict[str, object] | None = None  # its latest figures (gwmetrics.py)
+        self.queue_ahead: dict[str, int] = {}  # waiting key hash -> requests that get the GPU before it
         self._stderr: deque[str] = deque(maxlen=20)
         self._write_lock = threading.Lock()
         self._readers = [threading.Thread(target=self._read_stdout, name="gateway-child-out", daemon=True),
@@ -174,8 +179,12 @@ class GatewayProcess:
                                       if isinstance(k, str) and k.isdigit() and isinstance(v, int)}
             if isinstance(msg.get("metrics"), dict):
                 self.metrics = msg["metrics"]
+            ahead = msg.get("queue_ahead")
+            if isinstance(ahead, dict):
+                self.queue_ahead = {k: v for k, v in ahead.items() if isinstance(k, str) and isinstance(v, int)}
         self.in_flight = 0  # the child is gone: nothing of it is in flight
         self.in_flight_gpu = {}
+        self.queue_ahead = {}
 
     def _read_stderr(self) -> None:
         err: IO[bytes] | None = self.proc.stderr
@@ -253,9 +262,10 @@ class GatewayProcess:
 class GatewayService:
     def __init__(self, state_dir: Path, config: GatewayConfig, snapshot_fn: SnapshotFn, engine_base_url: str,
                  subscribe: Subscribe | None = None, slots_for: Callable[[str], int] | None = None,
-                 source: FleetSource | None = None, subscribe_more: tuple[Subscribe, ...] = ()):
-        """`source`, `subscribe_more`: a box of several GPUs (docs/gateway.md "Several GPUs: routing"): the box's
-        status from every GPU's controller, pushed on a change of any of them."""
+                 source: SnapshotSource | FleetSource | None = None, subscribe_more: tuple[Subscribe, ...] = ()):
+        """`source`: the box's status (routing.box_source, the one source `moet-panel gateway` builds for itself
+        too); `subscribe_more`: a box of several GPUs (docs/gateway.md "Several GPUs: routing"): pushed on a change
+        of any GPU's controller."""
         self.keys = KeyStore(state_dir)
         self.state_dir = state_dir
         self.config = config
@@ -269,6 +279,8 @@ class GatewayService:
         self._view_at = 0.0
         self._view_lock = threading.Lock()
         self._last_metrics: dict[str, object] | None = None  # counters survive a restart of the child in the export
+        self._chat_key: str | None = None  # the panel's own key for the Chat tab (CHAT_KEY_NAME), memory only
+        self._chat_lock = threading.Lock()
         # every engine change reaches the child at once (no polling); the listener has a thread of its own
         self._unsubscribe = subscribe(lambda _ev: self.push()) if subscribe is not None else None
         self._unsubscribe_more = [sub(lambda _ev: self.push()) for sub in subscribe_more]
@@ -333,6 +345,7 @@ class GatewayService:
                 return self.snapshot()
             cfg = self.config if port is None else replace(self.config, port=port)
             self._snap = GatewaySnapshot(GatewayState.STARTING, url=cfg.url(), message="starting", restored=restored)
+            self._fresh_chat_key()  # before the child loads the keys: the first chat is never refused
             try:
                 child = GatewayProcess(cfg, self.state_dir)
             except OSError as exc:
@@ -382,8 +395,62 @@ class GatewayService:
             child, self._child = self._child, None
             if child is not None:
                 child.stop()
+                self._drop_chat_key()
             self._snap = GatewaySnapshot(GatewayState.OFF, url=self.config.url(), message=OFF_MESSAGE)
             return self.snapshot()
+
+    # -- the Chat tab's turn (contracts.ChatGate) ----------------------------------------------------
+    def _fresh_chat_key(self) -> str | None:
+        """Revoke the panel's chat key of a previous run (its value is gone with that process) and make a new one;
+        None when the key store refuses (the chat then goes to the engine directly, said in the operator's log)."""
+        with self._chat_lock:
+            try:
+                self.keys.revoke(CHAT_KEY_NAME, who=oplog.PANEL)
+                self._chat_key = self.keys.create(CHAT_KEY_NAME, who=oplog.PANEL, panel_own=True).key
+            except (KeyStoreError, OSError, sqlite3.Error) as exc:
+                oplog.caught("gateway", exc, "making the Chat tab's key")
+                self._chat_key = None
+            return self._chat_key
+
+    def _drop_chat_key(self) -> None:
+        """The gateway stopped: its chat key goes too (its value dies with this process; none stays active)."""
+        with self._chat_lock:
+            if self._chat_key is None:
+                return
+            self._chat_key = None
+            try:
+                self.keys.revoke(CHAT_KEY_NAME, who=oplog.PANEL)
+            except (KeyStoreError, OSError, sqlite3.Error) as exc:  # revoked at the next start anyway
+                oplog.caught("gateway", exc, "revoking the Chat tab's key")
+
+    def chat_route(self) -> ChatRoute | None:
+        """The Chat tab's way to the engine while the gateway serves: its address on this box and the panel's key
+        (made again when someone revoked it). None while off: the chat then talks to the engine directly."""
+        child = self._child
+        if child is None or child.proc.poll() is not None or self._snap.state is not GatewayState.ON or not child.port:
+            return None
+        key = self._chat_key
+        if key is None or not self.keys.still_active(hash_key(key)):
+            key = self._fresh_chat_key()
+            if key is None:
+                return None
+        cfg = self.config
+        host = cfg.host
+        if host in ("", "0.0.0.0"):
+            host = "127.0.0.1"  # a wildcard listen is reached on loopback
+        elif host == "::":
+            host = "::1"
+        if ":" in host:
+            host = f"[{host}]"
+        # TLS: the owner's certificate names the box as others reach it, not as the panel does; the connection is
+        # to this box's own address (it never leaves the host), so it is not checked
+        return ChatRoute(f"{'https' if cfg.tls else 'http'}://{host}:{child.port}", key, verify=not cfg.tls)
+
+    def waiting_ahead(self, key: str) -> int | None:
+        """The requests that get the GPU before this key's waiting one, as the child last reported (about every
+        0.2 s); None when it waits for none."""
+        child = self._child
+        return child.queue_ahead.get(hash_key(key)) if child is not None else None
 
     # -- the remembered switch -----------------------------------------------------------------------
     def desired(self) -> DesiredGateway:
