@@ -114,6 +114,17 @@ class ClientProgress:
         except (OSError, AttributeError, ValueError):
             return buffered
 
+    def reset(self) -> None:
+        """Cut the connection now, dropping what the kernel still holds for it (a close would leave it trying to
+        deliver the rest to a client that takes nothing: an orphaned socket holding its buffers)."""
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+        except (OSError, AttributeError):
+            pass
+        abort = getattr(self.transport, "abort", None)
+        if abort is not None:
+            abort()
+
     def waiting(self) -> bool:
         """Bytes still on their way to the client (ours or the kernel's)."""
         return self._unsent() > 0

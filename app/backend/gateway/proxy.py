@@ -553,8 +553,8 @@ class GatewayApp:
         its stream); a stalled client gets nothing more, and its connection is reset (what the kernel still held
         for it is dropped, not sent)."""
         if run.cut != "revoked":
-            if run.progress is not None and run.progress.transport is not None:
-                run.progress.transport.abort()
+            if run.progress is not None:
+                run.progress.reset()
             return 499, "client stopped reading"
         message = "the API key was revoked while this request ran"
         if not trace.started:
