@@ -96,7 +96,11 @@ def first_token_s(gateway: str, key: str) -> float:
     with httpx.stream("POST", gateway + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
                       json={"model": MODEL, "messages": MSG, "max_tokens": 3, "stream": True}, timeout=900) as r:
         for line in r.iter_lines():
-            if '"content":"' in line and '"content":""' not in line:
+            if not line.startswith("data: {"):
+                continue
+            choices = json.loads(line[6:]).get("choices") or [{}]
+            delta = choices[0].get("delta") or {}
+            if delta.get("content") or delta.get("reasoning"):
                 return time.monotonic() - t0
     return float("nan")
 

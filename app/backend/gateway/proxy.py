@@ -251,8 +251,11 @@ class GatewayApp:
                 self._held_s[key] = 0.0
                 oplog.decision("gateway", "cut", who=oplog.key(oldest.key_name), why="held_the_engine",
                                held_s=round(held, 1), max_hold_s=self.limits.max_hold_s, waiting=len(self.queue))
-                if oldest.resp is not None:
+                if oldest.resp is not None and oldest.resp.headers.get("content-type", "").startswith("text/event-stream"):
                     oldest.resp.hang_up()  # the engine aborts; its last bytes and counts are still read
+                elif oldest.task is not None:  # no stream to end with an error event: the request ends with a 429
+                    oldest.cut = "held"
+                    oldest.task.cancel()
 
     def _report_metrics(self) -> None:
         self._reported_at = time.monotonic()
@@ -552,6 +555,10 @@ class GatewayApp:
         """The gateway ended the request: a revoked key's client is told so (a JSON error, or an error event on
         its stream); a stalled client gets nothing more, and its connection is reset (what the kernel still held
         for it is dropped, not sent)."""
+        if run.cut == "held":
+            if not trace.started:
+                await self._reply(send, 429, self._held_message(), "rate_limit_error", [(b"retry-after", b"5")])
+            return 429, "held the engine too long while others waited"
         if run.cut != "revoked":
             if run.progress is not None:
                 run.progress.reset()
@@ -634,6 +641,7 @@ class GatewayApp:
                                   retry_after(box))
                 return 503, f"engine not ready: {box.state}", None
             self._began(target)
+            run.engine_since = time.monotonic()  # a non-streaming answer's headers come only at its end
             try:
                 resp = await self._upstream.request(target.base_url, method, path, fwd_headers,
                                                     body if method == "POST" else b"")
@@ -657,7 +665,6 @@ class GatewayApp:
                     continue
             break
         trace.gpu = target.gpu
-        run.engine_since = time.monotonic()
         run.resp = resp
         status = resp.status_code
         streaming = resp.headers.get("content-type", "").startswith("text/event-stream")
