@@ -94,7 +94,8 @@ def first_token_s(gateway: str, key: str) -> float:
 
     t0 = time.monotonic()
     with httpx.stream("POST", gateway + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                      json={"model": MODEL, "messages": MSG, "max_tokens": 3, "stream": True}, timeout=900) as r:
+                      json={"model": MODEL, "messages": MSG, "max_tokens": 3, "stream": True,
+                            "chat_template_kwargs": {"thinking": False}}, timeout=900) as r:  # tokens in `content`
         for line in r.iter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -102,6 +103,7 @@ def first_token_s(gateway: str, key: str) -> float:
             delta = choices[0].get("delta") or {}
             if delta.get("content") or delta.get("reasoning"):
                 return time.monotonic() - t0
+        print(f"  (the polite request: HTTP {r.status_code}, no token)")
     return float("nan")
 
 
