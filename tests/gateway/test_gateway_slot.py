@@ -178,8 +178,8 @@ def test_hang_ups_and_early_closes_bill_what_the_engine_counted(make_gateway):
     usage = next(i.usage for i in gw.keys.infos() if i.name == "biller")
     assert gw.sim.stats.aborted >= 1
     assert (usage.prompt_tokens, usage.completion_tokens) == (after[0] - before[0], after[1] - before[1])
-    statuses = sorted(a.status for a in gw.keys.activity(10) if a.key_name == "biller")
-    assert statuses.count(200) >= 3
+    statuses = [a.status for a in gw.keys.activity(10) if a.key_name == "biller"]  # newest first
+    assert statuses[:2] == [200, 200] and statuses[3] == 499  # the early close: 200 or 499, as the race goes
 
 
 # -- caps ----------------------------------------------------------------------------------------------------
