@@ -2,7 +2,8 @@
 48/50), on the card's single stream.
 
     .venv/bin/python bench/gateway/fairness.py [--tok-s 48.9] [--greedy 4] [--greedy-tokens 100]
-        [--slow-tokens 4096] [--stall-s 30] [--burst-every 25] [--only-slow]
+        [--slow-tokens 4096] [--stall-s 30] [--burst-every 25] [--only-slow] [--readers byte,burst]
+        [--gateway-max-tokens N]
 
 Processes: the SIMULATED engine at `--max-num-seqs 1` (the card's recipe) decoding at --tok-s, and
 `moet-panel gateway --engine-slots 1` in front of it. Prints:
@@ -110,9 +111,10 @@ def first_token_s(gateway: str, key: str) -> float:
 def slow_readers(args: argparse.Namespace) -> None:
     import httpx
 
-    with gateway_stack("moet-bench-slow-", args.tok_s, 1, ("polite", "slow"), ("--stall-s", str(args.stall_s))) as st:
-        for label, chunk, every, reads in (("1 byte/s", 1, 1.0, 10), (f"64 KiB every {args.burst_every:g} s", 65536,
-                                                                       args.burst_every, 3)):
+    extra = ("--max-tokens", str(args.gateway_max_tokens)) if args.gateway_max_tokens else ()
+    kinds = {"byte": ("1 byte/s", 1, 1.0, 10), "burst": (f"64 KiB every {args.burst_every:g} s", 65536, args.burst_every, 3)}
+    with gateway_stack("moet-bench-slow-", args.tok_s, 1, ("polite", "slow"), ("--stall-s", str(args.stall_s), *extra)) as st:
+        for label, chunk, every, reads in (kinds[k] for k in args.readers.split(",")):
             reader = SlowReader(st.gw_port, st.keys["slow"], args.slow_tokens, chunk, every, reads)
             while running(httpx, st.engine) < 1:
                 time.sleep(0.01)
@@ -136,6 +138,9 @@ def main() -> int:
     ap.add_argument("--stall-s", type=float, default=30.0, help="the gateway's --stall-s (default: the documented 30)")
     ap.add_argument("--burst-every", type=float, default=25.0, help="the burst reader's pace, s")
     ap.add_argument("--only-slow", action="store_true", help="only the slow readers' part")
+    ap.add_argument("--readers", default="byte,burst", help="which slow readers: byte, burst")
+    ap.add_argument("--gateway-max-tokens", type=int, default=0, help="the gateway's --max-tokens (answers past the "
+                    "default cap: past the kernel's buffers)")
     args = ap.parse_args()
     import httpx
 
