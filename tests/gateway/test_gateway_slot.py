@@ -229,3 +229,22 @@ def test_a_key_holding_the_engine_while_others_wait_is_ended_at_the_hold_cap(mak
     act = wait_for(lambda: [a for a in gw.keys.activity(10) if a.key_name == "hog"], 5, "the hog's record")
     assert act[0].status == 429 and act[0].completion_tokens and act[0].completion_tokens < 50000
     assert any("why=held_the_engine" in r.getMessage() for r in caplog.records)
+
+
+def test_a_non_streaming_answer_over_the_hold_cap_is_a_429(make_gateway):
+    gw = make_gateway(limits=Limits(engine_slots=1, max_hold_s=1.0), decode_tok_s=100.0, max_num_seqs=1)
+    hog, other = gw.key("hog", max_tokens=100000), gw.key("other")
+    got: list[httpx.Response] = []
+    t = threading.Thread(target=lambda: got.append(httpx.post(
+        gw.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {hog}"}, timeout=60,
+        json={"model": SERVED, "messages": MSG, "max_tokens": 50000, "ignore_eos": True})))
+    t.start()
+    try:
+        wait_for(lambda: running_requests(gw.sim) == 1, 10, "the hog's answer at the engine")
+        r = httpx.post(gw.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {other}"}, timeout=30,
+                       json={"model": SERVED, "messages": MSG, "max_tokens": 3})
+        assert r.status_code == 200
+    finally:
+        t.join(60)
+    assert got and got[0].status_code == 429 and "held the engine" in got[0].json()["error"]["message"]
+    assert gw.sim.stats.aborted == 1  # ended at the engine, not left to run 500 s for nobody
