@@ -55,7 +55,7 @@ class FairQueue:
         """A request of `key` ended: its real work replaces the estimate it was charged at its turn."""
         if key in self._finish:
             self._finish[key] = max(0.0, self._finish[key] + actual - estimated)
-        if not self._waiting and self.busy <= 1:
+        if not self._waiting and self.busy <= 1:  # called before its own release: 1 is this request's slot
             self._forget_idle()
 
     def _forget_idle(self) -> None:

@@ -600,9 +600,9 @@ class GatewayApp:
                                                   cap)
         finally:
             self._off_engine(run)
-            self.queue.release()
-            if trace.prompt_tokens is not None or trace.completion_tokens is not None:
+            if trace.prompt_tokens is not None or trace.completion_tokens is not None:  # before the next turn is chosen
                 self.queue.settle(key, cost, work(trace.prompt_tokens or 0, trace.completion_tokens or 0))
+            self.queue.release()
         return await self._rest(status, error, rest)
 
     def _off_engine(self, run: _Running) -> None:
