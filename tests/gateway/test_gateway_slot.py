@@ -248,3 +248,21 @@ def test_a_non_streaming_answer_over_the_hold_cap_is_a_429(make_gateway):
         t.join(60)
     assert got and got[0].status_code == 429 and "held the engine" in got[0].json()["error"]["message"]
     assert gw.sim.stats.aborted == 1  # ended at the engine, not left to run 500 s for nobody
+
+
+def test_the_engines_counts_are_read_from_every_chunk_and_kept_from_a_client_that_did_not_ask():
+    from app.backend.gateway.proxy import GatewayApp, _Trace
+
+    app = GatewayApp.__new__(GatewayApp)  # _event reads only the event and the trace
+    compact = (b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"a"}}],"usage":{"prompt_tokens":5,'
+               b'"total_tokens":7,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}')
+    t = _Trace()
+    assert app._event(compact, t, "all") == b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"a"}}]}'
+    assert (t.prompt_tokens, t.completion_tokens, t.usage_seen) == (5, 2, True)
+    spaced = b'data: {"usage": {"prompt_tokens": 9, "completion_tokens": 3}, "choices": [{"index": 0, "delta": {}}]}'
+    t = _Trace()
+    assert app._event(spaced, t, "") == spaced  # asked for by its client: passed through, and counted
+    assert (t.prompt_tokens, t.completion_tokens) == (9, 3)
+    assert b"usage" not in (app._event(spaced, t, "chunks") or b"")
+    final = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":5,"total_tokens":9,"completion_tokens":4}}'
+    assert app._event(final, _Trace(), "chunks") == final and app._event(final, _Trace(), "all") is None

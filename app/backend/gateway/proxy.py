@@ -817,31 +817,35 @@ class GatewayApp:
         m = self._count(ev, trace)
         if trace.first_token is None:
             self._inspect(ev[6:], trace)
-        if strip_usage and b'"usage"' in ev:
+        if m is None and b'"usage"' in ev:
+            return self._usage_json(ev, trace, strip_usage)  # not vLLM's compact form: read the slow way
+        if strip_usage and m is not None:
             if b'"choices":[]' in ev:  # the usage-only chunk: the client's when it asked for usage
                 if strip_usage == "chunks":
                     return ev
                 trace.events -= 1
                 return None
-            if m is not None:
-                return ev[: m.start()] + ev[m.end():]
-            return self._strip_usage_json(ev, trace, strip_usage)
+            return ev[: m.start()] + ev[m.end():]
         return ev
 
     @staticmethod
-    def _strip_usage_json(ev: bytes, trace: _Trace, strip_usage: str) -> bytes | None:
-        """The usage of an event that is not in vLLM's compact form, removed the slow way."""
+    def _usage_json(ev: bytes, trace: _Trace, strip_usage: str) -> bytes | None:
+        """The counts of an event whose usage is not in vLLM's compact form, and the event without what the client
+        did not ask for, the slow way (a JSON parse)."""
         try:
             obj = json.loads(ev[6:])
         except ValueError:
             return ev
         if not isinstance(obj, dict):
             return ev
-        usage = obj.pop("usage", None)
+        usage = obj.get("usage")
         if isinstance(usage, dict):
             trace.prompt_tokens = usage.get("prompt_tokens", trace.prompt_tokens)
             trace.completion_tokens = usage.get("completion_tokens", trace.completion_tokens)
             trace.usage_seen = True
+        if not strip_usage or "usage" not in obj:
+            return ev
+        del obj["usage"]
         if not obj.get("choices"):
             if strip_usage == "chunks":
                 return ev
