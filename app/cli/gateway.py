@@ -47,12 +47,16 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--max-concurrent", type=int, default=Limits.max_concurrent, metavar="N", help="requests in flight per key")
     p.add_argument("--rate", type=float, default=Limits.rate_per_min, metavar="N", help="requests per minute per key")
     p.add_argument("--max-body-mb", type=float, default=Limits.max_body_bytes / 2**20, metavar="MB", help="request body cap")
-    p.add_argument("--max-tokens", type=int, metavar="N", help="the most max_tokens a request may ask, every key "
-                   "(default: the recipe's validated context); more is refused with 400")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="the most max_tokens a request may ask, for keys "
+                   f"without their own cap (default {Limits.max_tokens}, or the recipe's context when smaller; "
+                   "`keys set NAME --max-tokens N` sets a key's); more is refused with 400")
+    p.add_argument("--max-hold-s", type=float, default=Limits.max_hold_s, metavar="S",
+                   help="a key's time on the engine's sequences while another key waits; beyond, its answer is "
+                   "ended there with a 429")
     p.add_argument("--engine-slots", type=int, metavar="N", help="requests sent to the engine at once; more wait in "
                    "the fair queue, taken in turn by key (default: the recipe's --max-num-seqs)")
     p.add_argument("--stall-s", type=float, default=Limits.stall_s, metavar="S",
-                   help="cut a stream whose client reads nothing for S seconds (frees the engine)")
+                   help="cut an answer whose client acknowledges nothing of it for S seconds (499)")
     p.add_argument("--per-source", type=int, default=Limits.max_conn_per_source, metavar="N",
                    help="connections from one address (IPv6: one /64)")
     p.add_argument("--capture-bodies", type=int, default=0, metavar="BYTES",
@@ -75,6 +79,7 @@ def config_from(args: argparse.Namespace, base: Limits | None = None) -> Gateway
                      capture_cap_bytes=max(0, args.capture_bodies), stall_s=max(0.5, args.stall_s),
                      max_conn_per_source=max(1, args.per_source),
                      max_tokens=max(1, args.max_tokens) if args.max_tokens else base.max_tokens,
+                     max_hold_s=max(1.0, getattr(args, "max_hold_s", base.max_hold_s)),
                      engine_slots=max(1, args.engine_slots) if args.engine_slots else base.engine_slots)
     cert_path = args.tls_cert or cert
     key_path = args.tls_key or key

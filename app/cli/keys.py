@@ -1,4 +1,5 @@
-"""`moet-panel keys create NAME [--expires-days N] [--scope inference|metrics] | revoke NAME | list`: the API gateway's keys.
+"""`moet-panel keys create NAME [--expires-days N] [--scope inference|metrics] [--max-tokens N] | set NAME
+--max-tokens N | revoke NAME | list`: the API gateway's keys.
 
 The key is printed once, at creation (JSON field `key` with --json); only its SHA-256 is stored, in
 `<data-dir>/.moet-panel/gateway.sqlite` (0600). docs/gateway.md#keys.
@@ -26,6 +27,12 @@ def register(subs: argparse._SubParsersAction) -> None:
     c.add_argument("--expires-days", type=float, metavar="N", help="the key stops working after N days")
     c.add_argument("--scope", choices=SCOPES, default=DEFAULT_SCOPE, help="inference: the gateway (default); "
                    "metrics: the panel's /metrics for Prometheus when the panel has a login (docs/metrics.md#access)")
+    c.add_argument("--max-tokens", type=int, metavar="N", help="this key's max_tokens cap a request (default: the "
+                   "gateway's --max-tokens)")
+    st = ks.add_parser("set", help="change a key's own caps (a running gateway applies them within a second)")
+    st.add_argument("name")
+    st.add_argument("--max-tokens", type=int, metavar="N", required=True,
+                    help="this key's max_tokens cap a request; 0: the gateway's cap again")
     r = ks.add_parser("revoke", help="revoke a key (a running gateway refuses it within a second)")
     r.add_argument("name")
     ks.add_parser("list", help="keys with their usage (requests, tokens, errors, last used)")
@@ -50,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.keys_cmd == "create":
             created = store.create(args.name, args.expires_days, scope=getattr(args, "scope", DEFAULT_SCOPE),
-                                   who=oplog.CLI)
+                                   who=oplog.CLI, max_tokens=getattr(args, "max_tokens", None))
             if args.json:
                 print(json.dumps({"name": created.name, "key": created.key, "scope": created.scope,
                                   "expires": created.expires}))
@@ -60,6 +67,15 @@ def run(args: argparse.Namespace) -> int:
                       + (f"It expires {_when(created.expires)}." if created.expires else "It does not expire."),
                       flush=True)
             return 0
+        if args.keys_cmd == "set":
+            ok = store.set_max_tokens(args.name, args.max_tokens or None, who=oplog.CLI)
+            if args.json:
+                print(json.dumps({"name": args.name, "max_tokens": args.max_tokens or None, "set": ok}))
+            elif ok:
+                print(f"key {args.name!r}: max_tokens cap {args.max_tokens or 'of the gateway'}")
+            else:
+                print(f"moet-panel: no active key named {args.name!r} (see `moet-panel keys list`)", file=sys.stderr)
+            return 0 if ok else 1
         if args.keys_cmd == "revoke":
             ok = store.revoke(args.name, who=oplog.CLI)
             if args.json:
@@ -86,8 +102,9 @@ def _table(infos: list[KeyInfo]) -> None:
     if not infos:
         print("no keys yet: `moet-panel keys create NAME`")
         return
-    print(f"{'name':<20} {'status':<8} {'requests':>8} {'prompt tok':>10} {'compl tok':>10} {'errors':>6}  last used")
+    print(f"{'name':<20} {'status':<8} {'requests':>8} {'prompt tok':>10} {'compl tok':>10} {'errors':>6} "
+          f"{'max tok':>8}  last used")
     for i in infos:
         u = i.usage
         print(f"{i.name:<20} {i.status:<8} {u.requests:>8} {u.prompt_tokens:>10} {u.completion_tokens:>10} "
-              f"{u.errors:>6}  {_when(u.last_used)}")
+              f"{u.errors:>6} {i.max_tokens or '-':>8}  {_when(u.last_used)}")

@@ -9,7 +9,7 @@ from typing import TypeVar
 import pytest
 
 from tests.aio import run_async
-from app.backend.gateway.fairqueue import FairQueue, QueueFull
+from app.backend.gateway.fairqueue import FairQueue, QueueFull, work
 
 T = TypeVar("T")
 
@@ -75,3 +75,50 @@ def test_resizing_hands_new_slots_to_waiters_and_shrinks_as_requests_end() -> No
         assert all(w.done() for w in waiters) and q.busy == 1
 
     run_async(main)
+
+
+def test_turns_are_weighed_by_work() -> None:
+    async def main() -> list[str]:
+        q = FairQueue(slots=1, max_waiting=20)
+        order: list[str] = []
+        big, small = work(256_000, 4000), work(20, 30)  # a 256K prompt and a long answer; "hi"
+        await q.acquire("big", big)  # running
+        waiters = [("big", big)] + [("small", small)] * 5
+        tasks = [asyncio.ensure_future(q.acquire(k, c)) for k, c in waiters]
+        for t, (k, _) in zip(tasks, waiters, strict=True):
+            t.add_done_callback(lambda _t, k=k: order.append(k))
+        await _settle()
+        for _ in range(len(waiters) + 1):
+            q.release()
+            await _settle()
+        assert q.busy == 0
+        return order
+
+    # five small requests' work is far below the big one's: all go before its second turn (before: turns by
+    # request, so the big key's second request went second)
+    assert run_async(main) == ["small"] * 5 + ["big"]
+
+
+def test_the_engines_usage_replaces_the_estimate() -> None:
+    async def main() -> list[str]:
+        q = FairQueue(slots=1, max_waiting=10)
+        order: list[str] = []
+        await q.acquire("b", work(10, 100))  # b's answer of 100 tokens
+        q.settle("b", work(10, 100), work(10, 100))
+        q.release()
+        await q.acquire("a", work(10, 4096))  # a is charged its cap while it runs...
+        q.settle("a", work(10, 4096), work(10, 3))  # ...and the engine made 3 tokens
+        waiters = [("b", work(10, 100)), ("a", work(10, 3))]
+        tasks = [asyncio.ensure_future(q.acquire(k, c)) for k, c in waiters]
+        for t, (k, _) in zip(tasks, waiters, strict=True):
+            t.add_done_callback(lambda _t, k=k: order.append(k))
+        await _settle()
+        q.release()
+        await _settle()
+        q.release()
+        await _settle()
+        q.release()
+        return order
+
+    # a did 3 tokens' work, b 100: a goes first (charged its 4,096-token estimate, it would have gone second)
+    assert run_async(main) == ["a", "b"]

@@ -75,6 +75,17 @@ def test_keys_cli_create_once_list_json_revoke(tmp_path: Path) -> None:
     assert KeyStore(data / ".moet-panel").authenticate(key) is None
 
 
+def test_keys_cli_sets_a_keys_own_max_tokens_cap(tmp_path: Path) -> None:
+    data = tmp_path / "home" / "data"
+    assert _cli("keys", "create", "batch", "--max-tokens", "32768", "--json", data=data).returncode == 0
+    assert json.loads(_cli("keys", "list", "--json", data=data).stdout)[0]["max_tokens"] == 32768
+    assert _cli("keys", "set", "batch", "--max-tokens", "0", data=data).returncode == 0  # the gateway's cap again
+    assert json.loads(_cli("keys", "list", "--json", data=data).stdout)[0]["max_tokens"] is None
+    bad = _cli("keys", "set", "batch", "--max-tokens", "-5", data=data)
+    assert bad.returncode == 2 and "--max-tokens" in bad.stderr and "Traceback" not in bad.stderr
+    assert _cli("keys", "set", "nobody", "--max-tokens", "10", data=data).returncode == 1
+
+
 def test_gateway_cli_refuses_an_exposed_bind_without_a_key(tmp_path: Path) -> None:
     r = _cli("gateway", "--host", "0.0.0.0", "--port", "0", "--insecure-http", data=tmp_path / "d")
     assert r.returncode == 2 and "no API key" in r.stderr and "Traceback" not in r.stderr

@@ -48,6 +48,7 @@ def test_the_running_profiles_sequences_become_the_gateways_engine_slots() -> No
     from pathlib import Path
 
     from app.backend.gateway.engine_status import EngineStatus
+    from app.backend.gateway.proxy import DEFAULT_MAX_TOKENS
     from app.backend.gateway.server import engine_slots_of, limits_for_recipe
     from app.backend.recipe.loader import load_recipe
 
@@ -55,7 +56,8 @@ def test_the_running_profiles_sequences_become_the_gateways_engine_slots() -> No
     card = load_recipe(root / "assets" / "recipes" / "ds4-flash-0731-sm120.toml")
     assert engine_slots_of(card, card.recommended_profile) == 1  # the card's single stream
     lim = limits_for_recipe(card)
-    assert lim.engine_slots == 1 and lim.max_tokens == lim.context_tokens == card.context.validated_max_tokens
+    assert lim.engine_slots == 1 and lim.context_tokens == card.context.validated_max_tokens
+    assert lim.max_tokens == DEFAULT_MAX_TOKENS < lim.context_tokens  # a shared box's cap, not the context (issue 48)
     snap = EngineSnapshot(state=EngineState.READY, base_url="http://127.0.0.1:8123", profile_id="two")
     asked: list[str] = []
     src = SnapshotSource(lambda: snap, "http://127.0.0.1:8000", slots_for=lambda pid: asked.append(pid) or 2)

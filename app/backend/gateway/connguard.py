@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Guarded(Protocol):
     authed: bool
+    transport: Any  # the connection's asyncio transport (the gateway reads its client's progress from it)
 
     def evictable(self) -> bool: ...
 
@@ -96,6 +97,10 @@ class ConnGuard:
                 del self._by_source[src]
         if self._by_peer.get((peer[0], peer[1])) is conn:
             del self._by_peer[(peer[0], peer[1])]
+
+    def connection(self, peer: tuple[str, int] | None) -> Guarded | None:
+        """The connection from `peer` (its transport: delivery.ClientProgress reads what its client took)."""
+        return self._by_peer.get((peer[0], peer[1])) if peer is not None else None
 
     def authenticated(self, peer: tuple[str, int] | None) -> None:
         """The app saw a valid key on this connection: it keeps its slot and the longer deadlines."""

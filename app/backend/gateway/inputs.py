@@ -103,8 +103,9 @@ def check_fields(payload: dict[str, object], max_tokens: int) -> None:
 
 
 def check_json(body: bytes, ctype: bytes, *, max_depth: int, max_tokens: int,
-               context_tokens: int) -> tuple[bytes, bool, str]:
-    """(the body to send, whether to strip the usage chunk the gateway asked for, the body's text); raises Refused."""
+               context_tokens: int) -> tuple[bytes, str, str]:
+    """(the body to send, the usage the gateway asked for to keep from the client — "" none, "chunks" the usage on
+    every chunk, "all" that and the usage-only chunk —, the body's text); raises Refused."""
     if ctype != b"application/json":
         raise Refused(415, "send the body as JSON with `Content-Type: application/json`", "invalid_request_error",
                       "bad_request", error="wrong content type")
@@ -146,13 +147,16 @@ def check_json(body: bytes, ctype: bytes, *, max_depth: int, max_tokens: int,
     if not asked and max_tokens < context_tokens:
         payload["max_tokens"] = max_tokens  # no limit asked: the cap, not the rest of the context
         changed = True
-    strip_usage = False
+    strip_usage = ""
     if stream is True:
         opts = payload.get("stream_options")
-        if not isinstance(opts, dict) or not opts.get("include_usage"):
-            # ask the engine to count the tokens; the usage chunk is kept from this client
-            payload["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
-            strip_usage = changed = True
+        opts = opts if isinstance(opts, dict) else {}
+        if not opts.get("include_usage") or not opts.get("continuous_usage_stats"):
+            # ask the engine for its counts on every chunk (the bill of a stream whatever its client does,
+            # docs/gateway.md "Usage"); what this client did not ask for is kept from it
+            strip_usage = "chunks" if opts.get("include_usage") else "all"
+            payload["stream_options"] = {**opts, "include_usage": True, "continuous_usage_stats": True}
+            changed = True
     if changed:
         body = json.dumps(payload).encode()
     return body, strip_usage, text

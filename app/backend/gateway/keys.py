@@ -29,6 +29,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SCOPES = ("inference", "metrics")
 DEFAULT_SCOPE = "inference"
 ACTIVITY_KEEP = 1000  # rows of the activity table kept on disk
+MAX_TOKENS_LIMIT = 10_000_000  # a key's own max_tokens cap: a sanity bound (the gateway caps it at the context)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS keys (
@@ -38,7 +39,8 @@ CREATE TABLE IF NOT EXISTS keys (
     scope TEXT NOT NULL DEFAULT 'inference',
     created REAL NOT NULL,
     expires REAL,
-    revoked REAL
+    revoked REAL,
+    max_tokens INTEGER
 );
 CREATE TABLE IF NOT EXISTS usage (
     name TEXT PRIMARY KEY,
@@ -86,6 +88,11 @@ def check_name(name: str) -> str:
     return name
 
 
+def _check_max_tokens(n: int | None) -> None:
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_TOKENS_LIMIT):
+        raise KeyStoreError(f"--max-tokens {n!r}: expected a whole number of tokens from 1 to {MAX_TOKENS_LIMIT}")
+
+
 @dataclass(frozen=True)
 class KeyRecord:
     name: str
@@ -95,6 +102,7 @@ class KeyRecord:
     created: float
     expires: float | None
     revoked: float | None
+    max_tokens: int | None = None  # this key's max_tokens cap a request; None: the gateway's (docs/gateway.md#caps)
 
     def status(self, now: float | None = None) -> str:
         now = time.time() if now is None else now
@@ -126,10 +134,12 @@ class KeyInfo:
     expires: float | None
     revoked: float | None
     usage: Usage
+    max_tokens: int | None = None
 
     def as_json(self) -> dict[str, object]:
         return {"name": self.name, "hint": self.hint, "scope": self.scope, "status": self.status,
                 "created": self.created, "expires": self.expires, "revoked": self.revoked,
+                "max_tokens": self.max_tokens,
                 "requests": self.usage.requests, "prompt_tokens": self.usage.prompt_tokens,
                 "completion_tokens": self.usage.completion_tokens, "errors": self.usage.errors,
                 "last_used": self.usage.last_used}
@@ -184,6 +194,9 @@ class KeyStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            columns = {r[1] for r in self._db.execute("PRAGMA table_info(keys)")}
+            if "max_tokens" not in columns:  # a store made before per-key caps (issue 48)
+                self._db.execute("ALTER TABLE keys ADD COLUMN max_tokens INTEGER")
             self._db.commit()
         # the keys' reader: its own connection and lock, so a reload never waits behind a flush's commit
         self._watch_lock = threading.Lock()
@@ -206,11 +219,12 @@ class KeyStore:
 
     # -- keys -------------------------------------------------------------------------------------
     def create(self, name: str, expires_days: float | None = None, scope: str = DEFAULT_SCOPE, *,
-               who: str = oplog.PANEL, panel_own: bool = False) -> CreatedKey:
+               who: str = oplog.PANEL, panel_own: bool = False, max_tokens: int | None = None) -> CreatedKey:
         """`panel_own`: the panel making its Chat tab's key (PANEL_CHAT_KEY, a name nobody else may take)."""
         check_name(name)
         if name == PANEL_CHAT_KEY and not panel_own:
             raise KeyStoreError(f"the name {name!r} is the panel's own (its Chat tab's key, docs/chat.md); pick another")
+        _check_max_tokens(max_tokens)
         if scope not in SCOPES:
             raise KeyStoreError(f"scope {scope!r} is not one of {', '.join(SCOPES)}")
         if expires_days is not None and not (0 < expires_days <= 3650):
@@ -224,13 +238,15 @@ class KeyStore:
                 raise KeyStoreError(f"a key named {name!r} exists; revoke it first (`moet-panel keys revoke {name}`) "
                                 "or pick another name")
             # a revoked name may be reused: its old hash is replaced, its usage kept
-            self._db.execute("INSERT OR REPLACE INTO keys (name, hash, hint, scope, created, expires, revoked) "
-                             "VALUES (?, ?, ?, ?, ?, ?, NULL)", (name, hash_key(key), key[:8] + "…", scope, now, expires))
+            self._db.execute("INSERT OR REPLACE INTO keys (name, hash, hint, scope, created, expires, revoked, max_tokens) "
+                             "VALUES (?, ?, ?, ?, ?, ?, NULL, ?)",
+                             (name, hash_key(key), key[:8] + "…", scope, now, expires, max_tokens))
             self._db.execute("INSERT OR IGNORE INTO usage (name) VALUES (?)", (name,))
             self._db.commit()
         self._checked = 0.0
         oplog.decision("gateway", "key_created", who=who, key_name=name, scope=scope,
-                       expires_days=expires_days if expires_days is not None else "never")
+                       expires_days=expires_days if expires_days is not None else "never",
+                       max_tokens=max_tokens if max_tokens is not None else "the gateway's")
         return CreatedKey(name=name, key=key, scope=scope, expires=expires)
 
     def revoke(self, name: str, *, who: str = oplog.PANEL) -> bool:
@@ -244,9 +260,24 @@ class KeyStore:
             oplog.decision("gateway", "key_revoked", who=who, key_name=name)
         return cur.rowcount > 0
 
+    def set_max_tokens(self, name: str, max_tokens: int | None, *, who: str = oplog.PANEL) -> bool:
+        """This key's own max_tokens cap (None: the gateway's again); a running gateway applies it within a
+        second. False when there is no active key by that name."""
+        check_name(name)
+        _check_max_tokens(max_tokens)
+        with self._lock:
+            cur = self._db.execute("UPDATE keys SET max_tokens=? WHERE name=? AND revoked IS NULL", (max_tokens, name))
+            self._db.commit()
+        self._checked = 0.0
+        if cur.rowcount > 0:
+            oplog.decision("gateway", "key_max_tokens", who=who, key_name=name,
+                           max_tokens=max_tokens if max_tokens is not None else "the gateway's")
+        return cur.rowcount > 0
+
     @staticmethod
     def _records_of(db: sqlite3.Connection) -> list[KeyRecord]:
-        rows = db.execute("SELECT name, hash, hint, scope, created, expires, revoked FROM keys ORDER BY created")
+        rows = db.execute("SELECT name, hash, hint, scope, created, expires, revoked, max_tokens FROM keys "
+                          "ORDER BY created")
         return [KeyRecord(*r) for r in rows]
 
     def _records(self) -> list[KeyRecord]:
@@ -309,8 +340,8 @@ class KeyStore:
                 "SELECT name, requests, prompt_tokens, completion_tokens, errors, last_used FROM usage")}
             recs = self._records()
         now = time.time()
-        return [KeyInfo(r.name, r.hint, r.scope, r.status(now), r.created, r.expires, r.revoked, usage.get(r.name, Usage()))
-                for r in recs]
+        return [KeyInfo(r.name, r.hint, r.scope, r.status(now), r.created, r.expires, r.revoked, usage.get(r.name, Usage()),
+                        r.max_tokens) for r in recs]
 
     # -- usage and activity (buffered in memory, written by flush(): one short transaction a second) ---
     def record(self, rec: ActivityRecord, error: bool) -> None:

@@ -2,11 +2,14 @@
 the engine's OpenAI-compatible API on loopback (docs/gateway.md).
 
 A plain ASGI callable (run by uvicorn) rather than a framework router: every request takes the same
-short path — allow-list, key, limits, body checks, engine readiness, the fair queue — and a stream is copied
-event by event as it arrives (never buffered), over kept-alive connections to the engine (`upstream.UpstreamPool`).
+short path — allow-list, key, limits, body checks, engine readiness, the fair queue — over kept-alive connections
+to the engine (`upstream.UpstreamPool`). The engine's answer is read at the engine's speed into memory and written
+to the client at the client's (`delivery.py`): the engine's sequence and the queue's slot are freed when the engine
+finishes, not when a slow reader has read the last byte (issue 48/50); a stream's events still go out as they come.
 From the moment the body is read, the client's hang-up (ASGI `http.disconnect`) is watched: it cancels the
 work wherever it is — waiting in the queue, waiting for the engine's headers (a non-streaming answer sends them
-last), copying — and the upstream connection closes, so the engine aborts the request (issue 40).
+last), copying — and the engine's connection is half-closed, so the engine aborts the request and what it had
+sent is still read for its counts (issue 40, issue 48 "usage = what the engine did").
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -22,7 +26,8 @@ from typing import Any
 from app.backend import oplog
 from app.backend.contracts import Receive, Scope, Send
 from app.backend.gateway.connguard import ConnGuard
-from app.backend.gateway.fairqueue import FairQueue, QueueFull
+from app.backend.gateway.delivery import Answer, ClientProgress, answer_bound
+from app.backend.gateway.fairqueue import FairQueue, QueueFull, work
 from app.backend.gateway.routing import Chooser, LeastBusy, Target
 from app.backend.gateway.gwmetrics import REPORT_S, GatewayMetrics, RefusalLog
 from app.backend.gateway.inputs import Refused, check_json, check_length
@@ -43,6 +48,12 @@ NO_KEY = "(no key)"  # the activity's key column for refusals before a key was k
 UNKNOWN_KEY = "(unknown key)"
 TICK_S = 0.25  # revocations, stalls and reports are checked this often
 GPU_HEADER = b"x-moet-panel-gpu"  # on a box of several GPUs: the GPU whose engine answered (docs/gateway.md)
+DEFAULT_MAX_TOKENS = 4096  # a request's max_tokens cap: ~84 s of the card's 48.9 tok/s decode (docs/gateway.md#caps)
+DRAIN_S = 2.0  # after a hang-up or a cut: how long the engine's last bytes (its counts) are read for
+_USAGE = re.compile(rb',"usage":(\{(?:[^{}]|\{[^{}]*\})*\}|null)')  # vLLM's compact JSON: one nesting level
+_PROMPT = re.compile(rb'"prompt_tokens":(\d+)')
+_COMPLETION = re.compile(rb'"completion_tokens":(\d+)')
+_ASKED = re.compile(rb'"max(?:_completion)?_tokens":\s*(\d+)')
 _PROTOCOL_STATUS = {"too_many_connections": 429, "header_too_large": 431, "header_timeout": 408,
                     "evicted_idle": 429}  # refused before any request reached us
 
@@ -60,11 +71,12 @@ class Limits:
     upstream_connect_s: float = 5.0
     capture_bodies: bool = False  # activity keeps bodies only when asked (docs/gateway.md#activity)
     capture_cap_bytes: int = 4096
-    max_tokens: int = 262144  # max_tokens / max_completion_tokens of one request, every key (above: 400)
+    max_tokens: int = DEFAULT_MAX_TOKENS  # max_tokens / max_completion_tokens of one request (above: 400); a key's own wins
     context_tokens: int = 262144  # the engine's context; a lower max_tokens cap is also sent when a request has none
     engine_slots: int = 256  # requests at the engine at once (its --max-num-seqs); more wait in the fair queue
     max_queue: int = 512  # requests waiting for a slot, all keys (beyond: 429)
-    stall_s: float = 30.0  # a client that reads nothing of its answer for this long is cut (the engine freed)
+    stall_s: float = 30.0  # a client that acknowledges nothing of its answer for this long is cut (499)
+    max_hold_s: float = 120.0  # a key's time on engine sequences while another key waits; beyond, its request is ended
     max_json_depth: int = 64  # nesting of a request body's JSON (deeper: 400)
 
 
@@ -85,7 +97,8 @@ class _Trace:
     done: bool = False  # the whole answer went to the client ([DONE] or the last byte)
     streamed: bool = False
     started: bool = False  # http.response.start sent
-    events: int = 0  # SSE data events copied (about one token each: the bill of a stream cut short)
+    events: int = 0  # SSE data events copied (about one token each: the bill when an engine sends no usage)
+    usage_seen: bool = False  # the engine's own counts came (every chunk carries them: continuous_usage_stats)
     captured: bytearray = field(default_factory=bytearray)
     gpu: int | None = None  # the GPU whose engine answered (a box of several; None: the one engine)
 
@@ -95,9 +108,16 @@ class _Running:
     """A request past its checks: what the tick needs to end it (key revoked, client stalled)."""
 
     key_hash: str
+    key_name: str = ""
     task: asyncio.Future[Any] | None = None
     cut: str = ""  # why the gateway ended it: "revoked", "stalled", "gone" (the client hung up)
     sending_since: float = 0.0  # a send to the client began at this time and has not returned (0: none)
+    progress: ClientProgress | None = None  # the client's acknowledged bytes (delivery.py); None: not measured
+    in_flight: bool = False  # counted in the answers in flight (a drain waits for them) until the engine is done
+    engine_since: float = 0.0  # on an engine's sequence since (0: not on one)
+    resp: UpstreamResponse | None = None  # the engine's answer being read
+    key_released: bool = False  # the key's concurrency slot given back (_release_key)
+    held: bool = False  # ended at the engine by the hold cap (Limits.max_hold_s): the answer ends with a 429
 
 
 class _ClientGone(Exception):
@@ -135,6 +155,8 @@ class GatewayApp:
         self.metrics = GatewayMetrics()
         self.guard: ConnGuard | None = None  # set by the server: marks a connection that showed a valid key
         self._running: dict[int, _Running] = {}
+        self._held_s: dict[str, float] = {}  # key -> its time on sequences while another key waited (the hold cap)
+        self._ticked = time.monotonic()
         self._refusals = RefusalLog()
         self._reported_at = 0.0
         self.who = oplog.PANEL  # who started it, for the operator's log (the CLI sets its own)
@@ -177,17 +199,25 @@ class GatewayApp:
                 oplog.caught("gateway", exc, "the gateway's tick", traceback=True)
 
     def tick(self) -> None:
-        """Revoked keys' requests and stalled clients are cut; figures reported; refusals summed up."""
+        """Revoked keys' requests and stalled clients are cut, a key over the hold cap is ended at the engine;
+        figures reported; refusals summed up."""
         now = time.monotonic()
+        dt, self._ticked = now - self._ticked, now
         for run in list(self._running.values()):
             if run.task is None or run.task.done() or run.cut:
                 continue
             if not self.keys.still_active(run.key_hash):
                 run.cut = "revoked"
                 run.task.cancel()
-            elif run.sending_since and now - run.sending_since > self.limits.stall_s:
+                continue
+            idle = run.progress.check(now) if run.progress is not None and run.progress.measured else (
+                now - run.sending_since if run.sending_since else 0.0)
+            if idle > self.limits.stall_s:
                 run.cut = "stalled"
+                oplog.decision("gateway", "cut", who=oplog.key(run.key_name), why="stalled",
+                               idle_s=round(idle, 1), stall_s=self.limits.stall_s)
                 run.task.cancel()
+        self._hold_cap(dt)
         if now - self._reported_at >= REPORT_S:
             self._report_metrics()
         counts = self._refusals.due()
@@ -199,6 +229,33 @@ class GatewayApp:
             self.keys.record(ActivityRecord(time=time.time(), key_name="(refused)", route="-", status=429,
                                             error=f"{n} more refused attempts not listed one by one (a flood)"),
                              error=False)
+
+    def _hold_cap(self, dt: float) -> None:
+        """A key's time on engine sequences while another key waits is capped (Limits.max_hold_s): beyond it, its
+        oldest request on a sequence is ended at the engine (the answer so far goes to its client, then a 429
+        error) and the sequence goes to the next key's turn. The count starts again when the key holds none."""
+        on: dict[str, list[_Running]] = {}
+        for run in self._running.values():
+            if run.engine_since and not run.held and not run.cut:
+                on.setdefault(run.key_hash, []).append(run)
+        for k in [k for k in self._held_s if k not in on]:
+            del self._held_s[k]
+        waiting = self.queue.waiting_keys()
+        for key, runs in on.items():
+            if not waiting - {key}:
+                continue
+            held = self._held_s[key] = self._held_s.get(key, 0.0) + dt * len(runs)
+            if held > self.limits.max_hold_s:
+                oldest = min(runs, key=lambda r: r.engine_since)
+                oldest.held = True
+                self._held_s[key] = 0.0
+                oplog.decision("gateway", "cut", who=oplog.key(oldest.key_name), why="held_the_engine",
+                               held_s=round(held, 1), max_hold_s=self.limits.max_hold_s, waiting=len(self.queue))
+                if oldest.resp is not None and oldest.resp.headers.get("content-type", "").startswith("text/event-stream"):
+                    oldest.resp.hang_up()  # the engine aborts; its last bytes and counts are still read
+                elif oldest.task is not None:  # no stream to end with an error event: the request ends with a 429
+                    oldest.cut = "held"
+                    oldest.task.cancel()
 
     def _report_metrics(self) -> None:
         self._reported_at = time.monotonic()
@@ -380,11 +437,12 @@ class GatewayApp:
         trace = _Trace()
         error = ""
         req_capture: str | None = None
-        run = _Running(rec.hash)
-        counted = refused = False
+        run = _Running(rec.hash, rec.name)
+        cap = min(rec.max_tokens or self.limits.max_tokens, self.limits.context_tokens)  # the key's own, or ours
+        refused = False
         try:
             try:
-                body, strip_usage, req_capture = await self._checked_body(receive, method, headers)
+                body, strip_usage, req_capture = await self._checked_body(receive, method, headers, cap)
                 engine = self.engine.status()
                 if engine.slots and engine.slots != self.queue.slots:  # the profile running now
                     self.queue.resize(engine.slots)
@@ -397,18 +455,21 @@ class GatewayApp:
                 await self._reply(send, r.status, r.message, r.kind, r.headers)
                 return
             self._in_flight(+1)
-            counted = True
+            run.in_flight = True  # until the engine is done with it (_off_engine)
             self._running[id(run)] = run
+            if self.guard is not None:
+                conn = self.guard.connection(scope.get("client"))
+                if conn is not None:
+                    run.progress = ClientProgress(conn.transport, time.monotonic())
             status, error = await self._guarded(
-                self._forward(send, path, method, headers, body, strip_usage, engine, trace, run), receive, send, trace,
-                run)
+                self._forward(send, path, method, headers, body, strip_usage, engine, trace, run, cap), receive, send,
+                trace, run)
         except _ClientGone:
             status, error = 499, "client disconnected"
         finally:
             self._running.pop(id(run), None)
-            if counted:
-                self._in_flight(-1)
-            self._release(rec.name)
+            self._off_engine(run)
+            self._release_key(run)
             if not refused:  # a refusal is counted and listed by note_refusal
                 self._finish(rec.name, route, wall, started, status, error, trace, req_capture)
 
@@ -416,9 +477,9 @@ class GatewayApp:
                 req_capture: str | None) -> None:
         duration = time.monotonic() - started
         tok_s = None
-        if trace.completion_tokens is None and trace.streamed and trace.events and not trace.done:
-            # a stream cut short never gets the engine's usage: bill what was sent (about a token an event;
-            # the first chat event carries only the role)
+        if not trace.usage_seen and trace.streamed and trace.events and not trace.done:
+            # an engine that sent no counts (no continuous_usage_stats): bill what was sent (about a token an
+            # event; the first chat event carries only the role)
             trace.completion_tokens = max(0, trace.events - (1 if route.endswith("chat/completions") else 0))
         if trace.completion_tokens and trace.first_token is not None:
             # decode rate after the first token on a stream; the whole answer's rate otherwise
@@ -441,11 +502,12 @@ class GatewayApp:
         if self._on_event is not None:
             self._on_event(event)
 
-    async def _checked_body(self, receive: Receive, method: str,
-                            headers: dict[str, bytes]) -> tuple[bytes, bool, str | None]:
-        """The body, read and checked: (body to send, usage chunk to strip, captured text). Raises Refused."""
+    async def _checked_body(self, receive: Receive, method: str, headers: dict[str, bytes],
+                            cap: int) -> tuple[bytes, str, str | None]:
+        """The body, read and checked against the key's `max_tokens` cap: (body to send, usage to keep from the
+        client, captured text). Raises Refused."""
         if method != "POST":
-            return b"", False, None
+            return b"", "", None
         lim = self.limits
         ctype = headers.get("content-type", b"").split(b";")[0].strip().lower()
         check_length(headers, lim.max_body_bytes)  # an announced body over the limit: 413 before reading it
@@ -457,7 +519,7 @@ class GatewayApp:
         except (TimeoutError, asyncio.TimeoutError):
             raise Refused(408, f"the request body did not arrive within {lim.body_timeout_s:g} s",
                           "invalid_request_error", "bad_request", [(b"connection", b"close")], "body too slow") from None
-        body, strip_usage, text = check_json(body, ctype, max_depth=lim.max_json_depth, max_tokens=lim.max_tokens,
+        body, strip_usage, text = check_json(body, ctype, max_depth=lim.max_json_depth, max_tokens=cap,
                                              context_tokens=lim.context_tokens)
         return body, strip_usage, text[: lim.capture_cap_bytes] if lim.capture_bodies else None
 
@@ -484,18 +546,25 @@ class GatewayApp:
         except asyncio.CancelledError:
             if not task.cancelled() or not run.cut:
                 raise  # the server is stopping: not ours to answer
-            if trace.done:
+            if trace.done and run.cut != "stalled":
                 return 200, ""
             if run.cut == "gone":
                 raise _ClientGone from None
-            return await self._after_cut(run.cut, trace, send)
+            return await self._after_cut(run, trace, send)
         finally:
             watcher.cancel()
 
-    async def _after_cut(self, why: str, trace: _Trace, send: Send) -> tuple[int, str]:
+    async def _after_cut(self, run: _Running, trace: _Trace, send: Send) -> tuple[int, str]:
         """The gateway ended the request: a revoked key's client is told so (a JSON error, or an error event on
-        its stream); a stalled client gets nothing more (uvicorn closes its connection)."""
-        if why != "revoked":
+        its stream); a stalled client gets nothing more, and its connection is reset (what the kernel still held
+        for it is dropped, not sent)."""
+        if run.cut == "held":
+            if not trace.started:
+                await self._reply(send, 429, self._held_message(), "rate_limit_error", [(b"retry-after", b"5")])
+            return 429, "held the engine too long while others waited"
+        if run.cut != "revoked":
+            if run.progress is not None:
+                run.progress.reset()
             return 499, "client stopped reading"
         message = "the API key was revoked while this request ran"
         if not trace.started:
@@ -507,13 +576,21 @@ class GatewayApp:
         return 401, "key revoked while answering"
 
     async def _forward(self, send: Send, path: str, method: str, headers: dict[str, bytes], body: bytes,
-                       strip_usage: bool, engine: EngineStatus, trace: _Trace, run: _Running) -> tuple[int, str]:
+                       strip_usage: str, engine: EngineStatus, trace: _Trace, run: _Running,
+                       cap: int) -> tuple[int, str]:
         """Wait for an engine slot in turn (generation only: the model list takes no sequence), ask the engine,
-        copy its answer. Returns (status, error)."""
+        read its answer; the slot is released when the ENGINE is done, then the rest goes to the client from
+        memory. Returns (status, error)."""
         if path not in GENERATION:
-            return await self._ask(send, path, method, headers, body, strip_usage, engine, trace, run)
+            status, error, rest = await self._ask(send, path, method, headers, body, strip_usage, engine, trace, run,
+                                                  cap)
+            self._off_engine(run)
+            return await self._rest(status, error, rest)
+        key = self._key_of(run)
+        asked = _ASKED.search(body)
+        cost = work(len(body) / 4, min(int(asked.group(1)), cap) if asked else cap)  # ~4 bytes of JSON a token
         try:
-            waited = await self.queue.acquire(self._key_of(run))
+            waited = await self.queue.acquire(key, cost)
         except QueueFull:
             msg = (f"the engine is busy: {len(self.queue)} requests are waiting (the most this gateway queues); "
                    "retry in a few seconds")
@@ -522,16 +599,38 @@ class GatewayApp:
             return 429, "queue full"
         self.metrics.queue_wait.observe(waited)
         try:
-            return await self._ask(send, path, method, headers, body, strip_usage, engine, trace, run)
+            status, error, rest = await self._ask(send, path, method, headers, body, strip_usage, engine, trace, run,
+                                                  cap)
         finally:
+            self._off_engine(run)
+            if trace.prompt_tokens is not None or trace.completion_tokens is not None:  # before the next turn is chosen
+                self.queue.settle(key, cost, work(trace.prompt_tokens or 0, trace.completion_tokens or 0))
             self.queue.release()
+        return await self._rest(status, error, rest)
+
+    def _off_engine(self, run: _Running) -> None:
+        """The engine is done with this request (finished, cut, or never reached): it no longer counts in flight
+        (a drain waits for these, docs/gateway.md#drain); what is left is memory going to a client."""
+        run.engine_since = 0.0
+        run.resp = None
+        if run.in_flight:
+            run.in_flight = False
+            self._in_flight(-1)
+
+    @staticmethod
+    async def _rest(status: int, error: str, rest: asyncio.Future[None] | None) -> tuple[int, str]:
+        if rest is not None:
+            await rest  # the answer's rest, from memory to the client (cancelled with this task)
+        return status, error
 
     async def _ask(self, send: Send, path: str, method: str, headers: dict[str, bytes], body: bytes,
-                   strip_usage: bool, engine: EngineStatus, trace: _Trace, run: _Running) -> tuple[int, str]:
-        """Ask an engine (the chooser's, from the box's status now: the queue may have waited) and copy its
-        answer. On a box of several, an engine that does not answer at all or answers 503 (it is stopping; nothing
-        was sent to the client yet) is tried no more for this request: the next accepting one is, so a GPU leaving
-        mid-switch refuses nobody. Returns (status, error)."""
+                   strip_usage: str, engine: EngineStatus, trace: _Trace, run: _Running,
+                   cap: int) -> tuple[int, str, asyncio.Future[None] | None]:
+        """Ask an engine (the chooser's, from the box's status now: the queue may have waited) and read its
+        answer; returns once the engine is done: (status, error, the delivery of what is left to the client). On
+        a box of several, an engine that does not answer at all or answers 503 (it is stopping; nothing was sent
+        to the client yet) is tried no more for this request: the next accepting one is, so a GPU leaving
+        mid-switch refuses nobody."""
         assert self._upstream is not None
         fwd_headers = {"content-type": "application/json",
                        "accept": headers.get("accept", b"*/*").decode("latin-1")}
@@ -543,8 +642,9 @@ class GatewayApp:
                 why = box.reason or "no engine accepts requests now"
                 await self._reply(send, 503, f"the model is not available: {why}", "service_unavailable",
                                   retry_after(box))
-                return 503, f"engine not ready: {box.state}"
+                return 503, f"engine not ready: {box.state}", None
             self._began(target)
+            run.engine_since = time.monotonic()  # a non-streaming answer's headers come only at its end
             try:
                 resp = await self._upstream.request(target.base_url, method, path, fwd_headers,
                                                     body if method == "POST" else b"")
@@ -556,7 +656,10 @@ class GatewayApp:
                 oplog.caught("gateway", exc, "forwarding a request to the engine", route=f"{method} {path}")
                 await self._reply(send, 502, f"the engine did not answer ({exc}); it may be restarting",
                                   "service_unavailable", retry_after(self.engine.status()))
-                return 502, "upstream: no answer"
+                return 502, "upstream: no answer", None
+            except BaseException:
+                self._ended(target)
+                raise
             if resp.status_code == 503 and box.engines:  # that engine is stopping: it ran nothing of this request
                 tried.append(target.base_url)
                 if self.chooser.pick(self.engine.status(), tried) is not None:
@@ -565,18 +668,73 @@ class GatewayApp:
                     continue
             break
         trace.gpu = target.gpu
+        run.resp = resp
+        status = resp.status_code
+        streaming = resp.headers.get("content-type", "").startswith("text/event-stream")
+        trace.streamed = streaming
+        writer: asyncio.Future[None] | None = None
         try:
-            status = resp.status_code
-            streaming = resp.headers.get("content-type", "").startswith("text/event-stream")
-            trace.streamed = streaming
             if streaming:
-                await self._pump(resp, send, trace, strip_usage, run)
+                answer = Answer(answer_bound(cap))
+                await self._start(resp, send, trace, True)
+                writer = asyncio.ensure_future(self._deliver(answer, send, trace, run))
+                await self._read_stream(resp, answer, trace, strip_usage, run)
+                rest: asyncio.Future[None] = writer
             else:
-                await self._whole(resp, send, trace, run)
-            return status, "" if status < 400 else f"engine answered {status}"
+                data = await self._read_whole(resp, trace, run)
+                rest = asyncio.ensure_future(self._whole(resp, data, send, trace, run))
+        except BaseException:
+            if writer is not None:
+                writer.cancel()
+            await self._drain(resp, trace)  # the client left or was cut: the engine aborts; read its counts
+            raise
         finally:
             resp.close()
             self._ended(target)
+        if run.held and not streaming:
+            rest.cancel()  # not started: nothing was sent
+            await self._reply(send, 429, self._held_message(), "rate_limit_error", [(b"retry-after", b"5")])
+            return 429, "held the engine too long while others waited", None
+        if run.held:
+            return 429, "held the engine too long while others waited", rest
+        return status, "" if status < 400 else f"engine answered {status}", rest
+
+    def _held_message(self) -> str:
+        return (f"this key held the engine over {self.limits.max_hold_s:g} s while others waited; the answer was "
+                "ended there (docs/gateway.md#caps)")
+
+    async def _drain(self, resp: UpstreamResponse, trace: _Trace) -> None:
+        """After a hang-up or a cut: half-close the engine's connection (the engine sees its client gone and aborts
+        the request) and read what it had already sent, for a while, for its counts (continuous usage)."""
+        if not trace.streamed:
+            return  # a non-streaming answer carries its counts only at its end: nothing to read
+        resp.hang_up()
+
+        async def counts() -> None:
+            buf = b""
+            async for chunk in resp.chunks():
+                buf += chunk
+                *events, buf = buf.split(b"\n\n")
+                for ev in events:
+                    self._count(ev, trace)
+
+        try:
+            await asyncio.wait_for(counts(), DRAIN_S)
+        except (UpstreamError, asyncio.TimeoutError):
+            pass  # the engine closed mid-answer (as it does on an abort), or took too long to
+
+    @staticmethod
+    def _count(ev: bytes, trace: _Trace) -> re.Match[bytes] | None:
+        """The engine's cumulative counts on an SSE event (vLLM's continuous_usage_stats); the usage's span."""
+        m = _USAGE.search(ev) if ev.startswith(b"data: {") else None
+        if m is not None and m.group(1) != b"null":
+            p, c = _PROMPT.search(m.group(1)), _COMPLETION.search(m.group(1))
+            if p is not None:
+                trace.prompt_tokens = int(p.group(1))
+            if c is not None:
+                trace.completion_tokens = int(c.group(1))
+            trace.usage_seen = True
+        return m
 
     def _key_of(self, run: _Running) -> str:
         return run.key_hash  # the fair queue's turns are per key (its hash: the same for every request of it)
@@ -600,61 +758,141 @@ class GatewayApp:
         if isinstance(usage, dict):
             trace.prompt_tokens = usage.get("prompt_tokens")
             trace.completion_tokens = usage.get("completion_tokens")
+            trace.usage_seen = True
 
-    async def _whole(self, resp: UpstreamResponse, send: Send, trace: _Trace, run: _Running) -> None:
-        data = await resp.read()
+    async def _read_whole(self, resp: UpstreamResponse, trace: _Trace, run: _Running) -> bytes:
+        try:
+            data = await resp.read()
+        except UpstreamError:
+            if not run.held:
+                raise
+            return b""
         trace.first_token = time.monotonic()
         self._usage_from(data, trace)
         if self.limits.capture_bodies:
             trace.captured += data[: self.limits.capture_cap_bytes]
+        return data
+
+    async def _whole(self, resp: UpstreamResponse, data: bytes, send: Send, trace: _Trace, run: _Running) -> None:
         await self._start(resp, send, trace, False)
         trace.done = True
         run.sending_since = time.monotonic()
         await send({"type": "http.response.body", "body": data})
         run.sending_since = 0.0
+        await self._acknowledged(run)
 
-    async def _pump(self, resp: UpstreamResponse, send: Send, trace: _Trace, strip_usage: bool, run: _Running) -> None:
-        await self._start(resp, send, trace, True)
+    async def _read_stream(self, resp: UpstreamResponse, answer: Answer, trace: _Trace, strip_usage: str,
+                           run: _Running) -> None:
+        """The engine's events at the engine's speed into `answer` (usage read, and kept from the client where it
+        did not ask for it); the answer ends with the engine's, or with a 429 error event after a hold-cap cut."""
         buf = b""
-        cap = self.limits.capture_cap_bytes if self.limits.capture_bodies else 0
-        async for chunk in resp.chunks():
-            buf += chunk
-            if b"\n\n" not in buf:
-                continue
-            *events, buf = buf.split(b"\n\n")
-            out: list[bytes] = []
-            for ev in events:
-                if ev.startswith(b"data: {"):
-                    trace.events += 1
-                    if trace.first_token is None or b'"usage"' in ev:
-                        keep = self._inspect(ev[6:], trace, strip_usage)
-                        if not keep:
-                            trace.events -= 1
-                            continue
-                elif ev.startswith(b"data: [DONE]"):
-                    trace.done = True
-                out.append(ev + b"\n\n")
-            if out:
-                data = b"".join(out)
-                if cap and len(trace.captured) < cap:
-                    trace.captured += data[: cap - len(trace.captured)]
-                # a send that does not return is a client that stopped reading: the tick cuts it (stall_s)
-                run.sending_since = time.monotonic()
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-                run.sending_since = 0.0
-        trace.done = True
-        await send({"type": "http.response.body", "body": buf, "more_body": False})
+        cap = self.limits.capture_bodies and self.limits.capture_cap_bytes
+        try:
+            async for chunk in resp.chunks():
+                buf += chunk
+                if b"\n\n" not in buf:
+                    continue
+                *events, buf = buf.split(b"\n\n")
+                out: list[bytes] = []
+                for ev in events:
+                    kept = self._event(ev, trace, strip_usage)
+                    if kept is not None:
+                        out.append(kept + b"\n\n")
+                if out:
+                    data = b"".join(out)
+                    if cap and len(trace.captured) < cap:
+                        trace.captured += data[: cap - len(trace.captured)]
+                    answer.put(data)
+                    if answer.size > answer.limit:
+                        await answer.room()  # far past what the cap makes: read the engine as the client reads
+        except UpstreamError:
+            if not run.held:
+                raise
+            buf = b"data: " + _error_body(429, self._held_message(), "rate_limit_error") + b"\n\ndata: [DONE]\n\n"
+        answer.put(buf)
+        answer.finish()
+
+    def _event(self, ev: bytes, trace: _Trace, strip_usage: str) -> bytes | None:
+        """One SSE event from the engine: its counts read; what goes to the client (None: nothing)."""
+        if not ev.startswith(b"data: {"):
+            return ev
+        trace.events += 1
+        m = self._count(ev, trace)
+        if trace.first_token is None:
+            self._inspect(ev[6:], trace)
+        if m is None and b'"usage"' in ev:
+            return self._usage_json(ev, trace, strip_usage)  # not vLLM's compact form: read the slow way
+        if strip_usage and m is not None:
+            if b'"choices":[]' in ev:  # the usage-only chunk: the client's when it asked for usage
+                if strip_usage == "chunks":
+                    return ev
+                trace.events -= 1
+                return None
+            return ev[: m.start()] + ev[m.end():]
+        return ev
 
     @staticmethod
-    def _inspect(data: bytes, trace: _Trace, strip_usage: bool) -> bool:
-        """Read a chunk that mentions usage; False when it is the usage-only chunk to keep from the client."""
+    def _usage_json(ev: bytes, trace: _Trace, strip_usage: str) -> bytes | None:
+        """The counts of an event whose usage is not in vLLM's compact form, and the event without what the client
+        did not ask for, the slow way (a JSON parse)."""
+        try:
+            obj = json.loads(ev[6:])
+        except ValueError:
+            return ev
+        if not isinstance(obj, dict):
+            return ev
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            trace.prompt_tokens = usage.get("prompt_tokens", trace.prompt_tokens)
+            trace.completion_tokens = usage.get("completion_tokens", trace.completion_tokens)
+            trace.usage_seen = True
+        if not strip_usage or "usage" not in obj:
+            return ev
+        del obj["usage"]
+        if not obj.get("choices"):
+            if strip_usage == "chunks":
+                return ev
+            trace.events -= 1
+            return None
+        return b"data: " + json.dumps(obj, separators=(",", ":")).encode()
+
+    async def _deliver(self, answer: Answer, send: Send, trace: _Trace, run: _Running) -> None:
+        """The answer from memory to the client, at the client's speed."""
+        while (data := await answer.take()) is not None:
+            # a send that does not return is a client that stopped reading (where its acknowledged bytes cannot be
+            # read: delivery.ClientProgress); the tick cuts it after stall_s
+            run.sending_since = time.monotonic()
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            run.sending_since = 0.0
+        trace.done = True
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await self._acknowledged(run)
+
+    async def _acknowledged(self, run: _Running) -> None:
+        """Wait until the client's TCP stack has acknowledged the whole answer, so a reader that takes nothing
+        more is still cut (stall_s), its connection reset, instead of leaving its answer in the kernel. The key's
+        concurrency slot is free from now on: the answer is out of the gateway's hands."""
+        self._release_key(run)
+        p = run.progress
+        pause = 0.001
+        while p is not None and p.measured and p.waiting():
+            await asyncio.sleep(pause)
+            pause = min(TICK_S / 5, pause * 2)
+
+    def _release_key(self, run: _Running) -> None:
+        if not run.key_released:
+            run.key_released = True
+            self._release(run.key_name)
+
+    @staticmethod
+    def _inspect(data: bytes, trace: _Trace) -> None:
+        """The first token's time: the first chunk with text (content, reasoning, a tool call)."""
         try:
             obj = json.loads(data)
         except ValueError:
-            return True
+            return
         if not isinstance(obj, dict):
-            return True
-        usage = obj.get("usage")
+            return
         choices = obj.get("choices")
         if trace.first_token is None and isinstance(choices, list) and choices and isinstance(choices[0], dict):
             # the first token: text in the delta (content or reasoning) or a completion's text; vLLM's first
@@ -664,9 +902,3 @@ class GatewayApp:
             delta: dict[str, object] = raw_delta if isinstance(raw_delta, dict) else {}
             if c0.get("text") or any(delta.get(k) for k in ("content", "reasoning", "reasoning_content", "tool_calls")):
                 trace.first_token = time.monotonic()
-        if isinstance(usage, dict):
-            trace.prompt_tokens = usage.get("prompt_tokens", trace.prompt_tokens)
-            trace.completion_tokens = usage.get("completion_tokens", trace.completion_tokens)
-            if strip_usage and not choices:
-                return False
-        return True

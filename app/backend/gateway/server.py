@@ -62,13 +62,14 @@ class GatewayConfig:
 
 
 def limits_for_recipe(recipe: Recipe, base: Limits | None = None) -> Limits:
-    """The limits a recipe implies (docs/gateway.md "Caps"): `max_tokens` capped at the context it was validated
-    at, and as many engine slots as its recommended profile runs sequences (`--max-num-seqs`; vLLM's 256 when
-    absent), so the fair queue, not the engine's arrival order, decides who goes next."""
+    """The limits a recipe implies (docs/gateway.md "Caps"): `max_tokens` the gateway's default cap (a shared
+    box's, issue 48) or the context it was validated at when smaller, and as many engine slots as its recommended
+    profile runs sequences (`--max-num-seqs`; vLLM's 256 when absent), so the fair queue, not the engine's arrival
+    order, decides who goes next."""
     base = base or Limits()
     seqs = engine_slots_of(recipe, recipe.recommended_profile) or base.engine_slots
     ctx = max(1, int(recipe.context.validated_max_tokens))
-    return replace(base, max_tokens=ctx, context_tokens=ctx, engine_slots=seqs)
+    return replace(base, max_tokens=min(base.max_tokens, ctx), context_tokens=ctx, engine_slots=seqs)
 
 
 def engine_slots_of(recipe: Recipe, profile: ProfileSpec | None) -> int:

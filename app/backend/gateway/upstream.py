@@ -9,7 +9,9 @@ does one thing: a request written in one piece, the answer's body handed over as
   error) closes it, so the engine sees the disconnect and aborts the request.
 - Idle connections are dropped after `idle_s` (below the engine's keep-alive: uvicorn's 5 s in vLLM), and
   a request on a reused connection that the engine closed before answering is sent once more, fresh.
-- Reading pauses when `high_water` bytes wait unread (a slow client slows the engine's socket, not memory).
+- Reading pauses when `high_water` bytes wait unread (the gateway takes them at once into the answer's bounded
+  buffer, delivery.py, so this binds only past that bound).
+- `hang_up()` half-closes: the engine aborts the request, and what it had already sent is still read.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class _Conn(asyncio.Protocol):
         self.keep_alive = False
         self.got_bytes = False
         self.error: str = ""
+        self.hung_up = False  # half-closed by us (UpstreamResponse.hang_up): never reused
         self.body: deque[bytes] = deque()
         self.buffered = 0
         self.paused = False
@@ -125,7 +128,7 @@ class _Conn(asyncio.Protocol):
         return data
 
     def reusable(self) -> bool:
-        return self.complete and self.keep_alive and not self.lost and not self.error
+        return self.complete and self.keep_alive and not self.lost and not self.error and not self.hung_up
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -161,6 +164,16 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         return b"".join([part async for part in self.chunks()])
+
+    def hang_up(self) -> None:
+        """Half-close: the engine sees its client gone and aborts the request, while what it already sent can
+        still be read (its counts: docs/gateway.md "Usage"). The connection is not reused after this."""
+        t = self._conn.transport
+        self._conn.hung_up = True
+        if t is not None and not t.is_closing() and t.can_write_eof():
+            t.write_eof()
+        elif t is not None:
+            t.close()
 
     def close(self) -> None:
         if self._closed:

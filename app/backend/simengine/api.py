@@ -47,6 +47,7 @@ class GenRequest:
     request_id: str = ""
     created: int = 0
     min_tokens: int = 0  # vLLM's min_tokens: EOS is suppressed before this many tokens
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: the counts so far on every chunk
 
 
 def _content_text(content: object) -> str:
@@ -115,6 +116,7 @@ def parse_request(kind: str, body: object, served_name: str, model_path: str, ma
         prompt_text=text, prompt_tokens=prompt_tokens, max_tokens=max_tokens, ignore_eos=bool(body.get("ignore_eos")),
         thinking=thinking, reasoning_mode=mode, params=params, request_id=prefix + uuid.uuid4().hex,
         created=int(time.time()), min_tokens=int(body.get("min_tokens") or 0),
+        continuous_usage=bool(stream_opts.get("include_usage") and stream_opts.get("continuous_usage_stats")),
     )
 
 

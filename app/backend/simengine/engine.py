@@ -149,7 +149,6 @@ class EngineCore:
             req = self._waiting.popleft()
             req.ready_at = time.monotonic() + req.prompt_tokens / self._prefill_tok_s
             self._running.append(req)
-            self._metrics.add_prompt(req.prompt_tokens)
         self._publish_load()
 
     def _publish_load(self) -> None:
@@ -173,6 +172,9 @@ class EngineCore:
                 continue
             if not req.started and req.ready_at <= now:
                 req.started = True  # prefill step: emits the first token
+                # vLLM counts a request's prompt tokens when its prefill ends, with its first token
+                # (IterationStats.update_from_output): a request aborted while waiting or prefilling counts none
+                self._metrics.add_prompt(req.prompt_tokens)
                 self._metrics.observe_ttft(now - req.arrived)
                 emitted += self._emit(req, now)
         if self._next_step is not None and now >= self._next_step:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from .api import (
     ApiError, DeltaBuilder, GenRequest, chat_chunk, completion_chunk,
-    full_response, merge_deltas, parse_request, token_source, tokenize, usage_chunk,
+    full_response, merge_deltas, parse_request, token_source, tokenize, usage, usage_chunk,
 )
 from .boot import VLLM_VERSION
 from .engine import SimRequest
@@ -238,8 +238,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self._access(200)
         builder = DeltaBuilder(req.reasoning_mode)
-        if req.kind == "chat":
-            self._event(chat_chunk(req, {"role": "assistant", "content": ""}))
+        role_sent = req.kind != "chat"
+        sent = 0
         while True:
             items = self._next_items(sim_req)
             finish = next((a for k, a, _ in items if k == "end"), None)
@@ -247,7 +247,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._cut()
                 return
             toks = [(a, b) for k, a, b in items if k == "tok"]
-            self._send_tokens(req, builder, toks, finish)
+            if not role_sent:  # vLLM's first chunk, the role, comes with the first output: after the prefill
+                self._event(self._counted(req, chat_chunk(req, {"role": "assistant", "content": ""}), 0))
+                role_sent = True
+            sent += len(toks)
+            self._send_tokens(req, builder, toks, finish, sent)
             if finish is not None:
                 if req.include_usage:
                     self._event(usage_chunk(req, sim_req.produced))
@@ -255,18 +259,25 @@ class _Handler(BaseHTTPRequestHandler):
                 self._chunk(b"")
                 return
 
+    @staticmethod
+    def _counted(req: GenRequest, chunk: dict[str, object], completion_tokens: int) -> dict[str, object]:
+        """vLLM's continuous_usage_stats: the counts so far on every chunk (the role chunk's: the prompt's, 0)."""
+        if req.continuous_usage:
+            chunk["usage"] = usage(req.prompt_tokens, completion_tokens)
+        return chunk
+
     def _send_tokens(self, req: GenRequest, builder: DeltaBuilder, toks: list[tuple[str, str]],
-                     finish: str | None) -> None:
+                     finish: str | None, sent: int) -> None:
         if req.kind == "completion":
-            self._event(completion_chunk(req, "".join(t for _, t in toks), finish))
+            self._event(self._counted(req, completion_chunk(req, "".join(t for _, t in toks), finish), sent))
             return
         deltas = merge_deltas([builder.delta(k, t) for k, t in toks])
         if finish is not None and builder.in_think:
             deltas.append({"content": "</think>"})
         if not deltas:
             deltas = [{}] if finish is not None else []
-        for i, d in enumerate(deltas):
-            self._event(chat_chunk(req, d, finish if i == len(deltas) - 1 else None))
+        for i, d in enumerate(deltas):  # a catch-up burst's merged deltas carry the count after the burst
+            self._event(self._counted(req, chat_chunk(req, d, finish if i == len(deltas) - 1 else None), sent))
 
     def _event(self, obj: dict[str, object]) -> None:
         self._chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
