@@ -119,6 +119,11 @@ class ChatRoute:
     verify: bool = True  # False: TLS to the box's own address with the owner's certificate, not checked (service.py)
 
 
+# The Chat tab's answer cap (the card: answers to hard tasks run to 20k+ tokens); its gateway key carries the same
+# cap, above the gateway's shared default (docs/chat.md "Taking turns").
+CHAT_MAX_TOKENS = 32768
+
+
 class ChatGate(Protocol):
     """The panel's gateway as the Chat tab uses it (gateway/service.py `GatewayService`)."""
 

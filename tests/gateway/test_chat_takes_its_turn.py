@@ -18,7 +18,9 @@ from app.backend.chat.client import SamplingParams
 from app.backend.chat.service import ChatService
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.gateway.gwmetrics import families
+from app.backend.contracts import CHAT_MAX_TOKENS
 from app.backend.gateway.keys import PANEL_CHAT_KEY, KeyStoreError
+from app.backend.gateway.proxy import DEFAULT_MAX_TOKENS
 from app.backend.gateway.proxy import Limits
 from app.backend.gateway.server import GatewayConfig
 from app.backend.gateway.service import GatewayService
@@ -58,7 +60,9 @@ def test_a_chat_waits_at_most_one_answer_behind_four_greedy_keys_and_is_billed(p
     assert svc.start().state.value == "on"
     route = svc.chat_route()
     assert route is not None and route.url.startswith("http://127.0.0.1:")
-    assert PANEL_CHAT_KEY in {k.name for k in svc.list_keys() if k.status == "active"}
+    chat_key = next(k for k in svc.list_keys() if k.name == PANEL_CHAT_KEY and k.status == "active")
+    # the Chat tab's own cap, above the gateway's shared default (a chat asks for up to CHAT_MAX_TOKENS)
+    assert chat_key.max_tokens == CHAT_MAX_TOKENS > DEFAULT_MAX_TOKENS
     url = route.url + "/v1"
 
     # one answer alone, as the greedy keys ask it (the measure of "one answer")

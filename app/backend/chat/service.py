@@ -26,14 +26,14 @@ from app.backend.chat.models import (
 from app.backend.chat.snippets import curl_snippet, python_snippet
 from app.backend.chat.stats import StatsRecorder
 from app.backend.chat.store import ChatStore, ChatStoreError
-from app.backend.contracts import ChatGate, ChatRoute, EngineEvents, EngineSnapshot, SnapshotFn
+from app.backend.contracts import CHAT_MAX_TOKENS, ChatGate, ChatRoute, EngineEvents, EngineSnapshot, SnapshotFn
 from app.backend.chat.turn import Turn
 from app.backend.engine.client import EngineClient, engine_client
 from app.backend.web.exports import write_export
 from app.backend.recipe.schema import Recipe
 
 DB_NAME = "chat.sqlite"
-DEFAULT_MAX_TOKENS = 32768  # the card: answers to hard tasks run to 20k+ tokens
+DEFAULT_MAX_TOKENS = CHAT_MAX_TOKENS
 DIAGNOSIS_WAIT_S = 2.0  # after a broken stream, how long to wait for the controller to classify it
 MAX_STREAMS = 8  # replies streaming at once, over all conversations (the page's queue)
 # One message or system prompt, UTF-8 encoded (docs/chat.md#limits): far above any prompt a person

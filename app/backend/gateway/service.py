@@ -31,7 +31,7 @@ from typing import IO
 import app as _app_package
 from app.backend import oplog
 from app.backend.config import env
-from app.backend.contracts import ChatRoute, SnapshotFn
+from app.backend.contracts import CHAT_MAX_TOKENS, ChatRoute, SnapshotFn
 from app.backend.files.jsonstore import JsonStore
 from app.backend.gateway.keys import ActivityRecord, CreatedKey, KeyInfo, KeyStore, KeyStoreError, PANEL_CHAT_KEY, hash_key
 from app.backend.gateway.engine_status import EngineStatus, SnapshotSource
@@ -406,7 +406,9 @@ class GatewayService:
         with self._chat_lock:
             try:
                 self.keys.revoke(CHAT_KEY_NAME, who=oplog.PANEL)
-                self._chat_key = self.keys.create(CHAT_KEY_NAME, who=oplog.PANEL, panel_own=True).key
+                # the chat's own cap, not the shared default: a chat may ask for CHAT_MAX_TOKENS
+                self._chat_key = self.keys.create(CHAT_KEY_NAME, who=oplog.PANEL, panel_own=True,
+                                                  max_tokens=CHAT_MAX_TOKENS).key
             except (KeyStoreError, OSError, sqlite3.Error) as exc:
                 oplog.caught("gateway", exc, "making the Chat tab's key")
                 self._chat_key = None
