@@ -200,3 +200,29 @@ def test_a_simulated_build_without_docker_runs_on_the_process_runtime(monkeypatc
         rt = ProcessRuntime(st.state_dir)
         for inst in rt.list({}):
             rt.remove(inst.id)
+
+
+@pytest.mark.slow
+def test_start_and_switch_lines_name_the_gpu_and_ready_says_after_how_long(tmp_path: Path, oplog_lines) -> None:
+    """Issue 49, the operator's log on a box of several GPUs: the start and switch lines name the GPU, a `ready`
+    line says after how many seconds, and tidying the last run's socket reads as routine."""
+    st = Settings(DEFAULT_RECIPE, sim_recipe(free_port()), tmp_path, True)
+    opts = ControllerOptions(extra_env={"MOET_SIM_BOOT_S": "1"}, extra_labels=dict(TEST_LABEL), gpu=1, box_engines=2)
+    ctl = EngineController(st, ProcessRuntime(st.state_dir), options=opts)
+    try:
+        t = ctl.start("quality")
+        assert t.wait(30) and t.ok, t.message
+        t = ctl.switch("balanced")
+        assert t.wait(60) and t.ok, t.message
+    finally:
+        ctl.close()
+        rt = ProcessRuntime(st.state_dir)
+        for inst in rt.list({}):
+            rt.remove(inst.id)
+    lines = [x for x in oplog_lines.getvalue().splitlines() if "component=engine" in x]
+    for action, profile in (("start", "quality"), ("switch", "balanced")):
+        line = next(x for x in lines if f"action={action} " in x)
+        assert f"profile={profile} gpu=1" in line, line
+        ready = next(x for x in lines if "action=ready " in x and f"profile={profile}" in x)
+        assert "gpu=1" in ready and float(ready.split("after_s=")[1].split()[0]) > 0, ready
+    assert not [x for x in lines if "bind fails" in x or "dead-socket" in x], lines
