@@ -43,7 +43,7 @@ class StreamEvent(TypedDict):
 # ---- rendering (pure functions: Conversation / TurnView -> Chatbot message dicts) -------------------
 
 
-STOPPED_MARK = "**⏹ Stopped — this answer is incomplete.**"
+STOPPED_MARK = "**Stopped — this answer is incomplete.**"
 EDIT_LABEL, CANCEL_EDIT_LABEL = "Edit last message", "Cancel edit"
 
 
