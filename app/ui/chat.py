@@ -241,7 +241,9 @@ class ChatView:
 
 
 def sampling_of(t: float, p: float, m: float, n: float | None) -> SamplingParams:
-    return SamplingParams(float(t), float(p), float(m), int(n) if n else None)
+    """Max tokens under 1 means "not set" (the card's default), said beside the box (no Gradio bound: its refusal
+    printed a traceback, issue 49)."""
+    return SamplingParams(float(t), float(p), float(m), int(n) if n and n >= 1 else None)
 
 
 def expected_revision(shown: Any) -> int | None:
@@ -324,7 +326,7 @@ def _tuning(chat: ChatService) -> Tuning:
             temp = gr.Slider(0, 2, value=d.temperature, step=0.05, label="temperature", elem_id="chat-temp")
             top_p = gr.Slider(0.01, 1, value=d.top_p, step=0.01, label="top_p", elem_id="chat-top-p")
             min_p = gr.Slider(0, 1, value=d.min_p, step=0.01, label="min_p", elem_id="chat-min-p")
-            max_tokens = gr.Number(value=d.max_tokens, precision=0, minimum=1, label="max tokens",
+            max_tokens = gr.Number(value=d.max_tokens, precision=0, label="max tokens",
                                    elem_id="chat-max-tokens")
         temp_warn = gr.Markdown("", elem_id="chat-temp-warning")
         system = gr.Textbox(label="System prompt (this conversation)", lines=2, elem_id="chat-system")
@@ -584,7 +586,10 @@ def _wire_settings(chat: ChatService, v: ChatView, shell: Shell, gpus: int = 1) 
     # ---- sampling warning, snippets, readiness --------------------------------------------------
     def on_sampling(t: float, p: float, m: float, n: float | None, sys_prompt: str, url: str) -> tuple[str, str, str]:
         sampling, sys_prompt = sampling_of(t, p, m, n), sys_prompt or ""
-        warn = "".join(f"**Warning — {html.escape(w)}**\n" for w in chat.sampling_warnings(sampling))
+        warns = chat.sampling_warnings(sampling)
+        if n is not None and n < 1:
+            warns.append(f"max tokens {n:g} is not a length: the default ({chat.default_sampling().max_tokens}) is sent")
+        warn = "".join(f"**Warning — {html.escape(w)}**\n" for w in warns)
         curl, py = chat.snippets(sampling, sys_prompt, custom_url=url or None)
         return warn, curl, py
 

@@ -144,7 +144,7 @@ def render(state: AppState, shell: Shell) -> None:
         pa = gr.Dropdown(ids, value=ids[0], label="Profile A", elem_id="ab-a")
         pb = gr.Dropdown(ids, value=ids[1] if len(ids) > 1 else ids[0], label="Profile B", elem_id="ab-b")
         seeds = gr.Textbox("42,43", label="Seeds", elem_id="ab-seeds")
-        max_tokens = gr.Number(8192, label="Max tokens per answer", precision=0, minimum=16, elem_id="ab-max")
+        max_tokens = gr.Number(8192, label="Max tokens per answer (16 or more)", precision=0, elem_id="ab-max")
     # a box of several GPUs (docs/engine.md "Several GPUs"): A and B side by side on two GPUs, at once and with no
     # switch between them (the same GPU twice: A then B on it); those GPUs are left out of the gateway meanwhile
     # and the others keep serving. Hidden on a one-GPU box.

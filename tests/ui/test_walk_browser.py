@@ -130,3 +130,18 @@ def test_an_ab_on_every_gpu_warns_on_screen_and_is_asked_for(two_gpu_panel, brow
     page.wait_for_selector('#ab-progress[data-state="invalid"]:has-text("Take every GPU out of service")')
     assert two_gpu_panel.state.abtest.journal.runs() == []  # nothing started, nothing journalled
     browser.snap(page, f"walk-ab-every-gpu-{size[0]}", full_page=False)
+
+
+def test_a_drain_grace_out_of_range_is_a_clear_message_not_a_traceback(two_gpu_panel, browser, capfd) -> None:
+    """Issue 49: 99999 showed Gradio's toast and printed ~30 lines of traceback in the panel's output."""
+    page = browser.new_page(1280, 800)
+    open_panel(page, two_gpu_panel.url)
+    page.get_by_role("tab", name="Service").click()
+    capfd.readouterr()
+    page.fill("#service-drain-grace input", "99999")
+    page.click("#service-save-grace")
+    page.locator("#service-note", has_text="not saved: 99999 s").wait_for()
+    assert "0 to 3600 seconds" in page.inner_text("#service-note")
+    assert page.locator(".toast-body").count() == 0
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "greater than maximum" not in err, err
