@@ -25,7 +25,7 @@ from app.backend.engine.ops import Ticket
 from app.backend.engine.oplock import LockHeld
 from app.backend.engine.reconciler import ReconcilerTimeout
 from app.backend.engine.runtime import RuntimeUnavailable
-from app.backend.engine.supervisor import Supervisor
+from app.backend.engine.supervisor import Supervisor, switch_counts
 from app.backend.recipe.command import RunSpec
 
 DRAIN_POLL_S = 0.2
@@ -150,13 +150,9 @@ class Operations(Supervisor):
         result = "failed"
         try:
             result = self._switch(ticket, profile_id, spec, overrides, who)
-        finally:  # counted in the snapshot, the one source for /metrics (switches_total{result})
-            self._propose(lambda s: [sm.Supervised(switches_ok=s.switches_ok + 1) if result == "ok" else
-                                     sm.Supervised(switches_rolled_back=s.switches_rolled_back + 1)
-                                     if result == "rolled_back" else
-                                     sm.Supervised(switches_cancelled=s.switches_cancelled + 1)
-                                     if result == "cancelled" else
-                                     sm.Supervised(switches_failed=s.switches_failed + 1)])
+        finally:  # counted in the data dir's supervision file (every process's switches, history.py), published
+            # in the snapshot, the one source for /metrics (switches_total{result}) and the Service tab
+            self._apply(switch_counts(self.history.switched(result)))
 
     def _switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str], who: str) -> str:
         """Returns the result label: ok, rolled_back, failed or cancelled."""
