@@ -145,3 +145,14 @@ def test_a_drain_grace_out_of_range_is_a_clear_message_not_a_traceback(two_gpu_p
     assert page.locator(".toast-body").count() == 0
     err = capfd.readouterr().err
     assert "Traceback" not in err and "greater than maximum" not in err, err
+
+
+def test_promote_is_not_the_main_action_without_a_candidate(two_gpu_panel, browser) -> None:
+    page = browser.new_page(1280, 800)
+    open_panel(page, two_gpu_panel.url)
+    page.get_by_role("tab", name="Engine").click()
+    page.get_by_text("Engine builds — upgrade with evidence").click()
+    promote = page.locator("#engine-promote")
+    promote.wait_for()
+    assert promote.is_disabled() and "primary" not in (promote.get_attribute("class") or "")
+    assert page.locator("#engine-serve-candidate").is_disabled()
