@@ -16,6 +16,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from app.backend.contracts import count_text
 from app.backend import oplog
 
 from app.backend.config import env
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         threading.Thread(target=_say_listening, args=(server,), name="gateway-started", daemon=True).start()
     else:
         print(f"moet-panel gateway: {server.url}/v1 -> engine {where} "
-              f"({'TLS' if server.cfg.tls else 'plain HTTP'}; {keys.active_count()} active key(s); Ctrl-C stops)",
+              f"({'TLS' if server.cfg.tls else 'plain HTTP'}; {count_text(keys.active_count(), 'active key')}; Ctrl-C stops)",
               flush=True)
     try:
         server.run()

@@ -21,7 +21,7 @@ from app.backend.engine.loglines import LogFilter, StreamChoice
 from app.backend.engine.ops import Ticket
 from app.backend.engine.oplock import Holder
 from app.backend.engine.preflight import PreflightReport
-from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState
+from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState, LIVE_STATES, count_text
 from app.backend.profiles.registry import profile_label
 from app.backend.recipe.command import render_shell
 from app.backend.recipe.schema import ProfileSpec
@@ -347,7 +347,7 @@ def drain_line(snap: EngineSnapshot) -> str:
     if not snap.draining:
         return ""
     left = max(0, round(snap.drain_deadline - time.time()))
-    return f"waiting for {snap.drain_in_flight} answer(s) to finish (up to {left} s)"
+    return f"waiting for {count_text(snap.drain_in_flight, 'answer')} to finish (up to {left} s)"
 
 
 def _who(request: gr.Request | None) -> str:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import gradio as gr
 
+from app.backend.contracts import count_text
 from app.backend.profiles import custom as cp
 from app.backend.recipe.command import CommandError, explain_lines, render_shell
 from app.backend.recipe.schema import ProfileSpec
@@ -95,7 +96,7 @@ class _View:
         prog = svc.start(plan)
         if prog.state is JobState.RUNNING:
             return (gr.Tabs(selected="selftest"),
-                    f"Self-test of **{escape(p.title)}** started ({plan.runs} decode run(s) of {plan.decode_tokens} tokens, "
+                    f"Self-test of **{escape(p.title)}** started ({count_text(plan.runs, 'decode run')} of {plan.decode_tokens:,} tokens, "
                     f"about {svc.estimate_s(plan) / 60:.1f} min): follow it on the Self-test tab.")
         return gr.skip(), f"⚠️ {escape(prog.message)}"
 

@@ -15,7 +15,7 @@ import gradio as gr
 from app.backend.state import AppState
 from app.backend.alerts.rules import Alert
 from app.backend.telemetry.hub import TelemetryFrame
-from app.backend.contracts import EngineState
+from app.backend.contracts import EngineState, count_text
 from app.backend.telemetry.livefeed import DEFAULT_WINDOW, TelemetryStream
 from app.backend.telemetry.plotdata import PLOTS, WINDOWS, PlotSpec, Span, columns, events, plots_for, spans
 from app.backend.telemetry.timeline import TimelinePoint
@@ -121,7 +121,7 @@ def details_html(frame: TelemetryFrame) -> str:
     elif p is not None and p.last is not None:
         s = p.last
         parts.append(
-            f"<b>Pool</b> ({len(t.ranks)} rank(s), tick {s.tick}): {s.cached}/{s.slots} slots filled · experts resident "
+            f"<b>Pool</b> ({count_text(len(t.ranks), 'rank')}, tick {s.tick}): {s.cached}/{s.slots} slots filled · experts resident "
             f"{s.covered}/{s.total} ({s.covered_pct}%) · coverage {s.hit_tokens_pct}% tokens / {s.hit_experts_pct}% "
             f"experts · window +{s.win_promoted}/-{s.win_evicted} · cumulative +{s.cum_promoted}/-{s.cum_evicted} · "
             f"churn {_n(frame.churn_per_s, '{:.0f}', ' slots/s')} · est. H2D {_n(frame.h2d_gib_s, '{:.2f}', ' GiB/s')}"

@@ -12,6 +12,7 @@ from typing import Any
 
 import gradio as gr
 
+from app.backend.contracts import count_text
 from app.backend import oplog
 from app.backend.engine import builds, evidence, upgrade
 from app.backend.engine.buildjob import BuildProgress, BuildService
@@ -82,7 +83,7 @@ def evidence_html(c: evidence.Comparison) -> str:
     ab_html = ("<p><b>Blind A/B</b>: none between these builds yet — on the Compare tab run "
                f"<code>quality</code> vs <code>quality@{_e(c.candidate.build.id)}</code>.</p>" if ab is None else
                f'<p data-ab-pairs="{ab.pairs}"><b>Blind A/B</b> {_e(ab.run_id)} (A = {_e(ab.a)}, B = {_e(ab.b)}): '
-               f"{_e(ab.headline)} · {ab.pairs} graded pair(s) of {ab.cells}</p>")
+               f"{_e(ab.headline)} · {count_text(ab.pairs, 'graded pair')} of {ab.cells}</p>")
     return (f'<div id="engine-evidence" data-candidate="{_e(c.candidate.build.id)}">'
             f'<table style="border-collapse:collapse">{head}{body}</table>{ab_html}</div>')
 
