@@ -12,20 +12,22 @@ from pathlib import Path
 import pytest
 
 from app.backend.config import simbox
+from tests.journey.conftest import user_data_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_reader_that_goes_away_ends_the_cli_quietly(tmp_path: Path) -> None:
+def test_a_reader_that_goes_away_ends_the_cli_quietly() -> None:
     """The pipe's reading end is closed before the CLI writes (as `| head` does once it has its lines): the CLI
     exits on SIGPIPE's status without a traceback, not with BrokenPipeError's."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MOET_PANEL_DATA_DIR": str(tmp_path), "MOET_PANEL_GPU": "simulated"}
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "engine", "status", "--demo"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
-    proc.stdout.close()  # nobody reads: every write of the CLI fails with EPIPE
-    err = proc.stderr.read().decode()
-    rc = proc.wait(timeout=120)
+    with user_data_dir() as data:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "MOET_PANEL_DATA_DIR": str(data), "MOET_PANEL_GPU": "simulated"}
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "engine", "status", "--demo"], cwd=ROOT,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # nobody reads: every write of the CLI fails with EPIPE
+        err = proc.stderr.read().decode()
+        rc = proc.wait(timeout=120)
     assert "Traceback" not in err and "BrokenPipe" not in err, err
     assert rc == 141, (rc, err)
 
