@@ -177,7 +177,10 @@ def render(state: AppState, shell: Shell) -> None:
     def _controls(snap: EngineSnapshot, selected: str | None = None, busy: Ticket | None = None) -> tuple[bool, bool]:
         # several GPUs: the buttons act on the GPU chosen in "Apply to", whose state GPU 0's badge does not show;
         # each engine's controller refuses what cannot be done, with why (a row per GPU shows the states)
-        return (True, True) if multi else controls(snap, selected, busy)
+        # while an operation runs on the GPUs "Apply to" names, neither Start nor Switch (issue 49)
+        if multi:
+            return (False, False) if busy is not None and busy.action in CHANGING else (True, True)
+        return controls(snap, selected, busy)
 
     scope = gr.Radio([*map(gpu_choice, gpus), EVERY_GPU], value=gpu_choice(gpus[0]), label="Apply to",
                      elem_id="engine-scope", visible=multi)
@@ -222,6 +225,16 @@ def render(state: AppState, shell: Shell) -> None:
     def _ctl_of(g: int) -> EngineController:
         return fleet.controller(g) if fleet is not None and multi else ctl
 
+    def _busy_in(where: str | None) -> Ticket | None:
+        """The start/stop/switch running on the GPUs "Apply to" names (a one-GPU box: the engine's)."""
+        if not multi:
+            return ctl.busy()
+        for g in _target(where or "")[0]:
+            t = _ctl_of(g).busy()
+            if t is not None and t.action in CHANGING:
+                return t
+        return None
+
     def _start(pid: str, over: list[str], where: str, request: gr.Request) -> str:
         targets, _ = _target(where)
         if fleet is not None and multi:
@@ -255,14 +268,14 @@ def render(state: AppState, shell: Shell) -> None:
                                                          visible=bool(failing)),
                 gr.Accordion(open=True))
 
-    def _select(pid: str) -> tuple[str, str, Any]:
+    def _select(pid: str, where: str | None = None) -> tuple[str, str, Any]:
         return (_cards(state, ctl, pid), _command(ctl, pid),
-                gr.Button(interactive=_controls(ctl.snapshot(), pid, ctl.busy())[1]))
+                gr.Button(interactive=_controls(ctl.snapshot(), pid, _busy_in(where))[1]))
 
-    def _lists(pid: str | None) -> tuple[Any, ...]:
+    def _lists(pid: str | None, where: str | None = None) -> tuple[Any, ...]:
         """The profile list as it is now (a custom profile saved since the page was built), the serving
         profile selected while one serves, the buttons for that pick."""
-        snap, busy = ctl.snapshot(), ctl.busy()
+        snap, busy = ctl.snapshot(), _busy_in(where)
         ids = state.profiles.ids()
         live = shown_profile(snap, busy)
         live = live if live in ids else None
@@ -273,15 +286,15 @@ def render(state: AppState, shell: Shell) -> None:
         can_start, can_switch = _controls(snap, pick, busy)
         return gr.Radio(choices=choices, value=pick), gr.Button(interactive=can_start), gr.Button(interactive=can_switch)
 
-    shell.on_load(_lists, [profile], [profile, start_btn, switch_btn])
-    shell.on_tab(TITLE, _lists, [profile], [profile, start_btn, switch_btn])
+    shell.on_load(_lists, [profile, scope], [profile, start_btn, switch_btn])
+    shell.on_tab(TITLE, _lists, [profile, scope], [profile, start_btn, switch_btn])
 
     start_btn.click(_start, [profile, overrides, scope], [action], api_name="engine_start", **QUICK)
     switch_btn.click(_switch, [profile, overrides, scope], [action], api_name="engine_switch", **QUICK)
     stop_btn.click(_stop, [scope], [action], api_name="engine_stop", **QUICK)
     now_btn.click(_now, None, [action], api_name="engine_switch_now", **QUICK)
     pre_btn.click(_preflight, [profile, overrides], [checklist, overrides, pre_box], api_name="engine_preflight")
-    profile.change(_select, [profile], [cards, command, switch_btn], **QUICK)
+    profile.change(_select, [profile, scope], [cards, command, switch_btn], **QUICK)
     download.click(lambda s, n: str(ctl.export_logs(LogFilter(s, n or ""))), [stream, needle], [download], **QUICK)
 
     seen = gr.State("")  # per browser tab: the view_key last drawn ('' after a reload)
@@ -291,7 +304,8 @@ def render(state: AppState, shell: Shell) -> None:
     status_drawn = gr.State(None)
     log_drawn = gr.State(None)
 
-    def _tick(s: StreamChoice, n: str | None, last: str, drawn: Any, logs_drawn: Any) -> tuple[Any, ...]:
+    def _tick(s: StreamChoice, n: str | None, last: str, drawn: Any, logs_drawn: Any,
+              where: str | None = None) -> tuple[Any, ...]:
         seq, snap = shell.engine_now()
         busy = ctl.busy()
         busy_text = " · ".join(t for t in (busy_line(busy, ctl.lock_holder()), drain_line(snap)) if t)
@@ -307,6 +321,7 @@ def render(state: AppState, shell: Shell) -> None:
         logbox_out, logs_now = log_redraw(ctl, (s, n or ""), logs_drawn, lambda: _logs(ctl, s, n))
         head = (status_out, diag_out, logbox_out, now_out)
         tail = (shown, logs_now)
+        busy = _busy_in(where) if multi else busy  # the buttons follow the GPUs "Apply to" names
         key = view_key(snap, busy)
         if key == last:
             return (*head, gr.skip(), gr.skip(), gr.skip(), gr.skip(), last, *tail)
@@ -323,7 +338,7 @@ def render(state: AppState, shell: Shell) -> None:
     # the drain's countdown moves every second while it lasts: part of what this tab shows (docs/engine.md)
     shell.version(lambda: (shell.engine_now()[0], busy_line(ctl.busy(), ctl.lock_holder()), ctl.describe_runtime(),
                            live_version(ctl), drain_line(shell.engine_now()[1])))
-    shell.on_tick(_tick, [stream, needle, seen, status_drawn, log_drawn],
+    shell.on_tick(_tick, [stream, needle, seen, status_drawn, log_drawn, scope],
                   [status, diag, logbox, now_btn, profile, action, start_btn, switch_btn, seen, status_drawn, log_drawn])
     needle.submit(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
     stream.change(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
