@@ -46,6 +46,16 @@ def test_a_decision_is_one_key_value_line_with_who_asked(configured: tuple[Path,
     assert stat.S_IMODE(oplog.log_path(state_dir).stat().st_mode) == 0o600
 
 
+def test_the_http_clients_request_lines_stay_out_of_the_log(configured: tuple[Path, io.StringIO]) -> None:
+    """Issue 49: 54 of 109 lines were `HTTP Request: POST http://engine/... 200 OK` (httpx2: the openai SDK's client)."""
+    state_dir, stream = configured
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).info('HTTP Request: POST http://engine/v1/chat/completions "HTTP/1.1 200 OK"')
+        logging.getLogger(name).warning("a real problem of %s", name)
+    text = stream.getvalue()
+    assert "HTTP Request" not in text and "a real problem of httpx2" in text
+
+
 def test_a_caught_error_is_logged_once_and_counted_by_component(configured: tuple[Path, io.StringIO]) -> None:
     _, stream = configured
     before = oplog.error_counts().get("gateway", 0)

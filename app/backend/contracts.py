@@ -327,9 +327,36 @@ def docker_size_bytes(text: str) -> int:
         return 0
 
 
-def gib_text(n: float) -> str:
-    """Bytes as GiB; small amounts keep three decimals rather than reading 0.00."""
-    return f"{n / GiB:.2f} GiB" if abs(n) >= 0.1 * GiB or n == 0 else f"{n / GiB:.3f} GiB"
+_SHOWN_UNITS: tuple[tuple[float, str], ...] = ((GiB, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
+
+
+def _size_unit(n: float) -> tuple[float, str]:
+    return next(((d, u) for d, u in _SHOWN_UNITS if abs(n) >= d), (1, "B"))
+
+
+def _size_num(n: float, div: float) -> str:
+    if div == 1 or n == 0:
+        return f"{n:.0f}"
+    v = n / div
+    return f"{v:.2f}" if abs(v) < 10 else f"{v:.1f}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def size_text(n: float) -> str:
+    """Bytes in the unit that reads: `14.0 MiB`, `1.25 GiB`, `512 B` (issue 49: a 14 MB artifact read
+    "0.014 GiB")."""
+    div, unit = _size_unit(n)
+    return f"{_size_num(n, div)} {unit}"
+
+
+def size_pair_text(done: float, total: float) -> str:
+    """`3.20 / 14.0 MiB`: both in the total's unit, so the two read side by side (not "0.00 GiB / 0.014 GiB")."""
+    div, unit = _size_unit(max(abs(done), abs(total)))
+    return f"{_size_num(done, div)} / {_size_num(total, div)} {unit}"
+
+
+def count_text(n: int, word: str, plural: str | None = None) -> str:
+    """`1 artifact`, `3 artifacts` (issue 49: "all 1 artifact(s)")."""
+    return f"{n:,} {word if n == 1 else plural or word + 's'}"
 
 
 def duration_text(seconds: float | None) -> str:

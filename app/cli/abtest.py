@@ -3,7 +3,8 @@
   abtest run --a quality --b balanced (--prompts FILE.jsonl | --from-chat CONV[:N,...] ...) --seeds 42,43
              [--chat-context] [--rubric TEXT] [--max-tokens N]
   abtest chat-prompts          list the chat history's conversations and user turns (for --from-chat)
-             [--gpus A,B]   a box of several GPUs: A on GPU A's engine and B on GPU B's, at once, no switch
+             [--gpus A,B [--every-gpu]]   a box of several GPUs: A on GPU A's engine and B on GPU B's, at
+             once, no switch (--every-gpu: agreed that no GPU serves meanwhile); each GPU switches back after
   abtest resume RUN_ID [--gpus A,B]   continue after a cancel or a panel restart (the journal keeps answers)
   abtest grade RUN_ID [--scores]   blind grading in the terminal: l / r / t per pair, or 0–10 per side
   abtest rubric RUN_ID TEXT    set the rubric shown beside every pair (journalled)
@@ -41,13 +42,17 @@ def register(subs: argparse._SubParsersAction) -> None:
     r.add_argument("--max-tokens", type=int, default=8192, help="per answer; answers are never clipped after")
     gpus_help = ("a box of several GPUs (docs/engine.md \"Several GPUs\"): A on the first GPU's engine and B on "
                  "the second's, both at once, with no switch between A and B")
+    every_help = ("--gpus naming every GPU of the box leaves none serving (the gateway refuses every request until "
+                  "the run ends): refused unless this is given")
     r.add_argument("--gpus", metavar="A,B", help=gpus_help)
+    r.add_argument("--every-gpu", action="store_true", help=every_help)
     for name, helptext in (("resume", "continue a run"), ("grade", "grade a run blind"), ("reveal", "show the result"),
                            ("rubric", "set the rubric shown beside every pair")):
         q = sub.add_parser(name, help=helptext)
         q.add_argument("run_id")
         if name == "resume":
             q.add_argument("--gpus", metavar="A,B", help=gpus_help)
+            q.add_argument("--every-gpu", action="store_true", help=every_help)
         if name == "grade":
             q.add_argument("--scores", action="store_true", help="score each side 0–10 instead of picking")
         if name == "rubric":
@@ -59,9 +64,10 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _services(settings: Any, gpus: str | None = None) -> tuple[Any, Any]:
-    """(something to close, the A/B service). `gpus` "A,B": one engine per GPU, A's side on GPU A, B's on GPU B."""
-    from app.backend.abtest.runner import ABRunService
+def _services(settings: Any, gpus: str | None = None, every_gpu: bool = False) -> tuple[Any, Any]:
+    """(something to close, the A/B service). `gpus` "A,B": one engine per GPU, A's side on GPU A, B's on GPU B;
+    naming every GPU of the box needs `every_gpu` (none would serve meanwhile, issue 49)."""
+    from app.backend.abtest.runner import ABRunService, every_gpu_message
     from app.backend.engine.factory import make_engine_controller, make_fleet
     from app.backend.engine.fleet import parse_gpus
     from app.backend.engine.ops import ControllerOptions
@@ -80,6 +86,8 @@ def _services(settings: Any, gpus: str | None = None) -> tuple[Any, Any]:
         if len(chosen) != 2:
             raise ValueError(f"--gpus {gpus!r}: name two different GPUs, A's then B's (this box has "
                              f"{', '.join(map(str, fleet.gpus))})")
+        if set(fleet.gpus) <= set(chosen) and not every_gpu:
+            raise ValueError(every_gpu_message((chosen[0], chosen[1])))
     except ValueError:
         fleet.close()
         raise
@@ -202,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
                 seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
                 spec = new_spec(args.profile_a, args.profile_b, _prompts(args, settings), seeds, args.max_tokens,
                                 rubric=args.rubric)
-            ctl, svc = _services(settings, args.gpus)
+            ctl, svc = _services(settings, args.gpus, args.every_gpu)
             try:
                 p = svc.start(spec) if args.ab_cmd == "run" else svc.resume(args.run_id)
                 print(f"A/B run {p.run_id}: {p.total} answers; Ctrl-C stops (resume continues)", file=sys.stderr)

@@ -21,7 +21,7 @@ from app.backend.download.types import (
     ArtifactProgress, ArtifactState, DownloadError, LockedError, MiB, SpaceError, Stopped,
 )
 from app.backend.config.hf_token import redact
-from app.backend.contracts import GiB, duration_text, gib_text
+from app.backend.contracts import GiB, count_text, duration_text, size_text
 from app.cli.main import add_common, settings_from
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def _clean(dest: Path, ids: list[str]) -> int:
     except LockedError as exc:
         print(f"moet-panel download: {exc}", file=sys.stderr)
         return 4
-    _stderr().print(f"removed partial download data under {dest}: {gib_text(freed)} freed")
+    _stderr().print(f"removed partial download data under {dest}: {size_text(freed)} freed")
     return 0
 
 
@@ -138,9 +138,9 @@ def eta_text(s: float | None) -> str:
 def progress_line(a: ArtifactProgress) -> str:
     """One artifact: verified / total, verified and extracted rates, the binding limit, ETA, state."""
     state = "stalled (0 B/s)" if a.stalled else a.state.value
-    bits = [f"{gib_text(a.verified_bytes)} / {gib_text(a.total_bytes)} verified"]
+    bits = [f"{size_text(a.verified_bytes)} / {size_text(a.total_bytes)} verified"]
     if a.state.active:
-        bits.append(f"{gib_text(a.verified_bps)}/s verified · {gib_text(a.extracted_bps)}/s extracted")
+        bits.append(f"{size_text(a.verified_bps)}/s verified · {size_text(a.extracted_bps)}/s extracted")
         if a.binding:
             bits.append(f"limit: {a.binding.value}")
         bits.append(eta_text(a.eta_s))
@@ -167,9 +167,9 @@ def _show_progress(board: ProgressBoard, worker: threading.Thread, err: Console)
                     tasks["total"] = bars.add_task("", total=sum(a.total_bytes for a in arts), name="total", status="")
                 disk = board.disk()
                 bars.update(tasks["total"], completed=sum(a.verified_bytes for a in arts),
-                            status=f"{gib_text(total.rate_bps)}/s on the wire · {gib_text(total.extracted_bps)}/s extracted"
+                            status=f"{size_text(total.rate_bps)}/s on the wire · {size_text(total.extracted_bps)}/s extracted"
                                    f"{f' · limit: {total.binding.value}' if total.binding else ''} · {eta_text(total.eta_s)}"
-                                   f" · staging {gib_text(disk.staging_used if disk else 0)}")
+                                   f" · staging {size_text(disk.staging_used if disk else 0)}")
             if not worker.is_alive():
                 break
             worker.join(0.5)
@@ -179,7 +179,7 @@ def _report(board, exc, specs, settings, cfg, err: Console) -> int:
     snaps = {a.id: a for a in board.snapshot()}
     for a in snaps.values():
         reused = f", resumed reusing {a.reused_parts} of {a.parts_total} parts" if a.reused_parts else ""
-        err.print(f"{a.id}: {a.state.value}  {gib_text(a.verified_bytes)} verified, {gib_text(a.extracted_bytes)} written, "
+        err.print(f"{a.id}: {a.state.value}  {size_text(a.verified_bytes)} verified, {size_text(a.extracted_bytes)} written, "
                   f"{a.extracted_files} files extracted ({a.skipped_files} already complete){reused}"
                   + (f" — {a.reason}" if a.reason and a.state != ArtifactState.DONE else ""))
         waits = board.waits(a.id)
@@ -187,7 +187,7 @@ def _report(board, exc, specs, settings, cfg, err: Console) -> int:
             err.print(f"{a.id}: the extractor waited " + ", ".join(f"{k.value} {v:.1f} s" for k, v in waits.items()))
     disk = board.disk()
     if disk is not None:
-        err.print(f"peak staging disk: {gib_text(disk.staging_peak)} ({disk.staging_peak} bytes)")
+        err.print(f"peak staging disk: {size_text(disk.staging_peak)} ({disk.staging_peak} bytes)")
     if exc is not None:
         code = 4 if isinstance(exc, LockedError) else 3 if isinstance(exc, (SpaceError, Stopped)) else 1
         msg = str(exc) if isinstance(exc, DownloadError) else (
@@ -202,5 +202,6 @@ def _report(board, exc, specs, settings, cfg, err: Console) -> int:
         check = check_ckpt_id(settings, cfg.dest)
         err.print(f"ckpt-id check: {check.status.upper()} — {check.message}")
     label = " (SIMULATED)" if cfg.simulated else ""
-    err.print(f"all {len(specs)} artifact(s) complete and verified in {cfg.dest}{label}")
+    err.print(f"{'the' if len(specs) == 1 else 'all'} {count_text(len(specs), 'artifact')} complete and verified in "
+              f"{cfg.dest}{label}")
     return 0

@@ -426,6 +426,8 @@ def _build_commit(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         mark.release()
     print(out.result.message, file=sys.stdout if out.result.ok else sys.stderr)
+    if not out.result.ok:  # the operator's log says why (issue 49: `result=failed build=""` and no reason)
+        oplog.decision("engine", "build", who=oplog.CLI, ref=args.commit, result="failed", reason=out.result.message)
     if out.build is not None:
         oplog.decision("engine", "build", who=oplog.CLI, build=out.build.id, commit=out.build.commit,
                        image=out.build.image)

@@ -18,6 +18,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from app.backend.contracts import count_text
 from app.backend import oplog
 
 from app.backend.config import env
@@ -165,7 +166,7 @@ def _run_standalone(args: argparse.Namespace) -> int:
     if publisher is not None:
         publisher.start()
     print(f"moet-panel gateway: {server.url}/v1 -> {where} "
-          f"({'TLS' if server.cfg.tls else 'plain HTTP'}; {keys.active_count()} active key(s); Ctrl-C stops)",
+          f"({'TLS' if server.cfg.tls else 'plain HTTP'}; {count_text(keys.active_count(), 'active key')}; Ctrl-C stops)",
           flush=True)
     try:
         server.run()

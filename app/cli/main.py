@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -113,6 +115,22 @@ def parse(argv: list[str], hoisted: dict[str, object] | None = None) -> tuple[ar
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `moet-panel` entry. A reader that goes away (`moet-panel engine status | head`) ends it quietly, as a
+    Unix tool ends on SIGPIPE: no BrokenPipeError traceback (issue 49). Python ignores SIGPIPE, so the write
+    raises instead; stdout is pointed at /dev/null so the interpreter's last flush fails no more (Python's
+    documentation, "Note on SIGPIPE")."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout has no descriptor (a test's capture): nothing more to flush
+            pass
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     argv, hoisted = hoist_global_options(list(argv))
     chosen = next((a for a in argv if not a.startswith("-")), "")

@@ -8,6 +8,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from app.backend.contracts import count_text
 from app.backend.telemetry.trace import Summary, TraceParser
 from app.backend.telemetry.trace_report import summarize_parser
 from app.cli.main import add_common
@@ -55,7 +56,7 @@ def _json_default(o):
 
 
 def render_text(r: dict) -> str:
-    out = [f"{r['lines']} lines, {r['summaries']} summary lines, {len(r['ranks'])} rank(s)"]
+    out = [f"{r['lines']} lines, {r['summaries']} summary lines, {count_text(len(r['ranks']), 'rank')}"]
     if r["sizing"]:
         sz = r["sizing"]
         out.append(f"pool sizing: {sz['text']}")

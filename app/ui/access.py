@@ -117,7 +117,8 @@ def render(state: AppState, shell: Shell) -> None:
     gr.Markdown("### Keys")
     with gr.Row():
         name = gr.Textbox(label="New key name", placeholder="laptop, open-webui, ci…", elem_id="gw-key-name")
-        days = gr.Number(0, label="Expires after days (0 = never)", minimum=0, maximum=3650, elem_id="gw-key-days")
+        days = gr.Number(0, label="Expires after days (0 = never, at most 3650)", elem_id="gw-key-days")  # checked
+        # by the key store (no Gradio bounds: an out-of-range value printed a traceback, issue 49)
         create = gr.Button("Create key", variant="primary", elem_id="gw-create")
     shown = gr.Textbox(label="The new key — copy it now: it is shown once and never again", visible=False,
                        interactive=False, buttons=["copy"], elem_id="gw-new-key")

@@ -43,6 +43,10 @@ class StreamEvent(TypedDict):
 # ---- rendering (pure functions: Conversation / TurnView -> Chatbot message dicts) -------------------
 
 
+STOPPED_MARK = "**Stopped — this answer is incomplete.**"
+EDIT_LABEL, CANCEL_EDIT_LABEL = "Edit last message", "Cancel edit"
+
+
 def _sub(text: str) -> dict[str, Any]:
     return {"role": "assistant", "content": f"<sub>{html.escape(text)}</sub>"}
 
@@ -77,8 +81,9 @@ def render_message(msg: Message, budget: RenderBudget | None = None) -> list[dic
         out.append(_sub("waiting for the first token…"))
         return out
     stats = format_stats(msg.stats) if msg.stats else ""
-    if msg.status == "stopped":
-        out.append(_sub(f"Stopped — partial answer kept{' · ' + msg.error[:2000] if msg.error else ''} · {stats}"))
+    if msg.status == "stopped":  # its own line, not the stats' small print: it must not read as finished (issue 49)
+        out.append({"role": "assistant", "content": STOPPED_MARK})
+        out.append(_sub(" · ".join(x for x in ("partial answer kept", msg.error[:2000], stats) if x)))
     elif msg.status == "error":
         out.append({"role": "assistant",
                     "content": f"**Error — the reply broke off:** {html.escape(msg.error[:PLAIN_PREVIEW_CHARS])}"})
@@ -157,8 +162,8 @@ def endpoint_line(chat: ChatService, custom_url: str, gpus: int = 1) -> tuple[bo
     gpu = f" · answered by GPU 0 (of {gpus})" if gpus > 1 and not custom_url else ""
     where = f"`{ep.base_url}` · model `{ep.model}`{profile}{gpu}{sim}"
     if ep.ready:
-        return True, f"**Engine ready** — {where}"
-    return False, f"**Chat is unavailable.** {ep.reason}  \n{where}"
+        return True, f"**Engine ready**\n\n{where}"  # two paragraphs: a narrow window hides the second (panel.css)
+    return False, f"**Chat is unavailable.** {ep.reason}\n\n{where}"
 
 
 # ---- the tab --------------------------------------------------------------------------------------
@@ -238,7 +243,9 @@ class ChatView:
 
 
 def sampling_of(t: float, p: float, m: float, n: float | None) -> SamplingParams:
-    return SamplingParams(float(t), float(p), float(m), int(n) if n else None)
+    """Max tokens under 1 means "not set" (the card's default), said beside the box (no Gradio bound: its refusal
+    printed a traceback, issue 49)."""
+    return SamplingParams(float(t), float(p), float(m), int(n) if n and n >= 1 else None)
 
 
 def expected_revision(shown: Any) -> int | None:
@@ -289,7 +296,7 @@ def _sidebar() -> Sidebar:
 
 
 def _thread() -> Thread:
-    with gr.Row():
+    with gr.Row(elem_id="chat-banner-row"):
         banner = gr.Markdown("", elem_id="chat-banner")
         engine_btn = gr.Button("Open Engine tab", size="sm", visible=False, scale=0, elem_id="chat-goto-engine")
     bot = gr.Chatbot(
@@ -307,7 +314,7 @@ def _thread() -> Thread:
         stop_btn = gr.Button("Stop", variant="stop", scale=1, elem_id="chat-stop")
     with gr.Row():
         regen_btn = gr.Button("Regenerate", size="sm", elem_id="chat-regen")
-        edit_btn = gr.Button("Edit last message", size="sm", elem_id="chat-edit")
+        edit_btn = gr.Button(EDIT_LABEL, size="sm", elem_id="chat-edit")  # "Cancel edit" while editing
         clear_btn = gr.Button("Clear conversation", size="sm", elem_id="chat-clear")
     edit_hint = gr.Markdown("", elem_id="chat-edit-hint")
     return Thread(banner, engine_btn, bot, full_md, box, send_btn, stop_btn, regen_btn, edit_btn, clear_btn, edit_hint)
@@ -321,7 +328,7 @@ def _tuning(chat: ChatService) -> Tuning:
             temp = gr.Slider(0, 2, value=d.temperature, step=0.05, label="temperature", elem_id="chat-temp")
             top_p = gr.Slider(0.01, 1, value=d.top_p, step=0.01, label="top_p", elem_id="chat-top-p")
             min_p = gr.Slider(0, 1, value=d.min_p, step=0.01, label="min_p", elem_id="chat-min-p")
-            max_tokens = gr.Number(value=d.max_tokens, precision=0, minimum=1, label="max tokens",
+            max_tokens = gr.Number(value=d.max_tokens, precision=0, label="max tokens",
                                    elem_id="chat-max-tokens")
         temp_warn = gr.Markdown("", elem_id="chat-temp-warning")
         system = gr.Textbox(label="System prompt (this conversation)", lines=2, elem_id="chat-system")
@@ -563,12 +570,16 @@ def _wire_replies(chat: ChatService, v: ChatView) -> None:
         text = chat.last_user_text(cid)
         if not text:
             raise gr.Error("There is no message to edit yet.")
-        return (text, True, "**Editing your last message** — **Send** replaces it and regenerates the answer. "
-                "Click *Edit last message* again to cancel.", skip, skip, skip)
+        return (text, True, "**Editing your last message** — **Send** replaces it and regenerates the answer; "
+                "**Cancel edit** keeps it as it was.", skip, skip, skip)
 
     v.thread.edit_btn.click(on_edit, [v.conv_id, v.editing, v.shown, v.thread.full_md],
                             [v.thread.box, v.editing, v.thread.edit_hint, v.thread.bot, v.shown, v.thread.full_md],
                             api_name="chat_edit")
+    # the one button says what a click does now (issue 49: Edit had no visible cancel); an edit ends by Send,
+    # by this cancel, or by opening another conversation, each of which sets `editing` back
+    v.editing.change(lambda e: gr.Button(value=CANCEL_EDIT_LABEL if e else EDIT_LABEL), [v.editing],
+                     [v.thread.edit_btn], show_progress="hidden", api_visibility="private")
 
 
 def _wire_settings(chat: ChatService, v: ChatView, shell: Shell, gpus: int = 1) -> None:
@@ -577,7 +588,10 @@ def _wire_settings(chat: ChatService, v: ChatView, shell: Shell, gpus: int = 1) 
     # ---- sampling warning, snippets, readiness --------------------------------------------------
     def on_sampling(t: float, p: float, m: float, n: float | None, sys_prompt: str, url: str) -> tuple[str, str, str]:
         sampling, sys_prompt = sampling_of(t, p, m, n), sys_prompt or ""
-        warn = "".join(f"**Warning — {html.escape(w)}**\n" for w in chat.sampling_warnings(sampling))
+        warns = chat.sampling_warnings(sampling)
+        if n is not None and n < 1:
+            warns.append(f"max tokens {n:g} is not a length: the default ({chat.default_sampling().max_tokens}) is sent")
+        warn = "".join(f"**Warning — {html.escape(w)}**\n" for w in warns)
         curl, py = chat.snippets(sampling, sys_prompt, custom_url=url or None)
         return warn, curl, py
 

@@ -25,7 +25,7 @@ from app.backend.abtest.grading import (
 )
 from app.backend.abtest.journal import Prompt, new_spec, parse_pasted, parse_prompts_jsonl
 from app.backend.engine.builds import side_choices
-from app.backend.abtest.runner import ABRunService
+from app.backend.abtest.runner import ABRunService, every_gpu_message
 from app.backend.web.exports import write_export
 from app.backend.jobs import JobState
 from app.backend.state import AppState
@@ -104,6 +104,29 @@ def _keep(value: list[str] | None, choices: list[tuple[str, str]]) -> list[str]:
     return [v for v in value or [] if v in known]
 
 
+def default_gpus(names: list[str]) -> tuple[str | None, str | None]:
+    """("A runs on", "B runs on") that leave GPU 0 serving: the last two GPUs; on two, both on the last."""
+    if not names:
+        return None, None
+    return (names[-2] if len(names) > 2 else names[-1]), names[-1]
+
+
+def _gpu_pair(svc: ABRunService, a_on: str | None, b_on: str | None) -> tuple[int, int] | None:
+    if not svc.gpus:
+        return None
+    by_name = {f"GPU {g}": g for g in svc.gpus}
+    return by_name.get(a_on or "", svc.gpus[-1]), by_name.get(b_on or "", svc.gpus[-1])
+
+
+def every_gpu_warning(svc: ABRunService, a_on: str | None, b_on: str | None) -> str:
+    """The warning shown while the choices would leave no GPU serving ("" otherwise)."""
+    pair = _gpu_pair(svc, a_on, b_on)
+    if pair is None or not svc.takes_every_gpu(pair):
+        return '<div id="ab-gpu-note" data-every="0"></div>'
+    return (f'<div id="ab-gpu-note" data-every="1" role="alert" class="moet-warn">⚠ '
+            f"{html.escape(every_gpu_message(pair))}</div>")
+
+
 def render(state: AppState, shell: Shell) -> None:
     if state.abtest is None or state.engine is None:
         gr.Markdown("The A/B comparison is not available in this build.")
@@ -111,24 +134,31 @@ def render(state: AppState, shell: Shell) -> None:
     svc = state.abtest
     history = history_of_service(state.chat) if state.chat is not None else None
     gr.Markdown("Is the faster profile's quality cost visible on **your** work? Give prompts and seeds; the panel "
-                "answers each prompt × seed on A, switches the engine, answers them on B, then shows you the pairs "
-                "**blind** (sides shuffled, names hidden). The card: only extra seeds add real information."
+                "answers each prompt × seed on A, switches the engine, answers them on B, switches back to the "
+                "profile it served before, then shows you the pairs **blind** (sides shuffled, names hidden). The "
+                "card: only extra seeds add real information."
                 + (" On this box of several GPUs A and B can run **side by side** on two GPUs, at once and with no "
-                   "switch; the other GPUs keep serving." if svc.gpus else ""))
+                   "switch; the other GPUs keep serving. By default one GPU keeps serving." if svc.gpus else ""))
     ids = side_choices(state.settings, state.profiles.ids())  # PROFILE@BUILD sides too (docs/engine.md "Upgrading")
     with gr.Row():
         pa = gr.Dropdown(ids, value=ids[0], label="Profile A", elem_id="ab-a")
         pb = gr.Dropdown(ids, value=ids[1] if len(ids) > 1 else ids[0], label="Profile B", elem_id="ab-b")
         seeds = gr.Textbox("42,43", label="Seeds", elem_id="ab-seeds")
-        max_tokens = gr.Number(8192, label="Max tokens per answer", precision=0, minimum=16, elem_id="ab-max")
+        max_tokens = gr.Number(8192, label="Max tokens per answer (16 or more)", precision=0, elem_id="ab-max")
     # a box of several GPUs (docs/engine.md "Several GPUs"): A and B side by side on two GPUs, at once and with no
     # switch between them (the same GPU twice: A then B on it); those GPUs are left out of the gateway meanwhile
     # and the others keep serving. Hidden on a one-GPU box.
+    # By default one GPU keeps serving (issue 49: A and B on both GPUs of a two-GPU box took it out of service):
+    # the last two GPUs, or on a two-GPU box both sides taking turns on GPU 1 (GPU 0, which Chat talks to,
+    # serves). A run on every GPU is refused until the tick-box below says so.
     gpu_names = [f"GPU {g}" for g in svc.gpus]
+    a0, b0 = default_gpus(gpu_names)
     with gr.Row(visible=bool(gpu_names)):
-        ga = gr.Dropdown(gpu_names, value=gpu_names[0] if gpu_names else None, label="A runs on", elem_id="ab-gpu-a")
-        gb = gr.Dropdown(gpu_names, value=gpu_names[1] if len(gpu_names) > 1 else None, label="B runs on",
-                         elem_id="ab-gpu-b")
+        ga = gr.Dropdown(gpu_names, value=a0, label="A runs on", elem_id="ab-gpu-a")
+        gb = gr.Dropdown(gpu_names, value=b0, label="B runs on", elem_id="ab-gpu-b")
+        every = gr.Checkbox(False, label="Take every GPU out of service for the run (the gateway refuses requests "
+                            "until it ends)", elem_id="ab-every-gpu")
+    gpu_warn = gr.HTML(every_gpu_warning(svc, a0, b0), elem_id="ab-gpu-warning")
     with gr.Row():
         pasted = gr.Textbox(lines=4, label="Prompts (separate with a line holding only ---)", elem_id="ab-prompts")
         upload = gr.File(label="or import JSONL ({\"prompt\": ...} per line)", file_types=[".jsonl"], elem_id="ab-jsonl")
@@ -195,13 +225,11 @@ def render(state: AppState, shell: Shell) -> None:
 
     def on_gpus(a_on: str | None, b_on: str | None) -> tuple[int, int] | None:
         """(A's GPU, B's GPU) from the "runs on" choices; None on a one-GPU box (the one engine, switching)."""
-        if not svc.gpus:
-            return None
-        by_name = {f"GPU {g}": g for g in svc.gpus}
-        return by_name.get(a_on or "", svc.gpus[0]), by_name.get(b_on or "", svc.gpus[0])
+        return _gpu_pair(svc, a_on, b_on)
 
     def begin(a: str, b: str, text: str, file: str | None, sd: str, mt: float, keys: list[str] | None,
-              with_ctx: bool, a_on: str | None, b_on: str | None, request: gr.Request) -> tuple[Any, ...]:
+              with_ctx: bool, a_on: str | None, b_on: str | None, all_gpus: bool,
+              request: gr.Request) -> tuple[Any, ...]:
         try:
             prompts: list[str | Prompt] = list(parse_pasted(text))
             if file:
@@ -210,15 +238,17 @@ def render(state: AppState, shell: Shell) -> None:
                 prompts += [t.to_prompt(bool(with_ctx)) for t in pick_turns(history, list(keys))]
             seed_list = [int(s) for s in (sd or "").replace(" ", "").split(",") if s]
             spec = new_spec(a, b, prompts, seed_list, int(mt or 0))
-            svc.start(spec, who=oplog.user(getattr(request, "username", None)), gpus=on_gpus(a_on, b_on))
+            svc.start(spec, who=oplog.user(getattr(request, "username", None)), gpus=on_gpus(a_on, b_on),
+                      every_gpu=bool(all_gpus))
         except ValueError as exc:
             return gr.skip(), _invalid(str(exc)), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         return gr.Dropdown(choices=_runs(svc), value=spec.run_id), *views(spec.run_id)
 
-    def do_resume(rid: str | None, a_on: str | None, b_on: str | None, request: gr.Request) -> str:
+    def do_resume(rid: str | None, a_on: str | None, b_on: str | None, all_gpus: bool, request: gr.Request) -> str:
         try:
             if rid:
-                svc.resume(rid, who=oplog.user(getattr(request, "username", None)), gpus=on_gpus(a_on, b_on))
+                svc.resume(rid, who=oplog.user(getattr(request, "username", None)), gpus=on_gpus(a_on, b_on),
+                           every_gpu=bool(all_gpus))
         except (ValueError, KeyError) as exc:
             return _invalid(str(exc))
         return progress_html(svc, rid)
@@ -295,14 +325,16 @@ def render(state: AppState, shell: Shell) -> None:
     refresh_in = [pa, pb, run_sel, chat_convs]
     shell.on_load(on_load, refresh_in, [pa, pb, run_sel, chat_convs, *view_out])
     shell.on_tab(TITLE, lists, refresh_in, [pa, pb, run_sel, chat_convs])
-    start.click(begin, [pa, pb, pasted, upload, seeds, max_tokens, chat_turns, chat_ctx, ga, gb], [run_sel, *view_out],
-                **QUICK)
+    start.click(begin, [pa, pb, pasted, upload, seeds, max_tokens, chat_turns, chat_ctx, ga, gb, every],
+                [run_sel, *view_out], **QUICK)
+    for pick_gpu in (ga, gb):
+        pick_gpu.change(lambda x, y: every_gpu_warning(svc, x, y), [ga, gb], [gpu_warn], **QUICK)
     def do_cancel(rid: str | None) -> str:
         svc.cancel()
         return progress_html(svc, rid)
 
     cancel.click(do_cancel, [run_sel], [status], **QUICK)
-    resume.click(do_resume, [run_sel, ga, gb], [status], **QUICK)
+    resume.click(do_resume, [run_sel, ga, gb, every], [status], **QUICK)
     run_sel.change(lambda rid: (*views(rid), ""), [run_sel], [*view_out, revealed], **QUICK)
     for btn, which in ((b_left, "left"), (b_tie, "tie"), (b_right, "right")):
         btn.click(lambda rid, text, w=which: pick(w, rid, text), [run_sel, note], grade_out, **QUICK)

@@ -14,14 +14,14 @@ from app.backend import oplog
 from app.backend.download.manager import DownloadManager
 from app.backend.download.types import ArtifactProgress, ArtifactState, DownloadSnapshot
 from app.backend.state import AppState
-from app.backend.contracts import duration_text, gib_text
+from app.backend.contracts import duration_text, size_pair_text, size_text
 from app.ui.shell import Shell
 
 TITLE = "Downloads"
 
 
 def fmt_rate(bps: float) -> str:
-    return f"{gib_text(bps)}/s" if bps > 0 else "—"
+    return f"{size_text(bps)}/s" if bps > 0 else "—"
 
 
 def _badge(a: ArtifactProgress) -> str:
@@ -34,8 +34,11 @@ def _badge(a: ArtifactProgress) -> str:
 
 def _bar(a: ArtifactProgress) -> str:
     total = max(a.total_bytes, 1)
-    fetched, verified = min(a.fetched_bytes / total, 1), min(a.verified_bytes / total, 1)
     active = a.state.active
+    verified = min(a.verified_bytes / total, 1)
+    # fetched but not yet verified counts only while it runs: a pause keeps verified parts only (docs/downloads.md),
+    # so a paused bar beside "0/15 parts verified" reads 0 %, not the 30 % fetched before the pause (issue 49)
+    fetched = min(a.fetched_bytes / total, 1) if active else verified
     cls = "track" + (" active" if active else "") + (" stalled" if a.stalled else "")
     label = f"{a.id} progress: {verified * 100:.0f}% verified"
     return (f'<div class="{cls}" role="progressbar" aria-label="{html.escape(label)}" aria-valuemin="0" '
@@ -52,13 +55,13 @@ def _row(a: ArtifactProgress) -> str:
              if a.state.active else "")
     eta = duration_text(a.eta_s) if a.state.active else "—"  # paused, cancelled, failed, queued: no ETA
     skipped = f" · {a.skipped_files} already complete" if a.skipped_files else ""
-    size = f"{gib_text(a.verified_bytes)} / {gib_text(a.total_bytes)}" if a.total_bytes else "not listed yet (Check repo)"
+    size = size_pair_text(a.verified_bytes, a.total_bytes) if a.total_bytes else "not listed yet (Check repo)"
     # data-label: a narrow window shows each row as a card, each cell under its column's name (panel.css)
     return (f'<tr><td data-label="artifact"><b>{html.escape(a.id)}</b>{part}</td><td data-label="state">{_badge(a)}{why}</td>'
             f'<td data-label="progress">{_bar(a)}</td>'
             f'<td class="num" data-label="verified">{size}<div class="why">'
-            f"{a.parts_verified}/{a.parts_total} parts verified · {gib_text(a.wire_bytes)} on the wire</div></td>"
-            f'<td class="num" data-label="extracted">{a.extracted_files} files<div class="why">{gib_text(a.extracted_bytes)} written'
+            f"{a.parts_verified}/{a.parts_total} parts verified · {size_text(a.wire_bytes)} on the wire</div></td>"
+            f'<td class="num" data-label="extracted">{a.extracted_files} files<div class="why">{size_text(a.extracted_bytes)} written'
             f"{skipped}</div></td>"
             f'<td class="num" data-label="rate (wire)">{rate}{rates}</td><td class="num" data-label="ETA">{eta}{limit}</td></tr>')
 
@@ -70,9 +73,9 @@ def artifacts_html(snap: DownloadSnapshot) -> str:
     rates = (f'<div class="why">{fmt_rate(snap.verified_bps)} verified · {fmt_rate(snap.extracted_bps)} extracted</div>'
              if snap.running else "")
     rows.append(f'<tr><td data-label="artifact"><b>total</b></td><td class="empty"></td><td class="empty"></td>'
-                f'<td class="num" data-label="verified">{gib_text(verified)} / {gib_text(total)}</td>'
+                f'<td class="num" data-label="verified">{size_pair_text(verified, total)}</td>'
                 f'<td class="num" data-label="extracted">{sum(a.extracted_files for a in snap.artifacts)} files<div class="why">'
-                f"{gib_text(sum(a.extracted_bytes for a in snap.artifacts))} written</div></td>"
+                f"{size_text(sum(a.extracted_bytes for a in snap.artifacts))} written</div></td>"
                 f'<td class="num" data-label="rate (wire)">{fmt_rate(snap.rate_bps)}{rates}</td>'
                 f'<td class="num" data-label="ETA">{duration_text(snap.eta_s) if snap.running else "—"}{limit}</td></tr>')
     sim = '<span class="moet-sim-tag">SIMULATED</span> ' if snap.simulated else ""
@@ -88,12 +91,12 @@ def disk_html(snap: DownloadSnapshot) -> str:
     d = snap.disk
     if d is None:
         return ""
-    budget = f" · staging budget <b>{gib_text(d.staging_budget)}</b> (adapts to free disk; used {gib_text(d.staging_used)})" \
+    budget = f" · staging budget <b>{size_text(d.staging_budget)}</b> (adapts to free disk; used {size_text(d.staging_used)})" \
         if d.staging_budget else ""
-    peak = f" · peak staging <b>{gib_text(d.staging_peak)}</b>" if d.staging_peak else ""
+    peak = f" · peak staging <b>{size_text(d.staging_peak)}</b>" if d.staging_peak else ""
     warn = " — <b>not enough space</b>" if d.free < d.needed else ""
-    return (f'<div class="moet-dl"><p>Disk <code>{html.escape(d.path)}</code>: free <b>{gib_text(d.free)}</b> · '
-            f"needed <b>{gib_text(d.needed)}</b>{budget}{peak}{warn}</p></div>")
+    return (f'<div class="moet-dl"><p>Disk <code>{html.escape(d.path)}</code>: free <b>{size_text(d.free)}</b> · '
+            f"needed <b>{size_text(d.needed)}</b>{budget}{peak}{warn}</p></div>")
 
 
 def idle_text(snap: DownloadSnapshot) -> str:

@@ -21,7 +21,7 @@ from app.backend.engine.loglines import LogFilter, StreamChoice
 from app.backend.engine.ops import Ticket
 from app.backend.engine.oplock import Holder
 from app.backend.engine.preflight import PreflightReport
-from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState
+from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState, LIVE_STATES, count_text
 from app.backend.profiles.registry import profile_label
 from app.backend.recipe.command import render_shell
 from app.backend.recipe.schema import ProfileSpec
@@ -41,7 +41,8 @@ MARK = {"pass": ("✔", GOOD), "warn": ("▲", BUSY), "fail": ("✖", BAD)}
 def status_html(snap: EngineSnapshot, runtime: str, busy: str) -> str:
     color = STATE_COLOURS[snap.state]
     sim = ' <span class="moet-sim-tag">SIMULATED</span>' if snap.simulated else ""
-    phase = "" if snap.state is EngineState.READY or not snap.phase else f" · {escape(snap.phase)}"
+    phase = ("" if snap.state is EngineState.READY or not snap.phase or snap.phase == snap.state.value
+             else f" · {escape(snap.phase)}")
     pool = ""
     if snap.pool is not None and snap.pool.slots is not None:
         ps = snap.pool
@@ -78,16 +79,31 @@ def gpu_rows_html(rows: list[tuple[int, EngineSnapshot]], left_out: set[int]) ->
             + "".join(cells) + "</table>")
 
 
-def controls(snap: EngineSnapshot, selected: str | None = None) -> tuple[bool, bool]:
+def controls(snap: EngineSnapshot, selected: str | None = None, busy: Ticket | None = None) -> tuple[bool, bool]:
     """(Start can act, Switch can act): no Start over a live engine, no Switch with nothing to switch from,
-    nor to the profile already serving (issue 29)."""
+    nor to the profile already serving (issue 29); neither while this panel's start, stop or switch runs (issue
+    49: a switch's stopping phase made Start clickable)."""
+    if busy is not None and busy.action in CHANGING:
+        return False, False
     return (snap.state not in LIVE_STATES,
             snap.state is not EngineState.STOPPED and not (selected and selected == snap.profile_id))
 
 
-def view_key(snap: EngineSnapshot) -> str:
+CHANGING = frozenset({"start", "stop", "switch"})  # this panel's operations that change what serves
+
+
+def shown_profile(snap: EngineSnapshot, busy: Ticket | None) -> str | None:
+    """The profile the selector shows: a start's or switch's target while it runs (issue 49: during a switch the
+    selector snapped back to the profile being stopped), else the one serving (None: leave the pick alone)."""
+    if busy is not None and busy.action in ("start", "switch") and busy.profile_id:
+        return busy.profile_id
+    return snap.profile_id if snap.profile_id and snap.state is not EngineState.STOPPED else None
+
+
+def view_key(snap: EngineSnapshot, busy: Ticket | None = None) -> str:
     """What, when it changes, resets the selector and the action line (docs/engine.md, 'The UI follows')."""
-    return f"{snap.state.value}|{snap.profile_id or ''}|{snap.container_id}"
+    op = f"{busy.action}:{busy.profile_id or ''}" if busy is not None and busy.action in CHANGING else ""
+    return f"{snap.state.value}|{snap.profile_id or ''}|{snap.container_id}|{op}"
 
 
 def diagnosis_html(d: Diagnosis | None) -> str:
@@ -149,16 +165,22 @@ def render(state: AppState, shell: Shell) -> None:
             return gpu_rows_html([(r.gpu, r.snapshot) for r in fleet.rows()], fleet.left_out())
 
         gpus_box = gr.HTML(_gpu_rows(), elem_id="engine-gpus-box")
-        shell.timer.tick(_gpu_rows, [], [gpus_box], **QUICK)
+        # redrawn with the badge and the header, in the same event when a GPU's engine changed (issue 49: the
+        # table lagged the header by seconds on its own timer)
+        shell.version(lambda: [(r.gpu, r.snapshot) for r in fleet.rows()])
+        shell.on_tick(_gpu_rows, None, [gpus_box])
         gr.Markdown(f"The badge above, the diagnosis and the log below are GPU {fleet.gpus[0]}'s engine; the table "
                     "shows every GPU's. `moet-panel engine logs --gpu N` prints another GPU's log.")
     # what Start/Switch/Stop act on: one GPU's engine, or every GPU's (a switch then rolls one GPU at a time)
     gpus = fleet.gpus if fleet is not None else [0]
 
-    def _controls(snap: EngineSnapshot, selected: str | None = None) -> tuple[bool, bool]:
+    def _controls(snap: EngineSnapshot, selected: str | None = None, busy: Ticket | None = None) -> tuple[bool, bool]:
         # several GPUs: the buttons act on the GPU chosen in "Apply to", whose state GPU 0's badge does not show;
         # each engine's controller refuses what cannot be done, with why (a row per GPU shows the states)
-        return (True, True) if multi else controls(snap, selected)
+        # while an operation runs on the GPUs "Apply to" names, neither Start nor Switch (issue 49)
+        if multi:
+            return (False, False) if busy is not None and busy.action in CHANGING else (True, True)
+        return controls(snap, selected, busy)
 
     scope = gr.Radio([*map(gpu_choice, gpus), EVERY_GPU], value=gpu_choice(gpus[0]), label="Apply to",
                      elem_id="engine-scope", visible=multi)
@@ -203,6 +225,16 @@ def render(state: AppState, shell: Shell) -> None:
     def _ctl_of(g: int) -> EngineController:
         return fleet.controller(g) if fleet is not None and multi else ctl
 
+    def _busy_in(where: str | None) -> Ticket | None:
+        """The start/stop/switch running on the GPUs "Apply to" names (a one-GPU box: the engine's)."""
+        if not multi:
+            return ctl.busy()
+        for g in _target(where or "")[0]:
+            t = _ctl_of(g).busy()
+            if t is not None and t.action in CHANGING:
+                return t
+        return None
+
     def _start(pid: str, over: list[str], where: str, request: gr.Request) -> str:
         targets, _ = _target(where)
         if fleet is not None and multi:
@@ -236,31 +268,33 @@ def render(state: AppState, shell: Shell) -> None:
                                                          visible=bool(failing)),
                 gr.Accordion(open=True))
 
-    def _select(pid: str) -> tuple[str, str, Any]:
-        return _cards(state, ctl, pid), _command(ctl, pid), gr.Button(interactive=_controls(ctl.snapshot(), pid)[1])
+    def _select(pid: str, where: str | None = None) -> tuple[str, str, Any]:
+        return (_cards(state, ctl, pid), _command(ctl, pid),
+                gr.Button(interactive=_controls(ctl.snapshot(), pid, _busy_in(where))[1]))
 
-    def _lists(pid: str | None) -> tuple[Any, ...]:
+    def _lists(pid: str | None, where: str | None = None) -> tuple[Any, ...]:
         """The profile list as it is now (a custom profile saved since the page was built), the serving
         profile selected while one serves, the buttons for that pick."""
-        snap = ctl.snapshot()
+        snap, busy = ctl.snapshot(), _busy_in(where)
         ids = state.profiles.ids()
-        live = snap.profile_id if snap.profile_id in ids and snap.state is not EngineState.STOPPED else None
+        live = shown_profile(snap, busy)
+        live = live if live in ids else None
         pick = live or (pid if pid in ids else state.settings.recipe.recommended_profile.id)
         choices = _choices(state.profiles.list())
         if pick == pid:  # no value, nor buttons: sent back always, they could undo a pick made meanwhile
             return gr.Radio(choices=choices), gr.skip(), gr.skip()
-        can_start, can_switch = _controls(snap, pick)
+        can_start, can_switch = _controls(snap, pick, busy)
         return gr.Radio(choices=choices, value=pick), gr.Button(interactive=can_start), gr.Button(interactive=can_switch)
 
-    shell.on_load(_lists, [profile], [profile, start_btn, switch_btn])
-    shell.on_tab(TITLE, _lists, [profile], [profile, start_btn, switch_btn])
+    shell.on_load(_lists, [profile, scope], [profile, start_btn, switch_btn])
+    shell.on_tab(TITLE, _lists, [profile, scope], [profile, start_btn, switch_btn])
 
     start_btn.click(_start, [profile, overrides, scope], [action], api_name="engine_start", **QUICK)
     switch_btn.click(_switch, [profile, overrides, scope], [action], api_name="engine_switch", **QUICK)
     stop_btn.click(_stop, [scope], [action], api_name="engine_stop", **QUICK)
     now_btn.click(_now, None, [action], api_name="engine_switch_now", **QUICK)
     pre_btn.click(_preflight, [profile, overrides], [checklist, overrides, pre_box], api_name="engine_preflight")
-    profile.change(_select, [profile], [cards, command, switch_btn], **QUICK)
+    profile.change(_select, [profile, scope], [cards, command, switch_btn], **QUICK)
     download.click(lambda s, n: str(ctl.export_logs(LogFilter(s, n or ""))), [stream, needle], [download], **QUICK)
 
     seen = gr.State("")  # per browser tab: the view_key last drawn ('' after a reload)
@@ -270,7 +304,8 @@ def render(state: AppState, shell: Shell) -> None:
     status_drawn = gr.State(None)
     log_drawn = gr.State(None)
 
-    def _tick(s: StreamChoice, n: str | None, last: str, drawn: Any, logs_drawn: Any) -> tuple[Any, ...]:
+    def _tick(s: StreamChoice, n: str | None, last: str, drawn: Any, logs_drawn: Any,
+              where: str | None = None) -> tuple[Any, ...]:
         seq, snap = shell.engine_now()
         busy = ctl.busy()
         busy_text = " · ".join(t for t in (busy_line(busy, ctl.lock_holder()), drain_line(snap)) if t)
@@ -280,25 +315,30 @@ def render(state: AppState, shell: Shell) -> None:
         else:
             status_out = status_html(snap, shown[2], busy_text)
             diag_out = diagnosis_html(snap.diagnosis) if drawn is None or drawn[0] != seq else gr.skip()
-            now_out = gr.Button(visible=snap.draining)
+            # the drain's button names what waits (issue 49: a Stop's drain read "Switch now")
+            now_out = gr.Button(visible=snap.draining,
+                                value="Stop now" if busy is not None and busy.action == "stop" else "Switch now")
         logbox_out, logs_now = log_redraw(ctl, (s, n or ""), logs_drawn, lambda: _logs(ctl, s, n))
         head = (status_out, diag_out, logbox_out, now_out)
         tail = (shown, logs_now)
-        key = view_key(snap)
+        busy = _busy_in(where) if multi else busy  # the buttons follow the GPUs "Apply to" names
+        key = view_key(snap, busy)
         if key == last:
             return (*head, gr.skip(), gr.skip(), gr.skip(), gr.skip(), last, *tail)
-        # The truth moved (or the page was reloaded): the selector shows what serves, stale action lines go,
-        # buttons that cannot act are disabled.
-        live = bool(snap.profile_id) and snap.state is not EngineState.STOPPED
+        # The truth moved (or the page was reloaded): the selector shows what serves (or what a start/switch under
+        # way will serve), stale action lines go, buttons that cannot act are disabled.
+        live = shown_profile(snap, busy)
         # the selector moves to the serving profile, so Switch (to that same profile) has nothing to do
-        can_start, can_switch = _controls(snap, snap.profile_id if live else None)
-        radio = gr.Radio(value=snap.profile_id) if live else gr.skip()
-        return (*head, radio, "", gr.Button(interactive=can_start), gr.Button(interactive=can_switch), key, *tail)
+        can_start, can_switch = _controls(snap, live, busy)
+        radio = gr.Radio(value=live) if live else gr.skip()
+        action_out = gr.skip() if busy is not None and busy.action in CHANGING else ""  # its own line stays
+        return (*head, radio, action_out, gr.Button(interactive=can_start), gr.Button(interactive=can_switch), key,
+                *tail)
 
     # the drain's countdown moves every second while it lasts: part of what this tab shows (docs/engine.md)
     shell.version(lambda: (shell.engine_now()[0], busy_line(ctl.busy(), ctl.lock_holder()), ctl.describe_runtime(),
                            live_version(ctl), drain_line(shell.engine_now()[1])))
-    shell.on_tick(_tick, [stream, needle, seen, status_drawn, log_drawn],
+    shell.on_tick(_tick, [stream, needle, seen, status_drawn, log_drawn, scope],
                   [status, diag, logbox, now_btn, profile, action, start_btn, switch_btn, seen, status_drawn, log_drawn])
     needle.submit(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
     stream.change(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
@@ -322,7 +362,7 @@ def drain_line(snap: EngineSnapshot) -> str:
     if not snap.draining:
         return ""
     left = max(0, round(snap.drain_deadline - time.time()))
-    return f"waiting for {snap.drain_in_flight} answer(s) to finish (up to {left} s)"
+    return f"waiting for {count_text(snap.drain_in_flight, 'answer')} to finish (up to {left} s)"
 
 
 def _who(request: gr.Request | None) -> str:

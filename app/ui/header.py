@@ -89,7 +89,9 @@ def _engine_cell(state: AppState, snap: EngineSnapshot | None, gpu: int | None =
     snap = snap or EngineSnapshot()
     colour = STATE_COLOURS[snap.state]
     sim = (f", GPU {gpu}" if gpu is not None else "") + (" (SIMULATED)" if snap.simulated else "")
-    phase = f" · {_e(snap.phase)}" if snap.phase and snap.state is not EngineState.READY else ""
+    # the phase only when it says more than the state (issue 49: "stopping · stopping")
+    phase = (f" · {_e(snap.phase)}" if snap.phase and snap.state is not EngineState.READY
+             and snap.phase != snap.state.value else "")
     engine = (
         f'<div style="{CELL};min-width:200px" data-testid="hdr-engine" data-state="{snap.state.value}">'
         f'<span style="{LABEL}">Engine{sim}</span>'

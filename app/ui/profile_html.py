@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from html import escape as _escape
 
+from app.backend.contracts import count_text
 from app.backend.recipe.command import NO_REASON, ExplainedLine
 from app.backend.recipe.schema import Finding, ProfileSpec, Recipe, StudyTable, cell_text
 from app.backend.selftest.report import Standing
@@ -80,7 +81,8 @@ def profile_cards(recipe: Recipe, profiles: list[ProfileSpec], selected: str, fi
                 f'<li data-fignote="{escape(k)}"><b>{escape(k)}:</b> {escape(n)}</li>' for k, n in fig_notes) + "</ul></li>"
         warn = findings.get(p.id) or []
         if warn:
-            notes += f'<li class="moet-notmeasured">{len(warn)} card warning(s) apply — see below</li>'
+            applies = "applies" if len(warn) == 1 else "apply"
+            notes += f'<li class="moet-notmeasured">{count_text(len(warn), "card warning")} {applies} — see below</li>'
         value_cls = ' class="moet-notmeasured"' if not p.measured else ""
         cards.append(
             f'<article class="{cls}" data-profile="{escape(p.id)}" aria-label="profile {escape(p.id)}">'

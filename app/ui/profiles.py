@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import gradio as gr
 
+from app.backend.contracts import count_text
 from app.backend.profiles import custom as cp
 from app.backend.recipe.command import CommandError, explain_lines, render_shell
 from app.backend.recipe.schema import ProfileSpec
@@ -95,7 +96,7 @@ class _View:
         prog = svc.start(plan)
         if prog.state is JobState.RUNNING:
             return (gr.Tabs(selected="selftest"),
-                    f"Self-test of **{escape(p.title)}** started ({plan.runs} decode run(s) of {plan.decode_tokens} tokens, "
+                    f"Self-test of **{escape(p.title)}** started ({count_text(plan.runs, 'decode run')} of {plan.decode_tokens:,} tokens, "
                     f"about {svc.estimate_s(plan) / 60:.1f} min): follow it on the Self-test tab.")
         return gr.skip(), f"⚠️ {escape(prog.message)}"
 
@@ -132,19 +133,29 @@ class _View:
         return (findings_list(found, "this custom profile", cp.expert_risks(preview)),
                 f"Changes vs the card's base command: `{preview.scheduler_setting}`. Not measured.")
 
-    def save(self, base_id: str, name: str, plain: bool, *vals: Any) -> list[Any]:
+    def save(self, base_id: str, name: str, plain: bool, *vals: Any, anyway: bool = False) -> list[Any]:
+        """Save the form as a custom profile. One the card calls an ERROR (e.g. 10 GiB does not fit at 256K) is
+        not saved on the first click: the warnings are shown and **Save anyway** asks (issue 49: it saved without
+        asking). Returns (selector, base, findings, status, the Save anyway button)."""
         taken = {p.id for p in self.profiles()}
         try:
             profile = cp.profile_from_form(self.recipe, self._find(base_id), name, self._form(*vals), taken, strict=True)
+            found = cp.findings_for(self.recipe, profile)
+            errors = [f for f in found if f.severity == "error"]
+            if errors and not anyway:
+                listed = findings_list(found, profile.title, cp.expert_risks(profile))
+                return [gr.update(), gr.update(), listed,
+                        f"⚠️ **Not saved yet:** the card calls {len(errors)} of these settings an ERROR "
+                        f"({escape(', '.join(f.id for f in errors))}). Change them, or press **Save anyway**.",
+                        gr.update(visible=True)]
             path = cp.save_custom_profile(self.state.settings, profile)
         except (cp.CustomProfileError, OSError) as exc:
-            return [gr.update(), gr.update(), "", f"⚠️ Not saved: {escape(str(exc))}"]
+            return [gr.update(), gr.update(), "", f"⚠️ Not saved: {escape(str(exc))}", gr.update(visible=False)]
         choices = _choices(self.profiles())
-        found = cp.findings_for(self.recipe, profile)
         msg = (f"Saved custom profile **{escape(profile.title)}** (`{profile.id}`) to `{path}`. "
                "It is not measured: no figures are shown for it.")
         return [gr.update(choices=choices, value=profile.id), gr.update(choices=choices),
-                findings_list(found, profile.title, cp.expert_risks(profile)), msg]
+                findings_list(found, profile.title, cp.expert_risks(profile)), msg, gr.update(visible=False)]
 
     def delete(self, pid: str) -> list[Any]:
         p = self._find(pid)
@@ -226,6 +237,7 @@ def render(state: AppState, shell: Shell) -> None:
         with gr.Row():
             check_btn = gr.Button("Check warnings", elem_id="custom-check")
             save_btn = gr.Button("Save custom profile", variant="primary", elem_id="custom-save")
+            save_anyway = gr.Button("Save anyway", variant="stop", visible=False, elem_id="custom-save-anyway")
             del_btn = gr.Button("Delete selected custom profile", variant="stop", elem_id="custom-delete")
         custom_findings = gr.HTML("", elem_id="custom-findings")
         status = gr.Markdown("", elem_id="custom-status")
@@ -251,5 +263,7 @@ def render(state: AppState, shell: Shell) -> None:
     check_btn.click(view.check, inputs=[base, name, *knobs], outputs=[custom_findings, status])
     for k in (policy, gate, eager):
         k.change(view.check, inputs=[base, name, *knobs], outputs=[custom_findings, status], show_progress="hidden")
-    save_btn.click(view.save, inputs=[base, name, plain, *knobs], outputs=[selector, base, custom_findings, status])
+    save_out = [selector, base, custom_findings, status, save_anyway]
+    save_btn.click(view.save, inputs=[base, name, plain, *knobs], outputs=save_out)
+    save_anyway.click(lambda *a: view.save(*a, anyway=True), inputs=[base, name, plain, *knobs], outputs=save_out)
     del_btn.click(view.delete, inputs=[selector], outputs=[selector, base, status])

@@ -43,8 +43,10 @@ def render(state: AppState, shell: Shell) -> None:
                           elem_id="service-policy")
         save_policy = gr.Button("Save policy", elem_id="service-save-policy")
         # a stop/switch first waits this long for the answers in flight (docs/engine.md "Keeps serving")
-        grace = gr.Number(panel.drain_grace(state), label="Drain grace (s): answers in flight may finish",
-                          minimum=0, maximum=3600, elem_id="service-drain-grace")
+        # no minimum/maximum here: Gradio refuses an out-of-range value with a traceback in the panel's output
+        # (issue 49); set_drain_grace says what is accepted instead
+        grace = gr.Number(panel.drain_grace(state), label="Drain grace (s, 0–3600): answers in flight may finish",
+                          elem_id="service-drain-grace")
         save_grace = gr.Button("Save grace", elem_id="service-save-grace")
     urls = gr.Textbox(label="Apprise URLs (space-separated; replaces the list; saved URLs are never shown back)",
                       type="password", placeholder="ntfy://ntfy.sh/my-topic  mailto://user:pass@example.com",

@@ -15,7 +15,7 @@ import gradio as gr
 from app.backend.state import AppState
 from app.backend.alerts.rules import Alert
 from app.backend.telemetry.hub import TelemetryFrame
-from app.backend.contracts import EngineState
+from app.backend.contracts import EngineState, count_text
 from app.backend.telemetry.livefeed import DEFAULT_WINDOW, TelemetryStream
 from app.backend.telemetry.plotdata import PLOTS, WINDOWS, PlotSpec, Span, columns, events, plots_for, spans
 from app.backend.telemetry.timeline import TimelinePoint
@@ -32,6 +32,11 @@ def _e(x: Any) -> str:
 
 def _n(v: Any, fmt: str = "{:.1f}", unit: str = "") -> str:
     return "N/A" if v is None else fmt.format(v) + unit
+
+
+def _pair(a: Any, b: Any, fmt: str = "{:.3f}", unit: str = "") -> str:
+    """`0.021/0.045 s`; `N/A` once when neither is known (issue 49: "N/A/N/A")."""
+    return "N/A" if a is None and b is None else f"{_n(a, fmt)}/{_n(b, fmt)}{unit}"
 
 
 def _mib_s(bytes_per_s: float | None) -> str:
@@ -116,7 +121,7 @@ def details_html(frame: TelemetryFrame) -> str:
     elif p is not None and p.last is not None:
         s = p.last
         parts.append(
-            f"<b>Pool</b> ({len(t.ranks)} rank(s), tick {s.tick}): {s.cached}/{s.slots} slots filled · experts resident "
+            f"<b>Pool</b> ({count_text(len(t.ranks), 'rank')}, tick {s.tick}): {s.cached}/{s.slots} slots filled · experts resident "
             f"{s.covered}/{s.total} ({s.covered_pct}%) · coverage {s.hit_tokens_pct}% tokens / {s.hit_experts_pct}% "
             f"experts · window +{s.win_promoted}/-{s.win_evicted} · cumulative +{s.cum_promoted}/-{s.cum_evicted} · "
             f"churn {_n(frame.churn_per_s, '{:.0f}', ' slots/s')} · est. H2D {_n(frame.h2d_gib_s, '{:.2f}', ' GiB/s')}"
@@ -136,8 +141,8 @@ def details_html(frame: TelemetryFrame) -> str:
     if m is not None:
         parts.append(
             f"<b>Engine /metrics{whose}</b>: decode {_n(m.decode_tok_s, '{:.1f}', ' tok/s')} · prompt "
-            f"{_n(m.prompt_tok_s, '{:.0f}', ' tok/s')} · TTFT p50/p95 {_n(m.ttft_p50_s, '{:.3f}')}/"
-            f"{_n(m.ttft_p95_s, '{:.3f}', ' s')} · ITL p50/p95 {_n(m.itl_p50_s, '{:.3f}')}/{_n(m.itl_p95_s, '{:.3f}', ' s')}"
+            f"{_n(m.prompt_tok_s, '{:.0f}', ' tok/s')} · TTFT p50/p95 {_pair(m.ttft_p50_s, m.ttft_p95_s, unit=' s')} · "
+            f"ITL p50/p95 {_pair(m.itl_p50_s, m.itl_p95_s, unit=' s')}"
             f" · KV {_n(m.kv_usage_pct, '{:.1f}', '%')} · running {_n(m.running, '{:.0f}')} · waiting "
             f"{_n(m.waiting, '{:.0f}')}" + (f" · <i>{_e(m.error)}</i>" if m.error else ""))
     h = frame.host
@@ -179,7 +184,8 @@ def plots_html(plots: Sequence[PlotSpec] = PLOTS) -> str:
     for spec in plots:
         idx = [i + 1 for i, (key, _) in enumerate(cols) if key == spec.key]
         meta = {"labels": [label for _, label in spec.series], "cols": idx, "unit": spec.y_title,
-                "colors": [PALETTE[i % len(PALETTE)] for i in range(len(spec.series))]}
+                "colors": [PALETTE[i % len(PALETTE)] for i in range(len(spec.series))],
+                "integer": spec.y_title == "count"}  # whole ticks from 0 (issue 49: requests at 0, 0.2 … 1)
         boxes.append(
             f'<div class="moet-plot" style="min-width:240px;flex:1 1 30%;border:1px solid rgba(127,127,127,.3);'
             f'border-radius:8px;padding:6px 8px">'

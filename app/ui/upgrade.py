@@ -12,6 +12,7 @@ from typing import Any
 
 import gradio as gr
 
+from app.backend.contracts import count_text
 from app.backend import oplog
 from app.backend.engine import builds, evidence, upgrade
 from app.backend.engine.buildjob import BuildProgress, BuildService
@@ -82,7 +83,7 @@ def evidence_html(c: evidence.Comparison) -> str:
     ab_html = ("<p><b>Blind A/B</b>: none between these builds yet — on the Compare tab run "
                f"<code>quality</code> vs <code>quality@{_e(c.candidate.build.id)}</code>.</p>" if ab is None else
                f'<p data-ab-pairs="{ab.pairs}"><b>Blind A/B</b> {_e(ab.run_id)} (A = {_e(ab.a)}, B = {_e(ab.b)}): '
-               f"{_e(ab.headline)} · {ab.pairs} graded pair(s) of {ab.cells}</p>")
+               f"{_e(ab.headline)} · {count_text(ab.pairs, 'graded pair')} of {ab.cells}</p>")
     return (f'<div id="engine-evidence" data-candidate="{_e(c.candidate.build.id)}">'
             f'<table style="border-collapse:collapse">{head}{body}</table>{ab_html}</div>')
 
@@ -121,16 +122,21 @@ def render(state: AppState, shell: Shell, scope: Any = None) -> None:
             # custom values allowed: a promote/rollback changes the choices while a tick may still send the old pick
             cand = gr.Dropdown(cands, value=cands[-1] if cands else None, label="Candidate", elem_id="engine-candidate",
                                allow_custom_value=True)
-            serve_btn = gr.Button("Serve candidate (switch, with the drain)", elem_id="engine-serve-candidate")
-            promote_btn = gr.Button("Promote candidate", variant="primary", elem_id="engine-promote")
+            serve_btn = gr.Button("Serve candidate (switch, with the drain)", elem_id="engine-serve-candidate",
+                                  interactive=bool(cands))
+            # the main action only when there is a candidate to promote (issue 49: styled as one with none)
+            promote_btn = gr.Button("Promote candidate", variant="primary" if cands else "secondary",
+                                    interactive=bool(cands), elem_id="engine-promote")
             rollback_btn = gr.Button("Roll back", variant="stop", elem_id="engine-rollback")
         result = gr.Markdown("", elem_id="engine-builds-action")
         ev = gr.HTML(evidence_html(evidence.compare(settings, cands[-1] if cands else None)), elem_id="engine-evidence-box")
 
-    def _refresh(pick: str | None) -> tuple[Any, Any, Any]:
+    def _refresh(pick: str | None) -> tuple[Any, Any, Any, Any, Any]:
         now = _candidates(reg)
         pick = pick if pick in now else (now[-1] if now else None)
-        return builds_html(reg.views()), gr.Dropdown(choices=now, value=pick), evidence_html(evidence.compare(settings, pick))
+        return (builds_html(reg.views()), gr.Dropdown(choices=now, value=pick), evidence_html(evidence.compare(settings, pick)),
+                gr.Button(interactive=bool(now)),
+                gr.Button(variant="primary" if now else "secondary", interactive=bool(now)))
 
     def _build(text: str, request: gr.Request) -> str:
         return progress_html(service.start(text, None, oplog.user(getattr(request, "username", None))))
@@ -177,22 +183,23 @@ def render(state: AppState, shell: Shell, scope: Any = None) -> None:
     build_btn.click(_build, [ref], [progress], api_name="engine_build", **QUICK)
     serve_btn.click(_serve, [cand, scope] if scope is not None else [cand, gr.State(None)], [result],
                     api_name="engine_serve_candidate", **QUICK)
+    listed = [table, cand, ev, serve_btn, promote_btn]
     promote_btn.click(_promote, [cand], [result], api_name="engine_promote", **QUICK).then(
-        _refresh, [cand], [table, cand, ev])
+        _refresh, [cand], listed)
     rollback_btn.click(_rollback, None, [result], api_name="engine_rollback", **QUICK).then(
-        _refresh, [cand], [table, cand, ev])
+        _refresh, [cand], listed)
     cand.change(lambda p: evidence_html(evidence.compare(settings, p)), [cand], [ev], **QUICK)
-    shell.on_load(_refresh, [cand], [table, cand, ev])
+    shell.on_load(_refresh, [cand], listed)
 
     drawn = gr.State(None)  # per browser tab: the build progress last drawn
 
     def _tick(last: Any, pick: str | None) -> tuple[Any, ...]:
         p = service.progress()
         if p == last:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), last
+            return (*(gr.skip() for _ in range(1 + len(listed))), last)
         if p.state is JobState.DONE and (last is None or last.state is not JobState.DONE):
             return (progress_html(p), *_refresh(p.build or pick), p)  # a new build: list and evidence follow
-        return progress_html(p), gr.skip(), gr.skip(), gr.skip(), p
+        return (progress_html(p), *(gr.skip() for _ in listed), p)
 
-    shell.on_tick(_tick, [drawn, cand], [progress, table, cand, ev, drawn])
+    shell.on_tick(_tick, [drawn, cand], [progress, *listed, drawn])
     shell.version(service.progress)  # a build's progress moves the Engine tab's version (the page feed redraws it)

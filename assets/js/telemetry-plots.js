@@ -56,12 +56,21 @@
           dateWindow: range, connectSeparatedPoints: false, legend: "follow", strokeWidth: 2,
           axisLabelFontSize: 11, yLabelWidth: 14, xAxisHeight: 20, includeZero: false, labelsSeparateLines: true,
           axes: { x: { valueFormatter: (ms) => hms(ms), pixelsPerLabel: 70 },
-                  y: { valueFormatter: (v) => num(v) + " " + meta.unit, axisLabelWidth: 42 } },
+                  y: Object.assign({ valueFormatter: (v) => num(v) + " " + meta.unit, axisLabelWidth: 42 },
+                                   meta.integer ? { ticker: wholeTicks } : {}) },
+          ...(meta.integer ? { includeZero: true } : {}),
         });
       } else {
         g.updateOptions({ file: data, dateWindow: range });
       }
     }
+  };
+
+  // a count's axis (requests): whole numbers from 0, at most ~5 of them (issue 49: 0, 0.2 … 1)
+  const wholeTicks = (min, max) => {
+    const hi = Math.max(1, Math.ceil(max)), step = Math.max(1, Math.ceil(hi / 5)), out = [];
+    for (let v = 0; v <= hi; v += step) out.push({ v, label: String(v) });
+    return out;
   };
 
   window.__moetPlots = {

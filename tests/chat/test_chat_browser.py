@@ -116,10 +116,10 @@ def test_chat_streams_thinking_answer_stats_and_stops(chat_panel, browser) -> No
     assert page.locator(f"{BOT} .thought-group .title.expanded").count() == 0  # collapsed once answering
     page.screenshot(path=str(ARTIFACTS / "chat-streaming.png"))
     page.click("#chat-stop")
-    page.locator(f"{BOT} sub", has_text="Stopped — partial answer kept").wait_for()
+    page.locator(BOT, has_text="Stopped — this answer is incomplete.").wait_for()
     wait_for(lambda: sims["slow"].stats.aborted == 1, what="the engine to see the disconnect")
     assert sims["slow"].stats.completed == 0
-    assert "profile balanced" in page.locator(f"{BOT} sub", has_text="Stopped").inner_text()
+    assert "profile balanced" in page.locator(f"{BOT} sub", has_text="partial answer kept").inner_text()
     page.screenshot(path=str(ARTIFACTS / "chat-stopped.png"))
     # The engine moved (another profile, another port): the banner and the snippets follow.
     page.wait_for_function("url => document.querySelector('#chat-curl')?.innerText.includes(url)",

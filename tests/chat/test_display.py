@@ -34,7 +34,8 @@ def test_finished_reply_renders_thinking_answer_stats() -> None:
     assert msgs[2]["content"] == ("<sub>profile quality · TTFT 0.21 s · 48.7 tok/s · 35→812 tokens · 17.1 s · "
                                   "SIMULATED</sub>")
     stopped = render_message(Message(role="assistant", content="part", status="stopped", stats=stats))
-    assert stopped[-1]["content"].startswith("<sub>Stopped — partial answer kept")
+    assert stopped[-2]["content"] == "**Stopped — this answer is incomplete.**"  # its own line (issue 49)
+    assert stopped[-1]["content"].startswith("<sub>partial answer kept · profile quality")
     failed = render_message(Message(role="assistant", content="part", status="error", error="engine <died>"))
     assert "engine &lt;died&gt;" in failed[1]["content"]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.polling import wait_for
+from app.backend.contracts import size_pair_text
 from app.backend.download.manager import DownloadManager
 from app.backend.download.progress import ProgressBoard
 from app.backend.download.statemachine import (
@@ -89,7 +90,7 @@ def test_rows_before_start_cancel_and_resume_say_what_happened(settings, artifac
         # before Start: the listed size, not 0 / 0 (listed once in the background)
         wait_for(lambda: mgr.snapshot().artifacts[0].total_bytes == compressed, what="the listed size")
         page = artifacts_html(mgr.snapshot())
-        assert f"/ {compressed / (1 << 30):.3f} GiB" in page and "MiB" not in page
+        assert size_pair_text(0, compressed) in page  # in the total's unit, not "0.00 GiB / 0.003 GiB" (issue 49)
         mgr.start()
         wait_for(lambda: mgr.snapshot().artifacts[0].verified_bytes > 0, what="first verified part")
         assert mgr.cancel().startswith("cancelled")
@@ -97,9 +98,19 @@ def test_rows_before_start_cancel_and_resume_say_what_happened(settings, artifac
         assert row.state == ArtifactState.CANCELLED and row.eta_s is None
         page = artifacts_html(mgr.snapshot())
         assert ">cancelled<" in page
+        # a stopped row's bar shows what is kept (verified parts), not the unverified bytes fetched before it
+        assert f'class="fetched" style="width:{100 * row.verified_bytes / row.total_bytes:.1f}%"' in page
+        wire_before = row.wire_bytes
         hub.rate_cap_bps = None
         assert mgr.resume() == "download started"
-        wait_for(lambda: not mgr.running, what="completion")
+        seen = [wire_before]
+
+        def finished() -> bool:  # the wire counter never goes back after Resume (issue 49), polled to the end
+            seen.append(mgr.snapshot().artifacts[0].wire_bytes)
+            return not mgr.running
+
+        wait_for(finished, what="completion")
+        assert all(b >= a for a, b in zip(seen, seen[1:], strict=False)), seen
         [row] = mgr.snapshot().artifacts
         assert row.state == ArtifactState.DONE and row.reused_parts >= 1
         began = [e for e in mgr._board.events if getattr(e, "state", None) == ArtifactState.DOWNLOADING]

@@ -84,12 +84,20 @@ def test_a_two_gpu_box_from_the_page(docker_client, tmp_path, monkeypatch, brows
             page.keyboard.press("Enter")
             page.locator("#ab-b input").fill("balanced")
             page.keyboard.press("Enter")
-            assert page.locator("#ab-gpu-a input").input_value() == "GPU 0"
+            # by default GPU 0 keeps serving (both sides on GPU 1); both GPUs must be asked for (issue 49)
+            assert page.locator("#ab-gpu-a input").input_value() == "GPU 1"
             assert page.locator("#ab-gpu-b input").input_value() == "GPU 1"
+            assert page.locator('#ab-gpu-note[data-every="0"]').count() == 1
+            page.locator("#ab-gpu-a input").fill("GPU 0")
+            page.keyboard.press("Enter")
+            page.locator('#ab-gpu-note[data-every="1"]').wait_for()
             page.fill("#ab-prompts textarea", "Name a prime.")
             page.fill("#ab-seeds textarea, #ab-seeds input", "1")
             page.fill("#ab-max input", "40")
             containers = {g: fleet.controller(g).snapshot().container_id for g in fleet.gpus}
+            page.click("#ab-start")
+            page.wait_for_selector('#ab-progress[data-state="invalid"]:has-text("leave no GPU of this box serving")')
+            page.check("#ab-every-gpu input")
             page.click("#ab-start")
             wait_for(lambda: state.abtest.progress().state is JobState.DONE, 120, "the A/B run done")
             assert {g: fleet.controller(g).snapshot().container_id for g in fleet.gpus} == containers  # no switch

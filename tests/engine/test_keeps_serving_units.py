@@ -291,8 +291,8 @@ def test_the_engine_tab_says_what_a_drain_waits_for() -> None:
     from app.ui.engine import drain_line
 
     snap = EngineSnapshot(state=EngineState.READY, draining=True, drain_in_flight=3, drain_deadline=time.time() + 45)
-    assert drain_line(snap) in ("waiting for 3 answer(s) to finish (up to 45 s)",
-                                "waiting for 3 answer(s) to finish (up to 44 s)")
+    assert drain_line(snap) in ("waiting for 3 answers to finish (up to 45 s)",
+                                "waiting for 3 answers to finish (up to 44 s)")
     assert drain_line(EngineSnapshot(state=EngineState.READY)) == ""
 
 

@@ -160,3 +160,69 @@ def test_cli_status_without_daemon_exits_3_with_the_reason(monkeypatch, tmp_path
     assert "Docker daemon unreachable at " + NOWHERE in out
     assert main(["engine", "--recipe", str(DEFAULT_RECIPE), "start", "--profile", "nope"]) == 2
     assert "unknown profile" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_simulated_build_without_docker_runs_on_the_process_runtime(monkeypatch, tmp_path: Path,
+                                                                     oplog_lines) -> None:
+    """Issue 49: the upgrade demo without Docker. `build-image --commit next --demo` records the SIMULATED build
+    `next` in one line (no docker-py text), its engine runs as a local process with the variant in its
+    environment, and a failed build leaves its reason in the operator's log."""
+    import psutil
+
+    from app.backend.engine import buildjob
+    from app.backend.engine.builds import registry
+
+    def no_docker(self) -> None:
+        raise RuntimeUnavailable("Docker daemon unreachable at unix:///var/run/docker.sock: test")
+
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    monkeypatch.setattr(DockerRuntime, "check", no_docker)
+    st = Settings(DEFAULT_RECIPE, sim_recipe(free_port()), tmp_path, True)
+    out = buildjob.build_demo(st, "next", lambda ev: None)
+    assert out.result.ok and out.build is not None and out.build.variant == "next", out.result.message
+    assert "local process" in out.result.message and "\n" not in out.result.message
+    assert registry(st).get("next").simulated
+    job = buildjob.BuildService(st)
+    job.start("nope", None, "test")
+    assert job.wait(30).state.value == "failed" and "no build 'nope'" in job.progress().message
+    assert "error" in oplog_lines.getvalue() and "no build" in oplog_lines.getvalue()  # the reason is logged
+    opts = ControllerOptions(extra_env={"MOET_SIM_BOOT_S": "1"}, extra_labels=dict(TEST_LABEL))
+    ctl = EngineController(st, ProcessRuntime(st.state_dir), options=opts)
+    try:
+        t = ctl.start("quality", build="next")
+        assert t.wait(30) and t.ok, t.message
+        assert ctl.snapshot().build == "next"
+        pid = next(iter(ctl.container_pids()))
+        assert psutil.Process(pid).environ().get("MOET_SIM_BUILD") == "next"
+    finally:
+        ctl.close()
+        rt = ProcessRuntime(st.state_dir)
+        for inst in rt.list({}):
+            rt.remove(inst.id)
+
+
+@pytest.mark.slow
+def test_start_and_switch_lines_name_the_gpu_and_ready_says_after_how_long(tmp_path: Path, oplog_lines) -> None:
+    """Issue 49, the operator's log on a box of several GPUs: the start and switch lines name the GPU, a `ready`
+    line says after how many seconds, and tidying the last run's socket reads as routine."""
+    st = Settings(DEFAULT_RECIPE, sim_recipe(free_port()), tmp_path, True)
+    opts = ControllerOptions(extra_env={"MOET_SIM_BOOT_S": "1"}, extra_labels=dict(TEST_LABEL), gpu=1, box_engines=2)
+    ctl = EngineController(st, ProcessRuntime(st.state_dir), options=opts)
+    try:
+        t = ctl.start("quality")
+        assert t.wait(30) and t.ok, t.message
+        t = ctl.switch("balanced")
+        assert t.wait(60) and t.ok, t.message
+    finally:
+        ctl.close()
+        rt = ProcessRuntime(st.state_dir)
+        for inst in rt.list({}):
+            rt.remove(inst.id)
+    lines = [x for x in oplog_lines.getvalue().splitlines() if "component=engine" in x]
+    for action, profile in (("start", "quality"), ("switch", "balanced")):
+        line = next(x for x in lines if f"action={action} " in x)
+        assert f"profile={profile} gpu=1" in line, line
+        ready = next(x for x in lines if "action=ready " in x and f"profile={profile}" in x)
+        assert "gpu=1" in ready and float(ready.split("after_s=")[1].split()[0]) > 0, ready
+    assert not [x for x in lines if "bind fails" in x or "dead-socket" in x], lines

@@ -62,7 +62,7 @@ def test_build_measure_promote_rollback_in_the_browser(docker_client, tmp_path: 
         page.wait_for_selector('[data-testid="hdr-engine"] [data-build="next"]', timeout=60_000)
         _ready_on(state, "next")
         _selftest(state)
-        # 6 cells (2 prompts x 3 seeds) for the evidence's "graded pair(s) of 6"; short answers: the page shows the
+        # 6 cells (2 prompts x 3 seeds) for the evidence's "6 graded pairs of 6"; short answers: the page shows the
         # counts and the headline, not the texts (whole answers are tests/selftest/test_abtest.py's)
         spec = new_spec("quality", "quality@next", ["Explain a B-tree split.", "Sketch Raft leader election."],
                         [1, 2, 3], 16)
@@ -87,7 +87,7 @@ def test_build_measure_promote_rollback_in_the_browser(docker_client, tmp_path: 
         page.wait_for_selector("#engine-evidence [data-ab-pairs='6']")
         text = ev.inner_text()
         assert "Current: pin" in text and "Candidate: next" in text and "vs card" in text and "90% CI" in text
-        assert "3/3 found" in text and "graded pair(s) of 6" in text
+        assert "3/3 found" in text and "graded pairs of 6" in text
         ARTIFACTS.mkdir(exist_ok=True)  # the docs' copy only on the explicit refresh step (tests/conftest.py)
         page.locator("#engine-builds").screenshot(path=str(ARTIFACTS / "engine-evidence.png"))
         if os.environ.get(DOCS_SCREENSHOTS_ENV) == "1":

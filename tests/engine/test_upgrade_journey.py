@@ -80,7 +80,7 @@ def test_build_serve_measure_promote_rollback(docker_client, recipe_file: Path, 
                 for b in ("pin", "next")}
         assert runs == {"pin": ["abtest"], "next": ["abtest", "selftest"]}
         assert any(e["kind"] == "boot" for e in rows["next"]["evidence"])  # boot times, for the evidence page
-        assert status()["build"] == "next"  # side B served last
+        assert status()["build"] == "next"  # what it served before the A/B (the run switches back, issue 49)
 
         # promote from the pin: the engine switches to the candidate; command and the next start run it
         cli("engine", "switch", "--profile", "quality")

@@ -70,7 +70,9 @@ def test_blind_ab_from_chat_history_graded_by_pick_and_score(demo_state: AppStat
                                " && document.querySelector('#ab-resume')?.disabled === true")
         page.wait_for_selector("#ab-pair-head[data-left='4']", timeout=120_000)
         page.wait_for_function("() => document.querySelector('#ab-start')?.disabled === false")
-        assert engine.snapshot().profile_id == "speed"  # switched for B through the controller
+        # switched for B through the controller (B's answers are in the journal), then back to what it served
+        # before the run (issue 49)
+        assert engine.snapshot().profile_id == "quality" and engine.snapshot().is_ready
         rid = abtest.journal.runs()[0]
         spec = abtest.journal.load(rid).spec
         assert [p.text for p in spec.prompts] == ["Implement a lock-free MPMC queue.", "Explain Raft joint consensus."]

@@ -26,7 +26,13 @@ def test_clone_edit_warn_save_and_delete(panel, browser) -> None:
     assert page.locator('#custom-findings [data-finding="enforce-eager"]').count() == 1
     assert "Not measured" in page.locator("#custom-status").inner_text()
     page.locator("#custom-save").click()
+    # --enforce-eager is an ERROR on the card: the first click asks instead of saving (issue 49)
+    page.wait_for_function("() => document.querySelector('#custom-status').innerText.includes('Not saved yet')")
+    assert "enforce-eager" in page.locator("#custom-status").inner_text()
+    assert not (panel.state.settings.state_dir / "profiles" / "hyst-four-eager.toml").exists()
+    page.locator("#custom-save-anyway").click()
     page.wait_for_function("() => document.querySelector('#custom-status').innerText.includes('Saved custom profile')")
+    page.locator("#custom-save-anyway").wait_for(state="hidden")
     card = page.locator('.moet-card.selected[data-profile="hyst-four-eager"]')
     card.wait_for()
     assert card.locator('[data-fig="decode"]').inner_text() == "not measured"

@@ -140,10 +140,10 @@ def reveal(st: RunState) -> Reveal:
     scored = [(g, ab) for g in grades if (ab := ab_scores(st, g)) is not None]
     scores = None
     if scored:
-        points = summarise([Pair(g.prompt_id, g.seed, b - a) for g, (a, b) in scored])
+        points = summarise([Pair(g.prompt_id, g.seed, b - a) for g, (a, b) in scored], bound=10.0)
         scores = ScoreSummary(points, statistics.fmean(a for _, (a, _b) in scored),
                               statistics.fmean(b for _, (_a, b) in scored), len(scored))
-    return Reveal(st.spec.profile_a, st.spec.profile_b, summarise(prefs), _side(st, "A", st.spec.profile_a),
+    return Reveal(st.spec.profile_a, st.spec.profile_b, summarise(prefs, bound=1.0), _side(st, "A", st.spec.profile_a),
                   _side(st, "B", st.spec.profile_b), len(prefs), len(st.spec.cells), scores, st.rubric)
 
 

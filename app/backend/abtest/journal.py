@@ -106,6 +106,8 @@ class RunState:
 def new_spec(profile_a: str, profile_b: str, prompts: Sequence[str | Prompt], seeds: list[int], max_tokens: int,
              rubric: str = "") -> ABSpec:
     """Prompts are numbered p1, p2, ... in order; blank ones and exact repeats (same text and context) are dropped."""
+    if max_tokens < 16:
+        raise ValueError(f"max tokens per answer: {max_tokens} is too few for an answer (16 or more)")
     now = dt.datetime.now(dt.timezone.utc)
     run_id = now.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
     ps: list[Prompt] = []

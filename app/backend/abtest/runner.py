@@ -8,6 +8,11 @@ caller (the fleet) leaves those GPUs out of the gateway while they measure. The 
 GPU's engine (`engines`) and a run names its two GPUs (`start(..., gpus=(A, B))`, the Compare tab's "side by
 side"); `on_gpus(True/False, gpus)` is then told instead.
 
+A run that would leave no GPU of the box serving (A and B on every GPU) is refused unless it is asked for
+(`every_gpu=True`, the Compare tab's tick-box): by default one GPU keeps serving (docs/selftest.md "Blind A/B",
+issue 49). Whatever the run did, each engine it switched is switched back to the profile (and build) it served
+before, when the run ends, is cancelled or fails, before its GPUs go back into the gateway.
+
 The engine is switched only through the controller's public API (`switch`, `snapshot`, `wait_for`).
 Answers are never truncated (the card's methodology note: clipping flipped a result): max_tokens is
 the user's, and an answer that hits it is marked `length` so the grader can see it.
@@ -22,6 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable
 
 from app.backend import oplog
+from app.backend.contracts import EngineSnapshot
 from app.backend.engine import builds
 from app.backend.abtest.journal import ABSpec, Generation, Journal, RunState, Side
 from app.backend.selftest.probe import Cancelled, EngineProbe
@@ -35,6 +41,19 @@ SWITCH_TIMEOUT_S = 3600.0
 
 
 ALREADY_RUNNING = "an A/B run is already running: wait for it or cancel it"
+
+
+def every_gpu_message(gpus: tuple[int, int]) -> str:
+    on = f"GPU {gpus[0]}" if gpus[0] == gpus[1] else f"GPU {gpus[0]} and GPU {gpus[1]}"
+    return (f"A and B on {on} leave no GPU of this box serving: the gateway refuses every request until the run "
+            "ends. Put A and B on one GPU (they take turns) so the other keeps serving, or tick 'Take every GPU "
+            "out of service' (CLI: --every-gpu) to go ahead.")
+
+
+def serves(snap: EngineSnapshot, profile: str, build: str | None, current_build: str) -> bool:
+    """Does an engine's snapshot serve `profile` on `build` (None: the current build) now?"""
+    same_build = snap.build == (build or current_build) or (build is None and not snap.build)  # "": before builds
+    return snap.is_ready and snap.profile_id == profile and same_build
 
 
 @dataclass(frozen=True)
@@ -77,24 +96,34 @@ class ABRunService(BackgroundJob[ABProgress]):
         """The GPUs a run may put its sides on (a box of several); [] on a one-GPU box."""
         return sorted(self._engines)
 
-    def _sides_on(self, gpus: tuple[int, int] | None) -> tuple[Callable[[Side], EngineController], Callable[[bool], None] | None]:
+    def takes_every_gpu(self, gpus: tuple[int, int] | None) -> bool:
+        """Would a run on `gpus` leave no GPU of this box serving?"""
+        return gpus is not None and bool(self._engines) and set(self._engines) <= set(gpus)
+
+    def _sides_on(self, gpus: tuple[int, int] | None, every_gpu: bool = False
+                  ) -> tuple[Callable[[Side], EngineController], Callable[[bool], None] | None]:
         """(each side's engine, what to tell before and after both sides run at once) for a run on `gpus` (A's GPU,
-        B's GPU); None: the service's own. Raises ValueError for GPUs that are not two of this box's."""
+        B's GPU); None: the service's own. Raises ValueError for GPUs that are not two of this box's, and for a
+        run on every GPU of the box unless `every_gpu` (see the module docstring)."""
         if gpus is None:
             return self._engine_for, self._on_sides
         a, b = gpus
         if a not in self._engines or b not in self._engines:
             have = ", ".join(map(str, self.gpus)) or "one GPU"
             raise ValueError(f"GPUs {a} and {b}: name GPUs of this box for A and B (it has {have})")
+        if self.takes_every_gpu(gpus) and not every_gpu:
+            raise ValueError(every_gpu_message(gpus))
         ea, eb = self._engines[a], self._engines[b]  # the same GPU twice: A then B on it, switching between
         told = self._on_gpus
         return (lambda side: ea if side == "A" else eb), (
             (lambda on: told(on, tuple(sorted({a, b})))) if told is not None else None)
 
-    def start(self, spec: ABSpec, who: str = oplog.PAGE, gpus: tuple[int, int] | None = None) -> ABProgress:
+    def start(self, spec: ABSpec, who: str = oplog.PAGE, gpus: tuple[int, int] | None = None,
+              every_gpu: bool = False) -> ABProgress:
         """Journal a new run and generate it; `gpus` (A's GPU, B's GPU): on a box of several, both sides at once
-        on two GPUs' engines, with no switch between them (the other GPUs keep serving)."""
-        self._sides_on(gpus)  # refuse bad GPUs before anything is journalled
+        on two GPUs' engines, with no switch between them (the other GPUs keep serving); `every_gpu`: the user
+        agreed to a run that leaves no GPU serving."""
+        self._sides_on(gpus, every_gpu)  # refuse bad GPUs before anything is journalled
         known = {p.id for p in self.engine.profiles()}
         reg = builds.registry(self.settings)
         for side in (spec.profile_a, spec.profile_b):
@@ -109,14 +138,15 @@ class ABRunService(BackgroundJob[ABProgress]):
         if self.running():
             raise ValueError(ALREADY_RUNNING)
         self.journal.create(spec)
-        return self.resume(spec.run_id, who=who, gpus=gpus)
+        return self.resume(spec.run_id, who=who, gpus=gpus, every_gpu=every_gpu)
 
-    def resume(self, run_id: str, who: str = oplog.PAGE, gpus: tuple[int, int] | None = None) -> ABProgress:
+    def resume(self, run_id: str, who: str = oplog.PAGE, gpus: tuple[int, int] | None = None,
+               every_gpu: bool = False) -> ABProgress:
         """Start or resume `run_id` in the background; `who`: who asked (the operator's log has start and end);
-        `gpus`: as for `start`."""
+        `gpus`, `every_gpu`: as for `start`."""
         if self.running():
             raise ValueError(ALREADY_RUNNING)
-        pick, told = self._sides_on(gpus)
+        pick, told = self._sides_on(gpus, every_gpu)
         st = self.journal.load(run_id)
         first = ABProgress(JobState.RUNNING, run_id, st.generated, st.total, step="starting", message="running")
         if not self._launch(first, lambda: self._run(st, who, pick, told)):
@@ -168,6 +198,7 @@ class ABRunService(BackgroundJob[ABProgress]):
     def _run(self, st: RunState, who: str, pick: Callable[[Side], EngineController],
              told: Callable[[bool], None] | None) -> None:
         t0, made_box = time.monotonic(), [0]
+        before = self._served(pick)
         if told is not None:  # the GPUs measured are left out of the gateway meanwhile
             told(True)
         try:
@@ -178,9 +209,12 @@ class ABRunService(BackgroundJob[ABProgress]):
                     sides: tuple[tuple[Side, str], ...] = (("A", st.spec.profile_a), ("B", st.spec.profile_b))
                     for side, profile in sides:
                         self._side(st, side, profile, t0, made_box, pick(side))
-            finally:  # back in the gateway before the run is said to be over
-                if told is not None:
-                    told(False)
+            finally:  # each engine back on what it served, then back in the gateway, before the run is over
+                try:
+                    self._restore(before, who, st.spec.run_id)
+                finally:
+                    if told is not None:
+                        told(False)
             made = made_box[0]
             self._set(replace(self.progress(), state=JobState.DONE, step="done", eta_s=0.0,
                               message="all answers generated: grade them blind"))
@@ -209,15 +243,50 @@ class ABRunService(BackgroundJob[ABProgress]):
             except OSError as exc:
                 oplog.caught("abtest", exc, "recording the A/B as evidence of its builds", run=st.spec.run_id)
 
+    def _gpu_of(self, engine: EngineController) -> int | None:
+        return next((g for g, e in self._engines.items() if e is engine), None)
+
+    def _served(self, pick: Callable[[Side], EngineController]) -> list[tuple[EngineController, str]]:
+        """(engine, the side string it serves now) for each engine of this run that serves a profile."""
+        out: list[tuple[EngineController, str]] = []
+        current = builds.registry(self.settings).current_id()
+        for engine in dict.fromkeys((pick("A"), pick("B"))):  # one entry per engine, in order
+            snap = engine.snapshot()
+            if snap.is_ready and snap.profile_id:
+                build = snap.build if snap.build and snap.build != current else None
+                out.append((engine, f"{snap.profile_id}@{build}" if build else snap.profile_id))
+        return out
+
+    def _restore(self, before: list[tuple[EngineController, str]], who: str, run_id: str) -> None:
+        """Switch each engine back to what it served before the run; not cancellable (the box must serve what it
+        served); a failure is logged and the next engine is still restored."""
+        current = builds.registry(self.settings).current_id()
+        for engine, side in before:
+            profile, build = split_side(side)
+            if serves(engine.snapshot(), profile, build, current):
+                continue
+            gpu = self._gpu_of(engine)
+            self._set(replace(self.progress(), step=f"switching back to {side}"
+                              + (f" on GPU {gpu}" if gpu is not None else "")))
+            try:
+                ticket = engine.switch(profile, build=build, who=who)
+                if not ticket.accepted:
+                    raise RuntimeError(ticket.message)
+                ticket.wait(SWITCH_TIMEOUT_S)
+                snap = engine.wait_for(lambda s: s.is_ready or s.state.value == "failed", SWITCH_TIMEOUT_S)
+                if not (snap.is_ready and snap.profile_id == profile):
+                    raise RuntimeError(f"{snap.state.value}: {snap.message}")
+            except Exception as exc:  # the run's outcome stands; the operator sees what was left
+                oplog.caught("abtest", exc, f"switching back to {side} after the A/B", who=who, run=run_id, gpu=gpu)
+                continue
+            oplog.decision("abtest", "switched back", who=who, run=run_id, profile=side, gpu=gpu)
+
     def _ensure_profile(self, side: str, engine: EngineController | None = None) -> None:
         """Serve a side: `PROFILE` (the current build) or `PROFILE@BUILD` (docs/engine.md "Upgrading the engine"),
         on `engine` (a side's own GPU when A and B run side by side) or the panel's."""
         engine = engine or self.engine
         profile, build = split_side(side)
-        want_build = build or builds.registry(self.settings).current_id()
-        snap = engine.snapshot()
-        same_build = snap.build == want_build or (build is None and not snap.build)  # "": started before builds
-        if snap.is_ready and snap.profile_id == profile and same_build:
+        if serves(engine.snapshot(), profile, build, builds.registry(self.settings).current_id()):
             return
         self._set(replace(self.progress(), step=f"switching the engine to {side}"))
         ticket = engine.switch(profile, build=build)

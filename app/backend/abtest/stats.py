@@ -56,6 +56,8 @@ class Interval:
     low: float | None  # None when there are too few blocks for an interval
     high: float | None
     n: int  # blocks the interval is over (seeds, or pairs for the pooled one)
+    bound: float | None = None  # the scale's edge (±1 for picks, ±10 points): the interval never reaches past it
+    clamped: bool = False  # the t interval reached past the scale and was cut to it
 
     @property
     def excludes_zero(self) -> bool:
@@ -64,7 +66,9 @@ class Interval:
     def text(self, digits: int = 2) -> str:
         if self.low is None or self.high is None:
             return f"{self.mean:+.{digits}f} (n = {self.n}: no interval)"
-        return f"{self.mean:+.{digits}f}, 90% CI [{self.low:+.{digits}f}, {self.high:+.{digits}f}] (n = {self.n})"
+        cut = f", cut to the scale's ±{self.bound:g}" if self.clamped and self.bound is not None else ""
+        return (f"{self.mean:+.{digits}f}, 90% CI [{self.low:+.{digits}f}, {self.high:+.{digits}f}] "
+                f"(n = {self.n}{cut})")
 
 
 @dataclass(frozen=True)
@@ -79,15 +83,20 @@ class Summary:
     verdict: Verdict
 
 
-def t_interval(values: list[float]) -> Interval:
-    """Mean with a two-sided 90% Student-t interval; no interval for fewer than 2 values."""
+def t_interval(values: list[float], bound: float | None = None) -> Interval:
+    """Mean with a two-sided 90% Student-t interval; no interval for fewer than 2 values. `bound`: the values'
+    scale is −bound…+bound, and so is the mean's: a wider interval (few seeds, df = 1: t = 6.31) is cut to it
+    and says so (issue 49: [−2.66, +3.66] on a −1…+1 scale)."""
     if not values:
         raise ValueError("no values to summarise")
     m = statistics.fmean(values)
     if len(values) < 2:
-        return Interval(m, None, None, len(values))
+        return Interval(m, None, None, len(values), bound)
     half = t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return Interval(m, m - half, m + half, len(values))
+    low, high = m - half, m + half
+    if bound is None or (low >= -bound and high <= bound):
+        return Interval(m, low, high, len(values), bound)
+    return Interval(m, max(low, -bound), min(high, bound), len(values), bound, clamped=True)
 
 
 def seed_means(pairs: Iterable[Pair]) -> dict[int, float]:
@@ -97,12 +106,13 @@ def seed_means(pairs: Iterable[Pair]) -> dict[int, float]:
     return {s: statistics.fmean(v) for s, v in sorted(by_seed.items())}
 
 
-def summarise(pairs: list[Pair]) -> Summary:
-    """Seed-blocked paired mean difference (B - A) with its 90% CI, the pooled one, and win/tie/loss."""
+def summarise(pairs: list[Pair], bound: float | None = None) -> Summary:
+    """Seed-blocked paired mean difference (B - A) with its 90% CI, the pooled one, and win/tie/loss; `bound`: the
+    differences' scale (see t_interval)."""
     if not pairs:
         raise ValueError("no graded pairs yet: grade at least one pair before the reveal")
-    blocked = t_interval(list(seed_means(pairs).values()))
-    pooled = t_interval([p.diff for p in pairs])
+    blocked = t_interval(list(seed_means(pairs).values()), bound)
+    pooled = t_interval([p.diff for p in pairs], bound)
     wins = sum(1 for p in pairs if p.diff > 0)
     losses = sum(1 for p in pairs if p.diff < 0)
     if blocked.low is None:

@@ -96,9 +96,14 @@ def gpu_mode() -> GpuMode | None:
 def sim_gpus() -> int:
     """How many GPUs the SIMULATED box has (demo only; default 1; docs/engine.md "Several GPUs"). A bad value
     raises with what is accepted."""
+    return sim_gpus_given() or 1
+
+
+def sim_gpus_given() -> int | None:
+    """MOET_PANEL_SIM_GPUS when set (config/simbox.py remembers it in the data dir), else None."""
     raw = _get(SIM_GPUS)
     if raw is None:
-        return 1
+        return None
     try:
         n = int(raw)
     except ValueError:

@@ -30,7 +30,7 @@ from app.backend.download.types import (
     ArtifactProgress, ArtifactState, DiskPicture, DownloadConfig, DownloadError, DownloadSnapshot, PartState,
     StopSignal, Stopped,
 )
-from app.backend.contracts import GiB
+from app.backend.contracts import GiB, count_text
 from app.backend.config.settings import Settings
 
 if TYPE_CHECKING:
@@ -172,7 +172,8 @@ class DownloadManager:
         try:
             cfg = self._config()
             prepared = run_download(cfg, specs, board, stop, on_prepared=self._on_prepared)
-            self._message = f"all {len(specs)} artifact(s) complete and verified"
+            self._message = (f"{'the' if len(specs) == 1 else 'all'} {count_text(len(specs), 'artifact')} complete "
+                             "and verified")
             oplog.decision("downloads", "complete", who=oplog.PANEL, artifacts=ids)
             del prepared
         except Stopped:
@@ -259,12 +260,16 @@ class DownloadManager:
         if not arts:
             self._list_once()
             arts = self._idle_rows()
+        # bytes on the wire since the panel started, the runs before a Resume included: a new run's board starts
+        # at 0 and the row's counter went backwards after Resume (issue 49); the same sum as counters() below
+        past = dict(self._past)
+        arts = [replace(a, wire_bytes=a.wire_bytes + past[a.id][0]) if a.id in past else a for a in arts]
         message = self._message
         if not self.running:  # the disk, not only the journal (issue 29; docs/downloads.md)
             arts = [self._on_disk(a) for a in arts]
             gone = [a for a in arts if a.reason.startswith(NOT_ON_DISK)]
             if gone:
-                message = (f"{len(gone)} artifact(s) not on disk any more ({', '.join(a.id for a in gone)}): "
+                message = (f"{count_text(len(gone), 'artifact')} not on disk any more ({', '.join(a.id for a in gone)}): "
                            "press Start (or Resume) to download and extract them again, or put the folder back.")
         overall = self._board.overall(arts)
         disk = self._board.disk()

@@ -20,7 +20,9 @@ from typing import Callable
 
 from app.backend import oplog
 from app.backend.engine import builds
+from app.backend.config import env
 from app.backend.engine.docker_runtime import DockerRuntime
+from app.backend.engine.runtime import RuntimeUnavailable
 from app.backend.engine.imagebuild import BuildEvent, BuildResult, ImageBuildRefused, build_image, build_mark
 from app.backend.files.atomic import LockBusy
 from app.backend.jobs import BackgroundJob, JobState
@@ -107,20 +109,46 @@ def build_commit(settings: Settings, ref: str, source: Path | None, on_event: Ca
 
 
 def build_demo(settings: Settings, variant: str, on_event: Callable[[BuildEvent], None]) -> BuildOutcome:
-    """The SIMULATED build `variant` (e.g. `next`): the simulated engine's image with that variant baked in."""
+    """The SIMULATED build `variant` (e.g. `next`): the simulated engine's image with that variant baked in; without
+    Docker (the demo's process runtime, engine/factory.py) the variant is recorded with no image and its engine
+    process gets it in its environment (process_runtime.py), as the SIMULATED engine itself runs (issue 49)."""
+    from app.backend.simengine import config as sim_config
     from app.backend.simengine import image as sim_image
 
+    if variant not in sim_config.BUILD_VARIANTS or not variant:
+        known = ", ".join(v for v in sim_config.BUILD_VARIANTS if v)
+        raise ValueError(f"the SIMULATED engine has no build {variant!r} (demo builds: {known})")
     tag = builds.image_tag(settings.recipe.engine.image, variant)
+    if not _docker_reachable():
+        on_event(BuildEvent(f"no Docker: SIMULATED build {variant} runs as a local process (no image to build)"))
+        b = builds.Build(variant, variant, tag, settings.recipe.id, time.time(), None,
+                         source="SIMULATED demo variant (local process, no Docker)", simulated=True, variant=variant)
+        builds.registry(settings).add(b)
+        return BuildOutcome(BuildResult(True, tag, f"recorded SIMULATED build {variant} (local process runtime: no "
+                                        "Docker, no image)", "process"), b)
     try:
         sim_image.ensure_image(tag=tag, variant=variant, progress=lambda line: on_event(BuildEvent(line)))
     except sim_image.ImageBuildError as exc:
         return BuildOutcome(BuildResult(False, tag, str(exc), "docker-py"), None)
-    except Exception as exc:  # Docker unreachable
-        return BuildOutcome(BuildResult(False, tag, f"docker: {exc}", "docker-py"), None)
+    except Exception as exc:  # Docker stopped answering (an explicit DOCKER_HOST): one line, not docker-py's text
+        return BuildOutcome(BuildResult(False, tag, f"building the SIMULATED image needs Docker, which does not answer "
+                                        f"({type(exc).__name__}; `docker version` says more)", "docker-py"), None)
     b = builds.Build(variant, variant, tag, settings.recipe.id, time.time(), image_size(tag),
                      source="SIMULATED demo variant", simulated=True, variant=variant)
     builds.registry(settings).add(b)
     return BuildOutcome(BuildResult(True, tag, f"built SIMULATED build {variant} ({tag})", "docker-py"), b)
+
+
+def _docker_reachable() -> bool:
+    """Docker answers, or DOCKER_HOST names a daemon (then its error is the user's to see, as in
+    factory.select_runtime: never the process runtime behind an explicit DOCKER_HOST's back)."""
+    if env.docker_host():
+        return True
+    try:
+        DockerRuntime().check()
+    except RuntimeUnavailable:
+        return False
+    return True
 
 
 def image_size(image: str) -> int | None:
@@ -179,4 +207,4 @@ class BuildService(BackgroundJob[BuildProgress]):
         self._set(replace(self.progress(), state=JobState.DONE if done else JobState.FAILED,
                           message=out.result.message, build=out.build.id if out.build else ""))
         oplog.decision("engine", "build", who=who, ref=ref, result="ok" if done else "failed",
-                       build=out.build.id if out.build else "")
+                       build=out.build.id if out.build else None, reason=None if done else out.result.message)

@@ -33,6 +33,12 @@ class Supervision:
     restarts_at: tuple[float, ...] = ()
     gave_up: GiveUpRecord | None = None
     boot_s: tuple[tuple[str, float], ...] = ()  # the last boot's seconds per profile (the drain's Retry-After)
+    # switches by result (ok, failed, rolled_back, cancelled), by every process on the data dir: the CLI's
+    # `engine status --json` and the Service tab count the same switches (issue 49: 0 in one, 3 in the other)
+    switches: tuple[tuple[str, int], ...] = ()
+
+    def switch_count(self, result: str) -> int:
+        return next((n for k, n in self.switches if k == result), 0)
 
     def boot_seconds(self, profile_id: str | None) -> float | None:
         return next((v for k, v in self.boot_s if k == profile_id), None)
@@ -78,6 +84,12 @@ class SupervisionStore:
     def clear_failure(self) -> Supervision:
         s = self.read()
         return s if s.gave_up is None else self._write(replace(s, gave_up=None))
+
+    def switched(self, result: str) -> Supervision:
+        """One switch ended with `result` (ok, failed, rolled_back, cancelled)."""
+        s = self.read()
+        n = s.switch_count(result) + 1
+        return self._write(replace(s, switches=(*((k, v) for k, v in s.switches if k != result), (result, n))))
 
     def booted(self, profile_id: str, seconds: float) -> Supervision:
         s = self.read()

@@ -25,7 +25,7 @@ from app.backend.engine.ops import Ticket
 from app.backend.engine.oplock import LockHeld
 from app.backend.engine.reconciler import ReconcilerTimeout
 from app.backend.engine.runtime import RuntimeUnavailable
-from app.backend.engine.supervisor import Supervisor
+from app.backend.engine.supervisor import Supervisor, switch_counts
 from app.backend.recipe.command import RunSpec
 
 DRAIN_POLL_S = 0.2
@@ -37,8 +37,8 @@ class Operations(Supervisor):
         """An accepted start/stop/switch is the user's intent: persist it (a refused one changes nothing) and log
         the decision with who asked. A new wish clears a give-up and restarts the cap (history.py), for every
         process on the data dir: the supervisor derives both from the wish's time."""
-        oplog.decision("engine", ticket.action, who=who, profile=profile_id, accepted=ticket.accepted,
-                       note=None if ticket.accepted else ticket.message)
+        oplog.decision("engine", ticket.action, who=who, profile=profile_id, gpu=self.options.gpu,
+                       accepted=ticket.accepted, note=None if ticket.accepted else ticket.message)
         if ticket.accepted:
             with self._wish_lock:  # the supervisor never publishes what it read of the files before this wish
                 d = self.desired_store.write(kind, profile_id, self.options.actor, build)
@@ -152,13 +152,9 @@ class Operations(Supervisor):
         result = "failed"
         try:
             result = self._switch(ticket, profile_id, spec, overrides, who)
-        finally:  # counted in the snapshot, the one source for /metrics (switches_total{result})
-            self._propose(lambda s: [sm.Supervised(switches_ok=s.switches_ok + 1) if result == "ok" else
-                                     sm.Supervised(switches_rolled_back=s.switches_rolled_back + 1)
-                                     if result == "rolled_back" else
-                                     sm.Supervised(switches_cancelled=s.switches_cancelled + 1)
-                                     if result == "cancelled" else
-                                     sm.Supervised(switches_failed=s.switches_failed + 1)])
+        finally:  # counted in the data dir's supervision file (every process's switches, history.py), published
+            # in the snapshot, the one source for /metrics (switches_total{result}) and the Service tab
+            self._apply(switch_counts(self.history.switched(result)))
 
     def _switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str], who: str) -> str:
         """Returns the result label: ok, rolled_back, failed or cancelled."""
@@ -209,6 +205,10 @@ class Operations(Supervisor):
         ticket.diagnosis = None if ok else snap.diagnosis
         ticket.message = (f"{snap.profile_id} ready" if ok else
                           f"{ticket.action} failed: {snap.diagnosis.title if snap.diagnosis else snap.message}")
+        # the operator's log says when the start/switch ended and how long it took (issue 49: no "ready" line)
+        oplog.decision("engine", "ready" if ok else f"{ticket.action}_failed", who=self.options.actor.lower(),
+                       profile=snap.profile_id if ok else ticket.profile_id, gpu=self.options.gpu,
+                       after_s=round(time.time() - ticket.started, 1), why=None if ok else ticket.message)
 
     def _fail(self, d: Diagnosis, message: str) -> None:
         snap = self._apply(sm.Failed(d, message))

@@ -23,9 +23,11 @@ from typing import Literal, TypedDict
 import psutil
 
 from app.backend.config import env
+from app.backend.engine.builds import BUILD_LABEL
 from app.backend.engine.runtime import Instance, LineSink, LineSplitter, RuntimeOpError, Stream
 from app.backend.recipe.command import RunSpec
 from app.backend.recipe.endpoint import ensure_socket_dir
+from app.backend.simengine.config import BUILD_VARIANTS
 
 class Record(TypedDict, total=False):
     """One engine process's registry entry (a JSON file; entries written by older panels may lack keys)."""
@@ -153,6 +155,9 @@ class ProcessRuntime:
         child_env = env.inherited(("PATH", "HOME", "LANG", "TZ"))
         child_env.update(spec.env_dict)
         child_env["PYTHONUNBUFFERED"] = "1"
+        variant = spec.labels_dict.get(BUILD_LABEL, "")
+        if variant in BUILD_VARIANTS and variant:  # a SIMULATED build: Docker bakes it into an image; a process has
+            child_env.setdefault("MOET_SIM_BUILD", variant)  # none, so it goes in the env (buildjob.build_demo)
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
                 [self._python, "-m", SIM_MODULE, *spec.args], cwd=REPO_ROOT, env=child_env,

@@ -96,6 +96,7 @@ def claim_listen_address(address: str, who: str = oplog.PANEL) -> str:
         if socket_in_use(str(path)):
             return f"something already answers on the engine's socket {path}"
         path.unlink()
-        oplog.decision("engine", "remove-dead-socket", who=who, path=str(path),
-                       reason="no engine answers on it; vLLM's --uds bind fails on an existing path")
+        # routine before every boot after a stop (issue 49: the old wording read like an error)
+        oplog.decision("engine", "tidy-socket", who=who, path=str(path),
+                       note="removed the last run's socket file before the boot (routine: nothing answers on it)")
     return ""

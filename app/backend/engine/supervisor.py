@@ -11,7 +11,7 @@ stop the Docker daemon made (seen after an outage) is brought back like a reboot
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from app.backend import oplog
@@ -20,6 +20,7 @@ from app.backend.engine import statemachine as sm
 from app.backend.engine.core import Core
 from app.backend.engine.desired import Desired
 from app.backend.engine.exits import NEUTRAL_REASONS
+from app.backend.engine.history import Supervision
 from app.backend.engine.ops import Ticket
 from app.backend.engine.restartpolicy import ENVIRONMENT, GiveUp, PolicyConfig, Restart, decide
 from app.backend.engine.runtime import Instance
@@ -96,6 +97,13 @@ def iso_ts(text: str) -> float | None:
         return None
 
 
+def switch_counts(hist: Supervision) -> sm.Supervised:
+    """The snapshot's switch counters as the data dir's supervision file has them (history.py)."""
+    return sm.Supervised(switches_ok=hist.switch_count("ok"), switches_failed=hist.switch_count("failed"),
+                         switches_rolled_back=hist.switch_count("rolled_back"),
+                         switches_cancelled=hist.switch_count("cancelled"))
+
+
 class Supervisor(Core):
     _wish_since: float
 
@@ -123,20 +131,21 @@ class Supervisor(Core):
     def _supervision_fields(self, desired: Desired | None) -> sm.Supervised:
         """The snapshot's supervision fields as the files say (any process's wish, restart or give-up)."""
         hist = self.history.read()
-        return sm.Supervised(desired=desired.key if desired else "", restart_policy=self.restart_policy(),
-                             restarts_total=hist.restarts_total, gave_up=hist.gave_up_on(desired) is not None)
+        return replace(switch_counts(hist), desired=desired.key if desired else "",
+                       restart_policy=self.restart_policy(), restarts_total=hist.restarts_total,
+                       gave_up=hist.gave_up_on(desired) is not None)
 
     def _sync_supervision(self, desired: Desired | None) -> EngineSnapshot:
         """Publish what the files say (a wish, restart or give-up of any process); the snapshot after."""
         fields = self._supervision_fields(desired)
 
         def sync(s: EngineSnapshot) -> list[sm.Event]:
+            counts = (fields.switches_ok, fields.switches_failed, fields.switches_rolled_back, fields.switches_cancelled)
             if (s.desired, s.restart_policy, s.restarts_total, s.gave_up) == \
-                    (fields.desired, fields.restart_policy, fields.restarts_total, fields.gave_up):
+                    (fields.desired, fields.restart_policy, fields.restarts_total, fields.gave_up) and \
+                    (s.switches_ok, s.switches_failed, s.switches_rolled_back, s.switches_cancelled) == counts:
                 return []
-            return [fields] if fields.gave_up or not s.gave_up else [sm.Supervised(
-                desired=fields.desired, restart_policy=fields.restart_policy, restarts_total=fields.restarts_total,
-                gave_up=False, restart_try=0)]
+            return [fields] if fields.gave_up or not s.gave_up else [replace(fields, gave_up=False, restart_try=0)]
 
         return self._propose(sync)[1]
 

@@ -158,7 +158,9 @@ def configure(state_dir: Path | None, *, stream: IO[str] | None = None, level: i
         if root.level == logging.NOTSET or root.level > level:
             root.setLevel(level)
         setattr(root, _CONFIGURED, True)
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per internal request is noise
+        # one INFO line per internal request is noise (issue 49: half the log); httpx2: the openai SDK's client
+        for noisy in ("httpx", "httpx2"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     if state_dir is not None:
         path = str(log_path(state_dir))
         if not any(isinstance(h, logging.handlers.RotatingFileHandler) and h.baseFilename == path for h in root.handlers):

@@ -68,7 +68,8 @@ def card_line(r: SelfTestResult) -> str:
     if s is None:
         return f"{card} · this box: no result"
     box = "SIMULATED box" if r.simulated else "this box"
-    return f"{card} · {box} {s.median:.1f} ± {s.spread:.1f}, {s.runs} run{'s' if s.runs != 1 else ''}, {r.date[:10]}"
+    spread = f" ± {s.spread:.1f}" if s.runs > 1 else ""  # one run has no spread to show (issue 49: "± 0.0, 1 run")
+    return f"{card} · {box} {s.median:.1f}{spread}, {s.runs} run{'s' if s.runs != 1 else ''}, {r.date[:10]}"
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ def drain_grace(state: AppState) -> float:
 def set_drain_grace(state: AppState, value: float | None, who: str = oplog.PAGE) -> str:
     """How long a stop/switch waits for the answers in flight (docs/engine.md "Keeps serving"); None: the recipe's."""
     if value is not None and not 0 <= value <= 3600:
-        return "not saved: the drain grace is 0 to 3600 seconds (0 = stop at once)"
+        return f"not saved: {value:g} s — the drain grace is 0 to 3600 seconds (0 = stop at once)"
     store = _store(state)
     cfg = store.read()
     try:

@@ -14,6 +14,7 @@ from app.backend.contracts import EngineFeed, EngineSnapshot, GpuReader, GpuSamp
 from app.backend.config import env
 from app.backend.config.env import GpuMode
 from app.backend.config.settings import Settings
+from app.backend.config.simbox import sim_gpu_count
 from app.backend.telemetry.gpu_sim import FakeGpuReader, SimulatedGpuReader
 from app.backend.telemetry.nvml import NO_LIBRARY, NvmlGpuReader
 
@@ -97,7 +98,7 @@ def _simulated(settings: Settings | None, snap_fn: Callable[[], EngineSnapshot] 
         except (TypeError, ValueError):
             pass
     return SimulatedGpuReader(snap_fn, total_gib=total, ready_gib=ready, boot_s=boot, engine_pids_fn=pids_fn,
-                              count=env.sim_gpus())
+                              count=sim_gpu_count(settings.state_dir if settings is not None else None))
 
 
 __all__ = ["box_gpu_count", "follow_engine", "make_gpu_reader", "tag_engine_processes", "NoGpuReader", "NvmlGpuReader",
