@@ -21,7 +21,9 @@ BACKEND = APP / "backend"
 SIMENGINE = BACKEND / "simengine"
 
 ONCE = {
-    "file lock (fcntl)": (re.compile(r"^\s*import fcntl\b|^\s*from fcntl\b|\bfcntl\.\w+\("), {BACKEND / "files" / "atomic.py"}),
+    # a lock, not any fcntl call: the gateway reads a socket's unacknowledged bytes with fcntl.ioctl (delivery.py)
+    "file lock (fcntl)": (re.compile(r"\bfcntl\.(flock|lockf)\(|^\s*from fcntl import .*\b(flock|lockf)\b"),
+                          {BACKEND / "files" / "atomic.py"}),
     "atomic replace": (re.compile(r"\bos\.replace\("), {BACKEND / "files" / "atomic.py", BACKEND / "download" / "extract.py"}),
     "GiB constant": (re.compile(r"2 ?\*\* ?30\b|1 << 30\b|1024 \*\* 3\b|\b1073741824\b"), {BACKEND / "contracts.py"}),
     "docker-py build": (re.compile(r"\.api\.build\(|\bapi\.build\("), {BACKEND / "engine" / "imagebuild.py"}),
@@ -30,10 +32,11 @@ ONCE = {
     "stop signal": (re.compile(r"\(threading\.Event\)"), {BACKEND / "jobs.py"}),
     # a thread's liveness as "a job runs" is the runner's; the others watch threads that are not jobs: the
     # gateway's server, the engine's reconciler and observer (reconciler.wait_reply), a decoder thread, the CLI's
-    # foreground download
+    # foreground download, a download run's fetch and verify threads still alive after their join (job.py:
+    # reported, their fds left open: docs/downloads.md "File descriptors")
     "single-flight runner": (re.compile(r"\bis_alive\(\)"), {
         BACKEND / "jobs.py", BACKEND / "gateway" / "server.py", BACKEND / "engine" / "reconciler.py",
-        BACKEND / "download" / "extract.py", APP / "cli" / "download.py"}),
+        BACKEND / "download" / "extract.py", BACKEND / "download" / "job.py", APP / "cli" / "download.py"}),
 }
 
 

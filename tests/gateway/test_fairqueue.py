@@ -122,3 +122,25 @@ def test_the_engines_usage_replaces_the_estimate() -> None:
 
     # a did 3 tokens' work, b 100: a goes first (charged its 4,096-token estimate, it would have gone second)
     assert run_async(main) == ["a", "b"]
+
+
+def test_ahead_counts_the_keys_whose_turn_comes_first_in_the_order_slots_are_handed() -> None:
+    """The Chat tab's "waiting for the GPU (n ahead)" (docs/chat.md "Taking turns") follows `_hand_over`'s order."""
+    async def main() -> tuple[dict[str, int], list[str]]:
+        q = FairQueue(slots=1, max_waiting=10)
+        order: list[str] = []
+        await q.acquire("greedy", work(10, 4000))  # running: much work done for it
+        waiters = [("greedy", work(10, 4000)), ("chat", work(10, 30)), ("other", work(10, 30))]
+        tasks = [asyncio.ensure_future(q.acquire(k, c)) for k, c in waiters]
+        for t, (k, _) in zip(tasks, waiters, strict=True):
+            t.add_done_callback(lambda _t, k=k: order.append(k))
+        await _settle()
+        ahead = q.ahead()
+        for _ in range(len(waiters) + 1):
+            q.release()
+            await _settle()
+        return ahead, order
+
+    ahead, order = run_async(main)
+    assert ahead == {"chat": 0, "other": 1, "greedy": 2}
+    assert order == sorted(ahead, key=ahead.__getitem__)

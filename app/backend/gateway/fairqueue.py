@@ -94,9 +94,10 @@ class FairQueue:
         return time.monotonic() - t0
 
     def ahead(self) -> dict[str, int]:
-        """For each waiting key, the requests that get a slot before its oldest waiter: the waiting keys served
-        less recently than it (one turn each comes first; the Chat tab's "waiting for the GPU (n ahead)")."""
-        order = sorted(self._waiting, key=lambda k: self._last.get(k, -1))
+        """For each waiting key, the requests that get a slot before its oldest waiter: the waiting keys whose turn
+        starts earlier (less work done for them; ties by who waited longest, as `_hand_over` takes them) — one turn
+        each comes first (the Chat tab's "waiting for the GPU (n ahead)")."""
+        order = sorted(self._waiting, key=self._start_of)
         return {k: i for i, k in enumerate(order)}
 
     def _forget(self, key: str, fut: asyncio.Future[None]) -> None:
