@@ -1,4 +1,5 @@
-"""`moet-panel keys create NAME [--expires-days N] [--scope inference|metrics] | revoke NAME | list`: the API gateway's keys.
+"""`moet-panel keys create NAME [--expires-days N] [--scope inference|metrics|fleet] [--key-stdin] | revoke NAME | list`:
+the API gateway's keys.
 
 The key is printed once, at creation (JSON field `key` with --json); only its SHA-256 is stored, in
 `<data-dir>/.moet-panel/gateway.sqlite` (0600). docs/gateway.md#keys.
@@ -25,7 +26,10 @@ def register(subs: argparse._SubParsersAction) -> None:
     c.add_argument("name", help="1-64 letters, digits, '.', '_' or '-'")
     c.add_argument("--expires-days", type=float, metavar="N", help="the key stops working after N days")
     c.add_argument("--scope", choices=SCOPES, default=DEFAULT_SCOPE, help="inference: the gateway (default); "
-                   "metrics: the panel's /metrics for Prometheus when the panel has a login (docs/metrics.md#access)")
+                   "metrics: the panel's /metrics for Prometheus when the panel has a login (docs/metrics.md#access); "
+                   "fleet: a fleet's front (this box then serves the front alone; docs/fleet.md#trust)")
+    c.add_argument("--key-stdin", action="store_true", help="accept the key read from stdin (the fleet key the "
+                   "front printed: `moet-panel fleet key`) instead of making a new one")
     r = ks.add_parser("revoke", help="revoke a key (a running gateway refuses it within a second)")
     r.add_argument("name")
     ks.add_parser("list", help="keys with their usage (requests, tokens, errors, last used)")
@@ -49,9 +53,13 @@ def run(args: argparse.Namespace) -> int:
     store = KeyStore(cli_settings(args).ensure_state_dir())
     try:
         if args.keys_cmd == "create":
+            given = sys.stdin.readline().strip() if getattr(args, "key_stdin", False) else None
             created = store.create(args.name, args.expires_days, scope=getattr(args, "scope", DEFAULT_SCOPE),
-                                   who=oplog.CLI)
-            if args.json:
+                                   who=oplog.CLI, key=given)
+            if given is not None:
+                print(f"key {created.name!r} ({created.scope}) accepted" + (
+                    "; this box now serves its fleet's front only" if created.scope == "fleet" else ""))
+            elif args.json:
                 print(json.dumps({"name": created.name, "key": created.key, "scope": created.scope,
                                   "expires": created.expires}))
             else:

@@ -26,7 +26,8 @@ from app.backend.gateway.fairqueue import FairQueue, QueueFull
 from app.backend.gateway.routing import Chooser, LeastBusy, Target
 from app.backend.gateway.gwmetrics import REPORT_S, GatewayMetrics, RefusalLog
 from app.backend.gateway.inputs import Refused, check_json
-from app.backend.gateway.keys import DEFAULT_SCOPE, ActivityRecord, KeyRecord, KeyStore
+from app.backend.gateway import fleetside
+from app.backend.gateway.keys import DEFAULT_SCOPE, FLEET_SCOPE, ActivityRecord, KeyRecord, KeyStore
 from app.backend.gateway.engine_status import EngineStatus, EngineStatusSource
 from app.backend.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
@@ -138,6 +139,10 @@ class GatewayApp:
         self._refusals = RefusalLog()
         self._reported_at = 0.0
         self.who = oplog.PANEL  # who started it, for the operator's log (the CLI sets its own)
+        # a fleet's front (docs/fleet.md): headers sent upstream with every request (the fleet key, for the router
+        # to forward to the boxes), and the model list answered here (the router's fails while a box is down)
+        self.upstream_headers: dict[str, str] = {}
+        self.models_answer: Callable[[], bytes] | None = None
 
     # -- lifespan ----------------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -266,6 +271,12 @@ class GatewayApp:
             *(headers or [])]})
         await send({"type": "http.response.body", "body": body})
 
+    @staticmethod
+    async def _json(send: Send, status: int, body: bytes) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
     def note_refusal(self, reason: str, status: int = 0, route: str = "-", key_name: str | None = None,
                      error: str = "") -> None:
         """A refused attempt: counted by reason, in the key's errors when a key is known, and in the activity
@@ -325,18 +336,23 @@ class GatewayApp:
             if not msg.get("more_body", False):
                 return b"".join(chunks)
 
-    def _identify(self, auth: str) -> tuple[KeyRecord | None, str, str]:
-        """(the active key, refusal reason, message) from an Authorization header."""
+    def _identify(self, auth: str, fleet_member: bool = False) -> tuple[KeyRecord | None, str, str]:
+        """(the active key, refusal reason, message) from an Authorization header. A fleet's box (it holds a
+        fleet key: fleetside.py) accepts that scope alone."""
         scheme, _, key = auth.partition(" ")
         key = key.strip()
-        rec = self.keys.authenticate(key, DEFAULT_SCOPE) if scheme.lower() == "bearer" else None
+        scope = FLEET_SCOPE if fleet_member else DEFAULT_SCOPE
+        rec = self.keys.authenticate(key, scope) if scheme.lower() == "bearer" else None
         if rec is not None:
             return rec, "", ""
+        if fleet_member and auth:
+            return None, "bad_key", ("this box serves its fleet's front only: send requests to the front's address "
+                                     "with your key there (docs/fleet.md)")
         if not auth:
             return None, "no_key", ("no API key: send `Authorization: Bearer <key>` (create one with `moet-panel "
                                     "keys create NAME`)")
         known = self.keys.identify(key) if scheme.lower() == "bearer" else None
-        if known is not None and known.scope == DEFAULT_SCOPE:
+        if known is not None and known.scope == scope:
             return known, "revoked_key", f"the API key {known.name!r} is {known.status()}"
         return None, "bad_key", "the API key is not valid (unknown, expired or revoked)"
 
@@ -344,7 +360,12 @@ class GatewayApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
-        allowed = ROUTES.get(path)
+        member = self.keys.fleet_member()  # a fleet's box: the front's key alone, and the health check
+        if member and path == fleetside.HEALTH_PATH and method == "GET":
+            code, data = fleetside.health(self.engine.status())
+            await self._json(send, code, data)
+            return
+        allowed = ROUTES.get(path) or ("GET" if member and path == fleetside.STATUS_PATH else None)
         close = [(b"connection", b"close")]  # a refused stranger's connection ends with the answer
         if allowed is None:
             self.metrics.refused("not_found")
@@ -353,7 +374,7 @@ class GatewayApp:
             return
         headers = {k.decode("latin-1").lower(): v for k, v in scope["headers"]}
         auth = headers.get("authorization", b"").decode("latin-1")
-        rec, why, message = self._identify(auth)
+        rec, why, message = self._identify(auth, member)
         route = f"{method} {path}"
         if why:
             self.note_refusal(why, 401, route, rec.name if rec is not None else None)
@@ -365,6 +386,12 @@ class GatewayApp:
         if method != allowed:
             await self._reply(send, 405, f"{path} accepts {allowed} only", "invalid_request_error",
                               [(b"allow", allowed.encode())])
+            return
+        if path == fleetside.STATUS_PATH:
+            await self._json(send, 200, fleetside.status_body(self.engine.status(), self.metrics.in_flight))
+            return
+        if path == "/v1/models" and self.models_answer is not None:
+            await self._json(send, 200, self.models_answer())
             return
         wait = self._admit(rec.name)
         if wait is not None:
@@ -531,7 +558,7 @@ class GatewayApp:
         mid-switch refuses nobody. Returns (status, error)."""
         assert self._upstream is not None
         fwd_headers = {"content-type": "application/json",
-                       "accept": headers.get("accept", b"*/*").decode("latin-1")}
+                       "accept": headers.get("accept", b"*/*").decode("latin-1"), **self.upstream_headers}
         tried: list[str] = []
         while True:
             box = self.engine.status()

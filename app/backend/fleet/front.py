@@ -1,0 +1,29 @@
+"""The front's gateway: the moet-panel gateway as it is (keys, usage, limits, the fair queue, the allow-list),
+its upstream the router on loopback (docs/fleet.md#what-runs-where). Three settings make it the front: its
+status is the fleet's (`FleetSource`), the fleet key goes upstream with every request (the router forwards it to
+the box it picks), and the model list is answered here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.backend.fleet import fleetfile
+from app.backend.fleet.source import FleetSource
+from app.backend.gateway.keys import KeyStore
+from app.backend.gateway.server import GatewayConfig, GatewayServer
+
+
+def make_front(server: GatewayServer, source: FleetSource, fleet_key: str) -> None:
+    app = server.app
+    app.upstream_headers = {"authorization": f"Bearer {fleet_key}"}
+    app.models_answer = source.models_body
+
+
+def front_server(cfg: GatewayConfig, keys: KeyStore, state_dir: Path) -> GatewayServer:
+    fleet = fleetfile.load(state_dir)
+    if fleet is None:
+        raise ValueError("no fleet file: `moet-panel fleet init` first")
+    source = FleetSource(lambda: fleetfile.load(state_dir))
+    server = GatewayServer(cfg, keys, source)
+    make_front(server, source, fleet.fleet_key)
+    return server
