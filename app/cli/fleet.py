@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 import sys
 import threading
 import time
@@ -18,6 +19,7 @@ from app.backend.fleet.fleetfile import FleetError
 from app.backend.fleet.manage import add_box, remove_box
 from app.backend.fleet.promconfig import render
 from app.backend.fleet.router import RouterAdmin
+from app.backend.gateway.proxy import Limits
 from app.cli.keys import cli_settings
 from app.cli.main import add_common
 
@@ -49,6 +51,8 @@ def register(subs: argparse._SubParsersAction) -> None:
     sv.add_argument("--host", default="127.0.0.1", help="the front gateway's address (clients reach it)")
     sv.add_argument("--port", type=int, default=8001)
     sv.add_argument("--insecure-http", action="store_true", help="plain HTTP beyond loopback (keys in clear text)")
+    sv.add_argument("--max-concurrent", type=int, default=Limits.max_concurrent, metavar="N", help="requests in flight per key")
+    sv.add_argument("--rate", type=float, default=Limits.rate_per_min, metavar="N", help="requests per minute per key")
     for action in fs.choices.values():
         add_common(action)
     p.set_defaults(func=run)
@@ -167,8 +171,9 @@ def _serve(args: argparse.Namespace, state_dir: Path) -> int:
     sup = RouterSupervisor(state_dir, lambda: fleetfile.load(state_dir), who=oplog.CLI)
     keys = KeyStore(state_dir)
     try:
-        server = front_server(GatewayConfig(host=args.host, port=args.port, insecure_http=args.insecure_http),
-                              keys, state_dir)
+        limits = replace(Limits(), max_concurrent=max(1, args.max_concurrent), rate_per_min=max(0.1, args.rate))
+        server = front_server(GatewayConfig(host=args.host, port=args.port, insecure_http=args.insecure_http,
+                                            limits=limits), keys, state_dir)
     except (GatewayConfigError, ValueError) as exc:
         print(f"moet-panel: {exc}", file=sys.stderr)
         keys.close()

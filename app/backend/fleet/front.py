@@ -12,11 +12,16 @@ from app.backend.fleet.source import FleetSource
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.server import GatewayConfig, GatewayServer
 
+UPSTREAM_IDLE_S = 10.0  # a box streams a token every few ms to a second; 10 s of nothing mid-answer: it is gone
+
 
 def make_front(server: GatewayServer, source: FleetSource, fleet_key: str) -> None:
     app = server.app
     app.upstream_headers = {"authorization": f"Bearer {fleet_key}"}
     app.models_answer = source.models_body
+    # a box cut off or frozen mid-answer: TCP would hold the stream for minutes (docs/fleet.md#faults)
+    app.upstream_idle_s = UPSTREAM_IDLE_S
+    app.box_lost = source.box_lost
 
 
 def front_server(cfg: GatewayConfig, keys: KeyStore, state_dir: Path) -> GatewayServer:

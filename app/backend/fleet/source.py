@@ -49,6 +49,11 @@ class FleetSource:
         self._task: asyncio.Task[None] | None = None
         self._client: httpx.AsyncClient | None = None
         self.checked_at = 0.0
+        self._lost = asyncio.Event()  # set (then replaced) when a box that answered stops answering
+
+    def box_lost(self) -> asyncio.Event:
+        """The proxy waits on this while a request has no answer headers yet (proxy.GatewayApp._request)."""
+        return self._lost
 
     def status(self) -> EngineStatus:
         return self._status
@@ -88,6 +93,11 @@ class FleetSource:
         results = await asyncio.gather(self._router(cfg), *(self._box(cfg, b.name, b.url) for b in cfg.boxes))
         routed = results[0] if isinstance(results[0], set) else None
         boxes = [r for r in results[1:] if isinstance(r, BoxStatus)]
+        was = {b.name for b in self.boxes if b.reachable}
+        gone = [b for b in boxes if b.name in was and not b.reachable]
+        if gone:
+            await self._lose(cfg, gone)
+            routed = (routed or set()) - {b.name for b in gone}
         before = self._status
         self.boxes, self.router_up, self.routed = boxes, routed is not None, routed or set()
         self._status = fleet_status(cfg, boxes, routed is not None, routed)
@@ -97,6 +107,23 @@ class FleetSource:
                            slots=self._status.slots, serving=sum(1 for b in boxes if b.serving), boxes=len(boxes),
                            router_up=self.router_up)
         return self._status
+
+    async def _lose(self, cfg: FleetConfig, gone: list[BoxStatus]) -> None:
+        """A box stopped answering (link cut, frozen): the router lets it go at once (its own health checks take
+        seconds, meanwhile it would send it more requests, which hang), requests waiting on it are sent again;
+        the supervisor adds it back once its health check answers (router.RouterSupervisor.reconcile)."""
+        assert self._client is not None
+        for b in gone:
+            box = cfg.box(b.name)
+            if box is None:
+                continue
+            try:
+                await self._client.post(cfg.router_url + "/remove_worker", params={"url": box.url.rstrip("/")})
+            except httpx.HTTPError as exc:
+                oplog.caught("fleet", exc, "taking a lost box out of the router", box=b.name)
+            oplog.decision("fleet", "box_lost", who=oplog.PANEL, box=b.name, error=b.error)
+        self._lost.set()
+        self._lost = asyncio.Event()
 
     async def _loop(self) -> None:
         while True:

@@ -143,6 +143,10 @@ class GatewayApp:
         # to forward to the boxes), and the model list answered here (the router's fails while a box is down)
         self.upstream_headers: dict[str, str] = {}
         self.models_answer: Callable[[], bytes] | None = None
+        self.upstream_idle_s = 0.0  # a front: a stream whose box went silent this long ends with an error event
+        # a front: an event set when a box is lost (cut off, frozen); requests still waiting for their answer's
+        # headers are then sent again (nothing reached their client; the router no longer lists that box)
+        self.box_lost: Callable[[], asyncio.Event] | None = None
 
     # -- lifespan ----------------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -570,8 +574,8 @@ class GatewayApp:
                 return 503, f"engine not ready: {box.state}"
             self._began(target)
             try:
-                resp = await self._upstream.request(target.base_url, method, path, fwd_headers,
-                                                    body if method == "POST" else b"")
+                resp = await self._request(target.base_url, method, path, fwd_headers,
+                                           body if method == "POST" else b"")
             except UpstreamError as exc:
                 self._ended(target)
                 tried.append(target.base_url)
@@ -593,7 +597,14 @@ class GatewayApp:
             status = resp.status_code
             streaming = resp.headers.get("content-type", "").startswith("text/event-stream")
             trace.streamed = streaming
-            if streaming:
+            if streaming and self.upstream_idle_s:
+                try:
+                    await self._pump(resp, send, trace, strip_usage, run)
+                except UpstreamError as exc:  # a fleet's box went silent mid-answer: an error event, not a hang
+                    event = b"data: " + _error_body(502, f"the box answering stopped ({exc}); retry", "api_error")
+                    await send({"type": "http.response.body", "body": event + b"\n\n", "more_body": False})
+                    return 502, "upstream went silent mid-answer"
+            elif streaming:
                 await self._pump(resp, send, trace, strip_usage, run)
             else:
                 await self._whole(resp, send, trace, run)
@@ -601,6 +612,25 @@ class GatewayApp:
         finally:
             resp.close()
             self._ended(target)
+
+    async def _request(self, base_url: str, method: str, path: str, headers: dict[str, str],
+                       body: bytes) -> UpstreamResponse:
+        """The upstream's answer headers; on a fleet's front, asked again when a box is lost before they came."""
+        assert self._upstream is not None
+        if self.box_lost is None:
+            return await self._upstream.request(base_url, method, path, headers, body)
+        while True:
+            lost = asyncio.ensure_future(self.box_lost().wait())
+            asked = asyncio.ensure_future(self._upstream.request(base_url, method, path, headers, body))
+            try:
+                await asyncio.wait({asked, lost}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                lost.cancel()
+                if not asked.done():
+                    asked.cancel()  # its connection closes: a box still alive aborts the request
+            if not asked.cancelled():
+                return asked.result()
+            oplog.decision("gateway", "resent_after_box_lost", who=oplog.PANEL, route=f"{method} {path}")
 
     def _key_of(self, run: _Running) -> str:
         return run.key_hash  # the fair queue's turns are per key (its hash: the same for every request of it)
@@ -641,7 +671,7 @@ class GatewayApp:
         await self._start(resp, send, trace, True)
         buf = b""
         cap = self.limits.capture_cap_bytes if self.limits.capture_bodies else 0
-        async for chunk in resp.chunks():
+        async for chunk in resp.chunks(self.upstream_idle_s):
             buf += chunk
             if b"\n\n" not in buf:
                 continue

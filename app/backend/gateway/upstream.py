@@ -144,8 +144,10 @@ class UpstreamResponse:
         self.headers = conn.headers
         self._closed = False
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives (chunked framing removed), everything available joined into one piece."""
+    async def chunks(self, idle_s: float = 0.0) -> AsyncIterator[bytes]:
+        """The body as it arrives (chunked framing removed), everything available joined into one piece.
+        `idle_s` > 0: UpstreamError when nothing more arrives for that long (a fleet's front: the box behind the
+        router was cut off or frozen, and TCP alone would wait for minutes; docs/fleet.md#faults)."""
         c = self._conn
         while True:
             if c.body:
@@ -157,7 +159,13 @@ class UpstreamResponse:
                 if "content-length" in c.headers or "chunked" in c.headers.get("transfer-encoding", ""):
                     raise UpstreamError(c.error or "the engine closed the connection before the end of its answer")
                 return  # an answer delimited by the connection's end
-            await c.wait()
+            if idle_s > 0:
+                try:
+                    await asyncio.wait_for(c.wait(), idle_s)
+                except asyncio.TimeoutError:
+                    raise UpstreamError(f"nothing came from upstream for {idle_s:g} s mid-answer") from None
+            else:
+                await c.wait()
 
     async def read(self) -> bytes:
         return b"".join([part async for part in self.chunks()])
