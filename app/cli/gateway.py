@@ -20,6 +20,9 @@ from app.backend import oplog
 
 from app.backend.config import env
 from app.backend.engine.client import base_url
+from app.backend.fleet import fleetfile
+from app.backend.fleet.front import FrontSource, make_front
+from app.backend.fleet.source import FleetSource
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.proxy import Limits
 from app.backend.gateway.engine_status import EngineStatusSource, PipeSource, ProbeSource
@@ -103,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
         engine = PipeSource(sys.stdin.buffer, panel_gone, args.engine_url or "http://127.0.0.1:8000")
         where = "the panel's engine"
+        front_dir = state_dir
     else:
         settings = cli_settings(args)
         oplog.configure(settings.ensure_state_dir())
@@ -111,8 +115,19 @@ def run(args: argparse.Namespace) -> int:
         probe = ProbeSource(args.engine_url or base_url(settings.recipe, settings.data_dir),
                             settings.recipe.model.served_name)
         engine, where = probe, probe.base_url
+        front_dir = settings.ensure_state_dir()
+    fleet = None
+    if fleetfile.load(front_dir) is not None:
+        # a fleet's front (docs/fleet.md): the same gateway, its upstream the router; the panel's status lines
+        # still come (EOF: the panel is gone) but the fleet's boxes say whether it serves
+        fleet = FleetSource(lambda: fleetfile.load(front_dir))
+        engine = FrontSource(fleet, engine) if piped else fleet
+        where = f"the fleet's router ({fleet.status().base_url})"
+    fleet_key = (fleetfile.load(front_dir) or fleetfile.FleetConfig("")).fleet_key
     try:
         server = GatewayServer(config_from(args, base), keys, engine, report=reporter)
+        if fleet is not None:
+            make_front(server, fleet, fleet_key)
     except (GatewayConfigError, ValueError) as exc:
         print(f"moet-panel: {exc}", file=sys.stderr)
         keys.close()

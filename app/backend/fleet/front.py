@@ -9,6 +9,7 @@ from pathlib import Path
 
 from app.backend.fleet import fleetfile
 from app.backend.fleet.source import FleetSource
+from app.backend.gateway.engine_status import EngineStatus, EngineStatusSource
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.server import GatewayConfig, GatewayServer
 
@@ -32,3 +33,23 @@ def front_server(cfg: GatewayConfig, keys: KeyStore, state_dir: Path) -> Gateway
     server = GatewayServer(cfg, keys, source)
     make_front(server, source, fleet.fleet_key)
     return server
+
+
+class FrontSource:
+    """The panel's front gateway process: the fleet's status (`FleetSource`), and the panel's status pipe kept
+    open for its EOF (the panel gone: the gateway stops, docs/gateway.md "How the panel runs it")."""
+
+    def __init__(self, fleet: FleetSource, pipe: EngineStatusSource) -> None:
+        self.fleet = fleet
+        self.pipe = pipe
+
+    def status(self) -> EngineStatus:
+        return self.fleet.status()
+
+    async def start(self) -> None:
+        await self.pipe.start()
+        await self.fleet.start()
+
+    async def stop(self) -> None:
+        await self.fleet.stop()
+        await self.pipe.stop()
