@@ -169,3 +169,19 @@ def test_fleet_rules_pass_promtool_and_their_unit_tests() -> None:
     r = subprocess.run(["promtool", "test", "rules", str(MONITORING / "tests" / "fleet-rules.test.yml")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_fleet_tab_exists_only_on_a_front_and_shows_each_box() -> None:
+    from types import SimpleNamespace
+
+    from app.backend.fleet.service import BoxFigures, BoxView, FleetView
+    from app.ui import fleet as tab
+
+    assert not tab.shown(SimpleNamespace(front=None))  # type: ignore[arg-type]
+    view = FleetView((BoxView(BoxStatus("b1", True, True, "m", 1, "ready", in_flight=2), True,
+                              BoxFigures(("quality",), 70.5, 96.0, 0.57)),
+                      BoxView(BoxStatus("b2", False, error="does not answer"), None)), router_pid=42, router_starts=2)
+    page = tab.fleet_html(view)
+    for text in ("b1", "serving", "healthy", "quality", "70.5 / 96.0 GiB", "57%", "b2", "does not answer",
+                 "not listed", "router pid 42"):
+        assert text in page, text

@@ -34,9 +34,10 @@ def fleet() -> Iterator[tuple[Fleet, Client]]:
         f.enter_front()  # this thread and what it starts: in the front's namespace, where clients reach it
         yield f, Client(f.front_url, key, timeout_s=40)
     finally:
-        for p in [f.tmp / "front.err", *(b.data / "simbox.err" for b in f.boxes)]:
-            if p.exists():
-                print(f"--- {p.name} (tail)\n{p.read_text()[-1500:]}")
+        for p in [f.tmp / "front" / ".moet-panel" / "panel.log", *(b.data / ".moet-panel" / "panel.log" for b in f.boxes)]:
+            if p.exists():  # the operator's logs of the run, for a failure's story
+                lines = [ln for ln in p.read_text().splitlines() if "action=key_" not in ln]
+                print(f"--- {p.parent.parent.name}/panel.log (tail)\n" + "\n".join(lines[-40:]))
         f.close()
 
 

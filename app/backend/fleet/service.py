@@ -20,9 +20,43 @@ VIEW_EVERY_S = 2.0
 
 
 @dataclass(frozen=True)
+class BoxFigures:
+    """From the box's panel /metrics (its `metrics_url`), when the fleet file gives one."""
+
+    profiles: tuple[str, ...] = ()  # the profile each live engine runs (moet_panel_engine_profile_info)
+    vram_used_gib: float | None = None  # over the box's GPUs (moet_panel_gpu_memory_used_bytes)
+    vram_total_gib: float | None = None
+    pool_coverage: float | None = None  # moet_panel_pool_coverage_ratio, 0-1
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class BoxView:
     box: BoxStatus
     router_healthy: bool | None  # None: the router does not list it
+    figures: BoxFigures = BoxFigures()
+
+
+def box_figures(metrics_url: str, token: str, timeout_s: float = 1.5) -> BoxFigures:
+    """The few figures the Fleet tab shows, read from a box's panel /metrics (Prometheus text)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if not metrics_url:
+        return BoxFigures()
+    try:
+        r = httpx.get(metrics_url, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=timeout_s)
+        r.raise_for_status()
+        fams = {f.name: f.samples for f in text_string_to_metric_families(r.text)}
+    except (httpx.HTTPError, ValueError) as exc:
+        return BoxFigures(error=f"its /metrics: {type(exc).__name__}")
+    gib = 2.0 ** 30
+    used = [s.value for s in fams.get("moet_panel_gpu_memory_used_bytes", [])]
+    total = [s.value for s in fams.get("moet_panel_gpu_memory_total_bytes", [])]
+    cov = [s.value for s in fams.get("moet_panel_pool_coverage_ratio", [])]
+    return BoxFigures(tuple(str(s.labels.get("profile", "")) for s in fams.get("moet_panel_engine_profile_info", [])),
+                      sum(used) / gib if used else None, sum(total) / gib if total else None,
+                      cov[0] if cov else None)
 
 
 @dataclass(frozen=True)
@@ -60,7 +94,9 @@ class FleetFront:
                 health = {str(w.get("url", "")).rstrip("/"): bool(w.get("is_healthy"))
                           for w in RouterAdmin(cfg).workers()}
                 self._view = FleetView(tuple(BoxView(status(b, cfg.fleet_key, timeout_s=1.5),
-                                                     health.get(b.url.rstrip("/"))) for b in cfg.boxes),
+                                                     health.get(b.url.rstrip("/")),
+                                                     box_figures(b.metrics_url, b.metrics_token))
+                                             for b in cfg.boxes),
                                        self.router.pid, self.router.starts)
             except Exception as exc:  # the view must keep going; said once per kind of error
                 oplog.caught("fleet", exc, "refreshing the fleet's view", traceback=True)

@@ -50,6 +50,7 @@ class FleetSource:
         self._client: httpx.AsyncClient | None = None
         self.checked_at = 0.0
         self._lost = asyncio.Event()  # set (then replaced) when a box that answered stops answering
+        self._misses: dict[str, int] = {}  # polls in a row each box did not answer
 
     def box_lost(self) -> asyncio.Event:
         """The proxy waits on this while a request has no answer headers yet (proxy.GatewayApp._request)."""
@@ -93,8 +94,9 @@ class FleetSource:
         results = await asyncio.gather(self._router(cfg), *(self._box(cfg, b.name, b.url) for b in cfg.boxes))
         routed = results[0] if isinstance(results[0], set) else None
         boxes = [r for r in results[1:] if isinstance(r, BoxStatus)]
-        was = {b.name for b in self.boxes if b.reachable}
-        gone = [b for b in boxes if b.name in was and not b.reachable]
+        # lost: twice in a row without an answer (a box busy switching can miss one 1.5 s poll on a loaded host)
+        gone = [b for b in boxes if not b.reachable and self._misses.get(b.name) == 1]
+        self._misses = {b.name: (0 if b.reachable else self._misses.get(b.name, 0) + 1) for b in boxes}
         if gone:
             await self._lose(cfg, gone)
             routed = (routed or set()) - {b.name for b in gone}
