@@ -235,12 +235,17 @@ class Fleet:
         libc.setns(self._root_ns, CLONE_NEWNET)
 
     def front_pids(self, needle: str) -> list[int]:
+        """The front's descendants whose command line holds `needle` (the router: the supervisor's child)."""
+        import psutil
+
+        if self.front is None:
+            return []
         out = []
-        for p in sh("ip", "netns", "pids", self.front_ns, check=False).stdout.split():
+        for child in psutil.Process(self.front.pid).children(recursive=True):
             try:
-                if needle in Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode():
-                    out.append(int(p))
-            except OSError:
+                if needle in " ".join(child.cmdline()):
+                    out.append(child.pid)
+            except psutil.Error:
                 continue
         return out
 
