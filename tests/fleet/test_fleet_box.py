@@ -166,7 +166,7 @@ def test_fleet_rules_pass_promtool_and_their_unit_tests() -> None:
     rules = MONITORING / "fleet-rules.yml"
     r = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
-    r = subprocess.run(["promtool", "test", "rules", str(MONITORING / "tests" / "fleet-rules.test.yml")],
+    r = subprocess.run(["promtool", "test", "rules", str(MONITORING / "fleet-tests" / "fleet-rules.test.yml")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
 
