@@ -226,6 +226,32 @@ class Fleet:
         self.front_url = str(d["listening"])
         read_until(self.front.stdout, "serving", 120, "the front")
 
+    def start_panel_front(self) -> None:
+        """The front as the panel runs it: `fleet serve` stopped, then `moet-panel serve --demo` on the same data dir
+        with its gateway switch left on (gateway.json): the panel supervises the router (a fleet file is there) and
+        its gateway process is the front. Its log: <tmp>/panel-front.log."""
+        import json as _json
+
+        if self.front is not None:
+            self.front.terminate()
+            self.front.wait(15)
+        data = self.tmp / "front"
+        (data / ".moet-panel" / "gateway.json").write_text(_json.dumps({"on": True, "port": FRONT_PORT}))
+        assert self.recipe is not None
+        log = open(self.tmp / "panel-front.log", "w")
+        env = {**self.env(data), "MOET_PANEL_GATEWAY_HOST": "127.0.0.1"}
+        self.front = subprocess.Popen(
+            ["ip", "netns", "exec", self.front_ns, sys.executable, "-m", "app.cli.main", "serve", "--port", "7860",
+             "--demo", "--recipe", str(self.recipe), "--data-dir", str(data)],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+        end = time.monotonic() + 120
+        while "moet-panel is running" not in (self.tmp / "panel-front.log").read_text():
+            if self.front.poll() is not None or time.monotonic() > end:
+                raise RuntimeError("the front's panel did not start:\n" + (self.tmp / "panel-front.log").read_text()[-3000:])
+            time.sleep(0.2)
+        self.front_url = f"http://127.0.0.1:{FRONT_PORT}"
+
     def enter_front(self) -> None:
         """This thread (and the threads and processes it starts from now on) in the front's namespace."""
         setns(f"/run/netns/{self.front_ns}")

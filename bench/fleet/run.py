@@ -156,14 +156,18 @@ def main() -> int:
         time.sleep(3)
 
         # usage at the front = the boxes' engine counters (everything so far went through the front)
-        engine_total = sum(b.command("tokens", "tokens")["tokens"] for b in f.boxes) - base_tokens
+        counted = [b.command("tokens", "tokens") for b in f.boxes]
+        engine_total = sum(d["tokens"] for d in counted) - base_tokens
+        boxes_gw = sum(d["gateway"] for d in counted)
         import json as _json
 
         time.sleep(1.5)  # the front writes usage once a second
         usage = _json.loads(f.cli("keys", "list", "--json").stdout)
         front_total = sum(k["completion_tokens"] for k in usage)
-        print(f"usage: front {front_total} completion tokens (all keys), boxes' engines {engine_total:.0f} "
-              f"(goal: equal) -> {'equal' if front_total == engine_total else 'DIFFERENT'}", flush=True)
+        print(f"usage: front {front_total} completion tokens (all keys); the boxes' gateways billed the fleet key "
+              f"{boxes_gw}; the boxes' engines generated {engine_total:.0f} (the difference: the engines' own "
+              f"1-token canaries while idle, engine/canary.py) -> front {'=' if front_total == boxes_gw else '≠'} "
+              "boxes", flush=True)
 
         # a box switches profile while clients loop
         b1 = f.boxes[0]

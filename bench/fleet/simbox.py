@@ -101,7 +101,9 @@ def main() -> int:
                     s = ctl.snapshot()
                     say(switched=s.profile_id, ready=s.is_ready)
                 elif cmd[0] == "tokens":
-                    say(tokens=engine_tokens(ctl.snapshot().base_url or ""))
+                    keys.flush()
+                    front = next((i.usage.completion_tokens for i in keys.infos() if i.name == "front"), 0)
+                    say(tokens=engine_tokens(ctl.snapshot().base_url or ""), gateway=front)
                 elif cmd[0] == "quit":
                     break
     finally:

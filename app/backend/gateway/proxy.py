@@ -428,6 +428,13 @@ class GatewayApp:
                 return
             self._in_flight(+1)
             counted = True
+            now = self.engine.status()
+            if not now.accepts:  # a drain began between the check and the count: it may not have seen this one
+                self.note_refusal("not_ready", 503, route, rec.name, f"engine not ready: {now.state}")
+                status, error, refused = 503, f"engine not ready: {now.state}", True
+                await self._reply(send, 503, f"the model is not available: {now.reason}", "service_unavailable",
+                                  retry_after(now))
+                return
             self._running[id(run)] = run
             status, error = await self._guarded(
                 self._forward(send, path, method, headers, body, strip_usage, engine, trace, run), receive, send, trace,
@@ -619,7 +626,7 @@ class GatewayApp:
         assert self._upstream is not None
         if self.box_lost is None:
             return await self._upstream.request(base_url, method, path, headers, body)
-        while True:
+        for attempt in range(8):
             lost = asyncio.ensure_future(self.box_lost().wait())
             asked = asyncio.ensure_future(self._upstream.request(base_url, method, path, headers, body))
             try:
@@ -628,9 +635,20 @@ class GatewayApp:
                 lost.cancel()
                 if not asked.done():
                     asked.cancel()  # its connection closes: a box still alive aborts the request
-            if not asked.cancelled():
-                return asked.result()
-            oplog.decision("gateway", "resent_after_box_lost", who=oplog.PANEL, route=f"{method} {path}")
+            if asked.cancelled():
+                oplog.decision("gateway", "resent_after_box_lost", who=oplog.PANEL, route=f"{method} {path}")
+                continue
+            resp = asked.result()
+            # the router answers 500 itself for the requests it held on a box taken out of it (its own retries
+            # cover the boxes' 5xx): sent again, twice at most, as nothing reached the client
+            if resp.status_code in (500, 502) and attempt < 2:
+                resp.close()
+                oplog.decision("gateway", "resent_after_router_error", who=oplog.PANEL, status=resp.status_code,
+                               route=f"{method} {path}")
+                await asyncio.sleep(0.1)
+                continue
+            return resp
+        raise UpstreamError("the fleet kept losing the boxes this request was sent to")
 
     def _key_of(self, run: _Running) -> str:
         return run.key_hash  # the fair queue's turns are per key (its hash: the same for every request of it)
