@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 from dataclasses import replace
 import sys
 import threading
@@ -179,6 +180,13 @@ def _serve(args: argparse.Namespace, state_dir: Path) -> int:
         keys.close()
         return 2
     server.app.who = oplog.CLI
+
+    def stop_on_sigterm(signum: int, frame: object) -> None:
+        # uvicorn re-raises the SIGTERM it caught once it has stopped: end by the `finally` below (the router
+        # stopped in order), not by the default handler
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     sup.start()
     print(json.dumps({"listening": server.url, "port": server.port}), flush=True)
     threading.Thread(target=_say_serving, args=(server, state_dir), name="front-serving", daemon=True).start()

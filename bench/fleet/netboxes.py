@@ -260,6 +260,14 @@ class Fleet:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.setns(self._root_ns, CLONE_NEWNET)
 
+    def router_pid(self) -> int | None:
+        """The router the front runs now: the pid of the operator's log's last router_started/_restarted line."""
+        import re
+
+        log = self.tmp / "front" / ".moet-panel" / "panel.log"
+        found = re.findall(r"action=router_(?:started|restarted) \S+ pid=(\d+)", log.read_text() if log.exists() else "")
+        return int(found[-1]) if found else None
+
     def front_pids(self, needle: str) -> list[int]:
         """The front's descendants whose command line holds `needle` (the router: the supervisor's child)."""
         import psutil

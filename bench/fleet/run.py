@@ -201,14 +201,15 @@ def main() -> int:
             time.sleep(4)  # the box back in the router's rotation
 
         # the router killed: the front's supervisor restarts it
-        pids = f.front_pids("vllm-router")
+        pid = f.router_pid()
+        pids = [pid] if pid else []
         t = time.monotonic()
         for p in pids:
             os.kill(p, 9)
         back = None
         while time.monotonic() - t < 60:
             r = c.ask(4)
-            if r.ok:
+            if r.ok and f.router_pid() != pid:
                 back = time.monotonic() - t
                 break
             time.sleep(0.1)

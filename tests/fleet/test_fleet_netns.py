@@ -34,6 +34,9 @@ def fleet() -> Iterator[tuple[Fleet, Client]]:
         f.enter_front()  # this thread and what it starts: in the front's namespace, where clients reach it
         yield f, Client(f.front_url, key, timeout_s=40)
     finally:
+        router_log = f.tmp / "front" / ".moet-panel" / "router.log"
+        if router_log.exists():
+            print("--- router.log (tail)\n" + router_log.read_text(errors="replace")[-2500:])
         for p in [f.tmp / "front" / ".moet-panel" / "panel.log", *(b.data / ".moet-panel" / "panel.log" for b in f.boxes)]:
             if p.exists():  # the operator's logs of the run, for a failure's story
                 lines = [ln for ln in p.read_text().splitlines() if "action=key_" not in ln]
@@ -194,12 +197,12 @@ def test_the_panel_as_front_supervises_the_router_and_serves_again_after_it_is_k
     wait_for(lambda: c.ask(4).ok, 90, "the panel's gateway serving as the fleet's front", interval=0.5)
     log = f.tmp / "front" / ".moet-panel" / "panel.log"
     assert "action=router_started who=panel" in log.read_text()
-    pids = f.front_pids("vllm-router")
-    assert len(pids) == 1, pids
-    os.kill(pids[0], signal.SIGKILL)
+    pid = f.router_pid()
+    assert pid is not None and "vllm-router" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    os.kill(pid, signal.SIGKILL)
     t = time.monotonic()
-    wait_for(lambda: c.ask(4).ok and f.front_pids("vllm-router") != pids, 30,
-             "the front serving again after the router was killed", interval=0.1)
+    wait_for(lambda: f.router_pid() != pid and c.ask(4).ok, 30, "the front serving again after the router was killed",
+             interval=0.1)
     print(f"router killed: serving again after {time.monotonic() - t:.2f} s")
     text = log.read_text()
     assert "action=router_exited" in text and "action=router_restarted" in text, text[-2000:]

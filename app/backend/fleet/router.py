@@ -65,6 +65,16 @@ def box_healthy(url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def _die_with_parent() -> None:
+    """In the router's child, before exec: SIGTERM when the thread that started it ends (the panel or `fleet
+    serve` killed, even with SIGKILL): a router left behind would hold its ports and serve the old worker list
+    (seen: the next front's router failed with "Address already in use")."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class RouterAdmin:
     """The router's admin routes, on loopback (the CLI's `fleet add|remove` and the supervisor use them)."""
 
@@ -139,7 +149,8 @@ class RouterSupervisor:
         try:
             # own session: a terminal's Ctrl-C reaches the panel, which stops the router in order
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env={**os.environ, "RUST_LOG_STYLE": "never"})
+                                    start_new_session=True, env={**os.environ, "RUST_LOG_STYLE": "never"},
+                                    preexec_fn=_die_with_parent)
         finally:
             log.close()
         self.starts += 1
