@@ -198,7 +198,8 @@ def test_the_panel_as_front_supervises_the_router_and_serves_again_after_it_is_k
     log = f.tmp / "front" / ".moet-panel" / "panel.log"
     assert "action=router_started who=panel" in log.read_text()
     pid = f.router_pid()
-    assert pid is not None and "vllm-router" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    # its title, once serving: "vllm::router" (setproctitle)
+    assert pid is not None and "router" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
     os.kill(pid, signal.SIGKILL)
     t = time.monotonic()
     wait_for(lambda: f.router_pid() != pid and c.ask(4).ok, 30, "the front serving again after the router was killed",
