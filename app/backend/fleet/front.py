@@ -14,6 +14,9 @@ from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.server import GatewayConfig, GatewayServer
 
 UPSTREAM_IDLE_S = 10.0  # a box streams a token every few ms to a second; 10 s of nothing mid-answer: it is gone
+# before the first byte after the headers: a queue ahead of it on the box, or a long prefill (seen: 10 s waits
+# under 6 clients on one box of one slot, ended by the idle bound though nothing was wrong)
+UPSTREAM_FIRST_S = 30.0
 
 
 def make_front(server: GatewayServer, source: FleetSource, fleet_key: str) -> None:
@@ -22,6 +25,7 @@ def make_front(server: GatewayServer, source: FleetSource, fleet_key: str) -> No
     app.models_answer = source.models_body
     # a box cut off or frozen mid-answer: TCP would hold the stream for minutes (docs/fleet.md#faults)
     app.upstream_idle_s = UPSTREAM_IDLE_S
+    app.upstream_first_s = UPSTREAM_FIRST_S
     app.box_lost = source.box_lost
 
 

@@ -144,6 +144,7 @@ class GatewayApp:
         self.upstream_headers: dict[str, str] = {}
         self.models_answer: Callable[[], bytes] | None = None
         self.upstream_idle_s = 0.0  # a front: a stream whose box went silent this long ends with an error event
+        self.upstream_first_s = 0.0  # ... and before its first byte (0: the same bound)
         # a front: an event set when a box is lost (cut off, frozen); requests still waiting for their answer's
         # headers are then sent again (nothing reached their client; the router no longer lists that box)
         self.box_lost: Callable[[], asyncio.Event] | None = None
@@ -689,7 +690,7 @@ class GatewayApp:
         await self._start(resp, send, trace, True)
         buf = b""
         cap = self.limits.capture_cap_bytes if self.limits.capture_bodies else 0
-        async for chunk in resp.chunks(self.upstream_idle_s):
+        async for chunk in resp.chunks(self.upstream_idle_s, self.upstream_first_s):
             buf += chunk
             if b"\n\n" not in buf:
                 continue
