@@ -65,6 +65,13 @@ def box_healthy(url: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def router_env() -> dict[str, str]:
+    """What the router needs to run, nothing more (no tokens, no panel settings), as for the gateway's child."""
+    from app.backend.config import env
+
+    return {**env.inherited(("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "VIRTUAL_ENV")), "NO_COLOR": "1"}
+
+
 def _die_with_parent() -> None:
     """In the router's child, before exec: SIGTERM when the thread that started it ends (the panel or `fleet
     serve` killed, even with SIGKILL): a router left behind would hold its ports and serve the old worker list
@@ -149,7 +156,7 @@ class RouterSupervisor:
         try:
             # own session: a terminal's Ctrl-C reaches the panel, which stops the router in order
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env={**os.environ, "RUST_LOG_STYLE": "never"},
+                                    start_new_session=True, env=router_env(),
                                     preexec_fn=_die_with_parent)
         finally:
             log.close()
