@@ -609,6 +609,9 @@ class GatewayApp:
                 try:
                     await self._pump(resp, send, trace, strip_usage, run)
                 except UpstreamError as exc:  # a fleet's box went silent mid-answer: an error event, not a hang
+                    if trace.done:  # the whole answer went out; only the end of the router's answer was missing
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                        return status, ""
                     event = b"data: " + _error_body(502, f"the box answering stopped ({exc}); retry", "api_error")
                     await send({"type": "http.response.body", "body": event + b"\n\n", "more_body": False})
                     return 502, "upstream went silent mid-answer"
@@ -715,6 +718,8 @@ class GatewayApp:
                 run.sending_since = time.monotonic()
                 await send({"type": "http.response.body", "body": data, "more_body": True})
                 run.sending_since = 0.0
+            if trace.done and self.upstream_idle_s:
+                break  # a fleet's front: [DONE] came; the router may hold the end of its answer back (docs/fleet.md)
         trace.done = True
         await send({"type": "http.response.body", "body": buf, "more_body": False})
 
