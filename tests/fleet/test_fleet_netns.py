@@ -138,19 +138,13 @@ def back_in_router(f: Fleet) -> None:
     wait_for(lambda: healthy_in_router(f) == 3, 30, "every box back in the router's rotation", interval=0.2)
 
 
-def test_a_box_switching_profile_while_a_client_loops_is_left_out_and_hangs_nobody(fleet: tuple[Fleet, Client]) -> None:
-    """The switching box drains (its answers finish) and leaves the router's rotation; the others serve. The issue's
-    goal is 0 refused and 0 cut: not met yet — about 1 request in 20-30 through the router stalls after its headers
-    around the switch and is ended by the front's silent-stream cut (docs/fleet.md#not-done-yet). Asserted here:
-    nothing is cut by the drain, nothing hangs, and the failures are that one clear error."""
+def test_a_box_switching_profile_while_a_client_loops_refuses_and_cuts_nothing(fleet: tuple[Fleet, Client]) -> None:
+    """The switching box drains (its answers finish) and leaves the router's rotation; the others serve."""
     f, c = fleet
     rs = loop(c, 10, 3, lambda: f.boxes[0].command("switch balanced", "switched"))
     print(f"switch under a looping client: {summary(rs)}")
     assert len(rs) > 10
-    failed = [r for r in rs if not r.ok]
-    assert len(failed) <= max(2, len(rs) // 10), summary(rs)
-    assert all("the box answering stopped" in r.error or r.status == 503 for r in failed), summary(rs)
-    assert max(r.end - r.start for r in rs) <= 15, "a request hung during the switch"
+    assert all(r.ok for r in rs), summary(rs)
     back_in_router(f)
 
 
