@@ -28,6 +28,7 @@ INVOCATIONS: dict[str, list[str]] = {
     "selftest": ["selftest", "--profile", "quality"],
     "abtest": ["abtest", "list"],
     "keys": ["keys", "list"],
+    "fleet": ["fleet", "list"],
     "gateway": ["gateway", "--port", "0"],
     "service": ["service", "install", "--user", "--print"],
     "logs": ["logs", "--panel"],

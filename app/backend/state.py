@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # types only: the service packages import settings, never thi
     from app.backend.download.manager import DownloadManager
     from app.backend.engine.controller import EngineController
     from app.backend.engine.fleet import Fleet
+    from app.backend.fleet.service import FleetFront
     from app.backend.gateway.service import GatewayService
     from app.backend.selftest.runner import SelfTestService
     from app.backend.alerts.delivery import AlertService
@@ -42,6 +43,7 @@ class AppState:
     selftest: SelfTestService | None = None
     abtest: ABRunService | None = None
     gateway: GatewayService | None = None  # the API gateway (off until switched on; docs/gateway.md)
+    front: FleetFront | None = None  # a fleet's front: the router and the fleet's view (docs/fleet.md); else None
     gpu: GpuReader | None = None  # the one GPU reader, shared by the engine and telemetry
     notifier: Notifier | None = None  # alerts to a person (Apprise), docs/engine.md "Telling a person"
     alerting: AlertService | None = None
@@ -183,6 +185,12 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     state.on_close(publisher.close)
     state.on_close(gateway.close)
     gateway.restore()
+    # A fleet's front (a fleet file in the state dir, docs/fleet.md): vLLM's router, supervised; none otherwise
+    from app.backend.fleet.service import start_front
+
+    state.front = start_front(settings.ensure_state_dir())
+    if state.front is not None:
+        state.on_close(state.front.close)
     # Alerts to a person: woken by the engine's change events, sent on the notifier's own thread.
     from app.backend.alerts.delivery import AlertService
     from app.backend.service.config import ServiceConfigStore, effective_notify_urls

@@ -25,6 +25,9 @@ from app.backend.config import env
 from app.backend.config.settings import Settings
 from app.backend.engine.answers import AnswersPublisher
 from app.backend.engine.client import base_url
+from app.backend.fleet import fleetfile
+from app.backend.fleet.front import FrontSource, make_front
+from app.backend.fleet.source import FleetSource
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.leftout import LeftOutNotes
 from app.backend.gateway.proxy import GatewayApp, Limits
@@ -114,9 +117,16 @@ def _run_piped(args: argparse.Namespace) -> int:
         last.daemon = True  # a clean shutdown before it exits 0 at once
         last.start()
 
-    engine = PipeSource(sys.stdin.buffer, panel_gone, args.engine_url or "http://127.0.0.1:8000")
+    engine: EngineStatusSource = PipeSource(sys.stdin.buffer, panel_gone, args.engine_url or "http://127.0.0.1:8000")
+    fleet = _fleet_of(state_dir)
+    if fleet is not None:
+        # a fleet's front (docs/fleet.md): the same gateway, its upstream the router; the panel's status lines
+        # still come (EOF: the panel is gone) but the fleet's boxes say whether it serves
+        engine = FrontSource(fleet, engine)
     try:
         server = GatewayServer(config_from(args), keys, engine, report=reporter)
+        if fleet is not None:
+            make_front(server, fleet, _fleet_key(state_dir))
     except (GatewayConfigError, ValueError) as exc:
         print(f"moet-panel: {exc}", file=sys.stderr)
         keys.close()
@@ -142,7 +152,10 @@ def _run_standalone(args: argparse.Namespace) -> int:
     base = limits_for_recipe(settings.recipe)
     box: ObservedBox | None = None
     engine: EngineStatusSource
-    if args.engine_url:  # an engine the panel does not manage: nothing to observe but its answers
+    fleet = _fleet_of(state_dir)
+    if fleet is not None:  # a fleet's front (docs/fleet.md): its upstream the router, the boxes say if it serves
+        engine, where = fleet, f"the fleet's router ({fleet.status().base_url})"
+    elif args.engine_url:  # an engine the panel does not manage: nothing to observe but its answers
         probe = ProbeSource(args.engine_url, settings.recipe.model.served_name)
         engine, where = probe, f"{probe.base_url} (probed; an engine this data dir does not run: no drains)"
     else:
@@ -155,6 +168,8 @@ def _run_standalone(args: argparse.Namespace) -> int:
         # every change of its count is published at once (the report hook), so a drain that starts now waits for it
         server = GatewayServer(config_from(args, base), keys, engine,
                                report=(lambda _msg: publisher.poke()) if publisher is not None else None)
+        if fleet is not None:
+            make_front(server, fleet, _fleet_key(state_dir))
     except (GatewayConfigError, ValueError) as exc:
         print(f"moet-panel: {exc}", file=sys.stderr)
         keys.close()
@@ -177,6 +192,15 @@ def _run_standalone(args: argparse.Namespace) -> int:
             box.close()
         keys.close()
     return 0
+
+
+def _fleet_of(state_dir: Path) -> FleetSource | None:
+    """The fleet's boxes when this data dir holds a fleet file (this gateway is then the fleet's front), else None."""
+    return FleetSource(lambda: fleetfile.load(state_dir)) if fleetfile.load(state_dir) is not None else None
+
+
+def _fleet_key(state_dir: Path) -> str:
+    return (fleetfile.load(state_dir) or fleetfile.FleetConfig("")).fleet_key
 
 
 class _Answers:

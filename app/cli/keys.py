@@ -1,5 +1,5 @@
-"""`moet-panel keys create NAME [--expires-days N] [--scope inference|metrics] [--max-tokens N] | set NAME
---max-tokens N | revoke NAME | list`: the API gateway's keys.
+"""`moet-panel keys create NAME [--expires-days N] [--scope inference|metrics|fleet] [--key-stdin] [--max-tokens N]
+| set NAME --max-tokens N | revoke NAME | list`: the API gateway's keys.
 
 The key is printed once, at creation (JSON field `key` with --json); only its SHA-256 is stored, in
 `<data-dir>/.moet-panel/gateway.sqlite` (0600). docs/gateway.md#keys.
@@ -26,7 +26,10 @@ def register(subs: argparse._SubParsersAction) -> None:
     c.add_argument("name", help="1-64 letters, digits, '.', '_' or '-'")
     c.add_argument("--expires-days", type=float, metavar="N", help="the key stops working after N days")
     c.add_argument("--scope", choices=SCOPES, default=DEFAULT_SCOPE, help="inference: the gateway (default); "
-                   "metrics: the panel's /metrics for Prometheus when the panel has a login (docs/metrics.md#access)")
+                   "metrics: the panel's /metrics for Prometheus when the panel has a login (docs/metrics.md#access); "
+                   "fleet: a fleet's front (this box then serves the front alone; docs/fleet.md#trust)")
+    c.add_argument("--key-stdin", action="store_true", help="accept the key read from stdin (the fleet key the "
+                   "front printed: `moet-panel fleet key`) instead of making a new one")
     c.add_argument("--max-tokens", type=int, metavar="N", help="this key's max_tokens cap a request (default: the "
                    "gateway's --max-tokens)")
     st = ks.add_parser("set", help="change a key's own caps (a running gateway applies them within a second)")
@@ -56,9 +59,13 @@ def run(args: argparse.Namespace) -> int:
     store = KeyStore(cli_settings(args).ensure_state_dir())
     try:
         if args.keys_cmd == "create":
+            given = sys.stdin.readline().strip() if getattr(args, "key_stdin", False) else None
             created = store.create(args.name, args.expires_days, scope=getattr(args, "scope", DEFAULT_SCOPE),
-                                   who=oplog.CLI, max_tokens=getattr(args, "max_tokens", None))
-            if args.json:
+                                   who=oplog.CLI, max_tokens=getattr(args, "max_tokens", None), key=given)
+            if given is not None:
+                print(f"key {created.name!r} ({created.scope}) accepted" + (
+                    "; this box now serves its fleet's front only" if created.scope == "fleet" else ""))
+            elif args.json:
                 print(json.dumps({"name": created.name, "key": created.key, "scope": created.scope,
                                   "expires": created.expires}))
             else:

@@ -29,6 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "selftest": ("app.cli.selftest", "measure the running profile against the card (decode, TTFT, needles)"),
     "abtest": ("app.cli.abtest", "blind A/B of two profiles on your own prompts (journalled, resumable)"),
     "gateway": ("app.cli.gateway", "serve the model to other machines: API keys, limits, usage (foreground)"),
+    "fleet": ("app.cli.fleet", "several boxes behind one endpoint: the boxes, the router, Prometheus (docs/fleet.md)"),
     "keys": ("app.cli.keys", "API keys of the gateway: create (shown once), revoke, list with usage"),
     "service": ("app.cli.service", "run the panel as a systemd service (install the unit)"),
     "logs": ("app.cli.logs", "the panel's operator log (decisions, restarts, alerts, caught errors)"),

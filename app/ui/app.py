@@ -41,6 +41,7 @@ TABS = [
     "app.ui.compare",
     "app.ui.access",
     "app.ui.service",
+    "app.ui.fleet",  # a fleet's front only (fleet.shown)
     "app.ui.chat",  # keep last
 ]
 
@@ -93,6 +94,8 @@ def build_ui(state: AppState) -> gr.Blocks:
             shell.tabs = tabs
             for name in TABS:
                 module = importlib.import_module(name)
+                if not getattr(module, "shown", lambda _state: True)(state):
+                    continue  # a tab only some panels have (the Fleet tab: a fleet's front)
                 tab_id = name.rsplit(".", 1)[-1]
                 shell.topic = tab_id  # the page feed's topic of what this tab registers (app.ui.shell)
                 with gr.Tab(module.TITLE, id=tab_id, elem_id=f"tab-{tab_id}"):

@@ -23,6 +23,8 @@ def test_every_tab_is_labelled_and_fits(shared_panel, browser, size) -> None:
     problems: dict[str, object] = {}
     for name in TABS:
         module = importlib.import_module(name)
+        if hasattr(module, "shown"):
+            continue  # a tab only some panels have (the Fleet tab: a fleet's front); not on this demo panel
         tab_id = name.rsplit(".", 1)[-1]
         button = page.locator(f"#tab-{tab_id}-button")
         if button.count():

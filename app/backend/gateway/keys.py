@@ -26,8 +26,10 @@ from app.backend.files.modes import create_private
 DB_NAME = "gateway.sqlite"
 KEY_PREFIX = "mpk-"  # recognisable in a leak scan; the rest is 43 characters of token_urlsafe(32)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-SCOPES = ("inference", "metrics")
+SCOPES = ("inference", "metrics", "fleet")
 DEFAULT_SCOPE = "inference"
+# a box behind a fleet's front (docs/fleet.md#trust): the front's key; a box holding an active one answers it alone
+FLEET_SCOPE = "fleet"
 ACTIVITY_KEEP = 1000  # rows of the activity table kept on disk
 MAX_TOKENS_LIMIT = 10_000_000  # a key's own max_tokens cap: a sanity bound (the gateway caps it at the context)
 
@@ -219,17 +221,23 @@ class KeyStore:
 
     # -- keys -------------------------------------------------------------------------------------
     def create(self, name: str, expires_days: float | None = None, scope: str = DEFAULT_SCOPE, *,
-               who: str = oplog.PANEL, panel_own: bool = False, max_tokens: int | None = None) -> CreatedKey:
-        """`panel_own`: the panel making its Chat tab's key (PANEL_CHAT_KEY, a name nobody else may take)."""
+               who: str = oplog.PANEL, panel_own: bool = False, max_tokens: int | None = None,
+               key: str | None = None) -> CreatedKey:
+        """`panel_own`: the panel making its Chat tab's key (PANEL_CHAT_KEY, a name nobody else may take).
+        `key`: a value made elsewhere to accept (the fleet's key, made by the front: every box must accept the
+        same one, as the router forwards the front's header unchanged; docs/fleet.md#trust); None: a new one."""
         check_name(name)
         if name == PANEL_CHAT_KEY and not panel_own:
             raise KeyStoreError(f"the name {name!r} is the panel's own (its Chat tab's key, docs/chat.md); pick another")
         _check_max_tokens(max_tokens)
+        if key is not None and not (key.startswith(KEY_PREFIX) and 40 <= len(key) <= 256 and key.isprintable()
+                                    and " " not in key):
+            raise KeyStoreError(f"a key to accept must be one a moet-panel made ({KEY_PREFIX}… , 40-256 characters)")
         if scope not in SCOPES:
             raise KeyStoreError(f"scope {scope!r} is not one of {', '.join(SCOPES)}")
         if expires_days is not None and not (0 < expires_days <= 3650):
             raise KeyStoreError(f"--expires-days {expires_days:g}: expected a number of days between 0 and 3650")
-        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        key = key if key is not None else KEY_PREFIX + secrets.token_urlsafe(32)
         now = time.time()
         expires = now + expires_days * 86400 if expires_days is not None else None
         with self._lock:
@@ -320,17 +328,24 @@ class KeyStore:
         rec = self._by_hash.get(digest)
         return rec if rec is not None and hmac.compare_digest(rec.hash, digest) else None
 
+    def fleet_member(self) -> bool:
+        """An active key of scope `fleet` is held: this box serves a fleet's front, and only it (docs/fleet.md)."""
+        self._refresh()
+        now = time.time()
+        return any(r.scope == FLEET_SCOPE and r.status(now) == "active" for r in self._by_hash.values())
+
     def still_active(self, digest: str) -> bool:
         """The key with this hash is still active (checked by the gateway for its running requests)."""
         self._refresh()
         rec = self._by_hash.get(digest)
         return rec is not None and rec.status() == "active"
 
-    def active_count(self, scope: str = DEFAULT_SCOPE, *, owners_only: bool = False) -> int:
+    def active_count(self, scope: str | tuple[str, ...] = DEFAULT_SCOPE, *, owners_only: bool = False) -> int:
         """`owners_only`: not counting the panel's own Chat tab key (PANEL_CHAT_KEY)."""
+        scopes = (scope,) if isinstance(scope, str) else scope
         now = time.time()
         with self._lock:
-            return sum(1 for r in self._records() if r.scope == scope and r.status(now) == "active"
+            return sum(1 for r in self._records() if r.scope in scopes and r.status(now) == "active"
                        and not (owners_only and r.name == PANEL_CHAT_KEY))
 
     def infos(self) -> list[KeyInfo]:

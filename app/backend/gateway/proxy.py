@@ -31,7 +31,8 @@ from app.backend.gateway.fairqueue import FairQueue, QueueFull, work
 from app.backend.gateway.routing import Chooser, LeastBusy, Target
 from app.backend.gateway.gwmetrics import REPORT_S, GatewayMetrics, RefusalLog
 from app.backend.gateway.inputs import Refused, check_json, check_length
-from app.backend.gateway.keys import DEFAULT_SCOPE, ActivityRecord, KeyRecord, KeyStore
+from app.backend.gateway import fleetside
+from app.backend.gateway.keys import DEFAULT_SCOPE, FLEET_SCOPE, ActivityRecord, KeyRecord, KeyStore
 from app.backend.gateway.engine_status import EngineStatus, EngineStatusSource
 from app.backend.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
@@ -160,6 +161,15 @@ class GatewayApp:
         self._refusals = RefusalLog()
         self._reported_at = 0.0
         self.who = oplog.PANEL  # who started it, for the operator's log (the CLI sets its own)
+        # a fleet's front (docs/fleet.md): headers sent upstream with every request (the fleet key, for the router
+        # to forward to the boxes), and the model list answered here (the router's fails while a box is down)
+        self.upstream_headers: dict[str, str] = {}
+        self.models_answer: Callable[[], bytes] | None = None
+        self.upstream_idle_s = 0.0  # a front: a stream whose box went silent this long ends with an error event
+        self.upstream_first_s = 0.0  # ... and before its first byte (0: the same bound)
+        # a front: an event set when a box is lost (cut off, frozen); requests still waiting for their answer's
+        # headers are then sent again (nothing reached their client; the router no longer lists that box)
+        self.box_lost: Callable[[], asyncio.Event] | None = None
 
     # -- lifespan ----------------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -323,6 +333,12 @@ class GatewayApp:
             *(headers or [])]})
         await send({"type": "http.response.body", "body": body})
 
+    @staticmethod
+    async def _json(send: Send, status: int, body: bytes) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
     def note_refusal(self, reason: str, status: int = 0, route: str = "-", key_name: str | None = None,
                      error: str = "") -> None:
         """A refused attempt: counted by reason, in the key's errors when a key is known, and in the activity
@@ -382,18 +398,23 @@ class GatewayApp:
             if not msg.get("more_body", False):
                 return b"".join(chunks)
 
-    def _identify(self, auth: str) -> tuple[KeyRecord | None, str, str]:
-        """(the active key, refusal reason, message) from an Authorization header."""
+    def _identify(self, auth: str, fleet_member: bool = False) -> tuple[KeyRecord | None, str, str]:
+        """(the active key, refusal reason, message) from an Authorization header. A fleet's box (it holds a
+        fleet key: fleetside.py) accepts that scope alone."""
         scheme, _, key = auth.partition(" ")
         key = key.strip()
-        rec = self.keys.authenticate(key, DEFAULT_SCOPE) if scheme.lower() == "bearer" else None
+        scope = FLEET_SCOPE if fleet_member else DEFAULT_SCOPE
+        rec = self.keys.authenticate(key, scope) if scheme.lower() == "bearer" else None
         if rec is not None:
             return rec, "", ""
+        if fleet_member and auth:
+            return None, "bad_key", ("this box serves its fleet's front only: send requests to the front's address "
+                                     "with your key there (docs/fleet.md)")
         if not auth:
             return None, "no_key", ("no API key: send `Authorization: Bearer <key>` (create one with `moet-panel "
                                     "keys create NAME`)")
         known = self.keys.identify(key) if scheme.lower() == "bearer" else None
-        if known is not None and known.scope == DEFAULT_SCOPE:
+        if known is not None and known.scope == scope:
             return known, "revoked_key", f"the API key {known.name!r} is {known.status()}"
         return None, "bad_key", "the API key is not valid (unknown, expired or revoked)"
 
@@ -401,7 +422,12 @@ class GatewayApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
-        allowed = ROUTES.get(path)
+        member = self.keys.fleet_member()  # a fleet's box: the front's key alone, and the health check
+        if member and path == fleetside.HEALTH_PATH and method == "GET":
+            code, data = fleetside.health(self.engine.status())
+            await self._json(send, code, data)
+            return
+        allowed = ROUTES.get(path) or ("GET" if member and path == fleetside.STATUS_PATH else None)
         close = [(b"connection", b"close")]  # a refused stranger's connection ends with the answer
         if allowed is None:
             self.metrics.refused("not_found")
@@ -410,7 +436,7 @@ class GatewayApp:
             return
         headers = {k.decode("latin-1").lower(): v for k, v in scope["headers"]}
         auth = headers.get("authorization", b"").decode("latin-1")
-        rec, why, message = self._identify(auth)
+        rec, why, message = self._identify(auth, member)
         route = f"{method} {path}"
         if why:
             self.note_refusal(why, 401, route, rec.name if rec is not None else None)
@@ -423,6 +449,12 @@ class GatewayApp:
             self.note_refusal("wrong_method", 405, route, rec.name)
             await self._reply(send, 405, f"{path} accepts {allowed} only", "invalid_request_error",
                               [(b"allow", allowed.encode())])
+            return
+        if path == fleetside.STATUS_PATH:
+            await self._json(send, 200, fleetside.status_body(self.engine.status(), self.metrics.in_flight))
+            return
+        if path == "/v1/models" and self.models_answer is not None:
+            await self._json(send, 200, self.models_answer())
             return
         wait = self._admit(rec.name)
         if wait is not None:
@@ -456,6 +488,13 @@ class GatewayApp:
                 return
             self._in_flight(+1)
             run.in_flight = True  # until the engine is done with it (_off_engine)
+            now = self.engine.status()
+            if not now.accepts:  # a drain began between the check and the count: it may not have seen this one
+                self.note_refusal("not_ready", 503, route, rec.name, f"engine not ready: {now.state}")
+                status, error, refused = 503, f"engine not ready: {now.state}", True
+                await self._reply(send, 503, f"the model is not available: {now.reason}", "service_unavailable",
+                                  retry_after(now))
+                return
             self._running[id(run)] = run
             if self.guard is not None:
                 conn = self.guard.connection(scope.get("client"))
@@ -633,7 +672,7 @@ class GatewayApp:
         mid-switch refuses nobody."""
         assert self._upstream is not None
         fwd_headers = {"content-type": "application/json",
-                       "accept": headers.get("accept", b"*/*").decode("latin-1")}
+                       "accept": headers.get("accept", b"*/*").decode("latin-1"), **self.upstream_headers}
         tried: list[str] = []
         while True:
             box = self.engine.status()
@@ -646,8 +685,8 @@ class GatewayApp:
             self._began(target)
             run.engine_since = time.monotonic()  # a non-streaming answer's headers come only at its end
             try:
-                resp = await self._upstream.request(target.base_url, method, path, fwd_headers,
-                                                    body if method == "POST" else b"")
+                resp = await self._request(target.base_url, method, path, fwd_headers,
+                                           body if method == "POST" else b"")
             except UpstreamError as exc:
                 self._ended(target)
                 tried.append(target.base_url)
@@ -678,8 +717,10 @@ class GatewayApp:
                 answer = Answer(answer_bound(cap))
                 await self._start(resp, send, trace, True)
                 writer = asyncio.ensure_future(self._deliver(answer, send, trace, run))
-                await self._read_stream(resp, answer, trace, strip_usage, run)
+                silent = await self._read_stream(resp, answer, trace, strip_usage, run)
                 rest: asyncio.Future[None] = writer
+                if silent:  # a fleet's box went silent mid-answer: the client gets an error event, not a hang
+                    return 502, silent, rest
             else:
                 data = await self._read_whole(resp, trace, run)
                 rest = asyncio.ensure_future(self._whole(resp, data, send, trace, run))
@@ -736,6 +777,36 @@ class GatewayApp:
             trace.usage_seen = True
         return m
 
+    async def _request(self, base_url: str, method: str, path: str, headers: dict[str, str],
+                       body: bytes) -> UpstreamResponse:
+        """The upstream's answer headers; on a fleet's front, asked again when a box is lost before they came."""
+        assert self._upstream is not None
+        if self.box_lost is None:
+            return await self._upstream.request(base_url, method, path, headers, body)
+        for attempt in range(8):
+            lost = asyncio.ensure_future(self.box_lost().wait())
+            asked = asyncio.ensure_future(self._upstream.request(base_url, method, path, headers, body))
+            try:
+                await asyncio.wait({asked, lost}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                lost.cancel()
+                if not asked.done():
+                    asked.cancel()  # its connection closes: a box still alive aborts the request
+            if asked.cancelled():
+                oplog.decision("gateway", "resent_after_box_lost", who=oplog.PANEL, route=f"{method} {path}")
+                continue
+            resp = asked.result()
+            # the router answers 500 itself for the requests it held on a box taken out of it (its own retries
+            # cover the boxes' 5xx): sent again, twice at most, as nothing reached the client
+            if resp.status_code in (500, 502) and attempt < 2:
+                resp.close()
+                oplog.decision("gateway", "resent_after_router_error", who=oplog.PANEL, status=resp.status_code,
+                               route=f"{method} {path}")
+                await asyncio.sleep(0.1)
+                continue
+            return resp
+        raise UpstreamError("the fleet kept losing the boxes this request was sent to")
+
     def _key_of(self, run: _Running) -> str:
         return run.key_hash  # the fair queue's turns are per key (its hash: the same for every request of it)
 
@@ -782,19 +853,23 @@ class GatewayApp:
         await self._acknowledged(run)
 
     async def _read_stream(self, resp: UpstreamResponse, answer: Answer, trace: _Trace, strip_usage: str,
-                           run: _Running) -> None:
+                           run: _Running) -> str:
         """The engine's events at the engine's speed into `answer` (usage read, and kept from the client where it
-        did not ask for it); the answer ends with the engine's, or with a 429 error event after a hold-cap cut."""
+        did not ask for it); the answer ends with the engine's, or with a 429 error event after a hold-cap cut, or
+        (a fleet's front) a 502 error event when the box answering went silent: then the error said, else ""."""
         buf = b""
         cap = self.limits.capture_bodies and self.limits.capture_cap_bytes
+        done_seen = False
+        silent = ""
         try:
-            async for chunk in resp.chunks():
+            async for chunk in resp.chunks(self.upstream_idle_s, self.upstream_first_s):
                 buf += chunk
                 if b"\n\n" not in buf:
                     continue
                 *events, buf = buf.split(b"\n\n")
                 out: list[bytes] = []
                 for ev in events:
+                    done_seen = done_seen or ev.startswith(b"data: [DONE]")
                     kept = self._event(ev, trace, strip_usage)
                     if kept is not None:
                         out.append(kept + b"\n\n")
@@ -805,12 +880,20 @@ class GatewayApp:
                     answer.put(data)
                     if answer.size > answer.limit:
                         await answer.room()  # far past what the cap makes: read the engine as the client reads
-        except UpstreamError:
-            if not run.held:
+                if done_seen and self.upstream_idle_s:
+                    break  # a fleet's front: [DONE] came; the router may hold the end of its answer back (docs/fleet.md)
+        except UpstreamError as exc:
+            if run.held:
+                buf = b"data: " + _error_body(429, self._held_message(), "rate_limit_error") + b"\n\ndata: [DONE]\n\n"
+            elif self.upstream_idle_s and not done_seen:  # a fleet's box went silent mid-answer (docs/fleet.md)
+                buf = b"data: " + _error_body(502, f"the box answering stopped ({exc}); retry", "api_error") + b"\n\n"
+                silent = "upstream went silent mid-answer"
+            elif not self.upstream_idle_s:
                 raise
-            buf = b"data: " + _error_body(429, self._held_message(), "rate_limit_error") + b"\n\ndata: [DONE]\n\n"
+            # else: the whole answer came; only the end of the router's answer was missing
         answer.put(buf)
         answer.finish()
+        return silent
 
     def _event(self, ev: bytes, trace: _Trace, strip_usage: str) -> bytes | None:
         """One SSE event from the engine: its counts read; what goes to the client (None: nothing)."""

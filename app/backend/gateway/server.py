@@ -23,7 +23,7 @@ import uvicorn
 
 from app.backend import oplog
 from app.backend.gateway.connguard import ConnGuard
-from app.backend.gateway.keys import KeyStore
+from app.backend.gateway.keys import DEFAULT_SCOPE, FLEET_SCOPE, KeyStore
 from app.backend.gateway.proxy import GatewayApp, Limits
 from app.backend.gateway.engine_status import EngineStatusSource
 
@@ -289,7 +289,8 @@ class GatewayServer:
 
     def __init__(self, cfg: GatewayConfig, keys: KeyStore, engine: EngineStatusSource,
                  report: Callable[[dict[str, object]], None] | None = None):
-        check_config(cfg, keys.active_count(owners_only=True))  # the panel's chat key opens nothing to others
+        # the panel's chat key opens nothing to others; a fleet key opens this box to its front
+        check_config(cfg, keys.active_count((DEFAULT_SCOPE, FLEET_SCOPE), owners_only=True))
         self.cfg = cfg
         self.fd_limit = raise_fd_limit()
         self.app = GatewayApp(keys, engine, cfg.limits, report=report)

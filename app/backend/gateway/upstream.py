@@ -147,11 +147,16 @@ class UpstreamResponse:
         self.headers = conn.headers
         self._closed = False
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives (chunked framing removed), everything available joined into one piece."""
+    async def chunks(self, idle_s: float = 0.0, first_s: float = 0.0) -> AsyncIterator[bytes]:
+        """The body as it arrives (chunked framing removed), everything available joined into one piece.
+        `idle_s` > 0: UpstreamError when nothing more arrives for that long (a fleet's front: the box behind the
+        router was cut off or frozen, and TCP alone would wait for minutes; docs/fleet.md#faults); `first_s`: the
+        bound before the first byte instead (a prefill or a queue ahead may take long; a silence mid-answer not)."""
         c = self._conn
+        got = False
         while True:
             if c.body:
+                got = True
                 yield c.take()
                 continue
             if c.complete:
@@ -160,7 +165,15 @@ class UpstreamResponse:
                 if "content-length" in c.headers or "chunked" in c.headers.get("transfer-encoding", ""):
                     raise UpstreamError(c.error or "the engine closed the connection before the end of its answer")
                 return  # an answer delimited by the connection's end
-            await c.wait()
+            if idle_s > 0:
+                bound = idle_s if got or not first_s else first_s
+                try:
+                    await asyncio.wait_for(c.wait(), bound)
+                except asyncio.TimeoutError:
+                    raise UpstreamError(f"nothing came from upstream for {bound:g} s "
+                                        f"{'mid-answer' if got else 'after its headers'}") from None
+            else:
+                await c.wait()
 
     async def read(self) -> bytes:
         return b"".join([part async for part in self.chunks()])

@@ -1,0 +1,115 @@
+"""The front's part of the panel (docs/fleet.md#what-runs-where): with a fleet file in its state dir, the panel
+runs vLLM's router on loopback (`RouterSupervisor`: started, restarted when it ends, stopped with the panel) and
+keeps the fleet's view for the Fleet tab (every box's status and the router's health, asked on a thread of its own
+every 2 s; the page reads the latest). The panel's gateway, on the same state dir, is the front by the same file
+(app/cli/gateway.py). No fleet file: none of this exists (one box alone, exactly as before)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.backend import oplog
+from app.backend.fleet import fleetfile
+from app.backend.fleet.boxes import BoxStatus, status
+from app.backend.fleet.router import RouterAdmin, RouterSupervisor
+
+VIEW_EVERY_S = 2.0
+
+
+@dataclass(frozen=True)
+class BoxFigures:
+    """From the box's panel /metrics (its `metrics_url`), when the fleet file gives one."""
+
+    profiles: tuple[str, ...] = ()  # the profile each live engine runs (moet_panel_engine_profile_info)
+    vram_used_gib: float | None = None  # over the box's GPUs (moet_panel_gpu_memory_used_bytes)
+    vram_total_gib: float | None = None
+    pool_coverage: float | None = None  # moet_panel_pool_coverage_ratio, 0-1
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class BoxView:
+    box: BoxStatus
+    router_healthy: bool | None  # None: the router does not list it
+    figures: BoxFigures = BoxFigures()
+
+
+def box_figures(metrics_url: str, token: str, timeout_s: float = 1.5) -> BoxFigures:
+    """The few figures the Fleet tab shows, read from a box's panel /metrics (Prometheus text)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if not metrics_url:
+        return BoxFigures()
+    try:
+        r = httpx.get(metrics_url, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=timeout_s)
+        r.raise_for_status()
+        fams = {f.name: f.samples for f in text_string_to_metric_families(r.text)}
+    except (httpx.HTTPError, ValueError) as exc:
+        return BoxFigures(error=f"its /metrics: {type(exc).__name__}")
+    gib = 2.0 ** 30
+    used = [s.value for s in fams.get("moet_panel_gpu_memory_used_bytes", [])]
+    total = [s.value for s in fams.get("moet_panel_gpu_memory_total_bytes", [])]
+    cov = [s.value for s in fams.get("moet_panel_pool_coverage_ratio", [])]
+    return BoxFigures(tuple(str(s.labels.get("profile", "")) for s in fams.get("moet_panel_engine_profile_info", [])),
+                      sum(used) / gib if used else None, sum(total) / gib if total else None,
+                      cov[0] if cov else None)
+
+
+@dataclass(frozen=True)
+class FleetView:
+    boxes: tuple[BoxView, ...] = ()
+    router_pid: int | None = None
+    router_starts: int = 0
+    taken_at: float = field(default_factory=time.time)
+
+
+class FleetFront:
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = Path(state_dir)
+        self.router = RouterSupervisor(self.state_dir, self.load)
+        self._view = FleetView()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="fleet-view", daemon=True)
+
+    def load(self) -> fleetfile.FleetConfig | None:
+        return fleetfile.load(self.state_dir)
+
+    def start(self) -> None:
+        self.router.start()
+        self._thread.start()
+
+    def view(self) -> FleetView:
+        return self._view
+
+    def _watch(self) -> None:
+        while not self._stop.wait(VIEW_EVERY_S):
+            cfg = self.load()
+            if cfg is None:
+                continue
+            try:
+                health = {str(w.get("url", "")).rstrip("/"): bool(w.get("is_healthy"))
+                          for w in RouterAdmin(cfg).workers()}
+                self._view = FleetView(tuple(BoxView(status(b, cfg.fleet_key, timeout_s=1.5),
+                                                     health.get(b.url.rstrip("/")),
+                                                     box_figures(b.metrics_url, b.metrics_token))
+                                             for b in cfg.boxes),
+                                       self.router.pid, self.router.starts)
+            except Exception as exc:  # the view must keep going; said once per kind of error
+                oplog.caught("fleet", exc, "refreshing the fleet's view", traceback=True)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.router.stop()
+
+
+def start_front(state_dir: Path) -> FleetFront | None:
+    """The front's parts when this panel's state dir holds a fleet file; None otherwise."""
+    if fleetfile.load(state_dir) is None:
+        return None
+    front = FleetFront(state_dir)
+    front.start()
+    return front

@@ -1,0 +1,118 @@
+"""One SIMULATED box of a fleet, run inside its own network namespace by tests/fleet and bench/fleet/run.py:
+
+    ip netns exec NS python -m bench.fleet.simbox --data DIR --host ADDR --port PORT --recipe FILE [--slots N]
+
+What a box's panel runs for its gateway, without the web page: the engine controller (the SIMULATED engine on the
+process runtime, a child of this process: it listens on its unix socket, so the namespace changes nothing for it),
+the gateway on the namespace's address with the panel's status of the engine (`SnapshotSource`) and its answers
+counted for the drain, and the fleet key read from stdin's first line (scope `fleet`: the box serves the front
+alone). Then one JSON line per event on stdout: {"ready": ...} once the engine serves; commands on stdin:
+`switch PROFILE`, `tokens` (the engine's own generation counter), `quit`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def say(**kw: object) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+def engine_tokens(base_url: str) -> float:
+    """vllm:generation_tokens_total of the engine (its /metrics over its socket)."""
+    from app.backend.engine.client import engine_client
+
+    total = 0.0
+    for line in engine_client(base_url).metrics().text.splitlines():
+        if line.startswith("vllm:generation_tokens_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--host", required=True)
+    ap.add_argument("--port", type=int, default=8001)
+    ap.add_argument("--recipe", required=True)
+    ap.add_argument("--profile", default="quality")
+    args = ap.parse_args()
+    os.environ["MOET_PANEL_GPU"] = "simulated"
+    fleet_key = sys.stdin.readline().strip()
+
+    from app.backend import oplog
+    from app.backend.config.settings import resolve_settings
+    from app.backend.engine import factory
+    from app.backend.engine.ops import ControllerOptions
+    from app.backend.engine.process_runtime import ProcessRuntime
+    from app.backend.gateway.engine_status import SnapshotSource
+    from app.backend.gateway.keys import KeyStore
+    from app.backend.gateway.proxy import Limits
+    from app.backend.gateway.server import GatewayConfig, GatewayServer, engine_slots_of
+    from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
+
+    # the process runtime, as a box without Docker runs it (factory.select_runtime would take this machine's
+    # Docker; the test's boxes must be processes of their namespace)
+    factory.select_runtime = lambda settings, allow_process=True: (ProcessRuntime(settings.state_dir), "")  # type: ignore[assignment]
+    settings = resolve_settings(args.recipe, Path(args.data), demo=True)
+    state_dir = settings.ensure_state_dir()
+    oplog.configure(state_dir)
+    reader = make_gpu_reader(settings)
+    ctl = factory.make_engine_controller(settings, reader, ControllerOptions(actor="CLI"), supervise=True)
+    follow_engine(reader, ctl)
+    keys = KeyStore(state_dir)
+    if fleet_key:
+        keys.create("front", scope="fleet", key=fleet_key, who=oplog.CLI)
+
+    def slots_for(pid: str) -> int:
+        return engine_slots_of(settings.recipe, next((p for p in settings.recipe.profiles if p.id == pid), None))
+
+    source = SnapshotSource(ctl.snapshot, "http://127.0.0.1:9", slots_for)
+    server = GatewayServer(GatewayConfig(host=args.host, port=args.port, insecure_http=True,
+                                         limits=Limits(rate_per_min=1e6, max_concurrent=256)), keys, source)
+    server.start()
+    if not server.wait_started(20):
+        say(error=f"gateway: {server.error}")
+        return 2
+    ctl.add_answer_counter(server.app)  # a switch's drain waits for the answers this gateway streams
+    t = ctl.start(args.profile)
+    t.wait(180)
+    snap = ctl.snapshot()
+    say(ready=snap.is_ready, url=server.url, pid=os.getpid(), base_url=snap.base_url or "")
+    lock = threading.Lock()
+    try:
+        for line in sys.stdin:
+            cmd = line.split()
+            if not cmd:
+                continue
+            with lock:
+                if cmd[0] == "switch":
+                    task = ctl.switch(cmd[1])
+                    task.wait(180)
+                    s = ctl.snapshot()
+                    say(switched=s.profile_id, ready=s.is_ready)
+                elif cmd[0] == "tokens":
+                    keys.flush()
+                    front = next((i.usage.completion_tokens for i in keys.infos() if i.name == "front"), 0)
+                    say(tokens=engine_tokens(ctl.snapshot().base_url or ""), gateway=front)
+                elif cmd[0] == "quit":
+                    break
+    finally:
+        server.stop()
+        ctl.stop().wait(60)
+        ctl.close()
+        keys.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

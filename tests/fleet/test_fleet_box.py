@@ -1,0 +1,187 @@
+"""A box behind a fleet's front, and the front's checks, on loopback (docs/fleet.md): the fleet key's scope, the
+unauthenticated health check, `moet-panel fleet add`'s refusals that change nothing, the front's allow-list
+against the router's admin routes, the fleet's status and its Prometheus configuration."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.backend.fleet import fleetfile
+from app.backend.fleet.boxes import BoxStatus
+from app.backend.fleet.fleetfile import FleetError
+from app.backend.fleet.front import make_front
+from app.backend.fleet.manage import add_box, remove_box
+from app.backend.fleet.promconfig import render
+from app.backend.fleet.source import fleet_status
+from app.backend.gateway.engine_status import EngineStatus
+from tests.gateway.conftest import FixedSource, Gw
+
+SERVING = EngineStatus(True, "http://127.0.0.1:9", "deepseek-v4-flash", state="ready", slots=4)
+DRAINING = EngineStatus(True, "http://127.0.0.1:9", "deepseek-v4-flash", "draining", "ready", draining=True)
+STOPPED = EngineStatus(False, "http://127.0.0.1:9", "", "stopped", "stopped")
+MONITORING = Path(__file__).resolve().parents[2] / "assets" / "monitoring"
+
+
+def box(make_gateway: Callable[..., Gw], status: EngineStatus = SERVING) -> tuple[Gw, FixedSource, str]:
+    src = FixedSource(status)
+    gw = make_gateway(source=src)
+    key = gw.keys.create("front", scope="fleet", key="mpk-" + "f" * 43).key
+    return gw, src, key
+
+
+def test_a_box_without_a_fleet_key_answers_as_before(make_gateway: Callable[..., Gw]) -> None:
+    gw = make_gateway(source=FixedSource(SERVING))
+    assert httpx.get(gw.url + "/health").status_code == 404
+    assert httpx.get(gw.url + "/fleet/status").status_code == 404
+    k = gw.key("owner")
+    assert httpx.get(gw.url + "/v1/models", headers={"Authorization": f"Bearer {k}"}).status_code != 401
+
+
+def test_a_fleet_box_answers_health_without_a_key_200_serving_503_draining_or_stopped(
+        make_gateway: Callable[..., Gw]) -> None:
+    gw, src, _ = box(make_gateway)
+    r = httpx.get(gw.url + "/health")
+    assert (r.status_code, r.json()) == (200, {"status": "serving"})
+    src.value = DRAINING
+    r = httpx.get(gw.url + "/health")
+    assert (r.status_code, r.json()) == (503, {"status": "draining"})
+    src.value = STOPPED
+    assert httpx.get(gw.url + "/health").status_code == 503
+
+
+def test_a_fleet_box_refuses_no_key_and_an_owners_inference_key_and_takes_the_fleet_key(
+        make_gateway: Callable[..., Gw]) -> None:
+    gw, _, fleet_key = box(make_gateway)
+    owner = gw.key("owner")  # made before or after the fleet key: refused all the same
+    for path in ("/v1/models", "/fleet/status"):
+        assert httpx.get(gw.url + path).status_code == 401
+        r = httpx.get(gw.url + path, headers={"Authorization": f"Bearer {owner}"})
+        assert r.status_code == 401 and "front" in r.json()["error"]["message"]
+    r = httpx.post(gw.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {owner}"},
+                   json={"model": "x", "messages": []})
+    assert r.status_code == 401
+    r = httpx.get(gw.url + "/fleet/status", headers={"Authorization": f"Bearer {fleet_key}"})
+    assert r.status_code == 200
+    assert r.json()["serving"] is True and r.json()["slots"] == 4 and r.json()["served_name"] == "deepseek-v4-flash"
+
+
+def _fleet(tmp: Path) -> fleetfile.FleetConfig:
+    return fleetfile.new_fleet(tmp, router_port=9, router_metrics_port=9)
+
+
+def test_fleet_add_refusals_name_the_cause_and_change_nothing(make_gateway: Callable[..., Gw], tmp_path: Path) -> None:
+    gw, src, _ = box(make_gateway)
+    cfg = _fleet(tmp_path)
+    before = (tmp_path / fleetfile.FILE_NAME).read_bytes()
+    with pytest.raises(FleetError, match="does not answer"):
+        add_box(tmp_path, "b1", "http://127.0.0.1:9")
+    with pytest.raises(FleetError, match="refused the fleet key"):
+        add_box(tmp_path, "b1", gw.url)  # the box holds another fleet key
+    assert (tmp_path / fleetfile.FILE_NAME).read_bytes() == before
+    gw.keys.create("front2", scope="fleet", key=cfg.fleet_key)
+    st, router = add_box(tmp_path, "b1", gw.url)
+    assert st.serving and "not running" in router  # no router here: it takes the box when the front starts
+    after = (tmp_path / fleetfile.FILE_NAME).read_bytes()
+    with pytest.raises(FleetError, match="named 'b1'"):
+        add_box(tmp_path, "b1", "http://127.0.0.1:10")
+    with pytest.raises(FleetError, match="is box 'b1'"):
+        add_box(tmp_path, "b2", gw.url)
+    src.value = EngineStatus(True, "http://127.0.0.1:9", "another-model", state="ready")
+    other = gw.url.replace("127.0.0.1", "localhost")  # the same box under another address: now serving another model
+    with pytest.raises(FleetError, match="serves 'another-model'"):
+        add_box(tmp_path, "b3", other)
+    with pytest.raises(FleetError, match="box name"):
+        add_box(tmp_path, "bad name", other)
+    with pytest.raises(FleetError, match="not a gateway address"):
+        add_box(tmp_path, "b4", "ftp://x/y")
+    assert (tmp_path / fleetfile.FILE_NAME).read_bytes() == after
+    assert [b.name for b in fleetfile.load(tmp_path).boxes] == ["b1"]  # type: ignore[union-attr]
+    remove_box(tmp_path, "b1")
+    assert fleetfile.load(tmp_path).boxes == ()  # type: ignore[union-attr]
+    with pytest.raises(FleetError, match="no box named"):
+        remove_box(tmp_path, "b1")
+
+
+def test_the_front_forwards_no_admin_route_of_the_router_whatever_the_path_trick(
+        make_gateway: Callable[..., Gw], tmp_path: Path) -> None:
+    """The front is the gateway with an allow-list: the router's admin routes (same port as its inference) and
+    every engine route stay 404, spelled any way."""
+    from app.backend.fleet.source import FleetSource
+
+    cfg = _fleet(tmp_path)
+    gw = make_gateway(source=FixedSource(SERVING))
+    make_front(gw.server, FleetSource(lambda: cfg), cfg.fleet_key)
+    k = gw.key("client")
+    auth = {"Authorization": f"Bearer {k}"}
+    tricks = ["/add_worker?url=http://evil:1", "/remove_worker?url=x", "/workers", "/list_workers",
+              "//add_worker", "/v1/../add_worker", "/v1/%2e%2e/add_worker", "/%61dd_worker", "/add_worker/",
+              "/v1/chat/completions/../../add_worker", "/ADD_WORKER", "/v1/models/../../workers", "/health",
+              "/metrics", "/get_load", "/flush_cache", "/v1/chat/completions/render"]
+    for path in tricks:
+        for method in ("GET", "POST", "DELETE"):
+            r = httpx.request(method, gw.url + path, headers=auth)
+            assert r.status_code == 404, (method, path, r.status_code)
+    with httpx.Client() as c:  # a raw absolute-form target
+        r = c.send(c.build_request("POST", gw.url + "/add_worker", headers=auth))
+        assert r.status_code == 404
+
+
+def test_the_fleets_status_sums_the_slots_of_serving_routed_boxes(tmp_path: Path) -> None:
+    cfg = _fleet(tmp_path)
+    boxes = [BoxStatus("a", True, True, "m", 2), BoxStatus("b", True, True, "m", 3),
+             BoxStatus("c", True, False, "m", 5, draining=True), BoxStatus("d", False, error="does not answer")]
+    st = fleet_status(cfg, boxes, True, {"a", "b", "c"})
+    assert st.accepts and st.slots == 5 and st.served_name == "m" and st.base_url == cfg.router_url
+    assert fleet_status(cfg, boxes, True, {"a"}).slots == 2  # b not (yet) healthy in the router
+    down = fleet_status(cfg, boxes, False, None)
+    assert not down.accepts and "router" in down.reason and down.retry_after_s > 0
+    none = fleet_status(cfg, boxes[2:], True, {"c"})
+    assert not none.accepts and "d: does not answer" in none.reason
+
+
+def test_prometheus_config_labels_every_box_and_scrapes_the_router_promtool_checks_it(tmp_path: Path) -> None:
+    cfg = _fleet(tmp_path)
+    cfg = fleetfile.with_box(cfg, fleetfile.Box("b1", "http://10.0.0.2:8001", "http://10.0.0.2:7860/metrics", "s3cr3t-metrics-token"))
+    cfg = fleetfile.with_box(cfg, fleetfile.Box("b2", "http://10.0.0.3:8001", "http://10.0.0.3:7860/metrics"))
+    out = tmp_path / "prometheus.yml"
+    out.write_text(render(cfg, rule_files=[str(MONITORING / "fleet-rules.yml")], token_dir=tmp_path))
+    r = subprocess.run(["promtool", "check", "config", str(out)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads("\n".join(line for line in out.read_text().splitlines() if not line.startswith("#")))
+    jobs = {j["job_name"]: j for j in doc["scrape_configs"]}
+    assert jobs["moet-panel-b1"]["static_configs"][0]["labels"] == {"box": "b1"}
+    assert jobs["moet-panel-b1"]["authorization"]["credentials_file"].endswith("fleet-b1.token")
+    assert "s3cr3t" not in out.read_text()  # the token in a 0600 file, not in the configuration
+    assert "authorization" not in jobs["moet-panel-b2"]
+    assert jobs["vllm-router"]["static_configs"][0]["targets"] == ["127.0.0.1:9"]
+
+
+def test_fleet_rules_pass_promtool_and_their_unit_tests() -> None:
+    rules = MONITORING / "fleet-rules.yml"
+    r = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run(["promtool", "test", "rules", str(MONITORING / "fleet-tests" / "fleet-rules.test.yml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_fleet_tab_exists_only_on_a_front_and_shows_each_box() -> None:
+    from types import SimpleNamespace
+
+    from app.backend.fleet.service import BoxFigures, BoxView, FleetView
+    from app.ui import fleet as tab
+
+    assert not tab.shown(SimpleNamespace(front=None))  # type: ignore[arg-type]
+    view = FleetView((BoxView(BoxStatus("b1", True, True, "m", 1, "ready", in_flight=2), True,
+                              BoxFigures(("quality",), 70.5, 96.0, 0.57)),
+                      BoxView(BoxStatus("b2", False, error="does not answer"), None)), router_pid=42, router_starts=2)
+    page = tab.fleet_html(view)
+    for text in ("b1", "serving", "healthy", "quality", "70.5 / 96.0 GiB", "57%", "b2", "does not answer",
+                 "not listed", "router pid 42"):
+        assert text in page, text

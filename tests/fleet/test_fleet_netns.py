@@ -1,0 +1,221 @@
+"""Three SIMULATED boxes, each in its own network namespace, behind the front (the real vllm-router and the
+moet-panel gateway) and driven by the real openai SDK (issue 51; bench/fleet/netboxes.py builds it all and removes
+it all, even on failure). Faults: a link cut, a gateway frozen (SIGSTOP), a lossy link, a box switching profile,
+the router killed. The figures are bench/fleet/run.py's; here each behaviour is asserted with generous deadlines."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.fleet.netboxes import Fleet, NamespacesUnavailable
+from bench.fleet.run import Client, Result, longest_gap, loop, summary
+from tests.polling import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[tuple[Fleet, Client]]:
+    f = Fleet(3, decode_tok_s=100)
+    try:
+        f.__enter__()
+    except NamespacesUnavailable as exc:
+        pytest.fail(f"this machine cannot run the fleet tests: {exc}", pytrace=False)
+    try:
+        f.start()
+        key = f.cli("keys", "create", "client").stdout.split()[0]
+        f.enter_front()  # this thread and what it starts: in the front's namespace, where clients reach it
+        yield f, Client(f.front_url, key, timeout_s=40)
+    finally:
+        router_log = f.tmp / "front" / ".moet-panel" / "router.log"
+        if router_log.exists():
+            print("--- router.log (tail)\n" + router_log.read_text(errors="replace")[-2500:])
+        for p in [f.tmp / "front" / ".moet-panel" / "panel.log", *(b.data / ".moet-panel" / "panel.log" for b in f.boxes)]:
+            if p.exists():  # the operator's logs of the run, for a failure's story
+                lines = [ln for ln in p.read_text().splitlines() if "action=key_" not in ln]
+                print(f"--- {p.parent.parent.name}/panel.log (tail)\n" + "\n".join(lines[-40:]))
+        f.close()
+
+
+def router_workers(f: Fleet) -> list[dict[str, object]]:
+    r = httpx.get("http://127.0.0.1:30100/workers", timeout=5)
+    return list(r.json()["workers"])
+
+
+def healthy_in_router(f: Fleet) -> int:
+    return sum(1 for w in router_workers(f) if w["is_healthy"])
+
+
+def test_three_boxes_answer_at_once_through_one_front(fleet: tuple[Fleet, Client]) -> None:
+    f, c = fleet
+    assert healthy_in_router(f) == 3
+    assert [m.id for m in c.sdk.models.list().data] == ["deepseek-v4-flash"]
+    res: list[Result] = []
+    ths = [threading.Thread(target=lambda: res.append(c.ask(40))) for _ in range(3)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    assert all(r.ok and r.tokens == 40 for r in res), summary(res)
+    metrics = httpx.get("http://127.0.0.1:29100/metrics", timeout=5).text
+    per_worker = [line for line in metrics.splitlines() if line.startswith("vllm_router_processed_requests_total{")]
+    assert len(per_worker) == 3, per_worker  # every box answered some
+
+
+def test_no_client_reaches_the_routers_admin_routes_through_the_front(fleet: tuple[Fleet, Client]) -> None:
+    f, c = fleet
+    auth = {"Authorization": f"Bearer {c.sdk.api_key}"}
+    for path in ("/add_worker?url=http://127.0.0.1:9", "/remove_worker?url=" + f.boxes[0].url, "//remove_worker",
+                 "/v1/../remove_worker", "/workers", "/v1/chat/completions/render", "/flush_cache"):
+        for method in ("GET", "POST", "DELETE"):
+            assert httpx.request(method, f.front_url + path, headers=auth, timeout=5).status_code == 404, (method, path)
+    assert healthy_in_router(f) == 3 and len(router_workers(f)) == 3
+    with pytest.raises(httpx.ConnectError):  # the router listens on the front's loopback only
+        httpx.get(f"http://10.{f.r}.1.1:30100/workers", timeout=3)
+
+
+def test_a_box_refuses_the_clients_key_and_no_key_and_answers_its_health_check(fleet: tuple[Fleet, Client]) -> None:
+    f, c = fleet
+    b = f.boxes[0]
+    assert httpx.get(b.url + "/health", timeout=5).status_code == 200
+    for headers in ({}, {"Authorization": f"Bearer {c.sdk.api_key}"}):
+        assert httpx.get(b.url + "/v1/models", headers=headers, timeout=5).status_code == 401
+
+
+def test_a_key_revoked_at_the_front_is_refused_within_a_second(fleet: tuple[Fleet, Client]) -> None:
+    f, c = fleet
+    k = f.cli("keys", "create", "short-lived").stdout.split()[0]
+    c2 = Client(f.front_url, k)
+    assert c2.ask(2).ok
+    f.cli("keys", "revoke", "short-lived")
+    t = time.monotonic()
+    wait_for(lambda: c2.ask(2).status == 401, 1.5, "the revoked key refused")
+    assert time.monotonic() - t <= 1.5
+
+
+def test_usage_at_the_front_is_the_sum_of_the_boxes_engine_counters(fleet: tuple[Fleet, Client]) -> None:
+    f, c = fleet
+
+    def front_tokens() -> int:
+        return sum(int(k["completion_tokens"]) for k in json.loads(f.cli("keys", "list", "--json").stdout))
+
+    def engines() -> float:
+        return sum(b.command("tokens", "tokens")["tokens"] for b in f.boxes)
+
+    front0, eng0 = front_tokens(), engines()
+    rs = [c.ask(n) for n in (7, 11, 13, 17, 19, 23)]
+    assert all(r.ok for r in rs), summary(rs)
+    assert sum(r.tokens for r in rs) == 90
+    wait_for(lambda: front_tokens() - front0 == 90, 10, "the front's usage written (once a second)")
+    assert engines() - eng0 == 90
+
+
+def faulted(f: Fleet, c: Client, on: Callable[[], object], off: Callable[[], object], hold_s: float = 8.0,
+            ) -> tuple[list[Result], float]:
+    mark = [0.0]
+
+    def during() -> None:
+        time.sleep(1.5)
+        mark[0] = time.monotonic()
+        on()
+        time.sleep(hold_s)
+
+    try:
+        rs = loop(c, 10, 3, during)
+    finally:
+        off()
+    return rs, mark[0]
+
+
+def served_but_the_known_stall(rs: list[Result]) -> None:
+    """Served, but for the one failure docs/fleet.md#not-done-yet names (about 1 stream in 30-50 through the router
+    goes silent mid-answer and is ended by the front's 10 s bound with its error event): at most 1 in 20, and only
+    that clear error; no 5xx, no hang, no cut."""
+    failed = [r for r in rs if not r.ok]
+    assert rs and len(failed) <= max(1, len(rs) // 20), summary(rs)
+    assert all("the box answering stopped" in r.error for r in failed), summary(rs)
+
+
+def back_in_router(f: Fleet) -> None:
+    wait_for(lambda: healthy_in_router(f) == 3, 30, "every box back in the router's rotation", interval=0.2)
+
+
+def test_a_box_switching_profile_while_a_client_loops_is_left_out_and_hangs_nobody(fleet: tuple[Fleet, Client]) -> None:
+    """The switching box drains (its answers finish) and leaves the router's rotation; the others serve. The issue's
+    goal is 0 refused and 0 cut: met in the final bench (28 requests) and in some runs of this test (90), not in all
+    (1 of 57: a stream silent mid-answer around the switch, ended by the front's 10 s bound; docs/fleet.md#not-done-yet).
+    Asserted: the drain cuts nothing, nothing hangs, and a failure is that one clear error, rarely."""
+    f, c = fleet
+    rs = loop(c, 10, 3, lambda: f.boxes[0].command("switch balanced", "switched"))
+    print(f"switch under a looping client: {summary(rs)}")
+    assert len(rs) > 10
+    served_but_the_known_stall(rs)
+    assert max(r.end - r.start for r in rs) <= 15, "a request hung during the switch"
+    back_in_router(f)
+
+
+def test_a_cut_link_is_served_by_the_other_boxes_and_its_streams_end_with_an_error(fleet: tuple[Fleet, Client]) -> None:
+    f, c = fleet
+    b = f.boxes[1]
+    rs, cut = faulted(f, c, lambda: f.link(b, False), lambda: f.link(b, True))
+    after = [r for r in rs if r.start >= cut + 3]
+    served_but_the_known_stall(after)  # the others serve
+    assert longest_gap(rs, cut) <= 12, longest_gap(rs, cut)  # bench/fleet prints the figure (goal ≤ 5 s)
+    assert max(r.end - r.start for r in rs) <= 15, "a request hung on the cut box"
+    back_in_router(f)
+
+
+def test_a_frozen_gateway_is_left_out_and_nothing_hangs(fleet: tuple[Fleet, Client]) -> None:
+    f, c = fleet
+    b = f.boxes[2]
+    rs, mark = faulted(f, c, lambda: f.freeze(b, True), lambda: f.freeze(b, False))
+    after = [r for r in rs if r.start >= mark + 3]
+    served_but_the_known_stall(after)
+    assert max(r.end - r.start for r in rs) <= 15, "a request hung on the frozen box"
+    back_in_router(f)
+
+
+def test_a_lossy_link_slows_nothing_into_a_hang(fleet: tuple[Fleet, Client]) -> None:
+    f, c = fleet
+    applied: list[str] = []
+    rs, _ = faulted(f, c, lambda: applied.append(f.netem(f.boxes[1], True)), lambda: f.netem(f.boxes[1], False))
+    print(f"lossy link: {applied[0]}; {summary(rs)}")
+    assert sum(1 for r in rs if r.ok) >= 0.8 * len(rs), summary(rs)
+    assert max(r.end - r.start for r in rs) <= 15, "a request hung on the lossy link"
+    back_in_router(f)
+
+
+def test_the_panel_as_front_supervises_the_router_and_serves_again_after_it_is_killed(
+        fleet: tuple[Fleet, Client]) -> None:
+    """The front as the panel runs it (a fleet file in its state dir: it starts vllm-router; its gateway process is
+    the front); the router killed: the panel starts it again and the front serves."""
+    import os
+    import signal
+
+    f, c = fleet
+    f.start_panel_front()
+    wait_for(lambda: c.ask(4).ok, 90, "the panel's gateway serving as the fleet's front", interval=0.5)
+    log = f.tmp / "front" / ".moet-panel" / "panel.log"
+    assert "action=router_started who=panel" in log.read_text()
+    pid = f.router_pid()
+    # its title, once serving: "vllm::router" (setproctitle)
+    assert pid is not None and "router" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    os.kill(pid, signal.SIGKILL)
+    t = time.monotonic()
+    wait_for(lambda: f.router_pid() != pid and c.ask(4).ok, 30, "the front serving again after the router was killed",
+             interval=0.1)
+    print(f"router killed: serving again after {time.monotonic() - t:.2f} s")
+    text = log.read_text()
+    assert "action=router_exited" in text and "action=router_restarted" in text, text[-2000:]
+
+
+def test_the_namespaces_are_this_runs_own(fleet: tuple[Fleet, Client]) -> None:
+    f, _ = fleet
+    assert all(b.ns.startswith(f.tag) for b in f.boxes) and Path(f"/run/netns/{f.front_ns}").exists()
