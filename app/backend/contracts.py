@@ -245,6 +245,11 @@ class GpuReader(Protocol):
     def close(self) -> None: ...
 
 
+class GpuCountError(RuntimeError):
+    """The box's GPUs could not be counted at start (NVML kept failing past its deadline): the panel refuses
+    to supervise a wrong number of engines (docs/engine.md "How many GPUs"). The message says what to do."""
+
+
 class ReaderStatus:
     """`available` / `error` / `simulated` derived from one `_error` sentence, and a `close()` that has
     nothing to release (shared by the readers)."""

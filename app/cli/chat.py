@@ -10,6 +10,7 @@ import argparse
 import sys
 import time
 
+import httpx
 from rich.console import Console
 
 from app.backend.chat.client import ChatRequest, ChatStream, SamplingParams
@@ -42,7 +43,7 @@ def _pick_model(client: EngineClient, wanted: str | None, recipe_name: str) -> s
         return wanted
     try:
         served = client.models()
-    except Exception:  # the chat request itself reports an unreachable server clearly
+    except (httpx.HTTPError, ValueError, AttributeError):  # the chat request itself reports an unreachable server
         return recipe_name
     return recipe_name if (recipe_name in served or not served) else served[0]
 

@@ -21,6 +21,7 @@ from typing import Callable
 from app.backend import oplog
 from app.backend.engine import builds
 from app.backend.engine.docker_runtime import DockerRuntime
+from app.backend.engine.runtime import RuntimeUnavailable
 from app.backend.engine.imagebuild import BuildEvent, BuildResult, ImageBuildRefused, build_image, build_mark
 from app.backend.files.atomic import LockBusy
 from app.backend.jobs import BackgroundJob, JobState
@@ -124,11 +125,14 @@ def build_demo(settings: Settings, variant: str, on_event: Callable[[BuildEvent]
 
 
 def image_size(image: str) -> int | None:
+    import docker  # docker-py and requests load only when a build asks (start-up time, docs/engine.md)
+    import requests
+
     try:
         size = DockerRuntime().client.images.get(image).attrs.get("Size")
         return int(size) if size is not None else None
-    except Exception:  # size is informational: no Docker, no image
-        return None
+    except (RuntimeUnavailable, docker.errors.DockerException, requests.exceptions.RequestException):
+        return None  # the size is informational: no Docker, no such image (the build itself said why)
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ class Observer(Reconciler):
             return [i for i in found if i.labels.get(GPU_LABEL, "0") == "0"]
         return [i for i in found if i.labels.get(GPU_LABEL, "0") == str(self.options.gpu)]
 
-    def _docker_away(self, exc: BaseException, context: str) -> None:
+    def _caught_docker_away(self, exc: BaseException, context: str) -> None:
         self._docker_away_at = time.time()
         self._caught(context, exc)
 
@@ -170,7 +170,7 @@ class Observer(Reconciler):
                     self._docker_away_at = time.time()
             except Exception as exc:  # daemon restarted / stream cut: the resync covers the gap, retry shortly
                 if not self._closed:
-                    self._docker_away(exc, "watching Docker events")
+                    self._caught_docker_away(exc, "watching Docker events")
             finally:
                 with self._lock:
                     self._events_stream = None
@@ -187,7 +187,7 @@ class Observer(Reconciler):
         try:
             mine = self._list_mine(rt)
         except (RuntimeUnavailable, RuntimeOpError) as exc:
-            self._docker_away(exc, DOCKER)
+            self._caught_docker_away(exc, DOCKER)
             snap = self._snap
             if snap.state in (EngineState.READY, EngineState.STALLED) and snap.base_url and \
                     probe(snap.base_url, snap.served_name, read_timeout_s=ADOPT_PROBE_S).health_ok:
