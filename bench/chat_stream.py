@@ -76,7 +76,7 @@ def wait_http(url: str, timeout: float = 180.0) -> None:
 
 def serve_panel(engine_url: str, port: int, data_dir: str) -> None:
     import app.ui.app as ui_app
-    from app.backend.chat.service import ChatService
+    from app.backend.chat.conversations import ChatService
     from app.backend.contracts import EngineSnapshot, EngineState
     from app.backend.config.settings import resolve_settings
     from app.backend.state import AppState
@@ -301,7 +301,7 @@ def server_side(engine_url: str, runs: int) -> tuple[float, float]:
     """The chat code's own latency, in this process: send() until the request leaves, and first
     token arrival until its frame is rendered (p50 ms)."""
     from app.backend.chat.client import SamplingParams
-    from app.backend.chat.service import ChatService
+    from app.backend.chat.conversations import ChatService
     from app.backend.contracts import EngineSnapshot, EngineState
     from app.backend.recipe import SIMULATED_RECIPE, load_recipe
     from app.ui.chat import render_history, render_live

@@ -275,6 +275,9 @@ class ReaderStatus:
 
 # -- ASGI (the panel's gate, the access log and the gateway's proxy wrap the same callables) -----------------
 
+# A decoded JSON object (a file's record, a stream's chunk, a Docker event): its values are whatever the source
+# held, checked where they are read. The one name for "JSON from outside" (docs/architecture.md).
+JsonObject = dict[str, Any]
 Scope = MutableMapping[str, Any]  # ASGI's scope and messages are open dicts (asgiref's TypedDicts are unions)
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]

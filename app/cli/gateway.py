@@ -53,7 +53,7 @@ def register(subs: argparse._SubParsersAction) -> None:
                    help="keep the first BYTES of each request and answer in the activity log (default 0: metadata only)")
     p.add_argument("--engine-url", metavar="URL", help="the engine's address: unix:/PATH of its socket, or "
                    "http://HOST:PORT (default: the panel's engine, on its socket in the data dir)")
-    # the panel's own way to run it (app/backend/gateway/service.py), not for a terminal
+    # the panel's own way to run it (app/backend/gateway/switch.py), not for a terminal
     p.add_argument("--status-from-stdin", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
     p.set_defaults(func=run)

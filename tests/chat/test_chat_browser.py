@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.backend.chat.service import ChatService
+from app.backend.chat.conversations import ChatService
 from app.backend.config.settings import resolve_settings
 from app.backend.simengine import api
 from app.backend.state import AppState

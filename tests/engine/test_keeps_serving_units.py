@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.backend.chat.service import ChatError, ChatService
+from app.backend.chat.conversations import ChatError, ChatService
 from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
 from app.backend.engine.controller import ControllerOptions, EngineController
 from app.backend.engine.desired import DesiredStore

@@ -19,7 +19,7 @@ from app.backend.engine.gpurelease import wait_gpu_release
 from app.backend.engine.errlog import ENGINE_ERRORS
 from app.backend.engine.inbox import Decide
 from app.backend.engine.loglines import pool_sizing
-from app.backend.engine.ops import expects_pool
+from app.backend.engine.tickets import expects_pool
 from app.backend.engine.preflight import PreflightInputs, PreflightReport, run_preflight
 from app.backend.engine.readiness import claim_listen_address, probe
 from app.backend.engine.restartpolicy import preflight_cause
@@ -92,7 +92,7 @@ class Boot(Core):
         ready = self._await_ready(rt, inst, spec.env_dict)
         if ready:  # the drain's Retry-After for the next stop or switch (docs/engine.md "Keeps serving")
             self.history.booted(profile_id, time.monotonic() - began)
-        if build := dict(spec.labels).get(BUILD_LABEL, ""):  # evidence for the build (engine/evidence.py)
+        if build := dict(spec.labels).get(BUILD_LABEL, ""):  # evidence for the build (evidence/builds.py)
             diag = self.snapshot().diagnosis
             record_boot(self.settings, build, profile_id, ready, time.monotonic() - began,
                         diag.title if diag is not None else "")

@@ -20,10 +20,11 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import httpx
 
+from app.backend.contracts import JsonObject
 from app.backend.engine.errlog import ENGINE_ERRORS
 # the address rule lives in recipe/endpoint.py; re-exported here for the engine's clients
 from app.backend.recipe.endpoint import LOOPBACK as LOOPBACK
@@ -89,7 +90,7 @@ def own_http(url: str, timeout: httpx.Timeout) -> tuple[httpx.Client, str]:
 # -- one /metrics read ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MetricsRead:
-    """One `GET /metrics` (Prometheus text); parsed by its readers (telemetry/metrics.py, engine/liveness.py)."""
+    """One `GET /metrics` (Prometheus text); parsed by its readers (telemetry/metrics.py, engine/stall.py)."""
 
     text: str
     ts: float  # wall time of the read
@@ -136,7 +137,7 @@ class CompletionStream:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[JsonObject]:
         import httpx2  # the HTTP client the openai SDK is built on (its errors and responses)
         import openai
 

@@ -35,12 +35,12 @@ from app.backend.engine.drainnote import DrainNotes
 from app.backend.engine.history import SupervisionStore
 from app.backend.engine.inbox import Close, Inbox
 from app.backend.engine.livewatch import LivenessWatch
-from app.backend.engine.liveness import LivenessTracker
+from app.backend.engine.stall import LivenessTracker
 from app.backend.engine.loglines import EVERY_LINE, LogFilter
 from app.backend.engine.logstore import LogStore
 from app.backend.engine.observer import Observer
 from app.backend.engine.operations import Operations
-from app.backend.engine.ops import ControllerOptions, Ticket, expects_pool
+from app.backend.engine.tickets import ControllerOptions, Ticket, expects_pool
 from app.backend.engine.oplock import EngineLock, Holder, LockHeld
 from app.backend.engine.preflight import PreflightReport
 from app.backend.engine.restartpolicy import RestartPolicy, parse_policy

@@ -25,9 +25,9 @@ from app.backend.engine.following import LogFollower
 from app.backend.engine.drainnote import DrainNotes
 from app.backend.engine.history import SupervisionStore
 from app.backend.engine.inbox import Decide, Inbox
-from app.backend.engine.liveness import LivenessTracker
+from app.backend.engine.stall import LivenessTracker
 from app.backend.engine.logstore import LogStore
-from app.backend.engine.ops import ControllerOptions, Ticket
+from app.backend.engine.tickets import ControllerOptions, Ticket
 from app.backend.engine.oplock import EngineLock
 from app.backend.engine.preflight import PreflightReport
 from app.backend.engine.restartpolicy import RestartPolicy

@@ -13,12 +13,13 @@ import builtins
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 import docker
 import requests
 from docker.types.daemon import CancellableStream
 
+from app.backend.contracts import JsonObject
 from app.backend.config import env
 from app.backend.engine.errlog import ENGINE_ERRORS
 from app.backend.engine.runtime import (
@@ -165,7 +166,7 @@ class DockerRuntime:
             return None
         return _instance(raw)
 
-    def events(self, labels: dict[str, str]) -> CancellableStream[dict[str, Any]]:
+    def events(self, labels: dict[str, str]) -> CancellableStream[JsonObject]:
         """Docker's event stream for containers with these labels (docker-py CancellableStream; close() ends
         it). Used by the controller's watch to see outside starts/stops/kills within a second."""
         flt = {"type": "container", "label": [f"{k}={v}" for k, v in labels.items()]}
@@ -182,7 +183,7 @@ class DockerRuntime:
             raise RuntimeOpError(f"image {spec.image} is not present on this Docker host", reason="image_missing")
         if spec.socket_mount is not None:  # the engine socket's dir: 0700 and ours, before Docker makes it root 0755
             ensure_socket_dir(spec.socket_mount.source)
-        kwargs: dict[str, Any] = {
+        kwargs: JsonObject = {
             "image": spec.image,
             "command": list(spec.args),
             "name": spec.name,
@@ -321,7 +322,7 @@ def _reason_of(exc: docker.errors.APIError) -> str:
     return ""
 
 
-def _instance(raw: dict[str, Any]) -> Instance:
+def _instance(raw: JsonObject) -> Instance:
     state = raw.get("State") or {}
     config = raw.get("Config") or {}
     env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)

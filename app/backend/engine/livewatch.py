@@ -16,7 +16,7 @@ from app.backend.engine import statemachine as sm
 from app.backend.engine.canary import Load, canary_diagnosis, load_from_metrics, send_canary
 from app.backend.engine.client import engine_client
 from app.backend.engine.core import Core
-from app.backend.engine.liveness import progress_from_metrics, stall_diagnosis
+from app.backend.engine.stall import progress_from_metrics, stall_diagnosis
 
 
 class LivenessWatch(Core):

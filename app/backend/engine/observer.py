@@ -24,7 +24,7 @@ from app.backend.engine.client import base_url
 from app.backend.engine.diagnosis import cache_miss_warning
 from app.backend.engine.exits import STOPPED_OUTSIDE, explain_exit, is_failure
 from app.backend.engine.inbox import Close, Kick, Message, Reply, Resync, SyncForOp
-from app.backend.engine.ops import expects_pool
+from app.backend.engine.tickets import expects_pool
 from app.backend.engine.readiness import probe
 from app.backend.engine.reconciler import Reconciler, wait_reply
 from app.backend.recipe.command import GPU_LABEL

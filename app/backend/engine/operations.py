@@ -21,7 +21,7 @@ from app.backend.engine import statemachine as sm
 from app.backend.engine.builds import BUILD_LABEL
 from app.backend.engine.core import MUTATING
 from app.backend.engine.desired import DesiredKind
-from app.backend.engine.ops import Ticket
+from app.backend.engine.tickets import Ticket
 from app.backend.engine.oplock import LockHeld
 from app.backend.engine.reconciler import ReconcilerTimeout
 from app.backend.engine.runtime import RuntimeUnavailable

@@ -20,7 +20,7 @@ from app.backend.engine import statemachine as sm
 from app.backend.engine.core import Core
 from app.backend.engine.desired import Desired
 from app.backend.engine.exits import NEUTRAL_REASONS
-from app.backend.engine.ops import Ticket
+from app.backend.engine.tickets import Ticket
 from app.backend.engine.restartpolicy import ENVIRONMENT, GiveUp, PolicyConfig, Restart, decide
 from app.backend.engine.runtime import Instance
 

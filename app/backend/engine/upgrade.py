@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from app.backend import oplog
 from app.backend.engine import builds
 from app.backend.engine.controller import EngineController
-from app.backend.engine.ops import Ticket
+from app.backend.engine.tickets import Ticket
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
+from app.backend.contracts import JsonObject
+
 REPORT_S = 2.0
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -49,7 +51,7 @@ class Histogram:
         self.total += v
         self.n += 1
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JsonObject:
         return {"counts": list(self.counts), "sum": self.total, "count": self.n}
 
 
@@ -69,7 +71,7 @@ class GatewayMetrics:
     def refused(self, reason: str) -> None:
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JsonObject:
         return {"requests": [[k, s, n] for (k, s), n in self.requests.items()], "refusals": dict(self.refusals),
                 "in_flight": self.in_flight, "queue_length": self.queue_length, "ttft": self.ttft.as_json(),
                 "duration": self.duration.as_json(), "queue_wait": self.queue_wait.as_json()}

@@ -95,7 +95,7 @@ def box_status(engines: list[EngineStatus]) -> EngineStatus:
                         retry_after_s=min(backs) if backs else 0.0, engines=tuple(engines))
 
 
-class FleetSource:
+class BoxSource:
     """In the panel (or a bench) of a box of several GPUs: each GPU's engine controller's snapshot, as the box's
     status (routing.box_status); `left_out_fn`: the GPUs a self-test or A/B measures on (sent nothing)."""
 

@@ -134,7 +134,7 @@ def config_hash(spec: RunSpec) -> str:
 CONTAINER_NAME_MAX = 63
 
 
-GPU_LABEL = f"{LABEL_PREFIX}.gpu"  # the GPU a fleet engine runs on (absent: the one-GPU engine, GPU 0)
+GPU_LABEL = f"{LABEL_PREFIX}.gpu"  # the GPU a box engine runs on (absent: the one-GPU engine, GPU 0)
 
 
 def managed_container_name(recipe: Recipe, profile: ProfileSpec) -> str:

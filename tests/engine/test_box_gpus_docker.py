@@ -58,24 +58,24 @@ def test_two_gpus_two_engines_rolling_switch(docker_client, sim_settings, sim_im
 
 @pytest.mark.slow
 def test_the_panel_runs_an_engine_per_gpu_and_its_gateway_sees_the_box(docker_client, tmp_path, monkeypatch) -> None:
-    from app.backend.gateway.routing import FleetSource
+    from app.backend.gateway.routing import BoxSource
     from tests.engine.conftest import sim_panel_state
 
     monkeypatch.setenv("MOET_PANEL_SIM_GPUS", "2")
     monkeypatch.setenv("MOET_PANEL_GPU", "simulated")
     with sim_panel_state(docker_client, tmp_path / "d") as state:
         try:
-            fleet = state.fleet
-            assert fleet is not None and fleet.gpus == [0, 1] and state.engine is fleet.controller(0)
-            for g in fleet.gpus:
-                fleet.controller(g).options.extra_env = {"MOET_SIM_BOOT_S": "1"}
-            for _, t in fleet.start("quality", fleet.gpus):
+            box = state.box
+            assert box is not None and box.gpus == [0, 1] and state.engine is box.controller(0)
+            for g in box.gpus:
+                box.controller(g).options.extra_env = {"MOET_SIM_BOOT_S": "1"}
+            for _, t in box.start("quality", box.gpus):
                 assert t.wait(120) and t.ok, t.message
             source = state.gateway._source
-            assert isinstance(source, FleetSource)
+            assert isinstance(source, BoxSource)
             box = source.status()
             assert box.accepts and [e.gpu for e in box.engines if e.accepts] == [0, 1]
-            fleet.leave_out([0], "self-test")
+            box.leave_out([0], "self-test")
             assert [e.gpu for e in source.status().engines if e.accepts] == [1]
             # the SIMULATED card of each GPU follows that GPU's engine
             assert all(g.memory_used > 0 for g in state.gpu.read())

@@ -1,4 +1,4 @@
-"""The fleet facade (app/backend/engine/fleet.py) with fake controllers: GPU selection, start/stop on each GPU
+"""The box facade (app/backend/engine/gpus.py) with fake controllers: GPU selection, start/stop on each GPU
 named, and the rolling switch that takes one GPU at a time and stops at the first failure."""
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ import pytest
 
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.engine.controller import EngineController
-from app.backend.engine.fleet import Fleet, GpuSelectionError, build_fleet, parse_gpus
-from app.backend.engine.ops import Ticket
+from app.backend.engine.gpus import BoxGpus, GpuSelectionError, build_box_gpus, parse_gpus
+from app.backend.engine.tickets import Ticket
 
 
 class FakeCtl:
-    """The slice of EngineController the fleet uses; switches record when they ran and who else was ready."""
+    """The slice of EngineController the box uses; switches record when they ran and who else was ready."""
 
     log: list[tuple[str, int, list[int]]] = []
 
-    def __init__(self, gpu: int, fleet_ref: list[Fleet], *, fails: bool = False) -> None:
-        self.gpu, self.fleet_ref, self.fails = gpu, fleet_ref, fails
+    def __init__(self, gpu: int, box_ref: list[BoxGpus], *, fails: bool = False) -> None:
+        self.gpu, self.box_ref, self.fails = gpu, box_ref, fails
         self.snap = EngineSnapshot(state=EngineState.READY, profile_id="quality", base_url=f"unix:/s/e{gpu}.sock")
         self.closed = False
         self.builds: list[str | None] = []
@@ -35,7 +35,7 @@ class FakeCtl:
 
     def switch(self, profile_id: str, overrides=(), *, who: str = "", build: str | None = None) -> Ticket:
         self.builds.append(build)
-        others_ready = [r.gpu for r in self.fleet_ref[0].rows() if r.gpu != self.gpu
+        others_ready = [r.gpu for r in self.box_ref[0].rows() if r.gpu != self.gpu
                         and r.snapshot.state is EngineState.READY]
         FakeCtl.log.append(("switch", self.gpu, others_ready))
         if self.fails:
@@ -57,13 +57,13 @@ class FakeCtl:
         self.closed = True
 
 
-def _fleet(n: int, failing: frozenset[int] = frozenset()) -> tuple[Fleet, dict[int, FakeCtl]]:
-    ref: list[Fleet] = []
+def _box(n: int, failing: frozenset[int] = frozenset()) -> tuple[BoxGpus, dict[int, FakeCtl]]:
+    ref: list[BoxGpus] = []
     ctls = {g: FakeCtl(g, ref, fails=g in failing) for g in range(n)}
-    fleet = Fleet(cast(dict[int, EngineController], ctls))
-    ref.append(fleet)
+    box = BoxGpus(cast(dict[int, EngineController], ctls))
+    ref.append(box)
     FakeCtl.log = []
-    return fleet, ctls
+    return box, ctls
 
 
 def test_gpu_selection() -> None:
@@ -76,39 +76,39 @@ def test_gpu_selection() -> None:
 
 def test_one_gpu_box_is_the_one_engine_as_before() -> None:
     made: list[int | None] = []
-    fleet = build_fleet(1, lambda gpu: made.append(gpu) or cast(EngineController, object()))
-    assert made == [None] and fleet.gpus == [0]
+    box = build_box_gpus(1, lambda gpu: made.append(gpu) or cast(EngineController, object()))
+    assert made == [None] and box.gpus == [0]
     made.clear()
-    assert build_fleet(3, lambda gpu: made.append(gpu) or cast(EngineController, object())).gpus == [0, 1, 2]
+    assert build_box_gpus(3, lambda gpu: made.append(gpu) or cast(EngineController, object())).gpus == [0, 1, 2]
     assert made == [0, 1, 2]
 
 
 def test_rolling_switch_takes_one_gpu_at_a_time_while_the_others_serve() -> None:
-    fleet, ctls = _fleet(3)
-    steps = fleet.rolling_switch("balanced", fleet.select("all"))
+    box, ctls = _box(3)
+    steps = box.rolling_switch("balanced", box.select("all"))
     assert [s.ok for s in steps] == [True, True, True]
     # each switch began while every other GPU was ready: never two down at once
     assert FakeCtl.log == [("switch", 0, [1, 2]), ("switch", 1, [0, 2]), ("switch", 2, [0, 1])]
     assert {c.snap.profile_id for c in ctls.values()} == {"balanced"}
-    again = fleet.rolling_switch("balanced", [0, 1, 2])  # already there: nothing is taken away
+    again = box.rolling_switch("balanced", [0, 1, 2])  # already there: nothing is taken away
     assert all(s.skipped for s in again) and len(FakeCtl.log) == 3
 
 
 def test_rolling_switch_stops_at_the_first_failure() -> None:
-    fleet, ctls = _fleet(3, failing=frozenset({1}))
-    steps = fleet.rolling_switch("balanced", [0, 1, 2])
+    box, ctls = _box(3, failing=frozenset({1}))
+    steps = box.rolling_switch("balanced", [0, 1, 2])
     assert [(s.gpu, s.ok, s.ticket is None) for s in steps] == [(0, True, False), (1, False, False), (2, False, True)]
     assert ctls[2].snap.profile_id == "quality" and ctls[2].snap.state is EngineState.READY  # GPU 2 still serves
 
 
 def test_start_and_stop_each_gpu_named_and_rows() -> None:
-    fleet, ctls = _fleet(2)
-    fleet.stop([1])
-    assert [r.as_dict()["state"] for r in fleet.rows()] == ["ready", "stopped"] and fleet.serving() == [0]
-    fleet.start("quality", [1])
-    assert fleet.serving() == [0, 1]
-    assert fleet.rows()[0].as_dict()["listens"] == "unix:/s/e0.sock"
-    fleet.close()
+    box, ctls = _box(2)
+    box.stop([1])
+    assert [r.as_dict()["state"] for r in box.rows()] == ["ready", "stopped"] and box.serving() == [0]
+    box.start("quality", [1])
+    assert box.serving() == [0, 1]
+    assert box.rows()[0].as_dict()["listens"] == "unix:/s/e0.sock"
+    box.close()
     assert all(c.closed for c in ctls.values())
 
 
@@ -158,7 +158,7 @@ def test_one_rolling_switch_at_a_time_from_the_engine_tab() -> None:
     import threading
     import time
 
-    fleet, ctls = _fleet(2)
+    box, ctls = _box(2)
     gate, entered = threading.Event(), threading.Event()
     plain = FakeCtl.switch
 
@@ -168,12 +168,12 @@ def test_one_rolling_switch_at_a_time_from_the_engine_tab() -> None:
         return plain(self, profile_id, overrides, who=who, build=build)
 
     ctls[0].switch = held.__get__(ctls[0])  # type: ignore[method-assign]
-    assert "one GPU at a time" in fleet.start_rolling_switch("balanced", [0, 1])
+    assert "one GPU at a time" in box.start_rolling_switch("balanced", [0, 1])
     assert entered.wait(10)
-    assert fleet.start_rolling_switch("speed", [0, 1]).startswith("refused")
+    assert box.start_rolling_switch("speed", [0, 1]).startswith("refused")
     gate.set()
     deadline = time.monotonic() + 10
-    while fleet.serving() != [0, 1] or ctls[1].snap.profile_id != "balanced":
+    while box.serving() != [0, 1] or ctls[1].snap.profile_id != "balanced":
         assert time.monotonic() < deadline, "the roll did not finish"
         gate.wait(0.01)
 
@@ -194,9 +194,9 @@ def test_a_self_test_result_names_its_gpu() -> None:
 def test_a_candidate_build_serves_on_one_gpu_while_the_others_keep_the_current_one() -> None:
     """Issue 45 on a box of several GPUs: `engine switch --gpu 1 --build next` rolls GPU 1 only, to that build; a
     GPU already on the profile but another build is switched, not skipped."""
-    fleet, ctls = _fleet(3)
-    steps = fleet.rolling_switch("quality", [1], build="next")
+    box, ctls = _box(3)
+    steps = box.rolling_switch("quality", [1], build="next")
     assert [s.gpu for s in steps] == [1] and steps[0].ok and not steps[0].skipped
     assert ctls[1].builds == ["next"] and ctls[1].snapshot().build == "next"
     assert ctls[0].builds == ctls[2].builds == [] and ctls[0].snapshot().build == ""
-    assert [t for _, t in fleet.start("balanced", [2], build="next")] and ctls[2].builds == ["next"]
+    assert [t for _, t in box.start("balanced", [2], build="next")] and ctls[2].builds == ["next"]

@@ -5,7 +5,7 @@ engine, one per GPU: `--gpus "device=N"`, its own container name, socket (or por
 restart record and desired state (`recipe.command.build_run_spec(gpu=N)`, `controller.engine_state_dir`).
 
 Writers: each GPU's engine is its own `EngineController`, whose reconciler thread is the ONE writer of that
-GPU's snapshot (per-GPU state, one writer each: the house rule holds per piece of state). The Fleet writes no
+GPU's snapshot (per-GPU state, one writer each: the house rule holds per piece of state). The BoxGpus writes no
 engine state at all: it only routes each ask to the controller(s) of the GPUs named and, for a rolling switch,
 asks them one at a time. A one-GPU box is one controller built exactly as before (`gpu=None`).
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from app.backend import oplog
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.engine.controller import EngineController
-from app.backend.engine.ops import Ticket
+from app.backend.engine.tickets import Ticket
 
 ALL = "all"
 
@@ -76,12 +76,12 @@ class RollStep:
         return self.skipped or (self.ticket is not None and self.ticket.accepted and self.ticket.ok is True)
 
 
-class Fleet:
+class BoxGpus:
     """The box's engines, one controller per GPU (see the module docstring). GPU numbers are the driver's."""
 
     def __init__(self, controllers: dict[int, EngineController]) -> None:
         if not controllers:
-            raise ValueError("a fleet needs at least one engine")
+            raise ValueError("a box needs at least one engine")
         self._ctl = dict(sorted(controllers.items()))
         # GPUs a self-test or blind A/B measures on: the gateway sends them nothing meanwhile (docs/gateway.md).
         # Written only by leave_out/take_back, under this lock; read as a copy.
@@ -185,8 +185,8 @@ class Fleet:
             c.close()
 
 
-def build_fleet(count: int, make: Callable[[int | None], EngineController]) -> Fleet:
+def build_box_gpus(count: int, make: Callable[[int | None], EngineController]) -> BoxGpus:
     """`make(gpu)` builds one controller; a one-GPU box gets `make(None)`: the engine exactly as before."""
     if count <= 1:
-        return Fleet({0: make(None)})
-    return Fleet({g: make(g) for g in range(count)})
+        return BoxGpus({0: make(None)})
+    return BoxGpus({g: make(g) for g in range(count)})

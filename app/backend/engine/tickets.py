@@ -65,7 +65,7 @@ class ControllerOptions:
     # drain_grace_fn, else the recipe's engine.drain_grace_s
     drain_grace_s: float | None = None
     drain_grace_fn: Callable[[], float | None] | None = None  # the Service tab's setting (None: not set there)
-    # The GPU this controller's engine runs on, on a box of several (engine/fleet.py; docs/engine.md "Several
+    # The GPU this controller's engine runs on, on a box of several (engine/gpus.py; docs/engine.md "Several
     # GPUs"); None: the recipe's one engine, exactly as written.
     gpu: int | None = None
     box_engines: int = 1  # engines the box runs (preflight's host share for N engines)

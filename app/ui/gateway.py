@@ -1,6 +1,6 @@
 """Access tab: the API gateway — the only way to the model from other machines (docs/gateway.md).
 
-Thin: the switch, keys and activity are `state.gateway` (app/backend/gateway/service.py); snippets come from
+Thin: the switch, keys and activity are `state.gateway` (app/backend/gateway/switch.py); snippets come from
 app/backend/gateway/snippets.py. A new key is shown once, in a box with a copy button, and never again
 (only its hash is stored). Inference keys grant nothing of this panel.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import gradio as gr
 
 from app.backend.gateway.keys import ActivityRecord, KeyInfo, KeyStoreError
-from app.backend.gateway.service import GatewayService, GatewaySnapshot, GatewayState, GatewayView
+from app.backend.gateway.switch import GatewayService, GatewaySnapshot, GatewayState, GatewayView
 from app.backend.gateway.snippets import curl_snippet, openai_snippet
 from app.backend.state import AppState
 from app.ui.shell import QUICK, Shell

@@ -1,4 +1,4 @@
-"""TelemetryHub: the one background thread that samples GPU, host, pool trace and /metrics.
+"""TelemetrySampler: the one background thread that samples GPU, host, pool trace and /metrics.
 
 Everything the UI shows comes from `latest()` (an immutable `TelemetryFrame`) and the timeline;
 page timers never trigger NVML or HTTP themselves, so N open tabs cost N dict reads, not N samples.
@@ -110,7 +110,7 @@ class TelemetryFrame:
         return 0.0 if self.pool_idle_s is not None and self.trace.h2d_gib_s is not None else self.trace.h2d_gib_s
 
 
-class TelemetryHub:
+class TelemetrySampler:
     """Owns the sampler thread. `sample_once()` runs one tick synchronously (tests, CLI)."""
 
     def __init__(

@@ -34,7 +34,7 @@ from app.backend.contracts import SnapshotFn
 from app.backend.files.jsonstore import JsonStore
 from app.backend.gateway.keys import ActivityRecord, CreatedKey, KeyInfo, KeyStore
 from app.backend.gateway.engine_status import EngineStatus, SnapshotSource
-from app.backend.gateway.routing import FleetSource
+from app.backend.gateway.routing import BoxSource
 from app.backend.gateway.server import GatewayConfig
 
 DESIRED_FILE = "gateway.json"
@@ -253,13 +253,13 @@ class GatewayProcess:
 class GatewayService:
     def __init__(self, state_dir: Path, config: GatewayConfig, snapshot_fn: SnapshotFn, engine_base_url: str,
                  subscribe: Subscribe | None = None, slots_for: Callable[[str], int] | None = None,
-                 source: FleetSource | None = None, subscribe_more: tuple[Subscribe, ...] = ()):
+                 source: BoxSource | None = None, subscribe_more: tuple[Subscribe, ...] = ()):
         """`source`, `subscribe_more`: a box of several GPUs (docs/gateway.md "Several GPUs: routing"): the box's
         status from every GPU's controller, pushed on a change of any of them."""
         self.keys = KeyStore(state_dir)
         self.state_dir = state_dir
         self.config = config
-        self._source: SnapshotSource | FleetSource = source or SnapshotSource(snapshot_fn, engine_base_url, slots_for)
+        self._source: SnapshotSource | BoxSource = source or SnapshotSource(snapshot_fn, engine_base_url, slots_for)
         self._lock = threading.Lock()  # start/stop/close, one at a time
         self._child: GatewayProcess | None = None
         self._sent: EngineStatus | None = None
