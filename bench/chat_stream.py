@@ -114,7 +114,7 @@ def direct(engine_url: str, model: str, prompt: str, max_tokens: int) -> tuple[f
     """Stream the same request from the engine: (TTFT s, thinking, answer, completion tokens, first delta)."""
     from app.backend.chat.client import ChatRequest, ChatStream, SamplingParams
     from app.backend.chat.events import ContentDelta, ReasoningDelta, UsageReport
-    from app.backend.engine.client import EngineClient
+    from app.backend.engine.runtime.client import EngineClient
 
     client = EngineClient(engine_url)
     req = ChatRequest(model, [{"role": "user", "content": prompt}], SamplingParams(1.0, 1.0, 0.05, max_tokens),

@@ -66,7 +66,7 @@ def test_backend_imports_no_gradio_and_no_ui() -> None:
 
 def test_engine_reads_telemetry_only_through_the_contracts() -> None:
     # The GPU sample and reader types, the snapshot and the pool sizing are app.backend.contracts'; the
-    # /metrics parser is the engine's own (engine/metrics_text.py), which telemetry imports.
+    # /metrics parser is the engine's own (engine/runtime/metrics_text.py), which telemetry imports.
     assert _hits("app.backend.engine", ("app.backend.telemetry",)) == []
 
 
@@ -84,7 +84,7 @@ def test_the_checks_see_a_violation() -> None:
     # Guard against a parser that finds nothing: the UI does import the backend, the engine the contracts.
     names = _all_imports()
     assert any(n.startswith("app.backend.") for n in names["app.ui.app"])
-    assert "app.backend.contracts" in names["app.backend.engine.gpurelease"]
+    assert "app.backend.contracts" in names["app.backend.engine.lifecycle.gpurelease"]
     assert _hits("app.backend.telemetry", ("app.backend.engine",))  # the allowed direction is seen
 
 

@@ -1,5 +1,5 @@
 """The small primitives are written once (issue 34): a file lock and an atomic write (app/backend/files/atomic.py),
-GiB (app/backend/contracts.py), the docker-py image build (app/backend/engine/imagebuild.py), demo mode
+GiB (app/backend/contracts.py), the docker-py image build (app/backend/engine/builds/image.py), demo mode
 (`Settings.demo`) and the single-flight job runner with its stop signal (app/backend/jobs.py). A grep, so a
 second copy is caught where it is written."""
 

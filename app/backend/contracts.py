@@ -111,7 +111,7 @@ SnapshotFn = Callable[[], "EngineSnapshot | None"]  # the controller's snapshot(
 
 class EngineWatch(Protocol):
     """The newest engine snapshot and the seq of the change event that made it, kept up to date by the engine's
-    publisher (app/backend/engine/events.py `SnapshotWatch`; docs/engine.md, "Who listens"). A reader keeps the
+    publisher (app/backend/engine/decider/events.py `SnapshotWatch`; docs/engine.md, "Who listens"). A reader keeps the
     last seq it acted on: an equal seq means nothing changed. `close()` unsubscribes."""
 
     @property

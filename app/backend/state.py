@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # types only: the service packages import settings, never thi
     from app.backend.contracts import GpuReader
     from app.backend.telemetry.sampler import TelemetrySampler
     from app.backend.telemetry.nvml import NvmlGpuReader
-    from app.backend.engine.tickets import ControllerOptions
+    from app.backend.engine.lifecycle.tickets import ControllerOptions
     from app.backend.recipe.schema import ProfileSpec
 
 
@@ -75,7 +75,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     from app.backend.abtest.runner import ABRunService
     from app.backend.chat.conversations import ChatService
     from app.backend.download.manager import DownloadManager
-    from app.backend.engine.tickets import ControllerOptions
+    from app.backend.engine.lifecycle.tickets import ControllerOptions
     from app.backend.selftest.drift import DriftWatch, baseline_from
     from app.backend.selftest.runner import SelfTestService
     from app.backend.telemetry.gpu import box_gpu_count, follow_engine, make_gpu_reader
@@ -137,7 +137,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
 
     # The API gateway: a process of its own, fed the engine's status on every change event; off until the
     # Access tab's switch, or started again here when the switch was left on (docs/gateway.md).
-    from app.backend.engine.client import base_url
+    from app.backend.engine.runtime.client import base_url
     from app.backend.gateway.server import config_from_env, engine_slots_of
     from app.backend.gateway.switch import GatewayService
 
@@ -159,7 +159,7 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
         for g in box.gpus:  # each GPU's drain waits for the gateway's answers on that GPU
             box.controller(g).add_answer_counter(_GpuAnswers(gateway, g))
     # the same answers, for a stop or switch another process makes (a CLI switch drains them too)
-    from app.backend.engine.answers import AnswersPublisher
+    from app.backend.engine.lifecycle.answers import AnswersPublisher
 
     publisher = AnswersPublisher(settings.ensure_state_dir(), [chat, gateway])
     publisher.start()
@@ -209,11 +209,11 @@ def make_engine_controller(settings: Settings, gpu_reader: GpuReader,
     `telemetry.gpu.make_gpu_reader` and, once the controller exists, let a SIMULATED card follow it with
     `telemetry.gpu.follow_engine`: the engine never builds a reader).
     `supervise`: the panel's controller brings back what should run and restarts crashes (docs/engine.md)."""
-    from app.backend.engine.answers import OtherProcessAnswers
+    from app.backend.engine.lifecycle.answers import OtherProcessAnswers
     from app.backend.engine.controller import EngineController
-    from app.backend.engine.factory import ensure_sim_image, select_runtime
-    from app.backend.engine.imagebuild import image_build_running
-    from app.backend.engine.tickets import ControllerOptions
+    from app.backend.engine.runtime.choice import ensure_sim_image, select_runtime
+    from app.backend.engine.builds.image import image_build_running
+    from app.backend.engine.lifecycle.tickets import ControllerOptions
     from app.backend.service.config import ServiceConfigStore, effective_policy
 
     options = options or ControllerOptions()

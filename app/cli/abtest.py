@@ -64,7 +64,7 @@ def _services(settings: Any, gpus: str | None = None) -> tuple[Any, Any]:
     from app.backend.abtest.runner import ABRunService
     from app.backend.state import make_engine_controller, make_box_gpus
     from app.backend.engine.gpus import parse_gpus
-    from app.backend.engine.tickets import ControllerOptions
+    from app.backend.engine.lifecycle.tickets import ControllerOptions
     from app.backend.telemetry.gpu import box_gpu_count, follow_engine, make_gpu_reader
 
     reader = make_gpu_reader(settings)

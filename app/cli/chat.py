@@ -17,7 +17,7 @@ from app.backend.chat.client import ChatRequest, ChatStream, SamplingParams
 from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, ReclassifyAsReasoning, StreamError
 from app.backend.chat.models import MessageStats
 from app.backend.chat.stats import StatsRecorder, format_stats
-from app.backend.engine.client import EngineClient, base_url
+from app.backend.engine.runtime.client import EngineClient, base_url
 from app.cli.main import add_common, settings_from
 
 

@@ -21,10 +21,10 @@ from app.backend.engine.controller import EngineController
 from app.backend.state import make_box_gpus
 from app.backend.engine.gpus import BoxGpus, GpuSelectionError
 from app.backend.telemetry.gpu import box_gpu_count, follow_engine, make_gpu_reader
-from app.backend.engine.imagebuild import BuildEvent, ImageBuildRefused, build_image, build_mark, check_source
+from app.backend.engine.builds.image import BuildEvent, ImageBuildRefused, build_image, build_mark, check_source
 from app.backend.files.atomic import LockBusy
 from app.backend import oplog
-from app.backend.engine.tickets import ControllerOptions, Ticket
+from app.backend.engine.lifecycle.tickets import ControllerOptions, Ticket
 from app.backend.contracts import Diagnosis, EngineSnapshot, LogLine
 from app.backend.telemetry.hostprobe import detect_demo
 from app.backend.config.settings import Settings
@@ -404,7 +404,7 @@ def _show_build(ev: BuildEvent) -> None:
 
 def _build_commit(args: argparse.Namespace, settings: Settings) -> int:
     """`build-image --commit REF`: a build the panel holds (docs/engine.md "Upgrading the engine")."""
-    from app.backend.engine.buildjob import build_commit, build_demo
+    from app.backend.engine.builds.job import build_commit, build_demo
 
     try:
         mark = build_mark(settings.ensure_state_dir(), args.commit)
@@ -434,7 +434,7 @@ def _build_commit(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _builds(args: argparse.Namespace, settings: Settings) -> int:
-    from app.backend.engine import builds
+    from app.backend.engine.builds import store as builds
 
     views = builds.registry(settings).views()
     if args.json:

@@ -19,7 +19,7 @@ from pathlib import Path
 from app.backend import oplog
 
 from app.backend.config import env
-from app.backend.engine.client import base_url
+from app.backend.engine.runtime.client import base_url
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.proxy import Limits
 from app.backend.gateway.engine_status import EngineStatusSource, PipeSource, ProbeSource

@@ -27,7 +27,7 @@ def register(subs: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from app.backend.state import make_box_gpus
     from app.backend.engine.gpus import GpuSelectionError, parse_gpus
-    from app.backend.engine.tickets import ControllerOptions
+    from app.backend.engine.lifecycle.tickets import ControllerOptions
     from app.backend.telemetry.gpu import box_gpu_count, follow_engine, make_gpu_reader
     from app.backend.selftest.needle import parse_lengths
     from app.backend.selftest.report import to_json_text, to_markdown

@@ -24,7 +24,7 @@ from app.backend.abtest.grading import (
     reveal_markdown,
 )
 from app.backend.abtest.journal import Prompt, new_spec, parse_pasted, parse_prompts_jsonl
-from app.backend.engine.builds import side_choices
+from app.backend.engine.builds.store import side_choices
 from app.backend.abtest.runner import ABRunService
 from app.backend.web.exports import write_export
 from app.backend.jobs import JobState

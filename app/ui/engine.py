@@ -17,10 +17,10 @@ import gradio as gr
 
 from app.backend import oplog
 from app.backend.engine.controller import EngineController
-from app.backend.engine.loglines import LogFilter, StreamChoice
-from app.backend.engine.tickets import Ticket
-from app.backend.engine.oplock import Holder
-from app.backend.engine.preflight import PreflightReport
+from app.backend.engine.logs.loglines import LogFilter, StreamChoice
+from app.backend.engine.lifecycle.tickets import Ticket
+from app.backend.engine.lifecycle.oplock import Holder
+from app.backend.engine.lifecycle.preflight import PreflightReport
 from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState
 from app.backend.profiles.registry import profile_label
 from app.backend.recipe.command import render_shell

@@ -13,9 +13,10 @@ from typing import Any
 import gradio as gr
 
 from app.backend import oplog
-from app.backend.engine import builds, upgrade
+from app.backend.engine.builds import store as builds
+from app.backend.engine import upgrade
 from app.backend.evidence import builds as evidence
-from app.backend.engine.buildjob import BuildProgress, BuildService
+from app.backend.engine.builds.job import BuildProgress, BuildService
 from app.backend.jobs import JobState
 from app.backend.state import AppState
 from app.ui.gpus import scope_gpus

@@ -49,7 +49,7 @@ def main() -> int:
     import httpx
 
     from app.backend.state import make_box_gpus
-    from app.backend.engine.tickets import ControllerOptions
+    from app.backend.engine.lifecycle.tickets import ControllerOptions
     from app.backend.gateway.keys import KeyStore
     from app.backend.gateway.proxy import GPU_HEADER, Limits
     from app.backend.gateway.engine_status import SnapshotSource

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.backend.abtest.runner import split_side
-from app.backend.engine import builds
+from app.backend.engine.builds import store as builds
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.recipe.command import build_run_spec
 from app.backend.config.settings import Settings

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from app.backend.engine import statemachine as sm
-from app.backend.engine.events import EventBus
+from app.backend.engine.decider import statemachine as sm
+from app.backend.engine.decider.events import EventBus
 from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
 from tests.polling import wait_for
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from app.backend.contracts import EngineState
-from app.backend.engine.buildjob import BuildService
+from app.backend.engine.builds.job import BuildService
 from app.backend.jobs import JobState
 from tests.conftest import serving
 from tests.engine.conftest import sim_panel_state

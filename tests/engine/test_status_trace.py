@@ -10,7 +10,7 @@ import json
 import httpx
 
 from app.backend.contracts import EngineState
-from app.backend.engine.client import own_http
+from app.backend.engine.runtime.client import own_http
 from app.backend.telemetry.sampler import TelemetrySampler
 from tests.conftest import engine_openai
 from tests.polling import wait_for

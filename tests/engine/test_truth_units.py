@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from app.backend.engine.bootlog import BootTracker
-from app.backend.engine.exits import explain_exit
-from app.backend.engine.stall import LivenessTracker, Progress
-from app.backend.engine.loglines import is_panel_probe, pool_sizing
-from app.backend.engine.runtime import Instance
+from app.backend.engine.logs.bootlog import BootTracker
+from app.backend.engine.logs.exits import explain_exit
+from app.backend.engine.supervision.stall import LivenessTracker, Progress
+from app.backend.engine.logs.loglines import is_panel_probe, pool_sizing
+from app.backend.engine.runtime.base import Instance
 from app.backend.telemetry.trace import TraceParser
 
 LINES = [
@@ -101,7 +101,7 @@ def test_demo_data_dir_is_the_same_for_serve_and_cli(monkeypatch, tmp_path: Path
 def test_half_extracted_artifact_fails_preflight_with_resume(tmp_path: Path) -> None:
     from app.backend.download.journal import downloads_dir
     from app.backend.download.journal import artifact_status
-    from app.backend.engine.preflight import PreflightInputs, _artifacts
+    from app.backend.engine.lifecycle.preflight import PreflightInputs, _artifacts
     from app.backend.recipe import DEFAULT_RECIPE, load_recipe
     from app.backend.config.settings import Settings
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from app.backend.contracts import EngineSnapshot, EngineState
-from app.backend.engine.events import EventBus
+from app.backend.engine.decider.events import EventBus
 from app.backend.gateway.switch import GatewayService, GatewayState, load_desired, save_desired, DesiredGateway
 from app.backend.gateway.server import GatewayConfig
 from app.backend.simengine import SimEngineServer

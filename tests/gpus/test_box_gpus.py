@@ -10,7 +10,7 @@ import pytest
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.engine.controller import EngineController
 from app.backend.engine.gpus import BoxGpus, GpuSelectionError, build_box_gpus, parse_gpus
-from app.backend.engine.tickets import Ticket
+from app.backend.engine.lifecycle.tickets import Ticket
 
 
 class FakeCtl:
@@ -122,7 +122,7 @@ def test_engine_tab_rows_one_per_gpu() -> None:
 
 
 def test_host_share_for_n_engines_says_what_they_need_and_refuses_what_cannot_fit() -> None:
-    from app.backend.engine.preflight import host_share
+    from app.backend.engine.lifecycle.preflight import host_share
     from app.backend.contracts import docker_size_bytes
     from app.backend.recipe.loader import load_recipe
     from app.backend.config.settings import DEFAULT_RECIPE

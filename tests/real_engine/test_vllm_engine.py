@@ -19,12 +19,12 @@ from app.backend.chat.client import ChatRequest, ChatStream, SamplingParams
 from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, UsageReport
 from app.backend.chat.conversations import ChatService
 from app.backend.chat.stats import format_stats
-from app.backend.engine.bootlog import BootTracker
-from app.backend.engine.client import EngineClient, EngineEndpoint, api_base, own_http
+from app.backend.engine.logs.bootlog import BootTracker
+from app.backend.engine.runtime.client import EngineClient, EngineEndpoint, api_base, own_http
 from app.backend.engine.controller import EngineController
 from app.backend.contracts import EngineState
 from app.backend.telemetry.sampler import TelemetrySampler
-from app.backend.engine.metrics_text import parse_metrics
+from app.backend.engine.runtime.metrics_text import parse_metrics
 from tests.gateway.sockets import container_listening, listening, non_loopback
 from tests.real_engine.conftest import BOOT_S, Tier
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable
 
 from app.backend import oplog
-from app.backend.engine import builds
+from app.backend.engine.builds import store as builds
 from app.backend.abtest.journal import ABSpec, Generation, Journal, RunState, Side
 from app.backend.selftest.probe import Cancelled, EngineProbe
 from app.backend.jobs import BackgroundJob, JobState

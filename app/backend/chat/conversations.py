@@ -28,7 +28,7 @@ from app.backend.chat.stats import StatsRecorder
 from app.backend.chat.store import ChatStore, ChatStoreError
 from app.backend.contracts import EngineEvents, EngineSnapshot, SnapshotFn
 from app.backend.chat.turn import Turn
-from app.backend.engine.client import engine_client
+from app.backend.engine.runtime.client import engine_client
 from app.backend.web.exports import write_export
 from app.backend.recipe.schema import Recipe
 

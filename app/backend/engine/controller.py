@@ -21,30 +21,30 @@ from pathlib import Path
 from typing import Callable
 
 from app.backend import oplog
-from app.backend.engine import builds
+from app.backend.engine.builds import store as builds
 from app.backend.contracts import LIVE_STATES, AnswerCounter, EngineSnapshot, EngineState, GpuReader, LogLine
-from app.backend.engine.boot import Boot
-from app.backend.engine.core import MUTATING
-from app.backend.engine.canary import CanaryState
-from app.backend.engine.desired import Desired, DesiredStore
-from app.backend.engine.events import EngineChanged, EventBus, SnapshotWatch, Subscription
+from app.backend.engine.control.boot import Boot
+from app.backend.engine.control.core import MUTATING
+from app.backend.engine.supervision.canary import CanaryState
+from app.backend.engine.supervision.desired import Desired, DesiredStore
+from app.backend.engine.decider.events import EngineChanged, EventBus, SnapshotWatch, Subscription
 from app.backend.engine.errlog import ErrorsOnce
-from app.backend.engine.exits import ExitRecords
-from app.backend.engine.following import LogFollower
-from app.backend.engine.drainnote import DrainNotes
-from app.backend.engine.history import SupervisionStore
-from app.backend.engine.inbox import Close, Inbox
-from app.backend.engine.livewatch import LivenessWatch
-from app.backend.engine.stall import LivenessTracker
-from app.backend.engine.loglines import EVERY_LINE, LogFilter
-from app.backend.engine.logstore import LogStore
-from app.backend.engine.observer import Observer
-from app.backend.engine.operations import Operations
-from app.backend.engine.tickets import ControllerOptions, Ticket, expects_pool
-from app.backend.engine.oplock import EngineLock, Holder, LockHeld
-from app.backend.engine.preflight import PreflightReport
-from app.backend.engine.restartpolicy import RestartPolicy, parse_policy
-from app.backend.engine.runtime import Runtime, RuntimeOpError, RuntimeUnavailable
+from app.backend.engine.logs.exits import ExitRecords
+from app.backend.engine.logs.following import LogFollower
+from app.backend.engine.lifecycle.drainnote import DrainNotes
+from app.backend.engine.supervision.history import SupervisionStore
+from app.backend.engine.decider.inbox import Close, Inbox
+from app.backend.engine.control.livewatch import LivenessWatch
+from app.backend.engine.supervision.stall import LivenessTracker
+from app.backend.engine.logs.loglines import EVERY_LINE, LogFilter
+from app.backend.engine.logs.logstore import LogStore
+from app.backend.engine.control.observer import Observer
+from app.backend.engine.control.operations import Operations
+from app.backend.engine.lifecycle.tickets import ControllerOptions, Ticket, expects_pool
+from app.backend.engine.lifecycle.oplock import EngineLock, Holder, LockHeld
+from app.backend.engine.lifecycle.preflight import PreflightReport
+from app.backend.engine.supervision.restartpolicy import RestartPolicy, parse_policy
+from app.backend.engine.runtime.base import Runtime, RuntimeOpError, RuntimeUnavailable
 from app.backend.web.exports import exports_dir
 from app.backend.recipe.command import RunSpec, build_run_spec
 from app.backend.recipe.schema import ProfileSpec

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from app.backend import oplog
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.engine.controller import EngineController
-from app.backend.engine.tickets import Ticket
+from app.backend.engine.lifecycle.tickets import Ticket
 
 ALL = "all"
 

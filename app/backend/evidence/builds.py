@@ -15,7 +15,7 @@ from pathlib import Path
 from app.backend.abtest.grading import reveal
 from app.backend.abtest.journal import Journal
 from app.backend.abtest.runner import split_side
-from app.backend.engine import builds
+from app.backend.engine.builds import store as builds
 from app.backend.selftest.store import ResultsStore
 from app.backend.selftest.types import SelfTestResult
 from app.backend.config.settings import Settings

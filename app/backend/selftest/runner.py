@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from app.backend.profiles.registry import ProfileRegistry
 from app.backend import oplog
-from app.backend.engine import builds
+from app.backend.engine.builds import store as builds
 from app.backend.contracts import GiB
 from app.backend.jobs import BackgroundJob, JobState
 from app.backend.recipe.command import config_hash

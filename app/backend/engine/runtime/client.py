@@ -6,7 +6,7 @@ issue 40) is reached through an httpx transport bound to that socket, the SDK's 
 reached on loopback.
 
 Not here: the gateway's proxy (`gateway/proxy.py`) keeps its own async client (it copies a client's stream
-through, it does not read the engine), and the generation canary (`engine/canary.py`) opens a connection per
+through, it does not read the engine), and the generation canary (`engine/supervision/canary.py`) opens a connection per
 canary so that closing it aborts the canary in vLLM.
 """
 
@@ -90,7 +90,7 @@ def own_http(url: str, timeout: httpx.Timeout) -> tuple[httpx.Client, str]:
 # -- one /metrics read ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MetricsRead:
-    """One `GET /metrics` (Prometheus text); parsed by its readers (telemetry/metrics.py, engine/stall.py)."""
+    """One `GET /metrics` (Prometheus text); parsed by its readers (telemetry/metrics.py, engine/supervision/stall.py)."""
 
     text: str
     ts: float  # wall time of the read

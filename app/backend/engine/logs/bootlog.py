@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from app.backend.contracts import PoolSizing
-from app.backend.engine.loglines import pool_sizing
+from app.backend.engine.logs.loglines import pool_sizing
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 # vLLM prefix (docs/engine.md, "Engine facts"): optional "(proc pid=N) ", level, timestamp, [file:line]

@@ -12,11 +12,11 @@ import httpx
 
 from app.backend import oplog
 from app.backend.contracts import EngineSnapshot, EngineState
-from app.backend.engine import statemachine as sm
-from app.backend.engine.canary import Load, canary_diagnosis, load_from_metrics, send_canary
-from app.backend.engine.client import engine_client
-from app.backend.engine.core import Core
-from app.backend.engine.stall import progress_from_metrics, stall_diagnosis
+from app.backend.engine.decider import statemachine as sm
+from app.backend.engine.supervision.canary import Load, canary_diagnosis, load_from_metrics, send_canary
+from app.backend.engine.runtime.client import engine_client
+from app.backend.engine.control.core import Core
+from app.backend.engine.supervision.stall import progress_from_metrics, stall_diagnosis
 
 
 class LivenessWatch(Core):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from app.backend.config import env
-from app.backend.engine.docker_runtime import DockerRuntime, unreachable_message
+from app.backend.engine.runtime.docker import DockerRuntime, unreachable_message
 from app.backend.files.atomic import PidLock
 
 CLASSIC_STEP_RE = re.compile(r"^Step (?P<k>\d+)/(?P<n>\d+) :")

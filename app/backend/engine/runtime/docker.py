@@ -22,7 +22,7 @@ from docker.types.daemon import CancellableStream
 from app.backend.contracts import JsonObject
 from app.backend.config import env
 from app.backend.engine.errlog import ENGINE_ERRORS
-from app.backend.engine.runtime import (
+from app.backend.engine.runtime.base import (
     Instance,
     LineSink,
     LineSplitter,

@@ -9,9 +9,9 @@ and the next operation retries Docker).
 from __future__ import annotations
 
 from app.backend.config import env
-from app.backend.engine.docker_runtime import DockerRuntime
-from app.backend.engine.process_runtime import ProcessRuntime
-from app.backend.engine.runtime import Runtime, RuntimeUnavailable
+from app.backend.engine.runtime.docker import DockerRuntime
+from app.backend.engine.runtime.process import ProcessRuntime
+from app.backend.engine.runtime.base import Runtime, RuntimeUnavailable
 from app.backend.config.settings import Settings
 
 

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Iterable
 
-from app.backend.engine.diagnosis import classify
-from app.backend.engine.runtime import Instance
+from app.backend.engine.logs.diagnosis import classify
+from app.backend.engine.runtime.base import Instance
 from app.backend.contracts import Diagnosis
 
 SIGKILL_CODES = (137, -9)

@@ -1,6 +1,6 @@
 """The one classifier of engine log lines that more than one consumer reads (docs/engine.md, "Logs").
 
-The FP4 pool sizing lines (docs/engine.md, "Engine facts") drive both the boot tracker (`engine/bootlog.py`: is the pool
+The FP4 pool sizing lines (docs/engine.md, "Engine facts") drive both the boot tracker (`engine/logs/bootlog.py`: is the pool
 loaded, what the badge says) and the pool telemetry (`telemetry/trace.py`: the pool panel). One parser
 here means one pool-slot value everywhere. The panel's own probe requests in the engine's access log are
 recognised here too (the Logs views hide them by default; the files keep every line).

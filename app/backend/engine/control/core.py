@@ -15,23 +15,23 @@ import threading
 from typing import Callable
 
 from app.backend.contracts import AnswerCounter, Diagnosis, EngineSnapshot, GpuReader
-from app.backend.engine import statemachine as sm
-from app.backend.engine.canary import CanaryState
-from app.backend.engine.desired import DesiredStore
+from app.backend.engine.decider import statemachine as sm
+from app.backend.engine.supervision.canary import CanaryState
+from app.backend.engine.supervision.desired import DesiredStore
 from app.backend.engine.errlog import ErrorsOnce
-from app.backend.engine.events import EventBus
-from app.backend.engine.exits import ExitRecords
-from app.backend.engine.following import LogFollower
-from app.backend.engine.drainnote import DrainNotes
-from app.backend.engine.history import SupervisionStore
-from app.backend.engine.inbox import Decide, Inbox
-from app.backend.engine.stall import LivenessTracker
-from app.backend.engine.logstore import LogStore
-from app.backend.engine.tickets import ControllerOptions, Ticket
-from app.backend.engine.oplock import EngineLock
-from app.backend.engine.preflight import PreflightReport
-from app.backend.engine.restartpolicy import RestartPolicy
-from app.backend.engine.runtime import EventStream, Instance, Runtime
+from app.backend.engine.decider.events import EventBus
+from app.backend.engine.logs.exits import ExitRecords
+from app.backend.engine.logs.following import LogFollower
+from app.backend.engine.lifecycle.drainnote import DrainNotes
+from app.backend.engine.supervision.history import SupervisionStore
+from app.backend.engine.decider.inbox import Decide, Inbox
+from app.backend.engine.supervision.stall import LivenessTracker
+from app.backend.engine.logs.logstore import LogStore
+from app.backend.engine.lifecycle.tickets import ControllerOptions, Ticket
+from app.backend.engine.lifecycle.oplock import EngineLock
+from app.backend.engine.lifecycle.preflight import PreflightReport
+from app.backend.engine.supervision.restartpolicy import RestartPolicy
+from app.backend.engine.runtime.base import EventStream, Instance, Runtime
 from app.backend.recipe.command import RunSpec
 from app.backend.recipe.schema import ProfileSpec, Recipe
 from app.backend.config.settings import Settings

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from app.backend import oplog
-from app.backend.engine.client import connect_host, engine_client
+from app.backend.engine.runtime.client import connect_host, engine_client
 from app.backend.recipe.endpoint import EngineEndpoint, EndpointError
 
 CONNECT_TIMEOUT_S = 1.0

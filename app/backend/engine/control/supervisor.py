@@ -16,13 +16,13 @@ from datetime import datetime, timezone
 
 from app.backend import oplog
 from app.backend.contracts import EngineSnapshot, EngineState
-from app.backend.engine import statemachine as sm
-from app.backend.engine.core import Core
-from app.backend.engine.desired import Desired
-from app.backend.engine.exits import NEUTRAL_REASONS
-from app.backend.engine.tickets import Ticket
-from app.backend.engine.restartpolicy import ENVIRONMENT, GiveUp, PolicyConfig, Restart, decide
-from app.backend.engine.runtime import Instance
+from app.backend.engine.decider import statemachine as sm
+from app.backend.engine.control.core import Core
+from app.backend.engine.supervision.desired import Desired
+from app.backend.engine.logs.exits import NEUTRAL_REASONS
+from app.backend.engine.lifecycle.tickets import Ticket
+from app.backend.engine.supervision.restartpolicy import ENVIRONMENT, GiveUp, PolicyConfig, Restart, decide
+from app.backend.engine.runtime.base import Instance
 
 
 @dataclass(frozen=True)

@@ -17,18 +17,18 @@ import time
 
 from app.backend import oplog
 from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, slots_of
-from app.backend.engine import statemachine as sm
-from app.backend.engine.builds import BUILD_LABEL
-from app.backend.engine.bootlog import BootProgress, BootTracker
-from app.backend.engine.client import base_url
-from app.backend.engine.diagnosis import cache_miss_warning
-from app.backend.engine.exits import STOPPED_OUTSIDE, explain_exit, is_failure
-from app.backend.engine.inbox import Close, Kick, Message, Reply, Resync, SyncForOp
-from app.backend.engine.tickets import expects_pool
-from app.backend.engine.readiness import probe
-from app.backend.engine.reconciler import Reconciler, wait_reply
+from app.backend.engine.decider import statemachine as sm
+from app.backend.engine.builds.store import BUILD_LABEL
+from app.backend.engine.logs.bootlog import BootProgress, BootTracker
+from app.backend.engine.runtime.client import base_url
+from app.backend.engine.logs.diagnosis import cache_miss_warning
+from app.backend.engine.logs.exits import STOPPED_OUTSIDE, explain_exit, is_failure
+from app.backend.engine.decider.inbox import Close, Kick, Message, Reply, Resync, SyncForOp
+from app.backend.engine.lifecycle.tickets import expects_pool
+from app.backend.engine.runtime.readiness import probe
+from app.backend.engine.control.reconciler import Reconciler, wait_reply
 from app.backend.recipe.command import GPU_LABEL
-from app.backend.engine.runtime import MANAGED_LABEL, RECIPE_LABEL, Instance, Runtime, RuntimeOpError, RuntimeUnavailable
+from app.backend.engine.runtime.base import MANAGED_LABEL, RECIPE_LABEL, Instance, Runtime, RuntimeOpError, RuntimeUnavailable
 
 ADOPT_PROBE_S = 1.0  # adoption's readiness probe: not ready within this -> shown starting, gated by a watch-only op
 EXIT_TAIL_LINES = 400  # the exit diagnosis reads the last lines of a run it did not follow (never its first)

@@ -17,8 +17,8 @@ from typing import Callable, Literal
 
 import psutil
 
-from app.backend.engine.diagnosis import CARD_PIN
-from app.backend.engine.runtime import Runtime, RuntimeOpError, RuntimeUnavailable
+from app.backend.engine.logs.diagnosis import CARD_PIN
+from app.backend.engine.runtime.base import Runtime, RuntimeOpError, RuntimeUnavailable
 from app.backend.recipe.schema import Recipe
 from app.backend.contracts import GpuReader, GpuSample
 from app.backend.contracts import GiB, docker_size_bytes
@@ -325,7 +325,7 @@ TCP_ENGINE_WARNING = ("this recipe's engine listens on TCP (listen = \"tcp\": it
 
 
 def _port(inp: PreflightInputs) -> PreflightItem:
-    from app.backend.engine.readiness import port_in_use
+    from app.backend.engine.runtime.readiness import port_in_use
 
     port = inp.recipe.serve.port + (inp.gpu or 0)  # GPU N of a box of several listens on port + N
     title = f"Port {port} free"
@@ -339,7 +339,7 @@ def _port(inp: PreflightInputs) -> PreflightItem:
 
 
 def _socket(inp: PreflightInputs) -> PreflightItem:
-    from app.backend.engine.readiness import socket_dir_problem, socket_in_use
+    from app.backend.engine.runtime.readiness import socket_dir_problem, socket_in_use
     from app.backend.recipe.endpoint import EndpointError, socket_dir, socket_path
 
     title = "Engine socket directory"

@@ -3,7 +3,7 @@
 The tree at REF is exported (`git archive`, so the owner's checkout is never touched) from `--source DIR` or
 from the panel's own clone of the recipe's engine source (`<state>/engine-src`, needs network once), built
 with the recipe's Dockerfile at low priority (the classic builder runs its steps with a small CPU share; the
-engine keeps serving) and recorded in the build registry (engine/builds.py). Demo mode builds the SIMULATED
+engine keeps serving) and recorded in the build registry (engine/builds/store.py). Demo mode builds the SIMULATED
 engine's image variant instead (simengine/image.py). docs/engine.md "Upgrading the engine".
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Callable
 
 from app.backend import oplog
-from app.backend.engine import builds
-from app.backend.engine.docker_runtime import DockerRuntime
-from app.backend.engine.runtime import RuntimeUnavailable
-from app.backend.engine.imagebuild import BuildEvent, BuildResult, ImageBuildRefused, build_image, build_mark
+from app.backend.engine.builds import store as builds
+from app.backend.engine.runtime.docker import DockerRuntime
+from app.backend.engine.runtime.base import RuntimeUnavailable
+from app.backend.engine.builds.image import BuildEvent, BuildResult, ImageBuildRefused, build_image, build_mark
 from app.backend.files.atomic import LockBusy
 from app.backend.jobs import BackgroundJob, JobState
 from app.backend.config.settings import Settings

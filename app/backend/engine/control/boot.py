@@ -9,21 +9,21 @@ from __future__ import annotations
 import time
 
 from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, slots_of
-from app.backend.engine import diagnosis as diag_mod
-from app.backend.engine import statemachine as sm
-from app.backend.engine.bootlog import message_of
-from app.backend.engine.builds import BUILD_LABEL, record_boot
-from app.backend.engine.core import Core
-from app.backend.engine.exits import explain_exit, is_failure
-from app.backend.engine.gpurelease import wait_gpu_release
+from app.backend.engine.logs import diagnosis as diag_mod
+from app.backend.engine.decider import statemachine as sm
+from app.backend.engine.logs.bootlog import message_of
+from app.backend.engine.builds.store import BUILD_LABEL, record_boot
+from app.backend.engine.control.core import Core
+from app.backend.engine.logs.exits import explain_exit, is_failure
+from app.backend.engine.lifecycle.gpurelease import wait_gpu_release
 from app.backend.engine.errlog import ENGINE_ERRORS
-from app.backend.engine.inbox import Decide
-from app.backend.engine.loglines import pool_sizing
-from app.backend.engine.tickets import expects_pool
-from app.backend.engine.preflight import PreflightInputs, PreflightReport, run_preflight
-from app.backend.engine.readiness import claim_listen_address, probe
-from app.backend.engine.restartpolicy import preflight_cause
-from app.backend.engine.runtime import Instance, Runtime, RuntimeOpError, RuntimeUnavailable
+from app.backend.engine.decider.inbox import Decide
+from app.backend.engine.logs.loglines import pool_sizing
+from app.backend.engine.lifecycle.tickets import expects_pool
+from app.backend.engine.lifecycle.preflight import PreflightInputs, PreflightReport, run_preflight
+from app.backend.engine.runtime.readiness import claim_listen_address, probe
+from app.backend.engine.supervision.restartpolicy import preflight_cause
+from app.backend.engine.runtime.base import Instance, Runtime, RuntimeOpError, RuntimeUnavailable
 from app.backend.recipe.command import RunSpec
 
 

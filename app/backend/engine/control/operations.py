@@ -17,15 +17,15 @@ from typing import Callable
 
 from app.backend import oplog
 from app.backend.contracts import LIVE_STATES, Diagnosis, EngineState
-from app.backend.engine import statemachine as sm
-from app.backend.engine.builds import BUILD_LABEL
-from app.backend.engine.core import MUTATING
-from app.backend.engine.desired import DesiredKind
-from app.backend.engine.tickets import Ticket
-from app.backend.engine.oplock import LockHeld
-from app.backend.engine.reconciler import ReconcilerTimeout
-from app.backend.engine.runtime import RuntimeUnavailable
-from app.backend.engine.supervisor import Supervisor
+from app.backend.engine.decider import statemachine as sm
+from app.backend.engine.builds.store import BUILD_LABEL
+from app.backend.engine.control.core import MUTATING
+from app.backend.engine.supervision.desired import DesiredKind
+from app.backend.engine.lifecycle.tickets import Ticket
+from app.backend.engine.lifecycle.oplock import LockHeld
+from app.backend.engine.control.reconciler import ReconcilerTimeout
+from app.backend.engine.runtime.base import RuntimeUnavailable
+from app.backend.engine.control.supervisor import Supervisor
 from app.backend.recipe.command import RunSpec
 
 DRAIN_POLL_S = 0.2

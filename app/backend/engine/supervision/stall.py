@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.backend.contracts import Diagnosis
-from app.backend.engine.metrics_text import GEN_TOKENS, PROMPT_TOKENS, RUNNING, parse_metrics
+from app.backend.engine.runtime.metrics_text import GEN_TOKENS, PROMPT_TOKENS, RUNNING, parse_metrics
 
 
 @dataclass(frozen=True)

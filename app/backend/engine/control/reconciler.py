@@ -16,9 +16,9 @@ import time
 
 from app.backend import oplog
 from app.backend.contracts import EngineSnapshot
-from app.backend.engine import statemachine as sm
-from app.backend.engine.core import MUTATING, Core
-from app.backend.engine.inbox import Close, Decide, Propose, Reply
+from app.backend.engine.decider import statemachine as sm
+from app.backend.engine.control.core import MUTATING, Core
+from app.backend.engine.decider.inbox import Close, Decide, Propose, Reply
 
 HEARTBEAT_S = 1.0  # the loop's longest idle wait: heartbeat() is never older than this on a healthy panel
 ASK_DEADLINE_S = 10.0  # an ask the reconciler does not answer within this is an error (it does no I/O)

@@ -14,9 +14,9 @@ import threading
 import time
 from typing import Callable
 
-from app.backend.engine.bootlog import BootProgress, BootTracker
-from app.backend.engine.logstore import LogStore
-from app.backend.engine.runtime import Instance, LogFollow, Runtime, Stream
+from app.backend.engine.logs.bootlog import BootProgress, BootTracker
+from app.backend.engine.logs.logstore import LogStore
+from app.backend.engine.runtime.base import Instance, LogFollow, Runtime, Stream
 from app.backend.contracts import LogLine
 
 BootCallback = Callable[[str, BootProgress], None]  # (container id, progress after the line)

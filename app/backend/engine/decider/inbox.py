@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, Union
 
-from app.backend.engine import statemachine as sm
+from app.backend.engine.decider import statemachine as sm
 from app.backend.contracts import EngineSnapshot
 
 # A proposer's rule, run ON the reconciler against the snapshot of that moment: the events to apply, in

@@ -23,8 +23,8 @@ from typing import Callable, Literal
 import httpx
 
 from app.backend.contracts import Diagnosis
-from app.backend.engine.client import own_http
-from app.backend.engine.metrics_text import GEN_TOKENS, PROMPT_TOKENS, RUNNING, WAITING, parse_metrics
+from app.backend.engine.runtime.client import own_http
+from app.backend.engine.runtime.metrics_text import GEN_TOKENS, PROMPT_TOKENS, RUNNING, WAITING, parse_metrics
 
 FAILS_TO_STALL = 2
 ARRIVAL_POLL_S = 0.05

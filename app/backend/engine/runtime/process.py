@@ -23,7 +23,7 @@ from typing import Literal, TypedDict
 import psutil
 
 from app.backend.config import env
-from app.backend.engine.runtime import Instance, LineSink, LineSplitter, RuntimeOpError, Stream
+from app.backend.engine.runtime.base import Instance, LineSink, LineSplitter, RuntimeOpError, Stream
 from app.backend.recipe.command import RunSpec
 from app.backend.recipe.endpoint import ensure_socket_dir
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from app.backend.engine.desired import Desired
+from app.backend.engine.supervision.desired import Desired
 from app.backend.engine.errlog import ENGINE_ERRORS
 from app.backend.files.jsonstore import JsonStore
 
