@@ -73,8 +73,8 @@ def test_the_panel_runs_an_engine_per_gpu_and_its_gateway_sees_the_box(docker_cl
                 assert t.wait(120) and t.ok, t.message
             source = state.gateway._source
             assert isinstance(source, BoxSource)
-            box = source.status()
-            assert box.accepts and [e.gpu for e in box.engines if e.accepts] == [0, 1]
+            status = source.status()
+            assert status.accepts and [e.gpu for e in status.engines if e.accepts] == [0, 1]
             box.leave_out([0], "self-test")
             assert [e.gpu for e in source.status().engines if e.accepts] == [1]
             # the SIMULATED card of each GPU follows that GPU's engine

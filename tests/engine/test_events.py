@@ -71,9 +71,9 @@ def test_only_the_reconciler_thread_writes_engine_state(make_controller, docker_
     writers: set[str] = set()
     real = sm.transition
 
-    def spy(snap: EngineSnapshot, event: sm.Event) -> EngineSnapshot:
+    def spy(snap: EngineSnapshot, event: sm.Event, now: float | None = None) -> EngineSnapshot:
         writers.add(threading.current_thread().name)
-        return real(snap, event)
+        return real(snap, event, now)
 
     monkeypatch.setattr(sm, "transition", spy)
     a: EngineController = make_controller()

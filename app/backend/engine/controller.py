@@ -33,7 +33,8 @@ from app.backend.engine.logs.exits import ExitRecords
 from app.backend.engine.logs.following import LogFollower
 from app.backend.engine.lifecycle.drainnote import DrainNotes
 from app.backend.engine.supervision.history import SupervisionStore
-from app.backend.engine.decider.inbox import Close, Inbox
+from app.backend.engine.decider import step
+from app.backend.engine.decider.inbox import Close, Inbox, Propose
 from app.backend.engine.control.livewatch import LivenessWatch
 from app.backend.engine.supervision.stall import LivenessTracker
 from app.backend.engine.logs.loglines import EVERY_LINE, LogFilter
@@ -89,6 +90,7 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._snap = EngineSnapshot(simulated=settings.recipe.simulated, served_name=settings.recipe.model.served_name)
+        self._decided = step.Decided(self._snap)  # the reconciler's: all its rules read (decider/step.py)
         self._busy: Ticket | None = None
         self._ids = itertools.count(1)
         self._wake = threading.Event()  # interrupts poll waits (close, cancel)
@@ -107,12 +109,9 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self.oplock = EngineLock(own_dir)
         self._exit_records = ExitRecords(own_dir)
         self._explained: set[str] = set()  # exited containers already explained (never twice)
-        self._adopted_once = False
-        # The one writer's inbox (proposals), the observer's (kicks, an operation's "read Docker now"), and the
-        # flag the observer raises while it serves an operation's SyncForOp (its belief does not win then).
+        # The one writer's inbox (facts) and the observer's (kicks, an operation's "read Docker now").
         self._inbox = Inbox()
         self._obs = Inbox()
-        self._syncing_for_op = False
         self._wake_watch = threading.Event()
         self._events_stream = None  # docker-py's CancellableStream while the watch reads it
         self._threads: list[threading.Thread] = []
@@ -348,6 +347,7 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self._closed = True
         self._wake.set()
         self._drain_now.set()
+        self._inbox.put(Propose(step.Closing()))
         self._inbox.put(Close())
         self._obs.put(Close())
         self._wake_watch.set()

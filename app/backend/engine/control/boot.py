@@ -17,7 +17,7 @@ from app.backend.engine.control.core import Core
 from app.backend.engine.logs.exits import explain_exit, is_failure
 from app.backend.engine.lifecycle.gpurelease import wait_gpu_release
 from app.backend.engine.errlog import ENGINE_ERRORS
-from app.backend.engine.decider.inbox import Decide
+from app.backend.engine.decider.step import BootGated
 from app.backend.engine.logs.loglines import pool_sizing
 from app.backend.engine.lifecycle.tickets import expects_pool
 from app.backend.engine.lifecycle.preflight import PreflightInputs, PreflightReport, run_preflight
@@ -142,7 +142,7 @@ class Boot(Core):
                 if not want_pool or (slots_of(prog.pool) or 0) > 0:
                     # applied only if the reconciler still shows this run booting (it may have moved on: replaced,
                     # gone) when it reads the message
-                    return self._propose(_if_booting(inst.id, sm.BecameReady(self._ready_message(want_pool))))[0]
+                    return self._propose(BootGated(inst.id, sm.BecameReady(self._ready_message(want_pool))))[0]
                 pool_deadline = pool_deadline or time.monotonic() + self.options.pool_line_grace_s
                 if slots_of(prog.pool) == 0:
                     return self._fail_and_stop(rt, inst, "pool_not_loaded")
@@ -255,11 +255,6 @@ class Boot(Core):
 def _shows_booting(snap: EngineSnapshot, cid: str) -> bool:
     """The snapshot shows this container booting (a preflight before BootBegan counts)."""
     return snap.state is EngineState.PREFLIGHT or (snap.state is EngineState.STARTING and snap.container_id == cid)
-
-
-def _if_booting(cid: str, event: sm.Event) -> Decide:
-    """The rule of a boot gate's verdict: apply `event` only while the snapshot shows `cid` booting."""
-    return lambda s: [event] if _shows_booting(s, cid) else []
 
 
 def _tail_shows_pool(rt: Runtime, cid: str, lines: int = 2000) -> bool:

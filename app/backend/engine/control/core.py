@@ -24,7 +24,8 @@ from app.backend.engine.logs.exits import ExitRecords
 from app.backend.engine.logs.following import LogFollower
 from app.backend.engine.lifecycle.drainnote import DrainNotes
 from app.backend.engine.supervision.history import SupervisionStore
-from app.backend.engine.decider.inbox import Decide, Inbox
+from app.backend.engine.decider import step
+from app.backend.engine.decider.inbox import Inbox, Reply
 from app.backend.engine.supervision.stall import LivenessTracker
 from app.backend.engine.logs.logstore import LogStore
 from app.backend.engine.lifecycle.tickets import ControllerOptions, Ticket
@@ -36,7 +37,7 @@ from app.backend.recipe.command import RunSpec
 from app.backend.recipe.schema import ProfileSpec, Recipe
 from app.backend.config.settings import Settings
 
-MUTATING = frozenset({"start", "stop", "switch", "restart"})  # "adopt" only watches: no lock
+MUTATING = step.MUTATING  # "adopt" only watches: no lock
 
 
 class Core:
@@ -62,8 +63,9 @@ class Core:
     _artifact_status: Callable[[str], str | None] | None
     _lock: threading.RLock
     _changed: threading.Condition
-    _snap: EngineSnapshot
-    _busy: Ticket | None
+    _snap: EngineSnapshot  # the decider's snapshot (`_decided.snap`), written with it by the reconciler only
+    _decided: step.Decided  # all a rule reads (decider/step.py): written by the reconciler only
+    _busy: Ticket | None  # the admitted operation (admission and waiting; rules read `_decided.op`)
     _wake: threading.Event
     _cancel: threading.Event
     _closed: bool
@@ -72,10 +74,8 @@ class Core:
     _follower: LogFollower
     _exit_records: ExitRecords
     _explained: set[str]
-    _adopted_once: bool
     _inbox: Inbox  # the reconciler's: Propose and Close only
     _obs: Inbox  # the observer's: Kick, SyncForOp, Resync, Close
-    _syncing_for_op: bool
     _wake_watch: threading.Event
     _events_stream: EventStream | None
     _threads: list[threading.Thread]
@@ -102,7 +102,10 @@ class Core:
     _errors: ErrorsOnce  # caught errors, each logged once
 
     # -- cross-seam calls (each implemented by one part) --------------------------------------
-    def _propose(self, decide: Decide, *, wait: bool = True) -> tuple[bool, EngineSnapshot]:
+    def _post(self, fact: step.Fact, *, wait: bool = True) -> Reply:
+        raise NotImplementedError
+
+    def _propose(self, fact: step.Fact, *, wait: bool = True) -> tuple[bool, EngineSnapshot]:
         raise NotImplementedError
 
     def _apply(self, event: sm.Event) -> EngineSnapshot:

@@ -13,6 +13,7 @@ import httpx
 from app.backend import oplog
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.engine.decider import statemachine as sm
+from app.backend.engine.decider.step import Judged
 from app.backend.engine.supervision.canary import Load, canary_diagnosis, load_from_metrics, send_canary
 from app.backend.engine.runtime.client import engine_client
 from app.backend.engine.control.core import Core
@@ -34,7 +35,7 @@ class LivenessWatch(Core):
 
     def _check_liveness(self) -> None:
         snap = self.snapshot()
-        if snap.state not in (EngineState.READY, EngineState.STALLED) or not snap.base_url or self._busy is not None:
+        if snap.state not in (EngineState.READY, EngineState.STALLED) or not snap.base_url or self._decided.op != "":
             return
         if snap.container_id != self._canary_for:  # a new run: its own canary history
             self._canary_for = snap.container_id
@@ -54,7 +55,7 @@ class LivenessWatch(Core):
             return
         if self._stall_source != "canary" and self._canary_tick(snap, load, now):
             return
-        if self._busy is not None or self._snap.container_id != snap.container_id:
+        if self._decided.op != "" or self._snap.container_id != snap.container_id:
             return
         cid = snap.container_id
         if verdict.stalled and self._snap.state is EngineState.READY:
@@ -62,7 +63,7 @@ class LivenessWatch(Core):
             stalled = sm.Stalled(stall_diagnosis(verdict.running, verdict.idle_s, self._stall_after(), tail),
                                  f"stalled: {int(verdict.running)} request(s) running, no token for "
                                  f"{verdict.idle_s:.0f} s")
-            if not self._propose(lambda s: [stalled] if self._still_serving(s, cid, EngineState.READY) else [])[0]:
+            if not self._propose(Judged(cid, EngineState.READY, (stalled,)))[0]:
                 return
             self._stall_source = "metrics"
             oplog.decision("engine", "stalled", who=oplog.SUPERVISOR, source="metrics", container=cid[:12],
@@ -72,13 +73,8 @@ class LivenessWatch(Core):
         elif (not verdict.stalled and self._snap.state is EngineState.STALLED and self._stall_source == "metrics"
               or self._stall_source == "canary" and self._canary_recovered(snap, load)):
             unstalled = sm.Unstalled("tokens are moving again")
-            if self._propose(lambda s: [unstalled] if self._still_serving(s, cid, EngineState.STALLED) else [])[0]:
+            if self._propose(Judged(cid, EngineState.STALLED, (unstalled,)))[0]:
                 self._stall_source = ""
-
-    def _still_serving(self, s: EngineSnapshot, cid: str, state: EngineState) -> bool:
-        """A liveness verdict's rule, run on the reconciler: the run it judged is still shown, in `state`, and
-        no operation of this process is under way."""
-        return self._busy is None and s.container_id == cid and s.state is state
 
     def _canary_settings(self) -> tuple[float, float]:
         o, e = self.options, self.recipe.engine
@@ -109,7 +105,7 @@ class LivenessWatch(Core):
             events.append(sm.Stalled(canary_diagnosis(result.detail, self._canary.interval_s, tail),
                                      f"stalled: the generation canary failed twice ({result.detail})"))
         cid = snap.container_id
-        if not self._propose(lambda s: events if self._still_serving(s, cid, EngineState.READY) else [])[0]:
+        if not self._propose(Judged(cid, EngineState.READY, tuple(events)))[0]:
             return True
         if not stalled:
             return False

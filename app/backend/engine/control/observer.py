@@ -16,7 +16,7 @@ import threading
 import time
 
 from app.backend import oplog
-from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, slots_of
+from app.backend.contracts import LIVE_STATES, Diagnosis, EngineState, slots_of
 from app.backend.engine.decider import statemachine as sm
 from app.backend.engine.builds.store import BUILD_LABEL
 from app.backend.engine.logs.bootlog import BootProgress, BootTracker
@@ -24,6 +24,8 @@ from app.backend.engine.runtime.client import base_url
 from app.backend.engine.logs.diagnosis import cache_miss_warning
 from app.backend.engine.logs.exits import STOPPED_OUTSIDE, explain_exit, is_failure
 from app.backend.engine.decider.inbox import Close, Kick, Message, Reply, Resync, SyncForOp
+from app.backend.engine.decider.step import (BootLogMoved, DockerAway, DockerAwayServing, ExitSeen, FollowAdopted, OutsideDrain,
+                                             OutsideDrainEnded, RunningSeen, RunRemoved, SyncBegan, SyncEnded)
 from app.backend.engine.lifecycle.tickets import expects_pool
 from app.backend.engine.runtime.readiness import probe
 from app.backend.engine.control.reconciler import Reconciler, wait_reply
@@ -76,21 +78,20 @@ class Observer(Reconciler):
         meanwhile, so this panel's gateway and Chat tab start no new answer on an engine about to stop; the note
         gone (or its writer dead), the snapshot stops saying it. Never while this process runs an operation of
         its own (its drain is its own)."""
-        if self._busy is not None or self._closed:
+        if self._decided.op or self._closed:
             return
         note = self.drain_notes.other()
         snap = self._snap
         if note is not None and snap.state in (EngineState.READY, EngineState.STALLED):
             if (snap.draining, snap.drain_in_flight, snap.drain_deadline) != (True, note.in_flight, note.deadline):
                 ev = sm.Draining(True, note.in_flight, note.deadline, note.expected_back_s)
-                applied, _ = self._propose(lambda s: [ev] if self._busy is None and s.container_id == snap.container_id
-                                           else [])
+                applied, _ = self._propose(OutsideDrain(snap.container_id, ev))
                 if applied and not snap.draining:  # once per outside drain, not per change of its count
                     oplog.decision("engine", "drain_followed", who=oplog.OUTSIDE, pid=note.pid, in_flight=note.in_flight,
                                    note="another process drains this engine: no new answers here meanwhile")
         elif snap.draining:
             done = sm.Draining(False, 0, 0.0, snap.expected_back_s)
-            applied, _ = self._propose(lambda s: [done] if self._busy is None and s.draining else [])
+            applied, _ = self._propose(OutsideDrainEnded(done))
             if applied:
                 oplog.decision("engine", "drain_followed_end", who=oplog.OUTSIDE)
 
@@ -98,13 +99,16 @@ class Observer(Reconciler):
         """An operation's SyncForOp or a refresh's Resync: read Docker now; errors go back to the asker."""
         if not isinstance(msg, (SyncForOp, Resync)):
             return
+        syncing = isinstance(msg, SyncForOp)
         try:
-            self._syncing_for_op = isinstance(msg, SyncForOp)
+            if syncing:  # the operation asked for Docker's truth: the decider lets it win meanwhile
+                self._propose(SyncBegan())
             self._reconcile()
         except Exception as exc:
             msg.reply.error = exc
         finally:
-            self._syncing_for_op = False
+            if syncing:
+                self._propose(SyncEnded(), wait=False)
             msg.reply.snap = self._snap
             msg.reply.done.set()
 
@@ -126,7 +130,7 @@ class Observer(Reconciler):
         """A followed line moved the boot picture; shown while this run boots."""
         ev = sm.BootProgressed(p.phase, p.pool, cache_miss_warning() if p.cache_miss else "")
         # fire and forget: a follower thread never waits for the reconciler
-        self._propose(lambda s: [ev] if s.state is EngineState.STARTING and s.container_id == cid else [], wait=False)
+        self._propose(BootLogMoved(cid, ev), wait=False)
 
     def _on_streams_ended(self, cid: str) -> None:
         """Both log streams ended: the engine probably exited; let the observer look at Docker now."""
@@ -194,13 +198,12 @@ class Observer(Reconciler):
                 # observed truth: the engine still answers, only Docker is away (a cut socket, a daemon with
                 # live-restore): it keeps serving; the next pass looks again
                 note = sm.Noted(f"Docker is unreachable; the engine still answers ({exc})", snap.diagnosis)
-                self._propose(lambda s: [note] if not self._writing() and s.container_id == snap.container_id
-                              and s.message != note.message else [])
+                self._propose(DockerAwayServing(snap.container_id, note))
                 return
             failed = sm.Failed(Diagnosis("docker_unreachable", "Docker daemon unreachable", str(exc),
                                          "Is dockerd running (`systemctl status docker`)? Is DOCKER_HOST right?"),
                                str(exc))
-            self._propose(lambda s: [failed] if not self._writing() and s.state in LIVE_STATES else [])
+            self._propose(DockerAway(failed))
             return
         if self._recovered(DOCKER):
             oplog.decision("engine", "docker_back", who=oplog.OUTSIDE, note="Docker answers again")
@@ -235,8 +238,7 @@ class Observer(Reconciler):
                 gone = sm.Vanished(f"{snap.container_name or 'the engine container'} was removed "
                                    "(the last diagnosis is kept below)", snap.diagnosis)
                 # the failed run's container was removed: nothing is there; keep why it failed
-                self._propose(lambda s: [gone] if not self._writing() and s.state is EngineState.FAILED
-                              and s.container_id == snap.container_id else [])
+                self._propose(RunRemoved(snap.container_id, gone))
             return  # already explained
         else:
             exited = sorted((i for i in mine if not i.running), key=lambda i: i.finished_at or i.started_at)
@@ -270,11 +272,8 @@ class Observer(Reconciler):
         else:
             ev = sm.Vanished(f"engine {d.title}{code}", d)
 
-        def rule(s: EngineSnapshot) -> list[sm.Event]:  # an operation started meanwhile / already on another run
-            return [] if self._writing() or (s.container_id and s.container_id != cid) else [ev]
-
         shown = self._snap.container_id
-        if self._propose(rule)[0]:
+        if self._propose(ExitSeen(cid, ev))[0]:
             if inst is None or inst.id == shown:
                 self._follower.end()
             if d.reason == STOPPED_OUTSIDE.reason or d.reason == STOPPED_BY_DOCKER.reason:
@@ -293,26 +292,13 @@ class Observer(Reconciler):
             if prog.api_up else None
         want_pool = expects_pool(inst.env, self.recipe.engine.pool_line)
         ready = p is not None and p.health_ok and p.models_ok and (not want_pool or (slots_of(prog.pool) or 0) > 0)
-        first = False
-
-        def rule(s: EngineSnapshot) -> list[sm.Event]:
-            nonlocal first
-            if self._writing() or self._closed:
-                return []
-            first = s.state is EngineState.STOPPED and not s.container_id and not self._adopted_once
-            self._adopted_once = True
-            note = "reattached to the running engine" if first else f"adopted {inst.name} (started outside this panel)"
-            out: list[sm.Event] = [sm.Adopted(inst.profile_id, inst.id, inst.name, self._address(),
-                                              self.recipe.model.served_name, self.recipe.simulated, ready,
-                                              prog.phase, prog.pool, note, build=inst.labels.get(BUILD_LABEL, ""),
-                                              image=inst.image)]
-            if n_running > 1:
-                out.append(sm.Noted(f"adopted {inst.name}; {n_running - 1} other panel engine(s) are also "
-                                    "running — stop them (never started twice by this panel)"))
-            return out
-
-        if not self._propose(rule)[0]:
+        adopted = sm.Adopted(inst.profile_id, inst.id, inst.name, self._address(), self.recipe.model.served_name,
+                             self.recipe.simulated, ready, prog.phase, prog.pool, "", build=inst.labels.get(BUILD_LABEL, ""),
+                             image=inst.image)
+        follow = [c for c in self._post(RunningSeen(adopted, n_running)).commands if isinstance(c, FollowAdopted)]
+        if not follow:
             return
+        first = follow[0].first
         self._follower.begin(rt, inst, from_start=False, tracker=tracker, backlog=old[-300:])
         self._liveness.reset()
         oplog.decision("engine", "adopt", who=oplog.PANEL if first else oplog.OUTSIDE, container=inst.name,

@@ -20,6 +20,7 @@ from app.backend.contracts import LIVE_STATES, Diagnosis, EngineState
 from app.backend.engine.decider import statemachine as sm
 from app.backend.engine.builds.store import BUILD_LABEL
 from app.backend.engine.control.core import MUTATING
+from app.backend.engine.decider.step import OpBegan, OpEnded, SwitchEnded
 from app.backend.engine.supervision.desired import DesiredKind
 from app.backend.engine.lifecycle.tickets import Ticket
 from app.backend.engine.lifecycle.oplock import LockHeld
@@ -53,14 +54,13 @@ class Operations(Supervisor):
         with self._lock:
             while self._busy is not None:  # another op slipped in; wait for it too
                 self._changed.wait(0.5)
-            self._busy = ticket
+            self._admit(ticket)
         try:
             if not have_lock:
                 self.oplock.acquire(self.options.actor, "stop")
         except (LockHeld, OSError) as exc:  # another process took over meanwhile, or a full disk took the note
             ticket.ok, ticket.message = False, str(exc)
-            with self._lock:
-                self._busy = None
+            self._release(ticket)
             ticket._done.set()
             return
         self._run_op(ticket, lambda t: self._op_stop(t, who))
@@ -85,6 +85,23 @@ class Operations(Supervisor):
         t._done.set()
         return t
 
+    def _admit(self, ticket: Ticket) -> None:
+        """Under `_lock`: `ticket` is this process's operation. The decider learns it by a fact, in the inbox's
+        order: a fact posted before is decided as before the operation, one after as during it."""
+        self._busy = ticket
+        self._propose(OpBegan(ticket.action, ticket.id), wait=False)
+
+    def _release(self, ticket: Ticket) -> None:
+        """The operation ended: admission opens, and the decider has learnt it before this returns (the observer
+        kicked next reads Docker as no longer overruled). Not under `_lock`: the reconciler takes it."""
+        with self._lock:
+            self._busy = None
+            self._changed.notify_all()
+        try:
+            self._propose(OpEnded(ticket.id))  # a later operation's OpBegan may come first: the decider keeps it
+        except ReconcilerTimeout as exc:  # a wedged reconciler: the watchdog restarts the panel (docs/engine.md)
+            self._caught("telling the reconciler an operation ended", exc)
+
     def _submit(self, action: str, profile_id: str | None, fn: Callable[[Ticket], None]) -> Ticket:
         with self._lock:
             if self._closed:
@@ -104,7 +121,7 @@ class Operations(Supervisor):
                     return self._refused(action, profile_id, f"refused: cannot take the engine lock {self.oplock.path} "
                                                              f"({exc.strerror or exc}); is the data dir writable?")
             ticket = Ticket(next(self._ids), action, profile_id, True, f"{action} accepted")
-            self._busy = ticket
+            self._admit(ticket)
         threading.Thread(target=self._run_op, args=(ticket, fn), name=f"engine-{action}", daemon=True).start()
         return ticket
 
@@ -123,9 +140,7 @@ class Operations(Supervisor):
             ticket.finished = time.time()
             if ticket.action in MUTATING:
                 self.oplock.release()
-            with self._lock:
-                self._busy = None
-                self._changed.notify_all()
+            self._release(ticket)
             self._obs.kick()  # re-read Docker now that this process's belief no longer wins
             ticket._done.set()
             for cb in list(self._op_listeners):
@@ -151,12 +166,7 @@ class Operations(Supervisor):
         try:
             result = self._switch(ticket, profile_id, spec, overrides, who)
         finally:  # counted in the snapshot, the one source for /metrics (switches_total{result})
-            self._propose(lambda s: [sm.Supervised(switches_ok=s.switches_ok + 1) if result == "ok" else
-                                     sm.Supervised(switches_rolled_back=s.switches_rolled_back + 1)
-                                     if result == "rolled_back" else
-                                     sm.Supervised(switches_cancelled=s.switches_cancelled + 1)
-                                     if result == "cancelled" else
-                                     sm.Supervised(switches_failed=s.switches_failed + 1)])
+            self._propose(SwitchEnded(result))
 
     def _switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str], who: str) -> str:
         """Returns the result label: ok, rolled_back, failed or cancelled."""

@@ -1,8 +1,9 @@
 """The one writer of engine state (docs/engine.md, "One writer, events out"): the reconciler thread.
 
-It takes messages one at a time from its inbox — proposals from the operation workers, the observer, the log
-follower and the liveness thread — evaluates each rule against the snapshot of that moment, applies the
-events through `statemachine.transition()` and publishes them. It makes no I/O at all (no Docker, no HTTP,
+It takes messages one at a time from its inbox — facts from the operation workers, the observer, the log
+follower and the liveness thread — runs the pure step (`decider/step.py`: the rules, `transition()`) on each
+against the decider's state of that moment, and carries out its commands: publish each change, hand the rest
+back to the worker that posted the fact. It makes no I/O at all (no Docker, no HTTP,
 no files), so an ask is answered in microseconds and a click never waits behind a Docker call; every ask has
 a deadline all the same (`ASK_DEADLINE_S`). The loop turns at least every `HEARTBEAT_S` even when idle:
 `heartbeat()` is what the systemd watchdog reads (a wedged reconciler gets the panel restarted).
@@ -17,8 +18,9 @@ import time
 from app.backend import oplog
 from app.backend.contracts import EngineSnapshot
 from app.backend.engine.decider import statemachine as sm
-from app.backend.engine.control.core import MUTATING, Core
-from app.backend.engine.decider.inbox import Close, Decide, Propose, Reply
+from app.backend.engine.control.core import Core
+from app.backend.engine.decider.inbox import Close, Propose, Reply
+from app.backend.engine.decider.step import Command, Fact, Publish, Put, step
 
 HEARTBEAT_S = 1.0  # the loop's longest idle wait: heartbeat() is never older than this on a healthy panel
 ASK_DEADLINE_S = 10.0  # an ask the reconciler does not answer within this is an error (it does no I/O)
@@ -62,17 +64,18 @@ class Reconciler(Core):
                 left.reply.done.set()
 
     def _handle(self, msg: Propose) -> None:
-        """Serve one proposal; a rule's error goes back to its sender (or, fire-and-forget, to the log)."""
+        """Serve one fact; a rule's error goes back to its sender (or, fire-and-forget, to the log)."""
         reply = msg.reply
         try:
-            applied, _ = self._decide_and_write(msg.decide)
+            commands = self._step(msg.fact)
             if reply is not None:
-                reply.applied = applied
+                reply.commands = commands
+                reply.applied = any(isinstance(c, Publish) for c in commands)
         except Exception as exc:  # the reconciler must survive anything
             if reply is not None:
                 reply.error = exc
             else:
-                oplog.caught("engine", exc, "applying a fire-and-forget proposal", traceback=True)
+                oplog.caught("engine", exc, "applying a fire-and-forget fact", traceback=True)
         finally:
             if reply is not None:
                 reply.snap = self._snap
@@ -81,50 +84,54 @@ class Reconciler(Core):
     def _on_reconciler(self) -> bool:
         return threading.current_thread() is self._reconciler
 
-    def _propose(self, decide: Decide, *, wait: bool = True) -> tuple[bool, EngineSnapshot]:
-        """A change for the reconciler: `decide(snapshot)` runs there and returns the events to apply.
-        Returns (anything applied, the snapshot after). On the reconciler itself: applied at once.
-        Raises ReconcilerTimeout past ASK_DEADLINE_S; after close: answered with no change."""
-        if self._on_reconciler():
-            return self._decide_and_write(decide)
-        if not wait:
-            self._inbox.put(Propose(decide))
-            return False, self._snap
+    def _post(self, fact: Fact, *, wait: bool = True) -> Reply:
+        """A fact for the reconciler: its step runs there. The reply holds what it applied, the snapshot after and
+        the commands for the poster. On the reconciler itself: applied at once. Raises ReconcilerTimeout past
+        ASK_DEADLINE_S; after close: answered with no change."""
         reply = Reply()
-        self._inbox.put(Propose(decide, reply))
+        if self._on_reconciler():
+            reply.commands = self._step(fact)
+            reply.applied = any(isinstance(c, Publish) for c in reply.commands)
+            reply.snap = self._snap
+            return reply
+        if not wait:
+            self._inbox.put(Propose(fact))
+            reply.snap = self._snap
+            return reply
+        self._inbox.put(Propose(fact, reply))
         if not wait_reply(reply, self._reconciler, ASK_DEADLINE_S, "the engine reconciler"):
-            return False, self._snap
+            reply.applied, reply.commands = False, []
+        reply.snap = reply.snap or self._snap
+        return reply
+
+    def _propose(self, fact: Fact, *, wait: bool = True) -> tuple[bool, EngineSnapshot]:
+        """(anything applied, the snapshot after) for `fact` (see `_post`)."""
+        reply = self._post(fact, wait=wait)
         return reply.applied, reply.snap or self._snap
 
     def _apply(self, event: sm.Event) -> EngineSnapshot:
-        """Propose one event unconditionally; returns the snapshot after it."""
-        return self._propose(lambda _: [event])[1]
+        """An operation's own event, applied unconditionally; returns the snapshot after it."""
+        return self._propose(Put(event))[1]
 
     def _writing(self) -> bool:
-        """This process runs a mutating operation: its own belief wins over Docker until it ends — except while
-        the observer serves that operation's SyncForOp (it asked for Docker's truth). A watch-only op (gating
-        an adopted engine) does not count: the reconcile keeps following Docker."""
-        busy = self._busy
-        return busy is not None and busy.action in MUTATING and not self._syncing_for_op
+        """This process runs a mutating operation (the decider's word: step.Decided.writing). A watch-only op
+        (gating an adopted engine) does not count: the reconcile keeps following Docker."""
+        return self._decided.writing
 
-    def _decide_and_write(self, decide: Decide) -> tuple[bool, EngineSnapshot]:
-        # under the op-admission lock: a rule that reads `_busy` is atomic with `_submit` setting it
-        with self._lock:
-            events = list(decide(self._snap))
-            for ev in events:
-                self._write(ev)
-            return bool(events), self._snap
-
-    def _write(self, event: sm.Event) -> EngineSnapshot:
-        """The one place the snapshot changes: transition, wake waiters, publish the change (never blocks)."""
+    def _step(self, fact: Fact) -> list[Command]:
+        """Run the pure step and carry out its publishing; the other commands go back to the poster."""
         if not self._on_reconciler():
             raise RuntimeError("engine state is written by the reconciler thread only (docs/engine.md)")
         with self._lock:
-            before = self._snap
-            self._snap = sm.transition(before, event)
-            self._changed.notify_all()
-            self.events.publish(type(event).__name__, before, self._snap)
-            return self._snap
+            decided, commands = step(self._decided, fact, time.time())
+            self._decided = decided
+            self._snap = decided.snap
+            published = [c for c in commands if isinstance(c, Publish)]
+            if published:
+                self._changed.notify_all()
+            for c in published:  # never blocks: each listener has its own queue (events.py)
+                self.events.publish(c.kind, c.before, c.after)
+            return commands
 
     def _caught(self, context: str, exc: BaseException, *, traceback: bool = False, level: int = logging.WARNING) -> None:
         """oplog.caught once per distinct error of a context (errlog.py): a poll that fails the same way every

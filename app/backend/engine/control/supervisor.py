@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from app.backend import oplog
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.engine.decider import statemachine as sm
+from app.backend.engine.decider.step import FilesSaid
 from app.backend.engine.control.core import Core
 from app.backend.engine.supervision.desired import Desired
 from app.backend.engine.logs.exits import NEUTRAL_REASONS
@@ -128,17 +129,7 @@ class Supervisor(Core):
 
     def _sync_supervision(self, desired: Desired | None) -> EngineSnapshot:
         """Publish what the files say (a wish, restart or give-up of any process); the snapshot after."""
-        fields = self._supervision_fields(desired)
-
-        def sync(s: EngineSnapshot) -> list[sm.Event]:
-            if (s.desired, s.restart_policy, s.restarts_total, s.gave_up) == \
-                    (fields.desired, fields.restart_policy, fields.restarts_total, fields.gave_up):
-                return []
-            return [fields] if fields.gave_up or not s.gave_up else [sm.Supervised(
-                desired=fields.desired, restart_policy=fields.restart_policy, restarts_total=fields.restarts_total,
-                gave_up=False, restart_try=0)]
-
-        return self._propose(sync)[1]
+        return self._propose(FilesSaid(self._supervision_fields(desired)))[1]
 
     def _supervise(self) -> None:
         """Compare the desired state with the snapshot and act. On the observer thread, after each pass."""

@@ -13,15 +13,10 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, Union
+from typing import Union
 
-from app.backend.engine.decider import statemachine as sm
 from app.backend.contracts import EngineSnapshot
-
-# A proposer's rule, run ON the reconciler against the snapshot of that moment: the events to apply, in
-# order and with nothing in between ([] = nothing to do, e.g. the engine moved on meanwhile).
-Decide = Callable[[EngineSnapshot], Sequence[sm.Event]]
-
+from app.backend.engine.decider.step import Command, Fact
 
 @dataclass
 class Reply:
@@ -30,15 +25,17 @@ class Reply:
     done: threading.Event = field(default_factory=threading.Event)
     applied: bool = False
     snap: EngineSnapshot | None = None
+    commands: list[Command] = field(default_factory=list)
     error: BaseException | None = None
 
 
 @dataclass
 class Propose:
-    """A change from a worker or an observer (`decide` is evaluated by the reconciler). No reply: fire and
-    forget (the log follower must never wait for the reconciler: the reconciler may be draining its streams)."""
+    """A fact from a worker or an observer (the reconciler's pure step decides what it changes, decider/step.py).
+    No reply: fire and forget (the log follower must never wait for the reconciler: it may be draining its
+    streams)."""
 
-    decide: Decide
+    fact: Fact
     reply: Reply | None = None
 
 

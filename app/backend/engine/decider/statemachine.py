@@ -186,11 +186,12 @@ def _gone(snap: EngineSnapshot, message: str, diagnosis: Diagnosis | None, now: 
                    pool=None, message=message, diagnosis=diagnosis, since=now)
 
 
-def transition(snap: EngineSnapshot, event: Event) -> EngineSnapshot:
-    """Apply one event. Raises IllegalTransition when the event is not allowed in this state."""
+def transition(snap: EngineSnapshot, event: Event, now: float | None = None) -> EngineSnapshot:
+    """Apply one event (`now`: the wall time a changed state is stamped `since`; the clock's when None). Raises
+    IllegalTransition when the event is not allowed in this state."""
     if snap.state not in ALLOWED[type(event)]:
         raise IllegalTransition(f"{type(event).__name__} is not allowed in state {snap.state.value}")
-    now = time.time()
+    now = time.time() if now is None else now
     if isinstance(event, PreflightBegan):
         return replace(snap, state=EngineState.PREFLIGHT, profile_id=event.profile_id, phase="preflight checks",
                        message="", since=now, diagnosis=None)
