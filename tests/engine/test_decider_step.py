@@ -11,7 +11,9 @@ import pytest
 
 from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
 from app.backend.engine.decider import statemachine as sm
-from app.backend.engine.decider import step as st
+from app.backend.engine.decider import facts as st
+from app.backend.engine.decider.step import step
+from app.backend.engine.supervision.restartpolicy import PolicyConfig
 
 S = EngineState
 NOW = 1_800_000_000.0
@@ -27,6 +29,26 @@ def snap(state: EngineState = S.STOPPED, cid: str = "", **kw: object) -> EngineS
 def decided(state: EngineState = S.STOPPED, cid: str = "", *, op: str = "", syncing: bool = False,
             adopted_once: bool = False, closed: bool = False, **kw: object) -> st.Decided:
     return st.Decided(snap(state, cid, **kw), op=op, syncing=syncing, adopted_once=adopted_once, closed=closed)
+
+
+WISH = st.Wish("serve", "quality", 100.0)
+SHOWN = {"desired": "serve:quality"}  # what the files say, already shown (no sync event)
+SAID = sm.Supervised(desired="serve:quality", restart_policy="on-failure", restarts_total=0, gave_up=False)
+OUTSIDE = Diagnosis("stopped_outside_panel", "stopped outside the panel", "SIGTERM", "start it again")
+
+
+def sup(wish: st.Wish | None = WISH, files: sm.Supervised = SAID, *, recent: tuple[float, ...] = (),
+        failure_recorded: bool = False, other_writer: bool = False) -> st.SupervisionPass:
+    return st.SupervisionPass(wish, files, failure_recorded, recent, PolicyConfig(), False, other_writer)
+
+
+def own(commands: list[st.Command]) -> list[st.Command]:
+    """The commands for the poster (the reconciler publishes the rest)."""
+    return [c for c in commands if not isinstance(c, st.Publish)]
+
+
+def memory(d: st.Decided, **kw: object) -> st.Decided:
+    return replace(d, **{"wish_since": WISH.since, **kw})  # type: ignore[arg-type]
 
 
 ADOPTED = sm.Adopted("quality", "c1", "moet-c1", "http://127.0.0.1:8000", "model", False, True, "ready", None, "")
@@ -141,12 +163,52 @@ ROWS = [
           check=lambda d, c, field=field: getattr(d.snap, field) == 5)
       for result, field in (("ok", "switches_ok"), ("rolled_back", "switches_rolled_back"),
                             ("cancelled", "switches_cancelled"), ("failed", "switches_failed"))],
+    # the supervisor: what should run, what runs, what was tried -> one action (supervision/plan.py)
+    Row("bring back what should run", memory(decided(**SHOWN)), sup(),
+        check=lambda d, c: d.restart_due is not None and d.restart_due.when == NOW and not d.restart_due.capped
+        and d.decided_for == ("", 0.0)),
+    Row("a due restart is made", memory(decided(**SHOWN), restart_due=st.Due(NOW - 1, "quality", "why", True)), sup(),
+        check=lambda d, c: d.restart_due is None and c == [st.RestartNow("quality", "why", True)]),
+    Row("a restart not yet due waits", memory(decided(**SHOWN), restart_due=st.Due(NOW + 5, "quality", "why", True)),
+        sup(), check=lambda d, c: d.restart_due is not None and c == []),
+    Row("a crash is restarted after the backoff", memory(decided(S.FAILED, "c1", diagnosis=DIAG, **SHOWN)), sup(),
+        (sm.Supervised,), check=lambda d, c: d.snap.restart_try == 1 and "restarting, try 1 of 3" in d.snap.message
+        and d.restart_due is not None and d.restart_due.when > NOW and d.restart_due.capped),
+    Row("the cap reached: give up", memory(decided(S.FAILED, "c1", diagnosis=DIAG, **SHOWN)),
+        sup(recent=(NOW - 30, NOW - 20, NOW - 10)), (sm.Supervised,),
+        check=lambda d, c: d.snap.gave_up and own(c) == [st.RecordGiveUp("killed", "gave up after 3 tries in 15 min")]),
+    Row("a failure already decided", memory(decided(S.FAILED, "c1", diagnosis=DIAG, **SHOWN), decided_for=("c1", 0.0)),
+        sup(), check=lambda d, c: d.restart_due is None and c == []),
+    Row("a person's outside stop is respected", memory(decided(diagnosis=OUTSIDE, **SHOWN)), sup(),
+        check=lambda d, c: [type(x) for x in c] == [st.RespectStop] and "respected" in str(c)),
+    Row("this process operates: its operation decides", memory(decided(op="start", **SHOWN)), sup(),
+        check=lambda d, c: d.restart_due is None and c == []),
+    Row("another process operates: its stop is no outside stop", memory(decided(**SHOWN)), sup(other_writer=True),
+        check=lambda d, c: d.restart_due is None and c == []),
+    Row("the wish is stopped: no restart stays due",
+        memory(decided(**SHOWN), restart_due=st.Due(NOW - 1, "quality", "why", True)),
+        sup(st.Wish("stopped", None, 100.0)), check=lambda d, c: d.restart_due is None and c == []),
+    Row("a new wish starts its own count",
+        replace(decided(S.READY, "c1", **SHOWN), wish_since=50.0, env_tries=2, decided_for=("c0", 1.0)), sup(),
+        check=lambda d, c: (d.wish_since, d.env_tries, d.decided_for) == (WISH.since, 0, None)),
+    Row("serving again clears the failure and the try", memory(decided(S.READY, "c1", restart_try=2, **SHOWN)),
+        sup(failure_recorded=True), (sm.Supervised,),
+        check=lambda d, c: d.snap.restart_try == 0 and own(c) == [st.ClearFailure()]),
+    Row("what the files say is shown first", memory(decided(S.READY, "c1")), sup(), (sm.Supervised,),
+        check=lambda d, c: d.snap.desired == "serve:quality"),
+    Row("given up: waits for a person", memory(decided(S.FAILED, "c1", diagnosis=DIAG, gave_up=True, **SHOWN)),
+        sup(files=replace(SAID, gave_up=True)), check=lambda d, c: d.restart_due is None and c == []),
+    Row("a refused restart is decided again", memory(decided(), decided_for=("c1", 5.0)), st.RestartRefused(),
+        check=lambda d, c: d.decided_for is None),
+    Row("the supervisor wrote a person's stop as the wish", decided(S.STOPPED, **SHOWN),
+        st.WishStopped(200.0, "stopped", "stopped outside the panel — respected"), (sm.Supervised,),
+        check=lambda d, c: d.wish_since == 200.0 and d.snap.desired == "stopped"),
 ]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
 def test_the_step_applies_each_rule(row: Row) -> None:
-    after, commands = st.step(row.before, row.fact, NOW)
+    after, commands = step(row.before, row.fact, NOW)
     published = [c for c in commands if isinstance(c, st.Publish)]
     assert tuple(c.kind for c in published) == tuple(t.__name__ for t in row.applied)
     assert after.snap.state is (row.state or row.before.snap.state)
@@ -157,7 +219,7 @@ def test_the_step_applies_each_rule(row: Row) -> None:
     else:
         assert after.snap == row.before.snap
     assert row.check(after, commands), (after, commands)
-    assert st.step(row.before, row.fact, NOW) == (after, commands)  # a function: the same fact, the same answer
+    assert step(row.before, row.fact, NOW) == (after, commands)  # a function: the same fact, the same answer
 
 
 def test_every_fact_has_its_rule_in_the_table() -> None:
@@ -166,4 +228,4 @@ def test_every_fact_has_its_rule_in_the_table() -> None:
 
 def test_an_event_no_state_allows_is_refused_not_applied() -> None:
     with pytest.raises(sm.IllegalTransition):
-        st.step(decided(), st.Put(sm.BecameReady("ready")), NOW)
+        step(decided(), st.Put(sm.BecameReady("ready")), NOW)

@@ -18,7 +18,7 @@ from app.backend.engine.supervision.desired import DesiredStore
 from app.backend.engine.supervision.history import SupervisionStore
 from app.backend.engine.supervision.restartpolicy import ENVIRONMENT, PolicyConfig, Restart, decide, preflight_cause
 from app.backend.engine.runtime.base import MANAGED_LABEL, PROFILE_LABEL, RECIPE_LABEL, Instance, RuntimeUnavailable
-from app.backend.engine.control.supervisor import BringBack, GiveUpNow, RestartLater, Respect, plan
+from app.backend.engine.supervision.plan import BringBack, GiveUpNow, RestartLater, Respect, plan
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.config.settings import Settings
 from tests.engine.conftest import free_port, sim_recipe

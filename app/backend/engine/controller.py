@@ -17,6 +17,7 @@ import itertools
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -33,7 +34,7 @@ from app.backend.engine.logs.exits import ExitRecords
 from app.backend.engine.logs.following import LogFollower
 from app.backend.engine.lifecycle.drainnote import DrainNotes
 from app.backend.engine.supervision.history import SupervisionStore
-from app.backend.engine.decider import step
+from app.backend.engine.decider import facts
 from app.backend.engine.decider.inbox import Close, Inbox, Propose
 from app.backend.engine.control.livewatch import LivenessWatch
 from app.backend.engine.supervision.stall import LivenessTracker
@@ -90,7 +91,7 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._snap = EngineSnapshot(simulated=settings.recipe.simulated, served_name=settings.recipe.model.served_name)
-        self._decided = step.Decided(self._snap)  # the reconciler's: all its rules read (decider/step.py)
+        self._decided = facts.Decided(self._snap)  # the reconciler's: all its rules read (decider/step.py)
         self._busy: Ticket | None = None
         self._ids = itertools.count(1)
         self._wake = threading.Event()  # interrupts poll waits (close, cancel)
@@ -129,10 +130,7 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self.desired_store = DesiredStore(own_dir)
         self.history = SupervisionStore(own_dir)
         self.drain_notes = DrainNotes(own_dir)
-        self._restart_due = None
-        self._decided_for = None  # the failure already decided (container, since)
         self._last_exit = None
-        self._env_tries = 0
         self._docker_away_at = 0.0
         self._running_seen: dict[str, float] = {}
         self._op_listeners: list[Callable[[Ticket], None]] = []  # told of every finished operation (/metrics counts)
@@ -141,7 +139,8 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self._drain_carry = 0.0
         self._wish_lock = threading.Lock()
         d0 = self.desired_store.read()
-        self._wish_since = d0.since if d0 else 0.0
+        # the wish the supervisor starts from (no thread runs yet: the reconciler's state is set before it starts)
+        self._decided = replace(self._decided, wish_since=d0.since if d0 else 0.0)
         self._beat = time.monotonic()
         self._reconciler = threading.Thread(target=self._reconciler_loop, name="engine-reconciler", daemon=True)
         self._reconciler.start()
@@ -347,7 +346,7 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self._closed = True
         self._wake.set()
         self._drain_now.set()
-        self._inbox.put(Propose(step.Closing()))
+        self._inbox.put(Propose(facts.Closing()))
         self._inbox.put(Close())
         self._obs.put(Close())
         self._wake_watch.set()

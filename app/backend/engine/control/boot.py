@@ -17,7 +17,7 @@ from app.backend.engine.control.core import Core
 from app.backend.engine.logs.exits import explain_exit, is_failure
 from app.backend.engine.lifecycle.gpurelease import wait_gpu_release
 from app.backend.engine.errlog import ENGINE_ERRORS
-from app.backend.engine.decider.step import BootGated
+from app.backend.engine.decider.facts import BootGated
 from app.backend.engine.logs.loglines import pool_sizing
 from app.backend.engine.lifecycle.tickets import expects_pool
 from app.backend.engine.lifecycle.preflight import PreflightInputs, PreflightReport, run_preflight

@@ -24,7 +24,7 @@ from app.backend.engine.logs.exits import ExitRecords
 from app.backend.engine.logs.following import LogFollower
 from app.backend.engine.lifecycle.drainnote import DrainNotes
 from app.backend.engine.supervision.history import SupervisionStore
-from app.backend.engine.decider import step
+from app.backend.engine.decider import facts
 from app.backend.engine.decider.inbox import Inbox, Reply
 from app.backend.engine.supervision.stall import LivenessTracker
 from app.backend.engine.logs.logstore import LogStore
@@ -37,7 +37,7 @@ from app.backend.recipe.command import RunSpec
 from app.backend.recipe.schema import ProfileSpec, Recipe
 from app.backend.config.settings import Settings
 
-MUTATING = step.MUTATING  # "adopt" only watches: no lock
+MUTATING = facts.MUTATING  # "adopt" only watches: no lock
 
 
 class Core:
@@ -64,7 +64,7 @@ class Core:
     _lock: threading.RLock
     _changed: threading.Condition
     _snap: EngineSnapshot  # the decider's snapshot (`_decided.snap`), written with it by the reconciler only
-    _decided: step.Decided  # all a rule reads (decider/step.py): written by the reconciler only
+    _decided: facts.Decided  # all a rule reads (decider/step.py): written by the reconciler only
     _busy: Ticket | None  # the admitted operation (admission and waiting; rules read `_decided.op`)
     _wake: threading.Event
     _cancel: threading.Event
@@ -88,8 +88,6 @@ class Core:
     _canary_for: str
     _canary_retry_at: float
     _stall_source: str
-    _restart_due: tuple[float, str, str, bool] | None  # (when, profile, why, counts against the cap)
-    _decided_for: tuple[str, float] | None
     _last_exit: Instance | None
     _op_listeners: list[Callable[[Ticket], None]]
     _counters: list[AnswerCounter]
@@ -98,14 +96,13 @@ class Core:
     _wish_lock: threading.Lock  # a recorded wish and the supervisor's read of the files never interleave
     _running_seen: dict[str, float]
     _docker_away_at: float
-    _env_tries: int
     _errors: ErrorsOnce  # caught errors, each logged once
 
     # -- cross-seam calls (each implemented by one part) --------------------------------------
-    def _post(self, fact: step.Fact, *, wait: bool = True) -> Reply:
+    def _post(self, fact: facts.Fact, *, wait: bool = True) -> Reply:
         raise NotImplementedError
 
-    def _propose(self, fact: step.Fact, *, wait: bool = True) -> tuple[bool, EngineSnapshot]:
+    def _propose(self, fact: facts.Fact, *, wait: bool = True) -> tuple[bool, EngineSnapshot]:
         raise NotImplementedError
 
     def _apply(self, event: sm.Event) -> EngineSnapshot:

@@ -13,7 +13,7 @@ import httpx
 from app.backend import oplog
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.engine.decider import statemachine as sm
-from app.backend.engine.decider.step import Judged
+from app.backend.engine.decider.facts import Judged
 from app.backend.engine.supervision.canary import Load, canary_diagnosis, load_from_metrics, send_canary
 from app.backend.engine.runtime.client import engine_client
 from app.backend.engine.control.core import Core

@@ -24,7 +24,7 @@ from app.backend.engine.runtime.client import base_url
 from app.backend.engine.logs.diagnosis import cache_miss_warning
 from app.backend.engine.logs.exits import STOPPED_OUTSIDE, explain_exit, is_failure
 from app.backend.engine.decider.inbox import Close, Kick, Message, Reply, Resync, SyncForOp
-from app.backend.engine.decider.step import (BootLogMoved, DockerAway, DockerAwayServing, ExitSeen, FollowAdopted, OutsideDrain,
+from app.backend.engine.decider.facts import (BootLogMoved, DockerAway, DockerAwayServing, ExitSeen, FollowAdopted, OutsideDrain,
                                              OutsideDrainEnded, RunningSeen, RunRemoved, SyncBegan, SyncEnded)
 from app.backend.engine.lifecycle.tickets import expects_pool
 from app.backend.engine.runtime.readiness import probe
@@ -51,9 +51,9 @@ class Observer(Reconciler):
             timeout: float | None = None  # without the watch (reattach=False): an operation's asks only
             if self.options.reattach:
                 timeout = max(0.0, next_sync - time.monotonic())
-                due = self._restart_due
+                due = self._decided.restart_due  # the supervisor's scheduled restart (decider/step.py)
                 if due is not None:
-                    timeout = min(timeout, max(0.05, due[0] - time.time()))
+                    timeout = min(timeout, max(0.05, due.when - time.time()))
             msg = self._obs.get(timeout)
             if isinstance(msg, Close):
                 break

@@ -20,7 +20,7 @@ from app.backend.contracts import LIVE_STATES, Diagnosis, EngineState
 from app.backend.engine.decider import statemachine as sm
 from app.backend.engine.builds.store import BUILD_LABEL
 from app.backend.engine.control.core import MUTATING
-from app.backend.engine.decider.step import OpBegan, OpEnded, SwitchEnded
+from app.backend.engine.decider.facts import OpBegan, OpEnded, SwitchEnded
 from app.backend.engine.supervision.desired import DesiredKind
 from app.backend.engine.lifecycle.tickets import Ticket
 from app.backend.engine.lifecycle.oplock import LockHeld

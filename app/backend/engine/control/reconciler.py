@@ -20,7 +20,8 @@ from app.backend.contracts import EngineSnapshot
 from app.backend.engine.decider import statemachine as sm
 from app.backend.engine.control.core import Core
 from app.backend.engine.decider.inbox import Close, Propose, Reply
-from app.backend.engine.decider.step import Command, Fact, Publish, Put, step
+from app.backend.engine.decider.facts import Command, Fact, Publish, Put
+from app.backend.engine.decider.step import step
 
 HEARTBEAT_S = 1.0  # the loop's longest idle wait: heartbeat() is never older than this on a healthy panel
 ASK_DEADLINE_S = 10.0  # an ask the reconciler does not answer within this is an error (it does no I/O)

@@ -1,90 +1,25 @@
-"""The supervisor (docs/engine.md, "Keeps serving"): what should run (the desired state, desired.py) against
-what runs (the snapshot) and what was tried (history.py) -> one action.
-
-`plan()` is a pure function of those facts; `Supervisor._supervise` (on the observer thread, after each pass
-over Docker) reads the files, calls it and acts through operations: bring back, restart with backoff, give up
-(a non-healing cause, or the cap), or respect a person's outside stop. Causes of the box around the engine
-(Docker away, GPU memory not yet released, a busy port) are retried while they last and never give up; a clean
-stop the Docker daemon made (seen after an outage) is brought back like a reboot's.
+"""The supervisor's hands (docs/engine.md, "Keeps serving"): on the observer thread after each pass over Docker,
+it reads what should run (desired.py), what was tried (history.py) and two facts of the host, posts them to the
+decider as one fact (`SupervisionPass`; the decision is the pure step's, supervision/plan.py) and carries out
+the commands that come back: restart, record a give-up, respect a person's outside stop, clear a healed failure.
+The stall restart (`_restart_stalled`) still decides its policy verdict on the liveness thread.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from app.backend import oplog
-from app.backend.contracts import EngineSnapshot, EngineState
+from app.backend.contracts import EngineSnapshot
 from app.backend.engine.decider import statemachine as sm
-from app.backend.engine.decider.step import FilesSaid
+from app.backend.engine.decider.facts import (ClearFailure, Command, FilesSaid, RecordGiveUp, RespectStop, RestartNow,
+                                             RestartRefused, SupervisionPass, Wish, WishStopped)
 from app.backend.engine.control.core import Core
 from app.backend.engine.supervision.desired import Desired
-from app.backend.engine.logs.exits import NEUTRAL_REASONS
 from app.backend.engine.lifecycle.tickets import Ticket
-from app.backend.engine.supervision.restartpolicy import ENVIRONMENT, GiveUp, PolicyConfig, Restart, decide
+from app.backend.engine.supervision.restartpolicy import GiveUp, PolicyConfig, Restart, decide
 from app.backend.engine.runtime.base import Instance
-
-
-@dataclass(frozen=True)
-class BringBack:
-    why: str  # nothing runs though it should (reboot, a daemon restart, never started): at once, not capped
-
-
-@dataclass(frozen=True)
-class RestartLater:
-    delay_s: float
-    why: str  # the log's and the snapshot's message for the restart itself
-    message: str  # shown now ("… — restarting, try 1 of 3 in 5 s")
-    try_no: int
-    capped: bool  # counts against the cap (an ENVIRONMENT cause does not)
-
-
-@dataclass(frozen=True)
-class Respect:
-    message: str  # a clean outside stop while the host and Docker were up: a person's stop
-
-
-@dataclass(frozen=True)
-class GiveUpNow:
-    reason: str
-    why: str
-    message: str
-
-
-Action = BringBack | RestartLater | Respect | GiveUpNow | None
-
-
-def plan(snap: EngineSnapshot, profile_id: str, cfg: PolicyConfig, recent: list[float], env_tries: int,
-         now: float, *, stopped_by_reboot: bool) -> Action:
-    """What to do about a STOPPED/FAILED engine that should serve `profile_id` (pure).
-
-    `recent`: the times of the capped restarts made for this wish; `env_tries`: tries in a row of an ENVIRONMENT
-    cause."""
-    d = snap.diagnosis
-    reason = d.reason if d else ""
-    if snap.state is EngineState.STOPPED and not snap.container_id and not reason:
-        return BringBack(f"bringing back {profile_id} (it should run; nothing runs)")
-    if stopped_by_reboot:
-        return BringBack(f"bringing back {profile_id} (stopped by the host's reboot)")
-    if reason == "docker_restarted":
-        return BringBack(f"bringing back {profile_id} (stopped while Docker was unreachable)")
-    if snap.state is EngineState.STOPPED:
-        if reason in NEUTRAL_REASONS:
-            return Respect(f"{snap.message or 'stopped outside the panel'} — respected: desired state is now stopped")
-        return None
-    title = d.title if d else snap.message
-    verdict = decide(cfg, reason, recent, now, env_tries)
-    if isinstance(verdict, GiveUp):
-        return GiveUpNow(reason, verdict.why, f"{title} — failed, {verdict.why}")
-    if isinstance(verdict, Restart):
-        env = reason in ENVIRONMENT
-        of = "" if env else f" of {verdict.of}"
-        when = f" in {verdict.delay_s:.0f} s" if verdict.delay_s >= 1 else ""
-        heals = f" (retried while {ENVIRONMENT[reason]})" if env else ""
-        return RestartLater(verdict.delay_s, f"restarting {profile_id} after: {title} (try {verdict.try_no}{of})",
-                            f"{title} — restarting, try {verdict.try_no}{of}{when}{heals}", verdict.try_no, not env)
-    return None
 
 
 def iso_ts(text: str) -> float | None:
@@ -98,7 +33,6 @@ def iso_ts(text: str) -> float | None:
 
 
 class Supervisor(Core):
-    _wish_since: float
 
     def _policy_config(self) -> PolicyConfig:
         o = self.options
@@ -132,73 +66,41 @@ class Supervisor(Core):
         return self._propose(FilesSaid(self._supervision_fields(desired)))[1]
 
     def _supervise(self) -> None:
-        """Compare the desired state with the snapshot and act. On the observer thread, after each pass."""
+        """After each pass over Docker, on the observer thread: read the files and the host, post them to the
+        decider (`SupervisionPass`: its pure step decides, supervision/plan.py) and carry out its commands."""
         if not self.options.supervise or self._closed:
             return
-        with self._wish_lock:  # read and published together: a click's wish in between is never overwritten
+        with self._wish_lock:  # read and decided together: a click's wish in between is never overwritten
             desired = self.desired_store.read()
-            snap = self._sync_supervision(desired)
-        if desired is not None and desired.since != self._wish_since:  # a new wish, from any process
-            self._wish_since = desired.since
-            self._restart_due, self._decided_for, self._env_tries = None, None, 0
-        if snap.state is EngineState.READY:
-            if self.history.read().gave_up is not None:
-                self.history.clear_failure()
-            self._env_tries = 0
-        if self._busy is not None:
-            return
-        if snap.state is EngineState.STOPPED and self.oplock.holder() is not None:
-            # another process operates the engine (a CLI switch stops the old one before it boots the new): that
-            # stop is its operation, not an outside stop to respect; decided once the lock is let go
-            return
-        if desired is None or desired.kind == "stopped" or desired.profile_id is None:
-            self._restart_due = None
-            return
-        if snap.state is EngineState.READY and snap.restart_try:
-            self._apply(sm.Supervised(restart_try=0))
-        if snap.state not in (EngineState.STOPPED, EngineState.FAILED) or snap.gave_up:
-            return
-        now = time.time()
-        due = self._restart_due
-        if due is not None:
-            if now >= due[0]:
-                self._restart_due = None
-                self._supervised_restart(due[1], due[2], capped=due[3])
-            return
-        if self._decided_for == (snap.container_id, snap.since):
-            return
-        self._decided_for = (snap.container_id, snap.since)
-        self._act(snap, desired, now)
+            hist = self.history.read()
+            fact = SupervisionPass(
+                wish=Wish(desired.kind, desired.profile_id, desired.since) if desired is not None else None,
+                files=self._supervision_fields(desired), failure_recorded=hist.gave_up is not None,
+                recent=tuple(hist.recent(desired)), policy=self._policy_config(),
+                stopped_by_reboot=self.stopped_by_reboot(self._last_exit),
+                other_writer=self.oplock.holder() is not None)
+            commands = self._post(fact).commands
+        for c in commands:
+            self._carry_out(c, desired)
 
-    def _act(self, snap: EngineSnapshot, desired: Desired, now: float) -> None:
-        assert desired.profile_id is not None
-        recent = self.history.read().recent(desired)
-        action = plan(snap, desired.profile_id, self._policy_config(), recent, self._env_tries, now,
-                      stopped_by_reboot=self.stopped_by_reboot(self._last_exit))
-        if isinstance(action, BringBack):
-            self._schedule(now, desired.profile_id, action.why, capped=False)
-        elif isinstance(action, Respect):
+    def _carry_out(self, c: Command, desired: Desired | None) -> None:
+        """The supervisor's commands: the writes and the operation the decider asked for."""
+        if isinstance(c, ClearFailure):
+            self.history.clear_failure()
+        elif isinstance(c, RestartNow):
+            self._supervised_restart(c.profile_id, c.why, capped=c.capped)
+        elif isinstance(c, RespectStop):
             with self._wish_lock:
                 now_wish = self.desired_store.read()
-                if now_wish is None or now_wish.since != desired.since:
+                if now_wish is None or now_wish.since != c.wish_since:
                     return  # a person's wish came meanwhile: it wins over the outside stop
                 d = self.desired_store.write("stopped", None, "supervisor (stopped outside the panel)")
-                self._wish_since = d.since
-                self._apply(sm.Supervised(desired=d.key, restart_try=0, message=action.message))
+                self._propose(WishStopped(d.since, d.key, c.message))
             oplog.decision("engine", "outside_stop_respected", who=oplog.OUTSIDE, desired=d.key)
-        elif isinstance(action, GiveUpNow):
-            self.history.give_up(desired, action.reason, action.why)
-            self._apply(sm.Supervised(gave_up=True, restart_try=0, message=action.message))
+        elif isinstance(c, RecordGiveUp) and desired is not None:
+            self.history.give_up(desired, c.reason, c.why)
             oplog.decision("engine", "give_up", who=oplog.SUPERVISOR, level=30, profile=desired.profile_id,
-                           reason=action.reason, why=action.why)
-        elif isinstance(action, RestartLater):
-            if not action.capped:
-                self._env_tries += 1
-            self._apply(sm.Supervised(restart_try=action.try_no, message=action.message))
-            self._schedule(now + action.delay_s, desired.profile_id, action.why, capped=action.capped)
-
-    def _schedule(self, when: float, profile_id: str, why: str, *, capped: bool) -> None:
-        self._restart_due = (when, profile_id, why, capped)  # the observer's next wait ends at `when`
+                           reason=c.reason, why=c.why)
 
     def _supervised_restart(self, profile_id: str, why: str, *, capped: bool) -> None:
         def op(t: Ticket) -> None:
@@ -215,7 +117,7 @@ class Supervisor(Core):
 
         t = self._submit("restart", profile_id, op)
         if not t.accepted:  # the lock is held by another writer: decide again on the next pass
-            self._decided_for = None
+            self._propose(RestartRefused())
 
     def _restart_stalled(self, profile_id: str) -> None:
         """restart_on_stall: same profile; the stalled run's log files stay on disk, its diagnosis stays shown."""

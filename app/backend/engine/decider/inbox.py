@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from app.backend.contracts import EngineSnapshot
-from app.backend.engine.decider.step import Command, Fact
+from app.backend.engine.decider.facts import Command, Fact
 
 @dataclass
 class Reply:

@@ -1,4 +1,5 @@
-"""The reconciler's pure step (docs/engine.md "One writer, events out"): `step(decided, fact) -> (decided, commands)`.
+"""The reconciler's pure step (docs/engine.md "One writer, events out"): `step(decided, fact, now) -> (decided,
+commands)`; its vocabulary (the facts, the commands, `Decided`) is `facts.py`.
 
 The workers — the observer reading Docker, the log follower, the liveness thread, the operation workers — only
 post *facts* (what they saw or did) and carry out the *commands* that come back. Every rule that decides whether
@@ -11,179 +12,19 @@ tests/engine/test_decider_step.py drives every rule. Anchors: a Kubernetes contr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Union
+from dataclasses import replace
 
 from app.backend.contracts import LIVE_STATES, EngineSnapshot, EngineState
 from app.backend.engine.decider import statemachine as sm
-
-MUTATING = frozenset({"start", "stop", "switch", "restart"})  # "adopt" only watches: no lock, Docker's truth wins
-
-
-@dataclass(frozen=True)
-class Decided:
-    """All a rule may read: the published snapshot and the reconciler's own few facts about this process."""
-
-    snap: EngineSnapshot
-    op: str = ""  # the action of this process's operation in flight ("" none; "adopt" is watch-only)
-    op_id: int = 0  # its ticket (an end that comes after the next operation's begin ends nothing)
-    syncing: bool = False  # the observer reads Docker for that operation (its SyncForOp): Docker's truth wins
-    adopted_once: bool = False  # this process adopted an engine before (the first one is a "reattach")
-    closed: bool = False
-
-    @property
-    def writing(self) -> bool:
-        """This process runs a mutating operation: its own belief wins over Docker until it ends — except while
-        the observer serves that operation's own read of Docker."""
-        return self.op in MUTATING and not self.syncing
+from app.backend.engine.decider.facts import (BootGated, BootLogMoved, ClearFailure, Closing, Command, Decided,
+                                             DockerAway, DockerAwayServing, Due, ExitSeen, Fact, FilesSaid,
+                                             FollowAdopted, Judged, OpBegan, OpEnded, OutsideDrain,
+                                             OutsideDrainEnded, Publish, Put, RecordGiveUp, RespectStop, RestartNow,
+                                             RestartRefused, RunRemoved, RunningSeen, SupervisionPass, SwitchEnded,
+                                             SyncBegan, SyncEnded, WishStopped)
+from app.backend.engine.supervision.plan import BringBack, GiveUpNow, Respect, RestartLater, plan
 
 
-# -- facts: what a worker saw or did ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Put:
-    """An operation's own event (its worker owns the run): applied as it is."""
-
-    event: sm.Event
-
-
-@dataclass(frozen=True)
-class OpBegan:
-    action: str
-    ticket: int = 0
-
-
-@dataclass(frozen=True)
-class OpEnded:
-    ticket: int = 0
-
-
-@dataclass(frozen=True)
-class SyncBegan:
-    pass
-
-
-@dataclass(frozen=True)
-class SyncEnded:
-    pass
-
-
-@dataclass(frozen=True)
-class Closing:
-    pass
-
-
-@dataclass(frozen=True)
-class Judged:
-    """A liveness verdict (stalled, moving again, a canary reading) on run `cid`, judged while it was `state`."""
-
-    cid: str
-    state: EngineState
-    events: tuple[sm.Event, ...]
-
-
-@dataclass(frozen=True)
-class BootGated:
-    """The boot gate's verdict on run `cid` (ready, or a progress note)."""
-
-    cid: str
-    event: sm.Event
-
-
-@dataclass(frozen=True)
-class BootLogMoved:
-    """A followed log line moved run `cid`'s boot picture."""
-
-    cid: str
-    event: sm.Event
-
-
-@dataclass(frozen=True)
-class OutsideDrain:
-    """Another process drains run `cid` (drainnote.py)."""
-
-    cid: str
-    event: sm.Draining
-
-
-@dataclass(frozen=True)
-class OutsideDrainEnded:
-    event: sm.Draining
-
-
-@dataclass(frozen=True)
-class DockerAwayServing:
-    """Docker does not answer, but run `cid` still does."""
-
-    cid: str
-    note: sm.Noted
-
-
-@dataclass(frozen=True)
-class DockerAway:
-    """Docker does not answer and the engine does not either."""
-
-    failed: sm.Failed
-
-
-@dataclass(frozen=True)
-class RunRemoved:
-    """The failed run `cid`'s container is gone from Docker."""
-
-    cid: str
-    event: sm.Vanished
-
-
-@dataclass(frozen=True)
-class ExitSeen:
-    """Run `cid` exited; `event` explains it (Failed or Vanished)."""
-
-    cid: str
-    event: sm.Event
-
-
-@dataclass(frozen=True)
-class RunningSeen:
-    """A panel engine runs that this snapshot does not show: adopt it (`adopted.message` is the rule's to write)."""
-
-    adopted: sm.Adopted
-    n_running: int = 1
-
-
-@dataclass(frozen=True)
-class FilesSaid:
-    """The supervision files (any process's wish, restarts, give-up) as the supervisor read them."""
-
-    fields: sm.Supervised
-
-
-@dataclass(frozen=True)
-class SwitchEnded:
-    result: str  # "ok", "rolled_back", "cancelled", anything else: failed
-
-
-Fact = Union[Put, OpBegan, OpEnded, SyncBegan, SyncEnded, Closing, Judged, BootGated, BootLogMoved, OutsideDrain,
-             OutsideDrainEnded, DockerAwayServing, DockerAway, RunRemoved, ExitSeen, RunningSeen, FilesSaid,
-             SwitchEnded]
-
-
-# -- commands: what the reconciler and the worker carry out ----------------------------------------------------
-@dataclass(frozen=True)
-class Publish:
-    """Tell every listener: the snapshot moved from `before` to `after` by `kind` (events.py)."""
-
-    kind: str
-    before: EngineSnapshot
-    after: EngineSnapshot
-
-
-@dataclass(frozen=True)
-class FollowAdopted:
-    """The adoption was applied: follow its logs and say who started it (`first`: this panel's own, reattached)."""
-
-    first: bool
-
-
-Command = Union[Publish, FollowAdopted]
 
 
 def _adopt(d: Decided, f: RunningSeen) -> tuple[Decided, list[sm.Event], list[Command]]:
@@ -220,7 +61,61 @@ def _switch_counted(s: EngineSnapshot, result: str) -> sm.Supervised:
     return sm.Supervised(switches_failed=s.switches_failed + 1)
 
 
-def rule(d: Decided, fact: Fact) -> tuple[Decided, list[sm.Event], list[Command]]:
+def _apply_all(snap: EngineSnapshot, events: list[sm.Event], now: float) -> EngineSnapshot:
+    for ev in events:
+        snap = sm.transition(snap, ev, now)
+    return snap
+
+
+def _supervise(d: Decided, f: SupervisionPass, now: float) -> tuple[Decided, list[sm.Event], list[Command]]:
+    """What should run against what runs and what was tried -> at most one action (supervision/plan.py)."""
+    events = _files_said(d.snap, f.files)
+    snap = _apply_all(d.snap, events, now)
+    cmds: list[Command] = []
+    wish = f.wish
+    if wish is not None and wish.since != d.wish_since:  # a new wish, from any process: its own count
+        d = replace(d, wish_since=wish.since, restart_due=None, decided_for=None, env_tries=0)
+    if snap.state is EngineState.READY:
+        if f.failure_recorded:
+            cmds.append(ClearFailure())
+        d = replace(d, env_tries=0)
+    if d.op:  # this process operates the engine: its operation decides
+        return d, events, cmds
+    if snap.state is EngineState.STOPPED and f.other_writer:
+        # another process operates the engine (a CLI switch stops the old one before it boots the new): that stop
+        # is its operation, not an outside stop to respect; decided once the lock is let go
+        return d, events, cmds
+    if wish is None or wish.kind == "stopped" or wish.profile_id is None:
+        return replace(d, restart_due=None), events, cmds
+    if snap.state is EngineState.READY and snap.restart_try:
+        events.append(sm.Supervised(restart_try=0))
+    if snap.state not in (EngineState.STOPPED, EngineState.FAILED) or snap.gave_up:
+        return d, events, cmds
+    if (due := d.restart_due) is not None:
+        if now >= due.when:
+            d = replace(d, restart_due=None)
+            cmds.append(RestartNow(due.profile_id, due.why, due.capped))
+        return d, events, cmds
+    if d.decided_for == (snap.container_id, snap.since):
+        return d, events, cmds
+    d = replace(d, decided_for=(snap.container_id, snap.since))
+    action = plan(snap, wish.profile_id, f.policy, list(f.recent), d.env_tries, now,
+                  stopped_by_reboot=f.stopped_by_reboot)
+    if isinstance(action, BringBack):
+        d = replace(d, restart_due=Due(now, wish.profile_id, action.why, False))
+    elif isinstance(action, Respect):
+        cmds.append(RespectStop(wish.since, action.message))
+    elif isinstance(action, GiveUpNow):
+        events.append(sm.Supervised(gave_up=True, restart_try=0, message=action.message))
+        cmds.append(RecordGiveUp(action.reason, action.why))
+    elif isinstance(action, RestartLater):
+        d = replace(d, env_tries=d.env_tries + (0 if action.capped else 1),
+                    restart_due=Due(now + action.delay_s, wish.profile_id, action.why, action.capped))
+        events.append(sm.Supervised(restart_try=action.try_no, message=action.message))
+    return d, events, cmds
+
+
+def rule(d: Decided, fact: Fact, now: float) -> tuple[Decided, list[sm.Event], list[Command]]:
     """The rule of one fact: the decider's new own facts, the events to apply (in order) and extra commands."""
     s = d.snap
     idle = d.op == ""
@@ -262,6 +157,12 @@ def rule(d: Decided, fact: Fact) -> tuple[Decided, list[sm.Event], list[Command]
             return d, _files_said(s, fields), []
         case SwitchEnded(result=result):
             return d, [_switch_counted(s, result)], []
+        case SupervisionPass():
+            return _supervise(d, fact, now)
+        case RestartRefused():
+            return replace(d, decided_for=None), [], []
+        case WishStopped(since=since, key=key, message=message):
+            return replace(d, wish_since=since), [sm.Supervised(desired=key, restart_try=0, message=message)], []
     raise TypeError(f"not a fact: {fact!r}")
 
 
@@ -269,7 +170,7 @@ def step(d: Decided, fact: Fact, now: float) -> tuple[Decided, list[Command]]:
     """One fact in, at wall time `now` (a changed state's `since`): the decider after it and the commands to carry
     out (a `Publish` per applied event, in order, then the rule's own). Pure: `sm.transition` raises
     IllegalTransition for an event no state allows."""
-    d, events, extra = rule(d, fact)
+    d, events, extra = rule(d, fact, now)
     commands: list[Command] = []
     snap = d.snap
     for ev in events:
