@@ -152,12 +152,12 @@ ROWS = [
         check=lambda d, c: not d.adopted_once and c == []),
     Row("no adoption once closed", decided(closed=True), st.RunningSeen(ADOPTED), check=lambda d, c: c == []),
     # supervision files and switch counters
-    Row("the files say something new", decided(), st.FilesSaid(FILES), (sm.Supervised,),
+    Row("the files say something new", decided(), sup(None, FILES), (sm.Supervised,),
         check=lambda d, c: (d.snap.desired, d.snap.restarts_total) == ("serve:quality", 2)),
-    Row("the files say what is shown", decided(desired="serve:quality", restarts_total=2), st.FilesSaid(FILES)),
+    Row("the files say what is shown", decided(desired="serve:quality", restarts_total=2), sup(None, FILES)),
     Row("a give-up cleared by the files restarts the count", decided(S.FAILED, "c1", gave_up=True, restart_try=3),
-        st.FilesSaid(FILES), (sm.Supervised,), check=lambda d, c: not d.snap.gave_up and d.snap.restart_try == 0),
-    Row("a give-up the files say", decided(S.FAILED, "c1"), st.FilesSaid(replace(FILES, gave_up=True)), (sm.Supervised,),
+        sup(None, FILES), (sm.Supervised,), check=lambda d, c: not d.snap.gave_up and d.snap.restart_try == 0),
+    Row("a give-up the files say", decided(S.FAILED, "c1"), sup(None, replace(FILES, gave_up=True)), (sm.Supervised,),
         check=lambda d, c: d.snap.gave_up),
     *[Row(f"a switch ends {result}", decided(S.READY, "c1", **{field: 4}), st.SwitchEnded(result), (sm.Supervised,),
           check=lambda d, c, field=field: getattr(d.snap, field) == 5)

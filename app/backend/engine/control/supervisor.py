@@ -11,9 +11,8 @@ import time
 from datetime import datetime, timezone
 
 from app.backend import oplog
-from app.backend.contracts import EngineSnapshot
 from app.backend.engine.decider import statemachine as sm
-from app.backend.engine.decider.facts import (ClearFailure, Command, FilesSaid, RecordGiveUp, RespectStop, RestartNow,
+from app.backend.engine.decider.facts import (ClearFailure, Command, RecordGiveUp, RespectStop, RestartNow,
                                              RestartRefused, SupervisionPass, Wish, WishStopped)
 from app.backend.engine.control.core import Core
 from app.backend.engine.supervision.desired import Desired
@@ -60,10 +59,6 @@ class Supervisor(Core):
         hist = self.history.read()
         return sm.Supervised(desired=desired.key if desired else "", restart_policy=self.restart_policy(),
                              restarts_total=hist.restarts_total, gave_up=hist.gave_up_on(desired) is not None)
-
-    def _sync_supervision(self, desired: Desired | None) -> EngineSnapshot:
-        """Publish what the files say (a wish, restart or give-up of any process); the snapshot after."""
-        return self._propose(FilesSaid(self._supervision_fields(desired)))[1]
 
     def _supervise(self) -> None:
         """After each pass over Docker, on the observer thread: read the files and the host, post them to the

@@ -160,13 +160,6 @@ class RunningSeen:
 
 
 @dataclass(frozen=True)
-class FilesSaid:
-    """The supervision files (any process's wish, restarts, give-up) as the supervisor read them."""
-
-    fields: sm.Supervised
-
-
-@dataclass(frozen=True)
 class SwitchEnded:
     result: str  # "ok", "rolled_back", "cancelled", anything else: failed
 
@@ -183,10 +176,10 @@ class Wish:
 @dataclass(frozen=True)
 class SupervisionPass:
     """The supervisor's read of the files and the host after a pass over Docker: the wish, what the files say
-    (as `FilesSaid`), the restart history for this wish, the policy, and two facts of the box."""
+    (shown first when they differ), the restart history for this wish, the policy, and two facts of the box."""
 
     wish: Wish | None
-    files: sm.Supervised
+    files: sm.Supervised  # the supervision fields as the files say (shown first, when they differ)
     failure_recorded: bool  # the history holds a give-up (cleared once the engine serves again)
     recent: tuple[float, ...]  # the capped restarts made for this wish
     policy: PolicyConfig
@@ -209,7 +202,7 @@ class WishStopped:
 
 
 Fact = Union[Put, OpBegan, OpEnded, SyncBegan, SyncEnded, Closing, Judged, BootGated, BootLogMoved, OutsideDrain,
-             OutsideDrainEnded, DockerAwayServing, DockerAway, RunRemoved, ExitSeen, RunningSeen, FilesSaid,
+             OutsideDrainEnded, DockerAwayServing, DockerAway, RunRemoved, ExitSeen, RunningSeen,
              SwitchEnded, SupervisionPass, RestartRefused, WishStopped]
 
 

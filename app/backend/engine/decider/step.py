@@ -17,7 +17,7 @@ from dataclasses import replace
 from app.backend.contracts import LIVE_STATES, EngineSnapshot, EngineState
 from app.backend.engine.decider import statemachine as sm
 from app.backend.engine.decider.facts import (BootGated, BootLogMoved, ClearFailure, Closing, Command, Decided,
-                                             DockerAway, DockerAwayServing, Due, ExitSeen, Fact, FilesSaid,
+                                             DockerAway, DockerAwayServing, Due, ExitSeen, Fact,
                                              FollowAdopted, Judged, OpBegan, OpEnded, OutsideDrain,
                                              OutsideDrainEnded, Publish, Put, RecordGiveUp, RespectStop, RestartNow,
                                              RestartRefused, RunRemoved, RunningSeen, SupervisionPass, SwitchEnded,
@@ -153,8 +153,6 @@ def rule(d: Decided, fact: Fact, now: float) -> tuple[Decided, list[sm.Event], l
             return d, [] if d.writing or (s.container_id and s.container_id != cid) else [ev], []
         case RunningSeen():
             return _adopt(d, fact)
-        case FilesSaid(fields=fields):
-            return d, _files_said(s, fields), []
         case SwitchEnded(result=result):
             return d, [_switch_counted(s, result)], []
         case SupervisionPass():
