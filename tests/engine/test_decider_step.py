@@ -203,6 +203,15 @@ ROWS = [
     Row("the supervisor wrote a person's stop as the wish", decided(S.STOPPED, **SHOWN),
         st.WishStopped(200.0, "stopped", "stopped outside the panel — respected"), (sm.Supervised,),
         check=lambda d, c: d.wish_since == 200.0 and d.snap.desired == "stopped"),
+    # a stall restart counts against the policy's cap
+    Row("a stall restart within the cap", decided(S.STALLED, "c1"),
+        st.StallRestart("quality", (NOW - 30,), PolicyConfig()),
+        check=lambda d, c: own(c) == [st.CountRestart(2, 3), st.RestartStalled("quality")]),
+    Row("a stall restart past the cap gives up", decided(S.STALLED, "c1"),
+        st.StallRestart("quality", (NOW - 30, NOW - 20, NOW - 10), PolicyConfig()), (sm.Supervised,),
+        check=lambda d, c: d.snap.gave_up and [type(x) for x in own(c)] == [st.RecordGiveUp]),
+    Row("an unsupervised controller restarts a stall uncounted", decided(S.STALLED, "c1"),
+        st.StallRestart("quality", (), None), check=lambda d, c: own(c) == [st.RestartStalled("quality")]),
 ]
 
 

@@ -12,12 +12,13 @@ from datetime import datetime, timezone
 
 from app.backend import oplog
 from app.backend.engine.decider import statemachine as sm
-from app.backend.engine.decider.facts import (ClearFailure, Command, RecordGiveUp, RespectStop, RestartNow,
-                                             RestartRefused, SupervisionPass, Wish, WishStopped)
+from app.backend.engine.decider.facts import (ClearFailure, Command, CountRestart, RecordGiveUp, RespectStop, RestartNow, RestartRefused,
+                                              RestartStalled, StallRestart, SupervisionPass,
+                                              Wish, WishStopped)
 from app.backend.engine.control.core import Core
 from app.backend.engine.supervision.desired import Desired
 from app.backend.engine.lifecycle.tickets import Ticket
-from app.backend.engine.supervision.restartpolicy import GiveUp, PolicyConfig, Restart, decide
+from app.backend.engine.supervision.restartpolicy import PolicyConfig
 from app.backend.engine.runtime.base import Instance
 
 
@@ -115,23 +116,29 @@ class Supervisor(Core):
             self._propose(RestartRefused())
 
     def _restart_stalled(self, profile_id: str) -> None:
-        """restart_on_stall: same profile; the stalled run's log files stay on disk, its diagnosis stays shown."""
+        """restart_on_stall (on the liveness thread): the policy's verdict is the step's (`StallRestart`); this
+        carries out its commands. Same profile and build; the stalled run's log files stay on disk, its
+        diagnosis stays shown."""
         stalled = self.snapshot().diagnosis
         build = self.snapshot().build or None  # the stalled run's build comes back
-        if self.options.supervise:  # the policy's cap counts stall restarts too
-            desired = self.desired_store.read()
-            verdict = decide(self._policy_config(), "stalled", self.history.read().recent(desired), time.time())
-            if isinstance(verdict, GiveUp):
+        desired = self.desired_store.read() if self.options.supervise else None
+        recent = tuple(self.history.read().recent(desired)) if self.options.supervise else ()
+        fact = StallRestart(profile_id, recent, self._policy_config() if self.options.supervise else None)
+        restart = False
+        for c in self._post(fact).commands:
+            if isinstance(c, RecordGiveUp):
                 if desired is not None:
-                    self.history.give_up(desired, "stalled", verdict.why)
-                self._apply(sm.Supervised(gave_up=True, message=f"stalled — failed, {verdict.why}"))
+                    self.history.give_up(desired, c.reason, c.why)
                 oplog.decision("engine", "give_up", who=oplog.SUPERVISOR, level=30, profile=profile_id,
-                               reason="stalled", why=verdict.why)
-                return
-            if isinstance(verdict, Restart):
+                               reason=c.reason, why=c.why)
+            elif isinstance(c, CountRestart):  # the policy's cap counts stall restarts too
                 hist = self.history.restarted(time.time(), capped=True)
-                self._apply(sm.Supervised(restarts_total=hist.restarts_total, restart_try=verdict.try_no,
-                                          message=f"stalled — restarting, try {verdict.try_no} of {verdict.of}"))
+                self._apply(sm.Supervised(restarts_total=hist.restarts_total, restart_try=c.try_no,
+                                          message=f"stalled — restarting, try {c.try_no} of {c.of}"))
+            elif isinstance(c, RestartStalled):
+                restart = True
+        if not restart:
+            return
         oplog.decision("engine", "restart", who=oplog.SUPERVISOR, profile=profile_id, why="stalled")
 
         def op(t: Ticket) -> None:

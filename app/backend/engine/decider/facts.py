@@ -188,6 +188,16 @@ class SupervisionPass:
 
 
 @dataclass(frozen=True)
+class StallRestart:
+    """The liveness thread judged the run stalled and restarts on a stall: the policy's verdict is the step's.
+    `policy` None: this controller does not supervise (the CLI's), so no cap applies."""
+
+    profile_id: str
+    recent: tuple[float, ...]  # the capped restarts made for the wish
+    policy: PolicyConfig | None
+
+
+@dataclass(frozen=True)
 class RestartRefused:
     """The scheduled restart was refused (another writer holds the lock): decide again on the next pass."""
 
@@ -203,7 +213,7 @@ class WishStopped:
 
 Fact = Union[Put, OpBegan, OpEnded, SyncBegan, SyncEnded, Closing, Judged, BootGated, BootLogMoved, OutsideDrain,
              OutsideDrainEnded, DockerAwayServing, DockerAway, RunRemoved, ExitSeen, RunningSeen,
-             SwitchEnded, SupervisionPass, RestartRefused, WishStopped]
+             SwitchEnded, SupervisionPass, StallRestart, RestartRefused, WishStopped]
 
 
 # -- commands: what the reconciler and the worker carry out ----------------------------------------------------
@@ -247,6 +257,21 @@ class RespectStop:
 
 
 @dataclass(frozen=True)
+class CountRestart:
+    """Count the stall restart in the history (it counts against the cap), then show try `try_no` of `of`."""
+
+    try_no: int
+    of: int
+
+
+@dataclass(frozen=True)
+class RestartStalled:
+    """Stop the stalled run and boot `profile_id` again (the liveness thread's restart operation)."""
+
+    profile_id: str
+
+
+@dataclass(frozen=True)
 class RecordGiveUp:
     """The policy gave up: record it in the history, with the cause (the snapshot already says it)."""
 
@@ -254,4 +279,4 @@ class RecordGiveUp:
     why: str
 
 
-Command = Union[Publish, FollowAdopted, ClearFailure, RestartNow, RespectStop, RecordGiveUp]
+Command = Union[Publish, FollowAdopted, ClearFailure, RestartNow, RespectStop, RecordGiveUp, CountRestart, RestartStalled]

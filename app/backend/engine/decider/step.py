@@ -16,13 +16,16 @@ from dataclasses import replace
 
 from app.backend.contracts import LIVE_STATES, EngineSnapshot, EngineState
 from app.backend.engine.decider import statemachine as sm
-from app.backend.engine.decider.facts import (BootGated, BootLogMoved, ClearFailure, Closing, Command, Decided,
-                                             DockerAway, DockerAwayServing, Due, ExitSeen, Fact,
-                                             FollowAdopted, Judged, OpBegan, OpEnded, OutsideDrain,
-                                             OutsideDrainEnded, Publish, Put, RecordGiveUp, RespectStop, RestartNow,
-                                             RestartRefused, RunRemoved, RunningSeen, SupervisionPass, SwitchEnded,
-                                             SyncBegan, SyncEnded, WishStopped)
+from app.backend.engine.decider.facts import (BootGated, BootLogMoved, ClearFailure, Closing, Command, CountRestart, Decided, DockerAway,
+                                              DockerAwayServing, Due, ExitSeen, Fact,
+                                              FollowAdopted, Judged, OpBegan, OpEnded,
+                                              OutsideDrain, OutsideDrainEnded, Publish, Put,
+                                              RecordGiveUp, RespectStop, RestartNow,
+                                              RestartRefused, RestartStalled, RunRemoved,
+                                              RunningSeen, StallRestart, SupervisionPass,
+                                              SwitchEnded, SyncBegan, SyncEnded, WishStopped)
 from app.backend.engine.supervision.plan import BringBack, GiveUpNow, Respect, RestartLater, plan
+from app.backend.engine.supervision.restartpolicy import GiveUp, Restart, decide
 
 
 
@@ -115,6 +118,16 @@ def _supervise(d: Decided, f: SupervisionPass, now: float) -> tuple[Decided, lis
     return d, events, cmds
 
 
+def _stall_restart(d: Decided, f: StallRestart, now: float) -> tuple[Decided, list[sm.Event], list[Command]]:
+    """A stall restart counts against the policy's cap (restartpolicy.py): give up, or count it and restart."""
+    verdict = decide(f.policy, "stalled", list(f.recent), now) if f.policy is not None else None
+    if isinstance(verdict, GiveUp):
+        return d, [sm.Supervised(gave_up=True, message=f"stalled — failed, {verdict.why}")], [
+            RecordGiveUp("stalled", verdict.why)]
+    counted: list[Command] = [CountRestart(verdict.try_no, verdict.of)] if isinstance(verdict, Restart) else []
+    return d, [], [*counted, RestartStalled(f.profile_id)]
+
+
 def rule(d: Decided, fact: Fact, now: float) -> tuple[Decided, list[sm.Event], list[Command]]:
     """The rule of one fact: the decider's new own facts, the events to apply (in order) and extra commands."""
     s = d.snap
@@ -157,6 +170,8 @@ def rule(d: Decided, fact: Fact, now: float) -> tuple[Decided, list[sm.Event], l
             return d, [_switch_counted(s, result)], []
         case SupervisionPass():
             return _supervise(d, fact, now)
+        case StallRestart():
+            return _stall_restart(d, fact, now)
         case RestartRefused():
             return replace(d, decided_for=None), [], []
         case WishStopped(since=since, key=key, message=message):
