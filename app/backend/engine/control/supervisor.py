@@ -2,7 +2,7 @@
 it reads what should run (desired.py), what was tried (history.py) and two facts of the host, posts them to the
 decider as one fact (`SupervisionPass`; the decision is the pure step's, supervision/plan.py) and carries out
 the commands that come back: restart, record a give-up, respect a person's outside stop, clear a healed failure.
-The stall restart (`_restart_stalled`) still decides its policy verdict on the liveness thread.
+The stall restart (`_restart_stalled`, on the liveness thread) asks the step the same way (`StallRestart`).
 """
 
 from __future__ import annotations
