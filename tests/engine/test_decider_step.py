@@ -212,6 +212,17 @@ ROWS = [
         check=lambda d, c: d.snap.gave_up and [type(x) for x in own(c)] == [st.RecordGiveUp]),
     Row("an unsupervised controller restarts a stall uncounted", decided(S.STALLED, "c1"),
         st.StallRestart("quality", (), None), check=lambda d, c: own(c) == [st.RestartStalled("quality")]),
+    # a failed switch rolls back to what served before, when asked
+    Row("a failed switch rolls back", decided(S.FAILED, "c1"), st.SwitchFailed("speed", "quality", "b1", True),
+        check=lambda d, c: own(c) == [st.RollBack("quality", "b1")]),
+    Row("no rollback when not asked", decided(S.FAILED, "c1"), st.SwitchFailed("speed", "quality", None, False),
+        check=lambda d, c: own(c) == []),
+    Row("no rollback when nothing served before", decided(S.FAILED, "c1"), st.SwitchFailed("speed", None, None, True),
+        check=lambda d, c: own(c) == []),
+    Row("no rollback to the profile that failed", decided(S.FAILED, "c1"), st.SwitchFailed("speed", "speed", None, True),
+        check=lambda d, c: own(c) == []),
+    Row("no rollback while closing", decided(S.FAILED, "c1", closed=True), st.SwitchFailed("speed", "quality", None, True),
+        check=lambda d, c: own(c) == []),
 ]
 
 

@@ -20,7 +20,7 @@ from app.backend.contracts import LIVE_STATES, Diagnosis, EngineState
 from app.backend.engine.decider import statemachine as sm
 from app.backend.engine.builds.store import BUILD_LABEL
 from app.backend.engine.control.core import MUTATING
-from app.backend.engine.decider.facts import OpBegan, OpEnded, SwitchEnded
+from app.backend.engine.decider.facts import OpBegan, OpEnded, RollBack, SwitchEnded, SwitchFailed
 from app.backend.engine.supervision.desired import DesiredKind
 from app.backend.engine.lifecycle.tickets import Ticket
 from app.backend.engine.lifecycle.oplock import LockHeld
@@ -193,9 +193,12 @@ class Operations(Supervisor):
         if self._cancel.is_set():
             ticket.ok, ticket.message = False, f"switch to {profile_id} cancelled by stop"
             return "cancelled"
-        if not (self.options.auto_rollback and rollback_to and rollback_to != profile_id) or self._closed:
+        back = [c for c in self._post(SwitchFailed(profile_id, rollback_to, rollback_build,
+                                                   self.options.auto_rollback)).commands if isinstance(c, RollBack)]
+        if not back:  # the decider's word: no rollback (not asked, nothing served before, or closing)
             self._finish(ticket, False)
             return "failed"
+        rollback_to, rollback_build = back[0].profile_id, back[0].build
         self._stop_and_release(f"rolling back to {rollback_to}")
         ok = self._boot_profile(rollback_to, rollback_build)
         title = failure.title if failure else "failed"

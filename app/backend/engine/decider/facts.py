@@ -198,6 +198,17 @@ class StallRestart:
 
 
 @dataclass(frozen=True)
+class SwitchFailed:
+    """The new profile of a switch did not come up: roll back to what served before (`rollback_to`, its build),
+    if the options allow it (`auto_rollback`) and it is another profile."""
+
+    profile_id: str
+    rollback_to: str | None
+    build: str | None
+    auto_rollback: bool
+
+
+@dataclass(frozen=True)
 class RestartRefused:
     """The scheduled restart was refused (another writer holds the lock): decide again on the next pass."""
 
@@ -213,7 +224,7 @@ class WishStopped:
 
 Fact = Union[Put, OpBegan, OpEnded, SyncBegan, SyncEnded, Closing, Judged, BootGated, BootLogMoved, OutsideDrain,
              OutsideDrainEnded, DockerAwayServing, DockerAway, RunRemoved, ExitSeen, RunningSeen,
-             SwitchEnded, SupervisionPass, StallRestart, RestartRefused, WishStopped]
+             SwitchEnded, SupervisionPass, StallRestart, SwitchFailed, RestartRefused, WishStopped]
 
 
 # -- commands: what the reconciler and the worker carry out ----------------------------------------------------
@@ -272,6 +283,14 @@ class RestartStalled:
 
 
 @dataclass(frozen=True)
+class RollBack:
+    """Stop the failed switch's run and boot `profile_id` (at `build`) again."""
+
+    profile_id: str
+    build: str | None
+
+
+@dataclass(frozen=True)
 class RecordGiveUp:
     """The policy gave up: record it in the history, with the cause (the snapshot already says it)."""
 
@@ -279,4 +298,4 @@ class RecordGiveUp:
     why: str
 
 
-Command = Union[Publish, FollowAdopted, ClearFailure, RestartNow, RespectStop, RecordGiveUp, CountRestart, RestartStalled]
+Command = Union[Publish, FollowAdopted, ClearFailure, RestartNow, RespectStop, RecordGiveUp, CountRestart, RestartStalled, RollBack]

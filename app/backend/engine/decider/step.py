@@ -21,7 +21,7 @@ from app.backend.engine.decider.facts import (BootGated, BootLogMoved, ClearFail
                                               FollowAdopted, Judged, OpBegan, OpEnded,
                                               OutsideDrain, OutsideDrainEnded, Publish, Put,
                                               RecordGiveUp, RespectStop, RestartNow,
-                                              RestartRefused, RestartStalled, RunRemoved,
+                                              RestartRefused, RestartStalled, RollBack, SwitchFailed, RunRemoved,
                                               RunningSeen, StallRestart, SupervisionPass,
                                               SwitchEnded, SyncBegan, SyncEnded, WishStopped)
 from app.backend.engine.supervision.plan import BringBack, GiveUpNow, Respect, RestartLater, plan
@@ -172,6 +172,9 @@ def rule(d: Decided, fact: Fact, now: float) -> tuple[Decided, list[sm.Event], l
             return _supervise(d, fact, now)
         case StallRestart():
             return _stall_restart(d, fact, now)
+        case SwitchFailed(profile_id=profile_id, rollback_to=to, build=build, auto_rollback=auto):
+            back = auto and to is not None and to != profile_id and not d.closed
+            return d, [], [RollBack(to, build)] if back and to is not None else []
         case RestartRefused():
             return replace(d, decided_for=None), [], []
         case WishStopped(since=since, key=key, message=message):
