@@ -31,9 +31,9 @@ import docker  # noqa: E402
 import httpx2  # noqa: E402 - the openai SDK's HTTP client
 import openai  # noqa: E402
 
-from app.backend.engine.client import EngineEndpoint, api_base  # noqa: E402
+from app.backend.engine.runtime.client import EngineEndpoint, api_base  # noqa: E402
 from app.backend.engine.controller import ControllerOptions, EngineController  # noqa: E402
-from app.backend.engine.docker_runtime import DockerRuntime  # noqa: E402
+from app.backend.engine.runtime.docker import DockerRuntime  # noqa: E402
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe  # noqa: E402
 from app.backend.config.settings import Settings  # noqa: E402
 from app.backend.simengine.image import content_tag, ensure_image  # noqa: E402

@@ -70,8 +70,8 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     import app.ui.app as ui_app
-    import app.backend.chat.service as chat_service
-    from app.backend.chat.service import ChatService
+    import app.backend.chat.conversations as chat_service
+    from app.backend.chat.conversations import ChatService
     from app.backend.config.settings import resolve_settings
     from app.backend.state import AppState, build_app_state
     from tests.chat.chat_helpers import FakeEngine, start_sim

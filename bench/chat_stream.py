@@ -76,7 +76,7 @@ def wait_http(url: str, timeout: float = 180.0) -> None:
 
 def serve_panel(engine_url: str, port: int, data_dir: str) -> None:
     import app.ui.app as ui_app
-    from app.backend.chat.service import ChatService
+    from app.backend.chat.conversations import ChatService
     from app.backend.contracts import EngineSnapshot, EngineState
     from app.backend.config.settings import resolve_settings
     from app.backend.state import AppState
@@ -114,7 +114,7 @@ def direct(engine_url: str, model: str, prompt: str, max_tokens: int) -> tuple[f
     """Stream the same request from the engine: (TTFT s, thinking, answer, completion tokens, first delta)."""
     from app.backend.chat.client import ChatRequest, ChatStream, SamplingParams
     from app.backend.chat.events import ContentDelta, ReasoningDelta, UsageReport
-    from app.backend.engine.client import EngineClient
+    from app.backend.engine.runtime.client import EngineClient
 
     client = EngineClient(engine_url)
     req = ChatRequest(model, [{"role": "user", "content": prompt}], SamplingParams(1.0, 1.0, 0.05, max_tokens),
@@ -301,7 +301,7 @@ def server_side(engine_url: str, runs: int) -> tuple[float, float]:
     """The chat code's own latency, in this process: send() until the request leaves, and first
     token arrival until its frame is rendered (p50 ms)."""
     from app.backend.chat.client import SamplingParams
-    from app.backend.chat.service import ChatService
+    from app.backend.chat.conversations import ChatService
     from app.backend.contracts import EngineSnapshot, EngineState
     from app.backend.recipe import SIMULATED_RECIPE, load_recipe
     from app.ui.chat import render_history, render_live

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import docker  # noqa: E402
 
 from app.backend.engine.controller import ControllerOptions, EngineController  # noqa: E402
-from app.backend.engine.docker_runtime import DockerRuntime  # noqa: E402
+from app.backend.engine.runtime.docker import DockerRuntime  # noqa: E402
 from app.backend.recipe import SIMULATED_RECIPE  # noqa: E402
 from app.backend.config.settings import Settings  # noqa: E402
 from app.backend.simengine.image import ensure_image  # noqa: E402

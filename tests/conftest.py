@@ -325,7 +325,7 @@ def engine_openai(url: str, **kw: Any) -> Any:
     import httpx2  # the openai SDK's HTTP client
     import openai
 
-    from app.backend.engine.client import EngineEndpoint, api_base, is_uds
+    from app.backend.engine.runtime.client import EngineEndpoint, api_base, is_uds
 
     if is_uds(url):
         kw["http_client"] = httpx2.Client(transport=httpx2.HTTPTransport(uds=EngineEndpoint.parse(url).uds))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.backend.engine.diagnosis import classify
-from app.backend.engine.preflight import PreflightInputs, run_preflight
+from app.backend.engine.logs.diagnosis import classify
+from app.backend.engine.lifecycle.preflight import PreflightInputs, run_preflight
 from app.backend.recipe import DEFAULT_RECIPE, load_recipe
 from app.backend.telemetry.gpu_sim import FakeGpuReader
 from app.backend.contracts import GpuSample

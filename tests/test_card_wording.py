@@ -102,7 +102,7 @@ def test_every_recipe_text_that_claims_the_card_is_in_the_shipped_card(recipe_fi
 def test_the_recipe_cites_the_card_file_the_repo_ships() -> None:
     r = load_recipe(DEFAULT_RECIPE)
     assert r.card_file == "docs/model-card.txt" and (ROOT / r.card_file).is_file()
-    sources = [DEFAULT_RECIPE, ROOT / "app/backend/engine/diagnosis.py", ROOT / "tests/test_command.py"]
+    sources = [DEFAULT_RECIPE, ROOT / "app/backend/engine/logs/diagnosis.py", ROOT / "tests/test_command.py"]
     for path in sources:
         assert "shared/seed/model-card.txt" not in path.read_text(), path
 

@@ -1,5 +1,5 @@
 """The small primitives are written once (issue 34): a file lock and an atomic write (app/backend/files/atomic.py),
-GiB (app/backend/contracts.py), the docker-py image build (app/backend/engine/imagebuild.py), demo mode
+GiB (app/backend/contracts.py), the docker-py image build (app/backend/engine/builds/image.py), demo mode
 (`Settings.demo`) and the single-flight job runner with its stop signal (app/backend/jobs.py). A grep, so a
 second copy is caught where it is written."""
 
@@ -26,7 +26,7 @@ ONCE = {
                           {BACKEND / "files" / "atomic.py"}),
     "atomic replace": (re.compile(r"\bos\.replace\("), {BACKEND / "files" / "atomic.py", BACKEND / "download" / "extract.py"}),
     "GiB constant": (re.compile(r"2 ?\*\* ?30\b|1 << 30\b|1024 \*\* 3\b|\b1073741824\b"), {BACKEND / "contracts.py"}),
-    "docker-py build": (re.compile(r"\.api\.build\(|\bapi\.build\("), {BACKEND / "engine" / "imagebuild.py"}),
+    "docker-py build": (re.compile(r"\.api\.build\(|\bapi\.build\("), {BACKEND / "engine" / "builds" / "image.py"}),
     "demo switch": (re.compile(r"simulated or [\w.]*demo\b|\bdemo or [\w.]*simulated\b"), set()),
     # the single-flight job runner (jobs.SingleFlight: the self-test, the A/B, the downloads) and its stop
     "stop signal": (re.compile(r"\(threading\.Event\)"), {BACKEND / "jobs.py"}),
@@ -35,7 +35,7 @@ ONCE = {
     # foreground download, a download run's fetch and verify threads still alive after their join (job.py:
     # reported, their fds left open: docs/downloads.md "File descriptors")
     "single-flight runner": (re.compile(r"\bis_alive\(\)"), {
-        BACKEND / "jobs.py", BACKEND / "gateway" / "server.py", BACKEND / "engine" / "reconciler.py",
+        BACKEND / "jobs.py", BACKEND / "gateway" / "server.py", BACKEND / "engine" / "control" / "reconciler.py",
         BACKEND / "download" / "extract.py", BACKEND / "download" / "job.py", APP / "cli" / "download.py"}),
 }
 

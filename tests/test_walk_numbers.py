@@ -9,8 +9,8 @@ from pathlib import Path
 
 from app.backend.abtest.stats import Pair, summarise
 from app.backend.contracts import count_text, size_pair_text, size_text
-from app.backend.engine.history import SupervisionStore
-from app.backend.engine.supervisor import switch_counts
+from app.backend.engine.supervision.history import SupervisionStore
+from app.backend.engine.control.supervisor import switch_counts
 from app.backend.selftest.report import card_line
 from app.backend.selftest.types import DecodeRun, SelfTestResult
 

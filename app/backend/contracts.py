@@ -138,7 +138,7 @@ class ChatGate(Protocol):
 
 class EngineWatch(Protocol):
     """The newest engine snapshot and the seq of the change event that made it, kept up to date by the engine's
-    publisher (app/backend/engine/events.py `SnapshotWatch`; docs/engine.md, "Who listens"). A reader keeps the
+    publisher (app/backend/engine/decider/events.py `SnapshotWatch`; docs/engine.md, "Who listens"). A reader keeps the
     last seq it acted on: an equal seq means nothing changed. `close()` unsubscribes."""
 
     @property
@@ -272,6 +272,11 @@ class GpuReader(Protocol):
     def close(self) -> None: ...
 
 
+class GpuCountError(RuntimeError):
+    """The box's GPUs could not be counted at start (NVML kept failing past its deadline): the panel refuses
+    to supervise a wrong number of engines (docs/engine.md "How many GPUs"). The message says what to do."""
+
+
 class ReaderStatus:
     """`available` / `error` / `simulated` derived from one `_error` sentence, and a `close()` that has
     nothing to release (shared by the readers)."""
@@ -297,6 +302,9 @@ class ReaderStatus:
 
 # -- ASGI (the panel's gate, the access log and the gateway's proxy wrap the same callables) -----------------
 
+# A decoded JSON object (a file's record, a stream's chunk, a Docker event): its values are whatever the source
+# held, checked where they are read. The one name for "JSON from outside" (docs/architecture.md).
+JsonObject = dict[str, Any]
 Scope = MutableMapping[str, Any]  # ASGI's scope and messages are open dicts (asgiref's TypedDicts are unions)
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]

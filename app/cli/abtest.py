@@ -68,9 +68,9 @@ def _services(settings: Any, gpus: str | None = None, every_gpu: bool = False) -
     """(something to close, the A/B service). `gpus` "A,B": one engine per GPU, A's side on GPU A, B's on GPU B;
     naming every GPU of the box needs `every_gpu` (none would serve meanwhile, issue 49)."""
     from app.backend.abtest.runner import ABRunService, every_gpu_message
-    from app.backend.engine.factory import make_engine_controller, make_fleet
-    from app.backend.engine.fleet import parse_gpus
-    from app.backend.engine.ops import ControllerOptions
+    from app.backend.state import make_engine_controller, make_box_gpus
+    from app.backend.engine.gpus import parse_gpus
+    from app.backend.engine.lifecycle.tickets import ControllerOptions
     from app.backend.telemetry.gpu import box_gpu_count, follow_engine, make_gpu_reader
 
     reader = make_gpu_reader(settings)
@@ -78,21 +78,21 @@ def _services(settings: Any, gpus: str | None = None, every_gpu: bool = False) -
         ctl = make_engine_controller(settings, reader)
         follow_engine(reader, ctl)
         return ctl, ABRunService(settings, ctl)
-    fleet = make_fleet(settings, reader, box_gpu_count(reader), lambda gpu: ControllerOptions(actor="CLI"))
-    for g in fleet.gpus:
-        follow_engine(reader, fleet.controller(g), g)
+    box = make_box_gpus(settings, reader, box_gpu_count(reader), lambda gpu: ControllerOptions(actor="CLI"))
+    for g in box.gpus:
+        follow_engine(reader, box.controller(g), g)
     try:
-        chosen = parse_gpus(gpus, fleet.gpus, "--gpus")
+        chosen = parse_gpus(gpus, box.gpus, "--gpus")
         if len(chosen) != 2:
             raise ValueError(f"--gpus {gpus!r}: name two different GPUs, A's then B's (this box has "
-                             f"{', '.join(map(str, fleet.gpus))})")
-        if set(fleet.gpus) <= set(chosen) and not every_gpu:
+                             f"{', '.join(map(str, box.gpus))})")
+        if set(box.gpus) <= set(chosen) and not every_gpu:
             raise ValueError(every_gpu_message((chosen[0], chosen[1])))
     except ValueError:
-        fleet.close()
+        box.close()
         raise
-    a, b = fleet.controller(chosen[0]), fleet.controller(chosen[1])
-    return fleet, ABRunService(settings, a, engine_for=lambda side: a if side == "A" else b)
+    a, b = box.controller(chosen[0]), box.controller(chosen[1])
+    return box, ABRunService(settings, a, engine_for=lambda side: a if side == "A" else b)
 
 
 def _follow(svc: Any) -> int:
@@ -115,7 +115,7 @@ def _follow(svc: Any) -> int:
 def _chat_history(settings: Any) -> Any:
     """The panel's chat history opened read-only: safe beside a running panel."""
     from app.backend.abtest.chat_prompts import history_of_store
-    from app.backend.chat.service import DB_NAME
+    from app.backend.chat.conversations import DB_NAME
     from app.backend.chat.store import ChatStore, ChatStoreError
 
     try:

@@ -10,13 +10,14 @@ import argparse
 import sys
 import time
 
+import httpx
 from rich.console import Console
 
 from app.backend.chat.client import ChatRequest, ChatStream, SamplingParams
 from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, ReclassifyAsReasoning, StreamError
 from app.backend.chat.models import MessageStats
 from app.backend.chat.stats import StatsRecorder, format_stats
-from app.backend.engine.client import EngineClient, base_url
+from app.backend.engine.runtime.client import EngineClient, base_url
 from app.cli.main import add_common, settings_from
 
 
@@ -42,7 +43,7 @@ def _pick_model(client: EngineClient, wanted: str | None, recipe_name: str) -> s
         return wanted
     try:
         served = client.models()
-    except Exception:  # the chat request itself reports an unreachable server clearly
+    except (httpx.HTTPError, ValueError, AttributeError):  # the chat request itself reports an unreachable server
         return recipe_name
     return recipe_name if (recipe_name in served or not served) else served[0]
 

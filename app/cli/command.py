@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.backend.engine import builds
+from app.backend.engine.builds import store as builds
 
 from app.backend.profiles.registry import ProfileRegistry
 from app.backend.recipe.command import build_run_spec, render_explained, render_json, render_shell
@@ -27,7 +27,7 @@ def register(subs: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
-    try:  # the image of the build a start runs (engine/builds.py: the one place it is chosen)
+    try:  # the image of the build a start runs (engine/builds/store.py: the one place it is chosen)
         build = builds.registry(settings).resolve(args.build)
     except builds.UnknownBuild as exc:
         print(f"moet-panel: {exc.args[0]}", file=sys.stderr)

@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from app.backend.engine.controller import EngineController
-from app.backend.engine.factory import make_fleet
-from app.backend.engine.fleet import Fleet, GpuSelectionError
+from app.backend.state import make_box_gpus
+from app.backend.engine.gpus import BoxGpus, GpuSelectionError
 from app.backend.telemetry.gpu import box_gpu_count, follow_engine, make_gpu_reader
-from app.backend.engine.imagebuild import BuildEvent, ImageBuildRefused, build_image, build_mark, check_source
+from app.backend.engine.builds.image import BuildEvent, ImageBuildRefused, build_image, build_mark, check_source
 from app.backend.files.atomic import LockBusy
 from app.backend import oplog
-from app.backend.engine.ops import ControllerOptions, Ticket
+from app.backend.engine.lifecycle.tickets import ControllerOptions, Ticket
 from app.backend.contracts import Diagnosis, EngineSnapshot, LogLine
-from app.backend.config.hostprobe import detect_demo
+from app.backend.telemetry.hostprobe import detect_demo
 from app.backend.config.settings import Settings
 from app.backend.alerts.rules import run_log_lines, status_alerts, trace_of
 from app.backend.telemetry.nvml import NvmlGpuReader
@@ -101,51 +101,51 @@ def run(args: argparse.Namespace) -> int:
         return _builds(args, settings)
     reader = make_gpu_reader(settings, nvml_reader=nvml)
     # One engine per GPU of the box (docs/engine.md "Several GPUs"); a one-GPU box: the one engine, as before.
-    fleet = make_fleet(settings, reader, box_gpu_count(reader), lambda gpu: ControllerOptions(
+    box = make_box_gpus(settings, reader, box_gpu_count(reader), lambda gpu: ControllerOptions(
         auto_rollback=not getattr(args, "no_rollback", False), actor="CLI"))
-    for g in fleet.gpus:
-        follow_engine(reader, fleet.controller(g), g)
+    for g in box.gpus:
+        follow_engine(reader, box.controller(g), g)
     try:
         gpu_arg = getattr(args, "gpu", None)
         try:
-            chosen = fleet.select(gpu_arg)
+            chosen = box.select(gpu_arg)
         except GpuSelectionError as exc:
             print(str(exc), file=sys.stderr)
             return EXIT_REFUSED
-        if args.engine_cmd in ("start", "switch", "stop") and len(fleet.gpus) > 1:
-            return _fleet_op(args, fleet, chosen)
-        ctl = fleet.controller(chosen[0] if gpu_arg is not None else fleet.gpus[0])
+        if args.engine_cmd in ("start", "switch", "stop") and len(box.gpus) > 1:
+            return _box_op(args, box, chosen)
+        ctl = box.controller(chosen[0] if gpu_arg is not None else box.gpus[0])
         if args.engine_cmd == "status":
-            return _status(args, ctl, fleet)
+            return _status(args, ctl, box)
         return {
             "preflight": _preflight, "start": _start, "switch": _start, "stop": _stop, "logs": _logs,
             "promote": _promote, "rollback": _promote,
         }[args.engine_cmd](args, ctl)
     finally:
-        fleet.close()  # the panel's threads only; the engines keep running
+        box.close()  # the panel's threads only; the engines keep running
 
 
-def _fleet_op(args: argparse.Namespace, fleet: Fleet, gpus: list[int]) -> int:
+def _box_op(args: argparse.Namespace, box: BoxGpus, gpus: list[int]) -> int:
     """start/stop on several GPUs at once; switch rolls one GPU at a time (docs/engine.md "Several GPUs")."""
     if args.engine_cmd == "switch":
         def step(gpu: int, t: Ticket) -> None:
             if not args.json:
                 print(f"GPU {gpu}: {t.message}", flush=True)
 
-        steps = fleet.rolling_switch(args.profile, gpus, tuple(args.override), who=oplog.CLI, on_step=step,
+        steps = box.rolling_switch(args.profile, gpus, tuple(args.override), who=oplog.CLI, on_step=step,
                                      build=getattr(args, "build", None))
         results: list[tuple[int, Ticket | None, bool, str]] = [
             (s.gpu, s.ticket, s.ok, "already serves it" if s.skipped else "") for s in steps]
     else:
-        tickets = (fleet.start(args.profile, gpus, tuple(args.override), who=oplog.CLI, build=getattr(args, "build", None))
-                   if args.engine_cmd == "start" else fleet.stop(gpus, who=oplog.CLI))
+        tickets = (box.start(args.profile, gpus, tuple(args.override), who=oplog.CLI, build=getattr(args, "build", None))
+                   if args.engine_cmd == "start" else box.stop(gpus, who=oplog.CLI))
         for _, tk in tickets:
             if tk.accepted and not getattr(args, "no_wait", False):
                 tk.wait()
         results = [(g, tk, bool(tk.accepted and tk.ok), "") for g, tk in tickets]
     out = []
     for g, t, ok, note in results:
-        snap = fleet.controller(g).snapshot()
+        snap = box.controller(g).snapshot()
         message = note or (t.message if t is not None else "not switched: the roll stopped at an earlier GPU")
         out.append({"gpu": g, "ok": ok, "message": message, "engine": _snap_dict(snap)})
         if not args.json:
@@ -157,7 +157,7 @@ def _fleet_op(args: argparse.Namespace, fleet: Fleet, gpus: list[int]) -> int:
     if any(t is not None and not t.accepted for _, t, _, _ in results):
         return EXIT_REFUSED
     if not all(ok for _, _, ok, _ in results):
-        return EXIT_UNREACHABLE if fleet.controller(gpus[0]).runtime is None else EXIT_FAILED
+        return EXIT_UNREACHABLE if box.controller(gpus[0]).runtime is None else EXIT_FAILED
     return EXIT_OK
 
 
@@ -171,7 +171,7 @@ def _snap_dict(snap: EngineSnapshot) -> dict[str, Any]:
     return d
 
 
-def _status(args: argparse.Namespace, ctl: EngineController, fleet: Fleet | None = None) -> int:
+def _status(args: argparse.Namespace, ctl: EngineController, box: BoxGpus | None = None) -> int:
     snap = ctl.snapshot()  # the controller read Docker on construction: this is what Docker shows
     # The pool trace from the run's whole log, as the panel's header follows it (issue 29).
     run_log = run_log_lines(ctl.runtime, snap.container_id, ctl.recent_logs(2000))
@@ -180,15 +180,15 @@ def _status(args: argparse.Namespace, ctl: EngineController, fleet: Fleet | None
     holder = ctl.lock_holder()
     code = EXIT_UNREACHABLE if ctl.runtime is None else STATUS_EXIT.get(snap.state.value, EXIT_FAILED)
     if args.json:
-        engines = [r.as_dict() for r in fleet.rows()] if fleet is not None else []
+        engines = [r.as_dict() for r in box.rows()] if box is not None else []
         print(json.dumps({"engine": _snap_dict(snap), "engines": engines, "runtime": _runtime_text(ctl),
                           "alerts": alerts,
                           "trace": _trace_dict(trace),
                           "lock": asdict(holder) if holder else None, "exit_code": code}, indent=2))
     else:
         label = " (SIMULATED)" if snap.simulated else ""
-        if fleet is not None and len(fleet.gpus) > 1:  # one line per GPU; the details below are one GPU's
-            for r in fleet.rows():
+        if box is not None and len(box.gpus) > 1:  # one line per GPU; the details below are one GPU's
+            for r in box.rows():
                 row = r.as_dict()
                 print(f"GPU {r.gpu}: {row['state']}{label}  profile: {row['profile'] or '-'}  "
                       f"listens: {row['listens'] or '-'}")
@@ -404,7 +404,7 @@ def _show_build(ev: BuildEvent) -> None:
 
 def _build_commit(args: argparse.Namespace, settings: Settings) -> int:
     """`build-image --commit REF`: a build the panel holds (docs/engine.md "Upgrading the engine")."""
-    from app.backend.engine.buildjob import build_commit, build_demo
+    from app.backend.engine.builds.job import build_commit, build_demo
 
     try:
         mark = build_mark(settings.ensure_state_dir(), args.commit)
@@ -436,7 +436,7 @@ def _build_commit(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _builds(args: argparse.Namespace, settings: Settings) -> int:
-    from app.backend.engine import builds
+    from app.backend.engine.builds import store as builds
 
     views = builds.registry(settings).views()
     if args.json:

@@ -23,8 +23,8 @@ from app.backend import oplog
 
 from app.backend.config import env
 from app.backend.config.settings import Settings
-from app.backend.engine.answers import AnswersPublisher
-from app.backend.engine.client import base_url
+from app.backend.engine.lifecycle.answers import AnswersPublisher
+from app.backend.engine.runtime.client import base_url
 from app.backend.fleet import fleetfile
 from app.backend.fleet.front import FrontSource, make_front
 from app.backend.fleet.source import FleetSource
@@ -68,7 +68,7 @@ def register(subs: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-url", metavar="URL", help="an engine this data dir does not run (one you started "
                    "yourself): unix:/PATH of its socket, or http://HOST:PORT, probed once a second (no drains, one "
                    "engine). Default: every GPU's engine of the data dir, as the panel's gateway sees them")
-    # the panel's own way to run it (app/backend/gateway/service.py), not for a terminal
+    # the panel's own way to run it (app/backend/gateway/switch.py), not for a terminal
     p.add_argument("--status-from-stdin", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--state-dir", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
@@ -225,21 +225,21 @@ class ObservedBox:
     truth"). The GPUs the panel's self-test or A/B measures on are left out (gateway/leftout.py)."""
 
     def __init__(self, settings: Settings) -> None:
-        from app.backend.engine.factory import make_fleet
-        from app.backend.engine.ops import ControllerOptions
+        from app.backend.state import make_box_gpus
+        from app.backend.engine.lifecycle.tickets import ControllerOptions
         from app.backend.profiles.registry import ProfileRegistry
         from app.backend.telemetry.gpu import box_gpu_count, make_gpu_reader
 
         reader = make_gpu_reader(settings)
-        self._fleet = make_fleet(settings, reader, box_gpu_count(reader),
+        self._box_gpus = make_box_gpus(settings, reader, box_gpu_count(reader),
                                  lambda gpu: ControllerOptions(actor="CLI", restart_on_stall=False))
         profiles = ProfileRegistry(settings)
-        self.gpus = self._fleet.gpus
+        self.gpus = self._box_gpus.gpus
         self.multi = len(self.gpus) > 1
-        fleet = self._fleet
+        box_gpus = self._box_gpus
         # a self-test or A/B measuring on a GPU, in the panel (or any process): that GPU gets nothing from here
         left = LeftOutNotes(settings.ensure_state_dir())
-        self.source = box_source(self.gpus, lambda g: fleet.controller(g).snapshot,
+        self.source = box_source(self.gpus, lambda g: box_gpus.controller(g).snapshot,
                                  lambda g: base_url(settings.recipe, settings.data_dir, g),
                                  lambda pid: engine_slots_of(settings.recipe, profiles.find(pid)), left.others)
 
@@ -248,7 +248,7 @@ class ObservedBox:
                 else "the engine of this data dir")
 
     def close(self) -> None:
-        self._fleet.close()  # its threads only; the engines keep running
+        self._box_gpus.close()  # its threads only; the engines keep running
 
 
 def _say_listening(server: GatewayServer) -> None:

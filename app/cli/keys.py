@@ -46,7 +46,7 @@ def register(subs: argparse._SubParsersAction) -> None:
 
 def cli_settings(args: argparse.Namespace) -> Settings:
     """Demo mode decided as for every other subcommand (one data dir for panel and CLI)."""
-    from app.backend.config.hostprobe import detect_demo
+    from app.backend.telemetry.hostprobe import detect_demo
 
     return settings_from(args, demo_reason=detect_demo(bool(getattr(args, "demo", False))))
 

@@ -141,13 +141,14 @@ def _main(argv: list[str] | None = None) -> int:
     # imported after the forkserver has started: the recipe's pydantic models take ~0.15 s to build
     from app.backend.recipe import RecipeError
     from app.backend.recipe.command import CommandError
+    from app.backend.contracts import GpuCountError
     parser, args = parse(argv, hoisted)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
-    except (RecipeError, CommandError) as exc:
+    except (RecipeError, CommandError, GpuCountError) as exc:
         print(f"moet-panel: {exc}", file=sys.stderr)
         return 2
     except KeyError as exc:  # unknown profile / artifact ids carry a full sentence

@@ -25,9 +25,9 @@ def register(subs: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.backend.engine.factory import make_fleet
-    from app.backend.engine.fleet import GpuSelectionError, parse_gpus
-    from app.backend.engine.ops import ControllerOptions
+    from app.backend.state import make_box_gpus
+    from app.backend.engine.gpus import GpuSelectionError, parse_gpus
+    from app.backend.engine.lifecycle.tickets import ControllerOptions
     from app.backend.telemetry.gpu import box_gpu_count, follow_engine, make_gpu_reader
     from app.backend.selftest.needle import parse_lengths
     from app.backend.selftest.report import to_json_text, to_markdown
@@ -43,18 +43,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"moet-panel: {exc}", file=sys.stderr)
         return 2
     reader = make_gpu_reader(settings)
-    fleet = make_fleet(settings, reader, box_gpu_count(reader), lambda gpu: ControllerOptions(actor="CLI"))
-    for g in fleet.gpus:
-        follow_engine(reader, fleet.controller(g), g)
+    box = make_box_gpus(settings, reader, box_gpu_count(reader), lambda gpu: ControllerOptions(actor="CLI"))
+    for g in box.gpus:
+        follow_engine(reader, box.controller(g), g)
     try:
         try:
-            gpu = parse_gpus(args.gpu, fleet.gpus)[0] if args.gpu is not None else fleet.gpus[0]
+            gpu = parse_gpus(args.gpu, box.gpus)[0] if args.gpu is not None else box.gpus[0]
         except GpuSelectionError as exc:
             print(f"moet-panel: {exc}", file=sys.stderr)
             return 2
-        multi = len(fleet.gpus) > 1
-        svc = SelfTestService(settings, fleet.controller(fleet.gpus[0]), gpu=fleet.gpus[0] if multi else None,
-                              engines={g: fleet.controller(g) for g in fleet.gpus} if multi else None)
+        multi = len(box.gpus) > 1
+        svc = SelfTestService(settings, box.controller(box.gpus[0]), gpu=box.gpus[0] if multi else None,
+                              engines={g: box.controller(g) for g in box.gpus} if multi else None)
         on = gpu if multi else None
         if why := svc.check(args.profile, args.build, gpu=on):
             print(f"moet-panel: {why}", file=sys.stderr)
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
         p = svc.run_blocking(plan, show, gpu=on)
     finally:
-        fleet.close()
+        box.close()
     if p.state is not JobState.DONE or p.result is None:
         print(f"moet-panel: self-test {p.state.value}: {p.message}", file=sys.stderr)
         return 130 if p.state is JobState.CANCELLED else 1

@@ -22,7 +22,7 @@ from app.backend.web.auth import (SESSION_IDLE_S, SESSION_LIFETIME_S, AuthError,
                               check_binding, default_auth_path, load_users, make_checker)
 from app.backend import oplog
 from app.backend.config import env
-from app.backend.config.hostprobe import HostProbe, detect_demo
+from app.backend.telemetry.hostprobe import HostProbe, detect_demo
 from app.backend.service.systemd import sd_notify
 from app.backend.service.watchdog import Heartbeat, Watchdog, timings
 from app.backend.prometheus.access import MetricsTokenError, load_token, token_file

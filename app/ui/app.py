@@ -38,8 +38,8 @@ TABS = [
     "app.ui.logs",
     "app.ui.telemetry",
     "app.ui.selftest",
-    "app.ui.compare",
-    "app.ui.access",
+    "app.ui.abtest",
+    "app.ui.gateway",
     "app.ui.service",
     "app.ui.fleet",  # a fleet's front only (fleet.shown)
     "app.ui.chat",  # keep last

@@ -1,4 +1,4 @@
-"""Chat tab: a thin Gradio layer over `state.chat` (app.backend.chat.service.ChatService).
+"""Chat tab: a thin Gradio layer over `state.chat` (app.backend.chat.conversations.ChatService).
 
 Streaming design: the backend turn coalesces text; the generator re-renders only the reply's own
 messages on top of a history prefix rendered once, and Gradio sends the browser an append-diff.
@@ -24,7 +24,7 @@ from app.backend.chat.display import (
 )
 from app.backend.chat.client import SamplingParams
 from app.backend.chat.models import Conversation, Message
-from app.backend.chat.service import ChatError, ChatService, ConversationMoved
+from app.backend.chat.conversations import ChatError, ChatService, ConversationMoved
 from app.backend.chat.stats import format_stats
 from app.backend.chat.turn import TurnView
 from app.backend.state import AppState
@@ -261,7 +261,7 @@ def render(state: AppState, shell: Shell) -> None:
     v = _layout(chat)
     _wire_conversations(chat, v)
     _wire_replies(chat, v)
-    _wire_settings(chat, v, shell, len(state.fleet.gpus) if state.fleet is not None else 1)
+    _wire_settings(chat, v, shell, len(state.box.gpus) if state.box is not None else 1)
 
 
 def _layout(chat: ChatService) -> ChatView:

@@ -17,10 +17,10 @@ import gradio as gr
 
 from app.backend import oplog
 from app.backend.engine.controller import EngineController
-from app.backend.engine.loglines import LogFilter, StreamChoice
-from app.backend.engine.ops import Ticket
-from app.backend.engine.oplock import Holder
-from app.backend.engine.preflight import PreflightReport
+from app.backend.engine.logs.loglines import LogFilter, StreamChoice
+from app.backend.engine.lifecycle.tickets import Ticket
+from app.backend.engine.lifecycle.oplock import Holder
+from app.backend.engine.lifecycle.preflight import PreflightReport
 from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState, LIVE_STATES, count_text
 from app.backend.profiles.registry import profile_label
 from app.backend.recipe.command import render_shell
@@ -158,21 +158,21 @@ def render(state: AppState, shell: Shell) -> None:
     snap = ctl.snapshot()
     initial = snap.profile_id or state.settings.recipe.recommended_profile.id
     status = gr.HTML(status_html(snap, ctl.describe_runtime(), ""), elem_id="engine-status")
-    fleet = state.fleet
-    multi = fleet is not None and len(fleet.gpus) > 1
-    if fleet is not None and multi:  # one row per GPU; a one-GPU box shows the tab as before
+    box = state.box
+    multi = box is not None and len(box.gpus) > 1
+    if box is not None and multi:  # one row per GPU; a one-GPU box shows the tab as before
         def _gpu_rows() -> str:
-            return gpu_rows_html([(r.gpu, r.snapshot) for r in fleet.rows()], fleet.left_out())
+            return gpu_rows_html([(r.gpu, r.snapshot) for r in box.rows()], box.left_out())
 
         gpus_box = gr.HTML(_gpu_rows(), elem_id="engine-gpus-box")
         # redrawn with the badge and the header, in the same event when a GPU's engine changed (issue 49: the
         # table lagged the header by seconds on its own timer)
-        shell.version(lambda: [(r.gpu, r.snapshot) for r in fleet.rows()])
+        shell.version(lambda: [(r.gpu, r.snapshot) for r in box.rows()])
         shell.on_tick(_gpu_rows, None, [gpus_box])
-        gr.Markdown(f"The badge above, the diagnosis and the log below are GPU {fleet.gpus[0]}'s engine; the table "
+        gr.Markdown(f"The badge above, the diagnosis and the log below are GPU {box.gpus[0]}'s engine; the table "
                     "shows every GPU's. `moet-panel engine logs --gpu N` prints another GPU's log.")
     # what Start/Switch/Stop act on: one GPU's engine, or every GPU's (a switch then rolls one GPU at a time)
-    gpus = fleet.gpus if fleet is not None else [0]
+    gpus = box.gpus if box is not None else [0]
 
     def _controls(snap: EngineSnapshot, selected: str | None = None, busy: Ticket | None = None) -> tuple[bool, bool]:
         # several GPUs: the buttons act on the GPU chosen in "Apply to", whose state GPU 0's badge does not show;
@@ -217,13 +217,13 @@ def render(state: AppState, shell: Shell) -> None:
 
     def _target(where: str) -> tuple[list[int], bool]:
         """(the GPUs the buttons act on, whether that is every GPU); a one-GPU box: GPU 0's engine, as before."""
-        if fleet is None or not multi:
+        if box is None or not multi:
             return [gpus[0]], False
-        chosen = scope_gpus(where, fleet.gpus)
-        return (fleet.gpus, True) if chosen is None else (chosen, False)
+        chosen = scope_gpus(where, box.gpus)
+        return (box.gpus, True) if chosen is None else (chosen, False)
 
     def _ctl_of(g: int) -> EngineController:
-        return fleet.controller(g) if fleet is not None and multi else ctl
+        return box.controller(g) if box is not None and multi else ctl
 
     def _busy_in(where: str | None) -> Ticket | None:
         """The start/stop/switch running on the GPUs "Apply to" names (a one-GPU box: the engine's)."""
@@ -237,23 +237,23 @@ def render(state: AppState, shell: Shell) -> None:
 
     def _start(pid: str, over: list[str], where: str, request: gr.Request) -> str:
         targets, _ = _target(where)
-        if fleet is not None and multi:
+        if box is not None and multi:
             return " · ".join(f"GPU {g}: {_ticket_text(t)}"
-                              for g, t in fleet.start(pid, targets, tuple(over or ()), who=_who(request)))
+                              for g, t in box.start(pid, targets, tuple(over or ()), who=_who(request)))
         return _ticket_text(ctl.start(pid, tuple(over or ()), who=_who(request)))
 
     def _switch(pid: str, over: list[str], where: str, request: gr.Request) -> str:
         targets, every = _target(where)
-        if fleet is not None and every:
-            return fleet.start_rolling_switch(pid, fleet.gpus, who=_who(request))
+        if box is not None and every:
+            return box.start_rolling_switch(pid, box.gpus, who=_who(request))
         g = targets[0]
         text = _ticket_text(_ctl_of(g).switch(pid, tuple(over or ()), who=_who(request)))
         return f"GPU {g}: {text}" if multi else text
 
     def _stop(where: str, request: gr.Request) -> str:
         targets, _ = _target(where)
-        if fleet is not None and multi:
-            return " · ".join(f"GPU {g}: {_ticket_text(t)}" for g, t in fleet.stop(targets, who=_who(request)))
+        if box is not None and multi:
+            return " · ".join(f"GPU {g}: {_ticket_text(t)}" for g, t in box.stop(targets, who=_who(request)))
         return _ticket_text(ctl.stop(who=_who(request)))
 
     def _now() -> str:

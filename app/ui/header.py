@@ -11,7 +11,7 @@ import gradio as gr
 
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.state import AppState
-from app.backend.telemetry.hub import TelemetryFrame
+from app.backend.telemetry.sampler import TelemetryFrame
 from app.backend.contracts import GiB
 from app.ui.shell import Shell
 from app.ui.theme import BAD, GOOD, INFO, SEVERITY_COLOURS, STATE_COLOURS
@@ -52,21 +52,21 @@ def _vram_cell(frame: TelemetryFrame | None) -> str:
 
 def header_html(state: AppState, snap: EngineSnapshot | None, frame: TelemetryFrame | None) -> str:
     """Pure formatting (tested without a browser)."""
-    fleet = state.fleet
-    gpu = fleet.gpus[0] if fleet is not None and len(fleet.gpus) > 1 else None  # several GPUs: the cell's GPU
+    box = state.box
+    gpu = box.gpus[0] if box is not None and len(box.gpus) > 1 else None  # several GPUs: the cell's GPU
     return _strip(_engine_cell(state, snap, gpu), _telemetry_cells(frame) + gpus_cell(state, frame))
 
 
 def gpus_cell(state: AppState, frame: TelemetryFrame | None) -> str:
     """A box of several GPUs (docs/engine.md "Several GPUs"): every GPU's engine state, profile, VRAM (as
     nvidia-smi shows it) and decode speed; "" on a one-GPU box. The Decode cell beside is GPU 0's engine."""
-    fleet = state.fleet
-    if fleet is None or len(fleet.gpus) < 2:
+    box = state.box
+    if box is None or len(box.gpus) < 2:
         return ""
     vram = {g.index: g for g in (frame.gpus if frame is not None else ())}
     speed = {e.gpu: e.decode_tok_s for e in (frame.per_gpu if frame is not None else ())}
     parts = []
-    for r in fleet.rows():
+    for r in box.rows():
         g = vram.get(r.gpu)
         mem = f" · {g.memory_in_use / GiB:.1f}/{g.memory_total / GiB:.0f} GiB" if g is not None else ""
         tok = speed.get(r.gpu)

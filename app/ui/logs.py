@@ -12,7 +12,7 @@ from typing import Any
 import gradio as gr
 
 from app.backend.engine.controller import EngineController
-from app.backend.engine.loglines import LogFilter, StreamChoice
+from app.backend.engine.logs.loglines import LogFilter, StreamChoice
 from app.backend.contracts import LogLine
 from app.backend.web.exports import copy_export
 from app.backend.state import AppState

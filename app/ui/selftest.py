@@ -242,9 +242,9 @@ def render(state: AppState, shell: Shell) -> None:
         return (line, button, drawn_now, follow, figures_html(svc, registry.list()), result_md(svc, pid),
                 *exports(svc, pid), now.value)
 
-    fleet = state.fleet
+    box = state.box
     # the line says whether the chosen GPU's engine serves the profile: every GPU's state is part of what it shows
     shell.version(lambda: (svc.progress(), shell.engine_now()[0],
-                           tuple((r.snapshot.state, r.snapshot.profile_id, r.snapshot.build) for r in fleet.rows())
-                           if fleet is not None and svc.gpus else ()))
+                           tuple((r.snapshot.state, r.snapshot.profile_id, r.snapshot.build) for r in box.rows())
+                           if box is not None and svc.gpus else ()))
     shell.on_tick(tick, inputs + [seen, shown], [*status_outs, profile, figures, result, dl_md, dl_json, seen])

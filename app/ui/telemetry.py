@@ -14,7 +14,7 @@ import gradio as gr
 
 from app.backend.state import AppState
 from app.backend.alerts.rules import Alert
-from app.backend.telemetry.hub import TelemetryFrame
+from app.backend.telemetry.sampler import TelemetryFrame
 from app.backend.contracts import EngineState, count_text
 from app.backend.telemetry.livefeed import DEFAULT_WINDOW, TelemetryStream
 from app.backend.telemetry.plotdata import PLOTS, WINDOWS, PlotSpec, Span, columns, events, plots_for, spans

@@ -14,8 +14,10 @@ import gradio as gr
 
 from app.backend.contracts import count_text
 from app.backend import oplog
-from app.backend.engine import builds, evidence, upgrade
-from app.backend.engine.buildjob import BuildProgress, BuildService
+from app.backend.engine.builds import store as builds
+from app.backend.engine import upgrade
+from app.backend.evidence import builds as evidence
+from app.backend.engine.builds.job import BuildProgress, BuildService
 from app.backend.jobs import JobState
 from app.backend.state import AppState
 from app.ui.gpus import scope_gpus
@@ -104,7 +106,7 @@ def _candidates(reg: builds.BuildRegistry) -> list[str]:
 def render(state: AppState, shell: Shell, scope: Any = None) -> None:
     """`scope`: the Engine tab's "Apply to" (a box of several GPUs): the candidate serves where it says."""
     ctl = state.engine
-    fleet = state.fleet
+    box = state.box
     if ctl is None:
         return
     settings = state.settings
@@ -145,15 +147,15 @@ def render(state: AppState, shell: Shell, scope: Any = None) -> None:
         if not pick:
             return "✖ no candidate: build one first"
         who = oplog.user(getattr(request, "username", None))
-        multi = fleet is not None and len(fleet.gpus) > 1
-        chosen: list[int] | list[None] | None = scope_gpus(where, fleet.gpus) if fleet is not None and multi else [None]
+        multi = box is not None and len(box.gpus) > 1
+        chosen: list[int] | list[None] | None = scope_gpus(where, box.gpus) if box is not None and multi else [None]
         if chosen is None:  # every GPU: one at a time, the others serving meanwhile
-            assert fleet is not None
+            assert box is not None
             profile = ctl.snapshot().profile_id or settings.recipe.recommended_profile.id
-            return "✔ " + escape(fleet.start_rolling_switch(profile, fleet.gpus, who=who, build=pick))
+            return "✔ " + escape(box.start_rolling_switch(profile, box.gpus, who=who, build=pick))
         out = []
         for g in chosen:
-            c = fleet.controller(g) if fleet is not None and g is not None else ctl
+            c = box.controller(g) if box is not None and g is not None else ctl
             snap = c.snapshot()
             profile = snap.profile_id or settings.recipe.recommended_profile.id
             op = c.switch if snap.state.value != "stopped" else c.start

@@ -41,7 +41,7 @@ def slow_docker_rig(home: Path, resync_s: float = 0.5) -> Iterator[Rig]:
     import docker
 
     from app.backend.engine.controller import ControllerOptions, EngineController
-    from app.backend.engine.docker_runtime import DockerRuntime
+    from app.backend.engine.runtime.docker import DockerRuntime
     from app.backend.recipe import SIMULATED_RECIPE, load_recipe
     from app.backend.config.settings import Settings
     from app.backend.simengine.image import content_tag, ensure_image

@@ -23,7 +23,7 @@ def shorten_restart_window(window_s: float, backoff_s: float | None = None) -> l
     """Patch ControllerOptions so that every instance gets `restart_window_s = window_s` (and `restart_backoff_s =
     backoff_s` when given); returns the modules patched (empty: not found, the soak says so in its report)."""
     patched = []
-    for mod_name in ("app.backend.engine.ops", "app.backend.engine.options", "app.backend.engine.controller"):
+    for mod_name in ("app.backend.engine.lifecycle.tickets", "app.backend.engine.options", "app.backend.engine.controller"):
         try:
             mod = importlib.import_module(mod_name)
         except ImportError:

@@ -242,7 +242,7 @@ class Chaos:
         return True
 
     def setup(self) -> None:
-        from app.backend.gateway.service import DesiredGateway, save_desired
+        from app.backend.gateway.switch import DesiredGateway, save_desired
 
         state_dir = self.data / ".moet-panel"
         state_dir.mkdir(parents=True, exist_ok=True)

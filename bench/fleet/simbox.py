@@ -29,7 +29,7 @@ def say(**kw: object) -> None:
 
 def engine_tokens(base_url: str) -> float:
     """vllm:generation_tokens_total of the engine (its /metrics over its socket)."""
-    from app.backend.engine.client import engine_client
+    from app.backend.engine.runtime.client import engine_client
 
     total = 0.0
     for line in engine_client(base_url).metrics().text.splitlines():
@@ -52,8 +52,8 @@ def main() -> int:
     from app.backend import oplog
     from app.backend.config.settings import resolve_settings
     from app.backend.engine import factory
-    from app.backend.engine.ops import ControllerOptions
-    from app.backend.engine.process_runtime import ProcessRuntime
+    from app.backend.engine.lifecycle.tickets import ControllerOptions
+    from app.backend.engine.runtime.process import ProcessRuntime
     from app.backend.gateway.engine_status import SnapshotSource
     from app.backend.gateway.keys import KeyStore
     from app.backend.gateway.proxy import Limits

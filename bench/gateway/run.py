@@ -170,7 +170,7 @@ class BusyPanel:
         if gateway:
             import re
 
-            from app.backend.gateway.service import DesiredGateway, save_desired
+            from app.backend.gateway.switch import DesiredGateway, save_desired
 
             # the engine: several sequences (the side-by-side stream), the bench's decode rate, no boot wait
             text = recipe.read_text().replace('"--max-num-seqs", "1"', '"--max-num-seqs", "256"')

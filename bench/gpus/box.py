@@ -3,8 +3,8 @@
     .venv/bin/python bench/gpus/box.py [--gpus 2] [--tokens 60] [--loop-s 0]
 
 One engine per GPU (the SIMULATED engine, the card's `--max-num-seqs 1`, one container per GPU), driven by the
-panel's own Fleet (app/backend/engine/fleet.py) in this process; the gateway (in this process, as the panel's
-child would run it) reads the box's status from the controllers' snapshots (routing.FleetSource) and counts
+panel's own BoxGpus (app/backend/engine/gpus.py) in this process; the gateway (in this process, as the panel's
+child would run it) reads the box's status from the controllers' snapshots (routing.BoxSource) and counts
 its answers per GPU for each engine's drain. Prints:
 
 * one answer of --tokens alone, then --gpus answers at once through the gateway: the ratio (goals: 2 at once
@@ -48,12 +48,12 @@ def main() -> int:
 
     import httpx
 
-    from app.backend.engine.factory import make_fleet
-    from app.backend.engine.ops import ControllerOptions
+    from app.backend.state import make_box_gpus
+    from app.backend.engine.lifecycle.tickets import ControllerOptions
     from app.backend.gateway.keys import KeyStore
     from app.backend.gateway.proxy import GPU_HEADER, Limits
     from app.backend.gateway.engine_status import SnapshotSource
-    from app.backend.gateway.routing import FleetSource
+    from app.backend.gateway.routing import BoxSource
     from app.backend.gateway.server import GatewayConfig, GatewayServer, engine_slots_of
     from app.backend.config.settings import resolve_settings
     from app.backend.telemetry.gpu import box_gpu_count, follow_engine, make_gpu_reader
@@ -65,28 +65,28 @@ def main() -> int:
     settings = resolve_settings(recipe, data / "d", demo=True)
     settings.ensure_state_dir()
     reader = make_gpu_reader(settings)
-    fleet = make_fleet(settings, reader, box_gpu_count(reader), lambda gpu: ControllerOptions(actor="CLI"))
-    for g in fleet.gpus:
-        follow_engine(reader, fleet.controller(g), g)
+    box = make_box_gpus(settings, reader, box_gpu_count(reader), lambda gpu: ControllerOptions(actor="CLI"))
+    for g in box.gpus:
+        follow_engine(reader, box.controller(g), g)
     keys = KeyStore(settings.state_dir)
     server = None
     try:
         t0 = time.monotonic()
-        started = fleet.start("quality", fleet.gpus)
+        started = box.start("quality", box.gpus)
         for _, t in started:
             t.wait(180)
-        print(f"box: {len(fleet.gpus)} SIMULATED GPUs, engines ready on {fleet.serving()} in "
+        print(f"box: {len(box.gpus)} SIMULATED GPUs, engines ready on {box.serving()} in "
               f"{time.monotonic() - t0:.1f} s")
         slots_for = lambda pid: engine_slots_of(settings.recipe, next(  # noqa: E731
             (p for p in settings.recipe.profiles if p.id == pid), None))
-        source = FleetSource([SnapshotSource(fleet.controller(g).snapshot, "http://127.0.0.1:9", slots_for, gpu=g)
-                              for g in fleet.gpus], left_out_fn=fleet.left_out)
+        source = BoxSource([SnapshotSource(box.controller(g).snapshot, "http://127.0.0.1:9", slots_for, gpu=g)
+                              for g in box.gpus], left_out_fn=box.left_out)
         server = GatewayServer(GatewayConfig(host="127.0.0.1", port=0, limits=Limits(rate_per_min=100000.0)),
                                keys, source)  # the bench is one key calling in a loop: no per-key rate cap
         server.start()
         assert server.wait_started(10), server.error
         app = server.app
-        for g in fleet.gpus:  # each engine's drain waits for the gateway's answers on that GPU
+        for g in box.gpus:  # each engine's drain waits for the gateway's answers on that GPU
 
             class _Count:
                 def __init__(self, gpu: int) -> None:
@@ -95,7 +95,7 @@ def main() -> int:
                 def answers_in_flight(self) -> int:
                     return app.answers_in_flight_on(self.gpu)
 
-            fleet.controller(g).add_answer_counter(_Count(g))
+            box.controller(g).add_answer_counter(_Count(g))
         key = keys.create("bench").key
         url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
         client = httpx.Client(timeout=120, headers={"Authorization": f"Bearer {key}"})
@@ -115,15 +115,15 @@ def main() -> int:
         ask(4)  # warm the connections
         one = min(ask(args.tokens)[3] for _ in range(2))
         results: list[tuple[int, bool, str, float]] = []
-        threads = [threading.Thread(target=lambda: results.append(ask(args.tokens))) for _ in fleet.gpus]
+        threads = [threading.Thread(target=lambda: results.append(ask(args.tokens))) for _ in box.gpus]
         t = time.monotonic()
         for th in threads:
             th.start()
         for th in threads:
             th.join()
         together = time.monotonic() - t
-        print(f"one answer of {args.tokens} tokens: {one:.2f} s; {len(fleet.gpus)} at once: {together:.2f} s "
-              f"= {together / one:.2f}x (goal ≤ {1.2 if len(fleet.gpus) <= 2 else 1.3}x); "
+        print(f"one answer of {args.tokens} tokens: {one:.2f} s; {len(box.gpus)} at once: {together:.2f} s "
+              f"= {together / one:.2f}x (goal ≤ {1.2 if len(box.gpus) <= 2 else 1.3}x); "
               f"GPUs that answered: {sorted(r[2] for r in results)}; statuses {sorted(r[0] for r in results)}")
         if args.no_roll:
             return 0
@@ -148,7 +148,7 @@ def main() -> int:
         for th in bg:
             th.start()
         t = time.monotonic()
-        steps = fleet.rolling_switch("balanced", fleet.gpus, timeout_s=180)
+        steps = box.rolling_switch("balanced", box.gpus, timeout_s=180)
         roll = time.monotonic() - t
         time.sleep(1.0)  # a last few calls after the roll
         stop.set()
@@ -157,20 +157,20 @@ def main() -> int:
         refused = sum(1 for s, _, _, _ in loop if s != 200)
         codes = sorted({s for s, _, _, _ in loop if s != 200})
         cut = sum(1 for s, done, _, _ in loop if s == 200 and not done)
-        by_gpu = {g: sum(1 for r in loop if r[2] == str(g)) for g in fleet.gpus}
+        by_gpu = {g: sum(1 for r in loop if r[2] == str(g)) for g in box.gpus}
         print(f"rolling switch to balanced: {roll:.1f} s, steps ok {[s.ok for s in steps]}; "
-              f"profiles now {[r.snapshot.profile_id for r in fleet.rows()]}")
+              f"profiles now {[r.snapshot.profile_id for r in box.rows()]}")
         print(f"client loop: {len(loop)} requests, refused {refused}{f' {codes}' if codes else ''}, cut {cut}; answered per GPU {by_gpu}; "
               f"no GPU serving for {gaps['none_s']:.2f} s")
-        if args.ab and len(fleet.gpus) >= 3:
-            ab_phase(fleet, settings, ask)
+        if args.ab and len(box.gpus) >= 3:
+            ab_phase(box, settings, ask)
         return 0
     finally:
         if server is not None:
             server.stop()
-        for _, t in fleet.stop(fleet.gpus):
+        for _, t in box.stop(box.gpus):
             t.wait(60)
-        fleet.close()
+        box.close()
         keys.close()
         import docker
 
@@ -180,29 +180,29 @@ def main() -> int:
         shutil.rmtree(data, ignore_errors=True)
 
 
-def ab_phase(fleet: object, settings: object, ask: object) -> None:
+def ab_phase(box: object, settings: object, ask: object) -> None:
     """A on GPU 0 (quality), B on GPU 1 (balanced), both at once, while a client calls through the gateway."""
     from app.backend.abtest.journal import new_spec
     from app.backend.abtest.runner import ABRunService
-    from app.backend.engine.fleet import Fleet
+    from app.backend.engine.gpus import BoxGpus
 
-    assert isinstance(fleet, Fleet)
+    assert isinstance(box, BoxGpus)
     ask_fn = ask  # (n) -> (status, done, gpu, seconds)
-    c0, c1 = fleet.controller(0), fleet.controller(1)
+    c0, c1 = box.controller(0), box.controller(1)
     for t in (c0.switch("quality"),):
         t.wait(180)
     switches: list[str] = []
     for g in (0, 1):
-        fleet.controller(g).add_op_listener(lambda t, g=g: switches.append(f"GPU {g}: {t.action}"))
+        box.controller(g).add_op_listener(lambda t, g=g: switches.append(f"GPU {g}: {t.action}"))
     svc = ABRunService(settings, c0, engine_for=lambda side: c0 if side == "A" else c1,  # type: ignore[arg-type]
-                       on_sides=lambda on: fleet.leave_out([0, 1], "blind A/B") if on else fleet.take_back([0, 1]))
+                       on_sides=lambda on: box.leave_out([0, 1], "blind A/B") if on else box.take_back([0, 1]))
     stop = threading.Event()
     during: list[tuple[int, bool, str, float]] = []
 
     def caller() -> None:
         while not stop.is_set():
             r = ask_fn(20)  # type: ignore[operator]
-            if fleet.left_out():
+            if box.left_out():
                 during.append(r)
 
     th = threading.Thread(target=caller)

@@ -1,4 +1,4 @@
-"""Sampler CPU cost: % of one core used by the TelemetryHub sampling at 1 Hz (target ≤ 1%).
+"""Sampler CPU cost: % of one core used by the TelemetrySampler sampling at 1 Hz (target ≤ 1%).
 
     python bench/sampler_cpu/run.py [--seconds 30] [--gpu nvml|simulated|none]
 
@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from app.backend.recipe import SIMULATED_RECIPE  # noqa: E402
 from app.backend.config.settings import resolve_settings  # noqa: E402
 from app.backend.telemetry.gpu import make_gpu_reader  # noqa: E402
-from app.backend.telemetry.hub import TelemetryHub  # noqa: E402
+from app.backend.telemetry.sampler import TelemetrySampler  # noqa: E402
 
 
 def cpu_pct(fn, seconds: float) -> float:
@@ -38,7 +38,7 @@ def idle(seconds: float) -> None:
 
 def hub_run(settings, mode, interval: float):
     def run(seconds: float) -> None:
-        hub = TelemetryHub(settings, gpu_reader=make_gpu_reader(settings, mode=mode), interval_s=interval)
+        hub = TelemetrySampler(settings, gpu_reader=make_gpu_reader(settings, mode=mode), interval_s=interval)
         hub.start()
         time.sleep(seconds)
         n = hub.latest().seq
@@ -90,7 +90,7 @@ def main() -> int:
         print(f"idle baseline                      {base:6.3f} % of one core")
         run = hub_run(settings, args.gpu, args.interval)
         hub = cpu_pct(run, args.seconds)
-        print(f"TelemetryHub sampler               {hub:6.3f} % of one core ({run.ticks} ticks); "
+        print(f"TelemetrySampler sampler               {hub:6.3f} % of one core ({run.ticks} ticks); "
               f"net of baseline {hub - base:6.3f} %  target ≤ 1%: {'MET' if hub - base <= 1.0 else 'NOT MET'}")
         if real_nvml:
             nv = cpu_pct(naive_run(args.interval), args.seconds)

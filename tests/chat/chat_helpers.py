@@ -51,7 +51,7 @@ def chat_panel(data_dir: Path, auth: object = None, **sim_overrides: object) -> 
     """The Chat tab alone on a SIMULATED engine, launched as `moet-panel serve` launches it (the HTTP
     gate, auth): yields (url, engine, tests.conftest.Panel)."""
     import app.ui.app as ui_app
-    from app.backend.chat.service import ChatService
+    from app.backend.chat.conversations import ChatService
     from app.backend.config.settings import resolve_settings
     from app.backend.state import AppState
     from tests.conftest import close_panel, launch_state

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tests.chat.chat_helpers import FakeEngine, start_sim
 
-from app.backend.chat.service import ChatService
+from app.backend.chat.conversations import ChatService
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
 from app.backend.simengine import SimEngineServer
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.backend.chat.service import ChatService
+from app.backend.chat.conversations import ChatService
 from app.backend.config.settings import resolve_settings
 from app.backend.simengine import api
 from app.backend.state import AppState
@@ -144,7 +144,7 @@ def waiting_through_the_gateway(page, chat: ChatService, engine: FakeEngine, sim
 
     from app.backend.gateway.proxy import Limits
     from app.backend.gateway.server import GatewayConfig
-    from app.backend.gateway.service import GatewayService
+    from app.backend.gateway.switch import GatewayService
 
     svc = GatewayService(chat._state_dir, GatewayConfig(port=free_port(), limits=Limits(engine_slots=1)),
                          engine.snapshot, sim.base_url)

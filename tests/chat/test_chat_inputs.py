@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.backend.chat.client import SamplingParams
-from app.backend.chat.service import MAX_MESSAGE_BYTES, ChatError
+from app.backend.chat.conversations import MAX_MESSAGE_BYTES, ChatError
 
 CARD = SamplingParams(1.0, 1.0, 0.05, 8)
 

@@ -4,7 +4,7 @@ import pytest
 
 from app.backend.chat.client import ChatRequest, ChatStream, SamplingParams
 from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, StreamError, UsageReport
-from app.backend.engine.client import EngineClient
+from app.backend.engine.runtime.client import EngineClient
 
 SAMPLING = SamplingParams(1.0, 1.0, 0.05, None)
 

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from app.backend.chat.events import StreamError
-from app.backend.chat.service import ChatService
+from app.backend.chat.conversations import ChatService
 from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
-from app.backend.engine.events import EventBus
+from app.backend.engine.decider.events import EventBus
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
 
 DIED = Diagnosis(reason="engine_dead", title="Engine core crashed mid-generation",

@@ -4,8 +4,8 @@ outside the panel (exit code 0)). stopped outside the panel.")."""
 from __future__ import annotations
 
 from app.backend.chat.endpoint import engine_reason
-from app.backend.engine.diagnosis import classify
-from app.backend.engine.exits import STOPPED_OUTSIDE
+from app.backend.engine.logs.diagnosis import classify
+from app.backend.engine.logs.exits import STOPPED_OUTSIDE
 from app.backend.contracts import EngineSnapshot, EngineState
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app.backend.chat.client import SamplingParams
-from app.backend.chat.service import ChatError
+from app.backend.chat.conversations import ChatError
 from app.backend.chat.store import INTERRUPTED
 from app.backend.contracts import EngineState
 from app.backend.web.exports import exports_dir
@@ -265,7 +265,7 @@ def test_stop_during_a_long_prefill_is_immediate(make_service) -> None:
 def test_a_send_based_on_an_old_view_is_refused_and_changes_nothing(service) -> None:
     """Issue 29 item 6: a second tab's send used turns it never showed as context."""
     from app.backend.chat.client import SamplingParams
-    from app.backend.chat.service import ConversationMoved
+    from app.backend.chat.conversations import ConversationMoved
 
     card = SamplingParams(1.0, 1.0, 0.05, 8)
     conv = service.new_conversation()

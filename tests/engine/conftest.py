@@ -76,7 +76,7 @@ def sim_settings(tmp_path: Path) -> Settings:
 @pytest.fixture
 def make_controller(docker_client, sim_settings) -> Iterator[Callable[..., EngineController]]:
     """Factory for controllers on real Docker; teardown closes them and removes every test container."""
-    from app.backend.engine.docker_runtime import DockerRuntime
+    from app.backend.engine.runtime.docker import DockerRuntime
 
     made: list[EngineController] = []
 

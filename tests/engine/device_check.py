@@ -33,7 +33,7 @@ time.sleep(600)
 
 def main() -> int:
     from app.backend.engine.controller import ControllerOptions, EngineController
-    from app.backend.engine.preflight import PreflightInputs, run_preflight
+    from app.backend.engine.lifecycle.preflight import PreflightInputs, run_preflight
     from app.backend.recipe import DEFAULT_RECIPE, load_recipe
     from app.backend.config.settings import Settings
     from app.backend.telemetry.nvml import NvmlGpuReader

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.backend.engine.answers import AnswersPublisher, OtherProcessAnswers, Published, file_of
+from app.backend.engine.lifecycle.answers import AnswersPublisher, OtherProcessAnswers, Published, file_of
 from app.backend.files.jsonstore import JsonStore
 from tests.polling import wait_for
 
@@ -66,7 +66,7 @@ def test_the_publisher_writes_on_change_and_zero_when_closed(tmp_path: Path) -> 
 def test_a_drain_note_is_seen_from_another_live_process_only(tmp_path: Path) -> None:
     import time
 
-    from app.backend.engine.drainnote import FILE as NOTE, DrainNote, DrainNotes
+    from app.backend.engine.lifecycle.drainnote import FILE as NOTE, DrainNote, DrainNotes
 
     store = JsonStore(tmp_path / NOTE, DrainNote)
     notes = DrainNotes(tmp_path)

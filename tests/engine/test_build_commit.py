@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from app.backend.engine import builds
-from app.backend.engine.buildjob import build_commit
-from app.backend.engine.imagebuild import ImageBuildRefused
+from app.backend.engine.builds import store as builds
+from app.backend.engine.builds.job import build_commit
+from app.backend.engine.builds.image import ImageBuildRefused
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
 from app.backend.config.settings import Settings
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.backend.abtest.runner import split_side
-from app.backend.engine import builds
+from app.backend.engine.builds import store as builds
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.recipe.command import build_run_spec
 from app.backend.config.settings import Settings
@@ -153,7 +153,7 @@ def test_compare_tab_offers_profiles_on_each_candidate_build(settings: Settings)
 def test_evidence_side_by_side_from_this_boxs_runs(settings: Settings) -> None:
     from app.backend.abtest.grading import grade_from_pick
     from app.backend.abtest.journal import Generation, Journal, new_spec
-    from app.backend.engine.evidence import compare
+    from app.backend.evidence.builds import compare
     from app.backend.selftest.store import ResultsStore
     from app.backend.selftest.types import DecodeRun, NeedleOutcome, SelfTestResult, TelemetrySummary
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.backend.engine.canary import CanaryResult, CanaryState, Load
+from app.backend.engine.supervision.canary import CanaryResult, CanaryState, Load
 
 IDLE = Load(running=0, waiting=0, generated=10, prompted=5)
 

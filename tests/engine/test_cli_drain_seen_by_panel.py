@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.backend.engine.answers import AnswersPublisher
+from app.backend.engine.lifecycle.answers import AnswersPublisher
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]

@@ -19,11 +19,11 @@ import pytest
 from tests.aio import run_async
 from app.backend.chat.client import SamplingParams
 from app.backend.chat.snippets import curl_snippet, python_snippet
-from app.backend.engine import client as ec
-from app.backend.engine.canary import send_canary
-from app.backend.engine.loglines import is_panel_probe
-from app.backend.engine.preflight import PreflightInputs, run_preflight
-from app.backend.engine.readiness import claim_listen_address, probe
+from app.backend.engine.runtime import client as ec
+from app.backend.engine.supervision.canary import send_canary
+from app.backend.engine.logs.loglines import is_panel_probe
+from app.backend.engine.lifecycle.preflight import PreflightInputs, run_preflight
+from app.backend.engine.runtime.readiness import claim_listen_address, probe
 from app.backend.gateway.upstream import UpstreamPool
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
 from app.backend.recipe.command import CommandError, build_run_spec

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.backend.engine import client as ec
+from app.backend.engine.runtime import client as ec
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
 from app.backend.simengine import SimEngineServer
 from app.backend.simengine.config import SimEngineConfig

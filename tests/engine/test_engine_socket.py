@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from app.backend.contracts import EngineState
-from app.backend.engine.canary import load_from_metrics
-from app.backend.engine.client import engine_client
+from app.backend.engine.supervision.canary import load_from_metrics
+from app.backend.engine.runtime.client import engine_client
 from app.backend.config.settings import Settings
 from app.backend.simengine.image import ensure_image, source_digest
 from tests.conftest import free_port

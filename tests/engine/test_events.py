@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from app.backend.engine import statemachine as sm
-from app.backend.engine.events import EventBus
+from app.backend.engine.decider import statemachine as sm
+from app.backend.engine.decider.events import EventBus
 from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
 from tests.polling import wait_for
 
@@ -71,9 +71,9 @@ def test_only_the_reconciler_thread_writes_engine_state(make_controller, docker_
     writers: set[str] = set()
     real = sm.transition
 
-    def spy(snap: EngineSnapshot, event: sm.Event) -> EngineSnapshot:
+    def spy(snap: EngineSnapshot, event: sm.Event, now: float | None = None) -> EngineSnapshot:
         writers.add(threading.current_thread().name)
-        return real(snap, event)
+        return real(snap, event, now)
 
     monkeypatch.setattr(sm, "transition", spy)
     a: EngineController = make_controller()

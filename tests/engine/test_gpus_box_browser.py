@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from app.backend.contracts import EngineState
-from app.backend.engine.buildjob import BuildService
+from app.backend.engine.builds.job import BuildService
 from app.backend.jobs import JobState
 from tests.conftest import serving
 from tests.engine.conftest import sim_panel_state
@@ -27,12 +27,12 @@ def test_a_two_gpu_box_from_the_page(docker_client, tmp_path, monkeypatch, brows
     monkeypatch.setenv("MOET_PANEL_SIM_GPUS", "2")
     monkeypatch.setenv("MOET_PANEL_GPU", "simulated")
     with sim_panel_state(docker_client, tmp_path / "data") as state:
-        fleet = state.fleet
-        assert fleet is not None and fleet.gpus == [0, 1]
-        for g in fleet.gpus:
+        box = state.box
+        assert box is not None and box.gpus == [0, 1]
+        for g in box.gpus:
             # a 1 s boot; a fast SIMULATED prefill: the self-test's TTFT prompts take no time (decode stays the card's)
-            fleet.controller(g).options.extra_env = {"MOET_SIM_BOOT_S": "1", "MOET_SIM_PREFILL_TOK_S": "400000"}
-        t = fleet.controller(0).start("quality")
+            box.controller(g).options.extra_env = {"MOET_SIM_BOOT_S": "1", "MOET_SIM_PREFILL_TOK_S": "400000"}
+        t = box.controller(0).start("quality")
         builder = BuildService(state.settings)  # the SIMULATED candidate `next`, offered by the Engine tab
         builder.start("next", None, "test")
         assert t.wait(120) and t.ok, t.message
@@ -50,7 +50,7 @@ def test_a_two_gpu_box_from_the_page(docker_client, tmp_path, monkeypatch, brows
             page.wait_for_selector('#engine-action:has-text("GPU 1:")')
             page.wait_for_selector('#engine-gpus tr[data-gpu="1"][data-state="ready"][data-profile="balanced"]',
                                    timeout=120_000)
-            assert fleet.controller(0).snapshot().profile_id == "quality"  # GPU 0 untouched
+            assert box.controller(0).snapshot().profile_id == "quality"  # GPU 0 untouched
             # the header: both GPUs ready, each with its own profile
             page.wait_for_selector('[data-testid="hdr-gpu"][data-gpu="1"][data-state="ready"]')
             hdr = page.inner_text('[data-testid="hdr-gpus"]')
@@ -70,13 +70,13 @@ def test_a_two_gpu_box_from_the_page(docker_client, tmp_path, monkeypatch, brows
             page.wait_for_function("() => document.querySelector('#st-status')?.innerText.includes('on GPU 1')")
             page.wait_for_function("() => document.querySelector('#st-run')?.disabled === false")
             page.click("#st-run")
-            wait_for(lambda: 1 in fleet.left_out() or state.selftest.progress().state is JobState.DONE, 60,
+            wait_for(lambda: 1 in box.left_out() or state.selftest.progress().state is JobState.DONE, 60,
                      "GPU 1 left out of the gateway while it measures")
             page.wait_for_function("() => document.querySelector('#st-result')?.innerText.includes('GPU: 1')",
                                    timeout=120_000)
             r = state.selftest.store.latest("balanced")
             assert r is not None and r.gpu == 1
-            assert fleet.left_out() == set()  # back in the gateway
+            assert box.left_out() == set()  # back in the gateway
 
             # the Compare tab: A (quality) on GPU 0 and B (balanced) on GPU 1, at once, no switch
             page.get_by_role("tab", name="Compare").click()
@@ -94,14 +94,14 @@ def test_a_two_gpu_box_from_the_page(docker_client, tmp_path, monkeypatch, brows
             page.fill("#ab-prompts textarea", "Name a prime.")
             page.fill("#ab-seeds textarea, #ab-seeds input", "1")
             page.fill("#ab-max input", "40")
-            containers = {g: fleet.controller(g).snapshot().container_id for g in fleet.gpus}
+            containers = {g: box.controller(g).snapshot().container_id for g in box.gpus}
             page.click("#ab-start")
             page.wait_for_selector('#ab-progress[data-state="invalid"]:has-text("leave no GPU of this box serving")')
             page.check("#ab-every-gpu input")
             page.click("#ab-start")
             wait_for(lambda: state.abtest.progress().state is JobState.DONE, 120, "the A/B run done")
-            assert {g: fleet.controller(g).snapshot().container_id for g in fleet.gpus} == containers  # no switch
-            assert all(fleet.controller(g).snapshot().state is EngineState.READY for g in fleet.gpus)
+            assert {g: box.controller(g).snapshot().container_id for g in box.gpus} == containers  # no switch
+            assert all(box.controller(g).snapshot().state is EngineState.READY for g in box.gpus)
             page.wait_for_selector("#ab-left textarea")
 
             # the Engine tab's builds: the candidate serves on GPU 1 alone ("Apply to" GPU 1), GPU 0 keeps the pin
@@ -111,9 +111,9 @@ def test_a_two_gpu_box_from_the_page(docker_client, tmp_path, monkeypatch, brows
             assert page.locator("#engine-candidate input").input_value() == "next"
             page.click("#engine-serve-candidate")
             page.wait_for_selector('#engine-builds-action:has-text("GPU 1:")')
-            wait_for(lambda: (s := fleet.controller(1).snapshot()).is_ready and s.build == "next", 120,
+            wait_for(lambda: (s := box.controller(1).snapshot()).is_ready and s.build == "next", 120,
                      "GPU 1 serving the candidate")
-            assert fleet.controller(0).snapshot().build == "pin" and fleet.controller(0).snapshot().is_ready
+            assert box.controller(0).snapshot().build == "pin" and box.controller(0).snapshot().is_ready
             page.wait_for_selector('#engine-gpus tr[data-gpu="1"]:has-text("build next")')
 
             # the Telemetry tab: a line per GPU

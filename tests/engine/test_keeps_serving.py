@@ -14,9 +14,9 @@ import pytest
 
 from app.backend.contracts import EngineState
 from app.backend.engine.controller import ControllerOptions, EngineController
-from app.backend.engine.client import own_http
-from app.backend.engine.desired import DesiredStore
-from app.backend.engine.runtime import RuntimeUnavailable
+from app.backend.engine.runtime.client import own_http
+from app.backend.engine.supervision.desired import DesiredStore
+from app.backend.engine.runtime.base import RuntimeUnavailable
 from app.backend.recipe.endpoint import socket_path
 from tests.engine.conftest import TEST_LABEL, fail_profile, panel_containers
 from tests.polling import wait_for
@@ -53,7 +53,7 @@ class AwayRuntime:
 
 @pytest.fixture
 def make_flaky(docker_client, sim_settings):
-    from app.backend.engine.docker_runtime import DockerRuntime
+    from app.backend.engine.runtime.docker import DockerRuntime
 
     made: list[EngineController] = []
 

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from app.backend.chat.service import ChatError, ChatService
+from app.backend.chat.conversations import ChatError, ChatService
 from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState
 from app.backend.engine.controller import ControllerOptions, EngineController
-from app.backend.engine.desired import DesiredStore
-from app.backend.engine.history import SupervisionStore
-from app.backend.engine.restartpolicy import ENVIRONMENT, PolicyConfig, Restart, decide, preflight_cause
-from app.backend.engine.runtime import MANAGED_LABEL, PROFILE_LABEL, RECIPE_LABEL, Instance, RuntimeUnavailable
-from app.backend.engine.supervisor import BringBack, GiveUpNow, RestartLater, Respect, plan
+from app.backend.engine.supervision.desired import DesiredStore
+from app.backend.engine.supervision.history import SupervisionStore
+from app.backend.engine.supervision.restartpolicy import ENVIRONMENT, PolicyConfig, Restart, decide, preflight_cause
+from app.backend.engine.runtime.base import MANAGED_LABEL, PROFILE_LABEL, RECIPE_LABEL, Instance, RuntimeUnavailable
+from app.backend.engine.supervision.plan import BringBack, GiveUpNow, RestartLater, Respect, plan
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.config.settings import Settings
 from tests.engine.conftest import free_port, sim_recipe
@@ -275,7 +275,7 @@ def test_the_drain_grace_comes_from_the_service_setting_else_the_recipe(tmp_path
 
 def test_an_image_build_in_progress_is_seen_by_every_process(tmp_path: Path) -> None:
     """`moet-panel engine build-image` holds the build mark: "image missing" then heals (retried, not given up)."""
-    from app.backend.engine.imagebuild import build_mark, image_build_running
+    from app.backend.engine.builds.image import build_mark, image_build_running
 
     assert not image_build_running(tmp_path)
     mark = build_mark(tmp_path, "vllm-moet-sm120:v026")
@@ -319,8 +319,8 @@ def test_an_operation_that_ends_makes_the_observer_read_docker_at_once(tmp_path:
 def test_the_pool_gate_reads_the_engines_own_log_before_calling_a_pool_missing() -> None:
     """Found by the chaos soak on a loaded box: the log follower lagged past the 5 s grace, and a good engine was
     stopped as "pool not loaded" (a non-healing class: the panel gave up). The container's own log decides."""
-    from app.backend.engine.boot import _tail_shows_pool
-    from app.backend.engine.runtime import RuntimeUnavailable
+    from app.backend.engine.control.boot import _tail_shows_pool
+    from app.backend.engine.runtime.base import RuntimeUnavailable
 
     class Tail:
         def __init__(self, lines: list[str], away: bool = False) -> None:

@@ -16,7 +16,7 @@ from typing import Callable
 import pytest
 
 from app.backend.engine.controller import EngineController
-from app.backend.engine.oplock import EngineLock, LockHeld
+from app.backend.engine.lifecycle.oplock import EngineLock, LockHeld
 from app.backend.contracts import EngineSnapshot, EngineState
 from tests.engine.conftest import TEST_LABEL, panel_containers
 from tests.polling import wait_for
@@ -123,7 +123,7 @@ def test_a_holder_killed_with_sigkill_releases_the_lock(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from app.backend.engine.oplock import EngineLock
+        from app.backend.engine.lifecycle.oplock import EngineLock
         EngineLock({str(state)!r}).acquire("CLI", "switch", "speed")
         print("held", flush=True)
         time.sleep(600)
@@ -164,14 +164,14 @@ def test_fresh_process_classifies_an_exited_container(mode, reason, state, docke
     env = {"MOET_SIM_BOOT_S": "1", **({"MOET_SIM_FAIL": mode} if mode in ("oom_at_load", "host_oom",
                                                                           "crash_mid_generation", "boot_guard") else {})}
     spec = build_run_spec(st.recipe, "quality", str(st.data_dir), extra_env=env)
-    from app.backend.engine.docker_runtime import DockerRuntime
+    from app.backend.engine.runtime.docker import DockerRuntime
 
     rt = DockerRuntime(docker_client)
     inst = rt.run(spec, dict(TEST_LABEL))
     try:
         if mode in ("sigkill", "clean_stop", "crash_mid_generation"):
-            from app.backend.engine.client import base_url
-            from app.backend.engine.readiness import probe
+            from app.backend.engine.runtime.client import base_url
+            from app.backend.engine.runtime.readiness import probe
 
             url = base_url(st.recipe, st.data_dir)
             wait_for(lambda: probe(url, st.recipe.model.served_name).models_ok, 30, "engine ready")
@@ -182,7 +182,7 @@ def test_fresh_process_classifies_an_exited_container(mode, reason, state, docke
             else:
                 import httpx
 
-                from app.backend.engine.client import own_http
+                from app.backend.engine.runtime.client import own_http
 
                 http, root = own_http(url, httpx.Timeout(20.0))  # over the engine's socket (issue 40)
                 with http, pytest.raises(httpx.HTTPError):
@@ -214,7 +214,7 @@ def test_stalled_engine_is_seen_with_evidence(make_controller, docker_client, si
     ctl = make_controller(st, extra_env={"MOET_SIM_FAIL": "hang_mid_generation"}, stall_after_s=2.0,
                           liveness_poll_s=0.25)
     assert ctl.start("quality").wait(60) and ctl.snapshot().state is EngineState.READY
-    from app.backend.engine.client import own_http
+    from app.backend.engine.runtime.client import own_http
 
     http, url = own_http(ctl.snapshot().base_url, httpx.Timeout(30.0))  # over the engine's socket (issue 40)
 
@@ -245,7 +245,7 @@ def test_stalled_engine_restarts_on_the_same_profile_when_asked(make_controller,
                           liveness_poll_s=0.25, restart_on_stall=True)
     assert ctl.start("balanced").wait(60)
     first = ctl.snapshot().container_id
-    from app.backend.engine.client import own_http
+    from app.backend.engine.runtime.client import own_http
 
     http, url = own_http(ctl.snapshot().base_url, httpx.Timeout(30.0))  # over the engine's socket (issue 40)
 

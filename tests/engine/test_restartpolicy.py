@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from app.backend.engine.desired import DesiredStore
-from app.backend.engine.restartpolicy import NON_HEALING, GiveUp, PolicyConfig, Restart, decide, parse_policy
+from app.backend.engine.supervision.desired import DesiredStore
+from app.backend.engine.supervision.restartpolicy import NON_HEALING, GiveUp, PolicyConfig, Restart, decide, parse_policy
 
 
 def test_backoff_doubles_up_to_the_cap_then_gives_up() -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from app.backend.engine.controller import ControllerOptions, EngineController
-from app.backend.engine.docker_runtime import DockerRuntime
-from app.backend.engine.factory import select_runtime
-from app.backend.engine.imagebuild import ImageBuildRefused, build_image, check_source
-from app.backend.engine.process_runtime import ProcessRuntime
-from app.backend.engine.runtime import RuntimeUnavailable
+from app.backend.engine.runtime.docker import DockerRuntime
+from app.backend.engine.runtime.choice import select_runtime
+from app.backend.engine.builds.image import ImageBuildRefused, build_image, check_source
+from app.backend.engine.runtime.process import ProcessRuntime
+from app.backend.engine.runtime.base import RuntimeUnavailable
 from app.backend.contracts import EngineState, slots_of
 from app.backend.recipe import DEFAULT_RECIPE, load_recipe
 from app.backend.config.settings import Settings
@@ -171,7 +171,7 @@ def test_a_simulated_build_without_docker_runs_on_the_process_runtime(monkeypatc
     import psutil
 
     from app.backend.engine import buildjob
-    from app.backend.engine.builds import registry
+    from app.backend.engine.builds.store import registry
 
     def no_docker(self) -> None:
         raise RuntimeUnavailable("Docker daemon unreachable at unix:///var/run/docker.sock: test")

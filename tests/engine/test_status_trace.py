@@ -10,8 +10,8 @@ import json
 import httpx
 
 from app.backend.contracts import EngineState
-from app.backend.engine.client import own_http
-from app.backend.telemetry.hub import TelemetryHub
+from app.backend.engine.runtime.client import own_http
+from app.backend.telemetry.sampler import TelemetrySampler
 from tests.conftest import engine_openai
 from tests.polling import wait_for
 from tests.engine.test_multi_actor import _settings_with_image, cli
@@ -31,7 +31,7 @@ def test_status_shows_the_coverage_the_header_shows(make_controller, sim_setting
     st = _settings_with_image(sim_settings, sim_image)
     ctl = make_controller(st)
     assert ctl.start("balanced").wait(60) and ctl.snapshot().state is EngineState.READY
-    hub = TelemetryHub(st, engine=ctl, gpu_reader=_NoGpu(), persist=False)  # the header's source
+    hub = TelemetrySampler(st, engine=ctl, gpu_reader=_NoGpu(), persist=False)  # the header's source
     try:
         base = ctl.snapshot().base_url
         client = engine_openai(base, api_key="x", timeout=30)  # over the engine's socket (issue 40)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from app.backend.engine.desired import DesiredStore
+from app.backend.engine.supervision.desired import DesiredStore
 from app.backend.contracts import EngineState
 from tests.engine.conftest import fail_profile, panel_containers
 from tests.polling import wait_for

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from app.backend.engine.bootlog import BootTracker
-from app.backend.engine.exits import explain_exit
-from app.backend.engine.liveness import LivenessTracker, Progress
-from app.backend.engine.loglines import is_panel_probe, pool_sizing
-from app.backend.engine.runtime import Instance
+from app.backend.engine.logs.bootlog import BootTracker
+from app.backend.engine.logs.exits import explain_exit
+from app.backend.engine.supervision.stall import LivenessTracker, Progress
+from app.backend.engine.logs.loglines import is_panel_probe, pool_sizing
+from app.backend.engine.runtime.base import Instance
 from app.backend.telemetry.trace import TraceParser
 
 LINES = [
@@ -100,8 +100,8 @@ def test_demo_data_dir_is_the_same_for_serve_and_cli(monkeypatch, tmp_path: Path
 
 def test_half_extracted_artifact_fails_preflight_with_resume(tmp_path: Path) -> None:
     from app.backend.download.journal import downloads_dir
-    from app.backend.engine.factory import journal_artifact_status
-    from app.backend.engine.preflight import PreflightInputs, _artifacts
+    from app.backend.download.journal import artifact_status
+    from app.backend.engine.lifecycle.preflight import PreflightInputs, _artifacts
     from app.backend.recipe import DEFAULT_RECIPE, load_recipe
     from app.backend.config.settings import Settings
 
@@ -116,7 +116,7 @@ def test_half_extracted_artifact_fails_preflight_with_resume(tmp_path: Path) -> 
         "parts": [{"name": "p0", "size": 1, "sha256": "0"}], "files_done": {"some-file": 1},
         "extraction_started": True, "state": "paused", "version": 1}))
     item = next(i for i in _artifacts(PreflightInputs(recipe=recipe, env={}, data_dir=tmp_path, runtime=None,
-                                                      artifact_status=lambda a: journal_artifact_status(st, a)))
+                                                      artifact_status=lambda a: artifact_status(st.data_dir, a)))
                 if i.id == f"artifact:{art.id}")
     assert item.status == "fail" and "half-extracted" in item.detail and "Resume the download" in item.fix
 
@@ -150,7 +150,7 @@ def test_serve_opens_nvml_once_and_the_app_state_keeps_that_reader(monkeypatch, 
     demo decision, then handed to build_app_state (engine preflight/release wait and telemetry read it)."""
     import argparse
 
-    from app.backend.config import hostprobe
+    from app.backend.telemetry import hostprobe
     from app.backend.recipe import SIMULATED_RECIPE
     from app.backend.state import build_app_state
     from app.backend.telemetry import nvml as nvml_mod

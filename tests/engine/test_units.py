@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from app.backend.engine import statemachine as sm
-from app.backend.engine.bootlog import BootTracker
+from app.backend.engine.decider import statemachine as sm
+from app.backend.engine.logs.bootlog import BootTracker
 from app.backend.engine.controller import ControllerOptions, EngineController, expects_pool
-from app.backend.engine.docker_runtime import gpu_device_requests
-from app.backend.engine.logstore import LogStore
-from app.backend.engine.preflight import PreflightInputs, run_preflight
-from app.backend.engine.runtime import LineSplitter
+from app.backend.engine.runtime.docker import gpu_device_requests
+from app.backend.engine.logs.logstore import LogStore
+from app.backend.engine.lifecycle.preflight import PreflightInputs, run_preflight
+from app.backend.engine.runtime.base import LineSplitter
 from app.backend.contracts import Diagnosis, EngineSnapshot, EngineState, GpuProcess, GpuSample, LogLine
 from app.backend.recipe import DEFAULT_RECIPE, load_recipe
 from app.backend.config.settings import Settings

@@ -12,7 +12,7 @@ import pytest
 
 from app.backend.abtest.grading import grade_from_pick
 from app.backend.abtest.journal import new_spec
-from app.backend.engine import builds
+from app.backend.engine.builds import store as builds
 from app.backend.jobs import JobState
 from app.backend.selftest.types import SelfTestPlan
 from tests.conftest import ARTIFACTS, DOCS_SCREENSHOTS_ENV, serving

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from app.backend.chat.client import SamplingParams
-from app.backend.chat.service import ChatService
+from app.backend.chat.conversations import ChatService
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.gateway.gwmetrics import families
 from app.backend.contracts import CHAT_MAX_TOKENS
@@ -23,7 +23,7 @@ from app.backend.gateway.keys import PANEL_CHAT_KEY, KeyStoreError
 from app.backend.gateway.proxy import DEFAULT_MAX_TOKENS
 from app.backend.gateway.proxy import Limits
 from app.backend.gateway.server import GatewayConfig
-from app.backend.gateway.service import GatewayService
+from app.backend.gateway.switch import GatewayService
 from app.backend.recipe import SIMULATED_RECIPE, load_recipe
 from app.backend.simengine import SimEngineServer
 from tests.conftest import free_port
@@ -155,8 +155,8 @@ def test_a_chat_waits_at_most_one_answer_behind_four_greedy_keys_and_is_billed(p
 
 def test_the_access_tab_marks_the_chat_key_and_does_not_offer_to_revoke_it() -> None:
     from app.backend.gateway.keys import KeyInfo, Usage
-    from app.backend.gateway.service import GatewaySnapshot, GatewayState, GatewayView
-    from app.ui.access import _active_names, keys_html
+    from app.backend.gateway.switch import GatewaySnapshot, GatewayState, GatewayView
+    from app.ui.gateway import _active_names, keys_html
 
     def info(name: str) -> KeyInfo:
         return KeyInfo(name, "mpk-abcd…", "inference", "active", 0.0, None, None, Usage(1, 2, 3, 0, None))

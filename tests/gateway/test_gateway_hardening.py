@@ -300,7 +300,7 @@ def test_the_panels_gateway_reports_answers_in_flight_figures_and_logs_without_k
     from app.backend.contracts import EngineSnapshot, EngineState
     from app.backend.gateway.gwmetrics import families
     from app.backend.gateway.server import GatewayConfig
-    from app.backend.gateway.service import GatewayService
+    from app.backend.gateway.switch import GatewayService
     from tests.conftest import free_port
 
     caplog.set_level(logging.INFO, logger="moet_panel")
@@ -380,7 +380,7 @@ def test_the_panels_draining_snapshot_reaches_its_gateway_process_and_the_answer
     child; new requests get 503 with Retry-After from expected_back_s, the running stream ends whole."""
     from app.backend.contracts import EngineSnapshot, EngineState
     from app.backend.gateway.server import GatewayConfig
-    from app.backend.gateway.service import GatewayService
+    from app.backend.gateway.switch import GatewayService
     from tests.conftest import free_port
     from tests.gateway.test_gateway_process import FakeEngine
 

@@ -19,8 +19,8 @@ import psutil
 import pytest
 
 from app.backend.contracts import EngineSnapshot, EngineState
-from app.backend.engine.events import EventBus
-from app.backend.gateway.service import GatewayService, GatewayState, load_desired, save_desired, DesiredGateway
+from app.backend.engine.decider.events import EventBus
+from app.backend.gateway.switch import GatewayService, GatewayState, load_desired, save_desired, DesiredGateway
 from app.backend.gateway.server import GatewayConfig
 from app.backend.simengine import SimEngineServer
 from tests.conftest import ROOT, free_port
@@ -162,7 +162,7 @@ def test_the_switch_is_remembered_and_restored_after_a_panel_restart(home_data: 
         snap = wait_for(lambda: (s := second.snapshot()).state is GatewayState.ON and s, 30, "the gateway restored")
         assert snap.restored and "restored after the panel restarted" in snap.message
         assert listener_pid(port) == snap.pid
-        from app.ui.access import status_html  # what the Access tab shows
+        from app.ui.gateway import status_html  # what the Access tab shows
 
         shown = status_html(second.view())
         assert 'data-restored="1"' in shown and "restored after the panel restarted" in shown

@@ -13,7 +13,7 @@ from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.files.jsonstore import JsonStore
 from app.backend.gateway.engine_status import SnapshotSource
 from app.backend.gateway.leftout import LeftOut, LeftOutNotes
-from app.backend.gateway.routing import FleetSource, box_source
+from app.backend.gateway.routing import BoxSource, box_source
 
 
 def test_another_live_processs_left_out_gpus_are_seen_and_its_own_or_a_dead_ones_are_not(tmp_path: Path) -> None:
@@ -39,6 +39,6 @@ def test_box_source_is_the_one_engine_or_the_box_with_its_left_out_gpus() -> Non
     assert isinstance(one, SnapshotSource) and one.status().accepts and one.status().engines == ()
     assert box_source([0], lambda g: lambda: None, lambda g: f"recipe-url-{g}").status().base_url == "recipe-url-None"
     box = box_source([0, 1], lambda g: lambda: snaps[g], lambda g: f"recipe-url-{g}", left_out_fn=lambda: {0})
-    assert isinstance(box, FleetSource)
+    assert isinstance(box, BoxSource)
     st = box.status()
     assert st.accepts and [(e.gpu, e.accepts) for e in st.engines] == [(0, False), (1, True)]

@@ -11,7 +11,7 @@ import httpx
 
 from app.backend.gateway.proxy import GPU_HEADER, Limits
 from app.backend.gateway.engine_status import EngineStatus, SnapshotSource
-from app.backend.gateway.routing import FleetSource
+from app.backend.gateway.routing import BoxSource
 from app.backend.gateway.routing import LeastBusy, Target, box_status
 from app.backend.contracts import EngineSnapshot, EngineState
 from tests.gateway.conftest import SERVED, FixedSource, Gw
@@ -45,10 +45,10 @@ def test_box_status_and_least_busy_choice() -> None:
     assert EngineStatus.from_line(box.to_line()) == box
 
 
-def test_fleet_source_marks_each_gpu_and_the_left_out_one() -> None:
+def test_box_source_marks_each_gpu_and_the_left_out_one() -> None:
     snaps = {0: EngineSnapshot(state=EngineState.READY, base_url="unix:/s/engine.sock", profile_id="quality"),
              1: EngineSnapshot(state=EngineState.STARTING, base_url="unix:/s/gpu1.sock")}
-    src = FleetSource([SnapshotSource(lambda g=g: snaps[g], "x", lambda p: 1, gpu=g) for g in (0, 1)],
+    src = BoxSource([SnapshotSource(lambda g=g: snaps[g], "x", lambda p: 1, gpu=g) for g in (0, 1)],
                       left_out_fn=lambda: {0})
     st = src.status()
     assert [(e.gpu, e.accepts) for e in st.engines] == [(0, False), (1, False)] and not st.accepts
@@ -89,8 +89,8 @@ def test_two_engines_answer_at_once_and_a_gone_gpu_refuses_nobody(make_gateway: 
 
 
 def test_the_access_tab_shows_the_queue_and_where_requests_go() -> None:
-    from app.backend.gateway.service import GatewaySnapshot, GatewayState
-    from app.ui.access import queue_line
+    from app.backend.gateway.switch import GatewaySnapshot, GatewayState
+    from app.ui.gateway import queue_line
 
     one = queue_line(GatewaySnapshot(GatewayState.ON, queue_length=3, queue_wait_mean_s=1.25))
     assert 'data-queue="3"' in one and "3 waiting; mean wait 1.25 s" in one and "GPU" not in one

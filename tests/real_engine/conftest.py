@@ -22,8 +22,8 @@ import pytest
 from docker import DockerClient
 
 from app.backend.engine.controller import EngineController
-from app.backend.engine.docker_runtime import DockerRuntime
-from app.backend.engine.ops import ControllerOptions
+from app.backend.engine.runtime.docker import DockerRuntime
+from app.backend.engine.lifecycle.tickets import ControllerOptions
 from app.backend.recipe import load_recipe
 from app.backend.recipe.schema import Recipe
 from app.backend.config.settings import Settings

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from app.backend.engine.imagebuild import docker_py_build
+from app.backend.engine.builds.image import docker_py_build
 from app.backend.simengine.image import PYTHON, STDLIB, _add_dir, _add_file, _ldd
 
 TAG = "moet-panel/vllm-cpu-tiny:1"  # = assets/recipes/vllm-cpu-tiny.toml engine.image

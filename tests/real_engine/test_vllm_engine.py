@@ -17,14 +17,14 @@ import pytest
 
 from app.backend.chat.client import ChatRequest, ChatStream, SamplingParams
 from app.backend.chat.events import ContentDelta, Finished, ReasoningDelta, UsageReport
-from app.backend.chat.service import ChatService
+from app.backend.chat.conversations import ChatService
 from app.backend.chat.stats import format_stats
-from app.backend.engine.bootlog import BootTracker
-from app.backend.engine.client import EngineClient, EngineEndpoint, api_base, own_http
+from app.backend.engine.logs.bootlog import BootTracker
+from app.backend.engine.runtime.client import EngineClient, EngineEndpoint, api_base, own_http
 from app.backend.engine.controller import EngineController
 from app.backend.contracts import EngineState
-from app.backend.telemetry.hub import TelemetryHub
-from app.backend.engine.metrics_text import parse_metrics
+from app.backend.telemetry.sampler import TelemetrySampler
+from app.backend.engine.runtime.metrics_text import parse_metrics
 from tests.gateway.sockets import container_listening, listening, non_loopback
 from tests.real_engine.conftest import BOOT_S, Tier
 
@@ -155,7 +155,7 @@ def test_metrics_parsed_into_the_timeline_with_vllms_names(served) -> None:
     for name in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"):
         assert name in raw.histograms, sorted(raw.histograms)
     assert raw.values["vllm:generation_tokens"] >= 2 * tier.model["completion_tokens"]  # the two chats above
-    hub = TelemetryHub(tier.settings, engine=ctl, persist=False, interval_s=0.5)
+    hub = TelemetrySampler(tier.settings, engine=ctl, persist=False, interval_s=0.5)
     try:
         hub.sample_once()
         client = EngineClient(base)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.backend.engine import diagnosis
-from app.backend.engine.bootlog import BootTracker
+from app.backend.engine.logs import diagnosis
+from app.backend.engine.logs.bootlog import BootTracker
 
 FIXTURES = Path(__file__).with_name("fixtures")
 

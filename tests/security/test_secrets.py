@@ -78,7 +78,7 @@ def test_exported_chats_never_show_the_token(tmp_path: Path, monkeypatch: pytest
     import io
 
     from app.backend.chat.client import SamplingParams
-    from app.backend.chat.service import ChatService
+    from app.backend.chat.conversations import ChatService
     from app.backend.contracts import EngineSnapshot, EngineState
     from app.backend.config.settings import resolve_settings
     from app.backend.simengine import SimEngineConfig, SimEngineServer

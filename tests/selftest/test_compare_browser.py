@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from app.backend.chat.models import Conversation, Message
-from app.backend.chat.service import DB_NAME
+from app.backend.chat.conversations import DB_NAME
 from app.backend.chat.store import ChatStore
 from app.backend.state import AppState
 from tests.conftest import serving

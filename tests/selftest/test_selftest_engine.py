@@ -108,7 +108,7 @@ def test_cancel_stops_without_saving(make_controller, sim_settings) -> None:
     assert ctl.snapshot().is_ready  # the engine was left alone
 
 
-def test_a_run_tells_the_fleet_before_and_after(make_controller, sim_settings) -> None:
+def test_a_run_tells_the_box_before_and_after(make_controller, sim_settings) -> None:
     """On a box of several GPUs the measured GPU is left out of the gateway while the self-test runs (issue 43)."""
     ctl = make_controller(extra_env=FAST_ENV)
     start_ready(ctl)

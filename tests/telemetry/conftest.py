@@ -22,7 +22,7 @@ class FakeEngine:
     """The slice of EngineController the hub uses: snapshot, log listeners, recent logs, pids."""
 
     def __init__(self, snapshot: EngineSnapshot | None = None) -> None:
-        from app.backend.engine.events import EventBus
+        from app.backend.engine.decider.events import EventBus
 
         self._snap = snapshot or EngineSnapshot()
         self.events = EventBus()  # `set` publishes like the controller's reconciler

@@ -16,7 +16,7 @@ from app.backend.simengine.config import SimEngineConfig
 from app.backend.simengine.server import SimEngineServer
 from app.backend.alerts.rules import status_alerts
 from app.backend.telemetry.gpu_sim import FakeGpuReader
-from app.backend.telemetry.hub import TelemetryHub
+from app.backend.telemetry.sampler import TelemetrySampler
 
 from .conftest import FakeEngine
 
@@ -32,7 +32,7 @@ def sim_hub(tmp_path):
         eng = FakeEngine(EngineSnapshot(state=EngineState.STARTING, profile_id="quality"))
         srv = SimEngineServer(SimEngineConfig(port=0, boot_s=0.3, decode_tok_s=decode, fail=fail, env=env),
                               log=eng.emit)
-        hub = TelemetryHub(resolve_settings(SIMULATED_RECIPE, tmp_path, demo=True), engine=eng,
+        hub = TelemetrySampler(resolve_settings(SIMULATED_RECIPE, tmp_path, demo=True), engine=eng,
                            gpu_reader=FakeGpuReader(), persist=False)
         made.append((srv, hub))
         srv.start()
@@ -61,7 +61,7 @@ def _traffic(base_url: str, tokens: int) -> threading.Thread:
     return t
 
 
-def _poll(hub: TelemetryHub, pred, timeout: float = 20.0):
+def _poll(hub: TelemetrySampler, pred, timeout: float = 20.0):
     deadline = time.monotonic() + timeout
     f = hub.sample_once()
     while not pred(f) and time.monotonic() < deadline:

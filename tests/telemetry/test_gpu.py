@@ -254,3 +254,68 @@ def test_simulated_card_is_fed_explicitly() -> None:
     assert [(p.pid, p.container) for p in idle.processes] == [(4711, "ds4-sim")]
     card.set_load(1.0)  # what the hub measures on /metrics
     assert card.read()[0].util_gpu > idle.util_gpu
+
+
+class FlakyCountNvml(FakeNvml):
+    """NVML busy at boot: the count (or GPU 1's handle) fails the first `fails` times."""
+
+    def __init__(self, fails: int, what: str = "count") -> None:
+        super().__init__()
+        self.fails, self.what = fails, what
+
+    def _flaky(self) -> None:
+        if self.fails > 0:
+            self.fails -= 1
+            raise pynvml.NVMLError_Timeout()
+
+    def nvmlDeviceGetCount(self):
+        if self.what == "count":
+            self._flaky()
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if self.what == "handle" and i == 1:
+            self._flaky()
+        return f"h{i}"
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+@pytest.mark.parametrize("what", ["count", "handle"])
+def test_a_gpu_count_nvml_fails_at_start_is_asked_again_never_taken_as_one(what: str) -> None:
+    from app.backend.telemetry.gpu import box_gpu_count
+
+    r = NvmlGpuReader(nvml=FlakyCountNvml(fails=3, what=what))
+    assert r.count_error and not r.available  # neither "0 devices" nor GPU 0 alone
+    clock = _Clock()
+    assert box_gpu_count(r, deadline_s=20, retry_s=1, clock=clock, sleep=clock.sleep) == 2
+    # the start and two retries failed, one second apart; the third retry counts both GPUs
+    assert clock.t == 2 and r.available and not r.count_error and len(r.read()) == 2
+
+
+def test_a_gpu_count_that_keeps_failing_refuses_to_start_and_says_what_to_do() -> None:
+    from app.backend.contracts import GpuCountError
+    from app.backend.telemetry.gpu import box_gpu_count
+
+    r = NvmlGpuReader(nvml=FlakyCountNvml(fails=10**6, what="handle"))
+    clock = _Clock()
+    with pytest.raises(GpuCountError) as err:
+        box_gpu_count(r, deadline_s=20, retry_s=1, clock=clock, sleep=clock.sleep)
+    assert 20 <= clock.t <= 21
+    assert "nvidia-smi" in str(err.value) and "start the panel again" in str(err.value)
+
+
+def test_a_box_without_a_driver_still_has_its_one_engine() -> None:
+    from app.backend.telemetry.gpu import box_gpu_count
+
+    r = NvmlGpuReader(nvml=FakeNvml(init_error=pynvml.NVMLError_LibraryNotFound("NVML Shared Library Not Found")))
+    assert box_gpu_count(r, clock=lambda: 0.0, sleep=lambda s: pytest.fail("no retry without a driver")) == 1

@@ -1,4 +1,4 @@
-"""TelemetryHub: one sampler for every reader, log subscription, timeline, SQLite history, alerts."""
+"""TelemetrySampler: one sampler for every reader, log subscription, timeline, SQLite history, alerts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.config.settings import resolve_settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader
-from app.backend.telemetry.hub import TelemetryHub
+from app.backend.telemetry.sampler import TelemetrySampler
 from app.backend.telemetry.timeline import Timeline, TimelineDB, TimelinePoint
 
 from .conftest import FakeEngine, log_text
@@ -29,7 +29,7 @@ def _gpu(used_gib: float, **kw) -> dict:
 
 def test_frame_from_fixture_logs_and_fake_gpu(settings, fake_engine) -> None:
     reader = FakeGpuReader.from_dict({"gpus": [_gpu(93.3, memory_reserved_gib=0.5)]})
-    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=reader, persist=False)
+    hub = TelemetrySampler(settings, engine=fake_engine, gpu_reader=reader, persist=False)
     try:
         for line in log_text("freq_trace1_every64_469slots_top8.log").splitlines():
             fake_engine.emit(line)
@@ -47,7 +47,7 @@ def test_frame_from_fixture_logs_and_fake_gpu(settings, fake_engine) -> None:
 
 def test_latest_is_a_cache_reads_do_not_sample(settings, fake_engine) -> None:
     reader = FakeGpuReader.from_dict({"gpus": [_gpu(1)]})
-    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=reader, persist=False)
+    hub = TelemetrySampler(settings, engine=fake_engine, gpu_reader=reader, persist=False)
     try:
         hub.sample_once()
         for _ in range(500):  # e.g. many open tabs polling every second
@@ -60,7 +60,7 @@ def test_latest_is_a_cache_reads_do_not_sample(settings, fake_engine) -> None:
 
 def test_background_thread_samples_and_stops(settings) -> None:
     reader = FakeGpuReader.from_dict({"gpus": [_gpu(1)]})
-    hub = TelemetryHub(settings, gpu_reader=reader, persist=False, interval_s=0.05)
+    hub = TelemetrySampler(settings, gpu_reader=reader, persist=False, interval_s=0.05)
     hub.start()
     try:
         deadline = time.monotonic() + 10
@@ -78,7 +78,7 @@ def test_background_thread_samples_and_stops(settings) -> None:
 
 def test_engine_attached_later_and_recent_logs_replayed(settings) -> None:
     holder: dict = {"engine": None}
-    hub = TelemetryHub(settings, gpu_reader=FakeGpuReader(), persist=False, engine_provider=lambda: holder["engine"])
+    hub = TelemetrySampler(settings, gpu_reader=FakeGpuReader(), persist=False, engine_provider=lambda: holder["engine"])
     try:
         hub.sample_once()
         eng = FakeEngine(EngineSnapshot(state=EngineState.READY, profile_id="quality"))
@@ -92,7 +92,7 @@ def test_engine_attached_later_and_recent_logs_replayed(settings) -> None:
 
 
 def test_new_boot_resets_trace_state(settings, fake_engine) -> None:
-    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=FakeGpuReader(), persist=False)
+    hub = TelemetrySampler(settings, engine=fake_engine, gpu_reader=FakeGpuReader(), persist=False)
     try:
         for line in log_text("freq_trace1_every64_469slots_top8.log").splitlines():
             fake_engine.emit(line)
@@ -105,7 +105,7 @@ def test_new_boot_resets_trace_state(settings, fake_engine) -> None:
 
 
 def test_no_gpu_state_and_gpu_alerts(settings, fake_engine) -> None:
-    hub = TelemetryHub(settings, engine=fake_engine, persist=False,
+    hub = TelemetrySampler(settings, engine=fake_engine, persist=False,
                        gpu_reader=FakeGpuReader(error="no NVIDIA GPU (libnvidia-ml.so not found)"))
     try:
         f = hub.sample_once()
@@ -114,7 +114,7 @@ def test_no_gpu_state_and_gpu_alerts(settings, fake_engine) -> None:
     finally:
         hub.close()
     hot = FakeGpuReader.from_dict({"gpus": [_gpu(95.2, throttle_reasons=["hw_thermal"], ecc_current=True)]})
-    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=hot, persist=False)
+    hub = TelemetrySampler(settings, engine=fake_engine, gpu_reader=hot, persist=False)
     try:
         ids = {a.id for a in hub.sample_once().alerts}
         assert {"vram_full", "throttle_thermal", "ecc_on"} <= ids
@@ -145,7 +145,7 @@ def test_sqlite_history_persists_and_thins(tmp_path) -> None:
 
 
 def test_hub_writes_history_to_state_dir(settings, fake_engine) -> None:
-    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=FakeGpuReader.from_dict({"gpus": [_gpu(2)]}))
+    hub = TelemetrySampler(settings, engine=fake_engine, gpu_reader=FakeGpuReader.from_dict({"gpus": [_gpu(2)]}))
     try:
         for _ in range(3):
             hub.sample_once()
@@ -173,7 +173,7 @@ def test_trace_off_alert_when_traffic_without_ticks(settings, fake_engine) -> No
             pass
 
     fake_engine.set(base_url="http://127.0.0.1:1")
-    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=FakeGpuReader(), persist=False,
+    hub = TelemetrySampler(settings, engine=fake_engine, gpu_reader=FakeGpuReader(), persist=False,
                        scraper=Scraper(), interval_s=30.0)
     try:
         assert "trace_off" not in {a.id for a in hub.sample_once().alerts}
@@ -190,7 +190,7 @@ def test_trace_off_alert_when_traffic_without_ticks(settings, fake_engine) -> No
 def test_idle_engine_churn_drops_to_zero_coverage_kept(settings, fake_engine) -> None:
     import dataclasses
 
-    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=FakeGpuReader(), persist=False)
+    hub = TelemetrySampler(settings, engine=fake_engine, gpu_reader=FakeGpuReader(), persist=False)
     try:
         for line in log_text("freq_trace1_every64_469slots_top8.log").splitlines():
             hub.ingest(line)  # LogLine.ts = now: a live-like stream (rates need ≥ 2 s: none yet)
@@ -209,7 +209,7 @@ def test_hub_marks_the_engines_gpu_processes(settings, fake_engine) -> None:
                                                                     {"pid": 77, "used_bytes": None}])]})
     fake_engine.pids = {419}
     fake_engine.set(container_name="moet-ds4-quality")
-    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=reader, persist=False)
+    hub = TelemetrySampler(settings, engine=fake_engine, gpu_reader=reader, persist=False)
     try:
         procs = hub.sample_once().gpus[0].processes
         assert [(p.pid, p.container) for p in procs] == [(419, "moet-ds4-quality"), (77, "")]
@@ -228,7 +228,7 @@ def test_engine_change_shows_at_once_without_a_tick(settings, fake_engine) -> No
     """The hub follows the engine's change events: with a 60 s tick, a stop still clears the pool alert and
     marks the state band at once, from the last GPU reading (no new sample: those stay on the tick)."""
     reader = FakeGpuReader.from_dict({"gpus": [_gpu(40)]})
-    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=reader, persist=False, interval_s=60)
+    hub = TelemetrySampler(settings, engine=fake_engine, gpu_reader=reader, persist=False, interval_s=60)
     try:
         for line in log_text("disabled_auto_0slots_trace1_every64.log").splitlines():
             fake_engine.emit(line)
@@ -253,7 +253,7 @@ def test_engine_change_shows_at_once_without_a_tick(settings, fake_engine) -> No
 
 
 def test_engine_change_after_close_wakes_nothing(settings, fake_engine) -> None:
-    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=FakeGpuReader(), persist=False, interval_s=60)
+    hub = TelemetrySampler(settings, engine=fake_engine, gpu_reader=FakeGpuReader(), persist=False, interval_s=60)
     hub.start()
     _until(lambda: hub.latest().seq >= 1, 10, "the first tick")
     hub.close()

@@ -9,7 +9,7 @@ from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.config.settings import resolve_settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader
-from app.backend.telemetry.hub import SEED_LINES, TelemetryHub
+from app.backend.telemetry.sampler import SEED_LINES, TelemetrySampler
 
 from .conftest import FakeEngine, log_text
 
@@ -44,8 +44,8 @@ def settings(tmp_path):
     return resolve_settings(SIMULATED_RECIPE, tmp_path, demo=True)
 
 
-def _hub(settings, engine) -> TelemetryHub:
-    return TelemetryHub(settings, engine=engine, gpu_reader=FakeGpuReader(), persist=False)
+def _hub(settings, engine) -> TelemetrySampler:
+    return TelemetrySampler(settings, engine=engine, gpu_reader=FakeGpuReader(), persist=False)
 
 
 def test_restart_after_a_long_idle_seeds_coverage_from_the_tail(settings) -> None:

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from app.backend.engine.metrics_text import Histogram, parse_metrics
+from app.backend.engine.runtime.metrics_text import Histogram, parse_metrics
 from app.backend.telemetry.metrics import MetricsScraper, derive
 
 NEW = """# TYPE vllm:num_requests_running gauge

@@ -11,7 +11,7 @@ from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.config.settings import resolve_settings
 from app.backend.telemetry.gpu_sim import FakeGpuReader
-from app.backend.telemetry.hub import TelemetryHub
+from app.backend.telemetry.sampler import TelemetrySampler
 from app.backend.telemetry.plotdata import PLOTS, columns, plots_for, wide
 from app.backend.telemetry.timeline import TimelineDB, TimelinePoint
 
@@ -27,7 +27,7 @@ def test_the_hub_scrapes_every_gpus_engine_and_the_timeline_keeps_each(tmp_path,
     server = _Server()
     gpu1 = {"snap": EngineSnapshot(state=EngineState.READY, profile_id="balanced", base_url=server.url)}
     reader = FakeGpuReader.from_dict({"gpus": [_gpu(93.8, 10), _gpu(91.0, 80), _gpu(0.0, 0)]})
-    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=reader, persist=False,
+    hub = TelemetrySampler(settings, engine=fake_engine, gpu_reader=reader, persist=False,
                        more_engines={1: lambda: gpu1["snap"], 2: lambda: EngineSnapshot()})
     try:
         assert hub.engine_gpus == [0, 1, 2]
@@ -57,7 +57,7 @@ def test_the_hub_scrapes_every_gpus_engine_and_the_timeline_keeps_each(tmp_path,
 
 def test_a_one_gpu_box_has_the_plots_as_before(tmp_path, fake_engine) -> None:
     settings = resolve_settings(SIMULATED_RECIPE, tmp_path, demo=True)
-    hub = TelemetryHub(settings, engine=fake_engine, gpu_reader=FakeGpuReader.from_dict({"gpus": [_gpu(1, 0)]}),
+    hub = TelemetrySampler(settings, engine=fake_engine, gpu_reader=FakeGpuReader.from_dict({"gpus": [_gpu(1, 0)]}),
                        persist=False)
     try:
         f = hub.sample_once()

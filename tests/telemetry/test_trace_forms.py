@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.backend.engine.bootlog import BootTracker
-from app.backend.engine.loglines import pool_sizing, unknown_pool_form
+from app.backend.engine.logs.bootlog import BootTracker
+from app.backend.engine.logs.loglines import pool_sizing, unknown_pool_form
 from app.backend.telemetry.trace import parse_text
 
 from .conftest import ALL_LOGS, log_text

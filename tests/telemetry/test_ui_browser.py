@@ -9,7 +9,7 @@ import threading
 import httpx
 import pytest
 
-from app.backend.engine.client import own_http
+from app.backend.engine.runtime.client import own_http
 from tests.conftest import ARTIFACTS, close_panel, free_port, launch_panel
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]

@@ -8,7 +8,7 @@ from app.backend.config.settings import resolve_settings
 from app.backend.state import AppState
 from app.backend.alerts.rules import Alert
 from app.backend.telemetry.gpu_sim import sample_from_dict
-from app.backend.telemetry.hub import TelemetryFrame
+from app.backend.telemetry.sampler import TelemetryFrame
 from app.backend.telemetry.metrics import MetricsSample
 from app.backend.telemetry.trace import parse_text
 from app.ui.header import header_html
@@ -65,7 +65,7 @@ def test_header_shows_every_gpu_on_a_box_of_several(tmp_path) -> None:
     from typing import cast
 
     from app.backend.engine.controller import EngineController
-    from app.backend.engine.fleet import Fleet
+    from app.backend.engine.gpus import BoxGpus
 
     class Ctl:
         def __init__(self, snap: EngineSnapshot) -> None:
@@ -78,7 +78,7 @@ def test_header_shows_every_gpu_on_a_box_of_several(tmp_path) -> None:
     frame = TelemetryFrame(ts=1.0, gpus=tuple(sample_from_dict({"memory_total_gib": 96, "memory_used_gib": u}, i)
                                               for i, u in enumerate((93.8, 0.0))))
     assert 'data-testid="hdr-gpus"' not in header_html(state, None, frame)  # one GPU: as before
-    state.fleet = Fleet({0: cast(EngineController, Ctl(EngineSnapshot(state=EngineState.READY, profile_id="quality"))),
+    state.box = BoxGpus({0: cast(EngineController, Ctl(EngineSnapshot(state=EngineState.READY, profile_id="quality"))),
                          1: cast(EngineController, Ctl(EngineSnapshot(state=EngineState.STARTING)))})
     html = header_html(state, None, frame)
     assert 'data-gpu="0" data-state="ready"' in html and "quality · 93.8/96 GiB" in html

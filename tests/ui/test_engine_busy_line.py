@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.backend.engine.oplock import Holder
-from app.backend.engine.ops import Ticket
+from app.backend.engine.lifecycle.oplock import Holder
+from app.backend.engine.lifecycle.tickets import Ticket
 from app.ui.engine import busy_line
 
 HOLDER = Holder(pid=4242, actor="CLI", operation="start", since=0.0, profile="speed")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from app.backend.config.settings import resolve_settings
 from app.backend.contracts import EngineSnapshot, EngineState
-from app.backend.engine.ops import Ticket
+from app.backend.engine.lifecycle.tickets import Ticket
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.state import AppState
 from app.ui import engine as tab

@@ -14,7 +14,7 @@ from typing import Callable
 
 from app.backend.abtest.journal import Prompt, Turn
 from app.backend.chat.models import Conversation, ConversationSummary
-from app.backend.chat.service import ChatError, ChatService
+from app.backend.chat.conversations import ChatError, ChatService
 from app.backend.chat.store import ChatStore
 
 MIN_PREFIX = 4

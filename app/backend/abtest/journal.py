@@ -17,7 +17,9 @@ import re
 import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Literal, Sequence
+
+from app.backend.contracts import JsonObject
 
 Side = Literal["A", "B"]
 Turn = tuple[str, str]  # (role, content) of an earlier chat message sent before the prompt
@@ -184,7 +186,7 @@ class Journal:
         state: RunState | None = None
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
-                rec: dict[str, Any] = json.loads(line)
+                rec: JsonObject = json.loads(line)
             except ValueError:
                 continue  # a torn last line after a crash
             kind = rec.pop("type", "")

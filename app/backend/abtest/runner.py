@@ -4,7 +4,7 @@ sequential), journalling each answer; `resume(run_id)` continues a run after a p
 On a box of several GPUs (docs/engine.md "Several GPUs") `engine_for` may put A and B on two GPUs' engines: then
 both sides generate at once, each on its own engine, with no switch between A and B at all (an engine switches
 only if it does not already serve its side's profile); `on_sides(True/False)` is told before and after, so the
-caller (the fleet) leaves those GPUs out of the gateway while they measure. The panel's service knows every
+caller (the box) leaves those GPUs out of the gateway while they measure. The panel's service knows every
 GPU's engine (`engines`) and a run names its two GPUs (`start(..., gpus=(A, B))`, the Compare tab's "side by
 side"); `on_gpus(True/False, gpus)` is then told instead.
 
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable
 
 from app.backend import oplog
 from app.backend.contracts import EngineSnapshot
-from app.backend.engine import builds
+from app.backend.engine.builds import store as builds
 from app.backend.abtest.journal import ABSpec, Generation, Journal, RunState, Side
 from app.backend.selftest.probe import Cancelled, EngineProbe
 from app.backend.jobs import BackgroundJob, JobState

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from app.backend.download.manager import DownloadManager
     from app.backend.engine.controller import EngineController
     from app.backend.alerts.notify import Notifier
-    from app.backend.telemetry.hub import TelemetryHub
+    from app.backend.telemetry.sampler import TelemetrySampler
 
 DISK_LOW_BYTES = 10 * GiB
 DISK_LOW_FRACTION = 0.05
@@ -163,7 +163,7 @@ class AlertService:
     """Feeds the tracker from the engine's events and the other sources; sends through the notifier."""
 
     def __init__(self, notifier: Notifier, *, engine: EngineController | None = None,
-                 telemetry: TelemetryHub | None = None, downloads: DownloadManager | None = None,
+                 telemetry: TelemetrySampler | None = None, downloads: DownloadManager | None = None,
                  data_dir: Path | None = None, period_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.notifier = notifier

@@ -18,33 +18,28 @@ from app.backend import oplog
 from app.backend.oplog import redact
 
 
+def _unusable(url: str) -> str:
+    """Why Apprise cannot use `url`, '' when it can."""
+    import apprise
+
+    try:
+        obj = apprise.Apprise.instantiate(url)
+    except Exception as exc:  # a plugin's own parser can raise on odd input: the URL is unusable (handed on)
+        return f"Apprise cannot read this URL ({type(exc).__name__})"
+    return "" if obj is not None else "Apprise does not understand this URL"
+
+
 def mask_url(url: str) -> str:
     """The URL as it may be shown (`app.backend.oplog.redact.mask_url`: user, password, a token host, path and query
     starred), or its scheme with a note when Apprise cannot use it."""
-    try:
-        import apprise
-
-        obj = apprise.Apprise.instantiate(url)
-    except Exception:  # a plugin's own parser can raise on odd input: the URL is unusable, said below
-        obj = None
-    if obj is None:
+    if _unusable(url):
         return (url.split("://", 1)[0] + "://… (not a valid Apprise URL)") if "://" in url else "(not a URL)"
     return redact.mask_url(url)
 
 
 def check_urls(urls: list[str] | tuple[str, ...]) -> list[str]:
     """One problem line per URL Apprise cannot use (masked), [] when all are fine."""
-    import apprise
-
-    bad = []
-    for u in urls:
-        try:
-            ok = apprise.Apprise.instantiate(u) is not None
-        except Exception:
-            ok = False
-        if not ok:
-            bad.append(f"{mask_url(u)}: Apprise does not understand this URL (see the Apprise wiki for the format)")
-    return bad
+    return [f"{mask_url(u)}: {why} (see the Apprise wiki for the format)" for u in urls if (why := _unusable(u))]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterable, Literal
 
 from app.backend.profiles.registry import ProfileRegistry
 from app.backend import oplog
-from app.backend.engine.runtime import Runtime
+from app.backend.engine.runtime.base import Runtime
 from app.backend.contracts import EngineSnapshot, EngineState, GpuSample, LogLine
 from app.backend.config.settings import Settings
 from app.backend.telemetry.host import HostSample

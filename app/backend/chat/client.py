@@ -1,5 +1,5 @@
 """A chat request streamed as the small event vocabulary of `events.py`, from any OpenAI-compatible endpoint
-(vLLM, the simulated engine, others) through the one engine client (`engine/client.py`, the openai SDK).
+(vLLM, the simulated engine, others) through the one engine client (`engine/runtime/client.py`, the openai SDK).
 
 Reasoning is read from `delta.reasoning` (vLLM >= late 2025), then `delta.reasoning_content` (older servers,
 DeepSeek's name), and inline `<think>` tags.
@@ -15,7 +15,7 @@ from app.backend.chat.events import (
     ChatEvent, ContentDelta, Finished, ReasoningDelta, ReclassifyAsReasoning, StreamError, UsageReport,
 )
 from app.backend.chat.think import ThinkSplitter
-from app.backend.engine.client import CompletionStream, EngineClient, StreamFailure
+from app.backend.engine.runtime.client import CompletionStream, EngineClient, StreamFailure
 
 
 @dataclass(frozen=True)

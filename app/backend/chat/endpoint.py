@@ -16,7 +16,7 @@ from typing import Literal
 import httpx
 
 from app.backend.contracts import Diagnosis, EngineSnapshot, SnapshotFn
-from app.backend.engine.client import base_url, engine_client, server_root
+from app.backend.engine.runtime.client import base_url, engine_client, server_root
 from app.backend.recipe.schema import Recipe
 
 ENGINE_TAB_HINT = "Start or fix it on the Engine tab."

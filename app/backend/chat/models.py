@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from app.backend.contracts import JsonObject
 
 Role = Literal["system", "user", "assistant"]
 # streaming: reply in progress (a crash of the panel leaves it; reloading marks it stopped)
@@ -35,7 +37,7 @@ class MessageStats:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> "MessageStats | None":
+    def from_dict(cls, data: JsonObject | None) -> "MessageStats | None":
         if not data:
             return None
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}

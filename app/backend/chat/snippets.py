@@ -6,7 +6,7 @@ import json
 import shlex
 
 from app.backend.chat.client import SamplingParams
-from app.backend.engine.client import EngineEndpoint, api_base, is_uds
+from app.backend.engine.runtime.client import EngineEndpoint, api_base, is_uds
 
 
 def _messages(system_prompt: str, prompt: str) -> list[dict[str, str]]:

@@ -1,3 +1,3 @@
 """Configuration: the environment (`env`, the one module that reads it), the resolved `settings` (recipe, data
-dir, demo mode), the demo decision from the host (`hostprobe`) and the Hugging Face token (`hf_token`).
+dir, demo mode) and the Hugging Face token (`hf_token`).
 docs/configuration.md."""

@@ -164,8 +164,10 @@ class _Commits:
         """The extraction ends early: what is verified lands, the rest's temp files go."""
         try:
             self.flush()
-        except Exception:  # noqa: BLE001 - verification failed or stopped: nothing more lands
+        except (DownloadError, Stopped):  # verification failed or stopped: nothing more lands (said by the verifier)
             pass
+        except OSError as exc:  # a verified member could not land: the part is fetched again, say why once
+            oplog.caught("download", exc, "landing the verified members of an extraction that ends early")
         for _, _, tmp, nbytes in self.pending:
             if tmp is not None:
                 try:

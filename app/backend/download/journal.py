@@ -179,3 +179,17 @@ def clean_partial(dest: Path, artifacts: list[str]) -> int:
         except OSError:
             pass
     return freed
+
+
+def artifact_status(data_dir: Path, art_id: str) -> str | None:
+    """The download journal's word on one artifact (read-only): "complete", a partial state with what to do,
+    or None when no download was ever journaled here (preflight then looks at the directory)."""
+    j = JournalStore(data_dir).load(art_id)
+    if j is None:
+        return None
+    if j.state == "done":
+        return "complete"
+    if j.extraction_started:
+        return f"half-extracted ({len(j.files_done)} files; download {j.state}) — resume the download"
+    verified = sum(1 for p in j.parts if p.status != "pending")
+    return f"incomplete ({verified}/{len(j.parts)} parts verified; download {j.state}) — resume the download"

@@ -175,6 +175,7 @@ def _portable(exc: BaseException, art_id: str) -> BaseException:
         return Stopped()
     try:
         pickle.dumps(exc)
-    except Exception:  # noqa: BLE001 - whatever it was, the parent gets a message
-        return DownloadError(f"internal error in the {art_id} download process: {type(exc).__name__}: {exc}")
+    except Exception as unpicklable:  # noqa: BLE001 - whatever it was, the parent gets (and raises) a message
+        return DownloadError(f"internal error in the {art_id} download process: {type(exc).__name__}: {exc} "
+                             f"(not picklable: {type(unpicklable).__name__})")
     return exc

@@ -6,7 +6,7 @@
       └───────────▶ paused (Paused, Interrupted) · cancelled (Cancelled) · failed (Failed)
     paused / cancelled / failed ──Began──▶ downloading (Resume)
 
-Modelled on `app/backend/engine/statemachine.py`: `transition()` is the ONLY place an artifact's
+Modelled on `app/backend/engine/decider/statemachine.py`: `transition()` is the ONLY place an artifact's
 state changes (the progress board applies it; the job journals what it returns; the manager reads
 journals through it), and an illegal move raises instead of showing a badge that lies.
 """

@@ -17,34 +17,36 @@ import itertools
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from app.backend import oplog
-from app.backend.engine import builds
+from app.backend.engine.builds import store as builds
 from app.backend.contracts import LIVE_STATES, AnswerCounter, EngineSnapshot, EngineState, GpuReader, LogLine
-from app.backend.engine.boot import Boot
-from app.backend.engine.core import MUTATING
-from app.backend.engine.canary import CanaryState
-from app.backend.engine.desired import Desired, DesiredStore
-from app.backend.engine.events import EngineChanged, EventBus, SnapshotWatch, Subscription
+from app.backend.engine.control.boot import Boot
+from app.backend.engine.control.core import MUTATING
+from app.backend.engine.supervision.canary import CanaryState
+from app.backend.engine.supervision.desired import Desired, DesiredStore
+from app.backend.engine.decider.events import EngineChanged, EventBus, SnapshotWatch, Subscription
 from app.backend.engine.errlog import ErrorsOnce
-from app.backend.engine.exits import ExitRecords
-from app.backend.engine.following import LogFollower
-from app.backend.engine.drainnote import DrainNotes
-from app.backend.engine.history import SupervisionStore
-from app.backend.engine.inbox import Close, Inbox
-from app.backend.engine.livewatch import LivenessWatch
-from app.backend.engine.liveness import LivenessTracker
-from app.backend.engine.loglines import EVERY_LINE, LogFilter
-from app.backend.engine.logstore import LogStore
-from app.backend.engine.observer import Observer
-from app.backend.engine.operations import Operations
-from app.backend.engine.ops import ControllerOptions, Ticket, expects_pool
-from app.backend.engine.oplock import EngineLock, Holder, LockHeld
-from app.backend.engine.preflight import PreflightReport
-from app.backend.engine.restartpolicy import RestartPolicy, parse_policy
-from app.backend.engine.runtime import Runtime, RuntimeOpError, RuntimeUnavailable
+from app.backend.engine.logs.exits import ExitRecords
+from app.backend.engine.logs.following import LogFollower
+from app.backend.engine.lifecycle.drainnote import DrainNotes
+from app.backend.engine.supervision.history import SupervisionStore
+from app.backend.engine.decider import facts
+from app.backend.engine.decider.inbox import Close, Inbox, Propose
+from app.backend.engine.control.livewatch import LivenessWatch
+from app.backend.engine.supervision.stall import LivenessTracker
+from app.backend.engine.logs.loglines import EVERY_LINE, LogFilter
+from app.backend.engine.logs.logstore import LogStore
+from app.backend.engine.control.observer import Observer
+from app.backend.engine.control.operations import Operations
+from app.backend.engine.lifecycle.tickets import ControllerOptions, Ticket, expects_pool
+from app.backend.engine.lifecycle.oplock import EngineLock, Holder, LockHeld
+from app.backend.engine.lifecycle.preflight import PreflightReport
+from app.backend.engine.supervision.restartpolicy import RestartPolicy, parse_policy
+from app.backend.engine.runtime.base import Runtime, RuntimeOpError, RuntimeUnavailable
 from app.backend.web.exports import exports_dir
 from app.backend.recipe.command import RunSpec, build_run_spec
 from app.backend.recipe.schema import ProfileSpec
@@ -89,6 +91,7 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._snap = EngineSnapshot(simulated=settings.recipe.simulated, served_name=settings.recipe.model.served_name)
+        self._decided = facts.Decided(self._snap)  # the reconciler's: all its rules read (decider/step.py)
         self._busy: Ticket | None = None
         self._ids = itertools.count(1)
         self._wake = threading.Event()  # interrupts poll waits (close, cancel)
@@ -107,12 +110,9 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self.oplock = EngineLock(own_dir)
         self._exit_records = ExitRecords(own_dir)
         self._explained: set[str] = set()  # exited containers already explained (never twice)
-        self._adopted_once = False
-        # The one writer's inbox (proposals), the observer's (kicks, an operation's "read Docker now"), and the
-        # flag the observer raises while it serves an operation's SyncForOp (its belief does not win then).
+        # The one writer's inbox (facts) and the observer's (kicks, an operation's "read Docker now").
         self._inbox = Inbox()
         self._obs = Inbox()
-        self._syncing_for_op = False
         self._wake_watch = threading.Event()
         self._events_stream = None  # docker-py's CancellableStream while the watch reads it
         self._threads: list[threading.Thread] = []
@@ -130,10 +130,7 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self.desired_store = DesiredStore(own_dir)
         self.history = SupervisionStore(own_dir)
         self.drain_notes = DrainNotes(own_dir)
-        self._restart_due = None
-        self._decided_for = None  # the failure already decided (container, since)
         self._last_exit = None
-        self._env_tries = 0
         self._docker_away_at = 0.0
         self._running_seen: dict[str, float] = {}
         self._op_listeners: list[Callable[[Ticket], None]] = []  # told of every finished operation (/metrics counts)
@@ -142,7 +139,8 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self._drain_carry = 0.0
         self._wish_lock = threading.Lock()
         d0 = self.desired_store.read()
-        self._wish_since = d0.since if d0 else 0.0
+        # the wish the supervisor starts from (no thread runs yet: the reconciler's state is set before it starts)
+        self._decided = replace(self._decided, wish_since=d0.since if d0 else 0.0)
         self._beat = time.monotonic()
         self._reconciler = threading.Thread(target=self._reconciler_loop, name="engine-reconciler", daemon=True)
         self._reconciler.start()
@@ -348,6 +346,7 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self._closed = True
         self._wake.set()
         self._drain_now.set()
+        self._inbox.put(Propose(facts.Closing()))
         self._inbox.put(Close())
         self._obs.put(Close())
         self._wake_watch.set()

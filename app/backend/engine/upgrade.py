@@ -1,6 +1,6 @@
 """Promote a build or roll back, on evidence (docs/engine.md "Upgrading the engine").
 
-Promote makes a build current (the local pin override, engine/builds.py: the recipe file is not edited),
+Promote makes a build current (the local pin override, engine/builds/store.py: the recipe file is not edited),
 records the evidence it was promoted on and who promoted it in the operator's log, and — when an engine
 serves — switches it to the new current build with the drain (the controller's switch drains).
 Roll back returns to the build current before the last promotion, the same way.
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.backend import oplog
-from app.backend.engine import builds
+from app.backend.engine.builds import store as builds
 from app.backend.engine.controller import EngineController
-from app.backend.engine.ops import Ticket
+from app.backend.engine.lifecycle.tickets import Ticket
 
 
 @dataclass(frozen=True)

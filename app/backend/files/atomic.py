@@ -1,7 +1,7 @@
 """Two file primitives the backend needs in several places, written once: a file replaced atomically and
 durably (`atomic_write`: journals, intent, settings, secrets, results, custom profiles), and an exclusive
 lock a process holds on a file with a note in it for whoever finds it taken (`PidLock`: a download
-destination, one artifact's run, the engine operation lock in engine/oplock.py)."""
+destination, one artifact's run, the engine operation lock in engine/lifecycle/oplock.py)."""
 
 from __future__ import annotations
 

@@ -8,10 +8,10 @@ rules (a box down, a worker the router marks unhealthy) are `assets/monitoring/f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import json
 
+from app.backend.contracts import JsonObject
 from app.backend.fleet.fleetfile import FleetConfig
 
 RULES_FILE = "fleet-rules.yml"
@@ -26,15 +26,15 @@ def _target(url: str) -> tuple[str, str, str]:
 
 
 def prometheus_config(cfg: FleetConfig, rule_files: list[str] | None = None, interval_s: int = 15,
-                      token_dir: Path | None = None) -> dict[str, Any]:
+                      token_dir: Path | None = None) -> JsonObject:
     """The configuration as a dictionary (`render` writes it). `token_dir`: write each box's metrics token
     to a 0600 file there and point at it (`credentials_file`); None: the token inline."""
-    jobs: list[dict[str, Any]] = []
+    jobs: list[JsonObject] = []
     for b in cfg.boxes:
         if not b.metrics_url:
             continue
         scheme, host, path = _target(b.metrics_url)
-        job: dict[str, Any] = {
+        job: JsonObject = {
             "job_name": f"moet-panel-{b.name}", "scheme": scheme, "metrics_path": path,
             "static_configs": [{"targets": [host], "labels": {"box": b.name}}],
             # one job per box for its own token; the series keep the job name the shipped rules use
@@ -57,8 +57,9 @@ def prometheus_config(cfg: FleetConfig, rule_files: list[str] | None = None, int
             "scrape_configs": jobs}
 
 
-def render(cfg: FleetConfig, **kw: Any) -> str:
+def render(cfg: FleetConfig, rule_files: list[str] | None = None, interval_s: int = 15,
+           token_dir: Path | None = None) -> str:
     head = ("# Written by `moet-panel fleet prometheus-config` (docs/fleet.md#one-dashboard): every box's panel\n"
             "# /metrics labelled box=NAME, and the router's exporter on the front's loopback.\n")
     # JSON is YAML (1.2): written with the stdlib, read by Prometheus as any YAML file
-    return head + json.dumps(prometheus_config(cfg, **kw), indent=2) + "\n"
+    return head + json.dumps(prometheus_config(cfg, rule_files, interval_s, token_dir), indent=2) + "\n"

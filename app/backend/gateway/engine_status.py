@@ -20,7 +20,7 @@ from typing import IO, Protocol
 
 from app.backend import oplog
 from app.backend.contracts import SnapshotFn
-from app.backend.engine.readiness import probe
+from app.backend.engine.runtime.readiness import probe
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ class ProbeSource:
         return self._status
 
     async def probe_once(self) -> EngineStatus:
-        # The engine client is synchronous and kept alive per base URL (engine/client.py): one probe a second
+        # The engine client is synchronous and kept alive per base URL (engine/runtime/client.py): one probe a second
         # in a worker thread costs less than a second HTTP stack.
         st = await asyncio.to_thread(self._probe)
         self._status = st
@@ -213,7 +213,7 @@ class ProbeSource:
         return st
 
     def _probe(self) -> EngineStatus:
-        # the engine's one readiness probe (engine/readiness.py), the controller's too: /health, then /v1/models
+        # the engine's one readiness probe (engine/runtime/readiness.py), the controller's too: /health, then /v1/models
         url = self.base_url
         p = probe(url, self.served_name, read_timeout_s=self._timeout)
         if p.models_ok or (p.health_ok and not self.served_name and p.models):

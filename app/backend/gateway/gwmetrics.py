@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client.metrics_core import Metric
+
+from app.backend.contracts import JsonObject
 
 REPORT_S = 2.0
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -51,7 +52,7 @@ class Histogram:
         self.total += v
         self.n += 1
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JsonObject:
         return {"counts": list(self.counts), "sum": self.total, "count": self.n}
 
 
@@ -78,14 +79,14 @@ class GatewayMetrics:
     def refused(self, reason: str) -> None:
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JsonObject:
         return {"requests": [[k, s, n] for (k, s), n in self.requests.items()],
                 "tokens": [[k, kind, n] for (k, kind), n in self.tokens.items()], "refusals": dict(self.refusals),
                 "in_flight": self.in_flight, "queue_length": self.queue_length, "ttft": self.ttft.as_json(),
                 "duration": self.duration.as_json(), "queue_wait": self.queue_wait.as_json()}
 
 
-def _hist(name: str, doc: str, bounds: tuple[float, ...], data: Mapping[str, Any]) -> Metric:
+def _hist(name: str, doc: str, bounds: tuple[float, ...], data: JsonObject) -> Metric:
     fam = Metric(name, doc, "histogram")
     counts = list(data.get("counts") or [])
     if len(counts) != len(bounds) + 1:
@@ -99,7 +100,7 @@ def _hist(name: str, doc: str, bounds: tuple[float, ...], data: Mapping[str, Any
     return fam
 
 
-def families(data: Mapping[str, Any] | None, running: bool) -> Iterator[Metric]:
+def families(data: JsonObject | None, running: bool) -> Iterator[Metric]:
     """The panel's export of the latest report (`data` None: the gateway never reported; all at 0)."""
     up = Metric("moet_panel_gateway_up", "1 while the panel's gateway process serves.", "gauge")
     up.add_sample("moet_panel_gateway_up", {}, float(running))

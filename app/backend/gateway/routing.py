@@ -96,7 +96,7 @@ def box_status(engines: list[EngineStatus]) -> EngineStatus:
                         retry_after_s=min(backs) if backs else 0.0, engines=tuple(engines))
 
 
-class FleetSource:
+class BoxSource:
     """In the panel (or a bench) of a box of several GPUs: each GPU's engine controller's snapshot, as the box's
     status (routing.box_status); `left_out_fn`: the GPUs a self-test or A/B measures on (sent nothing)."""
 
@@ -118,7 +118,7 @@ class FleetSource:
 
 def box_source(gpus: list[int], snapshot_of: Callable[[int], SnapshotFn], base_url_of: Callable[[int | None], str],
                slots_for: Callable[[str], int] | None = None,
-               left_out_fn: Callable[[], set[int]] | None = None) -> SnapshotSource | FleetSource:
+               left_out_fn: Callable[[], set[int]] | None = None) -> SnapshotSource | BoxSource:
     """The gateway's one engine-status source, whichever way it runs (docs/gateway.md "One gateway"): each GPU's
     engine controller's snapshot — what Docker (or the process runtime) shows, with the readiness probe, and the
     drains of ANY process (a controller mirrors another process's drain note, engine/drainnote.py). The panel
@@ -128,5 +128,5 @@ def box_source(gpus: list[int], snapshot_of: Callable[[int], SnapshotFn], base_u
     when its snapshot does not say (None: the one engine of a one-GPU box)."""
     if len(gpus) == 1:
         return SnapshotSource(snapshot_of(gpus[0]), base_url_of(None), slots_for)
-    return FleetSource([SnapshotSource(snapshot_of(g), base_url_of(g), slots_for, gpu=g) for g in gpus],
+    return BoxSource([SnapshotSource(snapshot_of(g), base_url_of(g), slots_for, gpu=g) for g in gpus],
                        left_out_fn=left_out_fn)

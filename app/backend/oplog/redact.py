@@ -184,7 +184,7 @@ class RedactingFilter(logging.Filter):
 def _scrub(record: logging.LogRecord) -> None:
     try:
         message = record.getMessage()
-    except Exception:  # a broken format string is logging's problem, not ours (logging here would recurse)
+    except Exception:  # a broken format string: logging here would recurse; logging.Handler.handleError says it
         return
     cleaned = redact(message)
     if cleaned != message or record.args:

@@ -32,7 +32,7 @@ from app.backend.contracts import GiB
 
 if TYPE_CHECKING:
     from app.backend.state import AppState
-    from app.backend.telemetry.hub import TelemetryFrame
+    from app.backend.telemetry.sampler import TelemetryFrame
 
 # Every alert id the panel raises (app/backend/alerts/rules.py), exported 0/1 so a dashboard shows
 # the quiet ones too; an id added later still appears while it fires.

@@ -134,7 +134,7 @@ def config_hash(spec: RunSpec) -> str:
 CONTAINER_NAME_MAX = 63
 
 
-GPU_LABEL = f"{LABEL_PREFIX}.gpu"  # the GPU a fleet engine runs on (absent: the one-GPU engine, GPU 0)
+GPU_LABEL = f"{LABEL_PREFIX}.gpu"  # the GPU a box engine runs on (absent: the one-GPU engine, GPU 0)
 
 
 def managed_container_name(recipe: Recipe, profile: ProfileSpec) -> str:
@@ -165,7 +165,7 @@ def build_run_spec(
         plain: exactly the card's command (no panel labels, no trace env).
         extra_env: panel-level additions (validated like recipe env); ignored when plain.
         profiles: the profile list to search (recipe profiles plus saved custom ones).
-        image, build: the engine build to run (engine/builds.py chooses it: the recipe's pin unless one was
+        image, build: the engine build to run (engine/builds/store.py chooses it: the recipe's pin unless one was
             promoted or named); None/"" = the recipe's own image.
         gpu: the GPU this engine runs on, for a box of several (None: the recipe's one engine, as written). GPU N
             gets `--gpus "device=N"` (where the recipe gives the engine a GPU at all), its own container name

@@ -25,11 +25,11 @@ class PcieLink:
 
 def read_links() -> list[PcieLink]:
     """One entry per GPU; [] without NVML. An idle GPU may train its link down (gen1): read under load."""
-    try:
-        import pynvml
+    import pynvml
 
+    try:
         pynvml.nvmlInit()
-    except Exception:  # no NVML here (no GPU, demo mode): no link figures is the answer, nothing went wrong
+    except pynvml.NVMLError:  # no NVML here (no GPU, demo mode): no link figures is the answer, nothing went wrong
         return []
     try:
         out = []

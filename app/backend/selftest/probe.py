@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from app.backend.engine.client import engine_client
+from app.backend.engine.runtime.client import engine_client
 from app.backend.recipe.schema import Sampling
-from app.backend.engine.metrics_text import parse_metrics
+from app.backend.engine.runtime.metrics_text import parse_metrics
 
 
 class Cancelled(Exception):
@@ -43,7 +43,7 @@ class Timing:
 
 class EngineProbe:
     """The self-test's and the A/B run's reads of one engine base URL (http://host:port), through the shared
-    engine client (engine/client.py)."""
+    engine client (engine/runtime/client.py)."""
 
     def __init__(self, base_url: str, model: str, sampling: Sampling | None = None):
         self._client = engine_client(base_url)

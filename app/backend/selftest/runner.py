@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from app.backend.profiles.registry import ProfileRegistry
 from app.backend import oplog
-from app.backend.engine import builds
+from app.backend.engine.builds import store as builds
 from app.backend.contracts import GiB
 from app.backend.jobs import BackgroundJob, JobState
 from app.backend.recipe.command import config_hash
@@ -34,7 +34,7 @@ from app.backend.selftest.types import (
 if TYPE_CHECKING:  # types only: the controller and the hub are handed in by build_app_state
     from app.backend.engine.controller import EngineController
     from app.backend.config.settings import Settings
-    from app.backend.telemetry.hub import TelemetryFrame
+    from app.backend.telemetry.sampler import TelemetryFrame
 
 ASSUMED_PREFILL_TOK_S = 6000.0  # for the estimate only, before a TTFT point is measured
 DECODE_PROMPT = [{"role": "user", "content": "Write a long, detailed explanation of how a lock-free multi-producer "
@@ -92,7 +92,7 @@ class SelfTestService(BackgroundJob["SelfTestProgress"]):
                  probe_factory: Callable[[str], EngineProbe] | None = None,
                  on_run: Callable[[bool, int | None], None] | None = None, gpu: int | None = None,
                  engines: Mapping[int, EngineController] | None = None):
-        """`on_run(True/False, gpu)` is told before and after a run: on a box of several GPUs the fleet leaves
+        """`on_run(True/False, gpu)` is told before and after a run: on a box of several GPUs the box leaves
         the measured GPU out of the gateway meanwhile, so it measures undisturbed while the others serve
         (docs/engine.md "Several GPUs"). `engines`: every GPU's engine on such a box (a run may name its GPU);
         `engine` and `gpu` are the one measured when a run names none."""

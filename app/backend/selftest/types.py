@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from app.backend.contracts import JsonObject
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class SelfTestResult:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "SelfTestResult":
+    def from_json(cls, d: JsonObject) -> "SelfTestResult":
         return cls(
             profile_id=d["profile_id"], image_id=d["image_id"], recipe_hash=d["recipe_hash"], date=d["date"],
             simulated=bool(d.get("simulated")), card_decode_tok_s=d.get("card_decode_tok_s"), plan=d.get("plan", {}),

@@ -19,7 +19,7 @@ from app.backend.config import env
 
 from app.backend.oplog import redact
 from app.backend.files.jsonstore import JsonStore
-from app.backend.engine.restartpolicy import RestartPolicy
+from app.backend.engine.supervision.restartpolicy import RestartPolicy
 
 
 @dataclass(frozen=True)

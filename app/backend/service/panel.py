@@ -9,7 +9,7 @@ from app.backend import oplog
 
 from app.backend.config import env
 from app.backend.oplog.redact import redact, register_url
-from app.backend.engine.restartpolicy import NON_HEALING, parse_policy
+from app.backend.engine.supervision.restartpolicy import NON_HEALING, parse_policy
 from app.backend.service.config import ServiceConfig, ServiceConfigStore, effective_notify_urls, effective_policy
 from app.backend.alerts.notify import check_urls, mask_url
 from app.backend.state import AppState

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 if TYPE_CHECKING:  # docker-py is imported where used (the package itself is stdlib only)
     from docker import DockerClient
 
-from app.backend.engine.imagebuild import docker_py_build
+from app.backend.engine.builds.image import docker_py_build
 
 # :2 — the engine takes --uds (issue 40): a panel that passes it must never start an older :1 left on the host,
 # which would ignore it, listen on TCP and never be reached (the tag, not only the hash label, says so)
@@ -130,7 +130,7 @@ def build_rootfs(dest: Path) -> None:
 
 
 def variant_digest(variant: str = "") -> str:
-    """The source hash plus the SIMULATED build variant baked into the image (engine/buildjob.py)."""
+    """The source hash plus the SIMULATED build variant baked into the image (engine/builds/job.py)."""
     return source_digest() + (f"-{variant}" if variant else "")
 
 

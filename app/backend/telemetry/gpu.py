@@ -7,10 +7,12 @@ GPU box follow the simulated engine, `none` to keep the panel off NVML entirely)
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Callable
 
-from app.backend.contracts import EngineFeed, EngineSnapshot, GpuReader, GpuSample, ReaderStatus
+from app.backend import oplog
+from app.backend.contracts import EngineFeed, EngineSnapshot, GpuCountError, GpuReader, GpuSample, ReaderStatus
 from app.backend.config import env
 from app.backend.config.env import GpuMode
 from app.backend.config.settings import Settings
@@ -67,17 +69,53 @@ def follow_engine(reader: GpuReader, engine: EngineFeed, index: int = 0) -> Simu
     return reader
 
 
-def box_gpu_count(reader: GpuReader) -> int:
+COUNT_DEADLINE_S = 20.0  # NVML at boot (driver still loading, persistence daemon starting) can be busy a while
+COUNT_RETRY_S = 1.0
+
+
+def box_gpu_count(reader: GpuReader, *, deadline_s: float = COUNT_DEADLINE_S, retry_s: float = COUNT_RETRY_S,
+                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> int:
     """How many GPUs this box has for engines: the SIMULATED box's cards (MOET_PANEL_SIM_GPUS), else the GPUs
-    the driver lists now; at least 1 (no driver answering: the one engine the recipe always had)."""
+    the driver lists now; 1 on a box with no driver at all (the one engine the recipe always had).
+
+    A driver that answers but cannot count or open its GPUs is asked again until `deadline_s`; past it,
+    GpuCountError: an N-GPU box built as one GPU would leave the engines on GPUs 1..N-1 unsupervised, so the
+    panel refuses to start instead (docs/engine.md "How many GPUs")."""
     if isinstance(reader, SimulatedGpuReader):
         return reader.count
+    if isinstance(reader, NvmlGpuReader) and reader.count_error:
+        return _recount(reader, deadline_s, retry_s, clock, sleep)
     if not reader.available:
         return 1
-    try:
-        return max(1, len(reader.read()))
-    except Exception:  # a flaky driver read: the one engine, as before
-        return 1
+    end = clock() + deadline_s
+    while True:
+        try:
+            return max(1, len(reader.read()))
+        except Exception as exc:  # a flaky driver read at boot: asked again, then said loudly (raised)
+            if clock() >= end:
+                raise GpuCountError(_count_advice(f"{type(exc).__name__}: {exc}", deadline_s)) from exc
+            oplog.caught("telemetry", exc, "counting the GPUs at start (asked again)")
+        sleep(retry_s)
+
+
+def _recount(reader: NvmlGpuReader, deadline_s: float, retry_s: float, clock: Callable[[], float],
+             sleep: Callable[[float], None]) -> int:
+    end = clock() + deadline_s
+    oplog.decision("telemetry", "gpu_count_retry", who=oplog.PANEL, error=reader.count_error, deadline_s=deadline_s)
+    while True:
+        n = reader.recount()
+        if not reader.count_error:
+            oplog.decision("telemetry", "gpu_count", who=oplog.PANEL, gpus=n)
+            return max(1, n)
+        if clock() >= end:
+            raise GpuCountError(_count_advice(reader.count_error, deadline_s))
+        sleep(retry_s)
+
+
+def _count_advice(error: str, deadline_s: float) -> str:
+    return (f"cannot count this box's GPUs: NVML kept failing for {deadline_s:.0f} s ({error}). The panel does not "
+            "start with a wrong number of GPUs (the engines on the GPUs it missed would run unsupervised). Check "
+            "`nvidia-smi` lists every GPU, then start the panel again; under systemd it is restarted by itself.")
 
 
 def tag_engine_processes(samples: list[GpuSample], pids: set[int], engine_name: str) -> list[GpuSample]:

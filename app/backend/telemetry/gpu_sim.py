@@ -21,11 +21,11 @@ import time
 from dataclasses import fields
 from pathlib import Path
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Callable
 
 from app.backend import oplog
 from app.backend.contracts import EngineFeed, EngineSnapshot, EngineState, GpuProcess, GpuSample, ReaderStatus
-from app.backend.contracts import GiB
+from app.backend.contracts import GiB, JsonObject
 
 SIM_NAME = "RTX PRO 6000 (SIMULATED)"
 SIM_UUID = "GPU-00000000-5151-4d55-4c41-544544000000"
@@ -144,7 +144,7 @@ class SimulatedGpuReader(ReaderStatus):
 _SAMPLE_FIELDS = frozenset(f.name for f in fields(GpuSample))
 
 
-def sample_from_dict(d: dict[str, Any], index: int = 0) -> GpuSample:
+def sample_from_dict(d: JsonObject, index: int = 0) -> GpuSample:
     """Build a GpuSample from a plain dict; `*_gib` keys are accepted for memory fields."""
     data = dict(d)
     for key in ("memory_total", "memory_used", "memory_reserved"):
@@ -187,7 +187,7 @@ class FakeGpuReader(ReaderStatus):
         self.read_count = 0
 
     @classmethod
-    def from_dict(cls, spec: dict[str, Any]) -> FakeGpuReader:
+    def from_dict(cls, spec: JsonObject) -> FakeGpuReader:
         """{"error": str?, "gpus": [sample...]} (one frame) or {"frames": [[sample...], ...]}."""
         frames_raw = spec.get("frames") or ([spec["gpus"]] if "gpus" in spec else [])
         frames = [[sample_from_dict(g, i) for i, g in enumerate(frame)] for frame in frames_raw]
@@ -197,7 +197,7 @@ class FakeGpuReader(ReaderStatus):
     def from_json(cls, path: str | Path) -> FakeGpuReader:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
-    def push(self, frame: Sequence[GpuSample | dict[str, Any]]) -> None:
+    def push(self, frame: Sequence[GpuSample | JsonObject]) -> None:
         """Append a frame (tests drive VRAM over time this way)."""
         with self._lock:
             self._frames.append([g if isinstance(g, GpuSample) else sample_from_dict(g, i) for i, g in enumerate(frame)])

@@ -92,5 +92,5 @@ def _safe(fn: Callable[[], T]) -> T | None:
     """psutil calls that can fail in containers (no /proc/diskstats, …) → None."""
     try:
         return fn()
-    except Exception:
+    except (OSError, RuntimeError, NotImplementedError, psutil.Error):  # not in this container: N/A, not an error
         return None

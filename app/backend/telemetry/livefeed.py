@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from app.backend.telemetry.hub import TelemetryHub
+from app.backend.telemetry.sampler import TelemetrySampler
 from app.backend.telemetry.plotdata import WINDOWS, gap_threshold, plots_for, thin, wide
 from app.backend.telemetry.timeline import TimelinePoint
 
@@ -19,7 +19,7 @@ THIN_TO = 300  # points per plot at most when a window is (re)sent
 class TelemetryStream:
     """One page's stream: `poll()` → the message part to send now, or None (nothing new)."""
 
-    def __init__(self, hub: TelemetryHub, window: str,
+    def __init__(self, hub: TelemetrySampler, window: str,
                  band: Callable[[list[TimelinePoint], tuple[float, float]], str]) -> None:
         self.hub = hub
         self.window_s = WINDOWS.get(window, WINDOWS[DEFAULT_WINDOW])

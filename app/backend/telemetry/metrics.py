@@ -1,6 +1,6 @@
 """Scrape the engine's Prometheus `/metrics` (vLLM 0.33 names, docs/telemetry.md) and derive rates and latency quantiles.
 
-Parsing is `engine/metrics_text.py`'s (the one parser, shared with the engine's liveness reads). Rates and
+Parsing is `engine/runtime/metrics_text.py`'s (the one parser, shared with the engine's liveness reads). Rates and
 quantiles are computed between two scrapes, so the first scrape after a (re)start only establishes the baseline.
 """
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from app.backend.engine.client import engine_client
-from app.backend.engine.metrics_text import (
+from app.backend.engine.runtime.client import engine_client
+from app.backend.engine.runtime.metrics_text import (
     GEN_TOKENS, ITL, KV_USAGE, PROMPT_TOKENS, RUNNING, TTFT, WAITING, Histogram, RawMetrics, parse_metrics,
 )
 
@@ -81,7 +81,7 @@ def _window(cur: Histogram | None, prev: Histogram | None) -> Histogram | None:
 
 class MetricsScraper:
     """Keeps the previous scrape so each call yields rates; one instance per engine base URL. The GET is the
-    shared engine client's (engine/client.py), whose last read the liveness check reuses."""
+    shared engine client's (engine/runtime/client.py), whose last read the liveness check reuses."""
 
     def __init__(self, timeout_s: float = 1.0) -> None:
         self._timeout = timeout_s
@@ -123,7 +123,7 @@ class MetricsScraper:
         self._last_quantiles = None
 
     def close(self) -> None:
-        """Nothing to release: the kept-alive client is shared per base URL (engine/client.py)."""
+        """Nothing to release: the kept-alive client is shared per base URL (engine/runtime/client.py)."""
 
 
 def _keep_quantiles(sample: MetricsSample, last: MetricsSample | None) -> MetricsSample:

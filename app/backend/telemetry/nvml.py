@@ -77,6 +77,7 @@ class NvmlGpuReader(ReaderStatus):
         self._ecc: dict[int, tuple[float, bool | None, bool | None]] = {}
         self._proc_names: dict[int, str] = {}
         self._error = ""
+        self._count_error = ""
         self._nv = nvml
         self._init()
 
@@ -99,21 +100,45 @@ class NvmlGpuReader(ReaderStatus):
             self._nv = pynvml
         try:
             self._nv.nvmlInit()
-        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ... (handed on: `error`)
             self._error = _init_error(exc)
             return
-        count = self._q("nvmlDeviceGetCount") or 0
-        for i in range(count):
-            h = self._q("nvmlDeviceGetHandleByIndex", i)
-            if h is None:
-                continue
+        self._open_devices()
+
+    def _open_devices(self) -> None:
+        """Count the GPUs and open every one. A count or a handle NVML could not give is no GPU fewer: it is
+        kept in `count_error` (and `error`), and `box_gpu_count()` retries it, then refuses to start on a wrong
+        count (docs/engine.md "How many GPUs")."""
+        nv = self._nv or pynvml
+        try:
+            count = int(nv.nvmlDeviceGetCount())
+            handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except Exception as exc:  # NVML busy at boot, a GPU fallen off the bus (handed on: `count_error`)
+            self._count_error = f"{type(exc).__name__}: {exc}"
+            self._error = f"NVML could not count or open this box's GPUs ({self._count_error})"
+            return
+        self._count_error = ""
+        self._handles, self._static = [], []
+        for h in handles:
             self._handles.append(h)
             cc = self._q("nvmlDeviceGetCudaComputeCapability", h)
             self._static.append(_Static(str(self._q("nvmlDeviceGetUUID", h) or ""),
                                         str(self._q("nvmlDeviceGetName", h) or "NVIDIA GPU"),
                                         (int(cc[0]), int(cc[1])) if cc else None))
-        if not self._handles:
-            self._error = "no NVIDIA GPU (the driver reports 0 devices)"
+        self._error = "" if self._handles else "no NVIDIA GPU (the driver reports 0 devices)"
+
+    @property
+    def count_error(self) -> str:
+        """Why NVML could not count or open every GPU ('' when it could): a transient state at boot."""
+        return self._count_error
+
+    def recount(self) -> int:
+        """Ask NVML again for the GPUs (after a `count_error`); the number opened. Raises nothing: a failure
+        stays in `count_error`."""
+        with self._lock:
+            if self._count_error:
+                self._open_devices()
+            return len(self._handles)
 
     def _q(self, fn: str, *args: object, key: str = "") -> Any:  # pynvml is untyped: its answers are Any
         """Call pynvml.<fn>; any NVML error → None (N/A); an unsupported call is remembered under `key`."""
@@ -208,11 +233,11 @@ class NvmlGpuReader(ReaderStatus):
     def _proc_name(self, pid: int) -> str:
         name = self._proc_names.get(pid)
         if name is None:
-            try:
-                import psutil
+            import psutil
 
+            try:
                 name = psutil.Process(pid).name()
-            except Exception:  # pid in another namespace / gone: N/A
+            except (psutil.Error, OSError):  # pid in another namespace / gone: N/A
                 name = ""
             if len(self._proc_names) > 256:
                 self._proc_names.clear()

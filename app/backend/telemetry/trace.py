@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from app.backend.contracts import PoolSizing
-from app.backend.engine.loglines import pool_sizing, unknown_pool_form
+from app.backend.engine.logs.loglines import pool_sizing, unknown_pool_form
 from app.backend.contracts import GiB
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -408,7 +408,7 @@ class TraceParser:
                 st.trace_level, st.trace_every = int(m.group("level")), int(m.group("every"))
                 self.trace_on = True
             return
-        ps = pool_sizing(msg)  # the one sizing parser, shared with engine/bootlog.py
+        ps = pool_sizing(msg)  # the one sizing parser, shared with engine/logs/bootlog.py
         if ps is None:
             if unknown_pool_form(msg):
                 self._unknown("sizing", msg)

@@ -29,7 +29,7 @@ import ipaddress
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.cookies import SimpleCookie
+from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qs, urlsplit
 
 from app.backend import oplog
@@ -239,7 +239,7 @@ def _cookies(raw: bytes) -> dict[str, str]:
     jar: SimpleCookie = SimpleCookie()
     try:
         jar.load(raw.decode("latin-1"))
-    except Exception:  # a malformed Cookie header means no session, not a crash
+    except CookieError:  # a malformed Cookie header means no session, not a crash
         return {}
     return {k: m.value for k, m in jar.items()}
 
