@@ -3,17 +3,19 @@
 // once and then only the new ones (app/backend/telemetry/livefeed.py). One time range for every plot (the
 // window, ending now); a plot with no value in it says "no data yet"; a null value breaks the line (a gap);
 // hovering shows the values. Nothing runs while the tab is not shown: the feed sends no points then.
-// A redraw costs style, layout and paint (dygraphs rebuilds its axis labels): a plot is redrawn only while it
-// is on screen (scrolled into view: drawn then), at most once a second, and not before the time axis has moved
-// by a pixel (a 1 h window: every ~4 s on a wide plot) (issue 49; docs/ui-and-safety.md, "The page feed").
+// A redraw costs style, layout and paint (dygraphs rebuilds its axis labels): a plot on screen is redrawn at
+// most once a second and not before the time axis has moved by a pixel (a 1 h window: every ~4 s on a wide
+// plot); one off screen every 30 s, and at once when scrolled into view (issue 49; docs/ui-and-safety.md,
+// "The page at its floor").
 (() => {
   "use strict";
   const LIB = "/moet/js/dygraph.min.js", CSS = "/moet/js/dygraph.min.css";
-  const MIN_GAP_MS = 1000;
+  const MIN_GAP_MS = 1000, OFF_SCREEN_MS = 30000;
   let rows = [], windowS = 900, loading = null;
   const graphs = {};  // plot element id -> Dygraph
   const onScreen = new Set();  // plot element ids in the viewport (IntersectionObserver)
   const stale = new Set();  // plot element ids with samples they have not drawn
+  const drawnAt = {};  // plot element id -> page clock of its last redraw
   const stats = { draws: 0 };  // redraws done (tests, benches)
   let seen = null, timer = null, lastDraw = -Infinity;
 
@@ -43,7 +45,7 @@
         for (const e of entries) {
           if (e.isIntersecting) onScreen.add(e.target.id); else onScreen.delete(e.target.id);
         }
-        if (entries.some((e) => e.isIntersecting && stale.has(e.target.id))) draw(true);
+        if (entries.some((e) => e.isIntersecting && stale.has(e.target.id))) draw("now");
       });
     }
     if (!el.dataset.watched) { el.dataset.watched = "1"; seen.observe(el); }
@@ -52,32 +54,33 @@
   // How long the plots may wait: a pixel of the widest plot's time axis, at least MIN_GAP_MS.
   const gapMs = (els) => Math.max(MIN_GAP_MS, ...els.map((el) => (windowS * 1000) / Math.max(el.clientWidth || 1, 1)));
 
-  // Every plot on screen is drawn together (one time range), when `all` (the window was (re)sent, a plot
-  // scrolled into view) or once their wait is over; a plot off screen keeps its samples for later and only
-  // says whether it has any.
-  const draw = (all) => {
+  // `how`: "all" — every plot (the window was (re)sent); "now" — the plots on screen (one scrolled into view);
+  // "due" — the plots on screen once their wait is over, with any plot off screen last drawn OFF_SCREEN_MS ago
+  // (a full-page screenshot, a glance after scrolling: never older than that). Plots drawn together share one
+  // time range.
+  const draw = (how) => {
     if (!window.Dygraph) return;
     const els = [...document.querySelectorAll("#telemetry-plots [data-plot]")];
     els.forEach(watch);
-    const shown = els.filter((el) => onScreen.has(el.id));
     const now = performance.now();
-    const due = lastDraw + gapMs(shown);
-    if (!all && now < due) {
-      if (timer === null) timer = setTimeout(() => { timer = null; draw(false); }, due - now);
-      return;
+    if (how === "due") {
+      const due = lastDraw + gapMs(els.filter((el) => onScreen.has(el.id)));
+      if (now < due) {
+        if (timer === null) timer = setTimeout(() => { timer = null; draw("due"); }, due - now);
+        return;
+      }
     }
-    lastDraw = now;
+    if (how !== "now") lastDraw = now;
     const end = rows.length ? Math.max(rows[rows.length - 1][0] * 1000, Date.now()) : Date.now();
     const range = [end - windowS * 1000, end];
     for (const el of els) {
       const meta = JSON.parse(el.dataset.plot);
-      if (!onScreen.has(el.id)) {
+      const shown = onScreen.has(el.id);
+      if (!(how === "all" || shown || (how === "due" && now - (drawnAt[el.id] || -Infinity) >= OFF_SCREEN_MS))) {
         stale.add(el.id);
-        const has = rows.some((r) => meta.cols.some((i) => r[i] !== undefined && r[i] !== null));
-        const empty = el.querySelector(".moet-plot-empty");
-        if (empty && !graphs[el.id] && (empty.style.display === "none") === !has) empty.style.display = has ? "none" : "flex";
         continue;
       }
+      drawnAt[el.id] = now;
       stale.delete(el.id);
       stats.draws += 1;
       const data = [];
@@ -110,8 +113,9 @@
   };
 
   window.__moetPlots = {
-    // each drawn plot's shown time range [ms, ms] (tests: one range for all)
-    ranges() { const out = {}; for (const id in graphs) out[id] = graphs[id].xAxisRange(); return out; },
+    // each drawn plot's time range [ms, ms], of the plots on screen (what one sees: one range for all; a plot
+    // off screen is drawn afresh when scrolled into view)
+    ranges() { const out = {}; for (const id in graphs) if (onScreen.has(id)) out[id] = graphs[id].xAxisRange(); return out; },
     stats,
     apply(part) {
       windowS = part.window_s || windowS;
@@ -123,8 +127,8 @@
       if (i) rows = rows.slice(i);
       // a long window grows by a sample a second: thin its older half when it holds far more than a plot shows
       if (rows.length > 2400) rows = rows.filter((_, k) => k % 2 === 0 || k >= rows.length - 600);
-      const all = !!part.reset;
-      load().then(() => draw(all), () => {
+      const how = part.reset ? "all" : "due";
+      load().then(() => draw(how), () => {
         for (const e of document.querySelectorAll("#telemetry-plots .moet-plot-empty")) {
           e.textContent = "plot library missing: install libjs-dygraphs (scripts/bootstrap.sh)";
         }
