@@ -51,6 +51,9 @@ SHELL_ATTR = "moet_shell"
 FEED_ATTR = "moet_feed"  # the page feed's route, set by launch
 # the page feed's client (app.backend.web.pagefeed) and the Telemetry tab's streamed plots
 FEED_SCRIPTS = (ASSETS / "js" / "page-feed.js", ASSETS / "js" / "telemetry-plots.js")
+# Gradio's leaked loading-timer loop slowed to once a second: served first in the page's <head> by the gate,
+# before Gradio's modules read requestAnimationFrame (issue 49; docs/ui-and-safety.md, "The page feed")
+IDLE_FRAMES_SCRIPT = ASSETS / "js" / "idle-frames.js"
 
 # The one folder the web server may serve files from besides its own cache (set by build_ui, read by launch).
 ALLOWED_PATHS_ATTR = "moet_allowed_paths"
@@ -200,7 +203,8 @@ def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], A
         return GatePolicy(port=port, bind_host=host, allowed_hosts=allowed_hosts,
                           sessions=gradio_session(app) if auth is not None else None, auth_message=AUTH_MESSAGE,
                           fn_index_ok=lambda index: index in blocks.fns,
-                          routes=routes, page_routes=page_routes, on_refusal=state.counters.refused if state is not None else None)
+                          routes=routes, page_routes=page_routes, on_refusal=state.counters.refused if state is not None else None,
+                          page_script=IDLE_FRAMES_SCRIPT.read_text())
 
     # An IPv6 literal goes to Gradio in brackets: it builds its own URLs as f"http://{name}:{port}/".
     server_name = f"[{host.strip('[]')}]" if ":" in host.strip("[]") else host

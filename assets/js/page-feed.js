@@ -46,11 +46,30 @@
     (btn.tagName === "BUTTON" ? btn : btn.querySelector("button") || btn).click();
   };
 
+  // A part the feed draws gets only what differs from what it shows: a changed text or attribute is set in
+  // place (the header's figures: one text node each), a node of another kind is replaced, and nothing is
+  // written when nothing differs — no style or layout for what did not move (issue 49).
+  const tpl = document.createElement("template");
+  const sync = (cur, want) => {
+    const have = cur.childNodes, need = want.childNodes;
+    for (let i = 0; i < need.length; i++) {
+      const x = have[i], y = need[i];
+      if (!x) { cur.appendChild(y.cloneNode(true)); continue; }
+      if (x.nodeType !== y.nodeType || x.nodeName !== y.nodeName) { cur.replaceChild(y.cloneNode(true), x); continue; }
+      if (x.nodeType !== 1) { if (x.nodeValue !== y.nodeValue) x.nodeValue = y.nodeValue; continue; }
+      for (const a of y.attributes) if (x.getAttribute(a.name) !== a.value) x.setAttribute(a.name, a.value);
+      for (const a of [...x.attributes]) if (!y.hasAttribute(a.name)) x.removeAttribute(a.name);
+      sync(x, y);
+    }
+    while (have.length > need.length) cur.removeChild(cur.lastChild);
+  };
+  const patch = (el, html) => { tpl.innerHTML = html; sync(el, tpl.content); tpl.innerHTML = ""; };
+
   const catchUp = () => {
     if (document.visibilityState === "hidden") return;
     for (const id of Object.keys(markup)) {
       const el = document.getElementById(id);
-      if (el && el.offsetParent !== null) { el.innerHTML = markup[id]; delete markup[id]; }
+      if (el && el.offsetParent !== null) { patch(el, markup[id]); delete markup[id]; }
     }
     for (const topic of Object.keys(latest)) {
       if (latest[topic] !== drawn[topic] && shown(topic)) press(topic);

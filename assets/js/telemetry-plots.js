@@ -3,11 +3,21 @@
 // once and then only the new ones (app/backend/telemetry/livefeed.py). One time range for every plot (the
 // window, ending now); a plot with no value in it says "no data yet"; a null value breaks the line (a gap);
 // hovering shows the values. Nothing runs while the tab is not shown: the feed sends no points then.
+// A redraw costs style, layout and paint (dygraphs rebuilds its axis labels): a plot on screen is redrawn at
+// most once a second and not before the time axis has moved by a pixel (a 1 h window: every ~4 s on a wide
+// plot); one off screen every 30 s, and at once when scrolled into view (issue 49; docs/ui-and-safety.md,
+// "The page at its floor").
 (() => {
   "use strict";
   const LIB = "/moet/js/dygraph.min.js", CSS = "/moet/js/dygraph.min.css";
+  const MIN_GAP_MS = 1000, OFF_SCREEN_MS = 30000;
   let rows = [], windowS = 900, loading = null;
   const graphs = {};  // plot element id -> Dygraph
+  const onScreen = new Set();  // plot element ids in the viewport (IntersectionObserver)
+  const stale = new Set();  // plot element ids with samples they have not drawn
+  const drawnAt = {};  // plot element id -> page clock of its last redraw
+  const stats = { draws: 0 };  // redraws done (tests, benches)
+  let seen = null, timer = null, lastDraw = -Infinity;
 
   const load = () => {
     if (window.Dygraph) return Promise.resolve();
@@ -29,12 +39,50 @@
   const num = (v) => (v === null || v === undefined || Number.isNaN(v)) ? "—" :
     (Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 10 ? v.toFixed(1) : v.toFixed(2));
 
-  const draw = () => {
+  const watch = (el) => {
+    if (!seen) {
+      seen = new IntersectionObserver((entries) => {
+        for (const e of entries) {
+          if (e.isIntersecting) onScreen.add(e.target.id); else onScreen.delete(e.target.id);
+        }
+        if (entries.some((e) => e.isIntersecting && stale.has(e.target.id))) draw("now");
+      });
+    }
+    if (!el.dataset.watched) { el.dataset.watched = "1"; seen.observe(el); }
+  };
+
+  // How long the plots may wait: a pixel of the widest plot's time axis, at least MIN_GAP_MS.
+  const gapMs = (els) => Math.max(MIN_GAP_MS, ...els.map((el) => (windowS * 1000) / Math.max(el.clientWidth || 1, 1)));
+
+  // `how`: "all" — every plot (the window was (re)sent); "now" — the plots on screen (one scrolled into view);
+  // "due" — the plots on screen once their wait is over, with any plot off screen last drawn OFF_SCREEN_MS ago
+  // (a full-page screenshot, a glance after scrolling: never older than that). Plots drawn together share one
+  // time range.
+  const draw = (how) => {
     if (!window.Dygraph) return;
+    const els = [...document.querySelectorAll("#telemetry-plots [data-plot]")];
+    els.forEach(watch);
+    const now = performance.now();
+    if (how === "due") {
+      const due = lastDraw + gapMs(els.filter((el) => onScreen.has(el.id)));
+      if (now < due) {
+        if (timer === null) timer = setTimeout(() => { timer = null; draw("due"); }, due - now);
+        return;
+      }
+    }
+    if (how !== "now") lastDraw = now;
     const end = rows.length ? Math.max(rows[rows.length - 1][0] * 1000, Date.now()) : Date.now();
     const range = [end - windowS * 1000, end];
-    for (const el of document.querySelectorAll("#telemetry-plots [data-plot]")) {
+    for (const el of els) {
       const meta = JSON.parse(el.dataset.plot);
+      const shown = onScreen.has(el.id);
+      if (!(how === "all" || shown || (how === "due" && now - (drawnAt[el.id] || -Infinity) >= OFF_SCREEN_MS))) {
+        stale.add(el.id);
+        continue;
+      }
+      drawnAt[el.id] = now;
+      stale.delete(el.id);
+      stats.draws += 1;
       const data = [];
       let any = false;
       for (const r of rows) {
@@ -74,8 +122,10 @@
   };
 
   window.__moetPlots = {
-    // each drawn plot's shown time range [ms, ms] (tests: one range for all)
-    ranges() { const out = {}; for (const id in graphs) out[id] = graphs[id].xAxisRange(); return out; },
+    // each drawn plot's time range [ms, ms], of the plots on screen (what one sees: one range for all; a plot
+    // off screen is drawn afresh when scrolled into view)
+    ranges() { const out = {}; for (const id in graphs) if (onScreen.has(id)) out[id] = graphs[id].xAxisRange(); return out; },
+    stats,
     apply(part) {
       windowS = part.window_s || windowS;
       if (part.reset) rows = part.rows.slice();
@@ -86,7 +136,8 @@
       if (i) rows = rows.slice(i);
       // a long window grows by a sample a second: thin its older half when it holds far more than a plot shows
       if (rows.length > 2400) rows = rows.filter((_, k) => k % 2 === 0 || k >= rows.length - 600);
-      load().then(draw, () => {
+      const how = part.reset ? "all" : "due";
+      load().then(() => draw(how), () => {
         for (const e of document.querySelectorAll("#telemetry-plots .moet-plot-empty")) {
           e.textContent = "plot library missing: install libjs-dygraphs (scripts/bootstrap.sh)";
         }

@@ -60,6 +60,22 @@ def test_every_version_once_then_only_what_moved_and_nothing_when_idle() -> None
     assert set(lines[1]["v"]) == {"engine"}
 
 
+def test_after_the_first_line_only_the_shown_tabs_version_is_computed() -> None:
+    """Issue 49: a hidden tab's version is of no use to the page (it opens another stream when it shows that
+    tab), and some cost milliseconds: after a stream's first line (every topic), only the shown tab's."""
+    calls = {"engine": 0, "service": 0}
+
+    def counted(k: str) -> object:
+        calls[k] += 1
+        return 1
+
+    versions = Versions({k: (lambda k=k: counted(k)) for k in calls}, period_s=0.0)
+    route = FeedRoute(versions, period_s=0.01)
+    lines = run_feed(route, b"show=engine", [lambda: None] * 5)
+    assert set(lines[0]["v"]) == {"engine", "service"}
+    assert calls["service"] == 1 and calls["engine"] >= 5, calls
+
+
 def test_a_tabs_html_goes_only_to_a_page_showing_it() -> None:
     versions = Versions({}, period_s=0.0, html={"moet-header-live": lambda: "<b>h</b>", "telemetry-details-live": lambda: "d"})
     route = FeedRoute(versions, period_s=0.01, html_topics={"moet-header-live": "header",

@@ -290,7 +290,7 @@ def status_alerts(settings: Settings | None, snapshot: EngineSnapshot | None, lo
 
 def trace_of(log_lines: Iterable[LogLine | str]) -> TraceSnapshot:
     """The pool trace of an engine run from its log lines: pass the run's whole log (`run_log_lines`), as the
-    panel's telemetry hub has followed it since boot, so a CLI and the header agree (issue 29)."""
+    panel's telemetry sampler has followed it since boot, so a CLI and the header agree (issue 29)."""
     parser = TraceParser()
     for ln in log_lines:
         parser.feed_line(ln.text if isinstance(ln, LogLine) else str(ln), None)

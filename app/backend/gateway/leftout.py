@@ -1,7 +1,7 @@
 """GPUs left out of the gateway, seen from another process on the same data dir (docs/gateway.md "One gateway").
 
 A self-test or a blind A/B measuring on a GPU of a box of several leaves that GPU out of the gateway: it gets no
-API answer meanwhile, so the measure is the profile's alone (engine/fleet.py `Fleet.leave_out`). That is in the
+API answer meanwhile, so the measure is the profile's alone (engine/gpus.py `BoxGpus.leave_out`). That is in the
 measuring process's memory; a `moet-panel gateway` beside the panel is another process. So the process that leaves
 GPUs out says which in a file of its own, `<state dir>/left-out-<pid>.json` (written on change, removed when it
 closes), and a gateway reads the other live processes' (at most every `MAX_AGE_S`: a request never waits on the

@@ -123,7 +123,7 @@ def box_source(gpus: list[int], snapshot_of: Callable[[int], SnapshotFn], base_u
     engine controller's snapshot — what Docker (or the process runtime) shows, with the readiness probe, and the
     drains of ANY process (a controller mirrors another process's drain note, engine/drainnote.py). The panel
     computes it from its controllers and pushes it to its gateway process; `moet-panel gateway` computes it in its
-    own process, from controllers of its own that only observe. `gpus`: the box's (engine/fleet.py `Fleet.gpus`);
+    own process, from controllers of its own that only observe. `gpus`: the box's (engine/gpus.py `BoxGpus.gpus`);
     `snapshot_of(gpu)`: that GPU's controller's snapshot function; `base_url_of(gpu)`: where that engine listens
     when its snapshot does not say (None: the one engine of a one-GPU box)."""
     if len(gpus) == 1:

@@ -181,6 +181,9 @@ class GatePolicy:
     # check applies, the session too, as to Gradio's own paths.
     page_routes: tuple[tuple[str, ASGIApp], ...] = ()
     on_refusal: Callable[[int], None] | None = None  # told each refusal's status (the /metrics counters)
+    # Inserted first in the page's <head>, auth on or off: runs before Gradio's own modules (Gradio adds its
+    # `head` setting only once the app is mounted; assets/js/idle-frames.js must come earlier, issue 49).
+    page_script: str = ""
     fn_index_ok: Callable[[int], bool] | None = None  # does this fn_index name an event? (None: unchecked)
     max_body_bytes: int = MAX_BODY_BYTES
     max_upload_bytes: int = MAX_UPLOAD_BYTES
@@ -294,6 +297,8 @@ class WebGate:
                         return
                 send = _with_security_headers(send)
                 send = self._session_send(scope, send, user)
+                if self.policy.page_script and path in PAGE_PATHS and scope.get("method") == "GET":
+                    send = _page_send(send, self.policy.page_script)
             served = dict(self.policy.routes + self.policy.page_routes)
             if user is not None and kind == "http":
                 # a long-lived answer (the page feed) ends when its session does (signed out everywhere,
