@@ -292,7 +292,7 @@ def test_first_thinking_token_is_visible_and_export_takes_one_click(home_data, b
         height = page.evaluate("() => window.__firstThought")
         assert height > 0, "the first thinking token is in the page but not visible"
         page.click("#chat-stop")
-        page.locator(f"{BOT} sub", has_text="Stopped").wait_for()
+        page.locator(BOT, has_text="Stopped — this answer is incomplete.").wait_for()
         page.fill("#chat-rename textarea", title)
         page.locator("#chat-rename textarea").press("Enter")
         page.locator("#chat-convs", has_text="in exports").wait_for()
