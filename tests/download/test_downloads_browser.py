@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from app.backend.contracts import size_pair_text
 from app.backend.download.manager import DownloadManager
 from app.backend.recipe import SIMULATED_RECIPE
 from app.backend.config.settings import resolve_settings
@@ -34,7 +35,8 @@ def test_downloads_tab_live_download(browser, artifact, tmp_path):
             page.goto(url)
             page.get_by_role("tab", name="Downloads").click()
             page.wait_for_selector("#dl-start")
-            listed = f"/ {sum(p.stat().st_size for p in artifact.parts) / (1 << 30):.3f} GiB"
+            total = sum(p.stat().st_size for p in artifact.parts)
+            listed = size_pair_text(0, total).split(" / ", 1)[1]  # the total in its own unit (issue 49: not 0.014 GiB)
             page.wait_for_function(f"document.querySelector('#dl-table').innerText.includes({listed!r})")  # before Start
             page.locator("#dl-start").click()
             bar = page.locator('#dl-table [role="progressbar"]').first
