@@ -51,7 +51,8 @@ def main() -> int:
 
     from app.backend import oplog
     from app.backend.config.settings import resolve_settings
-    from app.backend.engine import factory
+    from app.backend import state as wiring
+    from app.backend.engine.runtime import choice
     from app.backend.engine.lifecycle.tickets import ControllerOptions
     from app.backend.engine.runtime.process import ProcessRuntime
     from app.backend.gateway.engine_status import SnapshotSource
@@ -60,14 +61,14 @@ def main() -> int:
     from app.backend.gateway.server import GatewayConfig, GatewayServer, engine_slots_of
     from app.backend.telemetry.gpu import follow_engine, make_gpu_reader
 
-    # the process runtime, as a box without Docker runs it (factory.select_runtime would take this machine's
+    # the process runtime, as a box without Docker runs it (runtime/choice.select_runtime would take this machine's
     # Docker; the test's boxes must be processes of their namespace)
-    factory.select_runtime = lambda settings, allow_process=True: (ProcessRuntime(settings.state_dir), "")  # type: ignore[assignment]
+    choice.select_runtime = lambda settings, allow_process=True: (ProcessRuntime(settings.state_dir), "")  # type: ignore[assignment]
     settings = resolve_settings(args.recipe, Path(args.data), demo=True)
     state_dir = settings.ensure_state_dir()
     oplog.configure(state_dir)
     reader = make_gpu_reader(settings)
-    ctl = factory.make_engine_controller(settings, reader, ControllerOptions(actor="CLI"), supervise=True)
+    ctl = wiring.make_engine_controller(settings, reader, ControllerOptions(actor="CLI"), supervise=True)
     follow_engine(reader, ctl)
     keys = KeyStore(state_dir)
     if fleet_key:

@@ -141,7 +141,7 @@ def build_demo(settings: Settings, variant: str, on_event: Callable[[BuildEvent]
 
 def _docker_reachable() -> bool:
     """Docker answers, or DOCKER_HOST names a daemon (then its error is the user's to see, as in
-    factory.select_runtime: never the process runtime behind an explicit DOCKER_HOST's back)."""
+    runtime/choice.select_runtime: never the process runtime behind an explicit DOCKER_HOST's back)."""
     if env.docker_host():
         return True
     try:
