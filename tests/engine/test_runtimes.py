@@ -170,7 +170,7 @@ def test_a_simulated_build_without_docker_runs_on_the_process_runtime(monkeypatc
     environment, and a failed build leaves its reason in the operator's log."""
     import psutil
 
-    from app.backend.engine import buildjob
+    from app.backend.engine.builds import job as buildjob
     from app.backend.engine.builds.store import registry
 
     def no_docker(self) -> None:
