@@ -80,3 +80,11 @@ def test_tool_calls_and_logprobs_are_joined_as_vllm_sends_them_whole():
                                                 "function": {"name": "get", "arguments": "{\"x\":1}"}}]
     assert [t["token"] for t in choice["logprobs"]["content"]] == ["a", "b"]
     assert got["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+
+
+def test_an_error_event_mid_stream_becomes_the_answers_error_status():
+    w = WholeAnswer(chat=False)
+    w.add(json.dumps({"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": "a"}]}).encode())
+    w.add(json.dumps({"error": {"message": "boom", "type": "BadRequestError", "code": 400}}).encode())
+    assert w.status() == 400
+    assert json.loads(w.body()) == {"error": {"message": "boom", "type": "BadRequestError", "code": 400}}

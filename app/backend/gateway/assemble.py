@@ -34,6 +34,7 @@ class WholeAnswer:
         self.head: dict[str, Any] = {}  # id, created, model (and anything else the engine sent at the top level)
         self.usage: Any = None
         self.choices: dict[int, _Choice] = {}
+        self.error: dict[str, Any] | None = None  # an error event mid-stream (vLLM's `data: {"error": …}`)
 
     def add(self, data: bytes) -> None:
         """One event's JSON (after `data: `); what is not a chunk object is ignored."""
@@ -42,6 +43,9 @@ class WholeAnswer:
         except ValueError:
             return
         if not isinstance(obj, dict):
+            return
+        if isinstance(obj.get("error"), dict):
+            self.error = obj["error"]
             return
         for k, v in obj.items():
             if k == "usage":
@@ -100,8 +104,16 @@ class WholeAnswer:
             elif k not in ch.logprobs or ch.logprobs[k] is None:
                 ch.logprobs[k] = v
 
+    def status(self) -> int:
+        """The answer's HTTP status: 200, or an error event's code (vLLM answers a non-streaming request's error
+        with it as the status)."""
+        code = self.error.get("code") if self.error is not None else 200
+        return code if isinstance(code, int) and 400 <= code <= 599 else (200 if self.error is None else 500)
+
     def body(self) -> bytes:
-        """The answer as vLLM sends a non-streaming one."""
+        """The answer as vLLM sends a non-streaming one (an error event: its error object)."""
+        if self.error is not None:
+            return json.dumps({"error": self.error}, separators=(",", ":")).encode()
         out: dict[str, Any] = dict(self.head)
         out["object"] = "chat.completion" if self.chat else "text_completion"
         out["choices"] = [self._whole_choice(self.choices[i]) for i in sorted(self.choices)]

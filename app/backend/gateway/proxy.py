@@ -728,9 +728,11 @@ class GatewayApp:
                 if silent:  # a fleet's box went silent mid-answer: the client gets an error event, not a hang
                     return 502, silent, rest
             else:
-                data = await (self._read_assembled(resp, trace, run, path == "/v1/chat/completions") if whole
-                              else self._read_whole(resp, trace, run))
-                rest = asyncio.ensure_future(self._whole(resp, data, send, trace, run))
+                if whole:
+                    status, data = await self._read_assembled(resp, trace, run, path == "/v1/chat/completions")
+                else:
+                    data = await self._read_whole(resp, trace, run)
+                rest = asyncio.ensure_future(self._whole(resp, data, send, trace, run, status))
         except BaseException:
             if writer is not None:
                 writer.cancel()
@@ -818,14 +820,14 @@ class GatewayApp:
         return run.key_hash  # the fair queue's turns are per key (its hash: the same for every request of it)
 
     @staticmethod
-    async def _start(resp: UpstreamResponse, send: Send, trace: _Trace, streaming: bool) -> None:
+    async def _start(resp: UpstreamResponse, send: Send, trace: _Trace, streaming: bool, status: int = 0) -> None:
         ctype = resp.headers.get("content-type", "application/json") if streaming or not trace.sse else "application/json"
         out_headers = [(b"content-type", ctype.encode("latin-1"))]
         if trace.gpu is not None:  # a box of several: which GPU answered (the Chat tab and self-test name it)
             out_headers.append((GPU_HEADER, str(trace.gpu).encode()))
         if streaming:
             out_headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-        await send({"type": "http.response.start", "status": resp.status_code, "headers": out_headers})
+        await send({"type": "http.response.start", "status": status or resp.status_code, "headers": out_headers})
         trace.started = True
 
     @staticmethod
@@ -860,9 +862,11 @@ class GatewayApp:
             trace.captured += data[: self.limits.capture_cap_bytes]
         return data
 
-    async def _read_assembled(self, resp: UpstreamResponse, trace: _Trace, run: _Running, chat: bool) -> bytes:
+    async def _read_assembled(self, resp: UpstreamResponse, trace: _Trace, run: _Running,
+                              chat: bool) -> tuple[int, bytes]:
         """A non-streaming request's answer, read from the engine's stream (every chunk's counts read as a
-        stream's are, so a hang-up's drain bills what the engine did) and joined into one JSON (assemble.py)."""
+        stream's are, so a hang-up's drain bills what the engine did) and joined into one JSON (assemble.py):
+        (its status, its body)."""
         answer = WholeAnswer(chat)
         buf = b""
         try:
@@ -879,15 +883,16 @@ class GatewayApp:
         except UpstreamError:
             if not run.held:
                 raise
-            return b""  # ended at the hold cap: the client gets a 429
+            return 429, b""  # ended at the hold cap: the client gets a 429
         trace.first_token = time.monotonic()
         data = answer.body()
         if self.limits.capture_bodies:
             trace.captured += data[: self.limits.capture_cap_bytes]
-        return data
+        return answer.status(), data
 
-    async def _whole(self, resp: UpstreamResponse, data: bytes, send: Send, trace: _Trace, run: _Running) -> None:
-        await self._start(resp, send, trace, False)
+    async def _whole(self, resp: UpstreamResponse, data: bytes, send: Send, trace: _Trace, run: _Running,
+                     status: int = 0) -> None:
+        await self._start(resp, send, trace, False, status)
         trace.done = True
         run.sending_since = time.monotonic()
         await send({"type": "http.response.body", "body": data})
