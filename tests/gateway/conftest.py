@@ -41,6 +41,17 @@ def running_requests(sim: SimEngineServer) -> float:
     return float(m.group(1))
 
 
+def engine_counts(sim: SimEngineServer) -> tuple[float, float]:
+    """The engine's own `vllm:prompt_tokens_total` and `vllm:generation_tokens_total` (what a key is billed)."""
+    text = urllib.request.urlopen(sim.base_url + "/metrics", timeout=5).read().decode()
+    out = []
+    for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
+        m = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M)
+        assert m, f"no {name} in /metrics"
+        out.append(float(m.group(1)))
+    return out[0], out[1]
+
+
 class FixedSource:
     """An engine status set by the test (the panel's snapshot while switching, for instance)."""
 

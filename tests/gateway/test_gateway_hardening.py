@@ -17,7 +17,7 @@ import pytest
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.proxy import UNKNOWN_KEY, Limits
 from app.backend.gateway.engine_status import EngineStatus
-from tests.gateway.conftest import SERVED, FixedSource, running_requests
+from tests.gateway.conftest import SERVED, FixedSource, engine_counts, running_requests
 from tests.polling import wait_for
 
 MSG = [{"role": "user", "content": "Say something about mixtures of experts."}]
@@ -83,19 +83,28 @@ def test_idle_connections_from_one_address_leave_keyed_requests_served(make_gate
 
 
 # -- 2. hang-ups ------------------------------------------------------------------------------------------
-def test_an_abandoned_non_streaming_request_frees_the_engine_and_bills_nothing(make_gateway):
+def test_an_abandoned_non_streaming_request_frees_the_engine_and_bills_what_the_engine_did(make_gateway):
     gw = make_gateway(decode_tok_s=100.0)  # 2,000 tokens: 20 s of engine time for nobody, before
     key = gw.key("leaver")
+    before = engine_counts(gw.sim)
     body = json.dumps({"model": SERVED, "messages": MSG, "max_tokens": 2000, "ignore_eos": True}).encode()
     s = socket.create_connection(("127.0.0.1", gw.server.port), timeout=10)
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() +
               b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    wait_for(lambda: running_requests(gw.sim) == 1, 5, "the engine to run the request")
+    wait_for(lambda: running_requests(gw.sim) == 1 and engine_counts(gw.sim)[1] > before[1] + 20, 5,
+             "the engine to be generating the answer")
     s.close()
+    gone = time.monotonic()
     wait_for(lambda: running_requests(gw.sim) == 0, 3, "the engine freed after the hang-up")
+    freed_s = time.monotonic() - gone
     assert gw.sim.stats.aborted == 1
     act = wait_for(lambda: [a for a in gw.keys.activity(5) if a.key_name == "leaver"], 3, "the activity record")
-    assert act[0].status == 499 and not act[0].completion_tokens
+    after = engine_counts(gw.sim)
+    usage = next(i.usage for i in gw.keys.infos() if i.name == "leaver")
+    # billed what the engine did: its prompt and the tokens it made before the abort (before: nothing)
+    assert act[0].status == 499 and usage.completion_tokens > 20 and usage.prompt_tokens > 0
+    assert (usage.prompt_tokens, usage.completion_tokens) == (after[0] - before[0], after[1] - before[1])
+    assert freed_s < 1.0, f"the engine ran on {freed_s:.2f} s after the hang-up"
 
 
 def test_a_hang_up_while_queued_leaves_the_queue_and_never_reaches_the_engine(make_gateway):

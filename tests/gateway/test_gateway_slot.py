@@ -248,6 +248,9 @@ def test_a_non_streaming_answer_over_the_hold_cap_is_a_429(make_gateway):
         t.join(60)
     assert got and got[0].status_code == 429 and "held the engine" in got[0].json()["error"]["message"]
     assert gw.sim.stats.aborted == 1  # ended at the engine, not left to run 500 s for nobody
+    # billed what the engine did before the cut (the request went to the engine as a stream: its counts came)
+    act = wait_for(lambda: [a for a in gw.keys.activity(10) if a.key_name == "hog"], 5, "the hog's record")
+    assert act[0].status == 429 and act[0].prompt_tokens and act[0].completion_tokens
 
 
 def test_the_engines_counts_are_read_from_every_chunk_and_kept_from_a_client_that_did_not_ask():

@@ -43,6 +43,12 @@ class FairQueue:
         self._finish: dict[str, float] = {}  # key -> its virtual finish: the work done for it, in the queue's time
         self.vtime = 0.0  # the start of the last turn handed out
 
+    def _turn_order(self, key: str) -> tuple[float, float]:
+        """Who goes first: the earliest virtual start; among equal starts, the key with the least work done for it
+        (a key that was idle — the Chat tab's first message — before keys whose last turn ended there), then the
+        one that has waited longest (dict order)."""
+        return self._start_of(key), self._finish.get(key, 0.0)
+
     def _start_of(self, key: str) -> float:
         return max(self.vtime, self._finish.get(key, 0.0))
 
@@ -95,9 +101,9 @@ class FairQueue:
 
     def ahead(self) -> dict[str, int]:
         """For each waiting key, the requests that get a slot before its oldest waiter: the waiting keys whose turn
-        starts earlier (less work done for them; ties by who waited longest, as `_hand_over` takes them) — one turn
+        starts earlier (less work done for them; ties as `_hand_over` breaks them: `_turn_order`) — one turn
         each comes first (the Chat tab's "waiting for the GPU (n ahead)")."""
-        order = sorted(self._waiting, key=self._start_of)
+        order = sorted(self._waiting, key=self._turn_order)
         return {k: i for i, k in enumerate(order)}
 
     def _forget(self, key: str, fut: asyncio.Future[None]) -> None:
@@ -124,7 +130,7 @@ class FairQueue:
     def _hand_over(self) -> bool:
         """Give a slot to the waiting key with the earliest virtual start; False when nobody waits."""
         while self._waiting:
-            key = min(self._waiting, key=self._start_of)  # ties: the key that has waited longest (dict order)
+            key = min(self._waiting, key=self._turn_order)
             dq = self._waiting[key]
             fut, cost = dq.popleft()
             self._n_waiting -= 1

@@ -8,12 +8,17 @@ from __future__ import annotations
 import json
 import math
 
+from app.backend.gateway.assemble import WHOLE
+
 # One sequence a request: the fair queue and the engine's slots count a request as one sequence, and the card's
 # engine runs one (`--max-num-seqs 1`); `n: 5` would hold five (issue 48). docs/gateway.md#bounds-and-errors
 MAX_N = 1
 # logprobs / top_logprobs / prompt_logprobs: a few alternatives a token; vLLM reads -1 as the whole vocabulary
 MAX_LOGPROBS = 5
 LOGPROB_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs")
+# what a stream does not carry as a non-streaming answer does (the prompt's logprobs, the best of several, the
+# prompt echoed): such a request goes to the engine as asked (docs/gateway.md "Usage")
+WHOLE_ONLY = ("prompt_logprobs", "best_of", "echo")
 
 
 class Refused(Exception):
@@ -103,9 +108,10 @@ def check_fields(payload: dict[str, object], max_tokens: int) -> None:
 
 
 def check_json(body: bytes, ctype: bytes, *, max_depth: int, max_tokens: int,
-               context_tokens: int) -> tuple[bytes, str, str]:
+               context_tokens: int, whole_as_stream: bool = False) -> tuple[bytes, str, str]:
     """(the body to send, the usage the gateway asked for to keep from the client — "" none, "chunks" the usage on
-    every chunk, "all" that and the usage-only chunk —, the body's text); raises Refused."""
+    every chunk, "all" that and the usage-only chunk, "whole" a non-streaming request sent as a stream when
+    `whole_as_stream` (assemble.py) —, the body's text); raises Refused."""
     if ctype != b"application/json":
         raise Refused(415, "send the body as JSON with `Content-Type: application/json`", "invalid_request_error",
                       "bad_request", error="wrong content type")
@@ -157,6 +163,13 @@ def check_json(body: bytes, ctype: bytes, *, max_depth: int, max_tokens: int,
             strip_usage = "chunks" if opts.get("include_usage") else "all"
             payload["stream_options"] = {**opts, "include_usage": True, "continuous_usage_stats": True}
             changed = True
+    elif whole_as_stream and payload.get("stream_options") is None and not any(
+            payload.get(f) for f in WHOLE_ONLY):
+        # a non-streaming request goes to the engine as a stream with its counts on every chunk, joined back into
+        # one answer by the gateway: a client that hangs up is billed what the engine did (docs/gateway.md "Usage")
+        payload["stream"] = True
+        payload["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        strip_usage, changed = WHOLE, True
     if changed:
         body = json.dumps(payload).encode()
     return body, strip_usage, text

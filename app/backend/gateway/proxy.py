@@ -25,6 +25,7 @@ from typing import Any
 
 from app.backend import oplog
 from app.backend.contracts import Receive, Scope, Send
+from app.backend.gateway.assemble import WHOLE, WholeAnswer
 from app.backend.gateway.connguard import ConnGuard
 from app.backend.gateway.delivery import Answer, ClientProgress, answer_bound
 from app.backend.gateway.fairqueue import FairQueue, QueueFull, work
@@ -96,7 +97,8 @@ class _Trace:
     completion_tokens: int | None = None
     first_token: float | None = None
     done: bool = False  # the whole answer went to the client ([DONE] or the last byte)
-    streamed: bool = False
+    streamed: bool = False  # the client's answer is a stream
+    sse: bool = False  # the engine's answer is a stream (also a non-streaming request's: assemble.py)
     started: bool = False  # http.response.start sent
     events: int = 0  # SSE data events copied (about one token each: the bill when an engine sends no usage)
     usage_seen: bool = False  # the engine's own counts came (every chunk carries them: continuous_usage_stats)
@@ -516,7 +518,7 @@ class GatewayApp:
                 req_capture: str | None) -> None:
         duration = time.monotonic() - started
         tok_s = None
-        if not trace.usage_seen and trace.streamed and trace.events and not trace.done:
+        if not trace.usage_seen and trace.sse and trace.events and not trace.done:
             # an engine that sent no counts (no continuous_usage_stats): bill what was sent (about a token an
             # event; the first chat event carries only the role)
             trace.completion_tokens = max(0, trace.events - (1 if route.endswith("chat/completions") else 0))
@@ -558,8 +560,10 @@ class GatewayApp:
         except (TimeoutError, asyncio.TimeoutError):
             raise Refused(408, f"the request body did not arrive within {lim.body_timeout_s:g} s",
                           "invalid_request_error", "bad_request", [(b"connection", b"close")], "body too slow") from None
+        # a fleet's front sends non-streaming requests as they are: its boxes' gateways bill them (docs/fleet.md)
+        front = self.box_lost is not None or bool(self.upstream_idle_s)
         body, strip_usage, text = check_json(body, ctype, max_depth=lim.max_json_depth, max_tokens=cap,
-                                             context_tokens=lim.context_tokens)
+                                             context_tokens=lim.context_tokens, whole_as_stream=not front)
         return body, strip_usage, text[: lim.capture_cap_bytes] if lim.capture_bodies else None
 
     async def _guarded(self, work: Coroutine[Any, Any, tuple[int, str]], receive: Receive, send: Send,
@@ -709,8 +713,10 @@ class GatewayApp:
         trace.gpu = target.gpu
         run.resp = resp
         status = resp.status_code
-        streaming = resp.headers.get("content-type", "").startswith("text/event-stream")
-        trace.streamed = streaming
+        trace.sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+        # a non-streaming request sent as a stream (assemble.py); an error status comes as JSON, passed through
+        whole = strip_usage == WHOLE and trace.sse and status == 200
+        streaming = trace.streamed = trace.sse and not whole
         writer: asyncio.Future[None] | None = None
         try:
             if streaming:
@@ -722,8 +728,11 @@ class GatewayApp:
                 if silent:  # a fleet's box went silent mid-answer: the client gets an error event, not a hang
                     return 502, silent, rest
             else:
-                data = await self._read_whole(resp, trace, run)
-                rest = asyncio.ensure_future(self._whole(resp, data, send, trace, run))
+                if whole:
+                    status, data = await self._read_assembled(resp, trace, run, path == "/v1/chat/completions")
+                else:
+                    data = await self._read_whole(resp, trace, run)
+                rest = asyncio.ensure_future(self._whole(resp, data, send, trace, run, status))
         except BaseException:
             if writer is not None:
                 writer.cancel()
@@ -747,7 +756,7 @@ class GatewayApp:
     async def _drain(self, resp: UpstreamResponse, trace: _Trace) -> None:
         """After a hang-up or a cut: half-close the engine's connection (the engine sees its client gone and aborts
         the request) and read what it had already sent, for a while, for its counts (continuous usage)."""
-        if not trace.streamed:
+        if not trace.sse:
             return  # a non-streaming answer carries its counts only at its end: nothing to read
         resp.hang_up()
 
@@ -811,14 +820,23 @@ class GatewayApp:
         return run.key_hash  # the fair queue's turns are per key (its hash: the same for every request of it)
 
     @staticmethod
-    async def _start(resp: UpstreamResponse, send: Send, trace: _Trace, streaming: bool) -> None:
-        out_headers = [(b"content-type", resp.headers.get("content-type", "application/json").encode("latin-1"))]
+    async def _start(resp: UpstreamResponse, send: Send, trace: _Trace, streaming: bool, status: int = 0) -> None:
+        ctype = resp.headers.get("content-type", "application/json") if streaming or not trace.sse else "application/json"
+        out_headers = [(b"content-type", ctype.encode("latin-1"))]
         if trace.gpu is not None:  # a box of several: which GPU answered (the Chat tab and self-test name it)
             out_headers.append((GPU_HEADER, str(trace.gpu).encode()))
         if streaming:
             out_headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-        await send({"type": "http.response.start", "status": resp.status_code, "headers": out_headers})
+        await send({"type": "http.response.start", "status": status or resp.status_code, "headers": out_headers})
         trace.started = True
+
+    @staticmethod
+    def _usage_of(usage: object, trace: _Trace) -> None:
+        """The engine's counts so far, from a chunk's parsed usage (continuous_usage_stats)."""
+        if isinstance(usage, dict):
+            trace.prompt_tokens = usage.get("prompt_tokens", trace.prompt_tokens)
+            trace.completion_tokens = usage.get("completion_tokens", trace.completion_tokens)
+            trace.usage_seen = True
 
     @staticmethod
     def _usage_from(data: bytes, trace: _Trace) -> None:
@@ -844,8 +862,37 @@ class GatewayApp:
             trace.captured += data[: self.limits.capture_cap_bytes]
         return data
 
-    async def _whole(self, resp: UpstreamResponse, data: bytes, send: Send, trace: _Trace, run: _Running) -> None:
-        await self._start(resp, send, trace, False)
+    async def _read_assembled(self, resp: UpstreamResponse, trace: _Trace, run: _Running,
+                              chat: bool) -> tuple[int, bytes]:
+        """A non-streaming request's answer, read from the engine's stream (every chunk's counts read as a
+        stream's are, so a hang-up's drain bills what the engine did) and joined into one JSON (assemble.py):
+        (its status, its body)."""
+        answer = WholeAnswer(chat)
+        buf = b""
+        try:
+            async for chunk in resp.chunks():
+                buf += chunk
+                if b"\n\n" not in buf:
+                    continue
+                *events, buf = buf.split(b"\n\n")
+                for ev in events:
+                    if ev.startswith(b"data: {"):
+                        trace.events += 1
+                        answer.add(ev[6:])
+                        self._usage_of(answer.usage, trace)
+        except UpstreamError:
+            if not run.held:
+                raise
+            return 429, b""  # ended at the hold cap: the client gets a 429
+        trace.first_token = time.monotonic()
+        data = answer.body()
+        if self.limits.capture_bodies:
+            trace.captured += data[: self.limits.capture_cap_bytes]
+        return answer.status(), data
+
+    async def _whole(self, resp: UpstreamResponse, data: bytes, send: Send, trace: _Trace, run: _Running,
+                     status: int = 0) -> None:
+        await self._start(resp, send, trace, False, status)
         trace.done = True
         run.sending_since = time.monotonic()
         await send({"type": "http.response.body", "body": data})
