@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.backend.contracts import JsonObject
+
 WHOLE = "whole"  # check_json's "usage to strip" value for a non-streaming request sent to the engine as a stream
 
 
@@ -20,10 +22,10 @@ WHOLE = "whole"  # check_json's "usage to strip" value for a non-streaming reque
 class _Choice:
     index: int
     texts: dict[str, list[str]] = field(default_factory=dict)  # chat: content, reasoning…; completions: text
-    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
-    logprobs: dict[str, Any] | None = None
-    finish_reason: Any = None
-    stop_reason: Any = None
+    tool_calls: dict[int, JsonObject] = field(default_factory=dict)
+    logprobs: JsonObject | None = None
+    finish_reason: object = None
+    stop_reason: object = None
 
 
 class WholeAnswer:
@@ -31,10 +33,10 @@ class WholeAnswer:
 
     def __init__(self, chat: bool):
         self.chat = chat
-        self.head: dict[str, Any] = {}  # id, created, model (and anything else the engine sent at the top level)
-        self.usage: Any = None
+        self.head: JsonObject = {}  # id, created, model (and anything else the engine sent at the top level)
+        self.usage: object = None
         self.choices: dict[int, _Choice] = {}
-        self.error: dict[str, Any] | None = None  # an error event mid-stream (vLLM's `data: {"error": …}`)
+        self.error: JsonObject | None = None  # an error event mid-stream (vLLM's `data: {"error": …}`)
 
     def add(self, data: bytes) -> None:
         """One event's JSON (after `data: `); what is not a chunk object is ignored."""
@@ -57,7 +59,7 @@ class WholeAnswer:
             if isinstance(raw, dict):
                 self._choice(raw)
 
-    def _choice(self, raw: dict[str, Any]) -> None:
+    def _choice(self, raw: JsonObject) -> None:
         i = raw.get("index", 0)
         i = i if isinstance(i, int) else 0
         ch = self.choices.get(i) or self.choices.setdefault(i, _Choice(i))
@@ -114,7 +116,7 @@ class WholeAnswer:
         """The answer as vLLM sends a non-streaming one (an error event: its error object)."""
         if self.error is not None:
             return json.dumps({"error": self.error}, separators=(",", ":")).encode()
-        out: dict[str, Any] = dict(self.head)
+        out: JsonObject = dict(self.head)
         out["object"] = "chat.completion" if self.chat else "text_completion"
         out["choices"] = [self._whole_choice(self.choices[i]) for i in sorted(self.choices)]
         out["usage"] = self.usage
@@ -122,13 +124,13 @@ class WholeAnswer:
             out.setdefault("prompt_logprobs", None)
         return json.dumps(out, separators=(",", ":")).encode()
 
-    def _whole_choice(self, ch: _Choice) -> dict[str, Any]:
+    def _whole_choice(self, ch: _Choice) -> JsonObject:
         if not self.chat:
             return {"index": ch.index, "text": "".join(ch.texts.get("text", ())), "logprobs": ch.logprobs,
                     "finish_reason": ch.finish_reason, "stop_reason": ch.stop_reason}
         calls = [ch.tool_calls[n] for n in sorted(ch.tool_calls)]
         texts = {k: "".join(v) for k, v in ch.texts.items()}
-        message: dict[str, Any] = {"role": "assistant", "content": texts.get("content", None if calls else "")}
+        message: JsonObject = {"role": "assistant", "content": texts.get("content", None if calls else "")}
         message.update((k, v) for k, v in texts.items() if k != "content")
         if "reasoning_content" not in message:
             message.setdefault("reasoning", None)  # vLLM's ChatMessage always has it (stack.md §5.2)
