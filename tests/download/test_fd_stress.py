@@ -91,11 +91,12 @@ def run_round(artifact: Artifact, scratch: Path, reports: list[tuple[str, FdRepo
         work.mkdir()
         settings = resolve_settings(SIMULATED_RECIPE, work / "data", demo=True)
         hub = start_hub(artifact, page_size=2)
+        before = set(threading.enumerate())  # another test's threads are not this run's
         try:
             with fd_ownership(fail=False) as report:
                 scenario(settings, hub, artifact, work)
                 # joined to the end before the run returned: none is left to use (or leak) an fd
-                alive = [t.name for t in threading.enumerate() if t.name.startswith(RUN_THREADS)]
+                alive = [t.name for t in threading.enumerate() if t.name.startswith(RUN_THREADS) and t not in before]
                 report.leaked += [f"thread {n} still running after the run ended" for n in alive]
             reports.append((name, report))
         finally:
