@@ -62,7 +62,14 @@ def scenarios() -> list[tuple[str, Callable[..., None]]]:
     out: list[tuple[str, Callable[..., None]]] = []
     for f in matrix.TRANSIENT_FAULTS:
         def transient(settings, hub, artifact, tmp_path, f=f):
-            matrix.test_transient_fault_is_survived(settings, hub, artifact, tmp_path, replace(f, hits=0))
+            try:
+                matrix.test_transient_fault_is_survived(settings, hub, artifact, tmp_path, replace(f, hits=0))
+            except AssertionError as exc:
+                # a run whose fault did not fire (the ranges came out too small for its byte offset) still ran
+                # under the fd check; the fault matrix's own test holds the firing, this one each kind's over rounds
+                if "never fired" not in str(exc):
+                    raise
+                NOT_FIRED.append(f"{f.kind}-{f.where}")
         out.append((f"{f.kind}-{f.where}", transient))
     out += [
         ("persistent-corruption", lambda s, h, a, t: matrix.test_persistent_corruption_fails_naming_the_part(s, h, t)),
@@ -82,6 +89,7 @@ def scratch() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+NOT_FIRED: list[str] = []  # the transient faults that did not fire in a run (scenarios())
 RUN_THREADS = ("fetch-", "verify", "fsync-", "zstd")  # an artifact's threads (job.py, extract.py)
 
 
@@ -107,8 +115,11 @@ def run_round(artifact: Artifact, scratch: Path, reports: list[tuple[str, FdRepo
 @pytest.mark.slow
 def test_the_fault_matrix_under_the_fd_check(artifact, scratch):
     reports: list[tuple[str, FdReport]] = []
+    NOT_FIRED.clear()
     for _ in range(ROUNDS):
         run_round(artifact, scratch, reports)
+    never = [n for n in {n for n, _ in reports} if NOT_FIRED.count(n) >= ROUNDS]
+    assert not never, f"these faults fired in no round: the runs prove nothing for them: {never}"
     bad = [(name, r) for name, r in reports if r.faults]
     opens = sum(r.opens for _, r in reports)
     total = {kind: sum(len(getattr(r, kind)) for _, r in reports)

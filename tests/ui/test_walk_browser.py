@@ -30,7 +30,7 @@ def two_gpu_panel() -> Iterator[Panel]:
         mp.setenv("MOET_PANEL_GPU", "simulated")
         p = launch_panel(data)
         try:
-            assert p.state.fleet is not None and p.state.fleet.gpus == [0, 1]
+            assert p.state.box is not None and p.state.box.gpus == [0, 1]
             yield p
         finally:
             close_panel(p)
