@@ -15,6 +15,9 @@ if [ "$WANT_TEST" = "test" ]; then
   command -v chromium >/dev/null 2>&1 || need_apt+=(chromium fonts-dejavu-core)
   # promtool and a Prometheus server for tests/prometheus (the tests run their own on a free port)
   { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || need_apt+=(prometheus)
+  # the fleet tests' namespaced boxes (tests/fleet, docs/fleet.md): ip netns and veth, nftables for a lossy link
+  command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+  command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 fi
 
 pick_python() {
