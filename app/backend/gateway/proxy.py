@@ -805,9 +805,10 @@ class GatewayApp:
                 oplog.decision("gateway", "resent_after_box_lost", who=oplog.PANEL, route=f"{method} {path}")
                 continue
             resp = asked.result()
-            # the router answers 500 itself for the requests it held on a box taken out of it (its own retries
-            # cover the boxes' 5xx): sent again, twice at most, as nothing reached the client
-            if resp.status_code in (500, 502) and attempt < 2:
+            # the router answers 500 itself for the requests it held on a box taken out of it, and passes on a
+            # box's 503 when that box began to drain after the router's last health check (docs/fleet.md
+            # "Faults"): sent again, twice at most, as nothing reached the client
+            if resp.status_code in (500, 502, 503) and attempt < 2:
                 resp.close()
                 oplog.decision("gateway", "resent_after_router_error", who=oplog.PANEL, status=resp.status_code,
                                route=f"{method} {path}")
