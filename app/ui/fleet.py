@@ -1,8 +1,10 @@
-"""Fleet tab (a fleet's front only: its state dir holds a fleet file, docs/fleet.md): per box its state, slots,
-answers in flight, the router's health of it, the profile each engine runs, VRAM and pool coverage.
+"""Fleet tab (a fleet's front only: its state dir holds a fleet file, docs/fleet.md): per box its state, tokens per
+second, the profile each engine runs, VRAM, pool coverage, the router's health of it, slots and answers in flight.
 
-Thin: the figures are the backend's (`state.front.view()`, refreshed on a thread every 2 s); the page feed redraws
-the table when they changed (docs/ui-and-safety.md "The page feed"), no timer of its own."""
+Thin: the figures are the backend's (`state.front.view()`, refreshed on a thread every 2 s; tok/s is the rate of
+each box's token counter, app/backend/fleet/boxes.py). The table is drawn by the page feed itself (`Shell.live`,
+docs/ui-and-safety.md "The page feed"): no Gradio event at all, its HTML sent only to a page showing this tab and
+only when a figure as shown moved, patched in place. No timer of its own."""
 
 from __future__ import annotations
 
@@ -10,11 +12,13 @@ import html
 
 import gradio as gr
 
-from app.backend.fleet.service import FleetView
+from app.backend.fleet.service import BoxView, FleetView
 from app.backend.state import AppState
 from app.ui.shell import Shell
 
 TITLE = "Fleet"
+LIVE_ID = "fleet-live"  # the element the page feed draws (Shell.live)
+COLUMNS = ("box", "state", "tok/s", "profile per GPU", "VRAM used", "pool coverage", "router", "slots", "in flight")
 
 
 def shown(state: AppState) -> bool:
@@ -26,26 +30,61 @@ def _num(v: float | None, fmt: str) -> str:
     return "—" if v is None else format(v, fmt)
 
 
+def tok_s(v: float | None) -> str:
+    """Rounded as shown (the page is redrawn only when this text moves): whole tokens, tenths below 10."""
+    return "—" if v is None else format(v, ".1f" if v < 10 else ".0f")
+
+
+def _state(v: BoxView) -> tuple[str, str]:
+    """(the words, a class for their colour)."""
+    b = v.box
+    if b.serving:
+        return "serving", "ok"
+    if b.draining:
+        return "draining", "warn"
+    if not b.reachable:
+        return f"down: {b.error}" if b.error else "down", "bad"
+    return b.error or b.state or "not serving", "warn"
+
+
+def _td(label: str, cls: str, inner: str) -> str:
+    """A cell named by its column (`data-label`: its name on a narrow window's card; `data-col`: for tests)."""
+    col = label.lower().replace(" ", "-").replace("/", "-")
+    klass = f" class='{cls}'" if cls else ""
+    return f"<td data-label='{label}' data-col='{col}'{klass}>{inner}</td>"
+
+
+def _row(v: BoxView) -> str:
+    b, fig = v.box, v.figures
+    words, kind = _state(v)
+    router = {True: "healthy", False: "unhealthy", None: "not listed"}[v.router_healthy]
+    vram = (f"{_num(fig.vram_used_gib, '.1f')} / {_num(fig.vram_total_gib, '.1f')} GiB"
+            if fig.vram_used_gib is not None else "—")
+    cov = f"{fig.pool_coverage:.0%}" if fig.pool_coverage is not None else "—"
+    profiles = ", ".join(fig.profiles) or ("—" if not fig.error else fig.error)
+    sim = " <span class='moet-sim-tag'>SIMULATED</span>" if fig.simulated else ""
+    cells = [("box", "", f"<strong>{html.escape(b.name)}</strong>{sim}"),
+             ("state", f"moet-fleet-{kind}", html.escape(words)),
+             ("tok/s", "num", tok_s(v.tokens_per_s))]
+    cells += [(c, cls, html.escape(str(x))) for c, cls, x in (
+        ("profile per GPU", "", profiles), ("VRAM used", "", vram), ("pool coverage", "num", cov),
+        ("router", "", router), ("slots", "num", b.slots), ("in flight", "num", b.in_flight))]
+    tds = "".join(_td(c, cls, x) for c, cls, x in cells)
+    return f"<tr data-box='{html.escape(b.name, quote=True)}'>{tds}</tr>"
+
+
 def fleet_html(view: FleetView) -> str:
-    if not view.boxes:
-        return "<p id='fleet-empty'>No boxes yet: <code>moet-panel fleet add NAME URL</code>.</p>"
-    head = ("<tr><th>box</th><th>state</th><th>slots</th><th>in flight</th><th>router</th><th>profile per GPU</th>"
-            "<th>VRAM used</th><th>pool coverage</th></tr>")
-    rows = []
-    for v in view.boxes:
-        b, fig = v.box, v.figures
-        state = ("serving" if b.serving else "draining" if b.draining else
-                 b.error or b.state or "not serving")
-        router = {True: "healthy", False: "unhealthy", None: "not listed"}[v.router_healthy]
-        vram = (f"{_num(fig.vram_used_gib, '.1f')} / {_num(fig.vram_total_gib, '.1f')} GiB"
-                if fig.vram_used_gib is not None else "—")
-        cov = f"{fig.pool_coverage:.0%}" if fig.pool_coverage is not None else "—"
-        profiles = ", ".join(fig.profiles) or ("—" if not fig.error else fig.error)
-        rows.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in (
-            b.name, state, b.slots, b.in_flight, router, profiles, vram, cov)) + "</tr>")
     router = f"router pid {view.router_pid}" if view.router_pid else "router not running (the panel restarts it)"
-    return (f"<p id='fleet-router'>{html.escape(router)}; started {view.router_starts} time(s)</p>"
-            f"<table class='moet-fleet' id='fleet-boxes'>{head}{''.join(rows)}</table>")
+    head = (f"<p id='fleet-router'>{html.escape(router)}; started {view.router_starts} time(s)</p>")
+    if not view.boxes:
+        return head + "<p id='fleet-empty'>No boxes yet: <code>moet-panel fleet add NAME URL</code>.</p>"
+    cols = "".join(f"<th scope='col'>{c}</th>" for c in COLUMNS)
+    rows = "".join(_row(v) for v in view.boxes)
+    # a card per box on a narrow window, each figure under its column's name (panel.css, moet-stack)
+    return (f"{head}<table class='moet-fleet moet-stack' id='fleet-boxes'>"
+            f"<thead><tr>{cols}</tr></thead><tbody>{rows}</tbody></table>"
+            "<p class='moet-fleet-note'>tok/s: the tokens each box's gateway generated for the front, a rate over "
+            "its last ~10 s of /metrics (an answer counts when it ends); — while not known.</p>")
 
 
 def render(state: AppState, shell: Shell) -> None:
@@ -53,11 +92,4 @@ def render(state: AppState, shell: Shell) -> None:
     assert front is not None
     gr.Markdown("The boxes behind this front: clients use this panel's gateway; vLLM's router spreads their "
                 "requests over the boxes that serve (docs/fleet.md). `moet-panel fleet add|remove` changes them.")
-    table = gr.HTML(fleet_html(front.view()), elem_id="fleet-table")
-
-    def refresh() -> str:
-        return fleet_html(front.view())
-
-    shell.on_tick(refresh, None, [table])
-    shell.version(refresh)  # what the table shows: redrawn only when a figure moved
-    shell.on_tab(TITLE, refresh, None, [table])
+    gr.HTML(shell.live(LIVE_ID, lambda: fleet_html(front.view())), elem_id="fleet-table")

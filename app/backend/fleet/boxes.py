@@ -1,9 +1,13 @@
 """Asking a box's gateway what the front needs (fleetside.py on the box): its health, its status with the fleet
-key, its model. Plain HTTP calls with short timeouts; every failure becomes a sentence that names the box."""
+key, its model; and its tokens per second, a rate of its panel's /metrics counter (below). Plain HTTP calls with
+short timeouts; every failure becomes a sentence that names the box."""
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -74,3 +78,79 @@ def check_joinable(box: Box, fleet_key: str, served_name: str) -> BoxStatus:
         raise FleetError(f"box {box.name!r} serves {st.served_name!r}, the fleet serves {served_name!r}: one fleet "
                          "serves one model (clients name it); switch that box's recipe first")
     return st
+
+
+# --- tok/s per box, from its panel's /metrics (the Fleet tab; docs/fleet.md#one-dashboard) -----------------------
+# The box's gateway counts the tokens it billed, by key and kind (docs/metrics.md): the completion tokens are what
+# its engine generated for the front's requests. The panel exports no live decode rate, so the front derives one as
+# Prometheus' rate() does: the counter's increase between scrapes, a reset (the box's gateway restarted: it counts
+# from 0) taken as a start from 0, over the time between the first and last scrape of the window.
+GENERATED_SERIES = "moet_panel_gateway_tokens_total"  # {kind="completion"}
+GATEWAY_UP_SERIES = "moet_panel_gateway_up"
+# The box's gateway reports its counters to its panel every 2 s and the front reads them every ~2 s: a rate over one
+# pair of scrapes would swing between 0 and twice the truth; over ~10 s it moves by a few tokens a second.
+RATE_WINDOW_S = 10.0
+
+
+def generated_tokens(samples: Iterable[tuple[str, Mapping[str, str], float]]) -> float | None:
+    """The completion tokens a box's gateway billed, summed over keys, from its /metrics samples (name, labels,
+    value); None when the exposition has no gateway series (not a moet-panel, or one without the gateway)."""
+    up = False
+    total = 0.0
+    for name, labels, value in samples:
+        if name == GATEWAY_UP_SERIES:
+            up = True
+        elif name == GENERATED_SERIES and labels.get("kind") == "completion":
+            total += value
+    return total if up else None
+
+
+@dataclass(frozen=True)
+class CounterSample:
+    at: float  # when the front read it (monotonic s)
+    value: float
+
+
+class CounterRate:
+    """One counter's rate per second over the scrapes of the last `window_s`, as Prometheus' rate(): increases
+    summed pair by pair (a drop is a reset: the counter restarted from 0), divided by the time the scrapes span.
+    No rate from a single scrape; a scrape that failed forgets the history (the box's counter may have been reset
+    meanwhile, and an old scrape would spread what it did since over a time it did not answer)."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._samples: deque[CounterSample] = deque()
+
+    def add(self, at: float, value: float | None) -> float | None:
+        """Record a scrape (`value` None: the box did not answer, or exported no counter); the rate now, or None."""
+        if value is None:
+            self._samples.clear()
+            return None
+        if self._samples and at <= self._samples[-1].at:  # a clock that did not move: no time to divide by
+            return self.rate()
+        self._samples.append(CounterSample(at, value))
+        while len(self._samples) > 2 and at - self._samples[1].at >= self.window_s:
+            self._samples.popleft()  # the window keeps one scrape at or past its start: it spans ~window_s
+        return self.rate()
+
+    def rate(self) -> float | None:
+        if len(self._samples) < 2:
+            return None
+        s = list(self._samples)
+        increase = sum(b.value - a.value if b.value >= a.value else b.value for a, b in itertools.pairwise(s))
+        return increase / (s[-1].at - s[0].at)
+
+
+class RateBook:
+    """A CounterRate per box name; boxes gone from the fleet file are forgotten."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._rates: dict[str, CounterRate] = {}
+
+    def add(self, name: str, at: float, value: float | None) -> float | None:
+        return self._rates.setdefault(name, CounterRate(self.window_s)).add(at, value)
+
+    def keep(self, names: Iterable[str]) -> None:
+        keep = set(names)
+        self._rates = {n: r for n, r in self._rates.items() if n in keep}

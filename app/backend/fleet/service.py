@@ -13,7 +13,7 @@ from pathlib import Path
 
 from app.backend import oplog
 from app.backend.fleet import fleetfile
-from app.backend.fleet.boxes import BoxStatus, status
+from app.backend.fleet.boxes import BoxStatus, RateBook, generated_tokens, status
 from app.backend.fleet.router import RouterAdmin, RouterSupervisor
 
 VIEW_EVERY_S = 2.0
@@ -27,6 +27,8 @@ class BoxFigures:
     vram_used_gib: float | None = None  # over the box's GPUs (moet_panel_gpu_memory_used_bytes)
     vram_total_gib: float | None = None
     pool_coverage: float | None = None  # moet_panel_pool_coverage_ratio, 0-1
+    generated_tokens: float | None = None  # its gateway's completion tokens, a counter (boxes.generated_tokens)
+    simulated: bool = False  # its engine or GPU is a SIMULATED double (series labelled simulated="1")
     error: str = ""
 
 
@@ -35,6 +37,7 @@ class BoxView:
     box: BoxStatus
     router_healthy: bool | None  # None: the router does not list it
     figures: BoxFigures = BoxFigures()
+    tokens_per_s: float | None = None  # the rate of figures.generated_tokens (boxes.CounterRate); None: not known
 
 
 def box_figures(metrics_url: str, token: str, timeout_s: float = 1.5) -> BoxFigures:
@@ -48,6 +51,7 @@ def box_figures(metrics_url: str, token: str, timeout_s: float = 1.5) -> BoxFigu
         r = httpx.get(metrics_url, headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=timeout_s)
         r.raise_for_status()
         fams = {f.name: f.samples for f in text_string_to_metric_families(r.text)}
+        generated = generated_tokens((s.name, s.labels, s.value) for ss in fams.values() for s in ss)
     except (httpx.HTTPError, ValueError) as exc:
         return BoxFigures(error=f"its /metrics: {type(exc).__name__}")
     gib = 2.0 ** 30
@@ -56,7 +60,8 @@ def box_figures(metrics_url: str, token: str, timeout_s: float = 1.5) -> BoxFigu
     cov = [s.value for s in fams.get("moet_panel_pool_coverage_ratio", [])]
     return BoxFigures(tuple(str(s.labels.get("profile", "")) for s in fams.get("moet_panel_engine_profile_info", [])),
                       sum(used) / gib if used else None, sum(total) / gib if total else None,
-                      cov[0] if cov else None)
+                      cov[0] if cov else None, generated,
+                      any(s.labels.get("simulated") == "1" for ss in fams.values() for s in ss))
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ class FleetFront:
         self.state_dir = Path(state_dir)
         self.router = RouterSupervisor(self.state_dir, self.load)
         self._view = FleetView()
+        self._rates = RateBook()  # tok/s per box, from the scrapes of its /metrics
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="fleet-view", daemon=True)
 
@@ -93,11 +99,14 @@ class FleetFront:
             try:
                 health = {str(w.get("url", "")).rstrip("/"): bool(w.get("is_healthy"))
                           for w in RouterAdmin(cfg).workers()}
-                self._view = FleetView(tuple(BoxView(status(b, cfg.fleet_key, timeout_s=1.5),
-                                                     health.get(b.url.rstrip("/")),
-                                                     box_figures(b.metrics_url, b.metrics_token))
-                                             for b in cfg.boxes),
-                                       self.router.pid, self.router.starts)
+                views = []
+                for b in cfg.boxes:
+                    st = status(b, cfg.fleet_key, timeout_s=1.5)
+                    fig = box_figures(b.metrics_url, b.metrics_token)
+                    rate = self._rates.add(b.name, time.monotonic(), fig.generated_tokens)
+                    views.append(BoxView(st, health.get(b.url.rstrip("/")), fig, rate))
+                self._rates.keep(b.name for b in cfg.boxes)
+                self._view = FleetView(tuple(views), self.router.pid, self.router.starts)
             except Exception as exc:  # the view must keep going; said once per kind of error
                 oplog.caught("fleet", exc, "refreshing the fleet's view", traceback=True)
 
