@@ -35,16 +35,16 @@ def tok_s(v: float | None) -> str:
     return "—" if v is None else format(v, ".1f" if v < 10 else ".0f")
 
 
-def _state(v: BoxView) -> tuple[str, str]:
-    """(the words, a class for their colour)."""
+def _state(v: BoxView) -> tuple[str, str, str]:
+    """(the state in a word or two, why (smaller, under it), a class for its colour)."""
     b = v.box
     if b.serving:
-        return "serving", "ok"
+        return "serving", "", "ok"
     if b.draining:
-        return "draining", "warn"
+        return "draining", "", "warn"
     if not b.reachable:
-        return f"down: {b.error}" if b.error else "down", "bad"
-    return b.error or b.state or "not serving", "warn"
+        return "down", b.error, "bad"
+    return ("refused", b.error, "bad") if b.error else (b.state or "not serving", "", "warn")
 
 
 def _td(label: str, cls: str, inner: str) -> str:
@@ -56,19 +56,22 @@ def _td(label: str, cls: str, inner: str) -> str:
 
 def _row(v: BoxView) -> str:
     b, fig = v.box, v.figures
-    words, kind = _state(v)
+    words, why, kind = _state(v)
     router = {True: "healthy", False: "unhealthy", None: "not listed"}[v.router_healthy]
     vram = (f"{_num(fig.vram_used_gib, '.1f')} / {_num(fig.vram_total_gib, '.1f')} GiB"
             if fig.vram_used_gib is not None else "—")
     cov = f"{fig.pool_coverage:.0%}" if fig.pool_coverage is not None else "—"
-    profiles = ", ".join(fig.profiles) or ("—" if not fig.error else fig.error)
+    # a box that does not answer: its /metrics' failure says nothing more than its state
+    profiles = ", ".join(fig.profiles) or (fig.error if fig.error and b.reachable else "—")
     sim = " <span class='moet-sim-tag'>SIMULATED</span>" if fig.simulated else ""
     cells = [("box", "", f"<strong>{html.escape(b.name)}</strong>{sim}"),
-             ("state", f"moet-fleet-{kind}", html.escape(words)),
+             ("state", f"moet-fleet-{kind}",
+              html.escape(words) + (f"<small class='moet-fleet-why'>{html.escape(why)}</small>" if why else "")),
              ("tok/s", "num", tok_s(v.tokens_per_s))]
     cells += [(c, cls, html.escape(str(x))) for c, cls, x in (
         ("profile per GPU", "", profiles), ("VRAM used", "", vram), ("pool coverage", "num", cov),
-        ("router", "", router), ("slots", "num", b.slots), ("in flight", "num", b.in_flight))]
+        ("router", "", router), ("slots", "num", b.slots if b.reachable else "—"),
+        ("in flight", "num", b.in_flight if b.reachable else "—"))]
     tds = "".join(_td(c, cls, x) for c, cls, x in cells)
     return f"<tr data-box='{html.escape(b.name, quote=True)}'>{tds}</tr>"
 

@@ -107,5 +107,6 @@ def test_the_fleet_tab_shows_each_boxs_tok_s_and_a_down_box_as_down_with_no_rate
     rows = {r.split("'")[0]: r for r in page.split("<tr data-box='")[1:]}
     assert "data-col='tok-s' class='num'>49<" in rows["b1"] and "SIMULATED" in rows["b1"]
     assert "data-col='tok-s' class='num'>3.2<" in rows["b2"] and "SIMULATED" not in rows["b2"]
-    assert "down: does not answer" in rows["b3"] and "data-col='tok-s' class='num'>—<" in rows["b3"]
+    assert ">down<small class='moet-fleet-why'>does not answer</small>" in rows["b3"]
+    assert "data-col='tok-s' class='num'>—<" in rows["b3"] and "ConnectError" not in rows["b3"]  # said once: down
     assert "unhealthy" in rows["b3"]
