@@ -33,6 +33,7 @@ from app.backend.recipe import SIMULATED_RECIPE
 from bench.fleet.netboxes import recipe_copy
 from tests.conftest import ARTIFACTS, ROOT, Panel, close_panel, free_port, launch_panel
 from tests.polling import wait_for
+from tests.ui.a11y import horizontal_overflow, unlabelled_controls
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -256,11 +257,13 @@ def test_the_fleet_tab_shows_each_box_live_and_a_stopped_box_down(fleet_run: Fle
         wait_for(lambda: all(rate(r["tok-s"]) > 0 for r in rows(narrow).values()), 30,
                  f"the narrow page's tok/s: {rows(narrow)}", 0.25)
         narrow.screenshot(path=str(ARTIFACTS / "fleet-tab-390x844.png"), full_page=True)
-        overflow = narrow.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+        fits = {"wide": (horizontal_overflow(page), unlabelled_controls(page)),
+                "narrow": (horizontal_overflow(narrow), unlabelled_controls(narrow))}
     assert all(c == 200 for c in clients.codes), clients.codes
     for name, r in moving.items():  # the engines decode at DECODE_TOK_S, one answer at a time each
         assert 0 < rate(r["tok-s"]) <= 1.5 * DECODE_TOK_S, (name, r)
-    assert overflow <= 1, f"the narrow page scrolls sideways by {overflow} px"
+    for size, (overflow, unlabelled) in fits.items():  # as every tab (tests/ui/test_all_tabs_a11y.py)
+        assert overflow["page"] <= 1 and overflow["main"] <= 1 and not unlabelled, (size, overflow, unlabelled)
     assert events == [], events  # drawn by the page feed: no Gradio event while tok/s moved
     assert page.evaluate("() => document.getElementById('fleet-boxes').__first") == 1  # patched in place
 
@@ -282,7 +285,7 @@ def test_the_fleet_tab_shows_each_box_live_and_a_stopped_box_down(fleet_run: Fle
     page.screenshot(path=str(ARTIFACTS / "fleet-tab-box-down-1280x800.png"), full_page=True)
     wait_for(lambda: rows(narrow)["b2"]["state"].startswith("down"), DOWN_WITHIN_S, "b2 down on the narrow page", 0.1)
     narrow.screenshot(path=str(ARTIFACTS / "fleet-tab-box-down-390x844.png"), full_page=True)
-    overflow = narrow.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
-    assert overflow <= 1, f"the narrow page with a box down scrolls sideways by {overflow} px (its error's URL)"
+    overflow = horizontal_overflow(narrow)
+    assert overflow["page"] <= 1 and overflow["main"] <= 1, ("a box down at 390 px (its error's URL)", overflow)
     assert ask(run).status_code == 200  # the front still serves, through b1
     assert not browser.console_errors, browser.console_errors
