@@ -8,10 +8,12 @@ here is the one an owner gets, plus the scrape interval). Figures: docs/fleet.md
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from tests.polling import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 RULES = ROOT / "assets" / "monitoring" / "fleet-rules.yml"
+BOX_RULES = ROOT / "assets" / "monitoring" / "alert-rules.yml"  # one box's rules, on every box's series at once
 PROM_PORT = 9090  # in the front's namespace, new for this run: nothing else listens there
 
 
@@ -56,7 +59,8 @@ def live() -> Iterator[Live]:
         d = log.parent
         d.mkdir()
         # the real CLI, from the fleet file; its one knob used here is the scrape (and evaluation) interval
-        f.cli("fleet", "prometheus-config", "--out", str(d / "prometheus.yml"), "--interval", "1", "--rules", str(RULES))
+        f.cli("fleet", "prometheus-config", "--out", str(d / "prometheus.yml"), "--interval", "1", "--rules", str(RULES),
+              "--rules", str(BOX_RULES))
         with log.open("w") as out:
             prom = subprocess.Popen(
                 ["ip", "netns", "exec", f.front_ns, "/usr/bin/prometheus", f"--config.file={d / 'prometheus.yml'}",
@@ -117,6 +121,27 @@ def test_one_query_returns_a_series_from_each_box_labelled_box(live: Live) -> No
 
     fig = box_figures(b.metrics_url, b.metrics_token)
     assert not fig.error and fig.profiles == ("quality",) and fig.vram_total_gib, fig
+
+
+def test_every_rule_evaluates_on_the_fleets_series(live: Live) -> None:
+    """The fleet's rules and one box's (alert-rules.yml) over three boxes' series: no rule errs (a join on labels
+    that several boxes share, e.g. `on (model_name, profile)`, would find duplicate series and fail)."""
+    wait_for(lambda: len(query(live.url, "moet_panel_engine_profile_info")) == 3, 60, "every box's profile", interval=0.2)
+    seen = datetime.now(timezone.utc)
+
+    def evaluated() -> list[dict[str, Any]] | None:
+        """Every rule, once each was evaluated after all three boxes' series were there."""
+        groups = httpx.get(live.url + "/api/v1/rules", timeout=5).json()["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        # Prometheus writes nanoseconds; fromisoformat takes microseconds
+        when = [datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", r["lastEvaluation"]).replace("Z", "+00:00"))
+                for r in rules]
+        return rules if all(w > seen for w in when) else None
+
+    rules = wait_for(evaluated, 30, "every rule evaluated with every box's series", interval=0.2)
+    shipped = RULES.read_text().count("- alert: ") + BOX_RULES.read_text().count("- alert: ")
+    assert len(rules) == shipped
+    assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
 
 
 def test_the_fleet_rules_fire_on_a_box_cut_off_and_quiet_when_it_is_back(live: Live) -> None:
