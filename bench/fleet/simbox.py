@@ -87,7 +87,7 @@ def main() -> int:
     figures = GatewayFigures(keys)  # the gateway's reports, as the panel keeps its gateway process's
     server = GatewayServer(GatewayConfig(host=args.host, port=args.port, insecure_http=True,
                                          limits=Limits(rate_per_min=1e6, max_concurrent=256)), keys, source,
-                           report=figures.report)
+                           report=figures.report if args.metrics_port else None)  # none: the boxes as before
     server.start()
     if not server.wait_started(20):
         say(error=f"gateway: {server.error}")

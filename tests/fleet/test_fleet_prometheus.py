@@ -103,11 +103,16 @@ def test_one_query_returns_a_series_from_each_box_labelled_box(live: Live) -> No
     took = time.monotonic() - live.ready_at
     print(f"federation: every box's series in Prometheus {took:.2f} s after it was ready (scrape interval 1 s)")
     assert all(r["value"][1] == "1" and r["metric"]["simulated"] == "1" for r in res), res
-    # each box's series are its own: its instance is its address, its GPU and pool figures came with it
+    # each box's series are its own: its instance is its address, its GPU and gateway figures came with it
     assert {r["metric"]["instance"] for r in res} == {f"{b.addr}:7860" for b in f.boxes}
-    gpus = wait_for(lambda: {r["metric"]["box"] for r in query(live.url, "moet_panel_gpu_memory_total_bytes")}
-                    == {b.name for b in f.boxes}, 30, "every box's GPU memory (its telemetry hub)", interval=0.2)
-    assert gpus
+
+    def from_every_box(expr: str) -> bool:
+        return {r["metric"]["box"] for r in query(live.url, expr)} == {b.name for b in f.boxes}
+
+    wait_for(lambda: from_every_box("moet_panel_gpu_memory_total_bytes"), 30, "every box's GPU memory (its telemetry "
+             "hub)", interval=0.2)
+    wait_for(lambda: from_every_box("moet_panel_gateway_up == 1"), 30, "every box's gateway serving (its gateway's "
+             "figures)", interval=0.2)
     up = query(live.url, "up")
     assert {(r["metric"]["job"], r["metric"]["box"], r["value"][1]) for r in up} == {
         *(("moet-panel", b.name, "1") for b in f.boxes), ("vllm-router", "front", "1")}, up
