@@ -93,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
     nvml = NvmlGpuReader()  # this process's one NVML client: the demo probe reads it, the controller keeps it
     reason = detect_demo(bool(getattr(args, "demo", False)), gpu_reader=nvml)
     settings = settings_from(args, demo_reason=reason)
+    # the decisions this command makes (and the errors it catches) reach the operator's log like the panel's;
+    # stderr stays the user's (docs/engine.md "The operator's log")
+    oplog.configure(settings.ensure_state_dir(), console=False)
     if args.engine_cmd == "build-image":
         nvml.close()
         return _build_commit(args, settings) if args.commit else _build_image(args, settings)

@@ -8,7 +8,9 @@ Topology (addresses in 10.R.0.0/16, R chosen per run, used only inside these nam
 holds one veth end per box (10.R.i.1/30); box i's namespace holds the other end, `eth0` (10.R.i.2/30), where its
 gateway listens. The front (`moet-panel fleet serve`: the router on F's loopback and the gateway) runs in F, and
 the caller's client with it (`enter_front`: setns(2) of the calling thread). Faults act on a box's `eth0`
-(`ip link set down`, `tc netem`) or its processes (SIGSTOP). `close()` kills every process of these namespaces
+(`ip link set down`, `tc netem`) or its processes (SIGSTOP). `Fleet(metrics=True)`: each box also serves its
+panel's `/metrics` on 10.R.i.2:7860 behind a token of its own, given to `fleet add --metrics-url --metrics-token`
+(bench/fleet/boxmetrics.py; the fleet's Prometheus, tests/fleet/test_fleet_prometheus.py). `close()` kills every process of these namespaces
 (`ip netns pids`: only ours), deletes them (their veths go with them) and the data dirs, even after a failure.
 Root is needed; without it, or without `ip`, `NamespacesUnavailable` says so.
 """
@@ -30,6 +32,7 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parents[2]
 CLONE_NEWNET = 0x40000000
 BOX_PORT = 8001
+METRICS_PORT = 7860  # a box's panel /metrics (Fleet(metrics=True)), the panel's default port
 FRONT_PORT = 8001
 
 
@@ -73,10 +76,15 @@ class Box:
     data: Path
     proc: subprocess.Popen[str] | None = None
     lines: list[dict[str, Any]] = field(default_factory=list)
+    metrics_token: str = ""  # its /metrics bearer token (Fleet(metrics=True)); "" when it serves none
 
     @property
     def url(self) -> str:
         return f"http://{self.addr}:{BOX_PORT}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.addr}:{METRICS_PORT}/metrics"
 
     def command(self, line: str, want: str, timeout_s: float = 200.0) -> dict[str, Any]:
         assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
@@ -112,8 +120,9 @@ def read_until(stream: IO[str], key: str, timeout_s: float, who: str) -> dict[st
 
 
 class Fleet:
-    def __init__(self, n: int = 3, decode_tok_s: float | None = None, name: str = "") -> None:
+    def __init__(self, n: int = 3, decode_tok_s: float | None = None, name: str = "", metrics: bool = False) -> None:
         self.n = n
+        self.metrics = metrics  # each box serves its panel's /metrics too (boxmetrics.py)
         self.tag = name or f"mpf{os.getpid() % 100000}"
         self.r = 100 + os.getpid() % 100  # 10.R.0.0/16: this run's test range
         self.front_ns = f"{self.tag}-f"
@@ -189,7 +198,8 @@ class Fleet:
         assert self.recipe is not None
         box.proc = subprocess.Popen(
             ["ip", "netns", "exec", box.ns, sys.executable, "-m", "bench.fleet.simbox", "--data", str(box.data),
-             "--host", box.addr, "--port", str(BOX_PORT), "--recipe", str(self.recipe), "--profile", profile],
+             "--host", box.addr, "--port", str(BOX_PORT), "--recipe", str(self.recipe), "--profile", profile,
+             *self._metrics_argv(box)],
             cwd=ROOT, env=self.env(box.data), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=open(box.data / "simbox.err", "w"), text=True, start_new_session=True)
         assert box.proc.stdin is not None
@@ -208,9 +218,24 @@ class Fleet:
             if not d["ready"]:
                 raise RuntimeError(f"{b.name}'s engine did not become ready: {(b.data / 'simbox.err').read_text()[-2000:]}")
         for b in todo:
-            self.cli("fleet", "add", b.name, b.url)
+            self.cli("fleet", "add", b.name, b.url,
+                     *(("--metrics-url", b.metrics_url, "--metrics-token", b.metrics_token) if b.metrics_token else ()))
         self.start_front()
         return key
+
+    def _metrics_argv(self, box: Box) -> list[str]:
+        """simbox's flags for its /metrics: a new token in a 0600 file of the box's data dir (as the panel's
+        --metrics-token-file), kept on `box` for the fleet file."""
+        if not self.metrics:
+            return []
+        import secrets
+
+        box.metrics_token = box.metrics_token or secrets.token_hex(32)
+        f = box.data / "metrics.token"
+        fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(box.metrics_token + "\n")
+        return ["--metrics-port", str(METRICS_PORT), "--metrics-token-file", str(f)]
 
     def start_front(self) -> None:
         data = self.tmp / "front"

@@ -1,13 +1,15 @@
 """One SIMULATED box of a fleet, run inside its own network namespace by tests/fleet and bench/fleet/run.py:
 
     ip netns exec NS python -m bench.fleet.simbox --data DIR --host ADDR --port PORT --recipe FILE [--slots N]
+        [--metrics-port P --metrics-token-file F]
 
 What a box's panel runs for its gateway, without the web page: the engine controller (the SIMULATED engine on the
 process runtime, a child of this process: it listens on its unix socket, so the namespace changes nothing for it),
 the gateway on the namespace's address with the panel's status of the engine (`SnapshotSource`) and its answers
 counted for the drain, and the fleet key read from stdin's first line (scope `fleet`: the box serves the front
 alone). Then one JSON line per event on stdout: {"ready": ...} once the engine serves; commands on stdin:
-`switch PROFILE`, `tokens` (the engine's own generation counter), `quit`.
+`switch PROFILE`, `tokens` (the engine's own generation counter), `quit`. With `--metrics-port`, the panel's
+`/metrics` on ADDR:P behind its token (bench/fleet/boxmetrics.py), for the fleet's Prometheus.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8001)
     ap.add_argument("--recipe", required=True)
     ap.add_argument("--profile", default="quality")
+    ap.add_argument("--metrics-port", type=int, default=0, help="serve the panel's /metrics there (0: none)")
+    ap.add_argument("--metrics-token-file", default="", help="its bearer token (0600), as --metrics-token-file")
     args = ap.parse_args()
     os.environ["MOET_PANEL_GPU"] = "simulated"
     fleet_key = sys.stdin.readline().strip()
@@ -78,12 +82,23 @@ def main() -> int:
         return engine_slots_of(settings.recipe, next((p for p in settings.recipe.profiles if p.id == pid), None))
 
     source = SnapshotSource(ctl.snapshot, "http://127.0.0.1:9", slots_for)
+    from bench.fleet.boxmetrics import BoxMetrics, GatewayFigures
+
+    figures = GatewayFigures(keys)  # the gateway's reports, as the panel keeps its gateway process's
     server = GatewayServer(GatewayConfig(host=args.host, port=args.port, insecure_http=True,
-                                         limits=Limits(rate_per_min=1e6, max_concurrent=256)), keys, source)
+                                         limits=Limits(rate_per_min=1e6, max_concurrent=256)), keys, source,
+                           report=figures.report if args.metrics_port else None)  # none: the boxes as before
     server.start()
     if not server.wait_started(20):
         say(error=f"gateway: {server.error}")
         return 2
+    figures.serving = True
+    metrics: BoxMetrics | None = None
+    if args.metrics_port:
+        metrics = BoxMetrics(settings, ctl, reader, figures, args.host, args.metrics_port, Path(args.metrics_token_file))
+        if not metrics.start():
+            say(error=f"/metrics: {metrics.error}")
+            return 2
     ctl.add_answer_counter(server.app)  # a switch's drain waits for the answers this gateway streams
     t = ctl.start(args.profile)
     t.wait(180)
@@ -108,6 +123,9 @@ def main() -> int:
                 elif cmd[0] == "quit":
                     break
     finally:
+        if metrics is not None:
+            metrics.close()
+        figures.serving = False
         server.stop()
         ctl.stop().wait(60)
         ctl.close()

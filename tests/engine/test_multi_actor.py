@@ -15,6 +15,7 @@ from typing import Callable
 
 import pytest
 
+from app.backend import oplog
 from app.backend.engine.controller import EngineController
 from app.backend.engine.lifecycle.oplock import EngineLock, LockHeld
 from app.backend.contracts import EngineSnapshot, EngineState
@@ -63,6 +64,10 @@ def test_two_panels_and_outside_actors_converge_on_docker(make_controller, docke
     assert r.returncode == 0, r.stdout + r.stderr
     converge((a, b), lambda s: s.state is EngineState.READY and s.profile_id == "speed", "speed adopted")
     assert len(panel_containers(docker_client, st.recipe.id)) == 1
+    # the CLI's decisions reach the operator's log (`logs --panel`), not its user's stderr
+    cli_lines = [ln for ln in oplog.read_lines(st.state_dir, 0) if "who=cli" in ln]
+    assert any("action=stop" in ln for ln in cli_lines) and any("action=start" in ln for ln in cli_lines), cli_lines
+    assert "ts=" not in r.stderr, r.stderr
     # The socket preflight knows the listener is the panel's own container, whoever started it (issue 40).
     sock = next(i for i in a.preflight("speed").items if i.id == "socket")
     assert sock.status == "pass" and "this panel's engine" in sock.detail and "700" in sock.detail

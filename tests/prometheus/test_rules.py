@@ -74,7 +74,7 @@ def test_thresholds_are_the_panels_own() -> None:
     assert f"< {alerts.HOST_RAM_LOW_BYTES // 2**30} * 2^30" in r["MoetHostRamLow"]
     assert f"< {alerts.HOST_RAM_LOW_FRACTION:g}" in r["MoetHostRamLow"]
     assert f">= {alerts.ZERO_COVERAGE_SUMMARIES}" in r["MoetPoolEmptyWhileServing"]
-    assert f"< on (model_name) {1 - drift.DRIFT_FRACTION:g} *" in r["MoetDecodeBelowCard"]
+    assert f"< on (box, model_name) {1 - drift.DRIFT_FRACTION:g} *" in r["MoetDecodeBelowCard"]
     assert _rules()["MoetDecodeBelowCard"]["for"] == f"{drift.DRIFT_WINDOW_S:g}s"
     assert f"> {LoginThrottle().free_client}" in r["MoetLoginFailures"]
     recipe = load_recipe(DEFAULT_RECIPE)

@@ -3,7 +3,9 @@
 Every box's panel `/metrics` is scraped by a job of its own (each box has its own metrics token), every series
 labelled `box="<name>"`, the job relabelled `moet-panel` so the shipped rules and dashboard read them unchanged;
 the router's exporter (the front's loopback) is scraped as job `vllm-router`, labelled `box="front"`. The fleet's
-rules (a box down, a worker the router marks unhealthy) are `assets/monitoring/fleet-rules.yml`."""
+rules (a box down, a worker the router marks unhealthy) are `assets/monitoring/fleet-rules.yml`; one box's rules
+(`alert-rules.yml`) load beside them, and the dashboard's `box` variable picks the boxes (run live:
+tests/fleet/test_fleet_prometheus.py)."""
 
 from __future__ import annotations
 

@@ -145,16 +145,20 @@ def log_path(state_dir: Path) -> Path:
 _CONFIGURED = "_moet_panel_oplog"
 
 
-def configure(state_dir: Path | None, *, stream: IO[str] | None = None, level: int = logging.INFO) -> None:
-    """Idempotent: the stderr sink and (with a state dir) the rotated file, redaction on every record."""
+def configure(state_dir: Path | None, *, stream: IO[str] | None = None, level: int = logging.INFO,
+              console: bool = True) -> None:
+    """Idempotent: the stderr sink and (with a state dir) the rotated file, redaction on every record.
+    `console=False`: the file only — a CLI command whose stderr is its user's (`engine start|stop|switch`), whose
+    decisions still reach the operator's log (`moet-panel logs --panel`)."""
     from app.backend.oplog.redact import install_log_redaction
 
     root = logging.getLogger()
     fmt = _Format()
     if not getattr(root, _CONFIGURED, False):
-        handler = logging.StreamHandler(stream or sys.stderr)
-        handler.setFormatter(fmt)
-        root.addHandler(handler)
+        if console:
+            handler = logging.StreamHandler(stream or sys.stderr)
+            handler.setFormatter(fmt)
+            root.addHandler(handler)
         if root.level == logging.NOTSET or root.level > level:
             root.setLevel(level)
         setattr(root, _CONFIGURED, True)
