@@ -79,6 +79,8 @@ def _row(v: BoxView) -> str:
 def fleet_html(view: FleetView) -> str:
     router = f"router pid {view.router_pid}" if view.router_pid else "router not running (the panel restarts it)"
     head = (f"<p id='fleet-router'>{html.escape(router)}; started {view.router_starts} time(s)</p>")
+    if not view.asked:
+        return "<p id='fleet-empty'>Asking the boxes and the router…</p>"
     if not view.boxes:
         return head + "<p id='fleet-empty'>No boxes yet: <code>moet-panel fleet add NAME URL</code>.</p>"
     cols = "".join(f"<th scope='col'>{c}</th>" for c in COLUMNS)

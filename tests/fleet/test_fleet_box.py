@@ -180,7 +180,7 @@ def test_the_fleet_tab_exists_only_on_a_front_and_shows_each_box() -> None:
     assert not tab.shown(SimpleNamespace(front=None))  # type: ignore[arg-type]
     view = FleetView((BoxView(BoxStatus("b1", True, True, "m", 1, "ready", in_flight=2), True,
                               BoxFigures(("quality",), 70.5, 96.0, 0.57)),
-                      BoxView(BoxStatus("b2", False, error="does not answer"), None)), router_pid=42, router_starts=2)
+                      BoxView(BoxStatus("b2", False, error="does not answer"), None)), router_pid=42, router_starts=2, asked=True)
     page = tab.fleet_html(view)
     for text in ("b1", "serving", "healthy", "quality", "70.5 / 96.0 GiB", "57%", "b2", "does not answer",
                  "not listed", "router pid 42"):

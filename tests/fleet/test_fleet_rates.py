@@ -103,10 +103,18 @@ def test_the_fleet_tab_shows_each_boxs_tok_s_and_a_down_box_as_down_with_no_rate
         BoxView(BoxStatus("b1", True, True, "m", 1, "ready"), True, BoxFigures(("quality",), simulated=True), 48.7),
         BoxView(BoxStatus("b2", True, True, "m", 1, "ready"), True, BoxFigures(("quality",)), 3.25),
         BoxView(BoxStatus("b3", False, error="does not answer"), False, BoxFigures(error="its /metrics: ConnectError"),
-                None)), router_pid=7))
+                None)), router_pid=7, asked=True))
     rows = {r.split("'")[0]: r for r in page.split("<tr data-box='")[1:]}
     assert "data-col='tok-s' class='num'>49<" in rows["b1"] and "SIMULATED" in rows["b1"]
     assert "data-col='tok-s' class='num'>3.2<" in rows["b2"] and "SIMULATED" not in rows["b2"]
     assert ">down<small class='moet-fleet-why'>does not answer</small>" in rows["b3"]
     assert "data-col='tok-s' class='num'>—<" in rows["b3"] and "ConnectError" not in rows["b3"]  # said once: down
     assert "unhealthy" in rows["b3"]
+
+
+def test_the_fleet_tab_says_it_is_asking_before_the_first_answers_and_no_boxes_after() -> None:
+    from app.backend.fleet.service import FleetView
+    from app.ui.fleet import fleet_html
+
+    assert "Asking the boxes" in fleet_html(FleetView())  # the panel's first seconds: not "no boxes"
+    assert "No boxes yet" in fleet_html(FleetView(asked=True))

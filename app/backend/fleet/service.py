@@ -70,6 +70,7 @@ class FleetView:
     router_pid: int | None = None
     router_starts: int = 0
     taken_at: float = field(default_factory=time.time)
+    asked: bool = False  # False: the view before the boxes were first asked (the panel's first 2 s)
 
 
 class FleetFront:
@@ -106,7 +107,7 @@ class FleetFront:
                     rate = self._rates.add(b.name, time.monotonic(), fig.generated_tokens)
                     views.append(BoxView(st, health.get(b.url.rstrip("/")), fig, rate))
                 self._rates.keep(b.name for b in cfg.boxes)
-                self._view = FleetView(tuple(views), self.router.pid, self.router.starts)
+                self._view = FleetView(tuple(views), self.router.pid, self.router.starts, asked=True)
             except Exception as exc:  # the view must keep going; said once per kind of error
                 oplog.caught("fleet", exc, "refreshing the fleet's view", traceback=True)
 
