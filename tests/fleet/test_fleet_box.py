@@ -185,3 +185,74 @@ def test_the_fleet_tab_exists_only_on_a_front_and_shows_each_box() -> None:
     for text in ("b1", "serving", "healthy", "quality", "70.5 / 96.0 GiB", "57%", "b2", "does not answer",
                  "not listed", "router pid 42"):
         assert text in page, text
+
+
+class _RouterDouble:
+    """A stand-in for the router on loopback: answers the first chat request 503 (a box that began to drain after
+    the router's last health check, its 503 passed on), every later one 200 with a short stream; records what came."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.seen: list[str] = []  # the Authorization header of each request
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                self.rfile.read(int(self.headers.get("content-length", "0")))
+                double.seen.append(self.headers.get("authorization", ""))
+                if len(double.seen) == 1:
+                    body, status, ctype = b'{"error":{"message":"draining"}}', 503, "application/json"
+                else:
+                    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "deepseek-v4-flash",
+                             "choices": [{"index": 0, "delta": {"content": "hello"}, "finish_reason": "stop"}]}
+                    body = b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
+                    status, ctype = 200, "text/event-stream"
+                self.send_response(status)
+                self.send_header("content-type", ctype)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_front_sends_again_a_503_the_router_passes_on_and_the_client_gets_the_answer(
+        make_gateway: Callable[..., Gw], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A box's 503 that the router passes on (it drained after the router's last health check) reached nothing of
+    the client: the front sends the request again (proxy.GatewayApp._request) and the client gets the 200."""
+    import logging
+
+    from app.backend.fleet.source import FleetSource
+
+    caplog.set_level(logging.INFO, logger="moet_panel")
+    router = _RouterDouble()
+    try:
+        cfg = _fleet(tmp_path)
+        gw = make_gateway(source=FixedSource(EngineStatus(True, router.url, "deepseek-v4-flash", state="ready",
+                                                          slots=4)))
+        make_front(gw.server, FleetSource(lambda: cfg), cfg.fleet_key)
+        k = gw.key("client")
+        r = httpx.post(gw.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {k}"}, timeout=10,
+                       json={"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}],
+                             "stream": True})
+        assert r.status_code == 200, r.text
+        assert "hello" in r.text and "data: [DONE]" in r.text and "error" not in r.text
+        assert router.seen == [f"Bearer {cfg.fleet_key}"] * 2  # the fleet key upstream, the request sent twice
+        resent = [m for m in (rec.getMessage() for rec in caplog.records) if "action=resent_after_router_error" in m]
+        assert len(resent) == 1 and "status=503" in resent[0], resent
+    finally:
+        router.close()
