@@ -188,14 +188,15 @@ def test_the_fleet_tab_exists_only_on_a_front_and_shows_each_box() -> None:
 
 
 class _RouterDouble:
-    """A stand-in for the router on loopback: answers the first chat request 503 (a box that began to drain after
-    the router's last health check, its 503 passed on), every later one 200 with a short stream; records what came."""
+    """A stand-in for the router on loopback: answers each chat request as `script` says, in turn ("503": a box's
+    503 passed on; "closed": 200 and a stream's headers, then the connection closed before any byte of it, as a box
+    that began to stop in that instant; "ok": a short stream); records the Authorization header of each."""
 
-    def __init__(self) -> None:
+    def __init__(self, script: list[str]) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        self.seen: list[str] = []  # the Authorization header of each request
+        self.seen: list[str] = []
         double = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -204,7 +205,15 @@ class _RouterDouble:
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 self.rfile.read(int(self.headers.get("content-length", "0")))
                 double.seen.append(self.headers.get("authorization", ""))
-                if len(double.seen) == 1:
+                how = script[len(double.seen) - 1] if len(double.seen) <= len(script) else "ok"
+                if how == "closed":
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("transfer-encoding", "chunked")
+                    self.end_headers()
+                    self.close_connection = True
+                    return
+                if how == "503":
                     body, status, ctype = b'{"error":{"message":"draining"}}', 503, "application/json"
                 else:
                     chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "deepseek-v4-flash",
@@ -230,29 +239,57 @@ class _RouterDouble:
         self.server.server_close()
 
 
-def test_the_front_sends_again_a_503_the_router_passes_on_and_the_client_gets_the_answer(
-        make_gateway: Callable[..., Gw], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A box's 503 that the router passes on (it drained after the router's last health check) reached nothing of
-    the client: the front sends the request again (proxy.GatewayApp._request) and the client gets the 200."""
+def _front_asks(home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, script: list[str],
+                ) -> tuple[httpx.Response, list[str], str, list[str]]:
+    """A front gateway (make_front) whose upstream is a router double answering as `script` says; one streamed chat
+    request through it. Returns (the client's answer, the Authorization headers upstream saw, the fleet key, the
+    operator log's lines). Everything started here is stopped, even on failure."""
     import logging
 
     from app.backend.fleet.source import FleetSource
+    from app.backend.gateway.keys import KeyStore
+    from app.backend.gateway.proxy import Limits
+    from app.backend.gateway.server import GatewayConfig, GatewayServer
 
     caplog.set_level(logging.INFO, logger="moet_panel")
-    router = _RouterDouble()
+    router = _RouterDouble(script)
+    keys = KeyStore(home_data / ".moet-panel")
+    cfg = _fleet(tmp_path)
+    server = GatewayServer(GatewayConfig(host="127.0.0.1", port=0, limits=Limits()), keys,
+                           FixedSource(EngineStatus(True, router.url, "deepseek-v4-flash", state="ready", slots=4)))
     try:
-        cfg = _fleet(tmp_path)
-        gw = make_gateway(source=FixedSource(EngineStatus(True, router.url, "deepseek-v4-flash", state="ready",
-                                                          slots=4)))
-        make_front(gw.server, FleetSource(lambda: cfg), cfg.fleet_key)
-        k = gw.key("client")
-        r = httpx.post(gw.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {k}"}, timeout=10,
+        make_front(server, FleetSource(lambda: cfg), cfg.fleet_key)
+        server.start()
+        assert server.wait_started(10), f"gateway did not start: {server.error}"
+        k = keys.create("client").key
+        r = httpx.post(f"http://127.0.0.1:{server.port}/v1/chat/completions", headers={"Authorization": f"Bearer {k}"},
                        json={"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}],
-                             "stream": True})
-        assert r.status_code == 200, r.text
-        assert "hello" in r.text and "data: [DONE]" in r.text and "error" not in r.text
-        assert router.seen == [f"Bearer {cfg.fleet_key}"] * 2  # the fleet key upstream, the request sent twice
-        resent = [m for m in (rec.getMessage() for rec in caplog.records) if "action=resent_after_router_error" in m]
-        assert len(resent) == 1 and "status=503" in resent[0], resent
+                             "stream": True}, timeout=10)
+        return r, list(router.seen), cfg.fleet_key, [rec.getMessage() for rec in caplog.records]
     finally:
+        server.stop()
+        keys.close()
         router.close()
+
+
+def test_the_front_sends_again_a_503_the_router_passes_on_and_the_client_gets_the_answer(
+        home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A box's 503 that the router passes on (it drained after the router's last health check) reached nothing of
+    the client: the front sends the request again (proxy.GatewayApp._request) and the client gets the 200."""
+    r, seen, fleet_key, log = _front_asks(home_data, tmp_path, caplog, ["503", "ok"])
+    assert r.status_code == 200, r.text
+    assert "hello" in r.text and "data: [DONE]" in r.text and "error" not in r.text
+    assert seen == [f"Bearer {fleet_key}"] * 2  # the fleet key upstream, the request sent twice
+    resent = [m for m in log if "action=resent_after_router_error" in m]
+    assert len(resent) == 1 and "status=503" in resent[0], resent
+
+
+def test_the_front_sends_again_a_stream_whose_box_closed_before_its_first_byte(
+        home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A box that began to stop in the instant it took a request sends a stream's headers, then closes: the front
+    answers its client only from the first byte on, so it sends the request again instead of cutting the client."""
+    r, seen, _, log = _front_asks(home_data, tmp_path, caplog, ["closed", "ok"])
+    assert r.status_code == 200, r.text
+    assert "hello" in r.text and "data: [DONE]" in r.text and "error" not in r.text
+    assert len(seen) == 2
+    assert len([m for m in log if "action=resent_after_box_closed" in m]) == 1
