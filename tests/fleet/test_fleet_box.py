@@ -190,9 +190,10 @@ def test_the_fleet_tab_exists_only_on_a_front_and_shows_each_box() -> None:
 class _RouterDouble:
     """A stand-in for the router on loopback: answers each chat request as `script` says, in turn ("503": a box's
     503 passed on; "closed": 200 and a stream's headers, then the connection closed before any byte of it, as a box
-    that began to stop in that instant; "ok": a short stream); records the Authorization header of each."""
+    that began to stop in that instant; "held": no answer, `on_held()` called, until the front closes the
+    connection, as on a box cut off; "ok": a short stream); records the Authorization header of each."""
 
-    def __init__(self, script: list[str]) -> None:
+    def __init__(self, script: list[str], on_held: Callable[[], object] = lambda: None) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -206,6 +207,11 @@ class _RouterDouble:
                 self.rfile.read(int(self.headers.get("content-length", "0")))
                 double.seen.append(self.headers.get("authorization", ""))
                 how = script[len(double.seen) - 1] if len(double.seen) <= len(script) else "ok"
+                if how == "held":
+                    on_held()
+                    self.rfile.read(1)  # b"" once the front closes its connection (it sent the request again)
+                    self.close_connection = True
+                    return
                 if how == "closed":
                     self.send_response(200)
                     self.send_header("content-type", "text/event-stream")
@@ -244,6 +250,7 @@ def _front_asks(home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixtur
     """A front gateway (make_front) whose upstream is a router double answering as `script` says; one streamed chat
     request through it. Returns (the client's answer, the Authorization headers upstream saw, the fleet key, the
     operator log's lines). Everything started here is stopped, even on failure."""
+    import asyncio
     import logging
 
     from app.backend.fleet.source import FleetSource
@@ -251,14 +258,24 @@ def _front_asks(home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixtur
     from app.backend.gateway.proxy import Limits
     from app.backend.gateway.server import GatewayConfig, GatewayServer
 
+    class Watched(FleetSource):
+        loop: asyncio.AbstractEventLoop | None = None
+
+        def box_lost(self) -> asyncio.Event:  # asked on the gateway's loop, for each attempt
+            self.loop = asyncio.get_running_loop()
+            return super().box_lost()
+
     caplog.set_level(logging.INFO, logger="moet_panel")
-    router = _RouterDouble(script)
-    keys = KeyStore(home_data / ".moet-panel")
     cfg = _fleet(tmp_path)
+    source = Watched(lambda: cfg)
+    # "held": the front's watch of its boxes finds one lost (fleet/source.py), on the gateway's loop
+    router = _RouterDouble(script, lambda: source.loop.call_soon_threadsafe(source.wake_waiting)  # type: ignore[union-attr]
+                           )
+    keys = KeyStore(home_data / ".moet-panel")
     server = GatewayServer(GatewayConfig(host="127.0.0.1", port=0, limits=Limits()), keys,
                            FixedSource(EngineStatus(True, router.url, "deepseek-v4-flash", state="ready", slots=4)))
     try:
-        make_front(server, FleetSource(lambda: cfg), cfg.fleet_key)
+        make_front(server, source, cfg.fleet_key)
         server.start()
         assert server.wait_started(10), f"gateway did not start: {server.error}"
         k = keys.create("client").key
@@ -293,3 +310,14 @@ def test_the_front_sends_again_a_stream_whose_box_closed_before_its_first_byte(
     assert "hello" in r.text and "data: [DONE]" in r.text and "error" not in r.text
     assert len(seen) == 2
     assert len([m for m in log if "action=resent_after_box_closed" in m]) == 1
+
+
+def test_the_front_sends_again_a_request_held_on_a_box_found_lost(
+        home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A request held on a box that stops answering (link cut, frozen) is sent again once the front finds the box
+    lost: nothing reached its client (its first byte had not come). It was a 500 from the front itself before."""
+    r, seen, _, log = _front_asks(home_data, tmp_path, caplog, ["held", "ok"])
+    assert r.status_code == 200, r.text
+    assert "hello" in r.text and "data: [DONE]" in r.text and "error" not in r.text
+    assert len(seen) == 2
+    assert len([m for m in log if "action=resent_after_box_lost" in m]) == 1

@@ -803,6 +803,10 @@ class GatewayApp:
                 lost.cancel()
                 if not asked.done():
                     asked.cancel()  # its connection closes: a box still alive aborts the request
+            if not asked.done():
+                # a task asked to cancel is not cancelled yet: wait for it (reading its result now raised
+                # InvalidStateError, a 500 to the client, for every request a lost box held: docs/fleet.md#faults)
+                await asyncio.wait({asked})
             if asked.cancelled():
                 oplog.decision("gateway", "resent_after_box_lost", who=oplog.PANEL, route=f"{method} {path}")
                 continue
