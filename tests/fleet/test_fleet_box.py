@@ -185,3 +185,139 @@ def test_the_fleet_tab_exists_only_on_a_front_and_shows_each_box() -> None:
     for text in ("b1", "serving", "healthy", "quality", "70.5 / 96.0 GiB", "57%", "b2", "does not answer",
                  "not listed", "router pid 42"):
         assert text in page, text
+
+
+class _RouterDouble:
+    """A stand-in for the router on loopback: answers each chat request as `script` says, in turn ("503": a box's
+    503 passed on; "closed": 200 and a stream's headers, then the connection closed before any byte of it, as a box
+    that began to stop in that instant; "held": no answer, `on_held()` called, until the front closes the
+    connection, as on a box cut off; "ok": a short stream); records the Authorization header of each."""
+
+    def __init__(self, script: list[str], on_held: Callable[[], object] = lambda: None) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.seen: list[str] = []
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                self.rfile.read(int(self.headers.get("content-length", "0")))
+                double.seen.append(self.headers.get("authorization", ""))
+                how = script[len(double.seen) - 1] if len(double.seen) <= len(script) else "ok"
+                if how == "held":
+                    on_held()
+                    self.rfile.read(1)  # b"" once the front closes its connection (it sent the request again)
+                    self.close_connection = True
+                    return
+                if how == "closed":
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("transfer-encoding", "chunked")
+                    self.end_headers()
+                    self.close_connection = True
+                    return
+                if how == "503":
+                    body, status, ctype = b'{"error":{"message":"draining"}}', 503, "application/json"
+                else:
+                    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "deepseek-v4-flash",
+                             "choices": [{"index": 0, "delta": {"content": "hello"}, "finish_reason": "stop"}]}
+                    body = b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
+                    status, ctype = 200, "text/event-stream"
+                self.send_response(status)
+                self.send_header("content-type", ctype)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _front_asks(home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, script: list[str],
+                ) -> tuple[httpx.Response, list[str], str, list[str]]:
+    """A front gateway (make_front) whose upstream is a router double answering as `script` says; one streamed chat
+    request through it. Returns (the client's answer, the Authorization headers upstream saw, the fleet key, the
+    operator log's lines). Everything started here is stopped, even on failure."""
+    import asyncio
+    import logging
+
+    from app.backend.fleet.source import FleetSource
+    from app.backend.gateway.keys import KeyStore
+    from app.backend.gateway.proxy import Limits
+    from app.backend.gateway.server import GatewayConfig, GatewayServer
+
+    class Watched(FleetSource):
+        loop: asyncio.AbstractEventLoop | None = None
+
+        def box_lost(self) -> asyncio.Event:  # asked on the gateway's loop, for each attempt
+            self.loop = asyncio.get_running_loop()
+            return super().box_lost()
+
+    caplog.set_level(logging.INFO, logger="moet_panel")
+    cfg = _fleet(tmp_path)
+    source = Watched(lambda: cfg)
+    # "held": the front's watch of its boxes finds one lost (fleet/source.py), on the gateway's loop
+    router = _RouterDouble(script, lambda: source.loop.call_soon_threadsafe(source.wake_waiting)  # type: ignore[union-attr]
+                           )
+    keys = KeyStore(home_data / ".moet-panel")
+    server = GatewayServer(GatewayConfig(host="127.0.0.1", port=0, limits=Limits()), keys,
+                           FixedSource(EngineStatus(True, router.url, "deepseek-v4-flash", state="ready", slots=4)))
+    try:
+        make_front(server, source, cfg.fleet_key)
+        server.start()
+        assert server.wait_started(10), f"gateway did not start: {server.error}"
+        k = keys.create("client").key
+        r = httpx.post(f"http://127.0.0.1:{server.port}/v1/chat/completions", headers={"Authorization": f"Bearer {k}"},
+                       json={"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}],
+                             "stream": True}, timeout=10)
+        return r, list(router.seen), cfg.fleet_key, [rec.getMessage() for rec in caplog.records]
+    finally:
+        server.stop()
+        keys.close()
+        router.close()
+
+
+def test_the_front_sends_again_a_503_the_router_passes_on_and_the_client_gets_the_answer(
+        home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A box's 503 that the router passes on (it drained after the router's last health check) reached nothing of
+    the client: the front sends the request again (proxy.GatewayApp._request) and the client gets the 200."""
+    r, seen, fleet_key, log = _front_asks(home_data, tmp_path, caplog, ["503", "ok"])
+    assert r.status_code == 200, r.text
+    assert "hello" in r.text and "data: [DONE]" in r.text and "error" not in r.text
+    assert seen == [f"Bearer {fleet_key}"] * 2  # the fleet key upstream, the request sent twice
+    resent = [m for m in log if "action=resent_after_router_error" in m]
+    assert len(resent) == 1 and "status=503" in resent[0], resent
+
+
+def test_the_front_sends_again_a_stream_whose_box_closed_before_its_first_byte(
+        home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A box that began to stop in the instant it took a request sends a stream's headers, then closes: the front
+    answers its client only from the first byte on, so it sends the request again instead of cutting the client."""
+    r, seen, _, log = _front_asks(home_data, tmp_path, caplog, ["closed", "ok"])
+    assert r.status_code == 200, r.text
+    assert "hello" in r.text and "data: [DONE]" in r.text and "error" not in r.text
+    assert len(seen) == 2
+    assert len([m for m in log if "action=resent_after_box_closed" in m]) == 1
+
+
+def test_the_front_sends_again_a_request_held_on_a_box_found_lost(
+        home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A request held on a box that stops answering (link cut, frozen) is sent again once the front finds the box
+    lost: nothing reached its client (its first byte had not come). It was a 500 from the front itself before."""
+    r, seen, _, log = _front_asks(home_data, tmp_path, caplog, ["held", "ok"])
+    assert r.status_code == 200, r.text
+    assert "hello" in r.text and "data: [DONE]" in r.text and "error" not in r.text
+    assert len(seen) == 2
+    assert len([m for m in log if "action=resent_after_box_lost" in m]) == 1

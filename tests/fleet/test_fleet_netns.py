@@ -135,9 +135,10 @@ def faulted(f: Fleet, c: Client, on: Callable[[], object], off: Callable[[], obj
 
 
 def served_but_the_known_stall(rs: list[Result]) -> None:
-    """Served, but for the one failure docs/fleet.md#not-done-yet names (about 1 stream in 30-50 through the router
-    goes silent mid-answer and is ended by the front's 10 s bound with its error event): at most 1 in 20, and only
-    that clear error; no 5xx, no hang, no cut."""
+    """Served, but for a stream that was on a box when it went (its error event after the front's 10 s bound), or
+    the one failure docs/fleet.md#not-done-yet names (a box's drain lets a request in as it ends, and its engine
+    stops under it: about 1 stream in 500 around a switch): at most 1 in 20, and only the front's clear error
+    event; no 5xx, no hang, no cut."""
     failed = [r for r in rs if not r.ok]
     assert rs and len(failed) <= max(1, len(rs) // 20), summary(rs)
     assert all("the box answering stopped" in r.error for r in failed), summary(rs)
@@ -149,14 +150,16 @@ def back_in_router(f: Fleet) -> None:
 
 def test_a_box_switching_profile_while_a_client_loops_is_left_out_and_hangs_nobody(fleet: tuple[Fleet, Client]) -> None:
     """The switching box drains (its answers finish) and leaves the router's rotation; the others serve. The issue's
-    goal is 0 refused and 0 cut: met in the final bench (28 requests) and in some runs of this test (90), not in all
-    (1 of 57: a stream silent mid-answer around the switch, ended by the front's 10 s bound; docs/fleet.md#not-done-yet).
-    Asserted: the drain cuts nothing, nothing hangs, and a failure is that one clear error, rarely."""
+    goal is 0 refused and 0 cut: met in most runs; the one failure left is the box's drain letting a request in as
+    it ends (about 1 stream in 500 around a switch, docs/fleet.md#not-done-yet; engine code). Asserted: nothing
+    hangs, and a failure is the front's clear error event, rarely."""
     f, c = fleet
     rs = loop(c, 10, 3, lambda: f.boxes[0].command("switch balanced", "switched"))
     print(f"switch under a looping client: {summary(rs)}")
     assert len(rs) > 10
     served_but_the_known_stall(rs)
+    # the 10 s silences once seen here (1 stream in ~100: the front's lost wakeup, fixed) are not allowed any more
+    assert not any("nothing came from upstream" in r.error for r in rs), summary(rs)
     assert max(r.end - r.start for r in rs) <= 15, "a request hung during the switch"
     back_in_router(f)
 
@@ -187,8 +190,11 @@ def test_a_lossy_link_slows_nothing_into_a_hang(fleet: tuple[Fleet, Client]) -> 
     applied: list[str] = []
     rs, _ = faulted(f, c, lambda: applied.append(f.netem(f.boxes[1], True)), lambda: f.netem(f.boxes[1], False))
     print(f"lossy link: {applied[0]}; {summary(rs)}")
-    assert sum(1 for r in rs if r.ok) >= 0.8 * len(rs), summary(rs)
-    assert max(r.end - r.start for r in rs) <= 15, "a request hung on the lossy link"
+    served_but_the_known_stall(rs)  # 0 of 2,058 failed in nine runs (docs/fleet.md#the-fault-table)
+    # a hang is past the front's bounds (30 s before a first byte, 10 s mid-answer): under 20 % loss each way a new
+    # connection to the box can wait 1+2+4+8 s for its handshake (seen once: a request served after > 15 s)
+    slowest = sorted(round(r.end - r.start, 1) for r in rs)[-5:]
+    assert slowest[-1] <= 35, f"a request hung on the lossy link: the slowest {slowest} s"
     back_in_router(f)
 
 

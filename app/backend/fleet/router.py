@@ -12,6 +12,11 @@ Why these flags (checked against 0.1.17, docs/fleet.md#the-router-as-installed):
   The supervisor adds the fleet file's boxes itself once each answers its health check (`reconcile`), after every
   start and every second: a box down at a restart joins when it is back.
 * `--prometheus-host 127.0.0.1 --prometheus-port N`: one exporter per front (the default 29000 is shared).
+* `--disable-circuit-breaker`: its default opens a worker's circuit after 10 failures and keeps it shut 60 s; a
+  box draining answers 503 a few times before the health check takes it out, so each switched box stayed out of the
+  rotation for a minute after it served again, and boxes switched in turn left none: the router refused every
+  request itself (measured, docs/fleet.md#faults). The health checks (1 s) and the front's own watch
+  (fleet/source.py) take a box out and put it back; the router's retries still send a 5xx elsewhere.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ def router_argv(cfg: FleetConfig) -> list[str]:
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(cfg.router_metrics_port),
             "--health-check-endpoint", "/health", "--health-check-interval-secs", str(cfg.health_interval_s),
             "--health-check-timeout-secs", "1", "--health-failure-threshold", "2", "--health-success-threshold", "1",
-            "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "5",
+            "--worker-startup-check-interval", "1", "--worker-startup-timeout-secs", "5", "--disable-circuit-breaker",
             "--log-level", "warning"]
 
 

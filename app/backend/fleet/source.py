@@ -124,6 +124,11 @@ class FleetSource:
             except httpx.HTTPError as exc:
                 oplog.caught("fleet", exc, "taking a lost box out of the router", box=b.name)
             oplog.decision("fleet", "box_lost", who=oplog.PANEL, box=b.name, error=b.error)
+        self.wake_waiting()
+
+    def wake_waiting(self) -> None:
+        """Every request still waiting for its answer's first bytes is sent again (proxy.GatewayApp._request):
+        nothing reached its client, and the box it waits on may be the one lost."""
         self._lost.set()
         self._lost = asyncio.Event()
 

@@ -35,7 +35,7 @@ from app.backend.gateway.inputs import Refused, check_json, check_length
 from app.backend.gateway import fleetside
 from app.backend.gateway.keys import DEFAULT_SCOPE, FLEET_SCOPE, ActivityRecord, KeyRecord, KeyStore
 from app.backend.gateway.engine_status import EngineStatus, EngineStatusSource
-from app.backend.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from app.backend.gateway.upstream import BodyNeverBegan, UpstreamError, UpstreamPool, UpstreamResponse
 
 # The routes a client of the card's model needs (docs/gateway.md#routes): the model list and the two
 # generation APIs. Everything else vLLM serves — /pause, /abort_requests, /update_weights, /tokenize,
@@ -788,23 +788,36 @@ class GatewayApp:
 
     async def _request(self, base_url: str, method: str, path: str, headers: dict[str, str],
                        body: bytes) -> UpstreamResponse:
-        """The upstream's answer headers; on a fleet's front, asked again when a box is lost before they came."""
+        """The upstream's answer headers; on a fleet's front, asked again while nothing reached the client: when a
+        box is lost before they came, when the router passes on a 5xx, and when a stream's connection closed
+        before its first byte (a box that began to stop in that instant, docs/fleet.md "Faults")."""
         assert self._upstream is not None
         if self.box_lost is None:
             return await self._upstream.request(base_url, method, path, headers, body)
         for attempt in range(8):
             lost = asyncio.ensure_future(self.box_lost().wait())
-            asked = asyncio.ensure_future(self._upstream.request(base_url, method, path, headers, body))
+            asked = asyncio.ensure_future(self._begun(base_url, method, path, headers, body))
             try:
                 await asyncio.wait({asked, lost}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 lost.cancel()
                 if not asked.done():
                     asked.cancel()  # its connection closes: a box still alive aborts the request
+            if not asked.done():
+                # a task asked to cancel is not cancelled yet: wait for it (reading its result now raised
+                # InvalidStateError, a 500 to the client, for every request a lost box held: docs/fleet.md#faults)
+                await asyncio.wait({asked})
             if asked.cancelled():
                 oplog.decision("gateway", "resent_after_box_lost", who=oplog.PANEL, route=f"{method} {path}")
                 continue
-            resp = asked.result()
+            try:
+                resp = asked.result()
+            except BodyNeverBegan as exc:
+                if attempt >= 2:
+                    raise
+                oplog.decision("gateway", "resent_after_box_closed", who=oplog.PANEL, route=f"{method} {path}",
+                               error=str(exc))
+                continue
             # the router answers 500 itself for the requests it held on a box taken out of it, and passes on a
             # box's 503 when that box began to drain after the router's last health check (docs/fleet.md
             # "Faults"): sent again, twice at most, as nothing reached the client
@@ -816,6 +829,22 @@ class GatewayApp:
                 continue
             return resp
         raise UpstreamError("the fleet kept losing the boxes this request was sent to")
+
+    async def _begun(self, base_url: str, method: str, path: str, headers: dict[str, str],
+                     body: bytes) -> UpstreamResponse:
+        """A front's request: its answer's headers and, for a stream, its first bytes; the client is answered
+        only from then on, so a box that closes between the two is asked again (`_request`) rather than cut."""
+        assert self._upstream is not None
+        resp = await self._upstream.request(base_url, method, path, headers, body)
+        bound = self.upstream_first_s or self.upstream_idle_s
+        if resp.status_code != 200 or not bound or not resp.headers.get("content-type", "").startswith("text/event-stream"):
+            return resp
+        try:
+            await resp.first_bytes(bound)
+        except BaseException:
+            resp.close()
+            raise
+        return resp
 
     def _key_of(self, run: _Running) -> str:
         return run.key_hash  # the fair queue's turns are per key (its hash: the same for every request of it)
@@ -929,7 +958,7 @@ class GatewayApp:
                     if answer.size > answer.limit:
                         await answer.room()  # far past what the cap makes: read the engine as the client reads
                 if done_seen and self.upstream_idle_s:
-                    break  # a fleet's front: [DONE] came; the router may hold the end of its answer back (docs/fleet.md)
+                    break  # a fleet's front: [DONE] came, nothing of use follows (docs/fleet.md#faults)
         except UpstreamError as exc:
             if run.held:
                 buf = b"data: " + _error_body(429, self._held_message(), "rate_limit_error") + b"\n\ndata: [DONE]\n\n"

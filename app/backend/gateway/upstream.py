@@ -33,6 +33,10 @@ class UpstreamError(Exception):
     """The engine did not answer (refused, timed out, closed, or sent what is not HTTP)."""
 
 
+class BodyNeverBegan(UpstreamError):
+    """The answer's headers came, then the connection closed before any byte of its body."""
+
+
 class _Conn(asyncio.Protocol):
     """One connection: the httptools callbacks fill the answer; the reader awaits `_wake`."""
 
@@ -168,8 +172,11 @@ class UpstreamResponse:
             if idle_s > 0:
                 bound = idle_s if got or not first_s else first_s
                 try:
-                    await asyncio.wait_for(c.wait(), bound)
-                except asyncio.TimeoutError:
+                    # the waiter armed in this step, not in a task wait_for would start later: data whose callback
+                    # ran in between (uvloop runs I/O callbacks first) was lost until the bound (docs/fleet.md#faults)
+                    async with asyncio.timeout(bound):
+                        await c.wait()
+                except TimeoutError:
                     raise UpstreamError(f"nothing came from upstream for {bound:g} s "
                                         f"{'mid-answer' if got else 'after its headers'}") from None
             else:
@@ -177,6 +184,20 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         return b"".join([part async for part in self.chunks()])
+
+    async def first_bytes(self, timeout_s: float) -> None:
+        """Wait for the body's first bytes (left in place for `chunks()`) or its end. `BodyNeverBegan` when the
+        connection closed before any (a fleet's front: nothing reached its client yet, so it sends the request
+        again, proxy.GatewayApp._request); UpstreamError when none came within `timeout_s`."""
+        c = self._conn
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not (c.body or c.complete):
+                    if c.lost or c.error:
+                        raise BodyNeverBegan(c.error or "the engine closed the connection before its answer's body")
+                    await c.wait()
+        except TimeoutError:
+            raise UpstreamError(f"nothing came from upstream for {timeout_s:g} s after its headers") from None
 
     def hang_up(self) -> None:
         """Half-close: the engine sees its client gone and aborts the request, while what it already sent can
