@@ -273,8 +273,8 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         spec = self._spec_for("start", profile_id, build)
         if isinstance(spec, Ticket):
             return self._intent(spec, "serve", profile_id, who, build)
-        if self.busy() is None and (why := self._already_live()):
-            return self._intent(self._refused("start", profile_id, why), "serve", profile_id, who, build)
+        if isinstance(verdict := self._ask(facts.MayStart()), facts.EndOp):  # an engine is live: a switch changes it
+            return self._intent(self._refused("start", profile_id, verdict.message), "serve", profile_id, who, build)
         t = self._submit("start", profile_id, lambda t: self._op_start(t, profile_id, spec, frozenset(overrides)))
         return self._intent(t, "serve", profile_id, who, build)
 
@@ -321,6 +321,9 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
                         have_lock = True
                     except (LockHeld, OSError) as exc:  # OSError: a full disk cannot take the lock's note
                         return self._intent(self._refused("stop", None, str(exc)), "stopped", None, who)
+                # the decider hears of the cancel before the operation's waits wake: what that worker posts next
+                # is decided as cancelled (decider/step.py); the events only wake its waits
+                self._propose(facts.CancelAsked(busy.id), wait=False)
                 self._cancel.set()
                 self._wake.set()
                 cancelling = Ticket(next(self._ids), "stop", None, True, f"cancelling the {busy.action}, then stopping")

@@ -144,7 +144,7 @@ class Core:
     def _fail(self, d: Diagnosis, message: str) -> None:
         raise NotImplementedError
 
-    def _already_live(self) -> str:
+    def _ask(self, fact: facts.Fact) -> facts.Command:
         raise NotImplementedError
 
     def _boot(self, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> bool:

@@ -24,8 +24,8 @@ from app.backend.engine.runtime.client import base_url
 from app.backend.engine.logs.diagnosis import cache_miss_warning
 from app.backend.engine.logs.exits import STOPPED_OUTSIDE, explain_exit, is_failure
 from app.backend.engine.decider.inbox import Close, Kick, Message, Reply, Resync, SyncForOp
-from app.backend.engine.decider.facts import (BootLogMoved, DockerAway, DockerAwayServing, ExitSeen, FollowAdopted, OutsideDrain,
-                                             OutsideDrainEnded, RunningSeen, RunRemoved, SyncBegan, SyncEnded)
+from app.backend.engine.decider.facts import (BootLogMoved, BootSeen, DockerAway, DockerAwayServing, ExitSeen, FollowAdopted, OutsideDrain,
+                                             OutsideDrainEnded, RunningSeen, RunRemoved, SyncBegan, SyncEnded, WatchBoot)
 from app.backend.engine.lifecycle.tickets import expects_pool
 from app.backend.engine.runtime.readiness import probe
 from app.backend.engine.control.reconciler import Reconciler, wait_reply
@@ -221,10 +221,9 @@ class Observer(Reconciler):
         snap = self.snapshot()
         inst = running[-1]
         if snap.container_id == inst.id and snap.state in LIVE_STATES | {EngineState.STOPPING}:
-            if snap.state is EngineState.STARTING:
-                with self._lock:  # booting and nobody in this process waits for it (adopted inside an op)
-                    if self._busy is None:
-                        self._watch_boot(rt, inst)
+            if snap.state is EngineState.STARTING:  # booting: the decider says whether anyone here gates it
+                if any(isinstance(c, WatchBoot) for c in self._post(BootSeen(inst.id)).commands):
+                    self._watch_boot(rt, inst)
             return
         self._adopt(rt, inst, len(running))
 
@@ -295,7 +294,8 @@ class Observer(Reconciler):
         adopted = sm.Adopted(inst.profile_id, inst.id, inst.name, self._address(), self.recipe.model.served_name,
                              self.recipe.simulated, ready, prog.phase, prog.pool, "", build=inst.labels.get(BUILD_LABEL, ""),
                              image=inst.image)
-        follow = [c for c in self._post(RunningSeen(adopted, n_running)).commands if isinstance(c, FollowAdopted)]
+        commands = self._post(RunningSeen(adopted, n_running)).commands
+        follow = [c for c in commands if isinstance(c, FollowAdopted)]
         if not follow:
             return
         first = follow[0].first
@@ -303,9 +303,8 @@ class Observer(Reconciler):
         self._liveness.reset()
         oplog.decision("engine", "adopt", who=oplog.PANEL if first else oplog.OUTSIDE, container=inst.name,
                        profile=inst.profile_id, ready=ready)
-        with self._lock:
-            if not ready and self._busy is None:  # (during an operation's SyncForOp that operation gates it)
-                self._watch_boot(rt, inst)
+        if any(isinstance(c, WatchBoot) for c in commands):  # (an operation's own read: that operation gates it)
+            self._watch_boot(rt, inst)
 
     def _watch_boot(self, rt: Runtime, inst: Instance) -> None:
         """An adopted engine still boots: gate it on ready in a watch-only op (no lock: another writer's run)."""

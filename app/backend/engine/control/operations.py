@@ -16,11 +16,12 @@ import time
 from typing import Callable
 
 from app.backend import oplog
-from app.backend.contracts import LIVE_STATES, Diagnosis, EngineState
+from app.backend.contracts import Diagnosis, EngineState
 from app.backend.engine.decider import statemachine as sm
 from app.backend.engine.runtime.base import BUILD_LABEL
 from app.backend.engine.control.core import MUTATING
-from app.backend.engine.decider.facts import OpBegan, OpEnded, RollBack, SwitchEnded, SwitchFailed
+from app.backend.engine.decider.facts import (Command, EndOp, Fact, MayStart, OpBegan, OpEnded, Proceed, Publish, RollBack,
+                                              SwitchAsked, SwitchDrained, SwitchEnded, SwitchFailed, SwitchFrom)
 from app.backend.engine.supervision.desired import DesiredKind
 from app.backend.engine.lifecycle.tickets import Ticket
 from app.backend.engine.lifecycle.oplock import LockHeld
@@ -73,13 +74,13 @@ class Operations(Supervisor):
         except (KeyError, ValueError) as exc:
             return self._refused(action, profile_id, f"refused: {exc.args[0] if exc.args else exc}")
 
-    def _already_live(self) -> str:
-        """Why a start must be refused now ('' = it may go): an engine already runs (switch changes profile)."""
-        snap = self.snapshot()
-        if snap.state not in LIVE_STATES:
-            return ""
-        return (f"refused: an engine is already {snap.state.value} (profile {snap.profile_id}); "
-                "use switch to change profile")
+    def _ask(self, fact: Fact) -> Command:
+        """The decider's word on an operation's next step (decider/step.py): `Proceed`, `SwitchFrom` or `EndOp`.
+        Closed meanwhile (no answer): the operation ends."""
+        for c in self._post(fact).commands:
+            if not isinstance(c, Publish):
+                return c
+        return EndOp(False, "refused: the panel is shutting down", "refused")
 
     def _refused(self, action: str, profile_id: str | None, message: str) -> Ticket:
         t = Ticket(next(self._ids), action, profile_id, False, message, ok=False)
@@ -153,8 +154,8 @@ class Operations(Supervisor):
 
     def _op_start(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> None:
         self._reconcile_now()  # Docker may show an engine this snapshot did not know of yet
-        if why := self._already_live():
-            ticket.ok, ticket.message = False, why
+        if isinstance(verdict := self._ask(MayStart(ticket.id)), EndOp):  # live already, or a stop cancelled it
+            ticket.ok, ticket.message = verdict.ok, verdict.message
             return
         self._finish(ticket, self._boot(profile_id, spec, overrides))
 
@@ -177,18 +178,15 @@ class Operations(Supervisor):
     def _switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str], who: str) -> str:
         """Returns the result label: ok, rolled_back, failed or cancelled."""
         self._reconcile_now()
-        snap = self.snapshot()
-        want_build = spec.labels_dict.get(BUILD_LABEL, "")  # another build of the same profile is a switch too
-        same_build = not want_build or not snap.build or snap.build == want_build
-        if snap.state is EngineState.READY and snap.profile_id == profile_id and same_build:
-            ticket.ok, ticket.message = True, f"already serving {profile_id}"
-            return "ok"
-        rollback_to = snap.last_ready_profile
-        rollback_build = snap.build or None  # the build that served: a rollback brings back that one
+        # the decider's word at each step (decider/step.py): already serving, cancelled by a stop, what to roll
+        # back to; this worker only carries it out
+        verdict = self._ask(SwitchAsked(ticket.id, profile_id, spec.labels_dict.get(BUILD_LABEL, "")))
+        if not isinstance(verdict, SwitchFrom):
+            return self._ended(ticket, verdict)
+        rollback_to, rollback_build = verdict.profile_id, verdict.build  # what served: a rollback brings it back
         self._drain(ticket, who, expected_back_s=self.expected_boot_s(profile_id))
-        if self._cancel.is_set():  # a stop came during the drain: it stops the engine; nothing to boot
-            ticket.ok, ticket.message = False, f"switch to {profile_id} cancelled by stop"
-            return "cancelled"
+        if not isinstance(verdict := self._ask(SwitchDrained(ticket.id, profile_id)), Proceed):
+            return self._ended(ticket, verdict)  # a stop came during the drain: it stops the engine
         stopped = self._stop_and_release(f"switching to {profile_id}")
         self._end_drain_note()  # the old engine is gone (or failed to go): the next one is not the drained one
         if not stopped:
@@ -198,15 +196,13 @@ class Operations(Supervisor):
             self._finish(ticket, True)
             return "ok"
         failure = self.snapshot().diagnosis
-        if self._cancel.is_set():
-            ticket.ok, ticket.message = False, f"switch to {profile_id} cancelled by stop"
-            return "cancelled"
-        back = [c for c in self._post(SwitchFailed(profile_id, rollback_to, rollback_build,
-                                                   self.options.auto_rollback)).commands if isinstance(c, RollBack)]
-        if not back:  # the decider's word: no rollback (not asked, nothing served before, or closing)
+        verdict = self._ask(SwitchFailed(profile_id, rollback_to, rollback_build, self.options.auto_rollback, ticket.id))
+        if isinstance(verdict, EndOp) and verdict.result == "cancelled":
+            return self._ended(ticket, verdict)
+        if not isinstance(verdict, RollBack):  # the decider's word: no rollback (not asked, nothing served before)
             self._finish(ticket, False)
             return "failed"
-        rollback_to, rollback_build = back[0].profile_id, back[0].build
+        rollback_to, rollback_build = verdict.profile_id, verdict.build
         self._stop_and_release(f"rolling back to {rollback_to}")
         ok = self._boot_profile(rollback_to, rollback_build)
         title = failure.title if failure else "failed"
@@ -219,6 +215,14 @@ class Operations(Supervisor):
         ticket.message = (f"switch to {profile_id} failed: {title}; "
                           + (f"rolled back to {rollback_to}" if ok else f"rollback to {rollback_to} failed too"))
         return "rolled_back" if ok else "failed"
+
+    @staticmethod
+    def _ended(ticket: Ticket, verdict: Command) -> str:
+        """The decider ended the operation (`EndOp`): its ticket says so; returns the switch counters' label."""
+        if not isinstance(verdict, EndOp):
+            raise TypeError(f"not an operation's end: {verdict!r}")
+        ticket.ok, ticket.message = verdict.ok, verdict.message
+        return verdict.result if verdict.result != "refused" else "failed"
 
     def _finish(self, ticket: Ticket, ok: bool) -> None:
         snap = self.snapshot()

@@ -13,9 +13,9 @@ from datetime import datetime, timezone
 
 from app.backend import oplog
 from app.backend.engine.decider import statemachine as sm
-from app.backend.engine.decider.facts import (ClearFailure, Command, CountRestart, RecordGiveUp, RespectStop, RestartNow, RestartRefused,
-                                              RestartStalled, StallRestart, SupervisionPass,
-                                              Wish, WishStopped)
+from app.backend.engine.decider.facts import (ClearFailure, Command, CountRestart, EndOp, MayStart, RecordGiveUp,
+                                              RespectStop, RestartNow, RestartRefused, RestartStalled, StallRestart,
+                                              SupervisionPass, Wish, WishStopped)
 from app.backend.engine.control.core import Core
 from app.backend.engine.supervision.desired import Desired
 from app.backend.engine.supervision.history import Supervision
@@ -111,8 +111,8 @@ class Supervisor(Core):
     def _supervised_restart(self, profile_id: str, why: str, *, capped: bool) -> None:
         def op(t: Ticket) -> None:
             self._reconcile_now()
-            if self._already_live():  # another panel brought it back first: never a second engine
-                t.ok, t.message = True, "already running"
+            if isinstance(verdict := self._ask(MayStart(t.id, "restart")), EndOp):  # another panel brought it back
+                t.ok, t.message = verdict.ok, verdict.message  # first (never a second engine), or a stop cancelled it
                 return
             hist = self.history.restarted(time.time(), capped=capped)
             self._apply(sm.Supervised(restarts_total=hist.restarts_total, message=why))
