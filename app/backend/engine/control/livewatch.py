@@ -1,6 +1,6 @@
 """Liveness after ready (docs/engine.md, "Liveness"): its own thread (`engine-liveness`) reads the engine's
 /metrics once a second (the engine client's shared read) and, while idle, sends the generation canary. A
-verdict (stalled, unstalled, a canary reading) is a proposal whose rule the reconciler checks: the run it
+verdict (stalled, unstalled, a canary reading) is a fact (`Judged`) whose rule the pure step checks: the run it
 judged is still shown and no operation is under way.
 """
 

@@ -4,10 +4,11 @@ Its own thread (`engine-observer`) re-reads the panel's containers on every kick
 streams ended, an operation ended) and every `resync_s`, adopts a running engine it did not start, explains
 an exit (from the LOG'S TAIL: a long run's crash evidence is at its end), and runs the supervisor after each
 pass. Every Docker call is made here or on an operation's thread, never on the reconciler: each finding is a
-proposal whose rule the reconciler evaluates against the snapshot of that moment ("only if the engine still
-shows this container"). It also notes when Docker was unreachable: a clean stop seen after an outage was the
-daemon's (a restart stops its containers), not a person's, and is brought back (docs/engine.md, "Keeps
-serving").
+fact whose rule (the pure step, decider/step.py) re-checks the decider's state of that moment ("only if the
+engine still shows this container"); a boot nobody here gates is watched only when the step says so
+(`WatchBoot`: no operation of this process is in flight). It also notes when Docker was unreachable: a clean
+stop seen after an outage was the daemon's (a restart stops its containers), not a person's, and is brought
+back (docs/engine.md, "Keeps serving").
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from app.backend.engine.logs.bootlog import BootProgress, BootTracker
 from app.backend.engine.logs.diagnosis import cache_miss_warning
 from app.backend.engine.logs.exits import STOPPED_OUTSIDE, explain_exit, is_failure
 from app.backend.engine.decider.inbox import Close, Inbox, Kick, Message, Reply, Resync, SyncForOp
-from app.backend.engine.decider.facts import (BootLogMoved, BootSeen, DockerAway, DockerAwayServing, ExitSeen, FollowAdopted, OutsideDrain,
-                                             OutsideDrainEnded, RunningSeen, RunRemoved, SyncBegan, SyncEnded, WatchBoot)
+from app.backend.engine.decider.facts import (BootLogMoved, BootSeen, DockerAway, DockerAwayServing, ExitSeen,
+                                              FollowAdopted, OutsideDrain, OutsideDrainEnded, RunningSeen, RunRemoved,
+                                              SyncBegan, SyncEnded, WatchBoot)
 from app.backend.engine.lifecycle.tickets import expects_pool
 from app.backend.engine.runtime.readiness import probe
 from app.backend.engine.control.reconciler import Reconciler, join_thread, wait_reply

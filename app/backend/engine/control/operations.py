@@ -13,7 +13,7 @@ from app.backend.engine.control.admission import Admission, ask
 from app.backend.engine.control.boot import Boot
 from app.backend.engine.control.drain import Drain
 from app.backend.engine.control.observer import Observer
-from app.backend.engine.control.reconciler import Reconciler
+from app.backend.engine.control.reconciler import Reconciler, ReconcilerTimeout
 from app.backend.engine.control.site import Site
 from app.backend.engine.control.supervisor import Wishes
 from app.backend.engine.decider import statemachine as sm
@@ -46,7 +46,11 @@ class Operations:
         spec = self._spec_for("start", profile_id, build)
         if isinstance(spec, Ticket):
             return self._intent(spec, "serve", profile_id, who, build)
-        if isinstance(verdict := ask(self.rec, MayStart()), EndOp):  # an engine is live: a switch changes it
+        try:
+            verdict = ask(self.rec, MayStart())  # an engine is live: a switch changes it
+        except ReconcilerTimeout as exc:  # a wedged reconciler: refused, said (the watchdog restarts the panel)
+            verdict = EndOp(False, f"refused: {exc}", "refused")
+        if isinstance(verdict, EndOp):
             return self._intent(self.admission.refused("start", profile_id, verdict.message), "serve", profile_id,
                                 who, build)
         t = self.admission.submit("start", profile_id, lambda t: self._op_start(t, profile_id, spec, overrides))
