@@ -78,7 +78,10 @@ class Drain:
 
     def end_note(self) -> None:
         """The drained engine stopped (or the operation ended): this process's drain note, if it still says
-        draining, says it no longer does."""
+        draining, says it no longer does, and so does the snapshot (a stop that found no engine to stop)."""
+        snap = self.rec.snapshot()
+        if snap.draining:
+            self.rec.apply(sm.Draining(False, 0, 0.0, snap.expected_back_s))
         try:
             self.drain_notes.end_own()
         except OSError as exc:  # a full disk: the note goes stale at its deadline anyway (drainnote.LATE_S)
@@ -99,7 +102,7 @@ class Drain:
             self._now.wait(DRAIN_SETTLE_S)
             n = self.answers_in_flight()
         if n == 0 or grace <= 0:
-            self.rec.apply(sm.Draining(False, 0, 0.0, expected_back_s))  # the gateway's Retry-After for the boot
+            self._hold(serving, grace, expected_back_s)
             return
         deadline = time.time() + grace
         if self._carry > time.time():  # a stop that cancelled a switch's drain keeps its deadline
@@ -127,4 +130,19 @@ class Drain:
         if ended == "cancelled":
             self._carry = deadline
         oplog.decision("engine", "drain_end", who=who, op=ticket.action, left=n, ended=ended)
-        self.rec.apply(sm.Draining(False, 0, 0.0, expected_back_s))
+        if ended == "cancelled":  # the stop that cancelled it drains on its own
+            self.rec.apply(sm.Draining(False, 0, 0.0, expected_back_s))
+        else:
+            self._hold(serving, grace, expected_back_s)
+
+    def _hold(self, serving: bool, grace: float, expected_back_s: float) -> None:
+        """The drain is over, the stop comes next: the engine stays marked draining (no new answer, here or in
+        another process's gateway) until the stop begins (statemachine: StopBegan clears it) or the operation
+        ends (end_note). Cleared here, a request admitted in the 10-150 ms before the stop began was cut after
+        its first tokens (docs/fleet.md "Faults", a box switching under a looping client)."""
+        if not serving:
+            self.rec.apply(sm.Draining(False, 0, 0.0, expected_back_s))  # the gateway's Retry-After for the boot
+            return
+        deadline = time.time() + max(grace, DRAIN_POLL_S)
+        self.rec.apply(sm.Draining(True, 0, deadline, expected_back_s))
+        self._note(True, 0, deadline, expected_back_s)
