@@ -167,7 +167,8 @@ def render(state: AppState, shell: Shell) -> None:
         gpus_box = gr.HTML(_gpu_rows(), elem_id="engine-gpus-box")
         # redrawn with the badge and the header, in the same event when a GPU's engine changed (issue 49: the
         # table lagged the header by seconds on its own timer)
-        shell.version(lambda: [(r.gpu, r.snapshot) for r in box.rows()])
+        # as shown, with what resets the buttons: not the whole snapshot (the canary's result moves it, issue 49)
+        shell.version(lambda: (_gpu_rows(), [view_key(r.snapshot) for r in box.rows()]))
         shell.on_tick(_gpu_rows, None, [gpus_box])
         gr.Markdown(f"The badge above, the diagnosis and the log below are GPU {box.gpus[0]}'s engine; the table "
                     "shows every GPU's. `moet-panel engine logs --gpu N` prints another GPU's log.")
@@ -332,9 +333,16 @@ def render(state: AppState, shell: Shell) -> None:
         return (*head, radio, action_out, gr.Button(interactive=can_start), gr.Button(interactive=can_switch), key,
                 *tail)
 
-    # the drain's countdown moves every second while it lasts: part of what this tab shows (docs/engine.md)
-    shell.version(lambda: (shell.engine_now()[0], busy_line(ctl.busy(), ctl.lock_holder()), ctl.describe_runtime(),
-                           drain_line(shell.engine_now()[1])))
+    def _shows() -> object:
+        """What this tab shows of the engine, as shown (the page feed's version): not the change event's seq, which
+        moves on changes it does not show (issue 49: the canary's result every 30 s sent a Gradio event). The
+        drain's countdown moves every second while it lasts: part of the status (docs/engine.md)."""
+        snap, busy = shell.engine_now()[1], ctl.busy()
+        busy_text = " · ".join(t for t in (busy_line(busy, ctl.lock_holder()), drain_line(snap)) if t)
+        return (status_html(snap, ctl.describe_runtime(), busy_text), snap.diagnosis, view_key(snap, busy),
+                snap.draining, busy.action if busy is not None else None)
+
+    shell.version(_shows)
     shell.on_tick(_tick, [seen, status_drawn, scope],
                   [status, diag, now_btn, profile, action, start_btn, switch_btn, seen, status_drawn])
     # the live log tail: drawn by the page feed (text in the box, no Gradio event, issue 49); a new filter or
