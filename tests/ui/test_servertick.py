@@ -27,12 +27,13 @@ def test_pinned_uvicorn_gets_the_slow_tick() -> None:
 
 
 @pytest.fixture
-def ticks(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    seen: list[float] = []
+def ticks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, float]]:
+    """(server, when) of each tick of every Gradio server in this process (other tests' panels may still run)."""
+    seen: list[tuple[Any, float]] = []
     on_tick = http_server.Server.on_tick
 
     async def counted(self: Any, counter: int) -> bool:
-        seen.append(time.monotonic())
+        seen.append((self, time.monotonic()))
         return bool(await on_tick(self, counter))
 
     monkeypatch.setattr(http_server.Server, "on_tick", counted)
@@ -51,19 +52,23 @@ def served() -> Iterator[gr.Blocks]:
         blocks.close()
 
 
-def test_the_server_ticks_once_a_second(ticks: list[float], served: gr.Blocks) -> None:
-    wait_for(lambda: len(ticks) >= 4, timeout=20, what="four ticks of the web server")
-    seen = list(ticks)
+def test_the_server_ticks_once_a_second(ticks: list[tuple[Any, float]], served: gr.Blocks) -> None:
+    def mine() -> list[float]:
+        return [t for server, t in list(ticks) if server is served.server]
+
+    wait_for(lambda: len(mine()) >= 4, timeout=20, what="four ticks of the web server")
+    seen = mine()
     gaps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
     assert min(gaps) >= 0.9 * servertick.TICK_S, gaps  # uvicorn's own loop: every 0.1 s
 
 
-def test_close_ends_the_server_at_once(monkeypatch: pytest.MonkeyPatch, ticks: list[float]) -> None:
+def test_close_ends_the_server_at_once(monkeypatch: pytest.MonkeyPatch, ticks: list[tuple[Any, float]]) -> None:
     monkeypatch.setattr(servertick, "TICK_S", 60.0)  # only close()'s wake-up can end the loop's wait
     with gr.Blocks() as blocks:
         gr.Textbox()
     assert servertick.install()
     blocks.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True)
-    wait_for(lambda: len(ticks) >= 1, timeout=20, what="the server's first tick")
+    wait_for(lambda: any(server is blocks.server for server, _ in list(ticks)), timeout=20,
+             what="the server's first tick")
     blocks.close()  # Gradio's close joins the server's thread for at most 5 s
     assert not blocks.server.thread.is_alive()  # without the wake-up it would wait out the 60 s tick
