@@ -1,7 +1,8 @@
 """Logs tab: the running engine's live log, or any saved run; filter, stream (stdout/stderr), download.
 
 Thin: lines come from `state.engine` (in-memory tail) and `state.engine.logs` (saved runs), filtered by
-the backend's one `LogFilter`; downloads are files the backend writes or already keeps.
+the backend's one `LogFilter`; downloads are files the backend writes or already keeps. The live tail is drawn
+by the page feed as text (app/ui/logtail.py, issue 49), not by Gradio events.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from app.ui.shell import QUICK, Shell
 TITLE = "Logs"
 LIVE = "live: current engine"
 SHOW = 1000
-__all__ = ["STREAMS", "TITLE", "render"]
 
 
 def _sources(ctl: EngineController) -> list[str]:
