@@ -2,9 +2,8 @@
 per-item overrides, the equivalent `docker run`, the last diagnosis, and a filterable log tail.
 
 Thin: every action calls `state.engine` (EngineController). Start/Switch/Stop return at once with a
-ticket; on the shared 1 s page timer the badge, phase, diagnosis and log tail are sent again only when they
-changed: an engine change event (the page keeps the seq it drew), this panel's operation or the lock holder,
-new log lines (docs/engine.md, "Who listens").
+ticket; the badge, phase and diagnosis are redrawn when the page feed says what the tab shows of them changed
+(docs/engine.md, "Who listens"); the log tail comes on the page feed as text (app/ui/logtail.py, issue 49).
 """
 
 from __future__ import annotations
