@@ -22,7 +22,7 @@ from app.backend.web.exports import exports_dir, remove_web_temp_dir, sweep_web_
 from app.backend.web import pagefeed
 from app.backend.state import AppState
 from app.backend.web.gate import GatePolicy, SessionGuard, WebGate
-from app.ui import header, idlequeue
+from app.ui import header, idlequeue, servertick
 from app.ui.shell import Shell
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
@@ -209,6 +209,7 @@ def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], A
     # An IPv6 literal goes to Gradio in brackets: it builds its own URLs as f"http://{name}:{port}/".
     server_name = f"[{host.strip('[]')}]" if ":" in host.strip("[]") else host
     idlequeue.install(blocks)  # before launch: the queue's loop starts with it (no 1 ms idle poll)
+    servertick.install()  # before launch: the web server's tick once a second (not 0.1 s), woken by close()
     app, url, _ = blocks.launch(server_name=server_name, server_port=port, prevent_thread_lock=True,
                                 app_kwargs={"lifespan": _gate_lifespan(policy_for),
                                             # no FastAPI schema/docs pages: the panel is not an API product

@@ -2,9 +2,8 @@
 per-item overrides, the equivalent `docker run`, the last diagnosis, and a filterable log tail.
 
 Thin: every action calls `state.engine` (EngineController). Start/Switch/Stop return at once with a
-ticket; on the shared 1 s page timer the badge, phase, diagnosis and log tail are sent again only when they
-changed: an engine change event (the page keeps the seq it drew), this panel's operation or the lock holder,
-new log lines (docs/engine.md, "Who listens").
+ticket; the badge, phase and diagnosis are redrawn when the page feed says what the tab shows of them changed
+(docs/engine.md, "Who listens"); the log tail comes on the page feed as text (app/ui/logtail.py, issue 49).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from app.backend.profiles.registry import profile_label
 from app.backend.recipe.command import render_shell
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.state import AppState
-from app.ui.logs import STREAMS, live_version, log_redraw, log_text
+from app.ui.logtail import STREAMS, LiveTail, TailStream, view_of
 from app.ui.profile_html import profile_cards
 from app.ui.shell import QUICK, Shell
 from app.ui.theme import BAD, BUSY, GOOD, STATE_COLOURS
@@ -147,7 +146,7 @@ def _cards(state: AppState, ctl: EngineController, profile_id: str) -> str:
 
 
 def _logs(ctl: EngineController, stream: StreamChoice, needle: str | None) -> str:
-    return log_text(ctl.recent_logs(5000), LogFilter(stream, needle or ""), LOG_LINES)
+    return LiveTail.of(ctl).text(LogFilter(stream, needle or ""), LOG_LINES)
 
 
 def render(state: AppState, shell: Shell) -> None:
@@ -167,7 +166,8 @@ def render(state: AppState, shell: Shell) -> None:
         gpus_box = gr.HTML(_gpu_rows(), elem_id="engine-gpus-box")
         # redrawn with the badge and the header, in the same event when a GPU's engine changed (issue 49: the
         # table lagged the header by seconds on its own timer)
-        shell.version(lambda: [(r.gpu, r.snapshot) for r in box.rows()])
+        # as shown, with what resets the buttons: not the whole snapshot (the canary's result moves it, issue 49)
+        shell.version(lambda: (_gpu_rows(), [view_key(r.snapshot) for r in box.rows()]))
         shell.on_tick(_gpu_rows, None, [gpus_box])
         gr.Markdown(f"The badge above, the diagnosis and the log below are GPU {box.gpus[0]}'s engine; the table "
                     "shows every GPU's. `moet-panel engine logs --gpu N` prints another GPU's log.")
@@ -302,10 +302,8 @@ def render(state: AppState, shell: Shell) -> None:
     # the seq of the last change event drawn; the busy line and the runtime are no engine events (this panel's
     # own operation, another process's lock), so they are compared as shown.
     status_drawn = gr.State(None)
-    log_drawn = gr.State(None)
 
-    def _tick(s: StreamChoice, n: str | None, last: str, drawn: Any, logs_drawn: Any,
-              where: str | None = None) -> tuple[Any, ...]:
+    def _tick(last: str, drawn: Any, where: str | None = None) -> tuple[Any, ...]:
         seq, snap = shell.engine_now()
         busy = ctl.busy()
         busy_text = " · ".join(t for t in (busy_line(busy, ctl.lock_holder()), drain_line(snap)) if t)
@@ -318,9 +316,8 @@ def render(state: AppState, shell: Shell) -> None:
             # the drain's button names what waits (issue 49: a Stop's drain read "Switch now")
             now_out = gr.Button(visible=snap.draining,
                                 value="Stop now" if busy is not None and busy.action == "stop" else "Switch now")
-        logbox_out, logs_now = log_redraw(ctl, (s, n or ""), logs_drawn, lambda: _logs(ctl, s, n))
-        head = (status_out, diag_out, logbox_out, now_out)
-        tail = (shown, logs_now)
+        head = (status_out, diag_out, now_out)
+        tail = (shown,)
         busy = _busy_in(where) if multi else busy  # the buttons follow the GPUs "Apply to" names
         key = view_key(snap, busy)
         if key == last:
@@ -335,11 +332,21 @@ def render(state: AppState, shell: Shell) -> None:
         return (*head, radio, action_out, gr.Button(interactive=can_start), gr.Button(interactive=can_switch), key,
                 *tail)
 
-    # the drain's countdown moves every second while it lasts: part of what this tab shows (docs/engine.md)
-    shell.version(lambda: (shell.engine_now()[0], busy_line(ctl.busy(), ctl.lock_holder()), ctl.describe_runtime(),
-                           live_version(ctl), drain_line(shell.engine_now()[1])))
-    shell.on_tick(_tick, [stream, needle, seen, status_drawn, log_drawn, scope],
-                  [status, diag, logbox, now_btn, profile, action, start_btn, switch_btn, seen, status_drawn, log_drawn])
+    def _shows() -> object:
+        """What this tab shows of the engine, as shown (the page feed's version): not the change event's seq, which
+        moves on changes it does not show (issue 49: the canary's result every 30 s sent a Gradio event). The
+        drain's countdown moves every second while it lasts: part of the status (docs/engine.md)."""
+        snap, busy = shell.engine_now()[1], ctl.busy()
+        busy_text = " · ".join(t for t in (busy_line(busy, ctl.lock_holder()), drain_line(snap)) if t)
+        return (status_html(snap, ctl.describe_runtime(), busy_text), snap.diagnosis, view_key(snap, busy),
+                snap.draining, busy.action if busy is not None else None)
+
+    shell.version(_shows)
+    shell.on_tick(_tick, [seen, status_drawn, scope],
+                  [status, diag, now_btn, profile, action, start_btn, switch_btn, seen, status_drawn])
+    # the live log tail: drawn by the page feed (text in the box, no Gradio event, issue 49); a new filter or
+    # stream answers at once below, and the page opens a stream for that view (assets/js/page-feed.js)
+    shell.stream(lambda query: TailStream(LiveTail.of(ctl), "engine-log", view_of(query), LOG_LINES))
     needle.submit(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
     stream.change(lambda s, n: _logs(ctl, s, n), [stream, needle], [logbox], **QUICK)
 

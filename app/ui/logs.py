@@ -1,65 +1,27 @@
 """Logs tab: the running engine's live log, or any saved run; filter, stream (stdout/stderr), download.
 
 Thin: lines come from `state.engine` (in-memory tail) and `state.engine.logs` (saved runs), filtered by
-the backend's one `LogFilter`; downloads are files the backend writes or already keeps.
+the backend's one `LogFilter`; downloads are files the backend writes or already keeps. The live tail is drawn
+by the page feed as text (app/ui/logtail.py, issue 49), not by Gradio events.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gradio as gr
 
 from app.backend.engine.controller import EngineController
 from app.backend.engine.logs.loglines import LogFilter, StreamChoice
-from app.backend.contracts import LogLine
 from app.backend.web.exports import copy_export
 from app.backend.state import AppState
+from app.ui.logtail import STREAMS, LiveTail, TailStream, log_text, view_of
 from app.ui.shell import QUICK, Shell
 
 TITLE = "Logs"
 LIVE = "live: current engine"
 SHOW = 1000
-STREAMS: list[StreamChoice] = ["both", "stdout", "stderr"]
-
-
-def log_text(lines: Iterable[LogLine], view: LogFilter, show: int) -> str:
-    """The last `show` lines the view keeps, each tagged with its stream (out/err) when both are shown."""
-    kept = view.apply(lines)[-show:]
-    tag = view.stream == "both"
-    return "\n".join((f"{ln.stream[3:]} | " if tag else "") + ln.text for ln in kept)
-
-
-def log_redraw(ctl: EngineController, view: tuple[Any, ...], drawn: Any, lines: Callable[[], str]) -> tuple[Any, Any]:
-    """A live tail for the 1 s page timer: (the text, or gr.skip() when the page shows it already; what it shows
-    now). `view`: the filter's settings; `drawn`: the page's (log version, *view, hash of the text) last sent,
-    None after a (re)load. No new line and the same view: not even filtered again; new lines the view hides (the
-    panel's own probes, each second while the engine is ready): not sent."""
-    version = ctl.logs.version
-    if drawn is not None and tuple(drawn[:-1]) == (version, *view):
-        return gr.skip(), drawn
-    text = lines()
-    now = (version, *view, hash(text))
-    if drawn is not None and tuple(drawn[1:]) == now[1:]:
-        return gr.skip(), now
-    return text, now
-
-
-_LIVE_VERSION: dict[int, tuple[int, object]] = {}  # per controller: (log version, what the default view ends with)
-
-
-def live_version(ctl: EngineController) -> object:
-    """What the default live view (both streams, no filter, the panel's probes hidden) ends with: the page feed
-    redraws a log tail when this moves, not on each probe line (one a second while the engine is ready)."""
-    version = ctl.logs.version
-    cached = _LIVE_VERSION.get(id(ctl))
-    if cached is not None and cached[0] == version:
-        return cached[1]
-    kept = LogFilter().apply(ctl.recent_logs(5000))
-    now = (len(kept), kept[-1].text if kept else "")
-    _LIVE_VERSION[id(ctl)] = (version, now)
-    return now
 
 
 def _sources(ctl: EngineController) -> list[str]:
@@ -84,11 +46,23 @@ FOLLOW_JS = """(follow) => {
 
 def _lines(ctl: EngineController, source: str, view: LogFilter) -> str:
     if source == LIVE:
-        lines = ctl.recent_logs(100000)
-    else:
-        lines = ctl.logs.read_run(source, ("stdout", "stderr") if view.stream == "both" else (view.stream,))
-    text = log_text(lines, view, SHOW)
-    return text or "(no lines" + (f" matching {view.needle!r})" if view.needle else ")")
+        return _shown(view)(LiveTail.of(ctl).text(view, SHOW))
+    lines = ctl.logs.read_run(source, ("stdout", "stderr") if view.stream == "both" else (view.stream,))
+    return _shown(view)(log_text(lines, view, SHOW))
+
+
+def _shown(view: LogFilter) -> Callable[[str], str]:
+    """What the box says for no line."""
+    return lambda text: text or "(no lines" + (f" matching {view.needle!r})" if view.needle else ")")
+
+
+def live_stream(ctl: EngineController, query: Mapping[str, str]) -> TailStream:
+    """The box's part of the page's stream while the Logs tab is shown (issue 49: text, no Gradio event): the
+    live tail as the page's view shows it, nothing for a saved run or with Follow live off (page-feed.js sends
+    the Run, Stream, Filter, probes and Follow settings)."""
+    view = view_of(query)
+    live = query.get("source", LIVE) == LIVE and query.get("follow", "1") == "1"
+    return TailStream(LiveTail.of(ctl) if live else None, "logs-text", view, SHOW, _shown(view))
 
 
 def _download(ctl: EngineController, source: str, view: LogFilter) -> str | None:
@@ -139,12 +113,6 @@ def render(state: AppState, shell: Shell) -> None:
     download.click(lambda src, st, text, pr: _download(ctl, src, LogFilter(st, text or "", pr)), inputs, [download],
                    **QUICK)
 
-    drawn = gr.State(None)  # per browser tab: what its live box shows (log_redraw)
-
-    def tick(src: str, st: StreamChoice, text: str | None, pr: bool, on: bool, last: Any) -> tuple[Any, Any]:
-        if not on or src != LIVE:
-            return gr.skip(), None  # a saved run or a paused view: the next live redraw sends the tail again
-        return log_redraw(ctl, (st, text or "", bool(pr)), last, lambda: show(src, st, text, pr))
-
-    shell.on_tick(tick, inputs + [follow, drawn], [box, drawn])
-    shell.version(lambda: live_version(ctl))
+    # the live tail: drawn by the page feed (text in the box, no Gradio event, issue 49); the view changes above
+    # answer at once through Gradio, and the page opens a stream for the new view (assets/js/page-feed.js)
+    shell.stream(lambda query: live_stream(ctl, query))

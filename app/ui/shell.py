@@ -53,8 +53,8 @@ class Shell:
     streams: dict[str, Callable[[Mapping[str, str]], TopicStream]] = field(default_factory=dict)
     # The page's view of the engine: one watch for the whole UI (made by build_ui, closed with the state). A
     # redraw keeps the `seq` it last drew in a gr.State and answers gr.skip() while no change event came
-    # (`engine_now`). The engine's seq is part of the header's and the Engine tab's versions, so a change
-    # event reaches the page within the feed's period (docs/engine.md, "Who listens").
+    # (`engine_now`). The header's and the Engine tab's versions are what they show of the snapshot, so a change
+    # event that changes what they show reaches the page within the feed's period (docs/engine.md, "Who listens").
     engine: EngineWatch | None = None
 
     def __post_init__(self) -> None:

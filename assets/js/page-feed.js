@@ -4,13 +4,15 @@
 // Gradio event) only when it is on screen and its version differs from the one it last drew. Nothing runs
 // for a tab that is not shown, and nothing for a page in the background: the stream is dropped while
 // document.visibilityState is "hidden" and opened again when shown; its first message brings every version,
-// so what changed meanwhile is drawn at once.
+// so what changed meanwhile is drawn at once. A live log tail (the Engine and Logs tabs) comes as text on the
+// stream and is set in its box here, no Gradio event (issue 49).
 (() => {
   "use strict";
   const FEED = "/moet/feed";
   const latest = {};  // topic -> version the server last pushed
   const drawn = {};   // topic -> version this page last asked to draw
   const markup = {};  // element id -> HTML pushed and not yet drawn (the feed draws these parts itself)
+  const texts = {};  // element id -> a live log tail's text pushed and not yet set in its box
   const pressed = {};  // topic -> redraws asked (tests, benches)
   let abort = null, retry = 0, started = false, streamFor = "";
 
@@ -29,8 +31,21 @@
       const w = document.querySelector('#telemetry-window input:checked');
       q += "&window=" + encodeURIComponent(w ? w.value : "15 min");
     }
+    // a live log tail is sent as the page's view shows it (app/ui/logtail.py): a new view, a new stream
+    const val = (sel, none) => { const el = document.querySelector(sel); return el ? el.value : none; };
+    const on = (sel) => { const el = document.querySelector(sel); return !el || el.checked ? "1" : "0"; };
+    const view = (p) => "&stream=" + encodeURIComponent(val("#" + p + "-stream input:checked", "both"))
+      + "&needle=" + encodeURIComponent(val("#" + p + "-filter textarea", ""));
+    if (tab === "engine") q += view("engine-log");
+    if (tab === "logs") {
+      q += view("logs") + "&source=" + encodeURIComponent(val("#logs-source input", ""))
+        + "&probes=" + (document.querySelector("#logs-probes input:checked") ? "1" : "0")
+        + "&follow=" + on("#logs-follow input");
+    }
     return q;
   };
+  // What a log view's settings are, for the listeners below (their change opens a stream for the new view).
+  const LOG_VIEW = "#engine-log-stream, #engine-log-filter, #logs-source, #logs-stream, #logs-filter, #logs-probes, #logs-follow";
 
   const shown = (topic) => {
     if (topic === "header") return true;
@@ -65,17 +80,31 @@
   };
   const patch = (el, html) => { tpl.innerHTML = html; sync(el, tpl.content); tpl.innerHTML = ""; };
 
+  // A live log tail: its Gradio textbox's value set only when it differs, then an "input" event so Gradio's
+  // own copy of the value follows (its bind:value) and its change listeners run as for a Gradio update (the
+  // Logs tab's "Follow live" scroll); no request, no Gradio event through the server.
+  const setText = (el, text) => {
+    const ta = el.querySelector("textarea");
+    if (!ta || ta.value === text) return;
+    ta.value = text;
+    ta.dispatchEvent(new Event("input", { bubbles: true }));
+  };
+
   const catchUp = () => {
     if (document.visibilityState === "hidden") return;
     for (const id of Object.keys(markup)) {
       const el = document.getElementById(id);
       if (el && el.offsetParent !== null) { patch(el, markup[id]); delete markup[id]; }
     }
+    for (const id of Object.keys(texts)) {
+      const el = document.getElementById(id);
+      if (el && el.offsetParent !== null) { setText(el, texts[id]); delete texts[id]; }
+    }
     for (const topic of Object.keys(latest)) {
       if (latest[topic] !== drawn[topic] && shown(topic)) press(topic);
     }
   };
-  window.__moetFeed = { latest, drawn, markup, pressed, catchUp, stream: () => streamFor };
+  window.__moetFeed = { latest, drawn, markup, texts, pressed, catchUp, stream: () => streamFor };
 
   const connect = async () => {
     if (abort || document.visibilityState === "hidden") return;
@@ -101,6 +130,7 @@
             const msg = JSON.parse(line.slice(6));
             Object.assign(latest, msg.v || {});
             Object.assign(markup, msg.html || {});
+            Object.assign(texts, msg.text || {});
             if (msg.plot && window.__moetPlots) window.__moetPlots.apply(msg.plot);
           }
           catchUp();
@@ -126,6 +156,16 @@
   };
   document.addEventListener("change", (ev) => {
     if (ev.target && ev.target.closest && ev.target.closest("#telemetry-window")) setTimeout(restream, 0);
+    if (ev.target && ev.target.closest && ev.target.closest(LOG_VIEW)) setTimeout(restream, 0);
+  }, true);
+  // a log filter applies on Enter (its Gradio submit); a run picked from the list shows once Gradio has set it
+  document.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && ev.target && ev.target.closest && ev.target.closest(LOG_VIEW)) setTimeout(restream, 0);
+  }, true);
+  document.addEventListener("click", (ev) => {
+    if (ev.target && ev.target.closest && ev.target.closest("#logs-source, .options")) {
+      for (const ms of [0, 100, 400]) setTimeout(restream, ms);
+    }
   }, true);
 
   document.addEventListener("visibilitychange", () => {
