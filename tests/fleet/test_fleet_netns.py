@@ -1,6 +1,7 @@
 """Three SIMULATED boxes, each in its own network namespace, behind the front (the real vllm-router and the
 moet-panel gateway) and driven by the real openai SDK (issue 51; bench/fleet/netboxes.py builds it all and removes
-it all, even on failure). Faults: a link cut, a gateway frozen (SIGSTOP), a lossy link, a box switching profile,
+it all, even on failure). Faults: a link cut, a gateway frozen (SIGSTOP), a lossy link, a slow lossy link (a delaying relay: no netem
+here), a box switching profile, a box upgraded to a candidate build and rolled back,
 the router killed. The figures are bench/fleet/run.py's; here each behaviour is asserted with generous deadlines."""
 
 from __future__ import annotations
@@ -164,6 +165,26 @@ def test_a_box_switching_profile_while_a_client_loops_is_left_out_and_hangs_nobo
     back_in_router(f)
 
 
+def test_a_box_upgraded_to_a_candidate_build_while_a_client_loops_hangs_nobody(fleet: tuple[Fleet, Client]) -> None:
+    """The box's owner builds the SIMULATED candidate `next` and promotes it (`engine build-image --commit next --demo`,
+    `engine promote next`: simbox.py `upgrade`, the same calls); the promote's switch drains as a profile switch does,
+    so the box leaves the router's rotation and the others serve. Then rolled back the same way. The allowance is the
+    switch's (served_but_the_known_stall: the box's drain window, docs/fleet.md#not-done-yet)."""
+    f, c = fleet
+    b = f.boxes[0]
+    for cmd, want in (("upgrade next", "next"), ("rollback", None)):
+        done: dict[str, object] = {}
+        rs = loop(c, 10, 3, lambda cmd=cmd, done=done: done.update(b.command(cmd, "upgraded")))
+        print(f"{cmd} under a looping client: {done}; {summary(rs)}")
+        assert done["ready"] and done["ok"] and done["upgraded"] == done["current"], done
+        assert done["upgraded"] == want if want else done["upgraded"] != "next", done
+        assert len(rs) > 10
+        served_but_the_known_stall(rs)
+        assert not any("nothing came from upstream" in r.error for r in rs), summary(rs)
+        assert max(r.end - r.start for r in rs) <= 15, f"a request hung during the {cmd}"
+        back_in_router(f)
+
+
 def test_a_cut_link_is_served_by_the_other_boxes_and_its_streams_end_with_an_error(fleet: tuple[Fleet, Client]) -> None:
     f, c = fleet
     b = f.boxes[1]
@@ -195,6 +216,27 @@ def test_a_lossy_link_slows_nothing_into_a_hang(fleet: tuple[Fleet, Client]) -> 
     # connection to the box can wait 1+2+4+8 s for its handshake (seen once: a request served after > 15 s)
     slowest = sorted(round(r.end - r.start, 1) for r in rs)[-5:]
     assert slowest[-1] <= 35, f"a request hung on the lossy link: the slowest {slowest} s"
+    back_in_router(f)
+
+
+def test_a_slow_lossy_link_hangs_nothing_and_fails_only_with_the_clear_error(fleet: tuple[Fleet, Client]) -> None:
+    """300 ms each way and 20 % loss each way on one box's link (netem where the kernel has it; here a relay in the box's
+    namespace and nftables, Fleet.slow_link). The router's 1 s health check times out on it now and then, so the box
+    is in and out of the rotation; requests on it are slow. Nothing may hang past the front's bounds, and a failure
+    may only be the front's clear error event."""
+    f, c = fleet
+    b = f.boxes[1]
+    applied: list[str] = []
+    rs, _ = faulted(f, c, lambda: applied.append(f.slow_link(b, True)), lambda: f.slow_link(b, False), hold_s=12)
+    slowest = sorted(round(r.end - r.start, 1) for r in rs)[-5:]
+    print(f"slow lossy link: {applied[0]}; relayed {b.relayed}; {summary(rs)}; the slowest {slowest} s")
+    if not applied[0].startswith("netem"):
+        assert b.relayed["connections"] > 0 and b.relayed["bytes_out"] > 0, b.relayed  # the delay was on the path
+    failed = [r for r in rs if not r.ok]
+    assert rs and len(failed) <= max(1, len(rs) // 20), summary(rs)
+    assert all("the box answering stopped" in r.error or "nothing came from upstream" in r.error for r in failed), \
+        summary(rs)
+    assert slowest[-1] <= 35, f"a request hung on the slow link: the slowest {slowest} s"
     back_in_router(f)
 
 
