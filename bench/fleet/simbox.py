@@ -43,6 +43,21 @@ def engine_tokens(base_url: str) -> float:
     return total
 
 
+def engine_sim_builds() -> list[str]:
+    """MOET_SIM_BUILD of each engine process this box runs now (its children on the process runtime): what the build
+    switched to really runs, not only its label ("" for the pinned build)."""
+    import psutil
+
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "simengine" in " ".join(child.cmdline()):
+                out.append(child.environ().get("MOET_SIM_BUILD", ""))
+        except psutil.Error:
+            continue
+    return out
+
+
 def upgrade(settings: Any, ctl: Any, build: str) -> dict[str, object]:
     """`build` built and promoted, or ("") the last promotion rolled back, through the calls the CLI and the Engine
     tab make (app/cli/engine.py `_build_commit` / `_promote`, engine/builds/job.py `BuildService`): the build's mark,
@@ -77,7 +92,7 @@ def upgrade(settings: Any, ctl: Any, build: str) -> dict[str, object]:
     out.ticket.wait(180)
     s = ctl.snapshot()
     return {"upgraded": s.build, "ok": out.ticket.ok, "message": out.ticket.message, "current": out.current,
-            "previous": out.previous, "ready": s.is_ready,
+            "previous": out.previous, "ready": s.is_ready, "engine_sim_build": engine_sim_builds(),
             "profile": s.profile_id, "seconds": round(time.monotonic() - t0, 2)}
 
 

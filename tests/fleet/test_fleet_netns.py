@@ -178,6 +178,7 @@ def test_a_box_upgraded_to_a_candidate_build_while_a_client_loops_hangs_nobody(f
         print(f"{cmd} under a looping client: {done}; {summary(rs)}")
         assert done["ready"] and done["ok"] and done["upgraded"] == done["current"], done
         assert done["upgraded"] == want if want else done["upgraded"] != "next", done
+        assert done["engine_sim_build"] == [want or ""], done  # the engine process runs that build, not only its label
         assert len(rs) > 10
         served_but_the_known_stall(rs)
         assert not any("nothing came from upstream" in r.error for r in rs), summary(rs)
