@@ -125,8 +125,10 @@ def read_until(stream: IO[str], key: str, timeout_s: float, who: str) -> dict[st
 
 
 class Fleet:
-    def __init__(self, n: int = 3, decode_tok_s: float | None = None, name: str = "", metrics: bool = False) -> None:
+    def __init__(self, n: int = 3, decode_tok_s: float | None = None, name: str = "", metrics: bool = False,
+                 relays: bool = False) -> None:
         self.n = n
+        self.relays = relays  # each box's gateway port behind its slow-link relay (start_relay), for slow_link
         self.metrics = metrics  # each box serves its panel's /metrics too (boxmetrics.py)
         self.tag = name or f"mpf{os.getpid() % 100000}"
         self.r = 100 + os.getpid() % 100  # 10.R.0.0/16: this run's test range
@@ -207,6 +209,8 @@ class Fleet:
              *self._metrics_argv(box)],
             cwd=ROOT, env=self.env(box.data), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=open(box.data / "simbox.err", "w"), text=True, start_new_session=True)
+        if self.relays and box.relay is None:
+            self.start_relay(box)
         assert box.proc.stdin is not None
         box.proc.stdin.write(fleet_key + "\n")
         box.proc.stdin.flush()
@@ -339,30 +343,15 @@ class Fleet:
                "numgen", "random", "mod", "100", "<", "20", "drop")
         return "loss 20% each way (nftables; this kernel has no netem: no delay)"
 
-    def slow_link(self, box: Box, on: bool, delay_ms: float = 300.0) -> str:
-        """A slow, lossy link: netem's delay and loss where the kernel has netem (`netem`); here, without it, the loss
-        by nftables and the delay by a TCP relay in the box's namespace (bench/fleet/slowlink.py) that new connections
-        to the box's gateway port reach through a redirect on eth0 (nftables nat): the fleet file, the router and the
-        gateway are untouched. Connections already open when it goes on stay direct; when it goes off, the relay
-        ends and the connections through it close. Returns what was applied."""
-        if not on:
-            sh("ip", "netns", "exec", box.ns, "nft", "delete", "table", "ip", "mpfslow", check=False)
-            if box.relay is not None and box.relay.stdout is not None:
-                box.relay.terminate()
-                try:
-                    box.relayed = dict(read_until(box.relay.stdout, "relayed", 10, f"{box.name}'s relay")["relayed"])
-                    box.relay.wait(10)
-                finally:
-                    box.relay.kill()
-                    box.relay = None
-            return self.netem(box, False)
-        applied = self.netem(box, True)
-        if applied.startswith("netem"):
-            return applied
+    def start_relay(self, box: Box) -> None:
+        """The box's slow-link relay (bench/fleet/slowlink.py, delay 0) in its namespace, and every new connection to
+        its gateway's port from eth0 redirected to it (nftables nat): in the path from before `fleet add`, so a delay
+        set later acts on every connection (the router's pooled ones too), as netem's would. The fleet file, the
+        router and the gateway are untouched; the box's own loopback goes direct."""
         box.relay = subprocess.Popen(
             ["ip", "netns", "exec", box.ns, sys.executable, "-m", "bench.fleet.slowlink", "--listen",
-             f"{box.addr}:{RELAY_PORT}", "--to", f"{box.addr}:{BOX_PORT}", "--delay-ms", f"{delay_ms:g}"],
-            cwd=ROOT, env=self.env(box.data), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+             f"{box.addr}:{RELAY_PORT}", "--to", f"{box.addr}:{BOX_PORT}"],
+            cwd=ROOT, env=self.env(box.data), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=open(box.data / "slowlink.err", "w"), text=True, start_new_session=True)
         assert box.relay.stdout is not None
         read_until(box.relay.stdout, "relaying", 30, f"{box.name}'s relay")
@@ -371,8 +360,29 @@ class Fleet:
         sh(*nft, "add", "chain", "ip", "mpfslow", "pre", "{ type nat hook prerouting priority -100; }")
         sh(*nft, "add", "rule", "ip", "mpfslow", "pre", "iifname", "eth0", "tcp", "dport", str(BOX_PORT),
            "redirect", "to", f":{RELAY_PORT}")
+
+    def slow_link(self, box: Box, on: bool, delay_ms: float = 300.0) -> str:
+        """A slow, lossy link: netem's delay and loss where the kernel has netem (`netem`); without it, the loss by
+        nftables and the delay by the box's relay (`Fleet(relays=True)`). Off: what the relay carried meanwhile is in
+        `box.relayed`. Returns what was applied."""
+        if not on:
+            if box.relay is not None:
+                box.relayed = dict(self._relay_delay(box, 0)["relayed"])
+            return self.netem(box, False)
+        applied = self.netem(box, True)
+        if applied.startswith("netem"):
+            return applied
+        if box.relay is None:
+            raise RuntimeError("no netem on this kernel, and the box has no relay for the delay: Fleet(relays=True)")
+        self._relay_delay(box, delay_ms)
         return (f"{delay_ms:g} ms each way by a userspace TCP relay (per chunk of the byte stream; no netem on this "
                 "kernel) + loss 20% each way (nftables)")
+
+    def _relay_delay(self, box: Box, delay_ms: float) -> dict[str, Any]:
+        assert box.relay is not None and box.relay.stdin is not None and box.relay.stdout is not None
+        box.relay.stdin.write(f"delay {delay_ms:g}\n")
+        box.relay.stdin.flush()
+        return read_until(box.relay.stdout, "delay_ms", 10, f"{box.name}'s relay")
 
     def freeze(self, box: Box, frozen: bool) -> None:
         assert box.proc is not None

@@ -123,7 +123,7 @@ def main() -> int:
     ap.add_argument("--loop-s", type=float, default=8.0, help="each throughput side's seconds")
     args = ap.parse_args()
     t0 = time.monotonic()
-    with Fleet(args.boxes, decode_tok_s=args.tok_s) as f:
+    with Fleet(args.boxes, decode_tok_s=args.tok_s, relays=True) as f:  # relays: the slow link's delay (no netem)
         f.start()
         key = f.cli("keys", "create", "bench").stdout.split()[0]
         print(f"fleet: {args.boxes} boxes in namespaces {[b.ns for b in f.boxes]}, front {f.front_url}, "

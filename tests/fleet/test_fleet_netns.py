@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[tuple[Fleet, Client]]:
-    f = Fleet(3, decode_tok_s=100)
+    f = Fleet(3, decode_tok_s=100, relays=True)  # each box behind its slow-link relay (delay 0 but in that test)
     try:
         f.__enter__()
     except NamespacesUnavailable as exc:
@@ -221,10 +221,10 @@ def test_a_lossy_link_slows_nothing_into_a_hang(fleet: tuple[Fleet, Client]) -> 
 
 
 def test_a_slow_lossy_link_hangs_nothing_and_fails_only_with_the_clear_error(fleet: tuple[Fleet, Client]) -> None:
-    """300 ms each way and 20 % loss each way on one box's link (netem where the kernel has it; here a relay in the box's
-    namespace and nftables, Fleet.slow_link). The router's 1 s health check times out on it now and then, so the box
-    is in and out of the rotation; requests on it are slow. Nothing may hang past the front's bounds, and a failure
-    may only be the front's clear error event."""
+    """300 ms each way and 20 % loss each way on one box's link (netem where the kernel has it; here the box's relay,
+    in the path of every connection to its gateway since the start, delays each chunk, and nftables drops; Fleet.
+    slow_link). Requests on that box are slower; nothing may hang past the front's bounds, and a failure may only be
+    the front's clear error event."""
     f, c = fleet
     b = f.boxes[1]
     applied: list[str] = []
