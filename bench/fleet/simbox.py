@@ -115,6 +115,7 @@ def main() -> int:
     from app.backend.engine.runtime import choice
     from app.backend.engine.lifecycle.tickets import ControllerOptions
     from app.backend.engine.runtime.process import ProcessRuntime
+    from app.backend.files.atomic import LockBusy
     from app.backend.gateway.engine_status import SnapshotSource
     from app.backend.gateway.keys import KeyStore
     from app.backend.gateway.proxy import Limits
@@ -173,7 +174,10 @@ def main() -> int:
                     s = ctl.snapshot()
                     say(switched=s.profile_id, ready=s.is_ready)
                 elif cmd[0] in ("upgrade", "rollback"):
-                    say(**upgrade(settings, ctl, cmd[1] if cmd[0] == "upgrade" and len(cmd) > 1 else ""))
+                    try:
+                        say(**upgrade(settings, ctl, cmd[1] if cmd[0] == "upgrade" and len(cmd) > 1 else ""))
+                    except (ValueError, OSError, LockBusy) as exc:  # what the CLI refuses on (app/cli/engine.py)
+                        say(error=f"{' '.join(cmd)}: {type(exc).__name__}: {exc}")
                 elif cmd[0] == "tokens":
                     keys.flush()
                     front = next((i.usage.completion_tokens for i in keys.infos() if i.name == "front"), 0)

@@ -140,6 +140,9 @@ def served_but_the_known_stall(rs: list[Result]) -> None:
     the one failure docs/fleet.md#not-done-yet names (a box's drain lets a request in as it ends, and its engine
     stops under it: about 1 stream in 500 around a switch): at most 1 in 20, and only the front's clear error
     event; no 5xx, no hang, no cut."""
+    # 0 failed of 160, 152 and 153 (docs/fleet.md#the-fault-table); allowed: the lossy link's 1 in 20, each the front's
+    # clear error event (a stream silent past its 10 s bound), and no request past its 30 s first-byte bound + a
+    # handshake retried under the loss
     failed = [r for r in rs if not r.ok]
     assert rs and len(failed) <= max(1, len(rs) // 20), summary(rs)
     assert all("the box answering stopped" in r.error for r in failed), summary(rs)
@@ -233,6 +236,9 @@ def test_a_slow_lossy_link_hangs_nothing_and_fails_only_with_the_clear_error(fle
     print(f"slow lossy link: {applied[0]}; relayed {b.relayed}; {summary(rs)}; the slowest {slowest} s")
     if not applied[0].startswith("netem"):
         assert b.relayed["connections"] > 0 and b.relayed["bytes_out"] > 0, b.relayed  # the delay was on the path
+    # 0 failed of 160, 152 and 153 (docs/fleet.md#the-fault-table); allowed: the lossy link's 1 in 20, each the front's
+    # clear error event (a stream silent past its 10 s bound), and no request past its 30 s first-byte bound + a
+    # handshake retried under the loss
     failed = [r for r in rs if not r.ok]
     assert rs and len(failed) <= max(1, len(rs) // 20), summary(rs)
     assert all("the box answering stopped" in r.error or "nothing came from upstream" in r.error for r in failed), \
