@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -51,6 +52,24 @@ def free_port() -> int:
 SLOW_FIXTURES = frozenset({"docker_client", "sim_settings", "make_controller", "sim_image", "recipe_file", "browser",
                            "shared_panel", "panel", "live", "real_docker", "demo_state", "make_gateway"})
 SLOW_MARKERS = ("docker", "browser", "real_engine")
+
+
+# ./run-tests.sh runs the suite in pytest-xdist workers with `--dist loadfile`: each test file on one worker, so a
+# module-scoped fixture (a booted vLLM, a fleet of namespaces, a Prometheus) is set up once. Not `loadgroup`: with
+# pytest 9.2 its xdist_group marks are silently ignored (pytest-xdist issue 1386: it renames node ids, which pytest
+# 9.2 no longer reads).
+
+
+@pytest.hookimpl(tryfirst=True)  # before the tmp_path plugin reads --basetemp
+def pytest_configure(config: pytest.Config) -> None:
+    """A distributed run's workers put their tmp_path under <basetemp>/popen-gwN, 10 bytes deeper than a plain run's,
+    and a panel whose data dir is a tmp_path binds its engine's unix socket under it: at most 107 bytes
+    (app/backend/recipe/endpoint.py). So the controller's basetemp is short, one per checkout and user,
+    /tmp/mpt-XXXXXX (cleared by pytest when the next run starts, as --basetemp is): a worker's tmp_path is then
+    shorter than a plain run's /tmp/pytest-of-USER/pytest-N."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput") and not config.option.basetemp:
+        key = hashlib.sha256(f"{ROOT}:{os.getuid()}".encode()).hexdigest()[:6]
+        config.option.basetemp = str(Path(tempfile.gettempdir()) / f"mpt-{key}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -69,11 +69,11 @@ def main() -> int:
     t_busy = time.perf_counter()
     short = EngineController(settings, None, gpu_reader=reader,
                              options=ControllerOptions(reattach=False, gpu_release_timeout_s=1.0, poll_interval_s=0.05))
-    print("release wait while the child holds memory (1 s deadline) ->", short._wait_gpu_release({child.pid}),
+    print("release wait while the child holds memory (1 s deadline) ->", short._boot.wait_gpu_release({child.pid}),
           f"after {time.perf_counter() - t_busy:.2f} s")
     child.kill()
     t_kill = time.perf_counter()
-    ok = ctl._wait_gpu_release({child.pid})
+    ok = ctl._boot.wait_gpu_release({child.pid})
     print(f"release wait after SIGKILL -> {ok} after {time.perf_counter() - t_kill:.2f} s")
     s = reader.read()[0]
     print(f"after: used={s.memory_used / 2**30:.2f} GiB, processes={[(p.pid, p.used_bytes) for p in s.processes]}")

@@ -9,7 +9,7 @@ from app.backend.engine.logs.diagnosis import classify
 TRACEBACK_TAIL = [
     "(APIServer pid=1) ERROR 08-22 14:03:11 [core.py:700] EngineCore failed to start.",
     "Traceback (most recent call last):",
-    '  File "/usr/lib/python3/dist-packages/vllm/v1/engine/control/core.py", line 690, in run_engine_core',
+    '  File "/usr/lib/python3/dist-packages/vllm/v1/engine/core.py", line 690, in run_engine_core',
 ] + [f'  File "frame{i}.py", line {i}, in f' for i in range(60)] + [
     "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
 ]

@@ -202,6 +202,11 @@ def test_a_switch_lets_a_streaming_answer_finish_whole(make_controller) -> None:
     seen = [e.after for e in sub.drain()]
     drained = [s for s in seen if s.draining]
     assert drained and drained[0].drain_in_flight == 1 and drained[0].expected_back_s > 0  # Retry-After: quality's boot
+    # marked draining from the drain's start until the stop began: no instant of a serving engine open to a new
+    # request that the stop then cuts (docs/fleet.md "Faults")
+    after = seen[seen.index(drained[0]):]
+    stop_at = next(i for i, s in enumerate(after) if s.state is EngineState.STOPPING)
+    assert all(s.draining for s in after[:stop_at]), [(s.state, s.draining) for s in after[:stop_at + 1]]
     # an answer that never ends: a Stop during the switch's drain cancels the switch and keeps its deadline (not a
     # second full grace); "Switch now" ends the wait
     counter.n = 1

@@ -129,8 +129,8 @@ def test_build_app_state_wires_every_collaborator(monkeypatch, tmp_path: Path) -
     state = build_app_state(resolve_settings(None, tmp_path / "d", demo=True))
     try:
         ctl = state.engine
-        assert state.gpu is not None and ctl._gpu is state.gpu and state.telemetry.gpu_reader is state.gpu
-        assert ctl._artifact_status is not None and ctl._artifact_status("planescache") is None  # journals read
+        assert state.gpu is not None and ctl._boot.gpu_reader is state.gpu and state.telemetry.gpu_reader is state.gpu
+        assert ctl._boot.artifact_status is not None and ctl._boot.artifact_status("planescache") is None  # journals read
         assert state.telemetry._engine is ctl  # engine into telemetry
         assert state.chat is not None and state.downloads is not None
         # chat and telemetry follow the engine's change events, one watch each (docs/engine.md, "Who listens")
@@ -181,6 +181,6 @@ def test_serve_opens_nvml_once_and_the_app_state_keeps_that_reader(monkeypatch, 
     state = build_app_state(p.settings, nvml_reader=reader)  # type: ignore[arg-type]
     try:
         assert opened == [reader] and fake.calls["nvmlInit"] == 1  # nothing opened NVML a second time
-        assert state.gpu is reader and state.engine._gpu is reader and state.telemetry.gpu_reader is reader
+        assert state.gpu is reader and state.engine._boot.gpu_reader is reader and state.telemetry.gpu_reader is reader
     finally:
         state.close()

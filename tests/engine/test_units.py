@@ -127,19 +127,19 @@ def test_memory_release_wait_polls_until_released(tmp_path: Path) -> None:
     frames = [[_gpu(90, (GpuProcess(4242, 90 * GIB),))]] * 3 + [[_gpu(40)]] * 2 + [[_gpu(0.5)]]
     reader = FakeGpuReader(frames)
     ctl = _controller(tmp_path, reader, timeout=10)
-    assert ctl._wait_gpu_release({4242}) is True
+    assert ctl._boot.wait_gpu_release({4242}) is True
     assert reader.read_count == 6  # waited through the old pid and the still-high memory
 
 
 def test_memory_release_wait_gives_up_at_deadline(tmp_path: Path) -> None:
     reader = FakeGpuReader([[_gpu(90, (GpuProcess(4242, 90 * GIB),))]])
     ctl = _controller(tmp_path, reader, timeout=0.2)
-    assert ctl._wait_gpu_release({4242}) is False
+    assert ctl._boot.wait_gpu_release({4242}) is False
 
 
 def test_memory_release_ignores_other_processes(tmp_path: Path) -> None:
     reader = FakeGpuReader([[_gpu(5.2, (GpuProcess(99, 5 * GIB, "Xorg"),))]])
-    assert _controller(tmp_path, reader, timeout=1)._wait_gpu_release({4242}) is True
+    assert _controller(tmp_path, reader, timeout=1)._boot.wait_gpu_release({4242}) is True
 
 
 # -- preflight with a fake GPU --------------------------------------------------------------------

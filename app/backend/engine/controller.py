@@ -1,32 +1,31 @@
 """EngineController: the public facade of the engine lifecycle for one recipe — preflight, start/stop/one-click
 switch with health gating and a drain, reattach, diagnosis, supervision.
 
-Threading model (docs/engine.md, "One writer, events out"): ONE thread, the reconciler (`engine-reconciler`,
-reconciler.py), is the only code that changes the engine snapshot, and it makes no I/O. Everyone else sends it
-proposals: the callers of start/stop/switch (the recorded intent), the operation workers (operations.py,
-boot.py; one at a time, single-flight, the cross-process engine lock), the observer (`engine-observer`,
-observer.py: Docker events, resync, adoption, exit explanation, then the supervisor, supervisor.py), the log
-follower (boot phases) and the liveness/canary thread (livewatch.py). A proposal carries a rule the
-reconciler evaluates against the snapshot of that moment, so "only if the engine still shows this container"
-never races; every ask has a deadline. Closing the controller stops its threads, never the engine.
+The controller is composed of parts that own their state (docs/engine.md, "Module map"), wired here, each given
+its few collaborators: the site (settings, runtime, address), the reconciler (the ONE thread that changes the
+engine snapshot: it runs the pure step, decider/step.py, on each fact and makes no I/O), the observer (Docker's
+events and reads, adoption, exit explanation), admission and the operations (start/stop/switch on worker
+threads, one at a time, the cross-process engine lock), boot (preflight, run, gate, stop), the drain, the
+supervisor (the wish and the history, its restart operations) and liveness (the stall rule, the canary). The
+workers only post facts and carry out the commands that come back; every ask has a deadline. Closing the
+controller stops its threads, never the engine.
 """
 
 from __future__ import annotations
 
-import itertools
-import logging
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from app.backend import oplog
-from app.backend.engine.builds import store as builds
-from app.backend.contracts import LIVE_STATES, AnswerCounter, EngineSnapshot, EngineState, GpuReader, LogLine
+from app.backend.contracts import AnswerCounter, EngineSnapshot, EngineState, GpuReader, LogLine
+from app.backend.engine.control.admission import Admission
 from app.backend.engine.control.boot import Boot
-from app.backend.engine.control.core import MUTATING
-from app.backend.engine.supervision.canary import CanaryState
+from app.backend.engine.control.drain import Drain
+from app.backend.engine.control.reconciler import Reconciler
+from app.backend.engine.control.site import Site
+from app.backend.engine.control.supervisor import Supervisor, Wishes
 from app.backend.engine.supervision.desired import Desired, DesiredStore
 from app.backend.engine.decider.events import EngineChanged, EventBus, SnapshotWatch, Subscription
 from app.backend.engine.errlog import ErrorsOnce
@@ -35,20 +34,18 @@ from app.backend.engine.logs.following import LogFollower
 from app.backend.engine.lifecycle.drainnote import DrainNotes
 from app.backend.engine.supervision.history import SupervisionStore
 from app.backend.engine.decider import facts
-from app.backend.engine.decider.inbox import Close, Inbox, Propose
-from app.backend.engine.control.livewatch import LivenessWatch
-from app.backend.engine.supervision.stall import LivenessTracker
+from app.backend.engine.control.livewatch import Liveness
 from app.backend.engine.logs.loglines import EVERY_LINE, LogFilter
 from app.backend.engine.logs.logstore import LogStore
 from app.backend.engine.control.observer import Observer
 from app.backend.engine.control.operations import Operations
 from app.backend.engine.lifecycle.tickets import ControllerOptions, Ticket, expects_pool
-from app.backend.engine.lifecycle.oplock import EngineLock, Holder, LockHeld
+from app.backend.engine.lifecycle.oplock import EngineLock, Holder
 from app.backend.engine.lifecycle.preflight import PreflightReport
-from app.backend.engine.supervision.restartpolicy import RestartPolicy, parse_policy
-from app.backend.engine.runtime.base import Runtime, RuntimeOpError, RuntimeUnavailable
+from app.backend.engine.supervision.restartpolicy import RestartPolicy
+from app.backend.engine.runtime.base import Instance, Runtime
 from app.backend.web.exports import exports_dir
-from app.backend.recipe.command import RunSpec, build_run_spec
+from app.backend.recipe.command import RunSpec
 from app.backend.recipe.schema import ProfileSpec
 from app.backend.config.settings import Settings
 
@@ -62,8 +59,8 @@ def engine_state_dir(state_dir: Path, gpu: int | None) -> Path:
 BOOTING = frozenset({EngineState.PREFLIGHT, EngineState.STARTING})
 
 
-class EngineController(Operations, Boot, LivenessWatch, Observer):
-    """Single owner of the engine lifecycle for one recipe (see the module docstring)."""
+class EngineController:
+    """Single owner of the engine lifecycle for one recipe: the facade over its parts (the module docstring)."""
 
     def __init__(
         self,
@@ -80,98 +77,69 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         self.settings = settings
         self.recipe = settings.recipe
         self.options = options or ControllerOptions()
-        self._runtime = runtime
-        self._runtime_error = ""
-        self._runtime_tried = 0.0
-        self._runtime_factory = runtime_factory
-        self._gpu = gpu_reader
-        self._profiles_fn = profiles_fn or (lambda: list(settings.recipe.profiles))
-        self._ensure_image = ensure_image
-        self._artifact_status = artifact_status
-        self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
-        self._snap = EngineSnapshot(simulated=settings.recipe.simulated, served_name=settings.recipe.model.served_name)
-        self._decided = facts.Decided(self._snap)  # the reconciler's: all its rules read (decider/step.py)
-        self._busy: Ticket | None = None
-        self._ids = itertools.count(1)
-        self._wake = threading.Event()  # interrupts poll waits (close, cancel)
-        self._cancel = threading.Event()  # a stop request cancels the boot in progress
-        self._closed = False
-        self._expected_exit: set[str] = set()
-        self._pids_cache: tuple[float, str, set[int]] = (0.0, "", set())
+        self.site = Site(settings, self.options, runtime, runtime_factory,
+                         profiles_fn or (lambda: list(settings.recipe.profiles)))
         # GPU N > 0 of a box of several keeps its log, lock, desired state, restart and exit records apart
         # (docs/engine.md "Several GPUs"); GPU 0 and a one-GPU box use the state dir itself, as before.
         own_dir = engine_state_dir(settings.state_dir, self.options.gpu)
         if own_dir != settings.state_dir:
             own_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # the records on disk, shared by every process on the data dir
         self.logs = LogStore(own_dir / "engine-logs")
-        self._follower = LogFollower(self.logs, booting=lambda: self._snap.state in BOOTING,
-                                     on_boot_progress=self._on_boot_progress, on_ended=self._on_streams_ended)
         self.oplock = EngineLock(own_dir)
-        self._exit_records = ExitRecords(own_dir)
-        self._explained: set[str] = set()  # exited containers already explained (never twice)
-        # The one writer's inbox (facts) and the observer's (kicks, an operation's "read Docker now").
-        self._inbox = Inbox()
-        self._obs = Inbox()
-        self._wake_watch = threading.Event()
-        self._events_stream = None  # docker-py's CancellableStream while the watch reads it
-        self._threads: list[threading.Thread] = []
-        self._errors = ErrorsOnce()
-        self._liveness = LivenessTracker(self._stall_after())
-        self._canary = CanaryState(*self._canary_settings())
-        self._canary_for = ""  # the container the canary history belongs to
-        self._canary_retry_at = 0.0
-        self.canary_in_flight = threading.Event()  # set while a canary request is out (bench/canary_cost.py)
-        self._stall_source = ""  # "metrics" (tokens froze with requests running) | "canary"
-        self.events = EventBus()  # every applied change, to subscribers (docs/engine.md, "events out")
-        # Supervision (docs/engine.md, "Keeps serving"): the desired state and the restart history on disk (any
-        # process reads them), the restart due, the exit the observer explained last (its container record
-        # decides "stopped by the reboot"), when Docker was last unreachable and each run last seen running.
         self.desired_store = DesiredStore(own_dir)
         self.history = SupervisionStore(own_dir)
         self.drain_notes = DrainNotes(own_dir)
-        self._last_exit = None
-        self._docker_away_at = 0.0
-        self._running_seen: dict[str, float] = {}
-        self._op_listeners: list[Callable[[Ticket], None]] = []  # told of every finished operation (/metrics counts)
-        self._counters: list[AnswerCounter] = []  # what streams answers (gateway, Chat tab): a stop drains them
-        self._drain_now = threading.Event()
-        self._drain_carry = 0.0
-        self._wish_lock = threading.Lock()
+        exit_records = ExitRecords(own_dir)
+        self.events = EventBus()  # every applied change, to subscribers (docs/engine.md, "events out")
+        errors = ErrorsOnce()  # caught errors, each logged once
+        # the signals: closing (every loop ends), a stop's cancel and the wake of an operation's waits
+        self._closing, cancel, self._wake = threading.Event(), threading.Event(), threading.Event()
+        wake = self._wake
         d0 = self.desired_store.read()
+        snap0 = EngineSnapshot(simulated=settings.recipe.simulated, served_name=settings.recipe.model.served_name)
         # the wish the supervisor starts from (no thread runs yet: the reconciler's state is set before it starts)
-        self._decided = replace(self._decided, wish_since=d0.since if d0 else 0.0)
-        self._beat = time.monotonic()
-        self._reconciler = threading.Thread(target=self._reconciler_loop, name="engine-reconciler", daemon=True)
-        self._reconciler.start()
-        self._observer = threading.Thread(target=self._observer_loop, name="engine-observer", daemon=True)
-        self._observer.start()
-        self._apply(self._supervision_fields(d0))
+        self._rec = Reconciler(facts.Decided(snap0, wish_since=d0.since if d0 else 0.0), self.events)
+        self._follower = LogFollower(self.logs, booting=lambda: self._rec.snapshot().state in BOOTING,
+                                     on_boot_progress=lambda cid, p: self._observer.on_boot_progress(cid, p),
+                                     on_ended=lambda cid: self._observer.on_streams_ended(cid))
+        self._observer = Observer(self.site, self._rec, self._follower, self.logs, exit_records, self.drain_notes,
+                                  errors, self._closing)
+        self._drain = Drain(self.site, self._rec, self.drain_notes, errors, cancel=cancel, closing=self._closing)
+        self._boot = Boot(self.site, self._rec, self._follower, self.logs, gpu_reader=gpu_reader,
+                          history=self.history, exit_records=exit_records, note_exit=self._observer.note_exit,
+                          kick=self._observer.kick, cancel=cancel, wake=wake, closing=self._closing,
+                          ensure_image=ensure_image, artifact_status=artifact_status)
+        self._admission = Admission(self.site, self._rec, self.oplock, errors, cancel=cancel, wake=wake,
+                                    closing=self._closing, fail=self._boot.fail, end_drain=self._drain.end_note,
+                                    kick=self._observer.kick)
+        wishes = Wishes(self.desired_store, self._rec, errors, self.options.actor)
+        self._ops = Operations(self.site, self._rec, self._admission, self._boot, self._drain, self._observer,
+                               wishes, self.history)
+        self._supervisor = Supervisor(self.site, self._rec, self._admission, self._boot, self._observer, wishes,
+                                      self.history, self._closing)
+        self._liveness = Liveness(self.site, self._rec, self.logs, self._supervisor, errors, self._closing)
+        self.canary_in_flight = self._liveness.canary_in_flight  # set while a canary request is out
+        self._rec.start()
+        self._observer.start(after_pass=self._supervisor.supervise, watch_boot=self._ops.watch_boot)
+        self._rec.apply(self._supervisor.supervision_fields(d0))
         if self.options.reattach:
-            self._resync()
-            self._start_watch()
-
-    def _start_watch(self) -> None:
-        for target, name in ((self._events_loop, "engine-events"), (self._liveness_loop, "engine-liveness")):
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
+            self._observer.resync()
+            self._observer.start_pump()
+            self._liveness.start()
 
     # == public API ===========================================================================
     def snapshot(self) -> EngineSnapshot:
         """The snapshot the reconciler last wrote: an immutable object, read without a lock (one reference)."""
-        return self._snap
+        return self._rec.snapshot()
+
+    def heartbeat(self) -> float:
+        """time.monotonic() of the reconciler loop's last turn (the systemd watchdog reads it)."""
+        return self._rec.heartbeat()
 
     def wait_for(self, pred: Callable[[EngineSnapshot], bool], timeout: float) -> EngineSnapshot:
         """Block until pred(snapshot) holds or the timeout passes; returns the last snapshot."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while not pred(self._snap):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._changed.wait(left)
-            return self._snap
+        return self._rec.wait_for(pred, timeout)
 
     def subscribe(self, maxsize: int = 256) -> Subscription:
         """A queue of every change from now on (`.get(timeout)`, `.close()` to unsubscribe)."""
@@ -182,18 +150,16 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         return self.events.subscribe_callback(cb, name)
 
     def watch(self, on_change: Callable[[], None] | None = None) -> SnapshotWatch:
-        """The newest snapshot and its event seq, kept by the publisher (`.close()` to unsubscribe). Made under
-        the lock `_write` publishes under: no change falls between the snapshot it starts from and the first
-        event it gets."""
-        with self._lock:
-            return self.events.watch(self._snap, on_change)
+        """The newest snapshot and its event seq, kept by the publisher (`.close()` to unsubscribe); no change
+        falls between the snapshot it starts from and the first event it gets."""
+        return self._rec.watch(on_change)
 
     def add_log_listener(self, cb: Callable[[LogLine], None]) -> Callable[[], None]:
         return self.logs.add_listener(cb)
 
     def add_op_listener(self, cb: Callable[[Ticket], None]) -> None:
         """`cb(ticket)` after each operation this process ran has finished (on the operation's thread)."""
-        self._op_listeners.append(cb)
+        self._admission.add_listener(cb)
 
     def recent_logs(self, n: int = 250) -> list[LogLine]:
         return self.logs.recent(n)
@@ -208,75 +174,60 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
         return path
 
     def busy(self) -> Ticket | None:
-        with self._lock:
-            return self._busy
+        return self._admission.busy()
 
     def lock_holder(self) -> Holder | None:
         """Who holds the engine lock now (this or another process), None when free. Read-only."""
         return self.oplock.holder()
 
     def refresh(self) -> EngineSnapshot:
-        """Re-read Docker now (the reconciler does this on every event and every resync_s)."""
-        self._resync()
+        """Re-read Docker now (the observer does this on every event and every resync_s)."""
+        self._observer.resync()
         return self.snapshot()
 
     @property
     def runtime(self) -> Runtime | None:
-        return self._get_runtime()
+        return self.site.get_runtime()
 
     @property
     def runtime_error(self) -> str:
-        return self._runtime_error
+        return self.site.runtime_error
 
     def profiles(self) -> list[ProfileSpec]:
-        return self._profiles_fn()
+        return self.site.profiles()
 
     def run_spec(self, profile_id: str, *, plain: bool = False, build: str | None = None) -> RunSpec:
-        """The spec a start of this profile runs, panel settings (`options.extra_env`) included: the one place
-        it is built, so the Engine and Profiles tabs show exactly what Start runs. `plain`: the card's own
-        command (no panel additions), for reading beside the card. `build`: the engine build to run (None: the
-        current one, docs/engine.md "Upgrading the engine"). KeyError: unknown profile or build."""
-        b = builds.registry(self.settings).resolve(build)
-        return build_run_spec(self.recipe, profile_id, str(self.settings.data_dir), plain=plain,
-                              extra_env=self.options.extra_env or None, profiles=self.profiles(), image=b.image,
-                              build=b.id, gpu=None if plain else self.options.gpu)
+        """The spec a start of this profile runs (site.py: the one place it is built)."""
+        return self.site.run_spec(profile_id, plain=plain, build=build)
 
     def log_tail(self, container_id: str, n: int) -> list[tuple[str, str]]:
         """The last `n` lines of that run's stdout then stderr (the telemetry seeds a run it did not see boot)."""
-        rt = self._runtime
+        rt = self.site.runtime
         return list(rt.tail_logs(container_id, n)) if rt is not None else []
 
     def container_pids(self) -> set[int]:
-        snap = self.snapshot()
-        rt = self._runtime
-        if not snap.container_id or rt is None or snap.state not in LIVE_STATES | {EngineState.STOPPING}:
-            return set()
-        ts, cid, pids = self._pids_cache
-        if cid == snap.container_id and time.monotonic() - ts < 2.0:
-            return set(pids)
-        try:
-            pids = rt.pids(snap.container_id)
-        except (RuntimeUnavailable, RuntimeOpError):
-            pids = set()
-        self._pids_cache = (time.monotonic(), snap.container_id, pids)
-        return set(pids)
+        return self._boot.container_pids()
 
     def preflight(self, profile_id: str | None = None, overrides: frozenset[str] | set[str] = frozenset()) -> PreflightReport:
         pid = profile_id or self.snapshot().profile_id or self.recipe.recommended_profile.id
-        return self._preflight(self.run_spec(pid), frozenset(overrides))
-
+        return self._boot.preflight(self.run_spec(pid), frozenset(overrides))
 
     def start(self, profile_id: str, overrides: tuple[str, ...] | frozenset[str] = (), *,
               who: str = oplog.PANEL, build: str | None = None) -> Ticket:
         """Start a profile (`who` asked: oplog.user(name), oplog.CLI, ...; logged with the decision) on `build`
         (None: the current build)."""
-        spec = self._spec_for("start", profile_id, build)
-        if isinstance(spec, Ticket):
-            return self._intent(spec, "serve", profile_id, who, build)
-        if self.busy() is None and (why := self._already_live()):
-            return self._intent(self._refused("start", profile_id, why), "serve", profile_id, who, build)
-        t = self._submit("start", profile_id, lambda t: self._op_start(t, profile_id, spec, frozenset(overrides)))
-        return self._intent(t, "serve", profile_id, who, build)
+        return self._ops.start(profile_id, frozenset(overrides), who, build)
+
+    def stop(self, *, who: str = oplog.PANEL) -> Ticket:
+        """Stop the engine: a serving one first drains its answers in flight; a start/switch still booting is
+        cancelled first (stop wins)."""
+        return self._ops.stop(who)
+
+    def switch(self, profile_id: str, overrides: tuple[str, ...] | frozenset[str] = (), *,
+               who: str = oplog.PANEL, build: str | None = None) -> Ticket:
+        """Switch to a profile (on `build`; None: the current build): drain, stop, boot the new one (rollback to
+        the last ready one if it fails)."""
+        return self._ops.switch(profile_id, frozenset(overrides), who, build)
 
     def desired(self) -> Desired | None:
         """What should run, as recorded on disk by the last start/stop/switch of any panel or CLI."""
@@ -284,86 +235,50 @@ class EngineController(Operations, Boot, LivenessWatch, Observer):
 
     def restart_policy(self) -> RestartPolicy:
         """The effective policy: MOET_PANEL_ENGINE_RESTART, else the panel's setting, else the recipe's."""
-        fn = self.options.restart_policy_fn
-        try:
-            return parse_policy(fn()) if fn is not None else self.recipe.engine.restart
-        except ValueError:
-            return self.recipe.engine.restart
+        return self._supervisor.restart_policy()
+
+    def stopped_by_reboot(self, inst: Instance | None) -> bool:
+        return self._supervisor.stopped_by_reboot(inst)
 
     def set_canary_interval(self, interval_s: float) -> None:
         """Change the generation canary's interval now (0 = off); the next liveness pass uses it."""
-        self._canary.interval_s = max(0.0, interval_s)
+        self._liveness.canary.interval_s = max(0.0, interval_s)
 
     def canary_counts(self) -> tuple[int, int, int]:
         """(sent, yielded to a user request, failures in a row) since this run became ready."""
-        return self._canary.sent, self._canary.yielded, self._canary.failures
+        c = self._liveness.canary
+        return c.sent, c.yielded, c.failures
 
     def add_answer_counter(self, counter: AnswerCounter) -> None:
         """Something that streams answers (the gateway, the Chat tab): a stop or switch waits for its answers in
         flight to finish, up to the drain grace (docs/engine.md "Keeps serving")."""
-        self._counters.append(counter)
+        self._drain.add_counter(counter)
 
     def switch_now(self) -> None:
         """End the drain of the stop/switch under way at once (the Engine tab's "Switch now")."""
-        self._drain_now.set()
+        self._drain.switch_now()
 
-    def stop(self, *, who: str = oplog.PANEL) -> Ticket:
-        """Stop the engine: a serving one first drains its answers in flight; a start/switch still booting is
-        cancelled first (stop wins)."""
-        cancelling: Ticket | None = None
-        with self._lock:  # never held while waiting for the reconciler (the intent below waits for it)
-            busy = self._busy
-            if busy is not None and busy.action != "stop":
-                have_lock = False
-                if busy.action not in MUTATING:  # only watching (adopt): the engine may be another writer's
-                    try:
-                        self.oplock.acquire(self.options.actor, "stop")
-                        have_lock = True
-                    except (LockHeld, OSError) as exc:  # OSError: a full disk cannot take the lock's note
-                        return self._intent(self._refused("stop", None, str(exc)), "stopped", None, who)
-                self._cancel.set()
-                self._wake.set()
-                cancelling = Ticket(next(self._ids), "stop", None, True, f"cancelling the {busy.action}, then stopping")
-                threading.Thread(target=self._stop_after, args=(busy, cancelling, who, have_lock), name="engine-stop",
-                                 daemon=True).start()
-        if cancelling is not None:
-            return self._intent(cancelling, "stopped", None, who)
-        return self._intent(self._submit("stop", None, lambda t: self._op_stop(t, who)), "stopped", None, who)
+    def drain_grace_s(self) -> float:
+        """Seconds a stop/switch waits for the answers in flight: options, else the Service tab, else the recipe."""
+        return self._drain.grace_s()
 
-    def switch(self, profile_id: str, overrides: tuple[str, ...] | frozenset[str] = (), *,
-               who: str = oplog.PANEL, build: str | None = None) -> Ticket:
-        """Switch to a profile (on `build`; None: the current build): drain, stop, boot the new one (rollback to
-        the last ready one if it fails)."""
-        spec = self._spec_for("switch", profile_id, build)
-        if isinstance(spec, Ticket):
-            return self._intent(spec, "serve", profile_id, who, build)
-        t = self._submit("switch", profile_id,
-                         lambda t: self._op_switch(t, profile_id, spec, frozenset(overrides), who))
-        return self._intent(t, "serve", profile_id, who, build)
+    def expected_boot_s(self, profile_id: str | None = None) -> float:
+        """Seconds until the engine serves again after a stop of the current run (history.py; 0: never measured)."""
+        return self._ops.expected_boot_s(profile_id)
 
     def close(self) -> None:
         """Stop the panel's threads. The engine keeps running (it outlives the panel)."""
-        self._closed = True
+        self._closing.set()
         self._wake.set()
-        self._drain_now.set()
-        self._inbox.put(Propose(facts.Closing()))
-        self._inbox.put(Close())
-        self._obs.put(Close())
-        self._wake_watch.set()
-        with self._lock:
-            stream = self._events_stream
-        if stream is not None:
-            try:
-                stream.close()
-            except Exception as exc:  # already closed by the daemon: nothing left to end
-                self._caught("closing the Docker event stream", exc, level=logging.DEBUG)
+        self._drain.switch_now()
+        self._rec.close()
+        self._observer.close()
         self._follower.end()
-        for t in [*self._threads, self._observer, self._reconciler]:
-            if t is not threading.current_thread():  # close() from a change callback or the reconciler itself
-                t.join(timeout=3)
+        self._liveness.join(3)
+        self._observer.join(3)
+        self._rec.join(3)  # (close() from a change callback or the reconciler itself joins no thread of its own)
 
     def describe_runtime(self) -> str:
         """Cheap text for the UI (never contacts the daemon)."""
-        rt = self._runtime
-        return rt.describe() if rt is not None else (self._runtime_error or "not connected yet")
-
+        rt = self.site.runtime
+        return rt.describe() if rt is not None else (self.site.runtime_error or "not connected yet")

@@ -192,11 +192,11 @@ class BootSequence:
 
 
 OOM_TRACEBACK = """Traceback (most recent call last):
-  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/control/core.py", line 699, in run_engine_core
+  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 699, in run_engine_core
     engine_core = EngineCoreProc(*args, **kwargs)
-  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/control/core.py", line 498, in __init__
+  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 498, in __init__
     super().__init__(vllm_config, executor_class, log_stats,
-  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/control/core.py", line 83, in __init__
+  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 83, in __init__
     self.model_executor = executor_class(vllm_config)
   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_model_runner.py", line 2345, in load_model
     self.model = model_loader.load_model(
@@ -214,9 +214,9 @@ API_INIT_FAILED = """Traceback (most recent call last):
 RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore_DP0': 1}"""
 
 FATAL_TRACEBACK = """Traceback (most recent call last):
-  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/control/core.py", line 924, in run_engine_core
+  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 924, in run_engine_core
     engine_core.run_busy_loop()
-  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/control/core.py", line 951, in run_busy_loop
+  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 951, in run_busy_loop
     self._process_engine_step()
   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_model_runner.py", line 2901, in execute_model
     torch.cuda.synchronize()

@@ -1,4 +1,6 @@
-"""The controller's parts (docs/engine.md "Module map"): the reconciler, the one writer of the snapshot
-(`reconciler`, its rules' pure step in `engine/decider`), the observer of Docker (`observer`), the operations
-(`operations`) and the boot (`boot`) they run, the supervisor (`supervisor`) and the liveness thread
-(`livewatch`), all sharing the controller's declared state (`core`). `engine/controller.py` assembles them."""
+"""The controller's parts, each owning its state and given its few collaborators where `engine/controller.py`
+composes them (docs/engine.md "Module map"): the site (settings, runtime, address: `site`), the one writer that
+runs the decider's pure step and publishes (`reconciler`), the observer of Docker (`observer`), admission and the
+operations' scripts (`admission`, `operations`), the boot and stop they carry out (`boot`), the drain (`drain`),
+the supervisor and the wish (`supervisor`) and liveness (`livewatch`). Only the reconciler decides; the others
+post facts and carry out commands."""

@@ -6,15 +6,22 @@ briefly held heal by themselves and are retried; artifacts, the ckpt pin or ECC 
 
 from __future__ import annotations
 
+import threading
 import time
+from typing import Callable
 
-from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, slots_of
+from app.backend.contracts import LIVE_STATES, Diagnosis, EngineSnapshot, EngineState, GpuReader, slots_of
 from app.backend.engine.logs import diagnosis as diag_mod
 from app.backend.engine.decider import statemachine as sm
 from app.backend.engine.logs.bootlog import message_of
 from app.backend.engine.builds.store import record_boot
 from app.backend.engine.runtime.base import BUILD_LABEL
-from app.backend.engine.control.core import Core
+from app.backend.engine.control.reconciler import Reconciler
+from app.backend.engine.control.site import Site
+from app.backend.engine.logs.exits import ExitRecords
+from app.backend.engine.logs.following import LogFollower
+from app.backend.engine.logs.logstore import LogStore
+from app.backend.engine.supervision.history import SupervisionStore
 from app.backend.engine.logs.exits import explain_exit, is_failure
 from app.backend.engine.lifecycle.gpurelease import wait_gpu_release
 from app.backend.engine.errlog import ENGINE_ERRORS
@@ -28,42 +35,87 @@ from app.backend.engine.runtime.base import Instance, Runtime, RuntimeOpError, R
 from app.backend.recipe.command import RunSpec
 
 
-class Boot(Core):
-    def _preflight(self, spec: RunSpec, overrides: frozenset[str]) -> PreflightReport:
-        rt = self._get_runtime(force=True)
-        snap = self.snapshot()
+class Boot:
+    """Boots and stops the engine for the operation in flight (its worker's thread): owns the run's gate and the
+    container pids it reads; the decider gets each step as an event."""
+
+    def __init__(self, site: Site, rec: Reconciler, follower: LogFollower, logs: LogStore, *,
+                 gpu_reader: GpuReader | None, history: SupervisionStore, exit_records: ExitRecords,
+                 note_exit: Callable[[Instance | None], None], kick: Callable[[], None],
+                 cancel: threading.Event, wake: threading.Event, closing: threading.Event,
+                 ensure_image: Callable[[Runtime], None] | None = None,
+                 artifact_status: Callable[[str], str | None] | None = None) -> None:
+        self.site, self.options, self.recipe = site, site.options, site.recipe
+        self.rec = rec
+        self.follower = follower
+        self.logs = logs
+        self.gpu_reader = gpu_reader
+        self.history = history
+        self.exit_records = exit_records
+        self._note_exit = note_exit  # the observer's: this exit is explained here
+        self._kick = kick  # the observer's: look at Docker now
+        self._cancel, self._wake, self._closing = cancel, wake, closing  # wake the waits: a stop's cancel, close
+        self.ensure_image = ensure_image
+        self.artifact_status = artifact_status
+        self._pids_cache: tuple[float, str, set[int]] = (0.0, "", set())
+
+    def container_pids(self) -> set[int]:
+        """The shown run's processes (cached 2 s): the GPU release waits for their memory."""
+        snap = self.rec.snapshot()
+        rt = self.site.runtime
+        if not snap.container_id or rt is None or snap.state not in LIVE_STATES | {EngineState.STOPPING}:
+            return set()
+        ts, cid, pids = self._pids_cache
+        if cid == snap.container_id and time.monotonic() - ts < 2.0:
+            return set(pids)
+        try:
+            pids = rt.pids(snap.container_id)
+        except (RuntimeUnavailable, RuntimeOpError):
+            pids = set()
+        self._pids_cache = (time.monotonic(), snap.container_id, pids)
+        return set(pids)
+
+    def fail(self, d: Diagnosis, message: str) -> None:
+        """The operation failed: FAILED with `d`; a run this panel judged keeps its record (any process reads it)."""
+        snap = self.rec.apply(sm.Failed(d, message))
+        if snap.container_id:  # (pool not loaded, boot timeout)
+            self.exit_records.record(snap.container_id, d)
+
+    def preflight(self, spec: RunSpec, overrides: frozenset[str]) -> PreflightReport:
+        rt = self.site.get_runtime(force=True)
+        snap = self.rec.snapshot()
         inputs = PreflightInputs(
-            recipe=self.recipe, env=spec.env_dict, data_dir=self.settings.data_dir, runtime=rt,
-            runtime_error=self._runtime_error, gpu_reader=self._gpu,
+            recipe=self.recipe, env=spec.env_dict, data_dir=self.site.settings.data_dir, runtime=rt,
+            runtime_error=self.site.runtime_error, gpu_reader=self.gpu_reader,
             engine_running=snap.state in LIVE_STATES or self._panel_engine_running(rt),
             engine_pids=self.container_pids(),
-            artifact_status=self._artifact_status, gpu=self.options.gpu, engines=self.options.box_engines,
+            artifact_status=self.artifact_status, gpu=self.options.gpu, engines=self.options.box_engines,
         )
         return run_preflight(inputs, overrides)
 
     def _panel_engine_running(self, rt: Runtime | None) -> bool:
         """A container with this panel's labels runs (whoever started it): the port holder is ours."""
         try:
-            return rt is not None and any(i.running for i in self._list_mine(rt))
+            return rt is not None and any(i.running for i in self.site.list_mine(rt))
         except (RuntimeUnavailable, RuntimeOpError):
             return False
 
-    def _boot_profile(self, profile_id: str, build: str | None = None) -> bool:
+    def boot_profile(self, profile_id: str, build: str | None = None) -> bool:
         """Boot a profile the operation did not ask for (rollback, stall restart, supervised restart) from a spec
         built now, on `build` (None: the current build)."""
         try:
-            spec = self.run_spec(profile_id, build=build)
+            spec = self.site.run_spec(profile_id, build=build)
         except (KeyError, ValueError) as exc:  # e.g. the custom profile was deleted meanwhile
             d = diag_mod.HINTS["preflight_failed"]
-            self._fail(Diagnosis(d.reason, d.title, str(exc), d.fix), f"cannot build {profile_id}: {exc}")
+            self.fail(Diagnosis(d.reason, d.title, str(exc), d.fix), f"cannot build {profile_id}: {exc}")
             return False
-        return self._boot(profile_id, spec, frozenset())
+        return self.boot(profile_id, spec, frozenset())
 
-    def _boot(self, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> bool:
+    def boot(self, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> bool:
         """Preflight -> prepare -> run -> gate on ready, all on this one spec. Leaves the state READY or FAILED."""
-        self._apply(sm.PreflightBegan(profile_id))
+        self.rec.apply(sm.PreflightBegan(profile_id))
         began = time.monotonic()
-        report = self._preflight(spec, overrides)
+        report = self.preflight(spec, overrides)
         if not report.ok:
             blocking = report.blocking()
             bad = tuple(f"{i.title}: {i.detail} — fix: {i.fix}" for i in blocking)
@@ -71,31 +123,31 @@ class Boot(Core):
             cause = preflight_cause([i.id for i in blocking], image_building=building)
             d = diag_mod.HINTS.get(cause, diag_mod.HINTS["preflight_failed"])
             title = d.title if cause == "preflight_failed" else f"Preflight: {d.title}"
-            self._fail(Diagnosis(cause, title, d.explanation, d.fix, bad), "preflight failed: " + report.summary())
+            self.fail(Diagnosis(cause, title, d.explanation, d.fix, bad), "preflight failed: " + report.summary())
             return False
-        rt = self._get_runtime(force=True)
+        rt = self.site.get_runtime(force=True)
         if rt is None:
-            self._fail(self._runtime_failure(RuntimeUnavailable(self._runtime_error)), self._runtime_error)
+            self.fail(self.site.runtime_failure(RuntimeUnavailable(self.site.runtime_error)), self.site.runtime_error)
             return False
         hint = self._prepare(rt, spec)
         if hint:
-            self._fail(diag_mod.classify(None, False, [], hint=hint[0]), hint[1])
+            self.fail(diag_mod.classify(None, False, [], hint=hint[0]), hint[1])
             return False
         try:
             inst = rt.run(spec, self.options.extra_labels)
         except RuntimeOpError as exc:
-            self._fail(diag_mod.classify(None, False, [str(exc)], hint=exc.reason), str(exc))
+            self.fail(diag_mod.classify(None, False, [str(exc)], hint=exc.reason), str(exc))
             return False
-        self._follower.begin(rt, inst, from_start=True)
-        self._apply(sm.BootBegan(profile_id, inst.id, inst.name, self._address(),
+        self.follower.begin(rt, inst, from_start=True)
+        self.rec.apply(sm.BootBegan(profile_id, inst.id, inst.name, self.site.address(),
                                  self.recipe.model.served_name, self.recipe.simulated,
                                  build=dict(spec.labels).get(BUILD_LABEL, ""), image=spec.image))
-        ready = self._await_ready(rt, inst, spec.env_dict)
+        ready = self.await_ready(rt, inst, spec.env_dict)
         if ready:  # the drain's Retry-After for the next stop or switch (docs/engine.md "Keeps serving")
             self.history.booted(profile_id, time.monotonic() - began)
         if build := dict(spec.labels).get(BUILD_LABEL, ""):  # evidence for the build (evidence/builds.py)
-            diag = self.snapshot().diagnosis
-            record_boot(self.settings, build, profile_id, ready, time.monotonic() - began,
+            diag = self.rec.snapshot().diagnosis
+            record_boot(self.site.settings, build, profile_id, ready, time.monotonic() - began,
                         diag.title if diag is not None else "")
         return ready
 
@@ -104,46 +156,47 @@ class Boot(Core):
         holder = rt.get(spec.name)
         if holder is not None and not holder.managed:
             return "name_conflict", f"container name {spec.name} is held by a container this panel did not create"
-        for inst in self._list_mine(rt):
+        for inst in self.site.list_mine(rt):
             if inst.running:
                 return "port_in_use", f"panel engine {inst.name} is still running; stop it first"
             rt.remove(inst.id)
-        if busy := claim_listen_address(self._address()):  # its socket dir, or port
+        if busy := claim_listen_address(self.site.address()):  # its socket dir, or port
             return "port_in_use", busy
         if not rt.image_present(spec.image):
-            if self.recipe.simulated and self._ensure_image is not None:
-                self._apply(sm.Noted(f"building the SIMULATED engine image {spec.image}…"))
-                self._ensure_image(rt)
+            if self.recipe.simulated and self.ensure_image is not None:
+                self.rec.apply(sm.Noted(f"building the SIMULATED engine image {spec.image}…"))
+                self.ensure_image(rt)
             elif self.options.image_building_fn is not None and self.options.image_building_fn():
                 return "image_building", f"image {spec.image} is not present yet: a build is running"
             else:
                 return "image_missing", f"image {spec.image} is not present"
         return None
 
-    def _await_ready(self, rt: Runtime, inst: Instance, env: dict[str, str], *, watch_only: bool = False) -> bool:
+    def await_ready(self, rt: Runtime, inst: Instance, env: dict[str, str], *, watch_only: bool = False) -> bool:
         """Gate on ready. `watch_only` (an adopted engine someone else started): the reconcile keeps running
         meanwhile and owns what happens when Docker changes — this loop ends as soon as the snapshot stops
         showing `inst`, and leaves an exit for the reconcile to explain."""
-        url, name = self._address(), self.recipe.model.served_name
+        url, name = self.site.address(), self.recipe.model.served_name
         want_pool = expects_pool(env, self.recipe.engine.pool_line)
         deadline = time.monotonic() + self.recipe.engine.boot_timeout_s
         pool_deadline: float | None = None
         tail_read = False
-        while not self._closed and not self._cancel.is_set() and _shows_booting(self._snap, inst.id):
+        while not self._closing.is_set() and not self._cancel.is_set() and \
+                _shows_booting(self.rec.snapshot(), inst.id):
             cur = rt.get(inst.id)
             if cur is None or not cur.running:
                 if watch_only:
-                    self._obs.kick()
+                    self._kick()
                     return False
-                self._follower.drain()
+                self.follower.drain()
                 return self._fail_exited(cur)
             p = probe(url, name)
             if p.health_ok and p.models_ok:
-                prog = self._follower.tracker.progress
+                prog = self.follower.tracker.progress
                 if not want_pool or (slots_of(prog.pool) or 0) > 0:
                     # applied only if the reconciler still shows this run booting (it may have moved on: replaced,
                     # gone) when it reads the message
-                    return self._propose(BootGated(inst.id, sm.BecameReady(self._ready_message(want_pool))))[0]
+                    return self.rec.propose(BootGated(inst.id, sm.BecameReady(self._ready_message(want_pool))))[0]
                 pool_deadline = pool_deadline or time.monotonic() + self.options.pool_line_grace_s
                 if slots_of(prog.pool) == 0:
                     return self._fail_and_stop(rt, inst, "pool_not_loaded")
@@ -161,7 +214,7 @@ class Boot(Core):
         return False  # panel closing (engine left as it is), cancelled by stop (the stop op follows), or moved on
 
     def _ready_message(self, want_pool: bool) -> str:
-        prog = self._follower.tracker.progress
+        prog = self.follower.tracker.progress
         if prog.cache_miss:
             return "ready, but the planes cache MISSED during boot: " + diag_mod.cache_miss_warning()
         return "" if want_pool else "ready (this profile has no FP4 pool)"
@@ -169,37 +222,34 @@ class Boot(Core):
     def _fail_exited(self, cur: Instance | None) -> bool:
         lines = [ln.text for ln in self.logs.recent(400)]
         code = cur.exit_code if cur else None
-        d = explain_exit(cur, lines, cache_miss=self._follower.tracker.progress.cache_miss)
-        self._last_exit = cur
-        if cur is not None:
-            self._explained.add(cur.id)
+        d = explain_exit(cur, lines, cache_miss=self.follower.tracker.progress.cache_miss)
+        self._note_exit(cur)
         if is_failure(d):
-            self._fail(d, f"engine exited (code {code}): {d.title}")
+            self.fail(d, f"engine exited (code {code}): {d.title}")
         else:
-            self._follower.end()
-            self._apply(sm.Vanished(f"engine {d.title}" + (f" (exit code {code})" if code is not None else ""), d))
+            self.follower.end()
+            self.rec.apply(sm.Vanished(f"engine {d.title}" + (f" (exit code {code})" if code is not None else ""), d))
         return False
 
     def _fail_and_stop(self, rt: Runtime, inst: Instance, hint: str) -> bool:
         lines = [ln.text for ln in self.logs.recent(400)]
-        d = diag_mod.classify(None, False, lines, hint=hint, cache_miss=self._follower.tracker.progress.cache_miss)
-        self._expected_exit.add(inst.id)
+        d = diag_mod.classify(None, False, lines, hint=hint, cache_miss=self.follower.tracker.progress.cache_miss)
         rt.stop(inst.id, self.recipe.engine.stop_grace_s)  # it holds the GPU and must not serve
-        self._follower.drain()
-        self._fail(d, d.title)
+        self.follower.drain()
+        self.fail(d, d.title)
         return False
 
     # -- stop / release ----------------------------------------------------------------------
-    def _stop_engine(self, message: str, release_pids: set[int] | None = None) -> bool:
+    def stop_engine(self, message: str, release_pids: set[int] | None = None) -> bool:
         """Stop every running panel engine of this recipe (normally one) and remove it; with release_pids,
         stay in `stopping` until the GPU reader shows that memory released. False = not released."""
-        rt = self._get_runtime(force=True)
-        snap = self.snapshot()
+        rt = self.site.get_runtime(force=True)
+        snap = self.rec.snapshot()
         if rt is None:
             if snap.state is not EngineState.STOPPED:
-                self._fail(self._runtime_failure(RuntimeUnavailable(self._runtime_error)), self._runtime_error)
+                self.fail(self.site.runtime_failure(RuntimeUnavailable(self.site.runtime_error)), self.site.runtime_error)
             return True
-        mine = self._list_mine(rt)
+        mine = self.site.list_mine(rt)
         targets = [i for i in mine if i.running]
         leftovers = [i for i in mine if not i.running]  # e.g. the failed run kept for inspection
         if snap.state is EngineState.STOPPED and not targets:
@@ -207,50 +257,34 @@ class Boot(Core):
                 rt.remove(inst.id)
             return True
         if snap.state is not EngineState.STOPPING:
-            self._apply(sm.StopBegan(message))
+            self.rec.apply(sm.StopBegan(message))
         stopped = []
         for inst in targets:
-            self._expected_exit.add(inst.id)
             final = rt.stop(inst.id, self.recipe.engine.stop_grace_s)
             stopped.append(final or inst)
-        self._follower.drain()
-        self._follower.end()
+        self.follower.drain()
+        self.follower.end()
         for inst in stopped + leftovers:
             rt.remove(inst.id)  # logs are persisted by the panel; exit code already read
         if release_pids is not None:
-            self._apply(sm.Noted(f"{message}: waiting for the GPU memory to be released"))
-            if not self._wait_gpu_release(release_pids):
+            self.rec.apply(sm.Noted(f"{message}: waiting for the GPU memory to be released"))
+            if not self.wait_gpu_release(release_pids):
                 d = diag_mod.HINTS["gpu_not_released"]
-                self._fail(d, d.title)
+                self.fail(d, d.title)
                 return False
-        self._apply(sm.Stopped(message))
+        self.rec.apply(sm.Stopped(message))
         return True
 
-    def _stop_and_release(self, message: str) -> bool:
-        return self._stop_engine(message, release_pids=self.container_pids())
+    def stop_and_release(self, message: str) -> bool:
+        return self.stop_engine(message, release_pids=self.container_pids())
 
-    def _wait_gpu_release(self, old_pids: set[int]) -> bool:
+    def wait_gpu_release(self, old_pids: set[int]) -> bool:
         """Poll the GPU reader until the old engine's memory is gone (deadline from options)."""
-        no_gpu = self.recipe.requirements.gpu_count == 0 and not (self._gpu is not None and self._gpu.simulated)
-        return wait_gpu_release(self._gpu, old_pids, threshold=self.options.gpu_release_bytes,
+        no_gpu = self.recipe.requirements.gpu_count == 0 and not (self.gpu_reader is not None and self.gpu_reader.simulated)
+        return wait_gpu_release(self.gpu_reader, old_pids, threshold=self.options.gpu_release_bytes,
                                 timeout_s=self.options.gpu_release_timeout_s,
                                 poll_s=min(0.5, self.options.poll_interval_s * 2), stop=self._wake, skip=no_gpu,
                                 gpu=self.options.gpu)
-
-    def _runtime_failure(self, exc: BaseException) -> Diagnosis:
-        if isinstance(exc, RuntimeUnavailable):
-            base = diag_mod.HINTS["docker_unreachable"]
-            return Diagnosis(base.reason, base.title, str(exc), base.fix)
-        return Diagnosis("internal_error", "Panel error during the operation", repr(exc),
-                         "Retry; if it persists, report it with the Logs view content.")
-
-    def _get_runtime(self, force: bool = False) -> Runtime | None:
-        """The runtime; without one, ask the factory again (operations: always; readers: every 10 s)."""
-        if self._runtime is None and self._runtime_factory is not None:
-            if force or time.monotonic() - self._runtime_tried >= 10.0 or not self._runtime_error:
-                self._runtime_tried = time.monotonic()
-                self._runtime, self._runtime_error = self._runtime_factory()
-        return self._runtime
 
 
 def _shows_booting(snap: EngineSnapshot, cid: str) -> bool:

@@ -4,33 +4,41 @@ Its own thread (`engine-observer`) re-reads the panel's containers on every kick
 streams ended, an operation ended) and every `resync_s`, adopts a running engine it did not start, explains
 an exit (from the LOG'S TAIL: a long run's crash evidence is at its end), and runs the supervisor after each
 pass. Every Docker call is made here or on an operation's thread, never on the reconciler: each finding is a
-proposal whose rule the reconciler evaluates against the snapshot of that moment ("only if the engine still
-shows this container"). It also notes when Docker was unreachable: a clean stop seen after an outage was the
-daemon's (a restart stops its containers), not a person's, and is brought back (docs/engine.md, "Keeps
-serving").
+fact whose rule (the pure step, decider/step.py) re-checks the decider's state of that moment ("only if the
+engine still shows this container"); a boot nobody here gates is watched only when the step says so
+(`WatchBoot`: no operation of this process is in flight). It also notes when Docker was unreachable: a clean
+stop seen after an outage was the daemon's (a restart stops its containers), not a person's, and is brought
+back (docs/engine.md, "Keeps serving").
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from typing import Callable
 
 from app.backend import oplog
 from app.backend.contracts import LIVE_STATES, Diagnosis, EngineState, slots_of
 from app.backend.engine.decider import statemachine as sm
 from app.backend.engine.runtime.base import BUILD_LABEL
 from app.backend.engine.logs.bootlog import BootProgress, BootTracker
-from app.backend.engine.runtime.client import base_url
 from app.backend.engine.logs.diagnosis import cache_miss_warning
 from app.backend.engine.logs.exits import STOPPED_OUTSIDE, explain_exit, is_failure
-from app.backend.engine.decider.inbox import Close, Kick, Message, Reply, Resync, SyncForOp
-from app.backend.engine.decider.facts import (BootLogMoved, DockerAway, DockerAwayServing, ExitSeen, FollowAdopted, OutsideDrain,
-                                             OutsideDrainEnded, RunningSeen, RunRemoved, SyncBegan, SyncEnded)
+from app.backend.engine.decider.inbox import Close, Inbox, Kick, Message, Reply, Resync, SyncForOp
+from app.backend.engine.decider.facts import (BootLogMoved, BootSeen, DockerAway, DockerAwayServing, ExitSeen,
+                                              FollowAdopted, OutsideDrain, OutsideDrainEnded, RunningSeen, RunRemoved,
+                                              SyncBegan, SyncEnded, WatchBoot)
 from app.backend.engine.lifecycle.tickets import expects_pool
 from app.backend.engine.runtime.readiness import probe
-from app.backend.engine.control.reconciler import Reconciler, wait_reply
-from app.backend.recipe.command import GPU_LABEL
-from app.backend.engine.runtime.base import MANAGED_LABEL, RECIPE_LABEL, Instance, Runtime, RuntimeOpError, RuntimeUnavailable
+from app.backend.engine.control.reconciler import Reconciler, join_thread, wait_reply
+from app.backend.engine.control.site import Site
+from app.backend.engine.errlog import ErrorsOnce
+from app.backend.engine.lifecycle.drainnote import DrainNotes
+from app.backend.engine.logs.exits import ExitRecords
+from app.backend.engine.logs.following import LogFollower
+from app.backend.engine.logs.logstore import LogStore
+from app.backend.engine.runtime.base import EventStream, Instance, Runtime, RuntimeOpError, RuntimeUnavailable
 
 ADOPT_PROBE_S = 1.0  # adoption's readiness probe: not ready within this -> shown starting, gated by a watch-only op
 EXIT_TAIL_LINES = 400  # the exit diagnosis reads the last lines of a run it did not follow (never its first)
@@ -44,54 +52,112 @@ STOPPED_BY_DOCKER = Diagnosis(
 )
 
 
-class Observer(Reconciler):
-    def _observer_loop(self) -> None:
+class Observer:
+    """Reads Docker and posts what it finds; owns its inbox, its Docker view (runs explained, each run last seen
+    running, when Docker was last away) and the event pump."""
+
+    def __init__(self, site: Site, rec: Reconciler, follower: LogFollower, logs: LogStore, exit_records: ExitRecords,
+                 drain_notes: DrainNotes, errors: ErrorsOnce, closing: threading.Event) -> None:
+        self.site, self.options, self.recipe = site, site.options, site.recipe
+        self.rec = rec
+        self.follower = follower
+        self.logs = logs
+        self.exit_records = exit_records
+        self.drain_notes = drain_notes
+        self.errors = errors
+        self.closing = closing
+        self.last_exit: Instance | None = None  # the exit explained last (its record decides "stopped by reboot")
+        self._inbox = Inbox()  # Kick, SyncForOp, Resync, Close
+        self._explained: set[str] = set()  # exited containers already explained (never twice)
+        self._running_seen: dict[str, float] = {}
+        self._docker_away_at = 0.0
+        self._stream_lock = threading.Lock()
+        self._events_stream: EventStream | None = None  # docker-py's CancellableStream while the pump reads it
+        self._after_pass: Callable[[], None] = lambda: None
+        self._watch_boot_op: Callable[[Runtime, Instance], None] = lambda rt, inst: None
+        self._thread = threading.Thread(target=self._loop, name="engine-observer", daemon=True)
+        self._pump = threading.Thread(target=self._events_loop, name="engine-events", daemon=True)
+
+    def start(self, after_pass: Callable[[], None], watch_boot: Callable[[Runtime, Instance], None]) -> None:
+        """Run: `after_pass` after each pass over Docker (the supervisor), `watch_boot` to gate a boot nobody here
+        gates (a watch-only operation)."""
+        self._after_pass, self._watch_boot_op = after_pass, watch_boot
+        self._thread.start()
+
+    def start_pump(self) -> None:
+        self._pump.start()
+
+    def kick(self) -> None:
+        self._inbox.kick()
+
+    def note_exit(self, inst: Instance | None) -> None:
+        """An operation explained this exit itself (its boot gate saw it): the observer does not again, and the
+        supervisor reads its record ("stopped by the reboot")."""
+        self.last_exit = inst
+        if inst is not None:
+            self._explained.add(inst.id)
+
+    def close(self) -> None:
+        self._inbox.put(Close())
+        with self._stream_lock:
+            stream = self._events_stream
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception as exc:  # already closed by the daemon: nothing left to end
+                self.errors.caught("closing the Docker event stream", exc, level=logging.DEBUG)
+
+    def join(self, timeout: float) -> None:
+        for t in (self._pump, self._thread):
+            join_thread(t, timeout)
+
+    def _loop(self) -> None:
         next_sync = time.monotonic() + self.options.resync_s
         while True:
             timeout: float | None = None  # without the watch (reattach=False): an operation's asks only
             if self.options.reattach:
                 timeout = max(0.0, next_sync - time.monotonic())
-                due = self._decided.restart_due  # the supervisor's scheduled restart (decider/step.py)
+                due = self.rec.decided.restart_due  # when the supervisor's restart is due (decider/step.py)
                 if due is not None:
                     timeout = min(timeout, max(0.05, due.when - time.time()))
-            msg = self._obs.get(timeout)
+            msg = self._inbox.get(timeout)
             if isinstance(msg, Close):
                 break
             try:
                 if msg is None or isinstance(msg, Kick):
-                    if self.options.reattach and not self._closed:
+                    if self.options.reattach and not self.closing.is_set():
                         self._reconcile()
                         self._follow_outside_drain()
-                        self._supervise()
+                        self._after_pass()
                         next_sync = time.monotonic() + self.options.resync_s
                 else:
                     self._serve(msg)
             except Exception as exc:  # the observer must survive anything; say why once
-                self._caught("observing Docker and supervising", exc, traceback=True)
-        for left in self._obs.drain():
+                self.errors.caught("observing Docker and supervising", exc, traceback=True)
+        for left in self._inbox.drain():
             if isinstance(left, (SyncForOp, Resync)):
-                left.reply.snap = self._snap
+                left.reply.snap = self.rec.snapshot()
                 left.reply.done.set()
 
     def _follow_outside_drain(self) -> None:
         """Another process drains this engine (a CLI stop or switch, drainnote.py): the snapshot says `draining`
         meanwhile, so this panel's gateway and Chat tab start no new answer on an engine about to stop; the note
         gone (or its writer dead), the snapshot stops saying it. Never while this process runs an operation of
-        its own (its drain is its own)."""
-        if self._decided.op or self._closed:
+        its own (its drain is its own: the rules drop an outside drain then)."""
+        if self.closing.is_set():
             return
         note = self.drain_notes.other()
-        snap = self._snap
+        snap = self.rec.snapshot()
         if note is not None and snap.state in (EngineState.READY, EngineState.STALLED):
             if (snap.draining, snap.drain_in_flight, snap.drain_deadline) != (True, note.in_flight, note.deadline):
                 ev = sm.Draining(True, note.in_flight, note.deadline, note.expected_back_s)
-                applied, _ = self._propose(OutsideDrain(snap.container_id, ev))
+                applied, _ = self.rec.propose(OutsideDrain(snap.container_id, ev))
                 if applied and not snap.draining:  # once per outside drain, not per change of its count
                     oplog.decision("engine", "drain_followed", who=oplog.OUTSIDE, pid=note.pid, in_flight=note.in_flight,
                                    note="another process drains this engine: no new answers here meanwhile")
         elif snap.draining:
             done = sm.Draining(False, 0, 0.0, snap.expected_back_s)
-            applied, _ = self._propose(OutsideDrainEnded(done))
+            applied, _ = self.rec.propose(OutsideDrainEnded(done))
             if applied:
                 oplog.decision("engine", "drain_followed_end", who=oplog.OUTSIDE)
 
@@ -102,110 +168,95 @@ class Observer(Reconciler):
         syncing = isinstance(msg, SyncForOp)
         try:
             if syncing:  # the operation asked for Docker's truth: the decider lets it win meanwhile
-                self._propose(SyncBegan())
+                self.rec.propose(SyncBegan())
             self._reconcile()
         except Exception as exc:
             msg.reply.error = exc
         finally:
             if syncing:
-                self._propose(SyncEnded(), wait=False)
-            msg.reply.snap = self._snap
+                self.rec.propose(SyncEnded(), wait=False)
+            msg.reply.snap = self.rec.snapshot()
             msg.reply.done.set()
 
     def _ask_observer(self, msg: SyncForOp | Resync) -> None:
-        if threading.current_thread() is self._observer:
+        if threading.current_thread() is self._thread:
             self._reconcile()
             return
-        self._obs.put(msg)
-        wait_reply(msg.reply, self._observer, OBSERVE_DEADLINE_S, "the engine observer (reading Docker)")
+        self._inbox.put(msg)
+        wait_reply(msg.reply, self._thread, OBSERVE_DEADLINE_S, "the engine observer (reading Docker)")
 
-    def _reconcile_now(self) -> None:
+    def sync_for_op(self) -> None:
         """Inside an operation: read Docker first, so a start/switch acts on the truth."""
         self._ask_observer(SyncForOp(Reply()))
 
-    def _resync(self) -> None:
+    def resync(self) -> None:
         self._ask_observer(Resync(Reply()))
 
-    def _on_boot_progress(self, cid: str, p: BootProgress) -> None:
+    def on_boot_progress(self, cid: str, p: BootProgress) -> None:
         """A followed line moved the boot picture; shown while this run boots."""
         ev = sm.BootProgressed(p.phase, p.pool, cache_miss_warning() if p.cache_miss else "")
         # fire and forget: a follower thread never waits for the reconciler
-        self._propose(BootLogMoved(cid, ev), wait=False)
+        self.rec.propose(BootLogMoved(cid, ev), wait=False)
 
-    def _on_streams_ended(self, cid: str) -> None:
+    def on_streams_ended(self, cid: str) -> None:
         """Both log streams ended: the engine probably exited; let the observer look at Docker now."""
-        if not self._closed:
-            self._obs.kick()
-
-    def _labels(self) -> dict[str, str]:
-        return {MANAGED_LABEL: "1", RECIPE_LABEL: self.recipe.id}
-
-    def _address(self) -> str:
-        """Where this controller's engine listens (its GPU's socket or port on a box of several)."""
-        return base_url(self.recipe, self.settings.data_dir, self.options.gpu)
-
-    def _list_mine(self, rt: Runtime) -> list[Instance]:
-        """The panel's containers of this recipe on this controller's GPU (a box of several runs one engine per
-        GPU, each its own controller: docs/engine.md "Several GPUs"; a container with no GPU label is GPU 0's)."""
-        found = rt.list(self._labels())
-        if self.options.gpu is None:
-            return [i for i in found if i.labels.get(GPU_LABEL, "0") == "0"]
-        return [i for i in found if i.labels.get(GPU_LABEL, "0") == str(self.options.gpu)]
+        if not self.closing.is_set():
+            self._inbox.kick()
 
     def _caught_docker_away(self, exc: BaseException, context: str) -> None:
         self._docker_away_at = time.time()
-        self._caught(context, exc)
+        self.errors.caught(context, exc)
 
     def _events_loop(self) -> None:
-        while not self._closed:
-            rt = self._runtime
+        while not self.closing.is_set():
+            rt = self.site.runtime
             try:
-                stream = rt.events(self._labels()) if rt is not None else None
+                stream = rt.events(self.site.labels()) if rt is not None else None
                 if stream is None:  # no runtime yet, or one without events (process runtime): resync only
-                    self._wake_watch.wait(1.0)
+                    self.closing.wait(1.0)
                     continue
-                with self._lock:
+                with self._stream_lock:
                     self._events_stream = stream
                 for _ in stream:  # an observer: it only tells the observer thread to look
-                    if self._closed:
+                    if self.closing.is_set():
                         break
-                    self._obs.kick()
-                if not self._closed:  # the daemon ended the stream: it went away (a restart stops containers)
+                    self._inbox.kick()
+                if not self.closing.is_set():  # the daemon ended the stream: it went away (a restart stops containers)
                     self._docker_away_at = time.time()
             except Exception as exc:  # daemon restarted / stream cut: the resync covers the gap, retry shortly
-                if not self._closed:
+                if not self.closing.is_set():
                     self._caught_docker_away(exc, "watching Docker events")
             finally:
-                with self._lock:
+                with self._stream_lock:
                     self._events_stream = None
-            self._wake_watch.wait(1.0)
+            self.closing.wait(1.0)
 
     def _reconcile(self) -> None:
         """Make the snapshot say what Docker says (skipped while this process runs a mutating operation, unless
         that operation asked: its SyncForOp, at the start of a start/switch)."""
-        if self._writing() or self._closed:
+        if self.rec.writing() or self.closing.is_set():
             return
-        rt = self._get_runtime()
+        rt = self.site.get_runtime()
         if rt is None:
             return
         try:
-            mine = self._list_mine(rt)
+            mine = self.site.list_mine(rt)
         except (RuntimeUnavailable, RuntimeOpError) as exc:
             self._caught_docker_away(exc, DOCKER)
-            snap = self._snap
+            snap = self.rec.snapshot()
             if snap.state in (EngineState.READY, EngineState.STALLED) and snap.base_url and \
                     probe(snap.base_url, snap.served_name, read_timeout_s=ADOPT_PROBE_S).health_ok:
                 # observed truth: the engine still answers, only Docker is away (a cut socket, a daemon with
                 # live-restore): it keeps serving; the next pass looks again
                 note = sm.Noted(f"Docker is unreachable; the engine still answers ({exc})", snap.diagnosis)
-                self._propose(DockerAwayServing(snap.container_id, note))
+                self.rec.propose(DockerAwayServing(snap.container_id, note))
                 return
             failed = sm.Failed(Diagnosis("docker_unreachable", "Docker daemon unreachable", str(exc),
                                          "Is dockerd running (`systemctl status docker`)? Is DOCKER_HOST right?"),
                                str(exc))
-            self._propose(DockerAway(failed))
+            self.rec.propose(DockerAway(failed))
             return
-        if self._recovered(DOCKER):
+        if self.errors.recovered(DOCKER):
             oplog.decision("engine", "docker_back", who=oplog.OUTSIDE, note="Docker answers again")
         now = time.time()
         for i in mine:
@@ -218,19 +269,18 @@ class Observer(Reconciler):
             self._reconcile_nothing_runs(rt, mine)
 
     def _reconcile_running(self, rt: Runtime, running: list[Instance]) -> None:
-        snap = self.snapshot()
+        snap = self.rec.snapshot()
         inst = running[-1]
         if snap.container_id == inst.id and snap.state in LIVE_STATES | {EngineState.STOPPING}:
-            if snap.state is EngineState.STARTING:
-                with self._lock:  # booting and nobody in this process waits for it (adopted inside an op)
-                    if self._busy is None:
-                        self._watch_boot(rt, inst)
+            if snap.state is EngineState.STARTING:  # booting: the decider says whether anyone here gates it
+                if any(isinstance(c, WatchBoot) for c in self.rec.post(BootSeen(inst.id)).commands):
+                    self._watch_boot_op(rt, inst)
             return
         self._adopt(rt, inst, len(running))
 
     def _reconcile_nothing_runs(self, rt: Runtime, mine: list[Instance]) -> None:
         """Explain the run the snapshot still shows, or (fresh process) the newest exited run."""
-        snap = self.snapshot()
+        snap = self.rec.snapshot()
         if snap.state in LIVE_STATES or snap.state is EngineState.STOPPING:
             cid = snap.container_id
         elif snap.state is EngineState.FAILED and snap.container_id:
@@ -238,7 +288,7 @@ class Observer(Reconciler):
                 gone = sm.Vanished(f"{snap.container_name or 'the engine container'} was removed "
                                    "(the last diagnosis is kept below)", snap.diagnosis)
                 # the failed run's container was removed: nothing is there; keep why it failed
-                self._propose(RunRemoved(snap.container_id, gone))
+                self.rec.propose(RunRemoved(snap.container_id, gone))
             return  # already explained
         else:
             exited = sorted((i for i in mine if not i.running), key=lambda i: i.finished_at or i.started_at)
@@ -253,18 +303,18 @@ class Observer(Reconciler):
         tracker = BootTracker()
         lines: list[str] = []
         if inst is not None:
-            self._follower.drain(0.5)  # Docker ends the streams when the container exits: normally at once
-            followed = bool(self._snap.container_id == cid and self.logs.recent(1))
+            self.follower.drain(0.5)  # Docker ends the streams when the container exits: normally at once
+            followed = bool(self.rec.snapshot().container_id == cid and self.logs.recent(1))
             # the LOG'S TAIL: a long-running engine's crash evidence is at its end, never in its first lines
             lines = ([ln.text for ln in self.logs.recent(EXIT_TAIL_LINES)] if followed
                      else [t for _, t in rt.tail_logs(cid, EXIT_TAIL_LINES)])
             for text in lines:
                 tracker.feed(text)
-        d = self._exit_records.read(cid) or explain_exit(inst, lines, cache_miss=tracker.progress.cache_miss)
+        d = self.exit_records.read(cid) or explain_exit(inst, lines, cache_miss=tracker.progress.cache_miss)
         if d.reason == STOPPED_OUTSIDE.reason and self._docker_away_at >= self._running_seen.get(cid, float("inf")):
             d = Diagnosis(STOPPED_BY_DOCKER.reason, STOPPED_BY_DOCKER.title, STOPPED_BY_DOCKER.explanation,
                           STOPPED_BY_DOCKER.fix, d.evidence)  # Docker went away after it last ran: the daemon's stop
-        self._last_exit = inst
+        self.last_exit = inst
         code = f" (exit code {inst.exit_code})" if inst is not None else ""
         if is_failure(d):  # the failed run's id stays: it is what the badge explains
             ev: sm.Event = sm.Failed(d, f"engine exited{code}: {d.title}", container_id=cid,
@@ -272,10 +322,10 @@ class Observer(Reconciler):
         else:
             ev = sm.Vanished(f"engine {d.title}{code}", d)
 
-        shown = self._snap.container_id
-        if self._propose(ExitSeen(cid, ev))[0]:
+        shown = self.rec.snapshot().container_id
+        if self.rec.propose(ExitSeen(cid, ev))[0]:
             if inst is None or inst.id == shown:
-                self._follower.end()
+                self.follower.end()
             if d.reason == STOPPED_OUTSIDE.reason or d.reason == STOPPED_BY_DOCKER.reason:
                 oplog.decision("engine", "outside_stop_seen", who=oplog.OUTSIDE, container=cid[:12], reason=d.reason)
 
@@ -288,26 +338,20 @@ class Observer(Reconciler):
         prog = tracker.progress
         # Probe only an engine whose log says its API is up: one still booting is shown starting at once (the
         # watch-only op gates it), never held back by a probe of a busy new process.
-        p = probe(self._address(), self.recipe.model.served_name, read_timeout_s=ADOPT_PROBE_S) \
+        p = probe(self.site.address(), self.recipe.model.served_name, read_timeout_s=ADOPT_PROBE_S) \
             if prog.api_up else None
         want_pool = expects_pool(inst.env, self.recipe.engine.pool_line)
         ready = p is not None and p.health_ok and p.models_ok and (not want_pool or (slots_of(prog.pool) or 0) > 0)
-        adopted = sm.Adopted(inst.profile_id, inst.id, inst.name, self._address(), self.recipe.model.served_name,
+        adopted = sm.Adopted(inst.profile_id, inst.id, inst.name, self.site.address(), self.recipe.model.served_name,
                              self.recipe.simulated, ready, prog.phase, prog.pool, "", build=inst.labels.get(BUILD_LABEL, ""),
                              image=inst.image)
-        follow = [c for c in self._post(RunningSeen(adopted, n_running)).commands if isinstance(c, FollowAdopted)]
+        commands = self.rec.post(RunningSeen(adopted, n_running)).commands
+        follow = [c for c in commands if isinstance(c, FollowAdopted)]
         if not follow:
             return
         first = follow[0].first
-        self._follower.begin(rt, inst, from_start=False, tracker=tracker, backlog=old[-300:])
-        self._liveness.reset()
+        self.follower.begin(rt, inst, from_start=False, tracker=tracker, backlog=old[-300:])
         oplog.decision("engine", "adopt", who=oplog.PANEL if first else oplog.OUTSIDE, container=inst.name,
                        profile=inst.profile_id, ready=ready)
-        with self._lock:
-            if not ready and self._busy is None:  # (during an operation's SyncForOp that operation gates it)
-                self._watch_boot(rt, inst)
-
-    def _watch_boot(self, rt: Runtime, inst: Instance) -> None:
-        """An adopted engine still boots: gate it on ready in a watch-only op (no lock: another writer's run)."""
-        self._submit("adopt", inst.profile_id,
-                     lambda t: self._finish(t, self._await_ready(rt, inst, inst.env, watch_only=True)))
+        if any(isinstance(c, WatchBoot) for c in commands):  # (an operation's own read: that operation gates it)
+            self._watch_boot_op(rt, inst)

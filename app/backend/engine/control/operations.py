@@ -1,167 +1,134 @@
-"""Operations, each on its own worker thread (docs/engine.md, "Start, stop, switch"): admission (one at a time,
-the cross-process engine lock), tickets, the desired state a person's start/stop/switch records, the drain
-before a stop or switch, and the switch with its rollback.
-
-Drain (docs/engine.md, "Keeps serving"): a stop or switch of a serving engine first marks the snapshot
-`draining` (the gateway refuses new requests with 503 and a Retry-After of `expected_back_s`; the Chat tab
-refuses to start an answer), waits until every registered `AnswerCounter` reports 0 or the grace ends
-(`switch_now()` ends it at once), and only then stops the engine: an answer a client is reading is never cut
-within the grace.
+"""Operations, each on its own worker thread (docs/engine.md, "Start, stop, switch"): start, stop and switch
+with its rollback, and the desired state a person's start/stop/switch records. Each script carries out the
+decider's word at each step (decider/step.py: may it boot, already serving, cancelled by a stop, roll back to
+what): admission (admission.py) runs it, boot.py boots and stops, drain.py drains.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from typing import Callable
 
 from app.backend import oplog
-from app.backend.contracts import LIVE_STATES, Diagnosis, EngineState
+from app.backend.engine.control.admission import Admission, ask
+from app.backend.engine.control.boot import Boot
+from app.backend.engine.control.drain import Drain
+from app.backend.engine.control.observer import Observer
+from app.backend.engine.control.reconciler import Reconciler, ReconcilerTimeout
+from app.backend.engine.control.site import Site
+from app.backend.engine.control.supervisor import Wishes
 from app.backend.engine.decider import statemachine as sm
-from app.backend.engine.runtime.base import BUILD_LABEL
-from app.backend.engine.control.core import MUTATING
-from app.backend.engine.decider.facts import OpBegan, OpEnded, RollBack, SwitchEnded, SwitchFailed
-from app.backend.engine.supervision.desired import DesiredKind
-from app.backend.engine.lifecycle.tickets import Ticket
+from app.backend.engine.decider.facts import (Command, EndOp, MayStart, Proceed, RollBack, SwitchAsked, SwitchDrained,
+                                              SwitchEnded, SwitchFailed, SwitchFrom)
 from app.backend.engine.lifecycle.oplock import LockHeld
-from app.backend.engine.control.reconciler import ReconcilerTimeout
-from app.backend.engine.runtime.base import RuntimeUnavailable
-from app.backend.engine.control.supervisor import Supervisor
+from app.backend.engine.lifecycle.tickets import Ticket
+from app.backend.engine.runtime.base import BUILD_LABEL, Instance, Runtime
+from app.backend.engine.supervision.desired import DesiredKind
+from app.backend.engine.supervision.history import SupervisionStore
 from app.backend.recipe.command import RunSpec
 
-DRAIN_POLL_S = 0.2
-DRAIN_SETTLE_S = 0.1  # a gateway's status read and its count of answers are not one step: the drain waits this once
 
+class Operations:
+    """The scripts of start, stop and switch; they own no state of their own beyond their collaborators."""
 
-class Operations(Supervisor):
+    def __init__(self, site: Site, rec: Reconciler, admission: Admission, boot: Boot, drain: Drain,
+                 observer: Observer, wishes: Wishes, history: SupervisionStore) -> None:
+        self.site, self.options = site, site.options
+        self.rec = rec
+        self.admission = admission
+        self.boot = boot
+        self.drain = drain
+        self.observer = observer
+        self.wishes = wishes
+        self.history = history
+
+    # -- what a person (the UI, the CLI) asks -----------------------------------------------------------------
+    def start(self, profile_id: str, overrides: frozenset[str], who: str, build: str | None) -> Ticket:
+        spec = self._spec_for("start", profile_id, build)
+        if isinstance(spec, Ticket):
+            return self._intent(spec, "serve", profile_id, who, build)
+        try:
+            verdict = ask(self.rec, MayStart())  # an engine is live: a switch changes it
+        except ReconcilerTimeout as exc:  # a wedged reconciler: refused, said (the watchdog restarts the panel)
+            verdict = EndOp(False, f"refused: {exc}", "refused")
+        if isinstance(verdict, EndOp):
+            return self._intent(self.admission.refused("start", profile_id, verdict.message), "serve", profile_id,
+                                who, build)
+        t = self.admission.submit("start", profile_id, lambda t: self._op_start(t, profile_id, spec, overrides))
+        return self._intent(t, "serve", profile_id, who, build)
+
+    def stop(self, who: str) -> Ticket:
+        """A serving engine first drains its answers in flight; a start/switch still booting is cancelled first."""
+        def then_stop(busy: Ticket, ticket: Ticket, have_lock: bool) -> None:
+            threading.Thread(target=self._stop_after, args=(busy, ticket, who, have_lock), name="engine-stop",
+                             daemon=True).start()
+
+        cancelling = self.admission.cancel_for_stop(then_stop)
+        if isinstance(cancelling, str):
+            return self._intent(self.admission.refused("stop", None, cancelling), "stopped", None, who)
+        if cancelling is not None:
+            return self._intent(cancelling, "stopped", None, who)
+        return self._intent(self.admission.submit("stop", None, lambda t: self._op_stop(t, who)), "stopped", None, who)
+
+    def switch(self, profile_id: str, overrides: frozenset[str], who: str, build: str | None) -> Ticket:
+        spec = self._spec_for("switch", profile_id, build)
+        if isinstance(spec, Ticket):
+            return self._intent(spec, "serve", profile_id, who, build)
+        t = self.admission.submit("switch", profile_id, lambda t: self._op_switch(t, profile_id, spec, overrides, who))
+        return self._intent(t, "serve", profile_id, who, build)
+
+    def watch_boot(self, rt: Runtime, inst: Instance) -> None:
+        """An engine booting that nobody here gates (the decider's `WatchBoot`): gate it on ready in a watch-only
+        op (no lock: another writer's run)."""
+        self.admission.submit("adopt", inst.profile_id, lambda t: self.admission.finish(
+            t, self.boot.await_ready(rt, inst, inst.env, watch_only=True)))
+
+    def expected_boot_s(self, profile_id: str | None = None) -> float:
+        """Seconds until the engine serves again after a stop of the current run: the last measured boot of
+        that profile (history.py); 0 when never measured (the gateway then says "unknown")."""
+        pid = profile_id or self.rec.snapshot().profile_id
+        return self.history.read().boot_seconds(pid) or 0.0
+
     def _intent(self, ticket: Ticket, kind: DesiredKind, profile_id: str | None, who: str,
                 build: str | None = None) -> Ticket:
         """An accepted start/stop/switch is the user's intent: persist it (a refused one changes nothing) and log
-        the decision with who asked. A new wish clears a give-up and restarts the cap (history.py), for every
-        process on the data dir: the supervisor derives both from the wish's time."""
+        the decision with who asked."""
         oplog.decision("engine", ticket.action, who=who, profile=profile_id, gpu=self.options.gpu,
                        accepted=ticket.accepted, note=None if ticket.accepted else ticket.message)
         if ticket.accepted:
-            with self._wish_lock:  # the supervisor never publishes what it read of the files before this wish
-                d = self.desired_store.write(kind, profile_id, self.options.actor, build)
-                try:
-                    self._apply(sm.Supervised(desired=d.key, gave_up=False, restart_try=0))
-                except ReconcilerTimeout as exc:  # the operation runs regardless; the supervisor re-reads the file
-                    self._caught("recording the desired state", exc)
+            self.wishes.record(kind, profile_id, build)
         return ticket
 
     def _stop_after(self, busy: Ticket, ticket: Ticket, who: str, have_lock: bool = False) -> None:
         busy.wait()
-        with self._lock:
-            while self._busy is not None:  # another op slipped in; wait for it too
-                self._changed.wait(0.5)
-            self._admit(ticket)
+        self.admission.admit_when_idle(ticket)
         try:
             if not have_lock:
-                self.oplock.acquire(self.options.actor, "stop")
+                self.admission.oplock.acquire(self.options.actor, "stop")
         except (LockHeld, OSError) as exc:  # another process took over meanwhile, or a full disk took the note
             ticket.ok, ticket.message = False, str(exc)
-            self._release(ticket)
+            self.admission.release(ticket)
             ticket._done.set()
             return
-        self._run_op(ticket, lambda t: self._op_stop(t, who))
+        self.admission.run(ticket, lambda t: self._op_stop(t, who))
 
     def _spec_for(self, action: str, profile_id: str, build: str | None = None) -> RunSpec | Ticket:
         """The operation's one spec (one profile and build lookup), or its refusal naming the operation."""
         try:
-            return self.run_spec(profile_id, build=build)
+            return self.site.run_spec(profile_id, build=build)
         except (KeyError, ValueError) as exc:
-            return self._refused(action, profile_id, f"refused: {exc.args[0] if exc.args else exc}")
-
-    def _already_live(self) -> str:
-        """Why a start must be refused now ('' = it may go): an engine already runs (switch changes profile)."""
-        snap = self.snapshot()
-        if snap.state not in LIVE_STATES:
-            return ""
-        return (f"refused: an engine is already {snap.state.value} (profile {snap.profile_id}); "
-                "use switch to change profile")
-
-    def _refused(self, action: str, profile_id: str | None, message: str) -> Ticket:
-        t = Ticket(next(self._ids), action, profile_id, False, message, ok=False)
-        t._done.set()
-        return t
-
-    def _admit(self, ticket: Ticket) -> None:
-        """Under `_lock`: `ticket` is this process's operation. The decider learns it by a fact, in the inbox's
-        order: a fact posted before is decided as before the operation, one after as during it."""
-        self._busy = ticket
-        self._propose(OpBegan(ticket.action, ticket.id), wait=False)
-
-    def _release(self, ticket: Ticket) -> None:
-        """The operation ended: admission opens, and the decider has learnt it before this returns (the observer
-        kicked next reads Docker as no longer overruled). Not under `_lock`: the reconciler takes it."""
-        with self._lock:
-            self._busy = None
-            self._changed.notify_all()
-        try:
-            self._propose(OpEnded(ticket.id))  # a later operation's OpBegan may come first: the decider keeps it
-        except ReconcilerTimeout as exc:  # a wedged reconciler: the watchdog restarts the panel (docs/engine.md)
-            self._caught("telling the reconciler an operation ended", exc)
-
-    def _submit(self, action: str, profile_id: str | None, fn: Callable[[Ticket], None]) -> Ticket:
-        with self._lock:
-            if self._closed:
-                return self._refused(action, profile_id, "refused: the panel is shutting down")
-            if self._busy is not None:
-                b = self._busy
-                if action in MUTATING and b.action not in MUTATING and (holder := self.oplock.holder()) is not None:
-                    return self._refused(action, profile_id, str(LockHeld(holder)))  # the writer whose boot we watch
-                what = f"{b.action} to {b.profile_id}" if b.profile_id else b.action
-                return self._refused(action, profile_id, f"refused: a {what} is already in progress — wait for it to finish")
-            if action in MUTATING:
-                try:
-                    self.oplock.acquire(self.options.actor, action, profile_id or "")
-                except LockHeld as exc:
-                    return self._refused(action, profile_id, str(exc))
-                except OSError as exc:
-                    return self._refused(action, profile_id, f"refused: cannot take the engine lock {self.oplock.path} "
-                                                             f"({exc.strerror or exc}); is the data dir writable?")
-            ticket = Ticket(next(self._ids), action, profile_id, True, f"{action} accepted")
-            self._admit(ticket)
-        threading.Thread(target=self._run_op, args=(ticket, fn), name=f"engine-{action}", daemon=True).start()
-        return ticket
-
-    def _run_op(self, ticket: Ticket, fn: Callable[[Ticket], None]) -> None:
-        if ticket.action == "stop":
-            self._cancel.clear()
-            self._wake.clear()
-        try:
-            fn(ticket)
-        except Exception as exc:  # a bug or a vanished daemon: surface it, never leave the op hanging
-            d = self._runtime_failure(exc)
-            self._fail(d, f"{ticket.action} failed: {exc}")
-            ticket.ok, ticket.diagnosis, ticket.message = False, d, f"{ticket.action} failed: {exc}"
-            oplog.caught("engine", exc, f"the {ticket.action} operation", traceback=not isinstance(exc, RuntimeUnavailable))
-        finally:
-            ticket.finished = time.time()
-            self._end_drain_note()  # an operation that ended another way (an error) leaves no drain said
-            if ticket.action in MUTATING:
-                self.oplock.release()
-            self._release(ticket)
-            self._obs.kick()  # re-read Docker now that this process's belief no longer wins
-            ticket._done.set()
-            for cb in list(self._op_listeners):
-                try:
-                    cb(ticket)
-                except Exception as exc:  # a listener (the /metrics counters) never breaks an operation
-                    self._caught("an operation listener", exc, traceback=True)
+            return self.admission.refused(action, profile_id, f"refused: {exc.args[0] if exc.args else exc}")
 
     def _op_start(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str]) -> None:
-        self._reconcile_now()  # Docker may show an engine this snapshot did not know of yet
-        if why := self._already_live():
-            ticket.ok, ticket.message = False, why
+        self.observer.sync_for_op()  # Docker may show an engine this snapshot did not know of yet
+        if isinstance(verdict := ask(self.rec, MayStart(ticket.id)), EndOp):  # live already, or a stop cancelled it
+            ticket.ok, ticket.message = verdict.ok, verdict.message
             return
-        self._finish(ticket, self._boot(profile_id, spec, overrides))
+        self.admission.finish(ticket, self.boot.boot(profile_id, spec, overrides))
 
     def _op_stop(self, ticket: Ticket, who: str) -> None:
-        self._drain(ticket, who, expected_back_s=0.0)
-        self._stop_engine("stopped by user" if self.options.actor == "panel" else f"stopped by {self.options.actor}")
-        self._end_drain_note()  # stopped: nobody starts an answer on it any more
+        self.drain.drain(ticket, who, expected_back_s=0.0)
+        self.boot.stop_engine("stopped by user" if self.options.actor == "panel" else f"stopped by {self.options.actor}")
+        self.drain.end_note()  # stopped: nobody starts an answer on it any more
         ticket.ok, ticket.message = True, "engine stopped"
 
     def _op_switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str], who: str) -> None:
@@ -172,158 +139,53 @@ class Operations(Supervisor):
             # and the Service tab agree, history.py) and in the snapshot, the one source for /metrics
             # (switches_total{result}); the next supervision pass holds the snapshot to the file
             self.history.switched(result)
-            self._propose(SwitchEnded(result))
+            self.rec.propose(SwitchEnded(result))
 
     def _switch(self, ticket: Ticket, profile_id: str, spec: RunSpec, overrides: frozenset[str], who: str) -> str:
         """Returns the result label: ok, rolled_back, failed or cancelled."""
-        self._reconcile_now()
-        snap = self.snapshot()
-        want_build = spec.labels_dict.get(BUILD_LABEL, "")  # another build of the same profile is a switch too
-        same_build = not want_build or not snap.build or snap.build == want_build
-        if snap.state is EngineState.READY and snap.profile_id == profile_id and same_build:
-            ticket.ok, ticket.message = True, f"already serving {profile_id}"
-            return "ok"
-        rollback_to = snap.last_ready_profile
-        rollback_build = snap.build or None  # the build that served: a rollback brings back that one
-        self._drain(ticket, who, expected_back_s=self.expected_boot_s(profile_id))
-        if self._cancel.is_set():  # a stop came during the drain: it stops the engine; nothing to boot
-            ticket.ok, ticket.message = False, f"switch to {profile_id} cancelled by stop"
-            return "cancelled"
-        stopped = self._stop_and_release(f"switching to {profile_id}")
-        self._end_drain_note()  # the old engine is gone (or failed to go): the next one is not the drained one
+        self.observer.sync_for_op()
+        # the decider's word at each step (decider/step.py): already serving, cancelled by a stop, what to roll
+        # back to; this worker only carries it out
+        verdict = ask(self.rec, SwitchAsked(ticket.id, profile_id, spec.labels_dict.get(BUILD_LABEL, "")))
+        if not isinstance(verdict, SwitchFrom):
+            return self._ended(ticket, verdict)
+        rollback_to, rollback_build = verdict.profile_id, verdict.build  # what served: a rollback brings it back
+        self.drain.drain(ticket, who, expected_back_s=self.expected_boot_s(profile_id))
+        if not isinstance(verdict := ask(self.rec, SwitchDrained(ticket.id, profile_id)), Proceed):
+            return self._ended(ticket, verdict)  # a stop came during the drain: it stops the engine
+        stopped = self.boot.stop_and_release(f"switching to {profile_id}")
+        self.drain.end_note()  # the old engine is gone (or failed to go): the next one is not the drained one
         if not stopped:
-            self._finish(ticket, False)
+            self.admission.finish(ticket, False)
             return "failed"
-        if self._boot(profile_id, spec, overrides):
-            self._finish(ticket, True)
+        if self.boot.boot(profile_id, spec, overrides):
+            self.admission.finish(ticket, True)
             return "ok"
-        failure = self.snapshot().diagnosis
-        if self._cancel.is_set():
-            ticket.ok, ticket.message = False, f"switch to {profile_id} cancelled by stop"
-            return "cancelled"
-        back = [c for c in self._post(SwitchFailed(profile_id, rollback_to, rollback_build,
-                                                   self.options.auto_rollback)).commands if isinstance(c, RollBack)]
-        if not back:  # the decider's word: no rollback (not asked, nothing served before, or closing)
-            self._finish(ticket, False)
+        failure = self.rec.snapshot().diagnosis
+        verdict = ask(self.rec, SwitchFailed(profile_id, rollback_to, rollback_build, self.options.auto_rollback, ticket.id))
+        if isinstance(verdict, EndOp) and verdict.result == "cancelled":
+            return self._ended(ticket, verdict)
+        if not isinstance(verdict, RollBack):  # the decider's word: no rollback (not asked, nothing served before)
+            self.admission.finish(ticket, False)
             return "failed"
-        rollback_to, rollback_build = back[0].profile_id, back[0].build
-        self._stop_and_release(f"rolling back to {rollback_to}")
-        ok = self._boot_profile(rollback_to, rollback_build)
+        rollback_to, rollback_build = verdict.profile_id, verdict.build
+        self.boot.stop_and_release(f"rolling back to {rollback_to}")
+        ok = self.boot.boot_profile(rollback_to, rollback_build)
         title = failure.title if failure else "failed"
         oplog.decision("engine", "rollback", who=oplog.PANEL, failed=profile_id, to=rollback_to, ok=ok, why=title)
         if ok:
-            self._apply(sm.Noted(f"switch to {profile_id} failed ({title}); rolled back to {rollback_to}", failure))
-            d = self.desired_store.write("serve", rollback_to, f"{self.options.actor} (rollback)", rollback_build)
-            self._apply(sm.Supervised(desired=d.key))
+            self.rec.apply(sm.Noted(f"switch to {profile_id} failed ({title}); rolled back to {rollback_to}", failure))
+            d = self.wishes.store.write("serve", rollback_to, f"{self.options.actor} (rollback)", rollback_build)
+            self.rec.apply(sm.Supervised(desired=d.key))
         ticket.ok, ticket.diagnosis = False, failure
         ticket.message = (f"switch to {profile_id} failed: {title}; "
                           + (f"rolled back to {rollback_to}" if ok else f"rollback to {rollback_to} failed too"))
         return "rolled_back" if ok else "failed"
 
-    def _finish(self, ticket: Ticket, ok: bool) -> None:
-        snap = self.snapshot()
-        ticket.ok = ok
-        ticket.diagnosis = None if ok else snap.diagnosis
-        ticket.message = (f"{snap.profile_id} ready" if ok else
-                          f"{ticket.action} failed: {snap.diagnosis.title if snap.diagnosis else snap.message}")
-        # the operator's log says when the start/switch ended and how long it took (issue 49: no "ready" line)
-        oplog.decision("engine", "ready" if ok else f"{ticket.action}_failed", who=self.options.actor.lower(),
-                       profile=snap.profile_id if ok else ticket.profile_id, gpu=self.options.gpu,
-                       after_s=round(time.time() - ticket.started, 1), why=None if ok else ticket.message)
-
-    def _fail(self, d: Diagnosis, message: str) -> None:
-        snap = self._apply(sm.Failed(d, message))
-        if snap.container_id:  # a run this panel judged (pool not loaded, boot timeout): any process reads it
-            self._exit_records.record(snap.container_id, d)
-
-    # -- drain (docs/engine.md, "Keeps serving") ---------------------------------------------
-    def drain_grace_s(self) -> float:
-        """Seconds a stop/switch waits for the answers in flight: options, else the Service tab, else the recipe."""
-        o = self.options
-        if o.drain_grace_s is not None:
-            return max(0.0, o.drain_grace_s)
-        if o.drain_grace_fn is not None:
-            try:
-                v = o.drain_grace_fn()
-            except (OSError, ValueError) as exc:  # an unreadable settings file: the recipe's value
-                self._caught("reading the drain grace setting", exc)
-                v = None
-            if v is not None:
-                return max(0.0, float(v))
-        return float(self.recipe.engine.drain_grace_s)
-
-    def expected_boot_s(self, profile_id: str | None = None) -> float:
-        """Seconds until the engine serves again after a stop of the current run: the last measured boot of
-        that profile (history.py); 0 when never measured (the gateway then says "unknown")."""
-        pid = profile_id or self._snap.profile_id
-        return self.history.read().boot_seconds(pid) or 0.0
-
-    def _answers_in_flight(self) -> int:
-        n = 0
-        for c in list(self._counters):
-            try:
-                n += max(0, int(c.answers_in_flight()))
-            except Exception as exc:  # a broken counter never blocks a stop: it counts as 0
-                self._caught("counting the answers in flight", exc, traceback=True)
-        return n
-
-    def _note_drain(self, draining: bool, in_flight: int = 0, deadline: float = 0.0, expected_back_s: float = 0.0) -> None:
-        """Tell the other processes on this data dir (a panel beside this CLI) that this engine drains, so their
-        gateway and Chat tab start no new answer on it meanwhile (drainnote.py)."""
-        try:
-            self.drain_notes.publish(draining, in_flight, deadline, expected_back_s)
-        except OSError as exc:  # a full disk: the drain goes on; the others then only see the engine go
-            self._caught("publishing the drain for other processes", exc)
-
-    def _end_drain_note(self) -> None:
-        """The drained engine stopped (or the operation ended): this process's drain note, if it still says
-        draining, says it no longer does."""
-        try:
-            self.drain_notes.end_own()
-        except OSError as exc:  # a full disk: the note goes stale at its deadline anyway (drainnote.LATE_S)
-            self._caught("ending the drain note for other processes", exc)
-
-    def _drain(self, ticket: Ticket, who: str, *, expected_back_s: float) -> None:
-        """Wait, draining, until no answer is in flight, the grace ends, `switch_now()`, or a stop cancels."""
-        self._drain_now.clear()
-        snap = self._snap
-        serving = snap.state in (EngineState.READY, EngineState.STALLED)
-        n = self._answers_in_flight() if serving else 0
-        grace = self.drain_grace_s()
-        if n == 0 and serving and grace > 0:
-            # draining first, then counted again: a request the gateway admitted in the instant of the first
-            # count (before it saw the drain) is then in flight and waited for, not cut (seen under a client
-            # calling in a loop through a fleet's front, docs/fleet.md#the-fault-table)
-            self._apply(sm.Draining(True, 0, time.time() + grace, expected_back_s))
-            self._drain_now.wait(DRAIN_SETTLE_S)
-            n = self._answers_in_flight()
-        if n == 0 or grace <= 0:
-            self._apply(sm.Draining(False, 0, 0.0, expected_back_s))  # the gateway's Retry-After for the boot
-            return
-        deadline = time.time() + grace
-        if self._drain_carry > time.time():  # a stop that cancelled a switch's drain keeps its deadline
-            deadline = min(deadline, self._drain_carry)
-        self._drain_carry = 0.0
-        self._apply(sm.Draining(True, n, deadline, expected_back_s))
-        self._note_drain(True, n, deadline, expected_back_s)
-        oplog.decision("engine", "drain", who=who, op=ticket.action, in_flight=n, grace_s=grace)
-        try:
-            while n > 0 and time.time() < deadline and not (self._drain_now.is_set() or self._cancel.is_set()
-                                                             or self._closed):
-                self._drain_now.wait(DRAIN_POLL_S)
-                m = self._answers_in_flight()
-                if m != n:
-                    n = m
-                    self._apply(sm.Draining(True, n, deadline, expected_back_s))
-                    self._note_drain(True, n, deadline, expected_back_s)
-        finally:
-            # otherwise kept until the engine has stopped (_end_drain_note): it stops next, and another process's
-            # gateway must not start an answer on it in between (docs/gateway.md "One gateway")
-            if self._cancel.is_set() or self._closed:
-                self._note_drain(False)
-        ended = ("answers finished" if n == 0 else "switch now" if self._drain_now.is_set() else
-                 "cancelled" if self._cancel.is_set() or self._closed else "grace ended")
-        if ended == "cancelled":
-            self._drain_carry = deadline
-        oplog.decision("engine", "drain_end", who=who, op=ticket.action, left=n, ended=ended)
-        self._apply(sm.Draining(False, 0, 0.0, expected_back_s))
+    @staticmethod
+    def _ended(ticket: Ticket, verdict: Command) -> str:
+        """The decider ended the operation (`EndOp`): its ticket says so; returns the switch counters' label."""
+        if not isinstance(verdict, EndOp):
+            raise TypeError(f"not an operation's end: {verdict!r}")
+        ticket.ok, ticket.message = verdict.ok, verdict.message
+        return verdict.result if verdict.result != "refused" else "failed"

@@ -40,6 +40,7 @@ class Decided:
     restart_due: Due | None = None
     decided_for: tuple[str, float] | None = None
     env_tries: int = 0
+    cancelled: bool = False  # a stop cancelled the operation in flight (`CancelAsked`): its worker ends it
 
     @property
     def writing(self) -> bool:
@@ -65,6 +66,40 @@ class OpBegan:
 @dataclass(frozen=True)
 class OpEnded:
     ticket: int = 0
+
+
+@dataclass(frozen=True)
+class CancelAsked:
+    """A stop cancels operation `ticket` (posted by the caller of stop() before it wakes that operation's waits,
+    so any fact the woken worker posts next is decided as cancelled)."""
+
+    ticket: int
+
+
+@dataclass(frozen=True)
+class MayStart:
+    """A start (`action` "start") or the supervisor's restart ("restart"), after its read of Docker: may it boot?
+    `ticket` 0: the caller of start(), before admission."""
+
+    ticket: int = 0
+    action: str = "start"
+
+
+@dataclass(frozen=True)
+class SwitchAsked:
+    """The switch worker, after its read of Docker: switch to `profile_id` on `build` ("": whichever build)."""
+
+    ticket: int
+    profile_id: str
+    build: str = ""
+
+
+@dataclass(frozen=True)
+class SwitchDrained:
+    """The switch's drain ended: go on to stop the old engine and boot `profile_id`?"""
+
+    ticket: int
+    profile_id: str
 
 
 @dataclass(frozen=True)
@@ -152,6 +187,13 @@ class ExitSeen:
 
 
 @dataclass(frozen=True)
+class BootSeen:
+    """Run `cid` runs and the snapshot shows it booting: gate it, unless an operation of this process does."""
+
+    cid: str
+
+
+@dataclass(frozen=True)
 class RunningSeen:
     """A panel engine runs that this snapshot does not show: adopt it (`adopted.message` is the rule's to write)."""
 
@@ -206,6 +248,7 @@ class SwitchFailed:
     rollback_to: str | None
     build: str | None
     auto_rollback: bool
+    ticket: int = 0  # the switch's: a stop that cancelled it wins over the rollback
 
 
 @dataclass(frozen=True)
@@ -222,9 +265,9 @@ class WishStopped:
     message: str
 
 
-Fact = Union[Put, OpBegan, OpEnded, SyncBegan, SyncEnded, Closing, Judged, BootGated, BootLogMoved, OutsideDrain,
-             OutsideDrainEnded, DockerAwayServing, DockerAway, RunRemoved, ExitSeen, RunningSeen,
-             SwitchEnded, SupervisionPass, StallRestart, SwitchFailed, RestartRefused, WishStopped]
+Fact = Union[Put, OpBegan, OpEnded, CancelAsked, MayStart, SwitchAsked, SwitchDrained, BootSeen, SyncBegan, SyncEnded,
+             Closing, Judged, BootGated, BootLogMoved, OutsideDrain, OutsideDrainEnded, DockerAwayServing, DockerAway,
+             RunRemoved, ExitSeen, RunningSeen, SwitchEnded, SupervisionPass, StallRestart, SwitchFailed, RestartRefused, WishStopped]
 
 
 # -- commands: what the reconciler and the worker carry out ----------------------------------------------------
@@ -298,4 +341,36 @@ class RecordGiveUp:
     why: str
 
 
-Command = Union[Publish, FollowAdopted, ClearFailure, RestartNow, RespectStop, RecordGiveUp, CountRestart, RestartStalled, RollBack]
+@dataclass(frozen=True)
+class Proceed:
+    """The operation goes on to its next step."""
+
+
+@dataclass(frozen=True)
+class EndOp:
+    """The operation ends here, with `ok` and `message` for its ticket; `result`: the switch counters' label (ok,
+    cancelled, failed) or "refused"."""
+
+    ok: bool
+    message: str
+    result: str
+
+
+@dataclass(frozen=True)
+class SwitchFrom:
+    """The switch goes on; what served before it is its rollback target (`profile_id` on `build`)."""
+
+    profile_id: str | None
+    build: str | None
+
+
+@dataclass(frozen=True)
+class WatchBoot:
+    """Gate run `cid`'s boot in a watch-only operation (an engine booting that no operation of this process
+    waits for: adopted, or started by another process)."""
+
+    cid: str
+
+
+Command = Union[Publish, FollowAdopted, Proceed, EndOp, SwitchFrom, WatchBoot, ClearFailure, RestartNow, RespectStop,
+                RecordGiveUp, CountRestart, RestartStalled, RollBack]

@@ -212,7 +212,9 @@ def transition(snap: EngineSnapshot, event: Event, now: float | None = None) -> 
             expected_back_s=0.0 if event.ready else snap.expected_back_s,
         )
     if isinstance(event, StopBegan):
-        return replace(snap, state=EngineState.STOPPING, phase="stopping", message=event.message, since=now)
+        # the drain that came before is over (drain.Drain._hold kept it marked until now)
+        return replace(snap, state=EngineState.STOPPING, phase="stopping", message=event.message, since=now,
+                       draining=False, drain_in_flight=0, drain_deadline=0.0)
     if isinstance(event, Stopped):
         return _gone(snap, event.message, snap.diagnosis, now)
     if isinstance(event, Failed):

@@ -16,14 +16,14 @@ from dataclasses import replace
 
 from app.backend.contracts import LIVE_STATES, EngineSnapshot, EngineState
 from app.backend.engine.decider import statemachine as sm
-from app.backend.engine.decider.facts import (BootGated, BootLogMoved, ClearFailure, Closing, Command, CountRestart, Decided, DockerAway,
-                                              DockerAwayServing, Due, ExitSeen, Fact,
-                                              FollowAdopted, Judged, OpBegan, OpEnded,
-                                              OutsideDrain, OutsideDrainEnded, Publish, Put,
-                                              RecordGiveUp, RespectStop, RestartNow,
-                                              RestartRefused, RestartStalled, RollBack, SwitchFailed, RunRemoved,
-                                              RunningSeen, StallRestart, SupervisionPass,
-                                              SwitchEnded, SyncBegan, SyncEnded, WishStopped)
+from app.backend.engine.decider.facts import (BootGated, BootLogMoved, BootSeen, CancelAsked, ClearFailure, Closing,
+                                              Command, CountRestart, Decided, DockerAway, DockerAwayServing, Due, EndOp,
+                                              ExitSeen, Fact, FollowAdopted, Judged, MayStart, OpBegan, OpEnded,
+                                              OutsideDrain, OutsideDrainEnded, Proceed, Publish, Put, RecordGiveUp,
+                                              RespectStop, RestartNow, RestartRefused, RestartStalled, RollBack,
+                                              RunRemoved, RunningSeen, StallRestart, SupervisionPass, SwitchAsked,
+                                              SwitchDrained, SwitchEnded, SwitchFailed, SwitchFrom, SyncBegan,
+                                              SyncEnded, WatchBoot, WishStopped)
 from app.backend.engine.supervision.plan import BringBack, GiveUpNow, Respect, RestartLater, plan
 from app.backend.engine.supervision.restartpolicy import GiveUp, Restart, decide
 
@@ -41,7 +41,49 @@ def _adopt(d: Decided, f: RunningSeen) -> tuple[Decided, list[sm.Event], list[Co
     if f.n_running > 1:
         events.append(sm.Noted(f"adopted {a.container_name}; {f.n_running - 1} other panel engine(s) are also "
                                "running — stop them (never started twice by this panel)"))
-    return replace(d, adopted_once=True), events, [FollowAdopted(first)]
+    # still booting and no operation of this process gates it (one that adopts in its own read of Docker does)
+    watch: list[Command] = [WatchBoot(a.container_id)] if not a.ready and d.op == "" else []
+    return replace(d, adopted_once=True), events, [FollowAdopted(first), *watch]
+
+
+def _cancelled(d: Decided, ticket: int) -> bool:
+    """A stop cancelled operation `ticket` (CancelAsked): it ends at its next step."""
+    return ticket != 0 and ticket == d.op_id and d.cancelled
+
+
+def _may_start(d: Decided, f: MayStart) -> list[Command]:
+    """A start boots only where no engine is live (a switch changes profile); a restart finds one the other
+    process brought back first (never a second engine); a stop cancels either."""
+    if _cancelled(d, f.ticket):
+        return [EndOp(False, f"{f.action} cancelled by stop", "cancelled")]
+    s = d.snap
+    if s.state in LIVE_STATES and (f.ticket != 0 or d.op == ""):  # before admission: an operation in flight says why
+        if f.action == "restart":
+            return [EndOp(True, "already running", "ok")]
+        return [EndOp(False, f"refused: an engine is already {s.state.value} (profile {s.profile_id}); "
+                             "use switch to change profile", "refused")]
+    return [Proceed()]
+
+
+def _switch_asked(d: Decided, f: SwitchAsked) -> list[Command]:
+    """Switch to what already serves: done; else go on, remembering what served before (the rollback target)."""
+    if _cancelled(d, f.ticket):
+        return [EndOp(False, f"switch to {f.profile_id} cancelled by stop", "cancelled")]
+    s = d.snap
+    same_build = not f.build or not s.build or s.build == f.build  # another build of the same profile is a switch
+    if s.state is EngineState.READY and s.profile_id == f.profile_id and same_build:
+        return [EndOp(True, f"already serving {f.profile_id}", "ok")]
+    return [SwitchFrom(s.last_ready_profile, s.build or None)]
+
+
+def _switch_failed(d: Decided, f: SwitchFailed) -> list[Command]:
+    """Roll back to what served before, when asked and it is another profile; a stop's cancel wins."""
+    if _cancelled(d, f.ticket):
+        return [EndOp(False, f"switch to {f.profile_id} cancelled by stop", "cancelled")]
+    to = f.rollback_to
+    if f.auto_rollback and to is not None and to != f.profile_id and not d.closed:
+        return [RollBack(to, f.build)]
+    return []
 
 
 def _files_said(s: EngineSnapshot, fields: sm.Supervised) -> list[sm.Event]:
@@ -137,9 +179,21 @@ def rule(d: Decided, fact: Fact, now: float) -> tuple[Decided, list[sm.Event], l
         case Put(event=ev):
             return d, [ev], []
         case OpBegan(action=action, ticket=ticket):
-            return replace(d, op=action, op_id=ticket), [], []
+            return replace(d, op=action, op_id=ticket, cancelled=False), [], []
         case OpEnded(ticket=ticket):
-            return (replace(d, op="", op_id=0, syncing=False) if ticket == d.op_id else d), [], []
+            return (replace(d, op="", op_id=0, syncing=False, cancelled=False) if ticket == d.op_id else d), [], []
+        case CancelAsked(ticket=ticket):
+            return (replace(d, cancelled=True) if d.op and ticket == d.op_id else d), [], []
+        case MayStart():
+            return d, [], _may_start(d, fact)
+        case SwitchAsked():
+            return d, [], _switch_asked(d, fact)
+        case SwitchDrained(ticket=ticket, profile_id=profile_id):
+            end = EndOp(False, f"switch to {profile_id} cancelled by stop", "cancelled")
+            return d, [], [end] if _cancelled(d, ticket) else [Proceed()]
+        case BootSeen(cid=cid):  # booting, and nobody in this process waits for it
+            idle_boot = idle and s.state is EngineState.STARTING and s.container_id == cid
+            return d, [], [WatchBoot(cid)] if idle_boot else []
         case SyncBegan():
             return replace(d, syncing=True), [], []
         case SyncEnded():
@@ -173,9 +227,8 @@ def rule(d: Decided, fact: Fact, now: float) -> tuple[Decided, list[sm.Event], l
             return _supervise(d, fact, now)
         case StallRestart():
             return _stall_restart(d, fact, now)
-        case SwitchFailed(profile_id=profile_id, rollback_to=to, build=build, auto_rollback=auto):
-            back = auto and to is not None and to != profile_id and not d.closed
-            return d, [], [RollBack(to, build)] if back and to is not None else []
+        case SwitchFailed():
+            return d, [], _switch_failed(d, fact)
         case RestartRefused():
             return replace(d, decided_for=None), [], []
         case WishStopped(since=since, key=key, message=message):
