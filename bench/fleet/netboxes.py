@@ -8,10 +8,12 @@ Topology (addresses in 10.R.0.0/16, R chosen per run, used only inside these nam
 holds one veth end per box (10.R.i.1/30); box i's namespace holds the other end, `eth0` (10.R.i.2/30), where its
 gateway listens. The front (`moet-panel fleet serve`: the router on F's loopback and the gateway) runs in F, and
 the caller's client with it (`enter_front`: setns(2) of the calling thread). Faults act on a box's `eth0`
-(`ip link set down`, `tc netem`) or its processes (SIGSTOP). `Fleet(metrics=True)`: each box also serves its
-panel's `/metrics` on 10.R.i.2:7860 behind a token of its own, given to `fleet add --metrics-url --metrics-token`
-(bench/fleet/boxmetrics.py; the fleet's Prometheus, tests/fleet/test_fleet_prometheus.py). `close()` kills every process of these namespaces
-(`ip netns pids`: only ours), deletes them (their veths go with them) and the data dirs, even after a failure.
+(`ip link set down`, `tc netem`; without netem, nftables' loss and the delay of a relay, `slow_link`) or its
+processes (SIGSTOP, a profile switch, an upgrade to a candidate build: simbox.py's commands).
+`Fleet(metrics=True)`: each box also serves its panel's `/metrics` on 10.R.i.2:7860 behind a token of its own, given
+to `fleet add --metrics-url --metrics-token` (bench/fleet/boxmetrics.py; the fleet's Prometheus,
+tests/fleet/test_fleet_prometheus.py). `close()` kills every process of these namespaces (`ip netns pids`: only
+ours), deletes them (their veths go with them) and the data dirs, even after a failure.
 Root is needed; without it, or without `ip`, `NamespacesUnavailable` says so.
 """
 
@@ -34,6 +36,7 @@ CLONE_NEWNET = 0x40000000
 BOX_PORT = 8001
 METRICS_PORT = 7860  # a box's panel /metrics (Fleet(metrics=True)), the panel's default port
 FRONT_PORT = 8001
+RELAY_PORT = 8002  # a box's slow-link relay (slow_link), in its namespace
 
 
 class NamespacesUnavailable(RuntimeError):
@@ -76,6 +79,8 @@ class Box:
     data: Path
     proc: subprocess.Popen[str] | None = None
     lines: list[dict[str, Any]] = field(default_factory=list)
+    relay: subprocess.Popen[str] | None = None  # its slow-link relay (Fleet.slow_link), while on
+    relayed: dict[str, int] = field(default_factory=dict)  # what the last relay carried (connections, bytes)
     metrics_token: str = ""  # its /metrics bearer token (Fleet(metrics=True)); "" when it serves none
 
     @property
@@ -120,8 +125,10 @@ def read_until(stream: IO[str], key: str, timeout_s: float, who: str) -> dict[st
 
 
 class Fleet:
-    def __init__(self, n: int = 3, decode_tok_s: float | None = None, name: str = "", metrics: bool = False) -> None:
+    def __init__(self, n: int = 3, decode_tok_s: float | None = None, name: str = "", metrics: bool = False,
+                 relays: bool = False) -> None:
         self.n = n
+        self.relays = relays  # each box's gateway port behind its slow-link relay (start_relay), for slow_link
         self.metrics = metrics  # each box serves its panel's /metrics too (boxmetrics.py)
         self.tag = name or f"mpf{os.getpid() % 100000}"
         self.r = 100 + os.getpid() % 100  # 10.R.0.0/16: this run's test range
@@ -202,6 +209,8 @@ class Fleet:
              *self._metrics_argv(box)],
             cwd=ROOT, env=self.env(box.data), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=open(box.data / "simbox.err", "w"), text=True, start_new_session=True)
+        if self.relays and box.relay is None:
+            self.start_relay(box)
         assert box.proc.stdin is not None
         box.proc.stdin.write(fleet_key + "\n")
         box.proc.stdin.flush()
@@ -334,6 +343,47 @@ class Fleet:
                "numgen", "random", "mod", "100", "<", "20", "drop")
         return "loss 20% each way (nftables; this kernel has no netem: no delay)"
 
+    def start_relay(self, box: Box) -> None:
+        """The box's slow-link relay (bench/fleet/slowlink.py, delay 0) in its namespace, and every new connection to
+        its gateway's port from eth0 redirected to it (nftables nat): in the path from before `fleet add`, so a delay
+        set later acts on every connection (the router's pooled ones too), as netem's would. The fleet file, the
+        router and the gateway are untouched; the box's own loopback goes direct."""
+        box.relay = subprocess.Popen(
+            ["ip", "netns", "exec", box.ns, sys.executable, "-m", "bench.fleet.slowlink", "--listen",
+             f"{box.addr}:{RELAY_PORT}", "--to", f"{box.addr}:{BOX_PORT}"],
+            cwd=ROOT, env=self.env(box.data), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=open(box.data / "slowlink.err", "w"), text=True, start_new_session=True)
+        assert box.relay.stdout is not None
+        read_until(box.relay.stdout, "relaying", 30, f"{box.name}'s relay")
+        nft = ["ip", "netns", "exec", box.ns, "nft"]
+        sh(*nft, "add", "table", "ip", "mpfslow")
+        sh(*nft, "add", "chain", "ip", "mpfslow", "pre", "{ type nat hook prerouting priority -100; }")
+        sh(*nft, "add", "rule", "ip", "mpfslow", "pre", "iifname", "eth0", "tcp", "dport", str(BOX_PORT),
+           "redirect", "to", f":{RELAY_PORT}")
+
+    def slow_link(self, box: Box, on: bool, delay_ms: float = 300.0) -> str:
+        """A slow, lossy link: netem's delay and loss where the kernel has netem (`netem`); without it, the loss by
+        nftables and the delay by the box's relay (`Fleet(relays=True)`). Off: what the relay carried meanwhile is in
+        `box.relayed`. Returns what was applied."""
+        if not on:
+            if box.relay is not None:
+                box.relayed = dict(self._relay_delay(box, 0)["relayed"])
+            return self.netem(box, False)
+        applied = self.netem(box, True)
+        if applied.startswith("netem"):
+            return applied
+        if box.relay is None:
+            raise RuntimeError("no netem on this kernel, and the box has no relay for the delay: Fleet(relays=True)")
+        self._relay_delay(box, delay_ms)
+        return (f"{delay_ms:g} ms each way by a userspace TCP relay (per chunk of the byte stream; no netem on this "
+                "kernel) + loss 20% each way (nftables)")
+
+    def _relay_delay(self, box: Box, delay_ms: float) -> dict[str, Any]:
+        assert box.relay is not None and box.relay.stdin is not None and box.relay.stdout is not None
+        box.relay.stdin.write(f"delay {delay_ms:g}\n")
+        box.relay.stdin.flush()
+        return read_until(box.relay.stdout, "delay_ms", 10, f"{box.name}'s relay")
+
     def freeze(self, box: Box, frozen: bool) -> None:
         assert box.proc is not None
         os.kill(box.proc.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
@@ -351,7 +401,7 @@ class Fleet:
                         os.kill(int(p), sig)
                     except ProcessLookupError:
                         pass
-        for proc in [b.proc for b in self.boxes] + [self.front]:
+        for proc in [b.proc for b in self.boxes] + [b.relay for b in self.boxes] + [self.front]:
             if proc is not None:
                 try:
                     proc.wait(10)

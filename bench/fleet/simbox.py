@@ -8,7 +8,9 @@ process runtime, a child of this process: it listens on its unix socket, so the 
 the gateway on the namespace's address with the panel's status of the engine (`SnapshotSource`) and its answers
 counted for the drain, and the fleet key read from stdin's first line (scope `fleet`: the box serves the front
 alone). Then one JSON line per event on stdout: {"ready": ...} once the engine serves; commands on stdin:
-`switch PROFILE`, `tokens` (the engine's own generation counter), `quit`. With `--metrics-port`, the panel's
+`switch PROFILE`, `upgrade BUILD` (what the owner does from the Engine tab or the CLI: `engine build-image
+--commit BUILD --demo`, then `engine promote BUILD`: the switch to it drains as a profile switch does), `rollback`
+(`engine rollback`), `tokens` (the engine's own generation counter), `quit`. With `--metrics-port`, the panel's
 `/metrics` on ADDR:P behind its token (bench/fleet/boxmetrics.py), for the fleet's Prometheus.
 """
 
@@ -20,6 +22,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -38,6 +41,59 @@ def engine_tokens(base_url: str) -> float:
         if line.startswith("vllm:generation_tokens_total"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def engine_sim_builds() -> list[str]:
+    """MOET_SIM_BUILD of each engine process this box runs now (its children on the process runtime): what the build
+    switched to really runs, not only its label ("" for the pinned build)."""
+    import psutil
+
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "simengine" in " ".join(child.cmdline()):
+                out.append(child.environ().get("MOET_SIM_BUILD", ""))
+        except psutil.Error:
+            continue
+    return out
+
+
+def upgrade(settings: Any, ctl: Any, build: str) -> dict[str, object]:
+    """`build` built and promoted, or ("") the last promotion rolled back, through the calls the CLI and the Engine
+    tab make (app/cli/engine.py `_build_commit` / `_promote`, engine/builds/job.py `BuildService`): the build's mark,
+    `build_demo`, `upgrade.promote` / `upgrade.rollback`, whose switch drains. Answers once the engine serves again."""
+    import time
+
+    from app.backend import oplog
+    from app.backend.engine import upgrade as up
+    from app.backend.engine.builds import job
+    from app.backend.engine.builds.image import build_mark
+
+    t0 = time.monotonic()
+    if build:
+        # this box is a machine without Docker (its engine runs on the process runtime, above), so the build takes the
+        # product's no-Docker path: recorded with no image, its engine process gets MOET_SIM_BUILD (docs/engine.md
+        # "Demo mode"); this test machine's own Docker must not build an image for it
+        job._docker_reachable = lambda: False
+        mark = build_mark(settings.ensure_state_dir(), build)
+        try:
+            built = job.build_demo(settings, build, lambda ev: None)
+        finally:
+            mark.release()
+        if not built.result.ok or built.build is None:
+            return {"error": f"build {build}: {built.result.message}"}
+        out = up.promote(ctl, built.build.id, oplog.CLI)
+    else:
+        out = up.rollback(ctl, oplog.CLI)
+    if out.ticket is None:
+        return {"error": f"build {out.current} is current but no engine was switched to it (none served)"}
+    if not out.ticket.accepted:
+        return {"error": f"the switch to build {out.current} was refused: {out.ticket.message}"}
+    out.ticket.wait(180)
+    s = ctl.snapshot()
+    return {"upgraded": s.build, "ok": out.ticket.ok, "message": out.ticket.message, "current": out.current,
+            "previous": out.previous, "ready": s.is_ready, "engine_sim_build": engine_sim_builds(),
+            "profile": s.profile_id, "seconds": round(time.monotonic() - t0, 2)}
 
 
 def main() -> int:
@@ -59,6 +115,7 @@ def main() -> int:
     from app.backend.engine.runtime import choice
     from app.backend.engine.lifecycle.tickets import ControllerOptions
     from app.backend.engine.runtime.process import ProcessRuntime
+    from app.backend.files.atomic import LockBusy
     from app.backend.gateway.engine_status import SnapshotSource
     from app.backend.gateway.keys import KeyStore
     from app.backend.gateway.proxy import Limits
@@ -116,6 +173,11 @@ def main() -> int:
                     task.wait(180)
                     s = ctl.snapshot()
                     say(switched=s.profile_id, ready=s.is_ready)
+                elif cmd[0] in ("upgrade", "rollback"):
+                    try:
+                        say(**upgrade(settings, ctl, cmd[1] if cmd[0] == "upgrade" and len(cmd) > 1 else ""))
+                    except (ValueError, OSError, LockBusy) as exc:  # what the CLI refuses on (app/cli/engine.py)
+                        say(error=f"{' '.join(cmd)}: {type(exc).__name__}: {exc}")
                 elif cmd[0] == "tokens":
                     keys.flush()
                     front = next((i.usage.completion_tokens for i in keys.infos() if i.name == "front"), 0)
