@@ -201,7 +201,12 @@ class Boot:
                 if slots_of(prog.pool) == 0:
                     return self._fail_and_stop(rt, inst, "pool_not_loaded")
                 if time.monotonic() > pool_deadline:
-                    if not tail_read and _tail_shows_pool(rt, inst.id):
+                    shown = None if tail_read else _tail_shows_pool(rt, inst.id)
+                    if shown is None and not tail_read:
+                        # the tail was not read (a loaded or absent daemon): unknown, not "no pool"; asked again
+                        # after another grace, within the boot's own deadline
+                        pool_deadline = time.monotonic() + self.options.pool_line_grace_s
+                    elif shown:
                         # the engine's own log has the line: the follower lags (a loaded box); wait for it to
                         # catch up rather than stop a good engine as "pool not loaded" (found by the chaos soak)
                         tail_read = True
@@ -292,11 +297,12 @@ def _shows_booting(snap: EngineSnapshot, cid: str) -> bool:
     return snap.state is EngineState.PREFLIGHT or (snap.state is EngineState.STARTING and snap.container_id == cid)
 
 
-def _tail_shows_pool(rt: Runtime, cid: str, lines: int = 2000) -> bool:
-    """Whether the container's own log (not the follower's copy) has a pool sizing line with slots."""
+def _tail_shows_pool(rt: Runtime, cid: str, lines: int = 2000) -> bool | None:
+    """Whether the container's own log (not the follower's copy) has a pool sizing line with slots; None when the
+    log could not be read."""
     try:
         tail = rt.tail_logs(cid, lines)
     except (RuntimeUnavailable, RuntimeOpError) as exc:
         ENGINE_ERRORS.caught("reading the engine's log tail for its pool line", exc)
-        return False
+        return None
     return any((slots_of(pool_sizing(message_of(text))) or 0) > 0 for _, text in tail)

@@ -306,8 +306,13 @@ class Observer:
             self.follower.drain(0.5)  # Docker ends the streams when the container exits: normally at once
             followed = bool(self.rec.snapshot().container_id == cid and self.logs.recent(1))
             # the LOG'S TAIL: a long-running engine's crash evidence is at its end, never in its first lines
-            lines = ([ln.text for ln in self.logs.recent(EXIT_TAIL_LINES)] if followed
-                     else [t for _, t in rt.tail_logs(cid, EXIT_TAIL_LINES)])
+            if followed:
+                lines = [ln.text for ln in self.logs.recent(EXIT_TAIL_LINES)]
+            else:
+                try:
+                    lines = [t for _, t in rt.tail_logs(cid, EXIT_TAIL_LINES)]
+                except RuntimeUnavailable as exc:  # explained from Docker's record alone, as a run with no log
+                    self.errors.caught("reading an exited engine's log tail", exc)
             for text in lines:
                 tracker.feed(text)
         d = self.exit_records.read(cid) or explain_exit(inst, lines, cache_miss=tracker.progress.cache_miss)

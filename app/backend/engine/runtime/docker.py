@@ -305,8 +305,12 @@ class DockerRuntime:
             try:
                 raw = self.client.api.logs(ident, stdout=stream == "stdout", stderr=stream == "stderr", stream=False,
                                            follow=False, tail=max(int(lines), 0))
-            except (docker.errors.DockerException, *_TRANSPORT_ERRORS):
-                continue
+            except docker.errors.NotFound:
+                continue  # the run is gone: it has no log to show
+            except (docker.errors.DockerException, *_TRANSPORT_ERRORS) as exc:
+                # not read is not empty: the boot's pool gate once stopped a good engine as "pool not loaded" on a
+                # tail a loaded daemon did not answer (docs/engine.md, the pool gate under "Ready")
+                raise RuntimeUnavailable(f"Docker did not return the engine's {stream}: {type(exc).__name__}") from exc
             out += [(stream, ln) for ln in splitter.feed(raw) + splitter.flush()]
         return out
 
