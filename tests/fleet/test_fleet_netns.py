@@ -142,10 +142,8 @@ def faulted(f: Fleet, c: Client, on: Callable[[], object], off: Callable[[], obj
 
 
 def served_but_the_known_stall(rs: list[Result]) -> None:
-    """Served, but for a stream that was on a box when it went (its error event after the front's 10 s bound), or
-    the one failure docs/fleet.md#not-done-yet names (a box's drain lets a request in as it ends, and its engine
-    stops under it: about 1 stream in 500 around a switch): at most 1 in 20, and only the front's clear error
-    event; no 5xx, no hang, no cut."""
+    """Served, but for a stream that was on a box when it went (its error event after the front's 10 s bound): at
+    most 1 in 20, and only the front's clear error event; no 5xx, no hang, no cut."""
     # 0 failed of 160, 152 and 153 (docs/fleet.md#the-fault-table); allowed: the lossy link's 1 in 20, each the front's
     # clear error event (a stream silent past its 10 s bound), and no request past its 30 s first-byte bound + a
     # handshake retried under the loss
@@ -159,15 +157,15 @@ def back_in_router(f: Fleet) -> None:
 
 
 def test_a_box_switching_profile_while_a_client_loops_is_left_out_and_hangs_nobody(fleet: tuple[Fleet, Client]) -> None:
-    """The switching box drains (its answers finish) and leaves the router's rotation; the others serve. The issue's
-    goal is 0 refused and 0 cut: met in most runs; the one failure left is the box's drain letting a request in as
-    it ends (about 1 stream in 500 around a switch, docs/fleet.md#not-done-yet; engine code). Asserted: nothing
-    hangs, and a failure is the front's clear error event, rarely."""
+    """The switching box drains (its answers finish) and leaves the router's rotation; the others serve: the issue's
+    0 refused and 0 cut. Its last failure, the box's drain letting a request in as it ended, is fixed (the drain
+    keeps the engine marked until its stop begins: docs/fleet.md "Not done yet"; 18 switches, 1,665 requests, 0
+    failed after the fix)."""
     f, c = fleet
     rs = loop(c, 10, 3, lambda: f.boxes[0].command("switch balanced", "switched"))
     print(f"switch under a looping client: {summary(rs)}")
     assert len(rs) > 10
-    served_but_the_known_stall(rs)
+    assert all(r.ok for r in rs), summary(rs)
     # the 10 s silences once seen here (1 stream in ~100: the front's lost wakeup, fixed) are not allowed any more
     assert not any("nothing came from upstream" in r.error for r in rs), summary(rs)
     assert max(r.end - r.start for r in rs) <= 15, "a request hung during the switch"
@@ -177,8 +175,8 @@ def test_a_box_switching_profile_while_a_client_loops_is_left_out_and_hangs_nobo
 def test_a_box_upgraded_to_a_candidate_build_while_a_client_loops_hangs_nobody(fleet: tuple[Fleet, Client]) -> None:
     """The box's owner builds the SIMULATED candidate `next` and promotes it (`engine build-image --commit next --demo`,
     `engine promote next`: simbox.py `upgrade`, the same calls); the promote's switch drains as a profile switch does,
-    so the box leaves the router's rotation and the others serve. Then rolled back the same way. The allowance is the
-    switch's (served_but_the_known_stall: the box's drain window, docs/fleet.md#not-done-yet)."""
+    so the box leaves the router's rotation and the others serve: 0 refused, 0 cut, as a switch. Then rolled back the
+    same way."""
     f, c = fleet
     b = f.boxes[0]
     for cmd, want in (("upgrade next", "next"), ("rollback", None)):
@@ -189,8 +187,7 @@ def test_a_box_upgraded_to_a_candidate_build_while_a_client_loops_hangs_nobody(f
         assert done["upgraded"] == want if want else done["upgraded"] != "next", done
         assert done["engine_sim_build"] == [want or ""], done  # the engine process runs that build, not only its label
         assert len(rs) > 10
-        served_but_the_known_stall(rs)
-        assert not any("nothing came from upstream" in r.error for r in rs), summary(rs)
+        assert all(r.ok for r in rs), summary(rs)
         assert max(r.end - r.start for r in rs) <= 15, f"a request hung during the {cmd}"
         back_in_router(f)
 
