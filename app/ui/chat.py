@@ -44,6 +44,7 @@ class StreamEvent(TypedDict):
 
 
 STOPPED_MARK = "**Stopped — this answer is incomplete.**"
+STOP_WAIT_S = 30.0  # how long Stop waits for the reply to be final (on_stop)
 EDIT_LABEL, CANCEL_EDIT_LABEL = "Edit last message", "Cancel edit"
 
 
@@ -533,7 +534,10 @@ def _wire_replies(chat: ChatService, v: ChatView) -> None:
             yield value, (mine if i == 0 else gr.skip()), gr.skip(), ("" if i == 0 else gr.skip())
 
     def on_stop(cid: str, full: bool) -> tuple[Any, ...]:
-        chat.stop(cid)
+        # waits for the reply to be final (its "Stopped" mark stored): the stream's own event is cancelled with this
+        # click, so this answer is the page's last view of it; a loaded box once took past 5 s to end the reader and
+        # the page kept "answering" without the mark (concurrency_limit=None: this wait blocks no one)
+        chat.stop(cid, timeout=STOP_WAIT_S)
         messages, _, shown = _thread_outputs(chat, cid, bool(full))
         return messages, shown
 
