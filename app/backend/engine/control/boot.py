@@ -180,7 +180,6 @@ class Boot:
         want_pool = expects_pool(env, self.recipe.engine.pool_line)
         deadline = time.monotonic() + self.recipe.engine.boot_timeout_s
         pool_deadline: float | None = None
-        tail_read = False
         while not self._closing.is_set() and not self._cancel.is_set() and \
                 _shows_booting(self.rec.snapshot(), inst.id):
             cur = rt.get(inst.id)
@@ -201,16 +200,16 @@ class Boot:
                 if slots_of(prog.pool) == 0:
                     return self._fail_and_stop(rt, inst, "pool_not_loaded")
                 if time.monotonic() > pool_deadline:
-                    shown = None if tail_read else _tail_shows_pool(rt, inst.id)
-                    if shown is None and not tail_read:
+                    shown = _tail_shows_pool(rt, inst.id)
+                    if shown is None:
                         # the tail was not read (a loaded or absent daemon): unknown, not "no pool"; asked again
                         # after another grace, within the boot's own deadline
                         pool_deadline = time.monotonic() + self.options.pool_line_grace_s
                     elif shown:
-                        # the engine's own log has the line: the follower lags (a loaded box); wait for it to
-                        # catch up rather than stop a good engine as "pool not loaded" (found by the chaos soak)
-                        tail_read = True
-                        pool_deadline = time.monotonic() + 6 * self.options.pool_line_grace_s
+                        # the engine's own log has the line: it is ready. The follower lags (a loaded box) or began
+                        # after the line (a boot adopted midway, another process's start): waiting for it to catch
+                        # up stopped a good engine as "pool not loaded" 30 s later (the chaos soak in 3 workers)
+                        return self.rec.propose(BootGated(inst.id, sm.BecameReady(self._ready_message(want_pool))))[0]
                     else:
                         return self._fail_and_stop(rt, inst, "pool_not_loaded")
             if time.monotonic() > deadline:
