@@ -1024,6 +1024,10 @@ class GatewayApp:
             run.sending_since = time.monotonic()
             await send({"type": "http.response.body", "body": data, "more_body": True})
             run.sending_since = 0.0
+            if trace.sse and b"data: [DONE]" in data:
+                # the whole answer is the client's: one that closes now (the openai SDK does, at [DONE]) before the
+                # engine's end reaches this loop is served, not a 499 (seen under load with the real vLLM)
+                trace.done = True
         trace.done = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         await self._acknowledged(run)
