@@ -145,6 +145,20 @@ def log_path(state_dir: Path) -> Path:
 _CONFIGURED = "_moet_panel_oplog"
 
 
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """stderr as it is at each record, not as it was at configure time: a process that swaps it (pytest's capture,
+    a daemon's redirection) would otherwise leave a handler writing to a closed file ("I/O operation on closed
+    file", seen in the suite's workers), as logging's own last-resort handler does."""
+
+    @property
+    def stream(self) -> IO[str]:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: IO[str]) -> None:
+        pass
+
+
 def configure(state_dir: Path | None, *, stream: IO[str] | None = None, level: int = logging.INFO,
               console: bool = True) -> None:
     """Idempotent: the stderr sink and (with a state dir) the rotated file, redaction on every record.
@@ -156,7 +170,7 @@ def configure(state_dir: Path | None, *, stream: IO[str] | None = None, level: i
     fmt = _Format()
     if not getattr(root, _CONFIGURED, False):
         if console:
-            handler = logging.StreamHandler(stream or sys.stderr)
+            handler = logging.StreamHandler(stream) if stream is not None else _CurrentStderr()
             handler.setFormatter(fmt)
             root.addHandler(handler)
         if root.level == logging.NOTSET or root.level > level:
