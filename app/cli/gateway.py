@@ -28,6 +28,7 @@ from app.backend.engine.runtime.client import base_url
 from app.backend.fleet import fleetfile
 from app.backend.fleet.front import FrontSource, make_front
 from app.backend.fleet.source import FleetSource
+from app.backend.gateway.caps import GatewayCaps
 from app.backend.gateway.keys import KeyStore
 from app.backend.gateway.leftout import LeftOutNotes
 from app.backend.gateway.proxy import GatewayApp, Limits
@@ -117,7 +118,12 @@ def _run_piped(args: argparse.Namespace) -> int:
         last.daemon = True  # a clean shutdown before it exits 0 at once
         last.start()
 
-    engine: EngineStatusSource = PipeSource(sys.stdin.buffer, panel_gone, args.engine_url or "http://127.0.0.1:8000")
+    def new_caps(caps: GatewayCaps) -> None:  # the owner changed them on the Access tab (gateway/caps.py)
+        if server_box:
+            server_box[0].app.apply_caps(caps)
+
+    engine: EngineStatusSource = PipeSource(sys.stdin.buffer, panel_gone, args.engine_url or "http://127.0.0.1:8000",
+                                            on_caps=new_caps)
     fleet = _fleet_of(state_dir)
     if fleet is not None:
         # a fleet's front (docs/fleet.md): the same gateway, its upstream the router; the panel's status lines

@@ -13,6 +13,7 @@ from typing import Any
 
 import gradio as gr
 
+from app.backend.gateway.caps import CapsError
 from app.backend.gateway.keys import PANEL_CHAT_KEY, ActivityRecord, KeyInfo, KeyStoreError
 from app.backend.gateway.switch import GatewayService, GatewaySnapshot, GatewayState, GatewayView
 from app.backend.gateway.snippets import curl_snippet, openai_snippet
@@ -34,7 +35,7 @@ def status_html(view: GatewayView) -> str:
     where = (f'<code id="gw-url">{html.escape(s.url)}/v1</code>' if s.state is GatewayState.ON
              else f"would listen on <code>{html.escape(s.url)}</code>")
     proc = f" The gateway runs as its own process (pid {s.pid}), stopped with the panel." if s.pid else ""
-    proc += queue_line(s)
+    proc += queue_line(s) + caps_line(s)
     return (f'<div id="gw-status" class="moet-gw-status" data-state="{word}" data-restored="{int(s.restored)}">'
             f"<b>Gateway: {word}</b> — {where}<br>"
             f"{html.escape(s.message)}<br><small>{html.escape(engine)}. "
@@ -53,6 +54,18 @@ def queue_line(s: GatewaySnapshot) -> str:
     return out
 
 
+def caps_line(s: GatewaySnapshot) -> str:
+    """The caps in force (docs/gateway.md#caps), as the owner set them or the recipe's defaults."""
+    return (f'<br><span id="gw-caps" data-max-tokens="{s.max_tokens}" data-hold="{s.max_hold_s:g}">Caps: a request '
+            f"may ask at most {s.max_tokens:,} tokens (a key's own cap wins); a key holds the engine at most "
+            f"{s.max_hold_s:g} s while another waits; an answer whose client reads nothing for {s.stall_s:g} s is cut."
+            "</span>")
+
+
+def _cap_cell(k: KeyInfo) -> str:
+    return f"{k.max_tokens:,}" if k.max_tokens is not None else "gateway's"
+
+
 # the panel's own key for its Chat tab, listed so chat shows in the usage (docs/chat.md "Taking turns")
 _CHAT_NOTE = ' <small title="made by the panel while the gateway serves: the Chat tab takes its turn with it">(Chat tab)</small>'
 
@@ -63,11 +76,11 @@ def keys_html(keys: tuple[KeyInfo, ...]) -> str:
     rows = "".join(
         f"<tr data-key='{html.escape(k.name)}'><td>{html.escape(k.name)}{_CHAT_NOTE if k.name == PANEL_CHAT_KEY else ''}"
         f"</td><td>{html.escape(k.hint)}</td>"
-        f"<td>{k.status}</td><td>{k.usage.requests}</td><td>{k.usage.prompt_tokens}</td>"
+        f"<td>{k.status}</td><td>{_cap_cell(k)}</td><td>{k.usage.requests}</td><td>{k.usage.prompt_tokens}</td>"
         f"<td>{k.usage.completion_tokens}</td><td>{k.usage.errors}</td><td>{_t(k.usage.last_used)}</td>"
         f"<td>{_t(k.expires) if k.expires else 'never'}</td></tr>" for k in keys)
     return ('<table id="gw-keys" class="moet-table"><thead><tr><th>name</th><th>key starts</th><th>status</th>'
-            "<th>requests</th><th>prompt tok</th><th>completion tok</th><th>errors</th><th>last used</th>"
+            "<th>max tokens</th><th>requests</th><th>prompt tok</th><th>completion tok</th><th>errors</th><th>last used</th>"
             f"<th>expires</th></tr></thead><tbody>{rows}</tbody></table>")
 
 
@@ -114,17 +127,30 @@ def render(state: AppState, shell: Shell) -> None:
                      interactive=False, elem_id="gw-python")
         curl = gr.Code(curl_snippet(view0.snapshot.url, model), language="shell", label="curl",
                        interactive=False, elem_id="gw-curl")
+    snap0 = view0.snapshot
+    # numbers are checked by the backend, not by Gradio bounds (an out-of-range value printed a traceback, issue 49)
+    with gr.Accordion("Caps for keys without their own (docs/gateway.md#caps)", open=False, elem_id="gw-caps-box"):
+        with gr.Row():
+            cap_tokens = gr.Number(snap0.max_tokens, label="Max tokens a request (0 = the recipe's default)",
+                                   elem_id="gw-cap-tokens")
+            cap_hold = gr.Number(snap0.max_hold_s, label="Hold cap: seconds a key may hold the engine while "
+                                 "another waits (0 = the default)", elem_id="gw-cap-hold")
+            save_caps = gr.Button("Save caps", elem_id="gw-save-caps")
+        caps_note = gr.Markdown("A running gateway applies them to the next request; answers running go on.",
+                                elem_id="gw-caps-note")
     gr.Markdown("### Keys")
     with gr.Row():
         name = gr.Textbox(label="New key name", placeholder="laptop, open-webui, ci…", elem_id="gw-key-name")
-        days = gr.Number(0, label="Expires after days (0 = never, at most 3650)", elem_id="gw-key-days")  # checked
-        # by the key store (no Gradio bounds: an out-of-range value printed a traceback, issue 49)
+        days = gr.Number(0, label="Expires after days (0 = never, at most 3650)", elem_id="gw-key-days")
+        key_cap = gr.Number(0, label="Its max tokens a request (0 = the gateway's cap)", elem_id="gw-key-cap")
         create = gr.Button("Create key", variant="primary", elem_id="gw-create")
     shown = gr.Textbox(label="The new key — copy it now: it is shown once and never again", visible=False,
                        interactive=False, buttons=["copy"], elem_id="gw-new-key")
     note = gr.Markdown(elem_id="gw-note")
     with gr.Row():
-        revoke_name = gr.Dropdown(_active_names(view0), label="Key to revoke", elem_id="gw-revoke-name")
+        revoke_name = gr.Dropdown(_active_names(view0), label="Key", elem_id="gw-revoke-name")
+        set_cap = gr.Number(0, label="Its max tokens (0 = the gateway's cap)", elem_id="gw-set-cap-tokens")
+        set_cap_btn = gr.Button("Set its cap", elem_id="gw-set-cap")
         revoke = gr.Button("Revoke", variant="stop", elem_id="gw-revoke")
     keys = gr.HTML(keys_html(view0.keys), elem_id="gw-keys-box")
     gr.Markdown("### Recent requests")
@@ -148,13 +174,34 @@ def render(state: AppState, shell: Shell) -> None:
         snap = svc.start() if on else svc.stop()
         return (gr.update(value=snap.state is GatewayState.ON), snap.state is GatewayState.ON, *refresh())
 
-    def on_create(key_name: str, expires: float | None) -> tuple[Any, ...]:
+    def on_create(key_name: str, expires: float | None, cap: float | None) -> tuple[Any, ...]:
         try:
-            created = svc.create_key((key_name or "").strip(), float(expires) if expires else None)
+            created = svc.create_key((key_name or "").strip(), float(expires) if expires else None,
+                                     max_tokens=cap or None)  # 0 or empty: the gateway's cap
         except KeyStoreError as exc:
             return (gr.update(value="", visible=False), f"⚠ {exc}", gr.update(), *refresh())
         return (gr.update(value=created.key, visible=True),
                 f"Key **{html.escape(created.name)}** created. Copy it now: it is stored only as a hash.", "", *refresh())
+
+    def on_set_cap(key_name: str | None, cap: float | None) -> tuple[Any, ...]:
+        if not key_name:
+            return ("Pick a key to set its cap.", *refresh())
+        try:
+            ok = svc.set_key_max_tokens(key_name, cap or None)  # 0 or empty: the gateway's cap
+        except KeyStoreError as exc:
+            return (f"⚠ {exc}", *refresh())
+        its = f"{int(cap):,} tokens" if cap else "the gateway's cap"
+        msg = (f"Key **{html.escape(key_name)}** may now ask {its} a request (applied within a second)." if ok
+               else f"No active key named {html.escape(key_name)}.")
+        return (msg, *refresh())
+
+    def on_save_caps(tokens: float | None, hold: float | None) -> tuple[Any, ...]:
+        try:
+            caps = svc.set_caps(tokens or None, hold or None)  # 0 or empty: the default
+        except CapsError as exc:
+            return (f"⚠ {exc}", gr.update(), gr.update(), *refresh())
+        return (f"Saved: {caps.max_tokens:,} tokens a request, hold cap {caps.max_hold_s:g} s; a running gateway "
+                "applies them to the next request.", caps.max_tokens, caps.max_hold_s, *refresh())
 
     def on_revoke(key_name: str | None) -> tuple[Any, ...]:
         if not key_name:
@@ -165,7 +212,9 @@ def render(state: AppState, shell: Shell) -> None:
         return (msg, *refresh())
 
     switch.input(on_switch, [switch], [switch, on_seen, *outs], **QUICK)
-    create.click(on_create, [name, days], [shown, note, name, *outs], **QUICK)
+    create.click(on_create, [name, days, key_cap], [shown, note, name, *outs], **QUICK)
+    set_cap_btn.click(on_set_cap, [revoke_name, set_cap], [note, *outs], **QUICK)
+    save_caps.click(on_save_caps, [cap_tokens, cap_hold], [caps_note, cap_tokens, cap_hold, *outs], **QUICK)
     revoke.click(on_revoke, [revoke_name], [note, *outs], **QUICK)
 
     def on_tick(seen: list[str], was_on: bool) -> tuple[Any, ...]:

@@ -86,6 +86,35 @@ def test_access_tab_switch_create_use_revoke(access_panel, browser) -> None:
     page.wait_for_function("() => document.querySelector(\"#gw-keys tr[data-key='laptop']\")?.innerText.includes('revoked')")
     with openai.OpenAI(base_url=gw_url, api_key=key, max_retries=0, timeout=10) as c:
         wait_for(lambda: key_refused(c), 1.0, "the revoked key refused within 1 s")
+    # caps (docs/gateway.md#caps) from the page: the gateway's for keys without their own, then one key's own
+    page.get_by_text("Caps for keys without their own").click()
+    page.fill("#gw-cap-tokens input", "1000")
+    page.click("#gw-save-caps")
+    page.wait_for_selector('#gw-caps[data-max-tokens="1000"]')
+    assert "at most 1,000 tokens" in page.inner_text("#gw-caps")
+    page.fill("#gw-key-name textarea", "ci")
+    page.fill("#gw-key-cap input", "2000")
+    page.click("#gw-create")
+    page.wait_for_function("() => document.querySelector(\"#gw-keys tr[data-key='ci']\")?.innerText.includes('2,000')")
+    ci = page.input_value("#gw-new-key textarea")
+    ask = {"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1500}
+    with openai.OpenAI(base_url=gw_url, api_key=ci, max_retries=0, timeout=30) as c:
+        assert c.chat.completions.create(**ask).choices  # its own cap (2,000) wins over the gateway's (1,000)
+        browser.snap(page, "access-caps")
+        page.locator("#gw-revoke-name input").click()
+        page.get_by_role("option", name="ci").click()
+        page.fill("#gw-set-cap-tokens input", "0")
+        page.click("#gw-set-cap")  # empty: the gateway's cap again
+        page.wait_for_function("() => document.querySelector(\"#gw-keys tr[data-key='ci']\")?.innerText.includes(\"gateway's\")")
+
+        def refused() -> str:
+            try:
+                c.chat.completions.create(**ask)
+                return ""
+            except openai.BadRequestError as exc:
+                return str(exc)
+
+        assert "cap of 1000 tokens" in wait_for(refused, 2.0, "the gateway's cap again within 2 s")
     page.locator("#gw-switch input").uncheck()
     page.wait_for_selector('#gw-status[data-state="off"]')
     assert not [e for e in browser.console_errors if "favicon" not in e], browser.console_errors

@@ -250,3 +250,80 @@ def test_the_status_line_round_trips() -> None:
     assert src.updates == 0 and not src.status().ready
     src.feed(st.to_line())
     assert src.status() == st and src.updates == 1
+
+
+def _ask(url: str, key: str, max_tokens: int) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions", json={**MSG, "max_tokens": max_tokens},
+                      headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+
+def test_the_owners_caps_reach_the_running_gateway_without_a_restart_and_are_remembered(
+        service, home_data: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """docs/gateway.md#caps: the Access tab's caps apply to the next request of the running gateway process (its
+    pid unchanged, an answer streaming meanwhile read whole), a key's own cap wins, bad values change nothing."""
+    import logging
+    import threading
+
+    from app.backend.gateway.caps import CapsError
+    from app.backend.gateway.proxy import Limits
+
+    caplog.set_level(logging.INFO, logger="moet_panel")
+    svc, _ = service
+    key = svc.create_key("laptop").key
+    own = svc.create_key("ci", max_tokens=300.0).key  # a page's number: 300.0 is 300
+    snap = svc.start()
+    assert snap.state is GatewayState.ON, snap.message
+    assert (snap.max_tokens, snap.max_hold_s) == (Limits.max_tokens, Limits.max_hold_s)
+    pid = snap.pid
+
+    streamed: list[str] = []
+
+    def long_stream() -> None:  # 2,000 tokens asked under the old cap, running while the cap drops to 100
+        with httpx.stream("POST", snap.url + "/v1/chat/completions", timeout=60,
+                          json={**MSG, "max_tokens": 2000, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}},
+                          headers={"Authorization": f"Bearer {key}"}) as r:
+            streamed.extend(r.iter_lines())
+
+    reader = threading.Thread(target=long_stream)
+    reader.start()
+    wait_for(lambda: len(streamed) > 3, 30, "the long answer streaming")
+    caps = svc.set_caps(100, 60)
+    assert (caps.max_tokens, caps.max_hold_s) == (100, 60.0)
+    assert reader.is_alive()  # the change came mid-answer
+    refused = wait_for(lambda: (r := _ask(snap.url, key, 200)).status_code == 400 and r, 2.0,
+                       "the new cap in force within 2 s")
+    assert "cap of 100 tokens" in refused.json()["error"]["message"]
+    assert _ask(snap.url, key, 100).status_code == 200
+    assert _ask(snap.url, own, 250).status_code == 200  # the key's own cap wins over the gateway's
+    assert svc.snapshot().pid == pid == listener_pid(svc.config.port)  # no restart
+    reader.join(60)
+    usage = [json.loads(ln[6:])["usage"] for ln in streamed if ln.startswith("data: {") and '"usage"' in ln][-1]
+    assert usage["completion_tokens"] == 2000 and [ln for ln in streamed if ln][-1] == "data: [DONE]"  # went on
+    lines = [r.getMessage() for r in caplog.records if "action=caps" in r.getMessage()]
+    assert len(lines) == 1 and "who=panel" in lines[0] and "max_tokens=100" in lines[0], lines
+
+    # a key's cap set from the page, and back to the gateway's
+    assert svc.set_key_max_tokens("laptop", 150.0)
+    wait_for(lambda: _ask(snap.url, key, 150).status_code == 200, 2.0, "the key's own cap within 2 s")
+    assert svc.set_key_max_tokens("laptop", None)
+    wait_for(lambda: _ask(snap.url, key, 150).status_code == 400, 2.0, "the gateway's cap again within 2 s")
+
+    # bad values: a clear error, nothing changed
+    for tokens, hold, words in ((0, None, "from 1 to"), (12.5, None, "whole number"), (10**9, None, "context"),
+                                (float("nan"), None, "whole number"), (None, 5, "from 10 to")):
+        with pytest.raises(CapsError, match=words):
+            svc.set_caps(tokens, hold)
+    assert (svc.snapshot().max_tokens, load_desired(svc.state_dir).max_tokens) == (100, 100)
+
+    # remembered: a restarted panel's gateway starts with them (on its argv), and shows them before it starts
+    svc.close()
+    again = GatewayService(svc.state_dir, svc.config, service[1].snapshot, svc._source.status().base_url)
+    try:
+        assert (again.snapshot().max_tokens, again.snapshot().max_hold_s) == (100, 60.0)
+        started = again.start()
+        assert "--max-tokens" in (argv := psutil.Process(started.pid).cmdline())
+        assert argv[argv.index("--max-tokens") + 1] == "100" and argv[argv.index("--max-hold-s") + 1] == "60.0"
+        assert again.set_caps(None, None).max_tokens == Limits.max_tokens  # empty: the default again
+        wait_for(lambda: _ask(started.url, key, 200).status_code == 200, 2.0, "the default cap again")
+    finally:
+        again.close()

@@ -21,6 +21,7 @@ from typing import IO, Protocol
 from app.backend import oplog
 from app.backend.contracts import SnapshotFn
 from app.backend.engine.runtime.readiness import probe
+from app.backend.gateway.caps import GatewayCaps
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,11 @@ class EngineStatus:
     @classmethod
     def from_line(cls, line: bytes | str) -> EngineStatus:
         """Raises ValueError (json.JSONDecodeError included) for a line that is not one status object."""
-        d = json.loads(line)
+        return cls.from_obj(json.loads(line))
+
+    @classmethod
+    def from_obj(cls, d: object) -> EngineStatus:
+        """The status of one parsed line; raises ValueError when it is not one."""
         return cls._from_dict(d, nested=True)
 
     @classmethod
@@ -145,11 +150,14 @@ class PipeSource:
     """In the panel's gateway process: the status the panel pushes, one JSON line per change on `stream`
     (the child's stdin), read on a thread. EOF means the panel is gone (stopped, crashed, killed: the kernel
     closes its end of the pipe) and calls `on_eof`, which shuts the gateway down: nothing stays listening
-    without the panel. A line that does not parse is skipped (the previous status stands)."""
+    without the panel. A line that does not parse is skipped (the previous status stands). A `{"caps": …}` line
+    is the owner's new caps (caps.py), handed to `on_caps`."""
 
-    def __init__(self, stream: IO[bytes], on_eof: Callable[[], None], fallback_base_url: str = "http://127.0.0.1:8000"):
+    def __init__(self, stream: IO[bytes], on_eof: Callable[[], None], fallback_base_url: str = "http://127.0.0.1:8000",
+                 on_caps: Callable[[GatewayCaps], None] | None = None):
         self._stream = stream
         self._on_eof = on_eof
+        self.on_caps = on_caps
         self._status = EngineStatus(False, fallback_base_url, "", "the gateway has not heard from the panel yet",
                                     "unknown")
         self._thread: threading.Thread | None = None
@@ -161,7 +169,13 @@ class PipeSource:
 
     def feed(self, line: bytes | str) -> None:
         try:
-            self._status = EngineStatus.from_line(line)
+            obj = json.loads(line)
+            if isinstance(obj, dict) and "caps" in obj:
+                caps = GatewayCaps.from_obj(obj["caps"])
+                if self.on_caps is not None:
+                    self.on_caps(caps)
+                return
+            self._status = EngineStatus.from_obj(obj)
             self.updates += 1
             self._heard.set()
         except ValueError as exc:  # the previous status stands

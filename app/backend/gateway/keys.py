@@ -92,7 +92,7 @@ def check_name(name: str) -> str:
 
 def _check_max_tokens(n: int | None) -> None:
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_TOKENS_LIMIT):
-        raise KeyStoreError(f"--max-tokens {n!r}: expected a whole number of tokens from 1 to {MAX_TOKENS_LIMIT}")
+        raise KeyStoreError(f"max tokens {n!r}: expected a whole number of tokens from 1 to {MAX_TOKENS_LIMIT:,}")
 
 
 @dataclass(frozen=True)

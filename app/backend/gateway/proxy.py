@@ -20,12 +20,13 @@ import math
 import re
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.backend import oplog
 from app.backend.contracts import Receive, Scope, Send
 from app.backend.gateway.assemble import WHOLE, WholeAnswer
+from app.backend.gateway.caps import GatewayCaps
 from app.backend.gateway.connguard import ConnGuard
 from app.backend.gateway.delivery import Answer, ClientProgress, answer_bound
 from app.backend.gateway.fairqueue import FairQueue, QueueFull, work
@@ -172,6 +173,13 @@ class GatewayApp:
         # a front: an event set when a box is lost (cut off, frozen); requests still waiting for their answer's
         # headers are then sent again (nothing reached their client; the router no longer lists that box)
         self.box_lost: Callable[[], asyncio.Event] | None = None
+
+    def apply_caps(self, caps: GatewayCaps) -> None:
+        """The owner's caps, changed on the Access tab while this gateway serves (caps.py): the next request is
+        checked against them; answers running keep going (their max_tokens was checked when they came). Called on
+        the status pipe's thread: one attribute swap, read whole by each use. The panel logged the decision, with
+        who asked (switch.GatewayService.set_caps)."""
+        self.limits = replace(self.limits, max_tokens=caps.max_tokens, max_hold_s=caps.max_hold_s)
 
     # -- lifespan ----------------------------------------------------------------------------------
     async def startup(self) -> None:

@@ -33,9 +33,11 @@ from app.backend import oplog
 from app.backend.config import env
 from app.backend.contracts import CHAT_MAX_TOKENS, ChatRoute, SnapshotFn
 from app.backend.files.jsonstore import JsonStore
+from app.backend.gateway.caps import CapsError, GatewayCaps, check_caps
 from app.backend.gateway.keys import ActivityRecord, CreatedKey, KeyInfo, KeyStore, KeyStoreError, PANEL_CHAT_KEY, hash_key
 from app.backend.gateway.engine_status import EngineStatus, SnapshotSource
 from app.backend.gateway.routing import BoxSource
+from app.backend.gateway.proxy import Limits
 from app.backend.gateway.server import GatewayConfig
 
 DESIRED_FILE = "gateway.json"
@@ -75,6 +77,11 @@ class GatewaySnapshot:
     # a box of several GPUs: answers in flight per GPU, and the GPUs the gateway can send to now
     in_flight_gpu: tuple[tuple[int, int], ...] = ()
     serving_gpus: tuple[int, ...] = ()
+    # the caps in force (docs/gateway.md#caps): a request's max_tokens for keys without their own, a key's hold on
+    # the engine while others wait, a client's silence before its answer is cut
+    max_tokens: int = 0
+    max_hold_s: float = 0.0
+    stall_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -86,10 +93,13 @@ class GatewayView:
 
 @dataclass(frozen=True)
 class DesiredGateway:
-    """The switch as the user left it: restored when the panel starts (reboot, crash, systemd restart)."""
+    """The switch as the user left it: restored when the panel starts (reboot, crash, systemd restart); with the
+    owner's caps (caps.py; None: the recipe's default)."""
 
     on: bool = False
     port: int | None = None
+    max_tokens: int | None = None
+    max_hold_s: float | None = None
 
 
 def _desired_store(state_dir: Path) -> JsonStore[DesiredGateway]:
@@ -113,7 +123,8 @@ def child_argv(cfg: GatewayConfig, state_dir: Path) -> list[str]:
     argv = [sys.executable, "-m", "app.cli.main", "gateway", "--status-from-stdin", "--state-dir", str(state_dir),
             "--host", cfg.host, "--port", str(cfg.port), "--max-concurrent", str(lim.max_concurrent),
             "--rate", repr(lim.rate_per_min), "--max-body-mb", repr(lim.max_body_bytes / 2**20),
-            "--max-tokens", str(lim.max_tokens), "--engine-slots", str(lim.engine_slots), "--stall-s", repr(lim.stall_s),
+            "--max-tokens", str(lim.max_tokens), "--max-hold-s", repr(lim.max_hold_s),
+            "--engine-slots", str(lim.engine_slots), "--stall-s", repr(lim.stall_s),
             "--per-source", str(lim.max_conn_per_source)]
     if lim.capture_bodies:
         argv += ["--capture-bodies", str(lim.capture_cap_bytes)]
@@ -205,19 +216,19 @@ class GatewayProcess:
                 return self._listening.is_set()
         return self._listening.is_set()
 
-    def send(self, status: EngineStatus) -> bool:
-        """Write one status line; False when the child is gone (a broken pipe is its exit, seen elsewhere)."""
+    def send(self, line: EngineStatus | GatewayCaps) -> bool:
+        """Write one status or caps line; False when the child is gone (a broken pipe is its exit, seen elsewhere)."""
         stdin = self.proc.stdin
         if stdin is None:
             return False
         with self._write_lock:
             try:
-                stdin.write(status.to_line())
+                stdin.write(line.to_line())
                 stdin.flush()
                 return True
             except (OSError, ValueError) as exc:  # BrokenPipeError, or closed by stop()
                 if self.proc.poll() is None:  # alive but not reading: worth a line (a dead child is seen by _watch)
-                    oplog.caught("gateway", exc, "sending the engine status to the gateway process", pid=self.pid)
+                    oplog.caught("gateway", exc, f"sending {type(line).__name__} to the gateway process", pid=self.pid)
                 return False
 
     def reason(self) -> str:
@@ -259,6 +270,15 @@ class GatewayProcess:
                 pass
 
 
+def _whole(n: float | None) -> int | None:
+    """A page's number as the key store takes it (4096.0 is 4096); the store checks the range."""
+    if n is None or isinstance(n, int):
+        return n
+    if not n.is_integer():  # 12.5, inf, nan
+        raise KeyStoreError(f"max tokens {n:g}: expected a whole number of tokens (empty: the gateway's cap)")
+    return int(n)
+
+
 class GatewayService:
     def __init__(self, state_dir: Path, config: GatewayConfig, snapshot_fn: SnapshotFn, engine_base_url: str,
                  subscribe: Subscribe | None = None, slots_for: Callable[[str], int] | None = None,
@@ -280,6 +300,7 @@ class GatewayService:
         self._view_lock = threading.Lock()
         self._last_metrics: dict[str, object] | None = None  # counters survive a restart of the child in the export
         self._chat_key: str | None = None  # the panel's own key for the Chat tab (CHAT_KEY_NAME), memory only
+        self._desired: DesiredGateway | None = None  # gateway.json as last read or written here
         self._chat_lock = threading.Lock()
         # every engine change reaches the child at once (no polling); the listener has a thread of its own
         self._unsubscribe = subscribe(lambda _ev: self.push()) if subscribe is not None else None
@@ -298,9 +319,21 @@ class GatewayService:
                 qmean = float(wait.get("sum") or 0.0) / wait["count"]
         child = self._child
         by_gpu = tuple(sorted(child.in_flight_gpu.items())) if child is not None else ()
+        lim = self.limits()
         return replace(self._snap, engine_ready=st.accepts if st.engines else st.ready, engine_reason=st.reason,
                        queue_length=qlen, queue_wait_mean_s=qmean, in_flight_gpu=by_gpu,
-                       serving_gpus=tuple(e.gpu for e in st.engines if e.accepts))
+                       serving_gpus=tuple(e.gpu for e in st.engines if e.accepts),
+                       max_tokens=lim.max_tokens, max_hold_s=lim.max_hold_s, stall_s=lim.stall_s)
+
+    def limits(self) -> Limits:
+        """The limits in force: the recipe's (the panel's config), with the owner's caps over them."""
+        desired = self.desired()
+        return replace(self.config.limits, max_tokens=desired.max_tokens or self.config.limits.max_tokens,
+                       max_hold_s=desired.max_hold_s or self.config.limits.max_hold_s)
+
+    def caps(self) -> GatewayCaps:
+        lim = self.limits()
+        return GatewayCaps(lim.max_tokens, lim.max_hold_s)
 
     def answers_in_flight(self) -> int:
         """Answers the gateway process is serving now (contracts.AnswerCounter: a stop or switch drains them)."""
@@ -343,7 +376,8 @@ class GatewayService:
                 return self.snapshot()
             if self._child is not None and self._child.proc.poll() is None:
                 return self.snapshot()
-            cfg = self.config if port is None else replace(self.config, port=port)
+            cfg = replace(self.config, limits=self.limits())
+            cfg = cfg if port is None else replace(cfg, port=port)
             self._snap = GatewaySnapshot(GatewayState.STARTING, url=cfg.url(), message="starting", restored=restored)
             self._fresh_chat_key()  # before the child loads the keys: the first chat is never refused
             try:
@@ -364,11 +398,12 @@ class GatewayService:
                 oplog.decision("gateway", "start_failed", who=who, reason=self._snap.message)
                 return self.snapshot()
             self.push()  # a change between the first line and now
+            child.send(self.caps())  # caps changed while it started (its argv had those read before)
             self._snap = GatewaySnapshot(GatewayState.ON, url=child.url, pid=child.pid, restored=restored,
                                          message=ON_MESSAGE + (RESTORED_NOTE if restored else ""))
             oplog.decision("gateway", "start", who=who, url=child.url, pid=child.pid, restored=restored)
             if not restored:
-                self._save(DesiredGateway(on=True, port=cfg.port))
+                self._save(replace(self.desired(), on=True, port=cfg.port))
             threading.Thread(target=self._watch, args=(child,), name="gateway-child-watch", daemon=True).start()
             return self.snapshot()
 
@@ -387,7 +422,7 @@ class GatewayService:
         """Switch off (a click): the child stops and the switch is recorded as off."""
         snap = self._halt()
         oplog.decision("gateway", "stop", who=who)
-        self._save(DesiredGateway(on=False, port=self.desired().port))
+        self._save(replace(self.desired(), on=False))
         return snap
 
     def _halt(self) -> GatewaySnapshot:
@@ -456,9 +491,13 @@ class GatewayService:
 
     # -- the remembered switch -----------------------------------------------------------------------
     def desired(self) -> DesiredGateway:
-        return load_desired(self.state_dir)
+        """The remembered switch and caps: read once, then kept as this service (their one writer) writes them."""
+        if self._desired is None:
+            self._desired = load_desired(self.state_dir)
+        return self._desired
 
     def _save(self, desired: DesiredGateway) -> None:
+        self._desired = desired
         try:
             save_desired(self.state_dir, desired)
         except OSError as exc:  # a full disk: the gateway still runs; only a restart would forget the switch
@@ -477,10 +516,38 @@ class GatewayService:
         return t
 
     # -- keys and activity ---------------------------------------------------------------------------
-    def create_key(self, name: str, expires_days: float | None = None, who: str = oplog.PANEL) -> CreatedKey:
-        created = self.keys.create(name, expires_days, who=who)
+    def create_key(self, name: str, expires_days: float | None = None, who: str = oplog.PANEL,
+                   max_tokens: float | None = None) -> CreatedKey:
+        """A new key (KeyStoreError says why not); `max_tokens` its own cap a request (None: the gateway's)."""
+        created = self.keys.create(name, expires_days, who=who, max_tokens=_whole(max_tokens))
         self._invalidate()
         return created
+
+    def set_key_max_tokens(self, name: str, max_tokens: float | None, who: str = oplog.PANEL) -> bool:
+        """A key's own cap (None: the gateway's again); the running gateway applies it within a second (it reads
+        the key store). False: no active key of that name; KeyStoreError: not a cap."""
+        ok = self.keys.set_max_tokens(name, _whole(max_tokens), who=who)
+        self._invalidate()
+        return ok
+
+    def set_caps(self, max_tokens: float | None, max_hold_s: float | None, who: str = oplog.PANEL) -> GatewayCaps:
+        """The owner's caps for keys without their own (None: the recipe's default), remembered in gateway.json and
+        sent to a running gateway at once: the next request meets them, no answer is cut. Raises CapsError."""
+        tokens, hold = check_caps(max_tokens, max_hold_s, self.config.limits.context_tokens)
+        with self._lock:  # not while a start reads the desired caps for its argv
+            desired = replace(self.desired(), max_tokens=tokens, max_hold_s=hold)
+            try:
+                save_desired(self.state_dir, desired)
+            except OSError as exc:
+                oplog.caught("gateway", exc, "saving the gateway's caps")
+                raise CapsError(f"cannot save the caps in {self.state_dir / DESIRED_FILE}: {exc}") from None
+            self._desired = desired
+            caps = self.caps()
+            child = self._child
+            sent = child is not None and child.send(caps)
+        oplog.decision("gateway", "caps", who=who, max_tokens=caps.max_tokens, max_hold_s=caps.max_hold_s,
+                       default_max_tokens=tokens is None, default_hold=hold is None, sent_to_gateway=sent)
+        return caps
 
     def revoke_key(self, name: str, who: str = oplog.PANEL) -> bool:
         ok = self.keys.revoke(name, who=who)
