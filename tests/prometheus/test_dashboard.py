@@ -114,3 +114,42 @@ def test_all_matches_a_series_without_a_box_label_in_prometheus(tmp_path: Path) 
     r = subprocess.run(["promtool", "test", "rules", str(tmp_path / "box.test.yml")], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def targets() -> list[dict[str, Any]]:
+    dash = json.loads(DASHBOARD.read_text())
+    return [t for p in panels(dash["panels"]) for t in p.get("targets", [])]
+
+
+def test_every_legend_names_the_box_and_no_aggregation_merges_boxes() -> None:
+    """With All over several boxes each line says whose it is (Grafana renders a missing label as "": one box alone
+    reads as before), and a `sum by (…)` keeps `box`, so two boxes are two lines, not one sum."""
+    for t in targets():
+        assert "{{box}}" in t.get("legendFormat", "{{box}}"), t
+        for labels in re.findall(r"\bby \(([^)]*)\)", t["expr"]):
+            assert "box" in [s.strip() for s in labels.split(",")], t["expr"]
+
+
+def test_the_decode_and_quantile_panels_keep_one_series_per_box_in_prometheus(tmp_path: Path) -> None:
+    """The panels that aggregate, evaluated by promtool over two boxes: one result per box, each labelled."""
+    decode = next(t["expr"] for t in targets() if "vllm:generation_tokens_total" in t["expr"]).replace("$box", ".*")
+    ttft = next(t["expr"] for t in targets() if t.get("legendFormat", "").startswith("TTFT p95")).replace("$box", ".*")
+    (tmp_path / "none.yml").write_text("groups: []\n")
+    series = [{"series": f'vllm:generation_tokens_total{{model_name="m", box="{b}"}}', "values": f"0+{r}x10"}
+              for b, r in (("a", 600), ("b", 1200))]
+    series += [{"series": f'moet_panel_gateway_ttft_seconds_bucket{{le="{le}", box="{b}"}}', "values": f"0+{n}x10"}
+               for b in ("a", "b") for le, n in (("0.5", 6 if b == "a" else 0), ("1", 6), ("+Inf", 6))]
+    case = {"rule_files": ["none.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [
+            {"expr": decode, "eval_time": "5m", "exp_samples": [
+                {"labels": '{model_name="m", box="a"}', "value": 10},
+                {"labels": '{model_name="m", box="b"}', "value": 20}]},
+            {"expr": ttft, "eval_time": "5m", "exp_samples": [
+                {"labels": '{box="a"}', "value": 0.475},
+                {"labels": '{box="b"}', "value": 0.975}]},
+        ]}]}
+    (tmp_path / "agg.test.yml").write_text(json.dumps(case))
+    r = subprocess.run(["promtool", "test", "rules", str(tmp_path / "agg.test.yml")], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
