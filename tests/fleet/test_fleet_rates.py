@@ -3,6 +3,8 @@ counter between the front's scrapes of its /metrics, as Prometheus' rate() (app/
 
 from __future__ import annotations
 
+import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -118,3 +120,64 @@ def test_the_fleet_tab_says_it_is_asking_before_the_first_answers_and_no_boxes_a
 
     assert "Asking the boxes" in fleet_html(FleetView())  # the panel's first seconds: not "no boxes"
     assert "No boxes yet" in fleet_html(FleetView(asked=True))
+
+
+class FrozenBox:
+    """A box whose gateway and panel accept connections and never answer (SIGSTOPped); `peak` is the most
+    connections it saw open at once (each counted until its client closes it)."""
+
+    def __init__(self, peak: list[int], lock: threading.Lock) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self._peak, self._lock, self._open = peak, lock, [0]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._held, args=(conn,), daemon=True).start()
+
+    def _held(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._peak[1] += 1  # open now, over every box
+            self._peak[0] = max(self._peak[0], self._peak[1])
+        try:
+            while conn.recv(65536):  # the request, then nothing: until the client gives up and closes
+                pass
+        except OSError:
+            pass
+        with self._lock:
+            self._peak[1] -= 1
+
+    def close(self) -> None:
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def test_the_fleet_view_asks_every_box_at_once_so_a_frozen_box_bounds_a_refresh_once(tmp_path) -> None:
+    """A frozen box used to cost its status timeout and then its /metrics timeout (1.5 s each) before the next box
+    was asked; now every box's status and /metrics are asked together: three frozen boxes see six connections open
+    at once (asked in turn, never more than one)."""
+    from app.backend.fleet import fleetfile
+    from app.backend.fleet.service import FleetFront
+
+    peak, lock = [0, 0], threading.Lock()
+    frozen = [FrozenBox(peak, lock) for _ in range(3)]
+    front = FleetFront(tmp_path)
+    try:
+        cfg = fleetfile.FleetConfig("k", tuple(fleetfile.Box(f"b{i}", f"http://127.0.0.1:{f.port}",
+                                                             f"http://127.0.0.1:{f.port}/metrics")
+                                               for i, f in enumerate(frozen)))
+        view = front.refresh(cfg, {})
+        assert [(v.box.reachable, bool(v.figures.error)) for v in view.boxes] == [(False, True)] * 3
+        assert peak[0] == 6
+    finally:
+        front.close()
+        for f in frozen:
+            f.close()

@@ -1,13 +1,15 @@
 """The front's part of the panel (docs/fleet.md#what-runs-where): with a fleet file in its state dir, the panel
 runs vLLM's router on loopback (`RouterSupervisor`: started, restarted when it ends, stopped with the panel) and
 keeps the fleet's view for the Fleet tab (every box's status and the router's health, asked on a thread of its own
-every 2 s; the page reads the latest). The panel's gateway, on the same state dir, is the front by the same file
+every 2 s, the boxes all at once: a frozen box bounds a refresh at its 1.5 s timeout, not 3 s each in turn; the page
+reads the latest). The panel's gateway, on the same state dir, is the front by the same file
 (app/cli/gateway.py). No fleet file: none of this exists (one box alone, exactly as before)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +19,8 @@ from app.backend.fleet.boxes import BoxStatus, RateBook, generated_tokens, statu
 from app.backend.fleet.router import RouterAdmin, RouterSupervisor
 
 VIEW_EVERY_S = 2.0
+ASK_TIMEOUT_S = 1.5  # a box's status or /metrics; a refresh asks every box's both at once
+ASKERS = 16  # threads asking boxes (a fleet of more boxes asks them in waves)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class FleetFront:
         self._rates = RateBook()  # tok/s per box, from the scrapes of its /metrics
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="fleet-view", daemon=True)
+        self._askers = ThreadPoolExecutor(ASKERS, thread_name_prefix="fleet-ask")
 
     def load(self) -> fleetfile.FleetConfig | None:
         return fleetfile.load(self.state_dir)
@@ -100,20 +105,32 @@ class FleetFront:
             try:
                 health = {str(w.get("url", "")).rstrip("/"): bool(w.get("is_healthy"))
                           for w in RouterAdmin(cfg).workers()}
-                views = []
-                for b in cfg.boxes:
-                    st = status(b, cfg.fleet_key, timeout_s=1.5)
-                    fig = box_figures(b.metrics_url, b.metrics_token)
-                    rate = self._rates.add(b.name, time.monotonic(), fig.generated_tokens)
-                    views.append(BoxView(st, health.get(b.url.rstrip("/")), fig, rate))
-                self._rates.keep(b.name for b in cfg.boxes)
-                self._view = FleetView(tuple(views), self.router.pid, self.router.starts, asked=True)
+                self._view = self.refresh(cfg, health)
             except Exception as exc:  # the view must keep going; said once per kind of error
                 oplog.caught("fleet", exc, "refreshing the fleet's view", traceback=True)
+
+    def refresh(self, cfg: fleetfile.FleetConfig, health: dict[str, bool]) -> FleetView:
+        """Every box asked at once (its status and its /metrics), `health` the router's word per worker URL."""
+        statuses = [self._askers.submit(status, b, cfg.fleet_key, ASK_TIMEOUT_S) for b in cfg.boxes]
+        figures = [self._askers.submit(_scraped, b.metrics_url, b.metrics_token) for b in cfg.boxes]
+        views = []
+        for b, st, fig in zip(cfg.boxes, statuses, figures):
+            at, figs = fig.result()
+            rate = self._rates.add(b.name, at, figs.generated_tokens)
+            views.append(BoxView(st.result(), health.get(b.url.rstrip("/")), figs, rate))
+        self._rates.keep(b.name for b in cfg.boxes)
+        return FleetView(tuple(views), self.router.pid, self.router.starts, asked=True)
 
     def close(self) -> None:
         self._stop.set()
         self.router.stop()
+        self._askers.shutdown(wait=False, cancel_futures=True)
+
+
+def _scraped(metrics_url: str, token: str) -> tuple[float, BoxFigures]:
+    """A box's figures with the moment they were read (its tok/s is the counter's rate between reads)."""
+    figs = box_figures(metrics_url, token, ASK_TIMEOUT_S)
+    return time.monotonic(), figs
 
 
 def start_front(state_dir: Path) -> FleetFront | None:
