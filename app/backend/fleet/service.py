@@ -114,7 +114,7 @@ class FleetFront:
         statuses = [self._askers.submit(status, b, cfg.fleet_key, ASK_TIMEOUT_S) for b in cfg.boxes]
         figures = [self._askers.submit(_scraped, b.metrics_url, b.metrics_token) for b in cfg.boxes]
         views = []
-        for b, st, fig in zip(cfg.boxes, statuses, figures):
+        for b, st, fig in zip(cfg.boxes, statuses, figures, strict=True):
             at, figs = fig.result()
             rate = self._rates.add(b.name, at, figs.generated_tokens)
             views.append(BoxView(st.result(), health.get(b.url.rstrip("/")), figs, rate))
