@@ -103,7 +103,10 @@ def test_an_abandoned_non_streaming_request_frees_the_engine_and_bills_what_the_
     usage = next(i.usage for i in gw.keys.infos() if i.name == "leaver")
     # billed what the engine did: its prompt and the tokens it made before the abort (before: nothing)
     assert act[0].status == 499 and usage.completion_tokens > 20 and usage.prompt_tokens > 0
-    assert (usage.prompt_tokens, usage.completion_tokens) == (after[0] - before[0], after[1] - before[1])
+    # all of the prompt; of the answer, what the engine sent: the tokens it counted after the client's EOF (the step
+    # in hand) are never written, as with real vLLM (docs/gateway.md, "Usage = what the engine did")
+    assert usage.prompt_tokens == after[0] - before[0]
+    assert 0 <= after[1] - before[1] - usage.completion_tokens <= 4, (usage, before, after)
     assert freed_s < 1.0, f"the engine ran on {freed_s:.2f} s after the hang-up"
 
 

@@ -90,15 +90,19 @@ def _stream_body(n: int) -> bytes:
 
 
 def _polite_wait(gw, key: str) -> float:
-    """Seconds until the polite key's first token (a 3-token stream)."""
+    """Seconds until the polite key's first token (a 3-token stream, read to its end: a hang-up after the first
+    token would abort the rest at the engine, as vLLM does)."""
     t0 = time.monotonic()
+    waited = None
     with httpx.stream("POST", gw.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
                       json={"model": SERVED, "messages": MSG, "max_tokens": 3, "stream": True}, timeout=60) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
-            if '"content":"' in line and '"content":""' not in line or '"reasoning":"' in line:
-                return time.monotonic() - t0
-    raise AssertionError("the polite answer had no token")
+            if waited is None and ('"content":"' in line and '"content":""' not in line or '"reasoning":"' in line):
+                waited = time.monotonic() - t0
+    if waited is None:
+        raise AssertionError("the polite answer had no token")
+    return waited
 
 
 def _beside_a_slow_reader(make_gateway, caplog, chunk: int, every_s: float, bursts: int) -> None:
@@ -177,7 +181,11 @@ def test_hang_ups_and_early_closes_bill_what_the_engine_counted(make_gateway):
     after = (_counter(gw.sim, "vllm:prompt_tokens_total"), _counter(gw.sim, "vllm:generation_tokens_total"))
     usage = next(i.usage for i in gw.keys.infos() if i.name == "biller")
     assert gw.sim.stats.aborted >= 1
-    assert (usage.prompt_tokens, usage.completion_tokens) == (after[0] - before[0], after[1] - before[1])
+    # every prompt the engine processed is billed; of the hung-up stream, what the engine sent: the tokens it counted
+    # after the client's EOF (the step in hand) are never written, as with real vLLM (0-3 measured there,
+    # tests/real_engine test_gateway_bills_what_vllm_counted_through_hang_ups_and_early_closes; docs/gateway.md)
+    assert usage.prompt_tokens == after[0] - before[0]
+    assert 0 <= after[1] - before[1] - usage.completion_tokens <= 4, (usage, before, after)
     statuses = [a.status for a in gw.keys.activity(10) if a.key_name == "biller"]  # newest first
     assert statuses[:2] == [200, 200] and statuses[3] == 499  # the early close: 200 or 499, as the race goes
 

@@ -182,7 +182,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._whole(req, sim_req)
         except ClientGone:
-            aborted = True
+            aborted = not sim_req.finish_reason  # a request the engine had finished stays finished, as in vLLM
             sim_req.abort()
         finally:
             if sim_req.finish_reason or aborted:
@@ -283,6 +283,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
 
     def _chunk(self, data: bytes) -> None:
+        # uvicorn writes nothing after the client's EOF (its transport closes; later sends are dropped) and vLLM
+        # aborts the request: the tokens it counted after that are never sent (docs/simengine.md, "The token counters")
+        if client_gone(self.connection):
+            raise ClientGone()
         try:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         except OSError as exc:
