@@ -321,3 +321,127 @@ def test_the_front_sends_again_a_request_held_on_a_box_found_lost(
     assert "hello" in r.text and "data: [DONE]" in r.text and "error" not in r.text
     assert len(seen) == 2
     assert len([m for m in log if "action=resent_after_box_lost" in m]) == 1
+
+
+def _hang_up_a_whole_request(url: str, key: str, started: Callable[[], bool]) -> None:
+    """A non-streaming request whose client closes its connection once `started()` (the engine generating)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from tests.polling import wait_for
+
+    u = urlsplit(url)
+    body = json.dumps({"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 3000, "ignore_eos": True}).encode()
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"authorization: Bearer " + key.encode() + b"\r\ncontent-length: " + str(len(body)).encode() +
+                  b"\r\n\r\n" + body)
+        wait_for(started, 10, "the engine generating the non-streaming answer", 0.02)
+
+
+def test_a_client_key_at_the_front_is_billed_what_the_engine_did_through_the_real_router(
+        make_gateway: Callable[..., Gw], tmp_path: Path) -> None:
+    """Front (gateway) → the real vllm-router → a box (gateway, fleet key) → the SIMULATED engine, on loopback: a
+    stream hung up mid-answer, one closed at its finish_reason chunk, a non-streaming request hung up, a whole
+    stream and a whole answer. The client's key at the front is billed the prompt and completion tokens the box
+    billed the fleet key and the engine counted (docs/fleet.md "Usage at the front"); the router drops
+    `continuous_usage_stats` and closes both its connections at a hang-up, so before, the front billed the last
+    count it had seen (none at all for a non-streaming hang-up)."""
+    import openai
+
+    from app.backend.fleet.front import front_server
+    from app.backend.fleet.router import RouterSupervisor
+    from app.backend.gateway.keys import KeyStore
+    from app.backend.gateway.proxy import Limits
+    from app.backend.gateway.server import GatewayConfig
+    from tests.conftest import free_port
+    from tests.gateway.conftest import engine_counts, running_requests
+    from tests.polling import wait_for
+
+    state = tmp_path / "front"
+    state.mkdir()
+    cfg = fleetfile.new_fleet(state, router_port=free_port(), router_metrics_port=free_port())
+    boxgw = make_gateway(decode_tok_s=200.0)  # a box: its gateway with the fleet key, the SIMULATED engine
+    assert boxgw.sim is not None
+    boxgw.keys.create("front", scope="fleet", key=cfg.fleet_key)
+    fleetfile.store(state).write(fleetfile.with_box(cfg, fleetfile.Box("b1", boxgw.url)))
+    router = RouterSupervisor(state, lambda: fleetfile.load(state))
+    keys = KeyStore(state)
+    front = front_server(GatewayConfig(host="127.0.0.1", port=0, limits=Limits()), keys, state)
+    try:
+        router.start()
+        front.start()
+        assert front.wait_started(10), f"front did not start: {front.error}"
+        key = keys.create("client").key
+        url = f"http://127.0.0.1:{front.port}"
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30)
+        msg = [{"role": "user", "content": "Say something about mixtures of experts."}]
+
+        def serves() -> bool:
+            try:
+                return bool(sdk.chat.completions.create(model="deepseek-v4-flash", messages=msg, max_tokens=2).choices)
+            except openai.APIError:
+                return False
+
+        wait_for(serves, 30, "the front serving through the router", 0.3)
+        # the first answer's record written at the front (after its client had it) before the starting figures
+        wait_for(lambda: _billed(keys, "client") == _billed(boxgw.keys, "front"), 10, "the first answer billed")
+        billed0 = _billed(keys, "client")
+        box0 = _billed(boxgw.keys, "front")
+        eng0 = engine_counts(boxgw.sim)
+        # a stream hung up mid-answer
+        stream = sdk.chat.completions.create(model="deepseek-v4-flash", messages=msg, max_tokens=2000, stream=True,
+                                             extra_body={"ignore_eos": True})
+        it = iter(stream)
+        for _ in range(20):
+            next(it)
+        stream.close()
+        wait_for(lambda: running_requests(boxgw.sim) == 0, 10, "the hung-up stream aborted at the engine")
+        # a stream closed at its finish_reason chunk (it asked no usage: none reaches it)
+        stream = sdk.chat.completions.create(model="deepseek-v4-flash", messages=msg, max_tokens=30, stream=True)
+        for ch in stream:
+            assert ch.usage is None
+            if ch.choices and ch.choices[0].finish_reason:
+                break
+        stream.close()
+        # a non-streaming request hung up while the engine generates
+        gen0 = engine_counts(boxgw.sim)[1]
+        _hang_up_a_whole_request(url, key, lambda: engine_counts(boxgw.sim)[1] >= gen0 + 40)
+        wait_for(lambda: running_requests(boxgw.sim) == 0, 10, "the hung-up request aborted at the engine")
+        # a whole stream (no usage asked: none on any chunk) and a whole answer (its usage)
+        chunks = list(sdk.chat.completions.create(model="deepseek-v4-flash", messages=msg, max_tokens=12, stream=True))
+        assert chunks and all(c.usage is None for c in chunks)
+        whole = sdk.chat.completions.create(model="deepseek-v4-flash", messages=msg, max_tokens=7)
+        assert whole.usage is not None and whole.usage.completion_tokens == 7
+        eng = engine_counts(boxgw.sim)
+        want = (eng[0] - eng0[0], eng[1] - eng0[1])
+        assert want[1] > 40 + 20 + 12 + 7  # the hung-up ones generated something
+        _settles(lambda: _sub(_billed(boxgw.keys, "front"), box0), want, "the box billed the fleet key")
+        _settles(lambda: _sub(_billed(keys, "client"), billed0), want, "the front billed the client's key")
+    finally:
+        front.stop()
+        keys.close()
+        router.stop()
+
+
+def _billed(keys: object, name: str) -> tuple[float, float]:
+    from app.backend.gateway.keys import KeyStore
+
+    assert isinstance(keys, KeyStore)
+    u = next(i.usage for i in keys.infos() if i.name == name)
+    return float(u.prompt_tokens), float(u.completion_tokens)
+
+
+def _settles(got: Callable[[], tuple[float, float]], want: tuple[float, float], what: str) -> None:
+    """`got()` reaches `want` (usage is written once a second); else fail with both (prompt, completion)."""
+    from tests.polling import wait_for
+
+    try:
+        wait_for(lambda: got() == want, 10, what)
+    except AssertionError:
+        raise AssertionError(f"{what} {got()} (prompt, completion) tokens; the engine counted {want}") from None
+
+
+def _sub(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    return a[0] - b[0], a[1] - b[1]
