@@ -191,13 +191,19 @@ class _RouterDouble:
     """A stand-in for the router on loopback: answers each chat request as `script` says, in turn ("503": a box's
     503 passed on; "closed": 200 and a stream's headers, then the connection closed before any byte of it, as a box
     that began to stop in that instant; "held": no answer, `on_held()` called, until the front closes the
-    connection, as on a box cut off; "ok": a short stream); records the Authorization header of each."""
+    connection, as on a box cut off; "prefill": a stream's headers, then nothing until the front asks the box to end
+    the request (`POST /fleet/end`, also answered here, as the box), then the engine's first chunk with its counts
+    and the end, as a box whose engine ended its prefill as it was aborted; "ok": a short stream); records the
+    Authorization header of each."""
 
     def __init__(self, script: list[str], on_held: Callable[[], object] = lambda: None) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.seen: list[str] = []
+        self.prefilling = threading.Event()  # a "prefill" request's headers sent
+        self.ended: list[str] = []  # the request ids the front asked to end
+        ended = threading.Event()
         double = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -205,8 +211,27 @@ class _RouterDouble:
 
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 self.rfile.read(int(self.headers.get("content-length", "0")))
+                if self.path == "/fleet/end":
+                    double.ended.append(self.headers.get("x-moet-request", ""))
+                    ended.set()
+                    self._send(200, b'{"ended":1}', "application/json")
+                    return
                 double.seen.append(self.headers.get("authorization", ""))
                 how = script[len(double.seen) - 1] if len(double.seen) <= len(script) else "ok"
+                if how == "prefill":
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("transfer-encoding", "chunked")
+                    self.end_headers()
+                    self.wfile.flush()
+                    double.prefilling.set()
+                    ended.wait(10)
+                    usage = {"prompt_tokens": 4000, "completion_tokens": 1, "total_tokens": 4001}
+                    ev = b"data: " + json.dumps({"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant"}}],
+                                                 "usage": usage}, separators=(",", ":")).encode() + b"\n\n"
+                    self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev))
+                    self.close_connection = True
+                    return
                 if how == "held":
                     on_held()
                     self.rfile.read(1)  # b"" once the front closes its connection (it sent the request again)
@@ -226,6 +251,9 @@ class _RouterDouble:
                              "choices": [{"index": 0, "delta": {"content": "hello"}, "finish_reason": "stop"}]}
                     body = b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
                     status, ctype = 200, "text/event-stream"
+                self._send(status, body, ctype)
+
+            def _send(self, status: int, body: bytes, ctype: str) -> None:
                 self.send_response(status)
                 self.send_header("content-type", ctype)
                 self.send_header("content-length", str(len(body)))
@@ -323,8 +351,8 @@ def test_the_front_sends_again_a_request_held_on_a_box_found_lost(
     assert len([m for m in log if "action=resent_after_box_lost" in m]) == 1
 
 
-def _hang_up_a_whole_request(url: str, key: str, started: Callable[[], bool]) -> None:
-    """A non-streaming request whose client closes its connection once `started()` (the engine generating)."""
+def _hang_up(url: str, key: str, started: Callable[[], bool], **payload: object) -> None:
+    """A chat request whose client closes its connection once `started()` (the engine generating, say)."""
     import socket
     from urllib.parse import urlsplit
 
@@ -332,7 +360,7 @@ def _hang_up_a_whole_request(url: str, key: str, started: Callable[[], bool]) ->
 
     u = urlsplit(url)
     body = json.dumps({"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}],
-                       "max_tokens": 3000, "ignore_eos": True}).encode()
+                       **payload}).encode()
     with socket.create_connection((u.hostname, u.port), timeout=10) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                   b"authorization: Bearer " + key.encode() + b"\r\ncontent-length: " + str(len(body)).encode() +
@@ -407,7 +435,7 @@ def test_a_client_key_at_the_front_is_billed_what_the_engine_did_through_the_rea
         stream.close()
         # a non-streaming request hung up while the engine generates
         gen0 = engine_counts(boxgw.sim)[1]
-        _hang_up_a_whole_request(url, key, lambda: engine_counts(boxgw.sim)[1] >= gen0 + 40)
+        _hang_up(url, key, lambda: engine_counts(boxgw.sim)[1] >= gen0 + 40, max_tokens=3000, ignore_eos=True)
         wait_for(lambda: running_requests(boxgw.sim) == 0, 10, "the hung-up request aborted at the engine")
         # a whole stream (no usage asked: none on any chunk) and a whole answer (its usage)
         chunks = list(sdk.chat.completions.create(model="deepseek-v4-flash", messages=msg, max_tokens=12, stream=True))
@@ -445,3 +473,48 @@ def _settles(got: Callable[[], tuple[float, float]], want: tuple[float, float], 
 
 def _sub(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
     return a[0] - b[0], a[1] - b[1]
+
+
+def test_a_client_gone_before_its_first_byte_at_the_front_is_billed_the_prompt_its_box_sent(
+        home_data: Path, tmp_path: Path) -> None:
+    """The front's client hangs up while the front waits for its stream's first byte (a long prefill on the box): the
+    front asks the box to end the request (`POST /fleet/end` with the request's id) and reads what the box then
+    sends, the engine's first chunk with the prompt's count, before it lets the answer go. Before, it closed at once
+    and billed nothing, while the box billed the prompt to the fleet key (its own drain read that chunk)."""
+    from app.backend.fleet.source import FleetSource
+    from app.backend.gateway.keys import KeyStore
+    from app.backend.gateway.proxy import Limits
+    from app.backend.gateway.server import GatewayConfig, GatewayServer
+    from tests.polling import wait_for
+
+    router = _RouterDouble(["prefill"])  # the router and, for /fleet/end, the box
+    cfg = fleetfile.with_box(_fleet(tmp_path), fleetfile.Box("b1", router.url))
+    fleet = FleetSource(lambda: cfg)
+
+    class Front:  # the front's status: serving through the double; the fleet's client on the gateway's loop
+        def status(self) -> EngineStatus:
+            return EngineStatus(True, router.url, "deepseek-v4-flash", state="ready", slots=4)
+
+        async def start(self) -> None:
+            await fleet.start()
+
+        async def stop(self) -> None:
+            await fleet.stop()
+
+    keys = KeyStore(home_data / ".moet-panel")
+    server = GatewayServer(GatewayConfig(host="127.0.0.1", port=0, limits=Limits()), keys, Front())
+    try:
+        make_front(server, fleet, cfg.fleet_key)
+        server.start()
+        assert server.wait_started(10), f"gateway did not start: {server.error}"
+        k = keys.create("client").key
+        _hang_up(f"http://127.0.0.1:{server.port}", k, router.prefilling.is_set, stream=True)
+        wait_for(lambda: next(i.usage for i in keys.infos() if i.name == "client").requests == 1, 10, "the record")
+        usage = next(i.usage for i in keys.infos() if i.name == "client")
+        assert (usage.prompt_tokens, usage.completion_tokens) == (4000, 1)
+        assert len(router.ended) == 1 and len(router.ended[0]) == 32  # the front's id of the request
+        assert keys.activity(1)[0].status == 499
+    finally:
+        server.stop()
+        keys.close()
+        router.close()
