@@ -518,3 +518,63 @@ def test_a_client_gone_before_its_first_byte_at_the_front_is_billed_the_prompt_i
         server.stop()
         keys.close()
         router.close()
+
+
+def test_a_box_sends_its_front_every_count_and_ends_a_request_when_its_front_asks(
+        make_gateway: Callable[..., Gw]) -> None:
+    """A box's gateway, to its fleet key: the engine's counts on every chunk, though the router left only
+    `include_usage` of the front's `stream_options`; `POST /fleet/end` with a request's id ends that request at the
+    engine and the rest the engine wrote still goes out, its last counts equal to the engine's counters and to what
+    the box billed; a request of that id still queued gets a 499 (a 4xx: the router would send a 5xx to another
+    box) and never reaches the engine."""
+    import threading
+
+    from app.backend.gateway.proxy import Limits
+    from tests.gateway.conftest import engine_counts, running_requests
+    from tests.polling import wait_for
+
+    gw = make_gateway(limits=Limits(engine_slots=1), decode_tok_s=100.0, max_num_seqs=1)
+    assert gw.sim is not None
+    key = gw.keys.create("front", scope="fleet", key="mpk-" + "d" * 43).key
+    auth = {"Authorization": f"Bearer {key}"}
+    body = {"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # as the router sends it
+    eng0 = engine_counts(gw.sim)
+    events: list[dict[str, object]] = []
+    queued: list[httpx.Response] = []
+
+    def stream() -> None:
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30,
+                          headers={**auth, "x-moet-request": "r1"}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+
+    th = threading.Thread(target=stream)
+    th.start()
+    wait_for(lambda: len(events) >= 10, 10, "the stream under way")
+    assert all(isinstance(e.get("usage"), dict) for e in events)  # every chunk: the engine's counts so far
+    th2 = threading.Thread(target=lambda: queued.append(httpx.post(
+        gw.url + "/v1/chat/completions", json=body, headers={**auth, "x-moet-request": "r2"}, timeout=30)))
+    th2.start()
+    wait_for(lambda: len(gw.server.app.queue) == 1, 10, "the second request waiting for the engine's one slot")
+    for rid in ("r2", "r1"):
+        r = httpx.post(gw.url + "/fleet/end", headers={**auth, "x-moet-request": rid}, timeout=5)
+        assert r.status_code == 200 and r.json() == {"ended": 1}
+    th.join(10)
+    th2.join(10)
+    assert not th.is_alive() and not th2.is_alive()
+    assert queued[0].status_code == 499 and "front" in queued[0].json()["error"]["message"]
+    wait_for(lambda: running_requests(gw.sim) == 0, 5, "the engine done")
+    eng = engine_counts(gw.sim)
+    last = events[-1]["usage"]
+    assert isinstance(last, dict)
+    assert (last["prompt_tokens"], last["completion_tokens"]) == (eng[0] - eng0[0], eng[1] - eng0[1])
+    assert eng[1] - eng0[1] < 3000  # ended at the engine, not generated whole
+    wait_for(lambda: len(gw.keys.activity(5)) == 2, 5, "both records")
+    usage = next(i.usage for i in gw.keys.infos() if i.name == "front")
+    assert (usage.prompt_tokens, usage.completion_tokens) == (eng[0] - eng0[0], eng[1] - eng0[1])
+    assert sorted(a.status for a in gw.keys.activity(5)) == [499, 499]
+    other = httpx.post(gw.url + "/fleet/end", headers={**auth, "x-moet-request": "r9"}, timeout=5)
+    assert other.json() == {"ended": 0}
+    assert httpx.post(gw.url + "/fleet/end", headers={"x-moet-request": "r9"}, timeout=5).status_code == 401

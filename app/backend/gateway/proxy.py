@@ -114,7 +114,7 @@ class _Running:
     key_hash: str
     key_name: str = ""
     task: asyncio.Future[Any] | None = None
-    cut: str = ""  # why the gateway ended it: "revoked", "stalled", "gone" (the client hung up)
+    cut: str = ""  # why the gateway ended it: "revoked", "stalled", "gone" (the client hung up), "ended" (its front)
     sending_since: float = 0.0  # a send to the client began at this time and has not returned (0: none)
     progress: ClientProgress | None = None  # the client's acknowledged bytes (delivery.py); None: not measured
     in_flight: bool = False  # counted in the answers in flight (a drain waits for them) until the engine is done
@@ -612,6 +612,10 @@ class GatewayApp:
         """The gateway ended the request: a revoked key's client is told so (a JSON error, or an error event on
         its stream); a stalled client gets nothing more, and its connection is reset (what the kernel still held
         for it is dropped, not sent)."""
+        if run.cut == "ended":  # a box: its front's client left before any answer; a 4xx, which the router passes on
+            if not trace.started:  # (a 5xx it would send to another box)
+                await self._reply(send, 499, "ended at the front's request: its client left", "client_closed")
+            return 499, "ended at the front's request (its client left)"
         if run.cut == "held":
             if not trace.started:
                 await self._reply(send, 429, self._held_message(), "rate_limit_error", [(b"retry-after", b"5")])
@@ -834,8 +838,8 @@ class GatewayApp:
             if resp is not None and resp.headers.get("content-type", "").startswith("text/event-stream"):
                 run.ended_by_front = True
                 resp.hang_up()  # the engine aborts; its last bytes and counts are still read and sent on
-            else:  # queued, or a non-streaming answer: nothing went to the front yet
-                run.cut = "gone"
+            else:  # queued, or a non-streaming answer: nothing went to the front yet; it is told so (_after_cut)
+                run.cut = "ended"
                 run.task.cancel()
         if ended:
             oplog.decision("gateway", "ended_for_front", who=oplog.PANEL, requests=ended)
