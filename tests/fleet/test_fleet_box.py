@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -425,7 +426,9 @@ def test_a_client_key_at_the_front_is_billed_what_the_engine_did_through_the_rea
         for _ in range(20):
             next(it)
         stream.close()
+        t = time.monotonic()
         wait_for(lambda: running_requests(boxgw.sim) == 0, 10, "the hung-up stream aborted at the engine")
+        print(f"hang-up at the front: the box's engine free {1000 * (time.monotonic() - t):.0f} ms later")
         # a stream closed at its finish_reason chunk (it asked no usage: none reaches it)
         stream = sdk.chat.completions.create(model="deepseek-v4-flash", messages=msg, max_tokens=30, stream=True)
         for ch in stream:
