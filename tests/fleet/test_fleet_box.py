@@ -194,7 +194,8 @@ class _RouterDouble:
     that began to stop in that instant; "held": no answer, `on_held()` called, until the front closes the
     connection, as on a box cut off; "prefill": a stream's headers, then nothing until the front asks the box to end
     the request (`POST /fleet/end`, also answered here, as the box), then the engine's first chunk with its counts
-    and the end, as a box whose engine ended its prefill as it was aborted; "ok": a short stream); records the
+    and the end, as a box whose engine ended its prefill as it was aborted; "silent": a stream's headers and first
+    chunk, then nothing until the front closes, as a box cut off mid-answer; "ok": a short stream); records the
     Authorization header of each."""
 
     def __init__(self, script: list[str], on_held: Callable[[], object] = lambda: None) -> None:
@@ -231,6 +232,17 @@ class _RouterDouble:
                     ev = b"data: " + json.dumps({"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant"}}],
                                                  "usage": usage}, separators=(",", ":")).encode() + b"\n\n"
                     self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev))
+                    self.close_connection = True
+                    return
+                if how == "silent":
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("transfer-encoding", "chunked")
+                    self.end_headers()
+                    ev = b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"hel"}}]}\n\n'
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+                    self.wfile.flush()
+                    self.rfile.read(1)
                     self.close_connection = True
                     return
                 if how == "held":
@@ -275,7 +287,7 @@ class _RouterDouble:
 
 
 def _front_asks(home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, script: list[str],
-                ) -> tuple[httpx.Response, list[str], str, list[str]]:
+                stream: bool = True, idle_s: float = 0.0) -> tuple[httpx.Response, list[str], str, list[str]]:
     """A front gateway (make_front) whose upstream is a router double answering as `script` says; one streamed chat
     request through it. Returns (the client's answer, the Authorization headers upstream saw, the fleet key, the
     operator log's lines). Everything started here is stopped, even on failure."""
@@ -305,12 +317,13 @@ def _front_asks(home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixtur
                            FixedSource(EngineStatus(True, router.url, "deepseek-v4-flash", state="ready", slots=4)))
     try:
         make_front(server, source, cfg.fleet_key)
+        server.app.upstream_idle_s = idle_s or server.app.upstream_idle_s  # a box silent mid-answer: this bound
         server.start()
         assert server.wait_started(10), f"gateway did not start: {server.error}"
         k = keys.create("client").key
         r = httpx.post(f"http://127.0.0.1:{server.port}/v1/chat/completions", headers={"Authorization": f"Bearer {k}"},
                        json={"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}],
-                             "stream": True}, timeout=10)
+                             "stream": stream}, timeout=10)
         return r, list(router.seen), cfg.fleet_key, [rec.getMessage() for rec in caplog.records]
     finally:
         server.stop()
@@ -339,6 +352,17 @@ def test_the_front_sends_again_a_stream_whose_box_closed_before_its_first_byte(
     assert "hello" in r.text and "data: [DONE]" in r.text and "error" not in r.text
     assert len(seen) == 2
     assert len([m for m in log if "action=resent_after_box_closed" in m]) == 1
+
+
+def test_a_non_streaming_answer_whose_box_went_silent_mid_answer_ends_with_a_502_at_the_front(
+        home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A front sends a non-streaming request to its boxes as a stream (docs/fleet.md "Usage at the front"); a box
+    silent mid-answer ends it after the front's silence bound with a 502 JSON error, as a stream gets its error event,
+    not a hang."""
+    r, seen, _, _ = _front_asks(home_data, tmp_path, caplog, ["silent"], stream=False, idle_s=0.5)
+    assert r.status_code == 502, r.text
+    assert "the box answering stopped" in r.json()["error"]["message"]
+    assert len(seen) == 1
 
 
 def test_the_front_sends_again_a_request_held_on_a_box_found_lost(
