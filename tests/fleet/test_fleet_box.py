@@ -41,6 +41,7 @@ def test_a_box_without_a_fleet_key_answers_as_before(make_gateway: Callable[...,
     assert httpx.get(gw.url + "/health").status_code == 404
     assert httpx.get(gw.url + "/fleet/status").status_code == 404
     k = gw.key("owner")
+    assert httpx.post(gw.url + "/fleet/end", headers={"Authorization": f"Bearer {k}"}).status_code == 404
     assert httpx.get(gw.url + "/v1/models", headers={"Authorization": f"Bearer {k}"}).status_code != 401
 
 
