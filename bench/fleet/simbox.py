@@ -10,8 +10,9 @@ counted for the drain, and the fleet key read from stdin's first line (scope `fl
 alone). Then one JSON line per event on stdout: {"ready": ...} once the engine serves; commands on stdin:
 `switch PROFILE`, `upgrade BUILD` (what the owner does from the Engine tab or the CLI: `engine build-image
 --commit BUILD --demo`, then `engine promote BUILD`: the switch to it drains as a profile switch does), `rollback`
-(`engine rollback`), `tokens` (the engine's own generation counter), `quit`. With `--metrics-port`, the panel's
-`/metrics` on ADDR:P behind its token (bench/fleet/boxmetrics.py), for the fleet's Prometheus.
+(`engine rollback`), `tokens` (the engine's own generation and prompt counters, and what the gateway billed the
+fleet key), `canary SECONDS` (the generation canary's interval, 0: off), `quit`. With `--metrics-port`, the
+panel's `/metrics` on ADDR:P behind its token (bench/fleet/boxmetrics.py), for the fleet's Prometheus.
 """
 
 from __future__ import annotations
@@ -32,13 +33,13 @@ def say(**kw: object) -> None:
     print(json.dumps(kw), flush=True)
 
 
-def engine_tokens(base_url: str) -> float:
-    """vllm:generation_tokens_total of the engine (its /metrics over its socket)."""
+def engine_tokens(base_url: str, counter: str = "vllm:generation_tokens_total") -> float:
+    """A token counter of the engine (its /metrics over its socket): generated, or `vllm:prompt_tokens_total`."""
     from app.backend.engine.runtime.client import engine_client
 
     total = 0.0
     for line in engine_client(base_url).metrics().text.splitlines():
-        if line.startswith("vllm:generation_tokens_total"):
+        if line.startswith(counter):
             total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -180,8 +181,14 @@ def main() -> int:
                         say(error=f"{' '.join(cmd)}: {type(exc).__name__}: {exc}")
                 elif cmd[0] == "tokens":
                     keys.flush()
-                    front = next((i.usage.completion_tokens for i in keys.infos() if i.name == "front"), 0)
-                    say(tokens=engine_tokens(ctl.snapshot().base_url or ""), gateway=front)
+                    front = next((i.usage for i in keys.infos() if i.name == "front"), None)
+                    base = ctl.snapshot().base_url or ""
+                    say(tokens=engine_tokens(base), gateway=front.completion_tokens if front else 0,
+                        prompt=engine_tokens(base, "vllm:prompt_tokens_total"),
+                        gateway_prompt=front.prompt_tokens if front else 0)
+                elif cmd[0] == "canary":  # its interval (0: off), so a test's engine counters are its requests' alone
+                    ctl.set_canary_interval(float(cmd[1]))
+                    say(canary=float(cmd[1]), sent=ctl.canary_counts()[0], in_flight=ctl.canary_in_flight.is_set())
                 elif cmd[0] == "quit":
                     break
     finally:

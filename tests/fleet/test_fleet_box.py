@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,6 +41,7 @@ def test_a_box_without_a_fleet_key_answers_as_before(make_gateway: Callable[...,
     assert httpx.get(gw.url + "/health").status_code == 404
     assert httpx.get(gw.url + "/fleet/status").status_code == 404
     k = gw.key("owner")
+    assert httpx.post(gw.url + "/fleet/end", headers={"Authorization": f"Bearer {k}"}).status_code == 404
     assert httpx.get(gw.url + "/v1/models", headers={"Authorization": f"Bearer {k}"}).status_code != 401
 
 
@@ -191,13 +193,20 @@ class _RouterDouble:
     """A stand-in for the router on loopback: answers each chat request as `script` says, in turn ("503": a box's
     503 passed on; "closed": 200 and a stream's headers, then the connection closed before any byte of it, as a box
     that began to stop in that instant; "held": no answer, `on_held()` called, until the front closes the
-    connection, as on a box cut off; "ok": a short stream); records the Authorization header of each."""
+    connection, as on a box cut off; "prefill": a stream's headers, then nothing until the front asks the box to end
+    the request (`POST /fleet/end`, also answered here, as the box), then the engine's first chunk with its counts
+    and the end, as a box whose engine ended its prefill as it was aborted; "silent": a stream's headers and first
+    chunk, then nothing until the front closes, as a box cut off mid-answer; "ok": a short stream); records the
+    Authorization header of each."""
 
     def __init__(self, script: list[str], on_held: Callable[[], object] = lambda: None) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.seen: list[str] = []
+        self.prefilling = threading.Event()  # a "prefill" request's headers sent
+        self.ended: list[str] = []  # the request ids the front asked to end
+        ended = threading.Event()
         double = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -205,8 +214,38 @@ class _RouterDouble:
 
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 self.rfile.read(int(self.headers.get("content-length", "0")))
+                if self.path == "/fleet/end":
+                    double.ended.append(self.headers.get("x-moet-request", ""))
+                    ended.set()
+                    self._send(200, b'{"ended":1}', "application/json")
+                    return
                 double.seen.append(self.headers.get("authorization", ""))
                 how = script[len(double.seen) - 1] if len(double.seen) <= len(script) else "ok"
+                if how == "prefill":
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("transfer-encoding", "chunked")
+                    self.end_headers()
+                    self.wfile.flush()
+                    double.prefilling.set()
+                    ended.wait(10)
+                    usage = {"prompt_tokens": 4000, "completion_tokens": 1, "total_tokens": 4001}
+                    ev = b"data: " + json.dumps({"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant"}}],
+                                                 "usage": usage}, separators=(",", ":")).encode() + b"\n\n"
+                    self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev))
+                    self.close_connection = True
+                    return
+                if how == "silent":
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("transfer-encoding", "chunked")
+                    self.end_headers()
+                    ev = b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"hel"}}]}\n\n'
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
+                    self.wfile.flush()
+                    self.rfile.read(1)
+                    self.close_connection = True
+                    return
                 if how == "held":
                     on_held()
                     self.rfile.read(1)  # b"" once the front closes its connection (it sent the request again)
@@ -226,6 +265,9 @@ class _RouterDouble:
                              "choices": [{"index": 0, "delta": {"content": "hello"}, "finish_reason": "stop"}]}
                     body = b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
                     status, ctype = 200, "text/event-stream"
+                self._send(status, body, ctype)
+
+            def _send(self, status: int, body: bytes, ctype: str) -> None:
                 self.send_response(status)
                 self.send_header("content-type", ctype)
                 self.send_header("content-length", str(len(body)))
@@ -246,7 +288,7 @@ class _RouterDouble:
 
 
 def _front_asks(home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, script: list[str],
-                ) -> tuple[httpx.Response, list[str], str, list[str]]:
+                stream: bool = True, idle_s: float = 0.0) -> tuple[httpx.Response, list[str], str, list[str]]:
     """A front gateway (make_front) whose upstream is a router double answering as `script` says; one streamed chat
     request through it. Returns (the client's answer, the Authorization headers upstream saw, the fleet key, the
     operator log's lines). Everything started here is stopped, even on failure."""
@@ -276,12 +318,13 @@ def _front_asks(home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixtur
                            FixedSource(EngineStatus(True, router.url, "deepseek-v4-flash", state="ready", slots=4)))
     try:
         make_front(server, source, cfg.fleet_key)
+        server.app.upstream_idle_s = idle_s or server.app.upstream_idle_s  # a box silent mid-answer: this bound
         server.start()
         assert server.wait_started(10), f"gateway did not start: {server.error}"
         k = keys.create("client").key
         r = httpx.post(f"http://127.0.0.1:{server.port}/v1/chat/completions", headers={"Authorization": f"Bearer {k}"},
                        json={"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}],
-                             "stream": True}, timeout=10)
+                             "stream": stream}, timeout=10)
         return r, list(router.seen), cfg.fleet_key, [rec.getMessage() for rec in caplog.records]
     finally:
         server.stop()
@@ -312,6 +355,17 @@ def test_the_front_sends_again_a_stream_whose_box_closed_before_its_first_byte(
     assert len([m for m in log if "action=resent_after_box_closed" in m]) == 1
 
 
+def test_a_non_streaming_answer_whose_box_went_silent_mid_answer_ends_with_a_502_at_the_front(
+        home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A front sends a non-streaming request to its boxes as a stream (docs/fleet.md "Usage at the front"); a box
+    silent mid-answer ends it after the front's silence bound with a 502 JSON error, as a stream gets its error event,
+    not a hang."""
+    r, seen, _, _ = _front_asks(home_data, tmp_path, caplog, ["silent"], stream=False, idle_s=0.5)
+    assert r.status_code == 502, r.text
+    assert "the box answering stopped" in r.json()["error"]["message"]
+    assert len(seen) == 1
+
+
 def test_the_front_sends_again_a_request_held_on_a_box_found_lost(
         home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A request held on a box that stops answering (link cut, frozen) is sent again once the front finds the box
@@ -321,3 +375,234 @@ def test_the_front_sends_again_a_request_held_on_a_box_found_lost(
     assert "hello" in r.text and "data: [DONE]" in r.text and "error" not in r.text
     assert len(seen) == 2
     assert len([m for m in log if "action=resent_after_box_lost" in m]) == 1
+
+
+def _hang_up(url: str, key: str, started: Callable[[], bool], **payload: object) -> None:
+    """A chat request whose client closes its connection once `started()` (the engine generating, say)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from tests.polling import wait_for
+
+    u = urlsplit(url)
+    body = json.dumps({"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}],
+                       **payload}).encode()
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"authorization: Bearer " + key.encode() + b"\r\ncontent-length: " + str(len(body)).encode() +
+                  b"\r\n\r\n" + body)
+        wait_for(started, 10, "the engine generating the non-streaming answer", 0.02)
+
+
+def test_a_client_key_at_the_front_is_billed_what_the_engine_did_through_the_real_router(
+        make_gateway: Callable[..., Gw], tmp_path: Path) -> None:
+    """Front (gateway) → the real vllm-router → a box (gateway, fleet key) → the SIMULATED engine, on loopback: a
+    stream hung up mid-answer, one closed at its finish_reason chunk, a non-streaming request hung up, a whole
+    stream and a whole answer. The client's key at the front is billed the prompt and completion tokens the box
+    billed the fleet key and the engine counted (docs/fleet.md "Usage at the front"); the router drops
+    `continuous_usage_stats` and closes both its connections at a hang-up, so before, the front billed the last
+    count it had seen (none at all for a non-streaming hang-up)."""
+    import openai
+
+    from app.backend.fleet.front import front_server
+    from app.backend.fleet.router import RouterSupervisor
+    from app.backend.gateway.keys import KeyStore
+    from app.backend.gateway.proxy import Limits
+    from app.backend.gateway.server import GatewayConfig
+    from tests.conftest import free_port
+    from tests.gateway.conftest import engine_counts, running_requests
+    from tests.polling import wait_for
+
+    state = tmp_path / "front"
+    state.mkdir()
+    cfg = fleetfile.new_fleet(state, router_port=free_port(), router_metrics_port=free_port())
+    boxgw = make_gateway(decode_tok_s=200.0)  # a box: its gateway with the fleet key, the SIMULATED engine
+    assert boxgw.sim is not None
+    boxgw.keys.create("front", scope="fleet", key=cfg.fleet_key)
+    fleetfile.store(state).write(fleetfile.with_box(cfg, fleetfile.Box("b1", boxgw.url)))
+    router = RouterSupervisor(state, lambda: fleetfile.load(state))
+    keys = KeyStore(state)
+    front = front_server(GatewayConfig(host="127.0.0.1", port=0, limits=Limits()), keys, state)
+    try:
+        router.start()
+        front.start()
+        assert front.wait_started(10), f"front did not start: {front.error}"
+        key = keys.create("client").key
+        url = f"http://127.0.0.1:{front.port}"
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30)
+        msg = [{"role": "user", "content": "Say something about mixtures of experts."}]
+
+        def serves() -> bool:
+            try:
+                return bool(sdk.chat.completions.create(model="deepseek-v4-flash", messages=msg, max_tokens=2).choices)
+            except openai.APIError:
+                return False
+
+        wait_for(serves, 30, "the front serving through the router", 0.3)
+        # the first answer's record written at the front (after its client had it) before the starting figures
+        wait_for(lambda: _billed(keys, "client") == _billed(boxgw.keys, "front"), 10, "the first answer billed")
+        billed0 = _billed(keys, "client")
+        box0 = _billed(boxgw.keys, "front")
+        eng0 = engine_counts(boxgw.sim)
+        # a stream hung up mid-answer
+        stream = sdk.chat.completions.create(model="deepseek-v4-flash", messages=msg, max_tokens=2000, stream=True,
+                                             extra_body={"ignore_eos": True})
+        it = iter(stream)
+        for _ in range(20):
+            next(it)
+        stream.close()
+        t = time.monotonic()
+        wait_for(lambda: running_requests(boxgw.sim) == 0, 10, "the hung-up stream aborted at the engine")
+        print(f"hang-up at the front: the box's engine free {1000 * (time.monotonic() - t):.0f} ms later")
+        # a stream closed at its finish_reason chunk (it asked no usage: none reaches it)
+        stream = sdk.chat.completions.create(model="deepseek-v4-flash", messages=msg, max_tokens=30, stream=True)
+        for ch in stream:
+            assert ch.usage is None
+            if ch.choices and ch.choices[0].finish_reason:
+                break
+        stream.close()
+        # a non-streaming request hung up while the engine generates
+        gen0 = engine_counts(boxgw.sim)[1]
+        _hang_up(url, key, lambda: engine_counts(boxgw.sim)[1] >= gen0 + 40, max_tokens=3000, ignore_eos=True)
+        wait_for(lambda: running_requests(boxgw.sim) == 0, 10, "the hung-up request aborted at the engine")
+        # a whole stream (no usage asked: none on any chunk) and a whole answer (its usage)
+        chunks = list(sdk.chat.completions.create(model="deepseek-v4-flash", messages=msg, max_tokens=12, stream=True))
+        assert chunks and all(c.usage is None for c in chunks)
+        whole = sdk.chat.completions.create(model="deepseek-v4-flash", messages=msg, max_tokens=7)
+        assert whole.usage is not None and whole.usage.completion_tokens == 7
+        eng = engine_counts(boxgw.sim)
+        want = (eng[0] - eng0[0], eng[1] - eng0[1])
+        assert want[1] > 40 + 20 + 12 + 7  # the hung-up ones generated something
+        _settles(lambda: _sub(_billed(boxgw.keys, "front"), box0), want, "the box billed the fleet key")
+        _settles(lambda: _sub(_billed(keys, "client"), billed0), want, "the front billed the client's key")
+    finally:
+        front.stop()
+        keys.close()
+        router.stop()
+
+
+def _billed(keys: object, name: str) -> tuple[float, float]:
+    from app.backend.gateway.keys import KeyStore
+
+    assert isinstance(keys, KeyStore)
+    u = next(i.usage for i in keys.infos() if i.name == name)
+    return float(u.prompt_tokens), float(u.completion_tokens)
+
+
+def _settles(got: Callable[[], tuple[float, float]], want: tuple[float, float], what: str) -> None:
+    """`got()` reaches `want` (usage is written once a second); else fail with both (prompt, completion)."""
+    from tests.polling import wait_for
+
+    try:
+        wait_for(lambda: got() == want, 10, what)
+    except AssertionError:
+        raise AssertionError(f"{what} {got()} (prompt, completion) tokens; the engine counted {want}") from None
+
+
+def _sub(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    return a[0] - b[0], a[1] - b[1]
+
+
+def test_a_client_gone_before_its_first_byte_at_the_front_is_billed_the_prompt_its_box_sent(
+        home_data: Path, tmp_path: Path) -> None:
+    """The front's client hangs up while the front waits for its stream's first byte (a long prefill on the box): the
+    front asks the box to end the request (`POST /fleet/end` with the request's id) and reads what the box then
+    sends, the engine's first chunk with the prompt's count, before it lets the answer go. Before, it closed at once
+    and billed nothing, while the box billed the prompt to the fleet key (its own drain read that chunk)."""
+    from app.backend.fleet.source import FleetSource
+    from app.backend.gateway.keys import KeyStore
+    from app.backend.gateway.proxy import Limits
+    from app.backend.gateway.server import GatewayConfig, GatewayServer
+    from tests.polling import wait_for
+
+    router = _RouterDouble(["prefill"])  # the router and, for /fleet/end, the box
+    cfg = fleetfile.with_box(_fleet(tmp_path), fleetfile.Box("b1", router.url))
+    fleet = FleetSource(lambda: cfg)
+
+    class Front:  # the front's status: serving through the double; the fleet's client on the gateway's loop
+        def status(self) -> EngineStatus:
+            return EngineStatus(True, router.url, "deepseek-v4-flash", state="ready", slots=4)
+
+        async def start(self) -> None:
+            await fleet.start()
+
+        async def stop(self) -> None:
+            await fleet.stop()
+
+    keys = KeyStore(home_data / ".moet-panel")
+    server = GatewayServer(GatewayConfig(host="127.0.0.1", port=0, limits=Limits()), keys, Front())
+    try:
+        make_front(server, fleet, cfg.fleet_key)
+        server.start()
+        assert server.wait_started(10), f"gateway did not start: {server.error}"
+        k = keys.create("client").key
+        _hang_up(f"http://127.0.0.1:{server.port}", k, router.prefilling.is_set, stream=True)
+        wait_for(lambda: next(i.usage for i in keys.infos() if i.name == "client").requests == 1, 10, "the record")
+        usage = next(i.usage for i in keys.infos() if i.name == "client")
+        assert (usage.prompt_tokens, usage.completion_tokens) == (4000, 1)
+        assert len(router.ended) == 1 and len(router.ended[0]) == 32  # the front's id of the request
+        assert keys.activity(1)[0].status == 499
+    finally:
+        server.stop()
+        keys.close()
+        router.close()
+
+
+def test_a_box_sends_its_front_every_count_and_ends_a_request_when_its_front_asks(
+        make_gateway: Callable[..., Gw]) -> None:
+    """A box's gateway, to its fleet key: the engine's counts on every chunk, though the router left only
+    `include_usage` of the front's `stream_options`; `POST /fleet/end` with a request's id ends that request at the
+    engine and the rest the engine wrote still goes out, its last counts equal to the engine's counters and to what
+    the box billed; a request of that id still queued gets a 499 (a 4xx: the router would send a 5xx to another
+    box) and never reaches the engine."""
+    import threading
+
+    from app.backend.gateway.proxy import Limits
+    from tests.gateway.conftest import engine_counts, running_requests
+    from tests.polling import wait_for
+
+    gw = make_gateway(limits=Limits(engine_slots=1), decode_tok_s=100.0, max_num_seqs=1)
+    assert gw.sim is not None
+    key = gw.keys.create("front", scope="fleet", key="mpk-" + "d" * 43).key
+    auth = {"Authorization": f"Bearer {key}"}
+    body = {"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # as the router sends it
+    eng0 = engine_counts(gw.sim)
+    events: list[dict[str, object]] = []
+    queued: list[httpx.Response] = []
+
+    def stream() -> None:
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30,
+                          headers={**auth, "x-moet-request": "r1"}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+
+    th = threading.Thread(target=stream)
+    th.start()
+    wait_for(lambda: len(events) >= 10, 10, "the stream under way")
+    assert all(isinstance(e.get("usage"), dict) for e in events)  # every chunk: the engine's counts so far
+    th2 = threading.Thread(target=lambda: queued.append(httpx.post(
+        gw.url + "/v1/chat/completions", json=body, headers={**auth, "x-moet-request": "r2"}, timeout=30)))
+    th2.start()
+    wait_for(lambda: len(gw.server.app.queue) == 1, 10, "the second request waiting for the engine's one slot")
+    for rid in ("r2", "r1"):
+        r = httpx.post(gw.url + "/fleet/end", headers={**auth, "x-moet-request": rid}, timeout=5)
+        assert r.status_code == 200 and r.json() == {"ended": 1}
+    th.join(10)
+    th2.join(10)
+    assert not th.is_alive() and not th2.is_alive()
+    assert queued[0].status_code == 499 and "front" in queued[0].json()["error"]["message"]
+    wait_for(lambda: running_requests(gw.sim) == 0, 5, "the engine done")
+    eng = engine_counts(gw.sim)
+    last = events[-1]["usage"]
+    assert isinstance(last, dict)
+    assert (last["prompt_tokens"], last["completion_tokens"]) == (eng[0] - eng0[0], eng[1] - eng0[1])
+    assert eng[1] - eng0[1] < 3000  # ended at the engine, not generated whole
+    wait_for(lambda: len(gw.keys.activity(5)) == 2, 5, "both records")
+    usage = next(i.usage for i in gw.keys.infos() if i.name == "front")
+    assert (usage.prompt_tokens, usage.completion_tokens) == (eng[0] - eng0[0], eng[1] - eng0[1])
+    assert sorted(a.status for a in gw.keys.activity(5)) == [499, 499]
+    other = httpx.post(gw.url + "/fleet/end", headers={**auth, "x-moet-request": "r9"}, timeout=5)
+    assert other.json() == {"ended": 0}
+    assert httpx.post(gw.url + "/fleet/end", headers={"x-moet-request": "r9"}, timeout=5).status_code == 401

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from bench.fleet.netboxes import Fleet, NamespacesUnavailable
-from bench.fleet.run import Client, Result, longest_gap, loop, summary
+from bench.fleet.run import MODEL, Client, Result, longest_gap, loop, summary
 from tests.polling import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -122,6 +122,96 @@ def test_usage_at_the_front_is_the_sum_of_the_boxes_engine_counters(fleet: tuple
     assert sum(r.tokens for r in rs) == 90
     wait_for(lambda: front_tokens() - front0 == 90, 10, "the front's usage written (once a second)")
     assert engines() - eng0 == 90
+
+
+Counts = tuple[int, int]  # (prompt, completion) tokens
+
+
+def _front_billed(f: Fleet) -> Counts:
+    """Every key at the front (all of it went through the boxes): (prompt, completion) tokens."""
+    keys = json.loads(f.cli("keys", "list", "--json").stdout)
+    return sum(int(k["prompt_tokens"]) for k in keys), sum(int(k["completion_tokens"]) for k in keys)
+
+
+def _boxes(f: Fleet) -> tuple[Counts, Counts]:
+    """(what the boxes' gateways billed the fleet key, what their engines counted), summed over the boxes."""
+    figs = [b.command("tokens", "tokens") for b in f.boxes]
+    return ((sum(int(x["gateway_prompt"]) for x in figs), sum(int(x["gateway"]) for x in figs)),
+            (sum(int(x["prompt"]) for x in figs), sum(int(x["tokens"]) for x in figs)))
+
+
+def _hang_up(url: str, key: str, started: Callable[[], bool], **payload: object) -> None:
+    """A chat request whose client closes its connection once `started()`."""
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **payload}).encode()
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"authorization: Bearer " + key.encode() + b"\r\ncontent-length: " + str(len(body)).encode() +
+                  b"\r\n\r\n" + body)
+        wait_for(started, 20, "the request generating at a box's engine", 0.1)
+
+
+def test_a_clients_key_at_the_front_is_billed_what_the_engines_did_whatever_the_client_did(
+        fleet: tuple[Fleet, Client]) -> None:
+    """Streams hung up mid-answer, a stream closed at its finish_reason chunk, a non-streaming request hung up while
+    its box's engine generates, a whole stream and a whole answer, through the real router: the client's key at the
+    front is billed the prompt and completion tokens the boxes billed the fleet key and their engines counted
+    (docs/fleet.md "Usage at the front"). The router drops `continuous_usage_stats` and closes both its connections
+    at a hang-up; before, the front billed a hung-up stream the last count it had and a non-streaming hang-up
+    nothing. The boxes' canaries are off meanwhile (their tokens count on the engine, billed to nobody)."""
+    f, c = fleet
+    for b in f.boxes:
+        b.command("canary 0", "canary")
+    try:
+        wait_for(lambda: not any(b.command("canary 0", "canary")["in_flight"] for b in f.boxes), 10, "no canary out")
+        # the earlier tests' answers written at the front (once a second) before the starting figures
+        wait_for(lambda: _front_billed(f) == _boxes(f)[0], 10, "the front's usage of the earlier tests written")
+        front0, (box0, eng0) = _front_billed(f), _boxes(f)
+        msg = [{"role": "user", "content": "tell me about experts"}]
+        for _ in range(3):  # a stream hung up mid-answer, once on each box (round robin)
+            stream = c.sdk.chat.completions.create(model=MODEL, messages=msg, max_tokens=1000, stream=True,
+                                                   extra_body={"ignore_eos": True})
+            it = iter(stream)
+            for _ in range(20):
+                next(it)
+            stream.close()
+        # a stream closed at its finish_reason chunk (it asked no usage: none reaches it)
+        stream = c.sdk.chat.completions.create(model=MODEL, messages=msg, max_tokens=30, stream=True)
+        for ch in stream:
+            assert ch.usage is None
+            if ch.choices and ch.choices[0].finish_reason:
+                break
+        stream.close()
+        gen0 = _boxes(f)[1][1]
+        _hang_up(f.front_url, c.sdk.api_key, lambda: _boxes(f)[1][1] >= gen0 + 30, max_tokens=1000, ignore_eos=True)
+        chunks = list(c.sdk.chat.completions.create(model=MODEL, messages=msg, max_tokens=12, stream=True))
+        assert chunks and all(ch.usage is None for ch in chunks)
+        whole = c.sdk.chat.completions.create(model=MODEL, messages=msg, max_tokens=7)
+        assert whole.usage is not None and whole.usage.completion_tokens == 7
+
+        def delta() -> tuple[Counts, Counts, Counts]:
+            front, (box, eng) = _front_billed(f), _boxes(f)
+            return ((front[0] - front0[0], front[1] - front0[1]), (box[0] - box0[0], box[1] - box0[1]),
+                    (eng[0] - eng0[0], eng[1] - eng0[1]))
+
+        def settled() -> bool:
+            d = delta()
+            return d[0] == d[1] == d[2]
+
+        try:
+            wait_for(settled, 15, "the front's, the boxes' and the engines' counts equal")
+        except AssertionError:
+            raise AssertionError(f"(prompt, completion): front {delta()[0]}, boxes (fleet key) {delta()[1]}, "
+                                 f"engines {delta()[2]}") from None
+        front, _, eng = delta()
+        print(f"billed at the front {front} = the boxes = the engines {eng}")
+        assert eng[1] > 3 * 20 + 30 + 30 + 12 + 7  # the hung-up ones generated past what their clients read
+    finally:
+        for b in f.boxes:
+            b.command("canary 30", "canary")
 
 
 def faulted(f: Fleet, c: Client, on: Callable[[], object], off: Callable[[], object], hold_s: float = 8.0,

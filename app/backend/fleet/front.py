@@ -27,6 +27,7 @@ def make_front(server: GatewayServer, source: FleetSource, fleet_key: str) -> No
     app.upstream_idle_s = UPSTREAM_IDLE_S
     app.upstream_first_s = UPSTREAM_FIRST_S
     app.box_lost = source.box_lost
+    app.end_upstream = source.end_request  # a hang-up at the front ends the box's request, its counts read (docs/fleet.md)
 
 
 def front_server(cfg: GatewayConfig, keys: KeyStore, state_dir: Path) -> GatewayServer:

@@ -15,8 +15,10 @@ import httpx
 from app.backend import oplog
 from app.backend.fleet.boxes import STATUS_PATH, BoxStatus, parse_status
 from app.backend.fleet.fleetfile import FleetConfig
+from app.backend.gateway import fleetside
 from app.backend.gateway.engine_status import EngineStatus
 
+END_TIMEOUT_S = 1.0  # a box asked to end a request: within this, or it ends when the router closes (DRAIN_S later)
 ROUTER_DOWN = "the fleet's router is restarting (the panel restarts it); try again in a few seconds"
 
 
@@ -125,6 +127,25 @@ class FleetSource:
                 oplog.caught("fleet", exc, "taking a lost box out of the router", box=b.name)
             oplog.decision("fleet", "box_lost", who=oplog.PANEL, box=b.name, error=b.error)
         self.wake_waiting()
+
+    async def end_request(self, request_id: str) -> int:
+        """The front's client left: every box ends the request of that id at its engine and sends the rest of it,
+        its counts included, through the router (gateway/fleetside.py END_PATH; all boxes at once: the router does
+        not say which box it chose, and a request sent again may be on two). Returns how many boxes ended one."""
+        cfg = self._cfg
+        if cfg is None or self._client is None:
+            return 0
+        client = self._client
+        headers = {"Authorization": f"Bearer {cfg.fleet_key}", fleetside.REQUEST_HEADER: request_id}
+
+        async def one(url: str) -> int:
+            try:
+                r = await client.post(url.rstrip("/") + fleetside.END_PATH, headers=headers, timeout=END_TIMEOUT_S)
+                return int(r.json().get("ended", 0)) if r.status_code == 200 else 0
+            except (httpx.HTTPError, ValueError, AttributeError):
+                return 0  # a box lost or not updated: its engine ends when the router closes its connection
+
+        return sum(await asyncio.gather(*(one(b.url) for b in cfg.boxes)))
 
     def wake_waiting(self) -> None:
         """Every request still waiting for its answer's first bytes is sent again (proxy.GatewayApp._request):

@@ -8,6 +8,14 @@ front, which holds their keys, usage and fair turns) and answers two more routes
   (a plain GET with no key: router#159) and takes a box that drains out of its rotation.
 * `GET /fleet/status`, with the fleet key: the box's status as the front needs it (slots summed into the front's
   fair queue, the served model checked by `moet-panel fleet add`).
+* `POST /fleet/end`, with the fleet key and a request's `x-moet-request` id: the front's client left (or the front
+  ended it); the box ends that request at its engine and sends the front the rest of what the engine wrote, its
+  counts included, then ends the answer. The router cannot carry a hang-up any other way: it closes both its
+  connections at once, so the engine's last counts never reached the front (docs/fleet.md "Usage at the front").
+
+The fleet key's streams keep the engine's counts on every chunk (the router drops `continuous_usage_stats` from
+`stream_options`, so the box cannot see whether the front asked): the front reads them and keeps from its own
+client what that client did not ask for.
 
 A box with no fleet key answers neither, exactly as before (404)."""
 
@@ -19,6 +27,9 @@ from app.backend.gateway.engine_status import EngineStatus
 
 HEALTH_PATH = "/health"
 STATUS_PATH = "/fleet/status"
+END_PATH = "/fleet/end"
+MEMBER_ROUTES = {STATUS_PATH: "GET", END_PATH: "POST"}  # a fleet member's routes besides the generation ones
+REQUEST_HEADER = "x-moet-request"  # the front's id of a request, the same on every copy it sends (the router passes it)
 
 
 def health(engine: EngineStatus) -> tuple[int, bytes]:
@@ -37,3 +48,8 @@ def status_body(engine: EngineStatus, in_flight: int) -> bytes:
         "engines": [{"gpu": e.gpu, "serving": e.accepts, "state": e.state, "slots": e.slots, "draining": e.draining}
                     for e in engine.engines],
     }, separators=(",", ":")).encode()
+
+
+def request_id(headers: dict[str, bytes]) -> str:
+    """The front's id of a request (a fleet key's request only; at most 64 characters of it): "" when none."""
+    return headers.get(REQUEST_HEADER, b"").decode("latin-1")[:64]

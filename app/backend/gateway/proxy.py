@@ -19,7 +19,8 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Coroutine
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -114,7 +115,7 @@ class _Running:
     key_hash: str
     key_name: str = ""
     task: asyncio.Future[Any] | None = None
-    cut: str = ""  # why the gateway ended it: "revoked", "stalled", "gone" (the client hung up)
+    cut: str = ""  # why the gateway ended it: "revoked", "stalled", "gone" (the client hung up), "ended" (its front)
     sending_since: float = 0.0  # a send to the client began at this time and has not returned (0: none)
     progress: ClientProgress | None = None  # the client's acknowledged bytes (delivery.py); None: not measured
     in_flight: bool = False  # counted in the answers in flight (a drain waits for them) until the engine is done
@@ -122,6 +123,8 @@ class _Running:
     resp: UpstreamResponse | None = None  # the engine's answer being read
     key_released: bool = False  # the key's concurrency slot given back (_release_key)
     held: bool = False  # ended at the engine by the hold cap (Limits.max_hold_s): the answer ends with a 429
+    request_id: str = ""  # a fleet's request: the front's id of it (fleetside.REQUEST_HEADER), the same on each copy
+    ended_by_front: bool = False  # a box: ended at the engine as its front asked (fleetside.END_PATH)
 
 
 class _ClientGone(Exception):
@@ -173,6 +176,9 @@ class GatewayApp:
         # a front: an event set when a box is lost (cut off, frozen); requests still waiting for their answer's
         # headers are then sent again (nothing reached their client; the router no longer lists that box)
         self.box_lost: Callable[[], asyncio.Event] | None = None
+        # a front: asks the boxes to end a request at their engine by its id and send the rest (fleetside.END_PATH);
+        # a hang-up that closed the router's connection never reached the engine's last counts (docs/fleet.md)
+        self.end_upstream: Callable[[str], Awaitable[int]] | None = None
 
     def apply_caps(self, caps: GatewayCaps) -> None:
         """The owner's caps, changed on the Access tab while this gateway serves (caps.py): the next request is
@@ -437,7 +443,7 @@ class GatewayApp:
             code, data = fleetside.health(self.engine.status())
             await self._json(send, code, data)
             return
-        allowed = ROUTES.get(path) or ("GET" if member and path == fleetside.STATUS_PATH else None)
+        allowed = ROUTES.get(path) or (fleetside.MEMBER_ROUTES.get(path) if member else None)
         close = [(b"connection", b"close")]  # a refused stranger's connection ends with the answer
         if allowed is None:
             self.metrics.refused("not_found")
@@ -463,6 +469,10 @@ class GatewayApp:
         if path == fleetside.STATUS_PATH:
             await self._json(send, 200, fleetside.status_body(self.engine.status(), self.metrics.in_flight))
             return
+        if path == fleetside.END_PATH:
+            ended = self._end_for_front(fleetside.request_id(headers))
+            await self._json(send, 200, json.dumps({"ended": ended}).encode())
+            return
         if path == "/v1/models" and self.models_answer is not None:
             await self._json(send, 200, self.models_answer())
             return
@@ -479,12 +489,14 @@ class GatewayApp:
         trace = _Trace()
         error = ""
         req_capture: str | None = None
-        run = _Running(rec.hash, rec.name)
+        run = _Running(rec.hash, rec.name, request_id=fleetside.request_id(headers) if member else "")
         cap = min(rec.max_tokens or self.limits.max_tokens, self.limits.context_tokens)  # the key's own, or ours
         refused = False
         try:
             try:
                 body, strip_usage, req_capture = await self._checked_body(receive, method, headers, cap)
+                if member and strip_usage != WHOLE:
+                    strip_usage = ""  # the front's stream: the engine's counts on every chunk (fleetside.py)
                 engine = self.engine.status()
                 if engine.slots and engine.slots != self.queue.slots:  # the profile running now
                     self.queue.resize(engine.slots)
@@ -568,10 +580,9 @@ class GatewayApp:
         except (TimeoutError, asyncio.TimeoutError):
             raise Refused(408, f"the request body did not arrive within {lim.body_timeout_s:g} s",
                           "invalid_request_error", "bad_request", [(b"connection", b"close")], "body too slow") from None
-        # a fleet's front sends non-streaming requests as they are: its boxes' gateways bill them (docs/fleet.md)
-        front = self.box_lost is not None or bool(self.upstream_idle_s)
+        # a fleet's front too: its boxes send it the engine's counts on every chunk (docs/fleet.md "Usage")
         body, strip_usage, text = check_json(body, ctype, max_depth=lim.max_json_depth, max_tokens=cap,
-                                             context_tokens=lim.context_tokens, whole_as_stream=not front)
+                                             context_tokens=lim.context_tokens, whole_as_stream=True)
         return body, strip_usage, text[: lim.capture_cap_bytes] if lim.capture_bodies else None
 
     async def _guarded(self, work: Coroutine[Any, Any, tuple[int, str]], receive: Receive, send: Send,
@@ -609,6 +620,10 @@ class GatewayApp:
         """The gateway ended the request: a revoked key's client is told so (a JSON error, or an error event on
         its stream); a stalled client gets nothing more, and its connection is reset (what the kernel still held
         for it is dropped, not sent)."""
+        if run.cut == "ended":  # a box: its front's client left before any answer; a 4xx, which the router passes on
+            if not trace.started:  # (a 5xx it would send to another box)
+                await self._reply(send, 499, "ended at the front's request: its client left", "client_closed")
+            return 499, "ended at the front's request (its client left)"
         if run.cut == "held":
             if not trace.started:
                 await self._reply(send, 429, self._held_message(), "rate_limit_error", [(b"retry-after", b"5")])
@@ -685,6 +700,9 @@ class GatewayApp:
         assert self._upstream is not None
         fwd_headers = {"content-type": "application/json",
                        "accept": headers.get("accept", b"*/*").decode("latin-1"), **self.upstream_headers}
+        if self.end_upstream is not None:  # a front: the id its boxes know this request by (fleetside.END_PATH)
+            run.request_id = run.request_id or uuid.uuid4().hex
+            fwd_headers[fleetside.REQUEST_HEADER] = run.request_id
         tried: list[str] = []
         while True:
             box = self.engine.status()
@@ -698,7 +716,7 @@ class GatewayApp:
             run.engine_since = time.monotonic()  # a non-streaming answer's headers come only at its end
             try:
                 resp = await self._request(target.base_url, method, path, fwd_headers,
-                                           body if method == "POST" else b"")
+                                           body if method == "POST" else b"", trace, run)
             except UpstreamError as exc:
                 self._ended(target)
                 tried.append(target.base_url)
@@ -744,7 +762,7 @@ class GatewayApp:
         except BaseException:
             if writer is not None:
                 writer.cancel()
-            await self._drain(resp, trace)  # the client left or was cut: the engine aborts; read its counts
+            await self._drain(resp, trace, run)  # the client left or was cut: the engine aborts; read its counts
             raise
         finally:
             resp.close()
@@ -755,19 +773,28 @@ class GatewayApp:
             return 429, "held the engine too long while others waited", None
         if run.held:
             return 429, "held the engine too long while others waited", rest
+        if run.ended_by_front:
+            return 499, "ended at the front's request (its client left)", rest
         return status, "" if status < 400 else f"engine answered {status}", rest
 
     def _held_message(self) -> str:
         return (f"this key held the engine over {self.limits.max_hold_s:g} s while others waited; the answer was "
                 "ended there (docs/gateway.md#caps)")
 
-    async def _drain(self, resp: UpstreamResponse, trace: _Trace) -> None:
+    async def _drain(self, resp: UpstreamResponse, trace: _Trace, run: _Running) -> None:
         """After a hang-up or a cut: half-close the engine's connection (the engine sees its client gone and aborts
-        the request) and read what it had already sent, for a while, for its counts (continuous usage)."""
+        the request) and read what it had already sent, for a while, for its counts (continuous usage). A fleet's
+        front asks its boxes to end the request instead (`_end_upstream`): the router would drop the rest."""
         if not trace.sse:
             return  # a non-streaming answer carries its counts only at its end: nothing to read
-        resp.hang_up()
+        if self.end_upstream is None or not run.request_id:
+            resp.hang_up()
+        else:
+            await self._end_upstream(run.request_id)
+        await self._read_counts(resp, trace)
 
+    async def _read_counts(self, resp: UpstreamResponse, trace: _Trace) -> None:
+        """What the upstream still sends, for DRAIN_S at most, read for its counts only."""
         async def counts() -> None:
             buf = b""
             async for chunk in resp.chunks():
@@ -775,11 +802,56 @@ class GatewayApp:
                 *events, buf = buf.split(b"\n\n")
                 for ev in events:
                     self._count(ev, trace)
+                    if ev.startswith(b"data: [DONE]"):
+                        return  # a front: nothing of use follows (docs/fleet.md#faults)
 
         try:
             await asyncio.wait_for(counts(), DRAIN_S)
         except (UpstreamError, asyncio.TimeoutError):
             pass  # the engine closed mid-answer (as it does on an abort), or took too long to
+
+    async def _left_while_asked(self, asked: asyncio.Future[UpstreamResponse], trace: _Trace, run: _Running) -> None:
+        """A front whose client left before its answer's first bytes (a long prefill): the boxes end the request,
+        and what the box then sends (the prompt's count, once its prefill ended) is read before the answer is
+        dropped; closing at once left the prompt billed to the fleet key on the box, to nobody at the front."""
+        if self.end_upstream is None or not run.request_id:
+            return
+        await self._end_upstream(run.request_id)
+        done, _ = await asyncio.wait({asked}, timeout=DRAIN_S)
+        if asked in done and not asked.cancelled() and asked.exception() is None:
+            resp = asked.result()
+            try:
+                await self._read_counts(resp, trace)
+            finally:
+                resp.close()
+
+    async def _end_upstream(self, request_id: str) -> None:
+        """A front: the boxes end the request at their engine and send the rest, its counts included (fleetside.py);
+        the router's connection stays open meanwhile: closed, it drops what the box sends after (docs/fleet.md)."""
+        assert self.end_upstream is not None
+        try:
+            await self.end_upstream(request_id)
+        except Exception as exc:  # a box that does not answer: its engine ends when the connection closes, below
+            oplog.caught("gateway", exc, "asking the boxes to end a request")
+
+    def _end_for_front(self, request_id: str) -> int:
+        """A box: the front's client left; its requests of that id are ended at the engine, and the rest the engine
+        writes goes to the front (a stream) or, before any answer, the request is dropped. Returns how many."""
+        ended = 0
+        for run in list(self._running.values()):
+            if not request_id or run.request_id != request_id or run.cut or run.ended_by_front or run.task is None:
+                continue
+            ended += 1
+            resp = run.resp
+            if resp is not None and resp.headers.get("content-type", "").startswith("text/event-stream"):
+                run.ended_by_front = True
+                resp.hang_up()  # the engine aborts; its last bytes and counts are still read and sent on
+            else:  # queued, or a non-streaming answer: nothing went to the front yet; it is told so (_after_cut)
+                run.cut = "ended"
+                run.task.cancel()
+        if ended:
+            oplog.decision("gateway", "ended_for_front", who=oplog.PANEL, requests=ended)
+        return ended
 
     @staticmethod
     def _count(ev: bytes, trace: _Trace) -> re.Match[bytes] | None:
@@ -795,7 +867,7 @@ class GatewayApp:
         return m
 
     async def _request(self, base_url: str, method: str, path: str, headers: dict[str, str],
-                       body: bytes) -> UpstreamResponse:
+                       body: bytes, trace: _Trace, run: _Running) -> UpstreamResponse:
         """The upstream's answer headers; on a fleet's front, asked again while nothing reached the client: when a
         box is lost before they came, when the router passes on a 5xx, and when a stream's connection closed
         before its first byte (a box that began to stop in that instant, docs/fleet.md "Faults")."""
@@ -807,6 +879,9 @@ class GatewayApp:
             asked = asyncio.ensure_future(self._begun(base_url, method, path, headers, body))
             try:
                 await asyncio.wait({asked, lost}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                await self._left_while_asked(asked, trace, run)
+                raise
             finally:
                 lost.cancel()
                 if not asked.done():
@@ -907,21 +982,28 @@ class GatewayApp:
         (its status, its body)."""
         answer = WholeAnswer(chat)
         buf = b""
+        done_seen = False
         try:
-            async for chunk in resp.chunks():
+            async for chunk in resp.chunks(self.upstream_idle_s, self.upstream_first_s):
                 buf += chunk
                 if b"\n\n" not in buf:
                     continue
                 *events, buf = buf.split(b"\n\n")
                 for ev in events:
+                    done_seen = done_seen or ev.startswith(b"data: [DONE]")
                     if ev.startswith(b"data: {"):
                         trace.events += 1
                         answer.add(ev[6:])
                         self._usage_of(answer.usage, trace)
-        except UpstreamError:
-            if not run.held:
+                if done_seen and self.upstream_idle_s:
+                    break  # a fleet's front: [DONE] came, nothing of use follows (docs/fleet.md#faults)
+        except UpstreamError as exc:
+            if run.held:
+                return 429, b""  # ended at the hold cap: the client gets a 429
+            if not self.upstream_idle_s:
                 raise
-            return 429, b""  # ended at the hold cap: the client gets a 429
+            if not done_seen:  # a fleet's box went silent mid-answer (docs/fleet.md#faults)
+                return 502, _error_body(502, f"the box answering stopped ({exc}); retry", "api_error")
         trace.first_token = time.monotonic()
         data = answer.body()
         if self.limits.capture_bodies:
@@ -970,6 +1052,8 @@ class GatewayApp:
         except UpstreamError as exc:
             if run.held:
                 buf = b"data: " + _error_body(429, self._held_message(), "rate_limit_error") + b"\n\ndata: [DONE]\n\n"
+            elif run.ended_by_front:
+                buf = b""  # a box: the engine's end after the front's END_PATH; what it wrote went on, counts and all
             elif self.upstream_idle_s and not done_seen:  # a fleet's box went silent mid-answer (docs/fleet.md)
                 buf = b"data: " + _error_body(502, f"the box answering stopped ({exc}); retry", "api_error") + b"\n\n"
                 silent = "upstream went silent mid-answer"
