@@ -473,8 +473,15 @@ def test_a_client_key_at_the_front_is_billed_what_the_engine_did_through_the_rea
         eng = engine_counts(boxgw.sim)
         want = (eng[0] - eng0[0], eng[1] - eng0[1])
         assert want[1] > 40 + 20 + 12 + 7  # the hung-up ones generated something
-        _settles(lambda: _sub(_billed(boxgw.keys, "front"), box0), want, "the box billed the fleet key")
-        _settles(lambda: _sub(_billed(keys, "client"), billed0), want, "the front billed the client's key")
+        # the box bills the fleet key what its engine sent: every prompt, and of each of the 2 hang-ups the tokens
+        # the engine wrote (those it counted after its client's EOF are never written, as with real vLLM: 0-3 there,
+        # docs/gateway.md "Usage"); the front bills its client exactly what the box billed the front
+        def box_billed() -> tuple[float, float]:
+            return _sub(_billed(boxgw.keys, "front"), box0)
+
+        wait_for(lambda: box_billed()[0] == want[0] and 0 <= want[1] - box_billed()[1] <= 2 * 4, 10,
+                 f"the box billing the fleet key the engine's counts {want}")
+        _settles(lambda: _sub(_billed(keys, "client"), billed0), box_billed(), "the front billed the client's key")
     finally:
         front.stop()
         keys.close()
@@ -496,7 +503,7 @@ def _settles(got: Callable[[], tuple[float, float]], want: tuple[float, float], 
     try:
         wait_for(lambda: got() == want, 10, what)
     except AssertionError:
-        raise AssertionError(f"{what} {got()} (prompt, completion) tokens; the engine counted {want}") from None
+        raise AssertionError(f"{what} {got()} (prompt, completion) tokens; wanted {want}") from None
 
 
 def _sub(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:

@@ -197,17 +197,18 @@ def test_a_clients_key_at_the_front_is_billed_what_the_engines_did_whatever_the_
             return ((front[0] - front0[0], front[1] - front0[1]), (box[0] - box0[0], box[1] - box0[1]),
                     (eng[0] - eng0[0], eng[1] - eng0[1]))
 
-        def settled() -> bool:
-            d = delta()
-            return d[0] == d[1] == d[2]
+        def settled() -> bool:  # the front = the boxes; the engines' prompts too, and their completion tokens but
+            # those counted after each of the 4 hang-ups' EOF and never written (as real vLLM: docs/gateway.md "Usage")
+            front, box, eng = delta()
+            return front == box and box[0] == eng[0] and 0 <= eng[1] - box[1] <= 4 * 4
 
         try:
-            wait_for(settled, 15, "the front's, the boxes' and the engines' counts equal")
+            wait_for(settled, 15, "the front's and the boxes' counts equal, the engines' within the unsent tokens")
         except AssertionError:
             raise AssertionError(f"(prompt, completion): front {delta()[0]}, boxes (fleet key) {delta()[1]}, "
                                  f"engines {delta()[2]}") from None
         front, _, eng = delta()
-        print(f"billed at the front {front} = the boxes = the engines {eng}")
+        print(f"billed at the front {front} = the boxes; the engines counted {eng}")
         assert eng[1] > 3 * 20 + 30 + 30 + 12 + 7  # the hung-up ones generated past what their clients read
     finally:
         for b in f.boxes:
