@@ -196,8 +196,9 @@ class _RouterDouble:
     connection, as on a box cut off; "prefill": a stream's headers, then nothing until the front asks the box to end
     the request (`POST /fleet/end`, also answered here, as the box), then the engine's first chunk with its counts
     and the end, as a box whose engine ended its prefill as it was aborted; "silent": a stream's headers and first
-    chunk, then nothing until the front closes, as a box cut off mid-answer; "ok": a short stream); records the
-    Authorization header of each."""
+    chunk, then nothing until the front closes, as a box cut off mid-answer; "slow:S": a stream's headers, S seconds
+    of nothing (a long prompt's prefill), then as "ok"; "ok": a short stream); records the Authorization header of
+    each."""
 
     def __init__(self, script: list[str], on_held: Callable[[], object] = lambda: None) -> None:
         import threading
@@ -232,6 +233,17 @@ class _RouterDouble:
                     usage = {"prompt_tokens": 4000, "completion_tokens": 1, "total_tokens": 4001}
                     ev = b"data: " + json.dumps({"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant"}}],
                                                  "usage": usage}, separators=(",", ":")).encode() + b"\n\n"
+                    self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev))
+                    self.close_connection = True
+                    return
+                if how.startswith("slow:"):
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("transfer-encoding", "chunked")
+                    self.end_headers()
+                    self.wfile.flush()
+                    time.sleep(float(how[5:]))  # the double's prefill; nothing here waits on it
+                    ev = b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"hello"}}]}\n\ndata: [DONE]\n\n'
                     self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev))
                     self.close_connection = True
                     return
@@ -288,7 +300,8 @@ class _RouterDouble:
 
 
 def _front_asks(home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, script: list[str],
-                stream: bool = True, idle_s: float = 0.0) -> tuple[httpx.Response, list[str], str, list[str]]:
+                stream: bool = True, idle_s: float = 0.0, first_s: float = 0.0,
+                content: str = "hi") -> tuple[httpx.Response, list[str], str, list[str]]:
     """A front gateway (make_front) whose upstream is a router double answering as `script` says; one streamed chat
     request through it. Returns (the client's answer, the Authorization headers upstream saw, the fleet key, the
     operator log's lines). Everything started here is stopped, even on failure."""
@@ -319,12 +332,13 @@ def _front_asks(home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixtur
     try:
         make_front(server, source, cfg.fleet_key)
         server.app.upstream_idle_s = idle_s or server.app.upstream_idle_s  # a box silent mid-answer: this bound
+        server.app.upstream_first_s = first_s or server.app.upstream_first_s  # ... and before its first byte
         server.start()
         assert server.wait_started(10), f"gateway did not start: {server.error}"
         k = keys.create("client").key
         r = httpx.post(f"http://127.0.0.1:{server.port}/v1/chat/completions", headers={"Authorization": f"Bearer {k}"},
-                       json={"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}],
-                             "stream": stream}, timeout=10)
+                       json={"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": content}],
+                             "stream": stream}, timeout=20)
         return r, list(router.seen), cfg.fleet_key, [rec.getMessage() for rec in caplog.records]
     finally:
         server.stop()
@@ -364,6 +378,22 @@ def test_a_non_streaming_answer_whose_box_went_silent_mid_answer_ends_with_a_502
     assert r.status_code == 502, r.text
     assert "the box answering stopped" in r.json()["error"]["message"]
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize("prompt_bytes, status", [(0, 502), (8000, 200)])
+def test_the_fronts_bound_before_a_first_byte_grows_with_the_prompt_a_box_prefills(
+        home_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, prompt_bytes: int, status: int) -> None:
+    """A box that answers its stream's headers and then nothing for longer than the front's first-byte bound is ended
+    with a 502; the bound grows by a second per 4,000 bytes of request (front.PREFILL_BYTES_PER_S), so a long prompt's
+    prefill is waited for, not ended (30 s flat before: a 260,000-token prompt failed at the front after the box
+    prefilled it). Here the bound is 0.5 s and the box's prefill 1.5 s; 8,000 bytes more give 2 s more."""
+    from app.backend.fleet.front import PREFILL_BYTES_PER_S
+
+    assert PREFILL_BYTES_PER_S == 4000.0
+    r, seen, _, _ = _front_asks(home_data, tmp_path, caplog, ["slow:1.5"], first_s=0.5, content="x" * (prompt_bytes or 2))
+    assert r.status_code == status, r.text
+    assert ("hello" in r.text and "data: [DONE]" in r.text) if status == 200 else "error" in r.text
+    assert len(seen) == 1  # waited for, or ended: never sent to another box while this one prefills
 
 
 def test_the_front_sends_again_a_request_held_on_a_box_found_lost(

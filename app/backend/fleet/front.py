@@ -17,6 +17,10 @@ UPSTREAM_IDLE_S = 10.0  # a box streams a token every few ms to a second; 10 s o
 # before the first byte after the headers: a queue ahead of it on the box, or a long prefill (seen: 10 s waits
 # under 6 clients on one box of one slot, ended by the idle bound though nothing was wrong)
 UPSTREAM_FIRST_S = 30.0
+# ... plus the prompt's prefill, which no bound of a few seconds fits (a 260,000-token prompt): 4,000 bytes a second,
+# ~1,000 tokens at ~4 bytes a token, below a GPU's prefill of this model; a lost box is found by the status watch
+# within ~2.5 s anyway (fleet/source.py), so this bound only ends a box that answers its status but never its stream
+PREFILL_BYTES_PER_S = 4000.0
 
 
 def make_front(server: GatewayServer, source: FleetSource, fleet_key: str) -> None:
@@ -26,6 +30,7 @@ def make_front(server: GatewayServer, source: FleetSource, fleet_key: str) -> No
     # a box cut off or frozen mid-answer: TCP would hold the stream for minutes (docs/fleet.md#faults)
     app.upstream_idle_s = UPSTREAM_IDLE_S
     app.upstream_first_s = UPSTREAM_FIRST_S
+    app.upstream_first_per_byte_s = 1.0 / PREFILL_BYTES_PER_S
     app.box_lost = source.box_lost
     app.end_upstream = source.end_request  # a hang-up at the front ends the box's request, its counts read (docs/fleet.md)
 

@@ -173,6 +173,7 @@ class GatewayApp:
         self.models_answer: Callable[[], bytes] | None = None
         self.upstream_idle_s = 0.0  # a front: a stream whose box went silent this long ends with an error event
         self.upstream_first_s = 0.0  # ... and before its first byte (0: the same bound)
+        self.upstream_first_per_byte_s = 0.0  # ... plus this per byte of the request: a long prompt's prefill
         # a front: an event set when a box is lost (cut off, frozen); requests still waiting for their answer's
         # headers are then sent again (nothing reached their client; the router no longer lists that box)
         self.box_lost: Callable[[], asyncio.Event] | None = None
@@ -919,7 +920,8 @@ class GatewayApp:
         only from then on, so a box that closes between the two is asked again (`_request`) rather than cut."""
         assert self._upstream is not None
         resp = await self._upstream.request(base_url, method, path, headers, body)
-        bound = self.upstream_first_s or self.upstream_idle_s
+        first = self.upstream_first_s + len(body) * self.upstream_first_per_byte_s if self.upstream_first_s else 0.0
+        bound = first or self.upstream_idle_s
         if resp.status_code != 200 or not bound or not resp.headers.get("content-type", "").startswith("text/event-stream"):
             return resp
         try:
