@@ -181,7 +181,9 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     # Chat tab's answers are GPU 0's engine's)
     by_gpu = (lambda: {g: gateway.answers_in_flight_on(g) + (chat.answers_in_flight() if g == gpu0 else 0)
                        for g in box.gpus}) if spread is not None else None
-    publisher = AnswersPublisher(settings.ensure_state_dir(), [chat, gateway], by_gpu)
+    # ... and which GPUs its gateway sends to, so another process's rolling switch waits for it to see one (answers.py)
+    serving = (lambda: [e.gpu for e in spread.status().engines if e.accepts]) if spread is not None else None
+    publisher = AnswersPublisher(settings.ensure_state_dir(), [chat, gateway], by_gpu, serving)
     publisher.start()
     state.on_close(publisher.close)
     state.on_close(gateway.close)
@@ -281,4 +283,7 @@ def make_box_gpus(settings: Settings, gpu_reader: GpuReader, gpu_count: int,
         opts.box_engines = count
         return make_engine_controller(settings, gpu_reader, opts, profiles_fn, supervise=supervise)
 
-    return build_box_gpus(count, make)
+    from app.backend.engine.lifecycle.answers import OtherPublishers
+
+    # a rolling switch waits for the other processes' gateways to see the GPU it booted (answers.py)
+    return build_box_gpus(count, make, OtherPublishers(settings.ensure_state_dir()).serving)

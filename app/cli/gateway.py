@@ -169,7 +169,10 @@ def _run_standalone(args: argparse.Namespace) -> int:
         engine, where = box.source, box.describe()
     answers = _Answers()
     # its answers on this data dir's engines, for their drains (an engine given by --engine-url is not one of them)
-    publisher = AnswersPublisher(state_dir, [answers], answers.by_gpu if box.multi else None) if box is not None else None
+    # on a box of several, also the GPUs it sends to: a rolling switch waits until it sees another one (answers.py)
+    publisher = (AnswersPublisher(state_dir, [answers], answers.by_gpu if box.multi else None,
+                                  (lambda: [e.gpu for e in box.source.status().engines if e.accepts]) if box.multi else None)
+                 if box is not None else None)
     try:
         # every change of its count is published at once (the report hook), so a drain that starts now waits for it
         server = GatewayServer(config_from(args, base), keys, engine,

@@ -13,6 +13,7 @@ asks them one at a time. A one-GPU box is one controller built exactly as before
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -20,6 +21,10 @@ from app.backend import oplog
 from app.backend.contracts import EngineSnapshot, EngineState
 from app.backend.engine.controller import EngineController
 from app.backend.engine.lifecycle.tickets import Ticket
+
+# the longest a rolling switch waits for the other processes' gateways to see the GPU it just booted (their
+# readiness probe's lag: seconds under load); past it the roll goes on (docs/engine.md "Several GPUs")
+ROLL_WAIT_S = 30.0
 
 ALL = "all"
 
@@ -79,10 +84,13 @@ class RollStep:
 class BoxGpus:
     """The box's engines, one controller per GPU (see the module docstring). GPU numbers are the driver's."""
 
-    def __init__(self, controllers: dict[int, EngineController]) -> None:
+    def __init__(self, controllers: dict[int, EngineController],
+                 others_serving: Callable[[], list[list[int]]] | None = None) -> None:
+        """`others_serving`: what the other processes' gateways send to now (answers.OtherPublishers.serving)."""
         if not controllers:
             raise ValueError("a box needs at least one engine")
         self._ctl = dict(sorted(controllers.items()))
+        self._others_serving = others_serving
         # GPUs a self-test or blind A/B measures on: the gateway sends them nothing meanwhile (docs/gateway.md).
         # Written only by leave_out/take_back, under this lock; read as a copy.
         self._left_out: dict[int, str] = {}
@@ -167,6 +175,8 @@ class BoxGpus:
                 steps.append(RollStep(g, None, skipped=True))  # already serves it: nothing to take away
                 continue
             live = snap.state in (EngineState.READY, EngineState.FAILED)
+            if live:
+                self._others_keep_serving(g, who)
             t = (ctl.switch(profile_id, overrides, who=who, build=build) if live
                  else ctl.start(profile_id, overrides, who=who, build=build))
             if t.accepted:
@@ -180,13 +190,33 @@ class BoxGpus:
                 break
         return steps
 
+    def _others_keep_serving(self, gpu: int, who: str) -> None:
+        """Before GPU `gpu` is taken out: wait until every other process's gateway (a standalone gateway; the panel's
+        when the roll is the CLI's) sees a GPU other than it serving. Their view of the engine this roll just booted
+        lags by their own readiness probe; taking `gpu` out before that left such a gateway refusing every request
+        for seconds (seen: 3,630 refused in a loaded run). Bounded: a gateway that never sees another GPU (its own
+        fault) does not hold the roll."""
+        if self._others_serving is None:
+            return
+        t0 = time.monotonic()
+        while True:
+            stuck = [s for s in self._others_serving() if s and set(s) <= {gpu}]
+            waited = time.monotonic() - t0
+            if not stuck or waited >= ROLL_WAIT_S:
+                break
+            time.sleep(0.1)  # another process's view: only its published file says it
+        if waited >= 0.1:
+            oplog.decision("engine", "rolling switch waited for other gateways", who=who, gpu=gpu,
+                           waited_s=round(waited, 1), gave_up=bool(stuck))
+
     def close(self) -> None:
         for c in self._ctl.values():
             c.close()
 
 
-def build_box_gpus(count: int, make: Callable[[int | None], EngineController]) -> BoxGpus:
+def build_box_gpus(count: int, make: Callable[[int | None], EngineController],
+                   others_serving: Callable[[], list[list[int]]] | None = None) -> BoxGpus:
     """`make(gpu)` builds one controller; a one-GPU box gets `make(None)`: the engine exactly as before."""
     if count <= 1:
         return BoxGpus({0: make(None)})
-    return BoxGpus({g: make(g) for g in range(count)})
+    return BoxGpus({g: make(g) for g in range(count)}, others_serving)
