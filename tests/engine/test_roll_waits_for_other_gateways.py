@@ -56,8 +56,8 @@ def test_the_roll_takes_a_gpu_out_only_once_the_other_gateway_sees_another_servi
 def test_a_gateway_that_says_nothing_or_serves_nothing_does_not_hold_the_roll() -> None:
     switched: list[tuple[int, list[list[int]]]] = []
     for others in ([], [[]]):  # no publisher says; one that sends to no GPU (it refuses already: no wait helps)
-        box = BoxGpus({g: _Ctl(g, switched, lambda: others) for g in (0, 1)},  # type: ignore[misc]
-                      others_serving=lambda: others)
+        box = BoxGpus({g: _Ctl(g, switched, lambda o=others: o) for g in (0, 1)},  # type: ignore[misc]
+                      others_serving=lambda o=others: o)  # type: ignore[misc]
         assert [s.ok for s in box.rolling_switch("balanced", [0, 1])] == [True, True]
 
 
