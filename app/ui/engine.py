@@ -297,13 +297,14 @@ def render(state: AppState, shell: Shell) -> None:
     profile.change(_select, [profile, scope], [cards, command, switch_btn], **QUICK)
     download.click(lambda s, n: str(ctl.export_logs(LogFilter(s, n or ""))), [stream, needle], [download], **QUICK)
 
-    seen = gr.State("")  # per browser tab: the view_key last drawn ('' after a reload)
+    seen = gr.State(None)  # per browser tab: (the view_key last drawn, the profile it showed); None after a reload
     # per browser tab, what its status box and its log tail show (None after a reload: draw). The engine part is
     # the seq of the last change event drawn; the busy line and the runtime are no engine events (this panel's
     # own operation, another process's lock), so they are compared as shown.
     status_drawn = gr.State(None)
 
-    def _tick(last: str, drawn: Any, where: str | None = None) -> tuple[Any, ...]:
+    def _tick(last: tuple[str, str | None] | None, drawn: Any, pid: str | None,
+              where: str | None = None) -> tuple[Any, ...]:
         seq, snap = shell.engine_now()
         busy = ctl.busy()
         busy_text = " · ".join(t for t in (busy_line(busy, ctl.lock_holder()), drain_line(snap)) if t)
@@ -320,17 +321,24 @@ def render(state: AppState, shell: Shell) -> None:
         tail = (shown,)
         busy = _busy_in(where) if multi else busy  # the buttons follow the GPUs "Apply to" names
         key = view_key(snap, busy)
-        if key == last:
+        last_key, last_live = last or ("", None)
+        if key == last_key:
             return (*head, gr.skip(), gr.skip(), gr.skip(), gr.skip(), last, *tail)
         # The truth moved (or the page was reloaded): the selector shows what serves (or what a start/switch under
         # way will serve), stale action lines go, buttons that cannot act are disabled.
         live = shown_profile(snap, busy)
-        # the selector moves to the serving profile, so Switch (to that same profile) has nothing to do
-        can_start, can_switch = _controls(snap, live, busy)
-        radio = gr.Radio(value=live) if live else gr.skip()
+        pick: str | None
+        radio: Any
+        if last_key and live == last_live and pid:
+            # what serves did not change (an operation ended, say, while another tab was shown): a pick made since
+            # stays, and the buttons follow it (the journey's pick was undone under load, Switch left disabled)
+            radio, pick = gr.skip(), pid
+        else:  # the selector moves to the serving profile, so Switch (to that same profile) has nothing to do
+            radio, pick = (gr.Radio(value=live) if live else gr.skip()), live
+        can_start, can_switch = _controls(snap, pick, busy)
         action_out = gr.skip() if busy is not None and busy.action in CHANGING else ""  # its own line stays
-        return (*head, radio, action_out, gr.Button(interactive=can_start), gr.Button(interactive=can_switch), key,
-                *tail)
+        return (*head, radio, action_out, gr.Button(interactive=can_start), gr.Button(interactive=can_switch),
+                (key, live), *tail)
 
     def _shows() -> object:
         """What this tab shows of the engine, as shown (the page feed's version): not the change event's seq, which
@@ -342,7 +350,7 @@ def render(state: AppState, shell: Shell) -> None:
                 snap.draining, busy.action if busy is not None else None)
 
     shell.version(_shows)
-    shell.on_tick(_tick, [seen, status_drawn, scope],
+    shell.on_tick(_tick, [seen, status_drawn, profile, scope],
                   [status, diag, now_btn, profile, action, start_btn, switch_btn, seen, status_drawn])
     # the live log tail: drawn by the page feed (text in the box, no Gradio event, issue 49); a new filter or
     # stream answers at once below, and the page opens a stream for that view (assets/js/page-feed.js)
