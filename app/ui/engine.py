@@ -88,6 +88,16 @@ def controls(snap: EngineSnapshot, selected: str | None = None, busy: Ticket | N
             snap.state is not EngineState.STOPPED and not (selected and selected == snap.profile_id))
 
 
+def selector_after(last_live: str | None, live: str | None, pid: str | None) -> tuple[bool, str | None]:
+    """When the Engine tab's view moved: (move the selector to `live`, the profile the buttons act for). It moves
+    only when what serves moved from what this page last drew (`last_live`; None: a fresh page). An operation's end
+    seen on returning to the tab, say, keeps a profile picked since (the journey's pick was undone under load, its
+    Switch left disabled)."""
+    if last_live is not None and live == last_live and pid:
+        return False, pid
+    return True, live
+
+
 CHANGING = frozenset({"start", "stop", "switch"})  # this panel's operations that change what serves
 
 
@@ -327,14 +337,8 @@ def render(state: AppState, shell: Shell) -> None:
         # The truth moved (or the page was reloaded): the selector shows what serves (or what a start/switch under
         # way will serve), stale action lines go, buttons that cannot act are disabled.
         live = shown_profile(snap, busy)
-        pick: str | None
-        radio: Any
-        if last_key and live == last_live and pid:
-            # what serves did not change (an operation ended, say, while another tab was shown): a pick made since
-            # stays, and the buttons follow it (the journey's pick was undone under load, Switch left disabled)
-            radio, pick = gr.skip(), pid
-        else:  # the selector moves to the serving profile, so Switch (to that same profile) has nothing to do
-            radio, pick = (gr.Radio(value=live) if live else gr.skip()), live
+        move, pick = selector_after(last_live if last_key else None, live, pid)
+        radio = gr.Radio(value=live) if move and live else gr.skip()
         can_start, can_switch = _controls(snap, pick, busy)
         action_out = gr.skip() if busy is not None and busy.action in CHANGING else ""  # its own line stays
         return (*head, radio, action_out, gr.Button(interactive=can_start), gr.Button(interactive=can_switch),

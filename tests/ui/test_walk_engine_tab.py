@@ -46,3 +46,12 @@ def test_the_drain_button_names_what_waits_and_the_gpu_table_follows_the_header(
     assert '"Stop now" if busy is not None and busy.action == "stop" else "Switch now"' in src
     # the per-GPU table is a redraw of the feed's tick (the header's), not a timer of its own
     assert "shell.on_tick(_gpu_rows" in src and "shell.timer.tick(_gpu_rows" not in src
+
+
+def test_the_selector_moves_only_when_what_serves_moved() -> None:
+    # an operation's end (start:quality -> ready quality) seen after the user picked balanced: the pick stays
+    assert tab.selector_after("quality", "quality", "balanced") == (False, "balanced")
+    # what serves moved (a switch to balanced made elsewhere): the selector follows it
+    assert tab.selector_after("quality", "balanced", "quality") == (True, "balanced")
+    # a fresh page (nothing drawn yet): the selector shows what serves
+    assert tab.selector_after(None, "quality", "balanced") == (True, "quality")
