@@ -22,6 +22,7 @@ from app.backend.fleet.promconfig import render
 from app.backend.fleet.source import fleet_status
 from app.backend.gateway.engine_status import EngineStatus
 from tests.gateway.conftest import FixedSource, Gw
+from tests.fleet.hangup import hang_up
 
 SERVING = EngineStatus(True, "http://127.0.0.1:9", "deepseek-v4-flash", state="ready", slots=4)
 DRAINING = EngineStatus(True, "http://127.0.0.1:9", "deepseek-v4-flash", "draining", "ready", draining=True)
@@ -223,10 +224,7 @@ class _RouterDouble:
                 double.seen.append(self.headers.get("authorization", ""))
                 how = script[len(double.seen) - 1] if len(double.seen) <= len(script) else "ok"
                 if how == "prefill":
-                    self.send_response(200)
-                    self.send_header("content-type", "text/event-stream")
-                    self.send_header("transfer-encoding", "chunked")
-                    self.end_headers()
+                    self._sse_head()
                     self.wfile.flush()
                     double.prefilling.set()
                     ended.wait(10)
@@ -237,10 +235,7 @@ class _RouterDouble:
                     self.close_connection = True
                     return
                 if how.startswith("slow:"):
-                    self.send_response(200)
-                    self.send_header("content-type", "text/event-stream")
-                    self.send_header("transfer-encoding", "chunked")
-                    self.end_headers()
+                    self._sse_head()
                     self.wfile.flush()
                     time.sleep(float(how[5:]))  # the double's prefill; nothing here waits on it
                     ev = b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"hello"}}]}\n\ndata: [DONE]\n\n'
@@ -248,10 +243,7 @@ class _RouterDouble:
                     self.close_connection = True
                     return
                 if how == "silent":
-                    self.send_response(200)
-                    self.send_header("content-type", "text/event-stream")
-                    self.send_header("transfer-encoding", "chunked")
-                    self.end_headers()
+                    self._sse_head()
                     ev = b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"hel"}}]}\n\n'
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(ev), ev))
                     self.wfile.flush()
@@ -264,10 +256,7 @@ class _RouterDouble:
                     self.close_connection = True
                     return
                 if how == "closed":
-                    self.send_response(200)
-                    self.send_header("content-type", "text/event-stream")
-                    self.send_header("transfer-encoding", "chunked")
-                    self.end_headers()
+                    self._sse_head()
                     self.close_connection = True
                     return
                 if how == "503":
@@ -278,6 +267,12 @@ class _RouterDouble:
                     body = b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
                     status, ctype = 200, "text/event-stream"
                 self._send(status, body, ctype)
+
+            def _sse_head(self) -> None:  # a stream's headers: 200, chunked
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
 
             def _send(self, status: int, body: bytes, ctype: str) -> None:
                 self.send_response(status)
@@ -407,23 +402,6 @@ def test_the_front_sends_again_a_request_held_on_a_box_found_lost(
     assert len([m for m in log if "action=resent_after_box_lost" in m]) == 1
 
 
-def _hang_up(url: str, key: str, started: Callable[[], bool], **payload: object) -> None:
-    """A chat request whose client closes its connection once `started()` (the engine generating, say)."""
-    import socket
-    from urllib.parse import urlsplit
-
-    from tests.polling import wait_for
-
-    u = urlsplit(url)
-    body = json.dumps({"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}],
-                       **payload}).encode()
-    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                  b"authorization: Bearer " + key.encode() + b"\r\ncontent-length: " + str(len(body)).encode() +
-                  b"\r\n\r\n" + body)
-        wait_for(started, 10, "the engine generating the non-streaming answer", 0.02)
-
-
 def test_a_client_key_at_the_front_is_billed_what_the_engine_did_through_the_real_router(
         make_gateway: Callable[..., Gw], tmp_path: Path) -> None:
     """Front (gateway) → the real vllm-router → a box (gateway, fleet key) → the SIMULATED engine, on loopback: a
@@ -493,7 +471,7 @@ def test_a_client_key_at_the_front_is_billed_what_the_engine_did_through_the_rea
         stream.close()
         # a non-streaming request hung up while the engine generates
         gen0 = engine_counts(boxgw.sim)[1]
-        _hang_up(url, key, lambda: engine_counts(boxgw.sim)[1] >= gen0 + 40, max_tokens=3000, ignore_eos=True)
+        hang_up(url, key, lambda: engine_counts(boxgw.sim)[1] >= gen0 + 40, max_tokens=3000, ignore_eos=True)
         wait_for(lambda: running_requests(boxgw.sim) == 0, 10, "the hung-up request aborted at the engine")
         # a whole stream (no usage asked: none on any chunk) and a whole answer (its usage)
         chunks = list(sdk.chat.completions.create(model="deepseek-v4-flash", messages=msg, max_tokens=12, stream=True))
@@ -573,7 +551,7 @@ def test_a_client_gone_before_its_first_byte_at_the_front_is_billed_the_prompt_i
         server.start()
         assert server.wait_started(10), f"gateway did not start: {server.error}"
         k = keys.create("client").key
-        _hang_up(f"http://127.0.0.1:{server.port}", k, router.prefilling.is_set, stream=True)
+        hang_up(f"http://127.0.0.1:{server.port}", k, router.prefilling.is_set, stream=True)
         wait_for(lambda: next(i.usage for i in keys.infos() if i.name == "client").requests == 1, 10, "the record")
         usage = next(i.usage for i in keys.infos() if i.name == "client")
         assert (usage.prompt_tokens, usage.completion_tokens) == (4000, 1)

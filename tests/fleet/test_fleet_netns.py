@@ -18,6 +18,7 @@ import pytest
 from bench.fleet.netboxes import Fleet, NamespacesUnavailable
 from bench.fleet.run import MODEL, Client, Result, longest_gap, loop, summary
 from tests.polling import wait_for
+from tests.fleet.hangup import hang_up
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -140,20 +141,6 @@ def _boxes(f: Fleet) -> tuple[Counts, Counts]:
             (sum(int(x["prompt"]) for x in figs), sum(int(x["tokens"]) for x in figs)))
 
 
-def _hang_up(url: str, key: str, started: Callable[[], bool], **payload: object) -> None:
-    """A chat request whose client closes its connection once `started()`."""
-    import socket
-    from urllib.parse import urlsplit
-
-    u = urlsplit(url)
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **payload}).encode()
-    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                  b"authorization: Bearer " + key.encode() + b"\r\ncontent-length: " + str(len(body)).encode() +
-                  b"\r\n\r\n" + body)
-        wait_for(started, 20, "the request generating at a box's engine", 0.1)
-
-
 def test_a_clients_key_at_the_front_is_billed_what_the_engines_did_whatever_the_client_did(
         fleet: tuple[Fleet, Client]) -> None:
     """Streams hung up mid-answer, a stream closed at its finish_reason chunk, a non-streaming request hung up while
@@ -186,7 +173,7 @@ def test_a_clients_key_at_the_front_is_billed_what_the_engines_did_whatever_the_
                 break
         stream.close()
         gen0 = _boxes(f)[1][1]
-        _hang_up(f.front_url, c.sdk.api_key, lambda: _boxes(f)[1][1] >= gen0 + 30, max_tokens=1000, ignore_eos=True)
+        hang_up(f.front_url, c.sdk.api_key, lambda: _boxes(f)[1][1] >= gen0 + 30, max_tokens=1000, ignore_eos=True, model=MODEL)
         chunks = list(c.sdk.chat.completions.create(model=MODEL, messages=msg, max_tokens=12, stream=True))
         assert chunks and all(ch.usage is None for ch in chunks)
         whole = c.sdk.chat.completions.create(model=MODEL, messages=msg, max_tokens=7)
