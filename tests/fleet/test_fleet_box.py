@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -402,24 +406,25 @@ def test_the_front_sends_again_a_request_held_on_a_box_found_lost(
     assert len([m for m in log if "action=resent_after_box_lost" in m]) == 1
 
 
-def test_a_client_key_at_the_front_is_billed_what_the_engine_did_through_the_real_router(
-        make_gateway: Callable[..., Gw], tmp_path: Path) -> None:
-    """Front (gateway) → the real vllm-router → a box (gateway, fleet key) → the SIMULATED engine, on loopback: a
-    stream hung up mid-answer, one closed at its finish_reason chunk, a non-streaming request hung up, a whole
-    stream and a whole answer. The client's key at the front is billed the prompt and completion tokens the box
-    billed the fleet key and the engine counted (docs/fleet.md "Usage at the front"); the router drops
-    `continuous_usage_stats` and closes both its connections at a hang-up, so before, the front billed the last
-    count it had seen (none at all for a non-streaming hang-up)."""
-    import openai
+@dataclass
+class _Through:
+    """A front (gateway) → the real vllm-router → a box (gateway with the fleet key, the SIMULATED engine)."""
 
+    keys: Any  # the front's KeyStore
+    box: Gw
+    url: str
+
+
+@contextmanager
+def _front_through_router(make_gateway: Callable[..., Gw], tmp_path: Path, limits: Any = None) -> Iterator[_Through]:
+    """The loopback fleet of one box through the real router, serving; everything stopped at the end, even on a
+    failure."""
     from app.backend.fleet.front import front_server
     from app.backend.fleet.router import RouterSupervisor
     from app.backend.gateway.keys import KeyStore
     from app.backend.gateway.proxy import Limits
     from app.backend.gateway.server import GatewayConfig
     from tests.conftest import free_port
-    from tests.gateway.conftest import engine_counts, running_requests
-    from tests.polling import wait_for
 
     state = tmp_path / "front"
     state.mkdir()
@@ -430,23 +435,53 @@ def test_a_client_key_at_the_front_is_billed_what_the_engine_did_through_the_rea
     fleetfile.store(state).write(fleetfile.with_box(cfg, fleetfile.Box("b1", boxgw.url)))
     router = RouterSupervisor(state, lambda: fleetfile.load(state))
     keys = KeyStore(state)
-    front = front_server(GatewayConfig(host="127.0.0.1", port=0, limits=Limits()), keys, state)
+    front = front_server(GatewayConfig(host="127.0.0.1", port=0, limits=limits or Limits()), keys, state)
     try:
         router.start()
         front.start()
         assert front.wait_started(10), f"front did not start: {front.error}"
+        yield _Through(keys, boxgw, f"http://127.0.0.1:{front.port}")
+    finally:
+        front.stop()
+        keys.close()
+        router.stop()
+
+
+def _serving(sdk: Any) -> None:
+    import openai
+
+    from tests.polling import wait_for
+
+    def serves() -> bool:
+        try:
+            return bool(sdk.chat.completions.create(model="deepseek-v4-flash", max_tokens=2,
+                                                    messages=[{"role": "user", "content": "hi"}]).choices)
+        except openai.APIError:
+            return False
+
+    wait_for(serves, 30, "the front serving through the router", 0.3)
+
+
+def test_a_client_key_at_the_front_is_billed_what_the_engine_did_through_the_real_router(
+        make_gateway: Callable[..., Gw], tmp_path: Path) -> None:
+    """Front (gateway) → the real vllm-router → a box (gateway, fleet key) → the SIMULATED engine, on loopback: a
+    stream hung up mid-answer, one closed at its finish_reason chunk, a non-streaming request hung up, a whole
+    stream and a whole answer. The client's key at the front is billed the prompt and completion tokens the box
+    billed the fleet key and the engine counted (docs/fleet.md "Usage at the front"); the router drops
+    `continuous_usage_stats` and closes both its connections at a hang-up, so before, the front billed the last
+    count it had seen (none at all for a non-streaming hang-up)."""
+    import openai
+
+    from tests.gateway.conftest import engine_counts, running_requests
+    from tests.polling import wait_for
+
+    with _front_through_router(make_gateway, tmp_path) as fl:
+        keys, boxgw, url = fl.keys, fl.box, fl.url
+        assert boxgw.sim is not None
         key = keys.create("client").key
-        url = f"http://127.0.0.1:{front.port}"
         sdk = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30)
         msg = [{"role": "user", "content": "Say something about mixtures of experts."}]
-
-        def serves() -> bool:
-            try:
-                return bool(sdk.chat.completions.create(model="deepseek-v4-flash", messages=msg, max_tokens=2).choices)
-            except openai.APIError:
-                return False
-
-        wait_for(serves, 30, "the front serving through the router", 0.3)
+        _serving(sdk)
         # the first answer's record written at the front (after its client had it) before the starting figures
         wait_for(lambda: _billed(keys, "client") == _billed(boxgw.keys, "front"), 10, "the first answer billed")
         billed0 = _billed(keys, "client")
@@ -490,10 +525,54 @@ def test_a_client_key_at_the_front_is_billed_what_the_engine_did_through_the_rea
         wait_for(lambda: box_billed()[0] == want[0] and 0 <= want[1] - box_billed()[1] <= 2 * 4, 10,
                  f"the box billing the fleet key the engine's counts {want}")
         _settles(lambda: _sub(_billed(keys, "client"), billed0), box_billed(), "the front billed the client's key")
-    finally:
-        front.stop()
-        keys.close()
-        router.stop()
+
+
+def test_the_hold_cap_at_a_front_ends_the_answer_on_its_box_and_bills_what_the_engine_did(
+        make_gateway: Callable[..., Gw], tmp_path: Path) -> None:
+    """A key over the front's hold cap while another waits: its answer is ended on its box (`/fleet/end`, the box's
+    rest and counts read through the router) and ends with the 429 error event, the waiting key then served; the
+    front bills its clients exactly what the box billed the fleet key (before, the front half-closed the router's
+    connection, which drops what the box sent after: the held answer was billed short at the front)."""
+    import openai
+
+    from app.backend.gateway.proxy import Limits
+    from tests.gateway.conftest import engine_counts, running_requests
+    from tests.polling import wait_for
+
+    with _front_through_router(make_gateway, tmp_path, Limits(engine_slots=1, max_hold_s=1.0)) as fl:
+        assert fl.box.sim is not None
+        greedy, polite = fl.keys.create("greedy").key, fl.keys.create("polite").key
+        with openai.OpenAI(base_url=fl.url + "/v1", api_key=polite, max_retries=0, timeout=30) as p_sdk:
+            _serving(p_sdk)
+            wait_for(lambda: _billed(fl.keys, "polite") == _billed(fl.box.keys, "front"), 10, "the first answer billed")
+            front0, box0, eng0 = _billed(fl.keys, "polite"), _billed(fl.box.keys, "front"), engine_counts(fl.box.sim)
+            events: list[str] = []
+            with httpx.stream("POST", fl.url + "/v1/chat/completions", timeout=30,
+                              headers={"Authorization": f"Bearer {greedy}"},
+                              json={"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "go on"}],
+                                    "max_tokens": 2000, "ignore_eos": True, "stream": True}) as r:
+                lines = r.iter_lines()
+                events += [next(lines) for _ in range(3)]  # answering
+                waiting = threading.Thread(target=lambda: p_sdk.chat.completions.create(
+                    model="deepseek-v4-flash", messages=[{"role": "user", "content": "me too"}], max_tokens=5))
+                waiting.start()  # waits in the front's queue for the one slot: the hold cap counts
+                events += list(lines)
+            waiting.join(30)
+        data = [e for e in events if e.startswith("data: ")]
+        assert data[-1] == "data: [DONE]" and "held the engine" in data[-2] and '"code":429' in data[-2].replace(" ", "")
+        wait_for(lambda: running_requests(fl.box.sim) == 0, 10, "the box's engine done")
+        eng = engine_counts(fl.box.sim)
+        assert eng[1] - eng0[1] < 2000  # ended at the engine, not generated whole
+
+        def front_total() -> tuple[float, float]:
+            g, p = _billed(fl.keys, "greedy"), _sub(_billed(fl.keys, "polite"), front0)
+            return g[0] + p[0], g[1] + p[1]
+
+        box = _sub(_billed(fl.box.keys, "front"), box0)
+        wait_for(lambda: (box := _sub(_billed(fl.box.keys, "front"), box0)) == front_total() and box[1] > 0, 10,
+                 f"the front billing its clients what the box billed: front {front_total()}, box {box}")
+        box = _sub(_billed(fl.box.keys, "front"), box0)
+        assert box[0] == eng[0] - eng0[0] and 0 <= eng[1] - eng0[1] - box[1] <= 4, (box, eng, eng0)
 
 
 def _billed(keys: object, name: str) -> tuple[float, float]:

@@ -180,6 +180,7 @@ class GatewayApp:
         # a front: asks the boxes to end a request at their engine by its id and send the rest (fleetside.END_PATH);
         # a hang-up that closed the router's connection never reached the engine's last counts (docs/fleet.md)
         self.end_upstream: Callable[[str], Awaitable[int]] | None = None
+        self._side_tasks: set[asyncio.Future[None]] = set()
 
     def apply_caps(self, caps: GatewayCaps) -> None:
         """The owner's caps, changed on the Access tab while this gateway serves (caps.py): the next request is
@@ -279,7 +280,12 @@ class GatewayApp:
                 oplog.decision("gateway", "cut", who=oplog.key(oldest.key_name), why="held_the_engine",
                                held_s=round(held, 1), max_hold_s=self.limits.max_hold_s, waiting=len(self.queue))
                 if oldest.resp is not None and oldest.resp.headers.get("content-type", "").startswith("text/event-stream"):
-                    oldest.resp.hang_up()  # the engine aborts; its last bytes and counts are still read
+                    if self.end_upstream is not None and oldest.request_id:  # a front: its box ends it (_end_held)
+                        task = asyncio.ensure_future(self._end_held(oldest, oldest.resp))
+                        self._side_tasks.add(task)  # held until done (the loop keeps only a weak reference)
+                        task.add_done_callback(self._side_tasks.discard)
+                    else:
+                        oldest.resp.hang_up()  # the engine aborts; its last bytes and counts are still read
                 elif oldest.task is not None:  # no stream to end with an error event: the request ends with a 429
                     oldest.cut = "held"
                     oldest.task.cancel()
@@ -826,6 +832,14 @@ class GatewayApp:
             finally:
                 resp.close()
 
+    async def _end_held(self, run: _Running, resp: UpstreamResponse) -> None:
+        """The hold cap on a fleet's front: the box ends the request at its engine and sends the rest, its counts
+        included (a half-close through the router lost them: it closes both its connections, docs/fleet.md); a box
+        that has not ended it within DRAIN_S is half-closed all the same."""
+        await self._end_upstream(run.request_id)
+        await asyncio.sleep(DRAIN_S)  # the box's end normally comes within ~0.2 s; this is the fallback's timer
+        resp.hang_up()
+
     async def _end_upstream(self, request_id: str) -> None:
         """A front: the boxes end the request at their engine and send the rest, its counts included (fleetside.py);
         the router's connection stays open meanwhile: closed, it drops what the box sends after (docs/fleet.md)."""
@@ -1006,6 +1020,8 @@ class GatewayApp:
                 raise
             if not done_seen:  # a fleet's box went silent mid-answer (docs/fleet.md#faults)
                 return 502, _error_body(502, f"the box answering stopped ({exc}); retry", "api_error")
+        if run.held and not done_seen:
+            return 429, b""  # a front's box ended it at the hold cap (_end_held): the client gets a 429
         trace.first_token = time.monotonic()
         data = answer.body()
         if self.limits.capture_bodies:
@@ -1053,7 +1069,7 @@ class GatewayApp:
                     break  # a fleet's front: [DONE] came, nothing of use follows (docs/fleet.md#faults)
         except UpstreamError as exc:
             if run.held:
-                buf = b"data: " + _error_body(429, self._held_message(), "rate_limit_error") + b"\n\ndata: [DONE]\n\n"
+                buf = b""  # ended at the hold cap: its error event below
             elif run.ended_by_front:
                 buf = b""  # a box: the engine's end after the front's END_PATH; what it wrote went on, counts and all
             elif self.upstream_idle_s and not done_seen:  # a fleet's box went silent mid-answer (docs/fleet.md)
@@ -1062,6 +1078,8 @@ class GatewayApp:
             elif not self.upstream_idle_s:
                 raise
             # else: the whole answer came; only the end of the router's answer was missing
+        if run.held and not done_seen:  # the engine's end (a box's, at a front: it ended the request when asked)
+            buf = b"data: " + _error_body(429, self._held_message(), "rate_limit_error") + b"\n\ndata: [DONE]\n\n"
         answer.put(buf)
         answer.finish()
         return silent
