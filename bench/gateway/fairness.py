@@ -90,6 +90,17 @@ class SlowReader:
         self.cut_at = time.monotonic()
 
 
+def unread(sock: socket.socket) -> int:
+    """Bytes in the socket's receive buffer that its reader has not taken (FIONREAD)."""
+    import fcntl
+    import struct
+    import termios
+
+    out = bytearray(4)
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, out)
+    return int(struct.unpack("i", out)[0])
+
+
 def first_token_s(gateway: str, key: str) -> float:
     import httpx
 
@@ -120,12 +131,16 @@ def slow_readers(args: argparse.Namespace) -> None:
                 time.sleep(0.01)
             t0 = time.monotonic()
             wait = first_token_s(st.gateway, st.keys["polite"])
-            reader.thread.join(args.slow_tokens / args.tok_s + args.stall_s + reads * every + 120)
-            cut = reader.cut_at - reader.last_read if reader.cut_at else float("nan")
-            print(f"slow reader ({label}, {args.slow_tokens} tokens = {args.slow_tokens / args.tok_s:.1f} s of engine "
-                  f"time): polite key's first token after {wait:.2f} s; the reader cut {cut:.1f} s after its last read "
-                  f"({reader.got} bytes read; cut {reader.cut_at - t0:.1f} s after the polite request; stall "
-                  f"{args.stall_s:g} s)")
+            reader.thread.join(args.slow_tokens / args.tok_s + args.stall_s + reads * every + 30)
+            head = (f"slow reader ({label}, {args.slow_tokens} tokens = {args.slow_tokens / args.tok_s:.1f} s of engine "
+                    f"time): polite key's first token after {wait:.2f} s; ")
+            if reader.cut_at:
+                print(head + f"the reader cut {reader.cut_at - reader.last_read:.1f} s after its last read "
+                      f"({reader.got} bytes read; cut {reader.cut_at - t0:.1f} s after the polite request; stall "
+                      f"{args.stall_s:g} s)")
+            else:  # its TCP stack took the whole answer: the gateway holds nothing of it, nothing to cut
+                print(head + f"the reader not cut: its TCP stack acknowledged the whole answer ({unread(reader.sock):,} "
+                      f"bytes unread in its receive buffer, {reader.got} read), so the gateway held nothing of it")
             reader.sock.close()
 
 
