@@ -182,7 +182,9 @@ def build_app_state(settings: Settings, nvml_reader: NvmlGpuReader | None = None
     by_gpu = (lambda: {g: gateway.answers_in_flight_on(g) + (chat.answers_in_flight() if g == gpu0 else 0)
                        for g in box.gpus}) if spread is not None else None
     # ... and which GPUs its gateway sends to, so another process's rolling switch waits for it to see one (answers.py)
-    serving = (lambda: [e.gpu for e in spread.status().engines if e.accepts]) if spread is not None else None
+    # (none while its gateway is off: nothing of this panel would be refused)
+    serving = (lambda: [e.gpu for e in spread.status().engines if e.accepts] if gateway.pid is not None else []
+               ) if spread is not None else None
     publisher = AnswersPublisher(settings.ensure_state_dir(), [chat, gateway], by_gpu, serving)
     publisher.start()
     state.on_close(publisher.close)

@@ -52,12 +52,12 @@ def check_caps(max_tokens: float | None, max_hold_s: float | None, context_token
     if max_tokens is not None:
         if not math.isfinite(max_tokens) or max_tokens != int(max_tokens) or not 1 <= max_tokens <= context_tokens:
             raise CapsError(f"max tokens a request: {max_tokens:g} is not a whole number from 1 to {context_tokens:,} "
-                            "(the engine's context); leave it empty for the default")
+                            "(the engine's context); 0 or empty: the default")
         tokens = int(max_tokens)
     hold: float | None = None
     if max_hold_s is not None:
         if not math.isfinite(max_hold_s) or not HOLD_MIN_S <= max_hold_s <= HOLD_MAX_S:
             raise CapsError(f"hold cap: {max_hold_s:g} s is not from {HOLD_MIN_S:g} to {HOLD_MAX_S:g} seconds; "
-                            "leave it empty for the default")
+                            "0 or empty: the default")
         hold = float(max_hold_s)
     return tokens, hold

@@ -17,7 +17,7 @@ The fleet key's streams keep the engine's counts on every chunk (the router drop
 `stream_options`, so the box cannot see whether the front asked): the front reads them and keeps from its own
 client what that client did not ask for.
 
-A box with no fleet key answers neither, exactly as before (404)."""
+A box with no fleet key answers none of them, exactly as before (404)."""
 
 from __future__ import annotations
 

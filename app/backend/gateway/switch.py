@@ -275,7 +275,7 @@ def _whole(n: float | None) -> int | None:
     if n is None or isinstance(n, int):
         return n
     if not n.is_integer():  # 12.5, inf, nan
-        raise KeyStoreError(f"max tokens {n:g}: expected a whole number of tokens (empty: the gateway's cap)")
+        raise KeyStoreError(f"max tokens {n:g}: expected a whole number of tokens (0: the gateway's cap)")
     return int(n)
 
 
@@ -398,7 +398,6 @@ class GatewayService:
                 oplog.decision("gateway", "start_failed", who=who, reason=self._snap.message)
                 return self.snapshot()
             self.push()  # a change between the first line and now
-            child.send(self.caps())  # caps changed while it started (its argv had those read before)
             self._snap = GatewaySnapshot(GatewayState.ON, url=child.url, pid=child.pid, restored=restored,
                                          message=ON_MESSAGE + (RESTORED_NOTE if restored else ""))
             oplog.decision("gateway", "start", who=who, url=child.url, pid=child.pid, restored=restored)
