@@ -159,7 +159,7 @@ def waiting_through_the_gateway(page, chat: ChatService, engine: FakeEngine, sim
 
         def greedy() -> None:
             body = {"model": sim.config.served_name, "messages": [{"role": "user", "content": "long"}],
-                    "max_tokens": 400, "ignore_eos": True, "stream": True}
+                    "max_tokens": 2000, "ignore_eos": True, "stream": True}  # 80 s at 25 tok/s
             with httpx.stream("POST", route.url + "/v1/chat/completions", json=body, timeout=60,
                               headers={"Authorization": f"Bearer {key}"}) as r:
                 for _ in r.iter_bytes():
@@ -174,6 +174,9 @@ def waiting_through_the_gateway(page, chat: ChatService, engine: FakeEngine, sim
         page.locator(f"{BOT} sub", has_text="waiting for the GPU (0 ahead)").wait_for()
         page.click("#chat-stop")
         page.locator(BOT, has_text="Stopped — this answer is incomplete.").wait_for()
+        # left the queue at once, not when the greedy answer ended (it was 16 s of 400 tokens; a loaded run waited
+        # past 20 s): a Stop shuts the connection still waiting for its headers (CompletionStream.abort)
+        assert th.is_alive() and sim.engine.load()[0] >= 1
     finally:
         stop.set()
         svc.close()  # its child ends: the key's stream ends with it

@@ -39,6 +39,10 @@ if TYPE_CHECKING:  # imported when first streamed: the hub, the controller and t
     import openai
 
 API_KEY_NONE = "EMPTY"  # vLLM without --api-key accepts any key; the SDK insists on one
+# The stream whose request this thread is sending: its connection's socket is caught as the connection opens, so
+# `abort()` can wake a thread still waiting for the answer's headers (a chat waiting in the gateway's fair queue)
+_OPENING = threading.local()
+_CONNECTED = ("connection.connect_tcp.complete", "connection.connect_unix_socket.complete")
 DEFAULT_TIMEOUT = httpx.Timeout(5.0, connect=1.0)
 TOKENIZE_TIMEOUT = httpx.Timeout(900.0, connect=5.0)  # a 256K-token prompt takes a while to tokenize
 CLIENTS_KEPT = 16  # base URLs with a kept-alive client (tests start many simulated engines in one process)
@@ -126,6 +130,7 @@ class CompletionStream:
         self._stream: openai.Stream[object] | None = None
         self._aborted = threading.Event()
         self._lock = threading.Lock()
+        self._sock: socket.socket | None = None  # its connection's, from the moment it opened (_trace)
 
     @property
     def aborted(self) -> bool:
@@ -142,6 +147,8 @@ class CompletionStream:
         import openai
 
         stream = self._open()
+        if stream is None:
+            return
         try:
             for chunk in stream:
                 if isinstance(chunk, dict):
@@ -159,9 +166,22 @@ class CompletionStream:
     def abort(self) -> None:
         self._aborted.set()
         with self._lock:
-            stream = self._stream
+            stream, sock = self._stream, self._sock
         if stream is not None:
             _shutdown_socket(stream.response)
+        elif sock is not None:  # still waiting for the headers (queued at the gateway, say): leave now
+            _shutdown(sock)
+
+    def trace(self, event: str, info: object) -> None:
+        """httpcore's trace of this stream's request: its connection's socket, as it opens."""
+        if event in _CONNECTED and isinstance(info, dict):
+            net = info.get("return_value")
+            sock = net.get_extra_info("socket") if net is not None else None
+            if isinstance(sock, socket.socket):
+                with self._lock:
+                    self._sock = sock
+                if self._aborted.is_set():
+                    _shutdown(sock)
 
     def close(self) -> None:
         with self._lock:
@@ -172,9 +192,11 @@ class CompletionStream:
             except Exception as exc:  # closing a broken connection may raise; nothing left to do
                 ENGINE_ERRORS.caught("closing an engine stream", exc, level=logging.DEBUG)
 
-    def _open(self) -> openai.Stream[object]:
+    def _open(self) -> openai.Stream[object] | None:
+        """The stream, once its answer's headers came; None when aborted before them."""
         import openai
 
+        _OPENING.stream = self  # its connection's socket is caught as it opens (_with_trace, trace)
         try:
             # The SDK's generic post with cast_to=object: its HTTP, SSE parsing and errors, but chunks come back
             # as plain dicts. Building typed chunk models cost 3x the CPU (measured: 0.24 vs 0.08 ms per token),
@@ -183,13 +205,17 @@ class CompletionStream:
                                     stream_cls=openai.Stream[object])
         except openai.APIStatusError as exc:
             raise StreamFailure("http", _status_message(exc), exc.status_code) from exc
-        except openai.APITimeoutError as exc:
-            raise StreamFailure("timeout", "the engine did not answer in time") from exc
-        except openai.APIConnectionError as exc:
+        except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+            if self._aborted.is_set():
+                return None  # stopped while it waited for the answer's headers (abort shut its connection)
+            if isinstance(exc, openai.APITimeoutError):
+                raise StreamFailure("timeout", "the engine did not answer in time") from exc
             cause = exc.__cause__ or exc
             root = self._where
             raise StreamFailure("connect", f"nothing is answering at {root} ({type(cause).__name__}: {cause})"
                                 .replace(": )", ")")) from exc
+        finally:
+            _OPENING.stream = None
         with self._lock:
             self._stream = stream
         if self._aborted.is_set():
@@ -202,10 +228,21 @@ def _shutdown_socket(response: httpx2.Response) -> None:
     stream = response.extensions.get("network_stream")
     sock = stream.get_extra_info("socket") if stream is not None else None
     if isinstance(sock, socket.socket):
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:  # already closed
-            pass
+        _shutdown(sock)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed
+        pass
+
+
+def _with_trace(request: httpx2.Request) -> None:
+    """The SDK's request hook: a stream being opened on this thread follows its connection (CompletionStream.trace)."""
+    opening = getattr(_OPENING, "stream", None)
+    if opening is not None:
+        request.extensions["trace"] = opening.trace
 
 
 def _status_message(exc: openai.APIStatusError) -> str:
@@ -289,11 +326,14 @@ class EngineClient:
                 import httpx2
                 import openai
 
-                # over a unix socket: the SDK's own HTTP client, bound to the socket (its base URL http://engine/v1)
-                http_client = httpx2.Client(transport=httpx2.HTTPTransport(uds=self._uds),
-                                             trust_env=False) if self._uds else None
-                if http_client is None and not self._verify:
-                    http_client = httpx2.Client(verify=False, trust_env=False)
+                # over a unix socket: the SDK's own HTTP client, bound to the socket (its base URL http://engine/v1).
+                # A connection per stream (none kept alive), each followed from its opening, so a Stop can end one
+                # still waiting for its answer's headers (CompletionStream.abort); on this box that costs ~0.1 ms
+                hooks, limits = {"request": [_with_trace]}, httpx2.Limits(max_keepalive_connections=0)
+                http_client = (httpx2.Client(transport=httpx2.HTTPTransport(uds=self._uds), trust_env=False,
+                                             event_hooks=hooks, limits=limits) if self._uds else
+                               openai.DefaultHttpxClient(verify=self._verify, trust_env=self._verify, event_hooks=hooks,
+                                                         limits=limits))  # unverified: this box's own gateway only
                 self._sdk = openai.OpenAI(
                     base_url=self._root + "/v1", api_key=self._api_key or API_KEY_NONE,
                     max_retries=0,  # a retried stream would duplicate tokens; failures are shown instead
