@@ -196,6 +196,9 @@ def render(state: AppState, shell: Shell) -> None:
                      elem_id="engine-scope", visible=multi)
     with gr.Row():
         profile = gr.Radio(_choices(state.profiles.list()), value=initial, label="Profile", elem_id="engine-profile")
+    # the pick as the server last heard it (gr.State lives on the server: a redraw reads it as it is when it runs, not
+    # the selector's value its request carried — under load that was a pick the user had already changed)
+    picked = gr.State(initial)
     can_start, can_switch = _controls(snap, initial)
     with gr.Row():
         start_btn = gr.Button("Start", variant="primary", elem_id="engine-start", interactive=can_start)
@@ -278,9 +281,9 @@ def render(state: AppState, shell: Shell) -> None:
                                                          visible=bool(failing)),
                 gr.Accordion(open=True))
 
-    def _select(pid: str, where: str | None = None) -> tuple[str, str, Any]:
+    def _select(pid: str, where: str | None = None) -> tuple[str, str, Any, str]:
         return (_cards(state, ctl, pid), _command(ctl, pid),
-                gr.Button(interactive=_controls(ctl.snapshot(), pid, _busy_in(where))[1]))
+                gr.Button(interactive=_controls(ctl.snapshot(), pid, _busy_in(where))[1]), pid)
 
     def _lists(pid: str | None, where: str | None = None) -> tuple[Any, ...]:
         """The profile list as it is now (a custom profile saved since the page was built), the serving
@@ -292,19 +295,20 @@ def render(state: AppState, shell: Shell) -> None:
         pick = live or (pid if pid in ids else state.settings.recipe.recommended_profile.id)
         choices = _choices(state.profiles.list())
         if pick == pid:  # no value, nor buttons: sent back always, they could undo a pick made meanwhile
-            return gr.Radio(choices=choices), gr.skip(), gr.skip()
+            return gr.Radio(choices=choices), gr.skip(), gr.skip(), gr.skip()
         can_start, can_switch = _controls(snap, pick, busy)
-        return gr.Radio(choices=choices, value=pick), gr.Button(interactive=can_start), gr.Button(interactive=can_switch)
+        return (gr.Radio(choices=choices, value=pick), gr.Button(interactive=can_start),
+                gr.Button(interactive=can_switch), pick)
 
-    shell.on_load(_lists, [profile, scope], [profile, start_btn, switch_btn])
-    shell.on_tab(TITLE, _lists, [profile, scope], [profile, start_btn, switch_btn])
+    shell.on_load(_lists, [profile, scope], [profile, start_btn, switch_btn, picked])
+    shell.on_tab(TITLE, _lists, [profile, scope], [profile, start_btn, switch_btn, picked])
 
     start_btn.click(_start, [profile, overrides, scope], [action], api_name="engine_start", **QUICK)
     switch_btn.click(_switch, [profile, overrides, scope], [action], api_name="engine_switch", **QUICK)
     stop_btn.click(_stop, [scope], [action], api_name="engine_stop", **QUICK)
     now_btn.click(_now, None, [action], api_name="engine_switch_now", **QUICK)
     pre_btn.click(_preflight, [profile, overrides], [checklist, overrides, pre_box], api_name="engine_preflight")
-    profile.change(_select, [profile, scope], [cards, command, switch_btn], **QUICK)
+    profile.change(_select, [profile, scope], [cards, command, switch_btn, picked], **QUICK)
     download.click(lambda s, n: str(ctl.export_logs(LogFilter(s, n or ""))), [stream, needle], [download], **QUICK)
 
     seen = gr.State(None)  # per browser tab: (the view_key last drawn, the profile it showed); None after a reload
@@ -333,7 +337,7 @@ def render(state: AppState, shell: Shell) -> None:
         key = view_key(snap, busy)
         last_key, last_live = last or ("", None)
         if key == last_key:
-            return (*head, gr.skip(), gr.skip(), gr.skip(), gr.skip(), last, *tail)
+            return (*head, gr.skip(), gr.skip(), gr.skip(), gr.skip(), last, *tail, gr.skip())
         # The truth moved (or the page was reloaded): the selector shows what serves (or what a start/switch under
         # way will serve), stale action lines go, buttons that cannot act are disabled.
         live = shown_profile(snap, busy)
@@ -342,7 +346,7 @@ def render(state: AppState, shell: Shell) -> None:
         can_start, can_switch = _controls(snap, pick, busy)
         action_out = gr.skip() if busy is not None and busy.action in CHANGING else ""  # its own line stays
         return (*head, radio, action_out, gr.Button(interactive=can_start), gr.Button(interactive=can_switch),
-                (key, live), *tail)
+                (key, live), *tail, live if move and live else gr.skip())
 
     def _shows() -> object:
         """What this tab shows of the engine, as shown (the page feed's version): not the change event's seq, which
@@ -354,8 +358,8 @@ def render(state: AppState, shell: Shell) -> None:
                 snap.draining, busy.action if busy is not None else None)
 
     shell.version(_shows)
-    shell.on_tick(_tick, [seen, status_drawn, profile, scope],
-                  [status, diag, now_btn, profile, action, start_btn, switch_btn, seen, status_drawn])
+    shell.on_tick(_tick, [seen, status_drawn, picked, scope],
+                  [status, diag, now_btn, profile, action, start_btn, switch_btn, seen, status_drawn, picked])
     # the live log tail: drawn by the page feed (text in the box, no Gradio event, issue 49); a new filter or
     # stream answers at once below, and the page opens a stream for that view (assets/js/page-feed.js)
     shell.stream(lambda query: TailStream(LiveTail.of(ctl), "engine-log", view_of(query), LOG_LINES))
