@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import importlib
+import inspect
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -210,7 +211,12 @@ def launch(blocks: gr.Blocks, host: str, port: int, auth: Callable[[str, str], A
     server_name = f"[{host.strip('[]')}]" if ":" in host.strip("[]") else host
     idlequeue.install(blocks)  # before launch: the queue's loop starts with it (no 1 ms idle poll)
     servertick.install()  # before launch: the web server's tick once a second (not 0.1 s), woken by close()
-    app, url, _ = blocks.launch(server_name=server_name, server_port=port, prevent_thread_lock=True,
+    # Gradio's launch then HEADs the page with a 3 s timeout and refuses to start when that times out ("When localhost
+    # is not accessible, a shareable link must be created"): a loaded run of the suite failed so (9 errors), as would a
+    # panel started on a box busy extracting. Its startup-events request just before has shown the server answers;
+    # `_frontend=False` skips only that HEAD (gradio/blocks.py), when this Gradio has it.
+    skip_head: dict[str, Any] = {"_frontend": False} if "_frontend" in inspect.signature(blocks.launch).parameters else {}
+    app, url, _ = blocks.launch(server_name=server_name, server_port=port, prevent_thread_lock=True, **skip_head,
                                 app_kwargs={"lifespan": _gate_lifespan(policy_for),
                                             # no FastAPI schema/docs pages: the panel is not an API product
                                             "openapi_url": None, "docs_url": None, "redoc_url": None},
